@@ -1,0 +1,31 @@
+/* reflux.h: the one header users include.
+ *
+ * reflux traces a C function into a tensor program, differentiates it in
+ * reverse mode, compiles it for a device and runs it. A two-layer network's
+ * forward pass:
+ *
+ *     static void forward(rf_trace *t, void *ctx) {
+ *         struct net *n = ctx;                           // arrays on the device
+ *         rf_tensor *x = rf_arg(t, 0);                   // [16, 4]
+ *         rf_tensor *h = rf_tanh(rf_linear(x, rf_capture(t, n->w1), rf_capture(t, n->b1)));
+ *         rf_return(t, rf_linear(h, rf_capture(t, n->w2), rf_capture(t, n->b2)));
+ *     }
+ *
+ *     rf_exec *fwd;
+ *     if (rf_compile(forward, &net, &x_dev, 1, &fwd) != RF_OK)
+ *         fprintf(stderr, "%s\n", rf_errmsg());
+ *     rf_array *y;
+ *     rf_exec_run(fwd, &x_dev, 1, &y, 1);                // weights read by reference
+ *
+ * Sub-headers: core (status, dtypes, devices), array, trace (tracing,
+ * compile, run, gradients), ops (the operations).
+ */
+#ifndef REFLUX_H
+#define REFLUX_H
+
+#include "reflux/core.h"
+#include "reflux/array.h"
+#include "reflux/trace.h"
+#include "reflux/ops.h"
+
+#endif

@@ -1,0 +1,225 @@
+/* core.c: error messages, the allocation hook, string buffers, the arena,
+ * hashing and dtype helpers. Nothing here knows about graphs or devices.
+ */
+#include "core.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Errors ------------------------------------------------------------------ */
+
+/* The one piece of per-thread state: the last failure's message. */
+static _Thread_local char errmsg[RFI_ERRMSG_MAX];
+
+rf_status rfi_verror(rf_status st, const char *fmt, va_list ap)
+{
+    vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+    return st;
+}
+
+rf_status rfi_error(rf_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    rfi_verror(st, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *rf_errmsg(void) { return errmsg; }
+void rf_clear_error(void) { errmsg[0] = '\0'; }
+
+const char *rf_status_str(rf_status st)
+{
+    static const char *const names[RF_STATUS_COUNT] = {
+        "RF_OK",     "RF_E_INVALID", "RF_E_SHAPE",   "RF_E_DTYPE",       "RF_E_DEVICE",
+        "RF_E_NOMEM", "RF_E_DOMAIN", "RF_E_IO",      "RF_E_CORRUPT",     "RF_E_COMPILE",
+        "RF_E_UNSUPPORTED", "RF_E_INTERNAL",
+    };
+    if ((unsigned)st >= RF_STATUS_COUNT)
+        return "RF_E_UNKNOWN";
+    return names[st];
+}
+
+const char *rf_version(void) { return "0.1.0"; }
+
+/* ---- Allocation ---------------------------------------------------------------- */
+
+static atomic_uint_fast64_t n_allocs;
+
+void *rfi_malloc(size_t n)
+{
+    atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
+    return malloc(n ? n : 1);
+}
+
+void *rfi_calloc(size_t n, size_t size)
+{
+    atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
+    if (n == 0 || size == 0)
+        return calloc(1, 1);
+    return calloc(n, size);
+}
+
+void *rfi_realloc(void *p, size_t n)
+{
+    atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
+    return realloc(p, n ? n : 1);
+}
+
+void rfi_free(void *p) { free(p); }
+
+char *rfi_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = rfi_malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+uint64_t rfi_alloc_count(void) { return atomic_load(&n_allocs); }
+
+/* ---- String buffers ----------------------------------------------------------- */
+
+void rfi_sb_printf(rfi_strbuf *sb, const char *fmt, ...)
+{
+    if (sb->failed)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int need = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (need < 0) {
+        sb->failed = true;
+        return;
+    }
+    if (sb->len + (size_t)need + 1 > sb->cap) {
+        size_t cap = sb->cap ? sb->cap : 256;
+        while (cap < sb->len + (size_t)need + 1)
+            cap *= 2;
+        char *d = rfi_realloc(sb->data, cap);
+        if (!d) {
+            sb->failed = true;
+            return;
+        }
+        sb->data = d;
+        sb->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(sb->data + sb->len, sb->cap - sb->len, fmt, ap);
+    va_end(ap);
+    sb->len += (size_t)need;
+}
+
+void rfi_sb_free(rfi_strbuf *sb)
+{
+    rfi_free(sb->data);
+    memset(sb, 0, sizeof *sb);
+}
+
+void rfi_sb_type(rfi_strbuf *sb, rf_dtype dt, const int64_t *dims, int rank)
+{
+    rfi_sb_printf(sb, "%s[", rf_dtype_name(dt));
+    for (int i = 0; i < rank; i++)
+        rfi_sb_printf(sb, i ? ",%lld" : "%lld", (long long)dims[i]);
+    rfi_sb_printf(sb, "]");
+}
+
+const char *rfi_type_str(char *buf, size_t n, rf_dtype dt, const int64_t *dims, int rank)
+{
+    size_t len = (size_t)snprintf(buf, n, "%s[", rf_dtype_name(dt));
+    for (int i = 0; i < rank && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, i ? ",%lld" : "%lld", (long long)dims[i]);
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+    return buf;
+}
+
+/* ---- Arena ---------------------------------------------------------------------- */
+
+struct rfi_arena_chunk {
+    rfi_arena_chunk *next;
+    size_t cap;
+    _Alignas(16) unsigned char mem[];
+};
+
+void *rfi_arena_alloc(rfi_arena *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    if (!a->head || a->used + n > a->cap) {
+        size_t cap = n > 65536 ? n : 65536;
+        rfi_arena_chunk *c = rfi_malloc(sizeof *c + cap);
+        if (!c)
+            return NULL;
+        c->next = a->head;
+        c->cap = cap;
+        a->head = c;
+        a->used = 0;
+        a->cap = cap;
+    }
+    void *p = a->head->mem + a->used;
+    a->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+void rfi_arena_free(rfi_arena *a)
+{
+    rfi_arena_chunk *c = a->head;
+    while (c) {
+        rfi_arena_chunk *next = c->next;
+        rfi_free(c);
+        c = next;
+    }
+    memset(a, 0, sizeof *a);
+}
+
+/* ---- Hashing -------------------------------------------------------------------- */
+
+uint64_t rfi_hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+uint64_t rfi_hash_u64(uint64_t h, uint64_t v)
+{
+    /* splitmix64 finaliser on the combination: FNV alone mixes 8-byte words poorly */
+    v += h + 0x9e3779b97f4a7c15ull;
+    v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ull;
+    v = (v ^ (v >> 27)) * 0x94d049bb133111ebull;
+    return v ^ (v >> 31);
+}
+
+/* ---- Shapes and dtypes ------------------------------------------------------------ */
+
+int64_t rfi_numel(const int64_t *dims, int rank)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= dims[i];
+    return n;
+}
+
+bool rfi_dtype_valid(int dt) { return dt >= 0 && dt < RF_DTYPE_COUNT; }
+bool rfi_dtype_is_float(rf_dtype dt) { return dt == RF_F32 || dt == RF_F64; }
+bool rfi_dtype_is_int(rf_dtype dt) { return dt == RF_I32 || dt == RF_I64 || dt == RF_U8; }
+
+const char *rf_dtype_name(rf_dtype dt)
+{
+    static const char *const names[RF_DTYPE_COUNT] = {"f32", "f64", "i32", "i64", "u8", "bool"};
+    return rfi_dtype_valid((int)dt) ? names[dt] : "?";
+}
+
+size_t rf_dtype_size(rf_dtype dt)
+{
+    static const size_t sizes[RF_DTYPE_COUNT] = {4, 8, 4, 8, 1, 1};
+    return rfi_dtype_valid((int)dt) ? sizes[dt] : 0;
+}

@@ -1,0 +1,86 @@
+/* core.h: internal services every part of reflux uses: error messages,
+ * the allocation hook, a growable arena, hashing, small helpers.
+ *
+ * Internal cross-file functions carry the rfi_ prefix and hidden visibility
+ * (the library is built with -fvisibility=hidden; only RF_API is exported).
+ */
+#ifndef RF_CORE_INTERNAL_H
+#define RF_CORE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reflux.h"
+
+#define RFI_FUNC __attribute__((visibility("hidden")))
+
+/* ---- Errors ------------------------------------------------------------------
+ * The message buffer is thread-local (the only per-thread state in reflux). */
+#define RFI_ERRMSG_MAX 2048
+/* Sets this thread's message (printf-style) and returns st. */
+RFI_FUNC rf_status rfi_error(rf_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+RFI_FUNC rf_status rfi_verror(rf_status st, const char *fmt, va_list ap);
+
+/* ---- Allocation ----------------------------------------------------------------
+ * Every host allocation of the library goes through these (one hook, so tests
+ * can count allocations and inject failures). They return NULL on failure and
+ * never abort. */
+RFI_FUNC void *rfi_malloc(size_t n);
+RFI_FUNC void *rfi_calloc(size_t n, size_t size);
+RFI_FUNC void *rfi_realloc(void *p, size_t n);
+RFI_FUNC void rfi_free(void *p);
+RFI_FUNC char *rfi_strdup(const char *s);
+/* Number of rfi_malloc/calloc/realloc calls that allocated so far (for tests
+ * of "zero allocations per step"). */
+RFI_FUNC uint64_t rfi_alloc_count(void);
+
+/* A growable string buffer for printers and messages. On allocation failure
+ * it sets `failed` and drops further text. */
+typedef struct rfi_strbuf {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} rfi_strbuf;
+RFI_FUNC void rfi_sb_printf(rfi_strbuf *sb, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+RFI_FUNC void rfi_sb_free(rfi_strbuf *sb);
+/* "f32[16,8]" into sb. */
+RFI_FUNC void rfi_sb_type(rfi_strbuf *sb, rf_dtype dt, const int64_t *dims, int rank);
+/* Writes "f32[16,8]" into buf (always NUL-terminated); returns buf. */
+RFI_FUNC const char *rfi_type_str(char *buf, size_t n, rf_dtype dt, const int64_t *dims, int rank);
+
+/* ---- Arena -----------------------------------------------------------------------
+ * Chunked bump allocator: objects are never freed one at a time; freeing the
+ * arena frees them all. Memory is zeroed. Pointers stay valid (chunks never move). */
+typedef struct rfi_arena_chunk rfi_arena_chunk;
+typedef struct rfi_arena {
+    rfi_arena_chunk *head;
+    size_t used, cap; /* in the head chunk */
+} rfi_arena;
+RFI_FUNC void *rfi_arena_alloc(rfi_arena *a, size_t n); /* 16-byte aligned, zeroed; NULL on OOM */
+RFI_FUNC void rfi_arena_free(rfi_arena *a);
+
+/* ---- Hashing (FNV-1a 64 plus a mixer) ---------------------------------------------- */
+#define RFI_HASH_INIT 0xcbf29ce484222325ull
+RFI_FUNC uint64_t rfi_hash_bytes(uint64_t h, const void *p, size_t n);
+RFI_FUNC uint64_t rfi_hash_u64(uint64_t h, uint64_t v);
+
+/* ---- Shapes ------------------------------------------------------------------------ */
+RFI_FUNC int64_t rfi_numel(const int64_t *dims, int rank);
+RFI_FUNC bool rfi_dtype_is_float(rf_dtype dt);
+RFI_FUNC bool rfi_dtype_is_int(rf_dtype dt); /* i32, i64, u8 */
+RFI_FUNC bool rfi_dtype_valid(int dt);
+
+/* ---- Counter-based random numbers (Philox4x32-10) ------------------------------------
+ * Element i of a draw uses Philox block counter {i lo, i hi, counter lo32,
+ * counter hi32 ^ stream << 16} under key {seed lo32, seed hi32}: the same (seed,
+ * counter, stream) gives the same values on every platform. dist 0: uniform
+ * [0,1); 1: standard normal (Box-Muller on the block's words). dt: f32 or f64. */
+RFI_FUNC void rfi_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+RFI_FUNC void rfi_random_fill(uint64_t seed, uint64_t counter, uint32_t stream, int dist,
+                              rf_dtype dt, void *out, int64_t n);
+
+#endif

@@ -1,0 +1,82 @@
+/* runtime.h: internal view of devices, arrays, executables and the backend
+ * interface that every executor (interp, cpu, cuda) implements.
+ */
+#ifndef RF_RUNTIME_H
+#define RF_RUNTIME_H
+
+#include "../ir/ir.h"
+
+struct rf_device {
+    rf_device_kind kind;
+    int index;
+    const char *name;
+};
+
+/* A dense row-major array. `refs` counts the user's reference plus one per
+ * trace or executable that captures it; the memory is freed when it drops to
+ * zero. Host and CPU arrays keep their elements in ordinary memory (`data`). */
+struct rf_array {
+    int refs;            /* guarded by the runtime's array lock (arrays may be
+                            freed from a loader thread) */
+    rf_device *device;
+    rf_dtype dtype;
+    int rank;
+    int64_t dims[RF_MAX_RANK];
+    int64_t numel;
+    size_t nbytes;
+    void *data;
+};
+
+/* Takes one more reference (returns a). */
+RFI_FUNC rf_array *rfi_array_retain(rf_array *a);
+/* Drops one reference, freeing the array at zero. NULL ok. */
+RFI_FUNC void rfi_array_release(rf_array *a);
+/* A new uninitialised array (refs = 1); NULL with RF_E_NOMEM/RF_E_INVALID set. */
+RFI_FUNC rf_array *rfi_array_alloc(rf_device *dev, rf_dtype dt, const int64_t *dims, int rank);
+RFI_FUNC bool rfi_device_is_compute(const rf_device *dev);
+
+/* ---- Backends --------------------------------------------------------------------
+ * A backend turns a verified program into something it can run. `prepare`
+ * borrows the program for the executable's lifetime and may keep a state
+ * pointer; `run` reads arguments and captures, writes every output and the
+ * staged value of every update (it must not write captures itself: the
+ * executable applies updates after a successful run). */
+typedef struct rfi_run_io {
+    void *const *args;     /* g->n_args pointers */
+    void *const *captures; /* g->n_captures pointers (read only) */
+    void *const *outputs;  /* g->n_outputs preallocated buffers */
+    void *const *updates;  /* g->n_updates preallocated staging buffers */
+} rfi_run_io;
+
+typedef struct rfi_backend {
+    const char *name;
+    rf_status (*prepare)(const rfi_graph *g, void **state);
+    rf_status (*run)(void *state, const rfi_graph *g, const rfi_run_io *io);
+    void (*release)(void *state);
+} rfi_backend;
+
+RFI_FUNC extern const rfi_backend rfi_interp_backend;
+
+/* ---- Program pipeline ---------------------------------------------------------------
+ * Autodiff: a copy of g in which every GRAD node is replaced by ordinary ops
+ * computing the gradient. Programs without GRAD nodes are copied unchanged.
+ * On failure *out is NULL and the message says why. */
+RFI_FUNC rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out);
+/* Dead-code elimination: a copy of g without nodes that reach no output or
+ * update (arguments and captures keep their indices). */
+RFI_FUNC rf_status rfi_dce(const rfi_graph *g, rfi_graph **out);
+
+/* RF_DUMP support: writes `text` to $RF_DUMP/<name>-<hash>.<stage>.txt when
+ * RF_DUMP is set. Failures to write only warn on stderr. */
+RFI_FUNC void rfi_dump(const char *name, uint64_t hash, const char *stage, const char *text);
+
+struct rf_exec {
+    rfi_graph *prog;         /* final program (owned); holds the capture references */
+    const rfi_backend *backend;
+    void *state;             /* backend state */
+    char *text;              /* rfi_print(prog), made on demand */
+    uint64_t hash;
+    rf_device *device;
+};
+
+#endif
