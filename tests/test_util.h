@@ -1,0 +1,70 @@
+/* test_util.h: the tiny harness every test uses: checks that count failures
+ * and print where they happened, and a main-side summary. A test binary exits
+ * non-zero if any check failed. */
+#ifndef RF_TEST_UTIL_H
+#define RF_TEST_UTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reflux.h"
+
+static int tu_failures;
+static int tu_checks;
+
+#define CHECK(cond)                                                                 \
+    do {                                                                            \
+        tu_checks++;                                                                \
+        if (!(cond)) {                                                              \
+            tu_failures++;                                                          \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                           \
+    } while (0)
+
+/* Checks a status and prints rf_errmsg() when it is not the expected one. */
+#define CHECK_STATUS(expr, expected)                                                  \
+    do {                                                                              \
+        rf_status tu_st = (expr);                                                     \
+        tu_checks++;                                                                  \
+        if (tu_st != (expected)) {                                                    \
+            tu_failures++;                                                            \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s (%s)\n", __FILE__,     \
+                    __LINE__, #expr, rf_status_str(tu_st), rf_status_str(expected),   \
+                    rf_errmsg());                                                     \
+        }                                                                             \
+    } while (0)
+#define CHECK_OK(expr) CHECK_STATUS(expr, RF_OK)
+
+/* |a - b| <= atol + rtol * |b| */
+#define CHECK_NEAR(a, b, atol, rtol)                                                  \
+    do {                                                                              \
+        double tu_a = (double)(a), tu_b = (double)(b);                                \
+        tu_checks++;                                                                  \
+        if (!(fabs(tu_a - tu_b) <= (atol) + (rtol) * fabs(tu_b))) {                   \
+            tu_failures++;                                                            \
+            fprintf(stderr, "%s:%d: %s = %.10g, expected %s = %.10g\n", __FILE__,      \
+                    __LINE__, #a, tu_a, #b, tu_b);                                    \
+        }                                                                             \
+    } while (0)
+
+/* Checks that the last error message contains `needle`. */
+#define CHECK_MSG(needle)                                                             \
+    do {                                                                              \
+        tu_checks++;                                                                  \
+        if (!strstr(rf_errmsg(), (needle))) {                                         \
+            tu_failures++;                                                            \
+            fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, \
+                    rf_errmsg(), (needle));                                           \
+        }                                                                             \
+    } while (0)
+
+/* Prints a summary and returns the exit code for main. */
+static inline int tu_finish(const char *name)
+{
+    printf("%s: %d checks, %d failed\n", name, tu_checks, tu_failures);
+    return tu_failures ? 1 : 0;
+}
+
+#endif
