@@ -42,6 +42,7 @@
  *                                              l[3] lhs_dilation, l[4] rhs_dilation
  *                                              (nspatial entries each),
  *                                              i[0] feature_group_count, i[1] batch_group_count
+ *                                              (both >= 1; 1 = ordinary convolution)
  *   REDUCE_WINDOW      x                       i[0] kind (SUM/MAX/MIN), l[0] window,
  *                                              l[1] strides, l[2] pad_lo, l[3] pad_hi (rank(x))
  *   SELECT_AND_SCATTER x, source               l[0..3] as REDUCE_WINDOW (first max, add)
@@ -51,7 +52,7 @@
  *                                              result dtype and dims
  *   GRAD               y (scalar), wrt         -   (removed by the autodiff pass)
  *
- * Result shapes: see rfi_infer() in shape.c, the one place that defines them.
+ * Result shapes: see rfi_infer() in infer.c, the one place that defines them.
  */
 #ifndef RF_IR_H
 #define RF_IR_H
@@ -224,15 +225,23 @@ RFI_FUNC rf_status rfi_graph_add_update(rfi_graph *g, int capture, rfi_node *val
  * RNG (both)). Shape/dtype inference and checks run here: on
  * failure the graph's sticky error is set (message "<op>: ...", naming the
  * shapes) and NULL is returned. Any NULL operand returns NULL at once.
- * Operands must belong to g ("mixing traces" error otherwise). */
+ * Operands must belong to g ("mixing traces" error otherwise).
+ * ARGUMENT/CAPTURE nodes must name a declared argument / an existing capture
+ * (rfi_graph_set_args / rfi_graph_capture_index first) with its exact type;
+ * the node becomes g->args[i] / g->capture_nodes[i] if that slot is empty.
+ * The node's weak flag starts false (rf_scalar sets it afterwards). */
 RFI_FUNC rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
                                 const rfi_attrs *attr, rf_dtype dtype, const int64_t *dims,
                                 int rank);
 /* Infers the result type of op over operands (no graph changes). Returns
- * RF_OK or an error status, with a message "<op>: ..." in msg. */
+ * RF_OK or an error status, with a message "<op>: ..." in msg.
+ * dtype/rank/dims are in-out: on entry the requested type (read only by the
+ * ops listed at rfi_node_new), on success the result; dims must hold
+ * RF_MAX_RANK entries. */
 RFI_FUNC rf_status rfi_infer(rfi_op op, rfi_node *const *in, int n_in, const rfi_attrs *attr,
                              rf_dtype *dtype, int64_t *dims, int *rank, char *msg, size_t msgn);
-/* Copies node `src` (from another graph) into g with operands new_in. */
+/* Copies node `src` (from another graph) into g with operands new_in
+ * (src->n_in of them), attributes, constant payload and weak flag included. */
 RFI_FUNC rfi_node *rfi_node_clone(rfi_graph *g, const rfi_node *src, rfi_node *const *new_in);
 
 RFI_FUNC int64_t rfi_node_numel(const rfi_node *x);

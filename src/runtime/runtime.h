@@ -16,8 +16,8 @@ struct rf_device {
  * trace or executable that captures it; the memory is freed when it drops to
  * zero. Host and CPU arrays keep their elements in ordinary memory (`data`). */
 struct rf_array {
-    int refs;            /* guarded by the runtime's array lock (arrays may be
-                            freed from a loader thread) */
+    _Atomic int refs;    /* updated with C11 atomics (arrays may be retained
+                            and freed from several threads, e.g. a loader) */
     rf_device *device;
     rf_dtype dtype;
     int rank;

@@ -1,0 +1,66 @@
+/* reflux/data.h: data loaders, dataset readers and checkpoints.
+ *
+ * Ownership: rf_loader is owned (rf_loader_free) and holds references to the
+ * arrays it was built from. Batches returned by rf_loader_next are borrowed:
+ * valid until the next call (a device-wrapped loader frees the previous
+ * batch then). Readers return owned arrays.
+ */
+#ifndef REFLUX_DATA_H
+#define REFLUX_DATA_H
+
+#include "train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rf_loader_opts {
+    int64_t batchsize; /* default 1 */
+    bool shuffle;      /* reshuffle every epoch (rf_loader_reset) */
+    uint64_t seed;     /* shuffling seed */
+    bool drop_last;    /* false (default): a smaller last batch; true: drop it */
+} rf_loader_opts;
+
+/* A loader over n host arrays that share their first dimension (the
+ * observations), e.g. {X [60000,1,28,28], Y [60000]}. opts may be NULL. Owned. */
+RF_API rf_loader *rf_loader_new(rf_array *const *arrays, int n, const rf_loader_opts *opts);
+/* Wraps the loader with a device: each batch is moved to `dev` lazily, the
+ * previous one is released, and the next one is prepared on a background
+ * thread while the current step runs. */
+RF_API rf_status rf_loader_to(rf_loader *l, rf_device *dev);
+RF_API int64_t rf_loader_n_batches(const rf_loader *l);
+RF_API int64_t rf_loader_n_obs(const rf_loader *l);
+RF_API int rf_loader_n_arrays(const rf_loader *l);
+/* Starts a new epoch (reshuffling when asked). */
+RF_API rf_status rf_loader_reset(rf_loader *l);
+/* The next batch: *batch points at rf_loader_n_arrays() borrowed arrays, or
+ * NULL at the end of the epoch (status RF_OK). */
+RF_API rf_status rf_loader_next(rf_loader *l, rf_array *const **batch);
+RF_API void rf_loader_free(rf_loader *l);
+
+/* ---- Readers ------------------------------------------------------------------------------ */
+/* Reads an IDX file (raw or gzip-compressed) into a host array of its
+ * element type (u8, i32, f32, f64; i8/i16 become i32). Errors: RF_E_IO,
+ * RF_E_CORRUPT naming the file and what was expected. */
+RF_API rf_status rf_idx_load(const char *path, rf_array **out);
+/* Fashion-MNIST from `dir` (default /usr/share/datasets/fashion-mnist when
+ * NULL): images [N, 1, 28, 28] f32 scaled to [0, 1] and labels [N] i32, the
+ * training (60000) or test (10000) split. */
+RF_API rf_status rf_fashion_mnist(const char *dir, bool train, rf_array **images,
+                                  rf_array **labels);
+
+/* ---- Checkpoints (safetensors) ----------------------------------------------------------- */
+/* Saves every array of the model (parameters and state, by path name) and,
+ * when opt is not NULL, of the optimiser ("opt." prefix) to `path` in the
+ * safetensors format, atomically (temporary file, fsync, rename). */
+RF_API rf_status rf_checkpoint_save(const char *path, rf_model *m, rf_opt *opt);
+/* Loads a checkpoint into an existing model (and optimiser) of the same
+ * structure, in place. Nothing is changed unless the whole file is valid:
+ * a truncated or corrupted file, a missing tensor or a shape mismatch gives
+ * RF_E_CORRUPT / RF_E_SHAPE naming the tensor. */
+RF_API rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

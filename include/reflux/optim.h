@@ -1,0 +1,78 @@
+/* reflux/optim.h: optimisers with Optimisers.jl's semantics, defaults and formulas.
+ *
+ * A rule (rf_rule) describes an update: Adam with its hyperparameters, a
+ * chain of rules. rf_setup(rule, model) creates the optimiser state for a
+ * model that already lives on its device: moments and step counters as device
+ * arrays, and the hyperparameters themselves as device scalars, so
+ * rf_adjust() changes the next step without recompiling anything.
+ *
+ * The update of all parameters is emitted as a "foreach" program: gradients
+ * of all parameters (of one dtype) are flattened into one vector and the
+ * rule runs once over it, so a deep model costs no more rule IR than a
+ * shallow one. Its state arrays are flat, one per role.
+ *
+ * Ownership: rule constructors return owned rules (rf_rule_free). rf_setup
+ * and rf_chain_rules take ownership of the rules given to them (also on
+ * failure). rf_opt is owned (rf_opt_free) and holds references to its arrays.
+ */
+#ifndef REFLUX_OPTIM_H
+#define REFLUX_OPTIM_H
+
+#include "nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rf_rule rf_rule;
+typedef struct rf_opt rf_opt;
+
+/* Optimisers.jl defaults in comments. */
+RF_API rf_rule *rf_descent(double lr);                                   /* 0.1 */
+RF_API rf_rule *rf_momentum(double lr, double rho);                      /* 0.01, 0.9 */
+RF_API rf_rule *rf_nesterov(double lr, double rho);                      /* 0.001, 0.9 */
+RF_API rf_rule *rf_rmsprop(double lr, double rho, double eps, bool centred); /* 0.001, 0.9, 1e-8 */
+RF_API rf_rule *rf_adam(double lr);                                      /* 0.001 */
+RF_API rf_rule *rf_adam_ex(double lr, double beta1, double beta2, double eps); /* .9 .999 1e-8 */
+/* AdamW as Optimisers.jl: Adam then decoupled decay lambda*lr*x (couple = true). */
+RF_API rf_rule *rf_adamw(double lr, double beta1, double beta2, double lambda, double eps);
+RF_API rf_rule *rf_radam(double lr, double beta1, double beta2, double eps);
+RF_API rf_rule *rf_adamax(double lr, double beta1, double beta2, double eps);
+RF_API rf_rule *rf_oadam(double lr, double beta1, double beta2, double eps); /* .001 .5 .9 1e-8 */
+RF_API rf_rule *rf_adagrad(double lr, double eps);                       /* 0.1, 1e-8 */
+RF_API rf_rule *rf_adadelta(double rho, double eps);                     /* 0.9, 1e-8 */
+RF_API rf_rule *rf_amsgrad(double lr, double beta1, double beta2, double eps);
+RF_API rf_rule *rf_nadam(double lr, double beta1, double beta2, double eps);
+RF_API rf_rule *rf_adabelief(double lr, double beta1, double beta2, double eps); /* eps 1e-16 */
+RF_API rf_rule *rf_lion(double lr, double beta1, double beta2);          /* 0.001, 0.9, 0.99 */
+RF_API rf_rule *rf_weightdecay(double lambda);                           /* 5e-4 */
+RF_API rf_rule *rf_signdecay(double lambda);                             /* 1e-3 */
+RF_API rf_rule *rf_clipgrad(double delta);                               /* 10 */
+RF_API rf_rule *rf_clipnorm(double omega, double p);                     /* 10, 2 */
+/* OptimiserChain(rules...): NULL-terminated; takes ownership. */
+RF_API rf_rule *rf_chain_rules(rf_rule *first, ...);
+/* AccumGrad(n): accumulates gradients and passes their mean on every n-th
+ * step (zero otherwise), as Optimisers.jl; put it first in a chain. */
+RF_API rf_rule *rf_accumgrad(int n);
+RF_API const char *rf_rule_name(const rf_rule *r);
+RF_API void rf_rule_free(rf_rule *r);
+
+/* Optimiser state for `model` (which must live on a compute device). Takes
+ * ownership of `rule`. NULL on failure (RF_E_DEVICE for a host model). */
+RF_API rf_opt *rf_setup(rf_rule *rule, rf_model *model);
+/* Sets the learning rate of every rule in the chain that has one; the next
+ * step uses it, with no recompilation. */
+RF_API rf_status rf_adjust(rf_opt *opt, double lr);
+/* Reads the current learning rate (of the first rule that has one). */
+RF_API double rf_opt_lr(const rf_opt *opt);
+/* Number of steps applied so far. */
+RF_API int64_t rf_opt_steps(const rf_opt *opt);
+/* Visits every state array with a path name ("0.adam.m", "t"), for checkpoints. */
+RF_API void rf_opt_visit(rf_opt *opt, rf_array_visitor fn, void *ud);
+RF_API const rf_rule *rf_opt_rule(const rf_opt *opt);
+RF_API void rf_opt_free(rf_opt *opt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,99 @@
+/* reflux/train.h: training: withgradient + update inside a traced step,
+ * trainstep (compiled and cached per shape), train (a loop with a progress
+ * bar), auxiliary loss outputs, and the compile cache's statistics.
+ *
+ * Ownership: rf_grads and tensors live in the trace. Arrays returned by
+ * rf_trainstep_withgradient are owned by the caller. Cached executables are
+ * owned by the model they were compiled for and freed with it.
+ */
+#ifndef REFLUX_TRAIN_H
+#define REFLUX_TRAIN_H
+
+#include "optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Auxiliary outputs of a loss: named scalars computed in the same forward
+ * pass (e.g. accuracy), returned to the host with the loss, never
+ * differentiated. */
+#define RF_MAX_AUX 8
+typedef struct rf_aux rf_aux;
+/* Records the scalar `value` under `name` (copied, at most 31 characters; at
+ * most RF_MAX_AUX names). A non-scalar value is a trace error (RF_E_SHAPE). */
+RF_API void rf_aux_set(rf_aux *aux, const char *name, rf_tensor *value);
+
+/* A loss: the scalar loss of model m on one batch (batch[0..n), e.g. x and y). */
+typedef rf_tensor *(*rf_loss_fn)(rf_model *m, rf_tensor *const *batch, int n, rf_aux *aux,
+                                 void *ctx);
+
+/* Host-side values of the aux outputs of one step. */
+typedef struct rf_stats {
+    int n;
+    char names[RF_MAX_AUX][32];
+    double values[RF_MAX_AUX];
+} rf_stats;
+/* The value named `name`, or NaN. */
+RF_API double rf_stats_get(const rf_stats *s, const char *name);
+
+/* ---- Inside a traced step (the seed's manual path) ---------------------------------- */
+typedef struct rf_grads rf_grads; /* trace-owned */
+/* Evaluates loss(m, batch, aux, ctx) in trace t and its gradient with respect
+ * to every trainable parameter of m (Flux's withgradient). Returns the loss
+ * tensor; *g receives the gradients (trace-owned). When aux is not NULL, *aux
+ * receives the loss's auxiliary values (trace-owned, read with rf_aux_get). */
+RF_API rf_tensor *rf_withgradient(rf_trace *t, rf_loss_fn loss, void *ctx, rf_model *m,
+                                  rf_tensor *const *batch, int n, rf_aux **aux, rf_grads **g);
+RF_API int rf_grads_count(const rf_grads *g);
+RF_API rf_tensor *rf_grads_get(const rf_grads *g, int i); /* in rf_model_visit order */
+RF_API int rf_aux_count(const rf_aux *aux);
+RF_API rf_tensor *rf_aux_get(const rf_aux *aux, int i, const char **name);
+/* Records the optimiser update of every parameter of m and of opt's state
+ * (Optimisers.update!): applied in place when the step's run ends. */
+RF_API void rf_update(rf_trace *t, rf_opt *opt, rf_model *m, const rf_grads *g);
+
+/* ---- trainstep ------------------------------------------------------------------------
+ * One step: differentiate, update m and opt in place, return the loss to the
+ * host. The fused step (forward, backward, update) is compiled on the first
+ * call for each (model, rule kind, loss fn and ctx, batch dtypes and shapes,
+ * train/test mode) and cached on the model. A non-finite loss applies no
+ * update (model and optimiser state stay bit-identical) and returns
+ * RF_E_DOMAIN. stats may be NULL. */
+RF_API rf_status rf_trainstep(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *const *batch,
+                              int n, rf_opt *opt, double *loss_out, rf_stats *stats);
+/* As rf_trainstep, and *grads receives one new device array per trainable
+ * parameter (owned: free each and then the array of pointers with free()). */
+RF_API rf_status rf_trainstep_withgradient(rf_loss_fn loss, void *ctx, rf_model *m,
+                                           rf_array *const *batch, int n, rf_opt *opt,
+                                           double *loss_out, rf_stats *stats,
+                                           rf_array ***grads, int *ngrads);
+
+/* ---- train --------------------------------------------------------------------------- */
+typedef struct rf_loader rf_loader;
+typedef struct rf_train_opts {
+    int progress;        /* -1 auto (only when stderr is a terminal), 0 off, 1 on */
+    const char *label;   /* shown before the bar, e.g. "epoch 3" */
+    double *mean_loss;   /* if set, receives the mean loss over the pass */
+    rf_stats *mean_stats;/* if set, receives the mean of each aux value */
+} rf_train_opts;
+/* One pass over `data` (a device-wrapped loader), a single trainstep per
+ * batch, with a progress bar (batch i/n, loss, samples/s, ETA). Stops with
+ * RF_E_DOMAIN ("loss is NaN on batch 17, stopping training") on a non-finite
+ * loss; RF_E_DEVICE if the loader yields host arrays. */
+RF_API rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_opt *opt,
+                          const rf_train_opts *o);
+
+/* ---- The compile cache ------------------------------------------------------------------ */
+typedef struct rf_cache_stats {
+    uint64_t hits, misses, compiles;
+    int entries;
+} rf_cache_stats;
+RF_API rf_cache_stats rf_model_cache_stats(const rf_model *m);
+/* Frees every cached executable of m now. */
+RF_API void rf_model_cache_clear(rf_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

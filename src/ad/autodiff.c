@@ -1,0 +1,245 @@
+/* autodiff.c: reverse-mode automatic differentiation as a graph-to-graph
+ * pass. The program is copied node by node; at the first GRAD node of each
+ * differentiated scalar y, the backward sweep for y is emitted: the nodes on
+ * a path from any of y's wrt tensors to y are walked in reverse order and
+ * each one's VJP rule (vjp.h) turns its cotangent into its operands'
+ * cotangents, summed when an operand has several users. Every GRAD node of y
+ * then becomes the cotangent of its wrt (zeros when none reaches it).
+ *
+ * Deliberately not here: the rules themselves (vjp*.c), removing what the
+ * gradient does not need (dce.c), and nested gradients (a GRAD inside a
+ * differentiated region is rejected with RF_E_UNSUPPORTED).
+ */
+#include <string.h>
+
+#include "ad/vjp.h"
+#include "passes/passes.h"
+
+typedef struct ad_ctx {
+    const rfi_graph *g;  /* the program */
+    rfi_graph *ng;       /* its copy being built */
+    rfi_node **map;      /* g node id -> copy in ng */
+    rfi_node **grad_of;  /* GRAD node id -> its gradient in ng, once y is swept */
+    /* per-sweep scratch, sized g->n_nodes */
+    bool *from_wrt, *to_y;
+    rfi_node **adj;      /* g node id -> cotangent in ng */
+    /* per-node scratch, sized max_in */
+    rfi_node **ins, **grads;
+    bool *want;
+} ad_ctx;
+
+/* The status to report after node construction in ng failed. */
+static rf_status build_failure(const ad_ctx *c, const rfi_node *x, const char *what)
+{
+    rf_status st = c->ng->status != RF_OK ? c->ng->status : RF_E_INTERNAL;
+    if (st == RF_E_NOMEM)
+        return rfi_error(st, "grad: out of memory");
+    return rfi_error(RF_E_INTERNAL, "grad: %s %%%d (%s) failed: %s", what, x->id,
+                     rfi_op_table[x->op].name, c->ng->errmsg ? c->ng->errmsg : "unknown error");
+}
+
+/* Marks the nodes that depend on one of y's wrt (from_wrt) and those y
+ * depends on (to_y); nodes with both lie on a path wrt -> y. */
+static void mark_region(const ad_ctx *c, const rfi_node *y)
+{
+    const rfi_graph *g = c->g;
+    memset(c->from_wrt, 0, (size_t)g->n_nodes * sizeof *c->from_wrt);
+    memset(c->to_y, 0, (size_t)g->n_nodes * sizeof *c->to_y);
+    for (int id = 0; id < g->n_nodes; id++) {
+        const rfi_node *x = g->nodes[id];
+        if (x->op == RFI_OP_GRAD && x->in[0] == y)
+            c->from_wrt[x->in[1]->id] = true;
+    }
+    for (int id = 0; id <= y->id; id++) {
+        const rfi_node *x = g->nodes[id];
+        for (int k = 0; k < x->n_in && !c->from_wrt[id]; k++)
+            c->from_wrt[id] = c->from_wrt[x->in[k]->id];
+    }
+    c->to_y[y->id] = true;
+    for (int id = y->id; id >= 0; id--) {
+        if (!c->to_y[id])
+            continue;
+        const rfi_node *x = g->nodes[id];
+        for (int k = 0; k < x->n_in; k++)
+            c->to_y[x->in[k]->id] = true;
+    }
+}
+
+static bool needed(const ad_ctx *c, int id)
+{
+    return c->from_wrt[id] && c->to_y[id];
+}
+
+/* Adds cotangent contribution `d` to node x's cotangent. */
+static rf_status accumulate(ad_ctx *c, const rfi_node *user, int k, rfi_node *d)
+{
+    const rfi_node *x = user->in[k];
+    if (!rfi_ad_same_type(d, x)) {
+        char want[200], got[200];
+        return rfi_error(RF_E_INTERNAL,
+                         "grad: rule of %s (%%%d) gave operand %d a cotangent %s, expected %s",
+                         rfi_op_table[user->op].name, user->id, k,
+                         rfi_type_str(got, sizeof got, d->dtype, d->dims, d->rank),
+                         rfi_type_str(want, sizeof want, x->dtype, x->dims, x->rank));
+    }
+    rfi_node **slot = &c->adj[x->id];
+    *slot = *slot ? rfi_ad_binary(c->ng, RFI_OP_ADD, *slot, d) : d;
+    return *slot ? RF_OK : build_failure(c, user, "accumulating the gradient of");
+}
+
+/* Applies the rule of node x to its cotangent. */
+static rf_status propagate(ad_ctx *c, const rfi_node *x)
+{
+    bool any = false;
+    for (int k = 0; k < x->n_in; k++) {
+        const rfi_node *in = x->in[k];
+        c->want[k] = needed(c, in->id) && rfi_dtype_is_float(in->dtype);
+        c->ins[k] = c->map[in->id];
+        c->grads[k] = NULL;
+        any = any || c->want[k];
+    }
+    if (!any)
+        return RF_OK;
+    rfi_vjp_fn rule = rfi_vjp_rule(x->op);
+    if (!rule) {
+        if (rfi_vjp_has_zero_rule(x->op))
+            return RF_OK;
+        return rfi_error(RF_E_UNSUPPORTED, "grad: %s (%%%d) has no gradient rule",
+                         rfi_op_table[x->op].name, x->id);
+    }
+    rfi_vjp_args args = {
+        .g = c->ng, .node = x, .in = c->ins, .out = c->map[x->id], .ct = c->adj[x->id],
+        .want = c->want,
+    };
+    rf_status st = rule(&args, c->grads);
+    if (st != RF_OK)
+        return st;
+    if (c->ng->status != RF_OK)
+        return build_failure(c, x, "building the gradient of");
+    for (int k = 0; k < x->n_in; k++) {
+        if (!c->want[k] || !c->grads[k])
+            continue;
+        st = accumulate(c, x, k, c->grads[k]);
+        if (st != RF_OK)
+            return st;
+    }
+    return RF_OK;
+}
+
+/* Emits the backward sweep of y into ng and records the gradient of every
+ * GRAD node of y in grad_of. */
+static rf_status sweep(ad_ctx *c, const rfi_node *y)
+{
+    const rfi_graph *g = c->g;
+    if (y->rank != 0 || !rfi_dtype_is_float(y->dtype)) {
+        char t[200];
+        return rfi_error(RF_E_INVALID, "grad: y must be a float scalar, got %s",
+                         rfi_type_str(t, sizeof t, y->dtype, y->dims, y->rank));
+    }
+    mark_region(c, y);
+    for (int id = 0; id <= y->id; id++) {
+        if (g->nodes[id]->op == RFI_OP_GRAD && needed(c, id))
+            return rfi_error(RF_E_UNSUPPORTED,
+                             "grad: nested gradients are not supported (%%%d is a grad inside "
+                             "the region differentiated for %%%d)",
+                             id, y->id);
+    }
+    memset(c->adj, 0, (size_t)g->n_nodes * sizeof *c->adj);
+    c->adj[y->id] = rfi_ad_scalar(c->ng, y->dtype, 1.0);
+    if (!c->adj[y->id])
+        return build_failure(c, y, "seeding the gradient of");
+    for (int id = y->id; id >= 0; id--) {
+        const rfi_node *x = g->nodes[id];
+        if (!c->adj[id] || !needed(c, id) || !rfi_dtype_is_float(x->dtype) ||
+            (rfi_op_table[x->op].flags & (RFI_NOGRAD | RFI_LEAF)))
+            continue;
+        rf_status st = propagate(c, x);
+        if (st != RF_OK)
+            return st;
+    }
+    for (int id = 0; id < g->n_nodes; id++) {
+        const rfi_node *x = g->nodes[id];
+        if (x->op != RFI_OP_GRAD || x->in[0] != y)
+            continue;
+        const rfi_node *wrt = x->in[1];
+        rfi_node *d = wrt->id <= y->id && rfi_dtype_is_float(wrt->dtype) ? c->adj[wrt->id] : NULL;
+        if (!d)
+            d = rfi_ad_full(c->ng, wrt->dtype, wrt->dims, wrt->rank, 0.0);
+        if (!d)
+            return build_failure(c, x, "making the zero gradient of");
+        c->grad_of[id] = d;
+    }
+    return RF_OK;
+}
+
+static rf_status copy_node(ad_ctx *c, const rfi_node *x)
+{
+    if (x->op == RFI_OP_GRAD) {
+        if (!c->grad_of[x->id]) {
+            rf_status st = sweep(c, x->in[0]);
+            if (st != RF_OK)
+                return st;
+        }
+        c->map[x->id] = c->grad_of[x->id];
+        return RF_OK;
+    }
+    for (int k = 0; k < x->n_in; k++)
+        c->ins[k] = c->map[x->in[k]->id];
+    c->map[x->id] = rfi_node_clone(c->ng, x, c->ins);
+    return c->map[x->id] ? RF_OK : build_failure(c, x, "copying");
+}
+
+static rf_status run(ad_ctx *c)
+{
+    rf_status st = rfi_graph_new_like(c->g, &c->ng);
+    for (int id = 0; st == RF_OK && id < c->g->n_nodes; id++)
+        st = copy_node(c, c->g->nodes[id]);
+    if (st == RF_OK)
+        st = rfi_graph_copy_results(c->g, c->ng, c->map);
+    return st;
+}
+
+rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out)
+{
+    if (!out)
+        return rfi_error(RF_E_INVALID, "autodiff: NULL output pointer");
+    *out = NULL;
+    if (!g)
+        return rfi_error(RF_E_INVALID, "autodiff: NULL graph");
+    size_t n = g->n_nodes > 0 ? (size_t)g->n_nodes : 1;
+    size_t max_in = 1;
+    for (int id = 0; id < g->n_nodes; id++)
+        if ((size_t)g->nodes[id]->n_in > max_in)
+            max_in = (size_t)g->nodes[id]->n_in;
+    ad_ctx c = {
+        .g = g,
+        .map = rfi_calloc(n, sizeof(rfi_node *)),
+        .grad_of = rfi_calloc(n, sizeof(rfi_node *)),
+        .from_wrt = rfi_calloc(n, sizeof(bool)),
+        .to_y = rfi_calloc(n, sizeof(bool)),
+        .adj = rfi_calloc(n, sizeof(rfi_node *)),
+        .ins = rfi_calloc(max_in, sizeof(rfi_node *)),
+        .grads = rfi_calloc(max_in, sizeof(rfi_node *)),
+        .want = rfi_calloc(max_in, sizeof(bool)),
+    };
+    rf_status st;
+    if (!c.map || !c.grad_of || !c.from_wrt || !c.to_y || !c.adj || !c.ins || !c.grads ||
+        !c.want)
+        st = rfi_error(RF_E_NOMEM, "autodiff: out of memory");
+    else
+        st = run(&c);
+    rfi_free(c.map);
+    rfi_free(c.grad_of);
+    rfi_free(c.from_wrt);
+    rfi_free(c.to_y);
+    rfi_free(c.adj);
+    rfi_free(c.ins);
+    rfi_free(c.grads);
+    rfi_free(c.want);
+    if (st != RF_OK) {
+        rfi_graph_free(c.ng);
+        return st;
+    }
+    *out = c.ng;
+    return RF_OK;
+}

@@ -1,0 +1,49 @@
+/* model.h: the internal layout of rf_model, shared by nn/, optim/, train/
+ * and data/ (checkpoints). Users see rf_model as opaque.
+ */
+#ifndef RF_NN_MODEL_H
+#define RF_NN_MODEL_H
+
+#include "../runtime/runtime.h"
+#include "reflux/train.h"
+
+typedef struct rfi_step_cache rfi_step_cache; /* train/step_cache.c */
+
+typedef struct rfi_named_array {
+    char *name;    /* rfi_malloc */
+    rf_array *a;   /* one reference held */
+} rfi_named_array;
+
+struct rf_model {
+    const rf_layer_type *type;
+    void *config;             /* rfi_malloc'd copy of plain bytes */
+    size_t config_size;
+
+    rfi_named_array *params;  /* trainable */
+    int n_params, cap_params;
+    rfi_named_array *state;   /* non-trainable (running stats, RNG keys) */
+    int n_state, cap_state;
+    rf_model **children;      /* owned */
+    int n_children, cap_children;
+
+    bool training;
+    uint64_t uid;             /* unique per model object (never reused in a process) */
+    rfi_step_cache *cache;    /* compiled steps and forwards cached for this tree
+                                 (root only); freed with the model */
+    struct rf_opt **opts;     /* optimisers set up on this model (borrowed), so
+                                 either side can be freed first */
+    int n_opts, cap_opts;
+};
+
+/* A fresh unique id for models, optimisers and other cache-key parts. */
+RFI_FUNC uint64_t rfi_next_uid(void);
+/* Visits the trainable parameters of the tree in rf_model_visit order. */
+RFI_FUNC int rfi_model_collect_params(rf_model *m, rf_array ***out); /* rfi_malloc'd array; -1 OOM */
+/* Structural hash of the tree: layer types, config bytes, array names,
+ * dtypes and shapes, training flags. */
+RFI_FUNC uint64_t rfi_model_structure_hash(const rf_model *m);
+/* Registers / unregisters an optimiser on a model (see `opts`). */
+RFI_FUNC rf_status rfi_model_attach_opt(rf_model *m, struct rf_opt *opt);
+RFI_FUNC void rfi_model_detach_opt(rf_model *m, struct rf_opt *opt);
+
+#endif
