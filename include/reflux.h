@@ -18,7 +18,9 @@
  *     rf_exec_run(fwd, &x_dev, 1, &y, 1);                // weights read by reference
  *
  * Sub-headers: core (status, dtypes, devices), array, trace (tracing,
- * compile, run, gradients), ops (the operations).
+ * compile, run, gradients), ops (the operations), nn (models, layers,
+ * losses), optim (optimisers), train (withgradient, trainstep, train, the
+ * compile cache), data (loaders, dataset readers, checkpoints).
  */
 #ifndef REFLUX_H
 #define REFLUX_H
@@ -27,5 +29,9 @@
 #include "reflux/array.h"
 #include "reflux/trace.h"
 #include "reflux/ops.h"
+#include "reflux/nn.h"
+#include "reflux/optim.h"
+#include "reflux/train.h"
+#include "reflux/data.h"
 
 #endif

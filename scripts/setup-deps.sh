@@ -13,12 +13,12 @@ PACKAGES=(
     make
     pkg-config
     zlib1g-dev
+    dataset-fashion-mnist
 )
 
 # ---- Packages to add with later milestones (uncomment when the code needs them) ----------
 #   libdnnl-dev              oneDNN: matmul and convolution for the compiled CPU backend
-#   dataset-fashion-mnist    Fashion-MNIST for the training examples and tests
-# PACKAGES+=(libdnnl-dev dataset-fashion-mnist)
+# PACKAGES+=(libdnnl-dev)
 
 if ! command -v dpkg >/dev/null 2>&1; then
     echo "setup-deps: dpkg not found; make sure these are installed: ${PACKAGES[*]}" >&2

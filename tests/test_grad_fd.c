@@ -119,6 +119,8 @@ GF(f_rw_min, rf_reduce_window(x[0], RF_REDUCE_MIN, DIMS(3), DIMS(2), DIMS(1), DI
 GF(f_maxpool, rf_maxpool2d(x[0], DIMS(2, 2), DIMS(2, 2), NULL))
 GF(f_maxpool_pad, rf_maxpool2d(x[0], DIMS(3, 3), DIMS(2, 2), DIMS(1, 1)))
 GF(f_meanpool, rf_meanpool2d(x[0], DIMS(2, 2), DIMS(1, 2), NULL))
+GF(f_sel_scatter, rf_select_and_scatter(x[0], x[1], DIMS(1, 1, 2, 2), DIMS(1, 1, 1, 2),
+                                        DIMS(0, 0, 1, 0), DIMS(0, 0, 0, 1)))
 GF(f_gather0, rf_gather(x[0], x[1], 0))
 GF(f_gather1, rf_gather(x[0], x[1], 1))
 GF(f_scatter0, rf_scatter_add(x[0], x[1], x[2], 0))
@@ -255,6 +257,11 @@ static const gcase CASES[] = {
     {"maxpool2d", f_maxpool, 1, {F64_IN(4, -2, 2, 2, 2, 4, 5)}, {0}},
     {"maxpool2d pad", f_maxpool_pad, 1, {F64_IN(4, -2, 2, 1, 2, 5, 5)}, {0}},
     {"meanpool2d", f_meanpool, 1, {F64_IN(4, -2, 2, 1, 2, 4, 5)}, {0}},
+    {"select_and_scatter (x and source)", f_sel_scatter, 2,
+     {F64_IN(4, -2, 2, 1, 2, 4, 5), F64_IN(4, -2, 2, 1, 2, 4, 3)}, {0}},
+    {"conv2d batch groups 2", f_conv, 2,
+     {F64_IN(4, -1, 1, 4, 2, 3, 3), F64_IN(4, -1, 1, 4, 2, 2, 2)},
+     {2, {1, 1}, {0, 0}, {0, 0}, {1, 1}, {1, 1}, 1, 2}},
     {"gather axis 0 (dup, clamp)", f_gather0, 2,
      {F64_IN(2, -2, 2, 3, 4), FIXED(RF_I32, 1, VALS(2, 0, 2, -1, 7), 5)}, {0}},
     {"gather axis 1 (2-D idx)", f_gather1, 2,
@@ -517,10 +524,15 @@ static void build_stop_grad(rf_trace *t, rf_tensor *const *a, int n, void *u)
     rf_tensor *wrt[2] = {x, a[1]}, *g3[2] = {0};
     rf_tensor *l3 = rf_sum_all(rf_exp(x));
     rf_grad(t, l3, wrt, 2, g3);
+    /* L4 = sum(exp(y) * w) with y = 2 x: gradient w.r.t. the intermediate y */
+    rf_tensor *y = rf_mul_s(x, 2), *gy = NULL;
+    rf_tensor *l4 = rf_sum_all(rf_mul(rf_exp(y), a[1]));
+    rf_grad(t, l4, &y, 1, &gy);
     rf_return(t, g[0]);
     rf_return(t, g[1]);
     rf_return(t, g3[1]);
     rf_return(t, g3[0]);
+    rf_return(t, gy);
 }
 
 static void test_stop_gradient(void)
@@ -528,22 +540,64 @@ static void test_stop_gradient(void)
     const double x[4] = {0.5, -1, 2, 0.25};
     const double w[4] = {1, 2, -3, 4};
     rf_array *in[2] = {tp_host(RF_F64, DIMS(4), 1, x), tp_host(RF_F64, DIMS(4), 1, w)};
-    rf_array *o[4] = {0};
-    double xw[4], ex[4];
+    rf_array *o[5] = {0};
+    double xw[4], ex[4], ey[4];
     for (int i = 0; i < 4; i++) {
         xw[i] = x[i] * w[i];
         ex[i] = exp(x[i]);
+        ey[i] = exp(2 * x[i]) * w[i];
     }
-    CHECK_OK(tp_run(build_stop_grad, NULL, in, 2, o, 4));
+    CHECK_OK(tp_run(build_stop_grad, NULL, in, 2, o, 5));
     tp_expect("grad of stop_gradient is zero", o[0], RF_F64, DIMS(4), 1,
               (const double[]){0, 0, 0, 0}, 0, 0);
     tp_expect("grad of x * stop_gradient(x)", o[1], RF_F64, DIMS(4), 1, xw, 1e-15, 1e-15);
     tp_expect("grad w.r.t. an unused input is zero", o[2], RF_F64, DIMS(4), 1,
               (const double[]){0, 0, 0, 0}, 0, 0);
     tp_expect("grad of sum(exp(x))", o[3], RF_F64, DIMS(4), 1, ex, 1e-15, 1e-14);
-    printf("grad %-40s checked (zero / partial)\n", "stop_gradient");
-    tp_free_all(o, 4);
+    tp_expect("grad w.r.t. an intermediate tensor", o[4], RF_F64, DIMS(4), 1, ey, 1e-15, 1e-14);
+    printf("grad %-40s checked (zero / partial / intermediate)\n", "stop_gradient");
+    tp_free_all(o, 5);
     tp_free_all(in, 2);
+}
+
+/* The same small network's gradient in f32 and f64 agree to f32 precision. */
+static void build_net_grad(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_tensor *h = rf_tanh(rf_linear(a[0], a[1], a[2]));
+    rf_tensor *loss = rf_mean_all(rf_softplus(rf_sum(h, DIMS(1), 1, false)));
+    rf_tensor *wrt[3] = {a[0], a[1], a[2]}, *g[3] = {0};
+    rf_grad(t, loss, wrt, 3, g);
+    for (int i = 0; i < 3; i++)
+        rf_return(t, g[i]);
+}
+
+static void test_f32_grads(void)
+{
+    uint64_t rng = 5;
+    double x[12], w[6], b[2];
+    for (int i = 0; i < 12; i++) x[i] = tp_rand(&rng, -1, 1);
+    for (int i = 0; i < 6; i++) w[i] = tp_rand(&rng, -1, 1);
+    for (int i = 0; i < 2; i++) b[i] = tp_rand(&rng, -1, 1);
+    rf_array *o32[3] = {0}, *o64[3] = {0};
+    for (int d = 0; d < 2; d++) {
+        rf_dtype dt = d ? RF_F64 : RF_F32;
+        rf_array *in[3] = {tp_host(dt, DIMS(4, 3), 2, x), tp_host(dt, DIMS(2, 3), 2, w),
+                           tp_host(dt, DIMS(2), 1, b)};
+        CHECK_OK(tp_run(build_net_grad, NULL, in, 3, d ? o64 : o32, 3));
+        tp_free_all(in, 3);
+    }
+    const char *names[3] = {"f32 grad of x", "f32 grad of w", "f32 grad of b"};
+    for (int i = 0; i < 3; i++) {
+        double *ref = tp_read(o64[i], NULL);
+        if (ref && o32[i])
+            tp_expect(names[i], o32[i], RF_F32, rf_array_dims(o64[i]), rf_array_rank(o64[i]), ref,
+                      1e-6, 1e-5);
+        free(ref);
+    }
+    printf("grad %-40s checked against f64\n", "f32 network");
+    tp_free_all(o32, 3);
+    tp_free_all(o64, 3);
 }
 
 int main(void)
@@ -552,5 +606,6 @@ int main(void)
         run_case(&CASES[i], 1000 + 17 * (uint64_t)i);
     test_convert_grad();
     test_stop_gradient();
+    test_f32_grads();
     return tu_finish("test_grad_fd");
 }

@@ -35,6 +35,11 @@ struct rf_model {
     int n_opts, cap_opts;
 };
 
+/* Implemented by train/step_cache.c: frees every cached executable (NULL ok),
+ * and drops the entries compiled for one optimiser (called by rf_opt_free). */
+RFI_FUNC void rfi_step_cache_free(rfi_step_cache *c);
+RFI_FUNC void rfi_step_cache_drop_opt(rf_model *m, uint64_t opt_uid);
+
 /* A fresh unique id for models, optimisers and other cache-key parts. */
 RFI_FUNC uint64_t rfi_next_uid(void);
 /* Visits the trainable parameters of the tree in rf_model_visit order. */
