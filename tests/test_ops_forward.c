@@ -415,6 +415,27 @@ static void test_binary_spots(void)
     }
 }
 
+/* Integer division and remainder by zero and INT_MIN / -1 are undefined in C:
+ * the run must neither crash nor trip UBSan. The values are unspecified. */
+static void test_int_div_edge(void)
+{
+    const rf_dtype dts[3] = {RF_I32, RF_I64, RF_U8};
+    for (int d = 0; d < 3; d++)
+        for (int op = 0; op < 2; op++) {
+            double lo = dts[d] == RF_I32 ? -2147483648.0 : dts[d] == RF_I64 ? -9.2e18 : 0;
+            rf_array *in[2] = {tp_host(dts[d], DIMS(3), 1, (const double[]){7, lo, 0}),
+                               tp_host(dts[d], DIMS(3), 1, (const double[]){0, -1, 0})};
+            rf_array *o = NULL;
+            binary_box box = {op ? rf_rem : rf_div};
+            char label[64];
+            snprintf(label, sizeof label, "%s %s by zero", op ? "rem" : "div",
+                     rf_dtype_name(dts[d]));
+            run_prog(label, build_binary, &box, in, 2, &o, 1);
+            rf_array_free(o);
+            tp_free_all(in, 2);
+        }
+}
+
 /* ---- Compare, select, clamp, convert -------------------------------------------------- */
 
 typedef struct cmp_box {
@@ -558,7 +579,8 @@ static void test_convert(void)
         {RF_F32, RF_U8, {3.9, 0.2, 255, 17.5, 1}, {3, 0, 255, 17, 1}},
         {RF_F32, RF_BOOL, {0, -0.5, 2, -0.0, 1e-30}, {0, 1, 1, 0, 1}},
         {RF_I32, RF_BOOL, {0, -3, 1, 0, 7}, {0, 1, 1, 0, 1}},
-        {RF_F64, RF_F32, {0.1, -1e10, 1.0 / 3.0, 0, 2}, {(float)0.1, -1e10, (float)(1.0 / 3.0), 0, 2}},
+        {RF_F64, RF_F32, {0.1, -1e10, 1.0 / 3.0, 0, 2},
+         {(float)0.1, -1e10, (float)(1.0 / 3.0), 0, 2}},
         {RF_F32, RF_F64, {0.1, -2.5, 0, 1, 3}, {(float)0.1, -2.5, 0, 1, 3}},
         {RF_I32, RF_F32, {-7, 0, 16777217, 3, 1}, {-7, 0, 16777216, 3, 1}},
         {RF_BOOL, RF_F32, {1, 0, 1, 1, 0}, {1, 0, 1, 1, 0}},
@@ -1006,8 +1028,9 @@ static void test_dot_general(void)
             for (int i = 0; i < 3; i++)
                 for (int j = 0; j < 5; j++)
                     for (int k = 0; k < 4; k++) {
-                        w0[(bb * 3 + i) * 5 + j] += A[(bb * 3 + i) * 4 + k] * B[(bb * 4 + k) * 5 + j];
-                        w3[(bb * 5 + j) * 3 + i] += A[(bb * 3 + i) * 4 + k] * B[(bb * 4 + k) * 5 + j];
+                        double ab = A[(bb * 3 + i) * 4 + k] * B[(bb * 4 + k) * 5 + j];
+                        w0[(bb * 3 + i) * 5 + j] += ab;
+                        w3[(bb * 5 + j) * 3 + i] += ab;
                     }
         for (int i = 0; i < 3; i++)
             for (int j = 0; j < 2; j++)
@@ -1090,9 +1113,12 @@ static void test_matmul(void)
                 w6[i * 4 + o] += A[i * 3 + k] * W[o * 3 + k];
     for (int i = 0; i < 8; i++)
         w5[i] = w6[i] + bias[i % 4];
-    rf_array *in[7] = {tp_host(RF_F64, DIMS(2, 3), 2, A),       tp_host(RF_F64, DIMS(3, 4), 2, B),
-                       tp_host(RF_F64, DIMS(3), 1, v),          tp_host(RF_F64, DIMS(2, 1, 2, 3), 4, P),
-                       tp_host(RF_F64, DIMS(3, 3, 2), 3, Q),    tp_host(RF_F64, DIMS(4, 3), 2, W),
+    rf_array *in[7] = {tp_host(RF_F64, DIMS(2, 3), 2, A),
+                       tp_host(RF_F64, DIMS(3, 4), 2, B),
+                       tp_host(RF_F64, DIMS(3), 1, v),
+                       tp_host(RF_F64, DIMS(2, 1, 2, 3), 4, P),
+                       tp_host(RF_F64, DIMS(3, 3, 2), 3, Q),
+                       tp_host(RF_F64, DIMS(4, 3), 2, W),
                        tp_host(RF_F64, DIMS(4), 1, bias)};
     rf_array *o[7] = {0};
     if (run_prog("matmul", build_matmul, NULL, in, 7, o, 7)) {
@@ -1726,7 +1752,8 @@ static void test_nn(void)
         relu[i] = v > 0 ? v : 0;
         lrelu[i] = v > 0 ? v : 0.1 * v;
         elu[i] = v > 0 ? v : 0.7 * expm1(v);
-        gelu[i] = 0.5 * v * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (v + 0.044715 * v * v * v)));
+        const double k = sqrt(2 / 3.14159265358979323846);
+        gelu[i] = 0.5 * v * (1 + tanh(k * (v + 0.044715 * v * v * v)));
         sig[i] = 1 / (1 + exp(-v));
         swish[i] = v * sig[i];
         sp[i] = v > 30 ? v : log1p(exp(v));
@@ -1764,6 +1791,7 @@ int main(void)
     test_unary_other();
     test_binary();
     test_binary_spots();
+    test_int_div_edge();
     test_compare();
     test_select();
     test_clamp();

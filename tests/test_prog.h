@@ -66,7 +66,8 @@ static inline double tp_load(rf_dtype dt, const void *buf, int64_t i)
 }
 
 /* A host array of dtype dt holding vals (numel doubles, converted; NULL: zeros). */
-static inline rf_array *tp_host(rf_dtype dt, const int64_t *dims, int rank, const double *vals)
+static inline rf_array *tp_host(rf_dtype dt, const int64_t *dims, int rank,
+                                const double *vals)
 {
     int64_t n = tp_numel(dims, rank);
     size_t sz = rf_dtype_size(dt);
@@ -88,7 +89,8 @@ static inline rf_array *tp_cpu(const rf_array *h)
 }
 
 /* A CPU array of dtype dt holding vals. */
-static inline rf_array *tp_dev(rf_dtype dt, const int64_t *dims, int rank, const double *vals)
+static inline rf_array *tp_dev(rf_dtype dt, const int64_t *dims, int rank,
+                               const double *vals)
 {
     rf_array *h = tp_host(dt, dims, rank, vals);
     rf_array *d = h ? tp_cpu(h) : NULL;
@@ -97,8 +99,8 @@ static inline rf_array *tp_dev(rf_dtype dt, const int64_t *dims, int rank, const
 }
 
 /* Compiles build(args) for the CPU device with CPU arguments dev_args. */
-static inline rf_status tp_compile(tp_build_fn build, void *user, rf_array *const *dev_args, int nargs,
-                            rf_exec **e)
+static inline rf_status tp_compile(tp_build_fn build, void *user, rf_array *const *dev_args,
+                                   int nargs, rf_exec **e)
 {
     tp_call c = {build, user};
     rf_compile_opts o = {.device = rf_device_cpu(), .name = "test"};
@@ -107,8 +109,8 @@ static inline rf_status tp_compile(tp_build_fn build, void *user, rf_array *cons
 
 /* Copies host_in to the CPU, compiles build, runs it once and stores nouts
  * outputs (owned, CPU arrays) in outs. */
-static inline rf_status tp_run(tp_build_fn build, void *user, rf_array *const *host_in, int nin,
-                        rf_array **outs, int nouts)
+static inline rf_status tp_run(tp_build_fn build, void *user, rf_array *const *host_in,
+                               int nin, rf_array **outs, int nouts)
 {
     rf_array *dev[TP_MAX_ARGS] = {0};
     rf_status st = RF_OK;
@@ -174,8 +176,9 @@ static inline bool tp_close(double got, double want, double atol, double rtol)
 
 /* Checks dtype, shape and values of `a` (one check); prints the first
  * mismatches with `label`. */
-static inline void tp_expect(const char *label, const rf_array *a, rf_dtype dt, const int64_t *dims,
-                      int rank, const double *want, double atol, double rtol)
+static inline void tp_expect(const char *label, const rf_array *a, rf_dtype dt,
+                             const int64_t *dims, int rank, const double *want, double atol,
+                             double rtol)
 {
     tu_checks++;
     if (!a) {
