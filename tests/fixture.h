@@ -1,4 +1,4 @@
-/* fixture.h: reads the reference values that tests/ref/*.py produce with
+/* fixture.h: reads the reference values that the scripts in tests/ref/ produce with
  * PyTorch (committed, so tests need no Python).
  *
  * Format: a text file of entries, one per line:

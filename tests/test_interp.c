@@ -455,6 +455,214 @@ static void test_reduce(void)
     }
 }
 
+/* ---- Larger cases against independent formulas ------------------------------------ *
+ * Sizes above the interpreter's chunk length and operands of several dtypes, so
+ * its bulk (chunked, packed, row-by-row) paths meet element-by-element oracles. */
+
+/* dot_general with batch and two contracting dims in scrambled positions:
+ * lhs [2(k1), 3(b), 4(m), 5(k0)], rhs [5(k0), 3(b), 2(k1), 6(n)], f64. */
+static void test_dot_scrambled(void)
+{
+    enum { K1 = 2, B = 3, M = 4, K0 = 5, N = 6 };
+    static double a[K1 * B * M * K0], b[K0 * B * K1 * N], got[B * M * N];
+    for (int k = 0; k < K1 * B * M * K0; k++)
+        a[k] = test_value(k) + 0.125 * (k % 7);
+    for (int k = 0; k < K0 * B * K1 * N; k++)
+        b[k] = test_value(k + 3) - 0.25 * (k % 5);
+    rfi_graph *g = new_graph();
+    rfi_node *in[2] = {constant(g, RF_F64, RF_SHAPE(K1, B, M, K0), a),
+                       constant(g, RF_F64, RF_SHAPE(K0, B, K1, N), b)};
+    rfi_attrs at = {0};
+    set_list(&at, 0, (const int64_t[]){1}, 1);
+    set_list(&at, 1, (const int64_t[]){1}, 1);
+    set_list(&at, 2, (const int64_t[]){3, 0}, 2); /* k0 then k1 */
+    set_list(&at, 3, (const int64_t[]){0, 2}, 2);
+    rfi_node *y = node(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F64, RF_SHAPE(B, M, N));
+    eval1(g, y, got);
+    for (int bi = 0; bi < B; bi++)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double want = 0;
+                for (int k0 = 0; k0 < K0; k0++)
+                    for (int k1 = 0; k1 < K1; k1++)
+                        want += a[((k1 * B + bi) * M + m) * K0 + k0] *
+                                b[((k0 * B + bi) * K1 + k1) * N + n];
+                CHECK(got[(bi * M + m) * N + n] == want); /* same order: bit-identical */
+            }
+}
+
+/* An i32 convolution (integer arithmetic path) and a grouped f32 one with several
+ * images, channels and features per group. */
+static void test_conv_more(void)
+{
+    rfi_graph *g = new_graph();
+    const int32_t x[5] = {1, 2, 3, 4, 5}, w[2] = {1, 10};
+    rfi_node *in[2] = {constant(g, RF_I32, RF_SHAPE(1, 1, 5), x),
+                       constant(g, RF_I32, RF_SHAPE(1, 1, 2), w)};
+    rfi_attrs a = {0};
+    set_list(&a, 0, (const int64_t[]){2}, 1);
+    set_list(&a, 1, (const int64_t[]){1}, 1);
+    set_list(&a, 2, (const int64_t[]){0}, 1);
+    set_list(&a, 3, (const int64_t[]){1}, 1);
+    set_list(&a, 4, (const int64_t[]){1}, 1);
+    a.i[0] = a.i[1] = 1;
+    rfi_node *y = node(g, RFI_OP_CONVOLUTION, in, 2, &a, RF_I32, RF_SHAPE(1, 1, 3));
+    int32_t out[3];
+    eval1(g, y, out);
+    CHECK(out[0] == 10 && out[1] == 32 && out[2] == 54);
+
+    const conv_case wide = {.n = 3, .c = 6, .h = 6, .w = 5, .o = 6, .kh = 3, .kw = 3,
+                            .stride = {1, 2}, .lo = {2, 1}, .hi = {0, 1}, .ldil = {1, 1},
+                            .rdil = {1, 2}, .groups = 3, .batch_groups = 1};
+    run_conv_case(&wide, "conv wide");
+}
+
+/* Elementwise ops over 1300 elements (chunk boundaries) in f32, f64 and i32. */
+static void test_elementwise_long(void)
+{
+    enum { L = 1300 };
+    static float fa[L], fb[L], fo[L];
+    static double da[L], db[L], dout[L];
+    static int32_t ia[L], ib[L], iout[L];
+    for (int k = 0; k < L; k++) {
+        fa[k] = test_value(k);
+        fb[k] = test_value(k + 1) + 3.0f;
+        da[k] = fa[k] * 1.5;
+        db[k] = fb[k];
+        ia[k] = (int32_t)(k * 2654435761u);
+        ib[k] = k - 650;
+    }
+    const rfi_op ops[4] = {RFI_OP_ADD, RFI_OP_MUL, RFI_OP_DIV, RFI_OP_MAX};
+    for (int t = 0; t < 4; t++) {
+        rfi_graph *g = new_graph();
+        rfi_node *in[2] = {constant(g, RF_F32, RF_SHAPE(L), fa),
+                           constant(g, RF_F32, RF_SHAPE(L), fb)};
+        eval1(g, node(g, ops[t], in, 2, NULL, RF_F32, RF_SHAPE(L)), fo);
+        for (int k = 0; k < L; k++) {
+            double x = fa[k], z = fb[k];
+            double want = t == 0 ? x + z : t == 1 ? x * z : t == 2 ? x / z : (x > z ? x : z);
+            CHECK(fo[k] == (float)want);
+        }
+    }
+    rfi_graph *g = new_graph();
+    rfi_node *in[2] = {constant(g, RF_F64, RF_SHAPE(L), da),
+                       constant(g, RF_F64, RF_SHAPE(L), db)};
+    eval1(g, node(g, RFI_OP_SUB, in, 2, NULL, RF_F64, RF_SHAPE(L)), dout);
+    for (int k = 0; k < L; k++)
+        CHECK(dout[k] == da[k] - db[k]);
+    g = new_graph();
+    rfi_node *xe = constant(g, RF_F64, RF_SHAPE(L), da);
+    eval1(g, node(g, RFI_OP_EXP, &xe, 1, NULL, RF_F64, RF_SHAPE(L)), dout);
+    for (int k = 0; k < L; k++)
+        CHECK(dout[k] == exp(da[k]));
+    g = new_graph();
+    rfi_node *ii[2] = {constant(g, RF_I32, RF_SHAPE(L), ia),
+                       constant(g, RF_I32, RF_SHAPE(L), ib)};
+    eval1(g, node(g, RFI_OP_MUL, ii, 2, NULL, RF_I32, RF_SHAPE(L)), iout);
+    for (int k = 0; k < L; k++)
+        CHECK(iout[k] == (int32_t)(uint32_t)((uint64_t)(int64_t)ia[k] * (uint64_t)(int64_t)ib[k]));
+    g = new_graph();
+    rfi_node *ci[2] = {constant(g, RF_F32, RF_SHAPE(L), fa),
+                       constant(g, RF_F32, RF_SHAPE(L), fb)};
+    rfi_attrs ca = {0};
+    ca.i[0] = RF_LT;
+    static uint8_t lt[L];
+    eval1(g, node(g, RFI_OP_COMPARE, ci, 2, &ca, RF_BOOL, RF_SHAPE(L)), lt);
+    for (int k = 0; k < L; k++)
+        CHECK(lt[k] == (fa[k] < fb[k]));
+}
+
+/* Broadcast and transpose of rank 4/3 in three element sizes, against index formulas. */
+static void test_strided_long(void)
+{
+    static uint8_t u[4 * 3], uo[2 * 4 * 5 * 3];
+    static int64_t q[3 * 4 * 50], qo[50 * 3 * 4];
+    static float f[3 * 4 * 50], fo[50 * 3 * 4];
+    for (int k = 0; k < 12; k++)
+        u[k] = (uint8_t)(k * 7);
+    rfi_graph *g = new_graph();
+    rfi_node *un = constant(g, RF_U8, RF_SHAPE(4, 1, 3), u);
+    rfi_attrs a = {0};
+    set_list(&a, 0, (const int64_t[]){1, 2, 3}, 3);
+    eval1(g, node(g, RFI_OP_BROADCAST_IN_DIM, &un, 1, &a, RF_U8, RF_SHAPE(2, 4, 5, 3)), uo);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 5; k++)
+                for (int l = 0; l < 3; l++)
+                    CHECK(uo[((i * 4 + j) * 5 + k) * 3 + l] == u[j * 3 + l]);
+    for (int k = 0; k < 600; k++) {
+        q[k] = (int64_t)k * 1000003;
+        f[k] = test_value(k);
+    }
+    for (int t = 0; t < 2; t++) {
+        g = new_graph();
+        rfi_node *xn = t ? constant(g, RF_I64, RF_SHAPE(3, 4, 50), q)
+                         : constant(g, RF_F32, RF_SHAPE(3, 4, 50), f);
+        rfi_attrs p = {0};
+        set_list(&p, 0, (const int64_t[]){2, 0, 1}, 3);
+        eval1(g, node(g, RFI_OP_TRANSPOSE, &xn, 1, &p, t ? RF_I64 : RF_F32, RF_SHAPE(50, 3, 4)),
+              t ? (void *)qo : (void *)fo);
+        for (int i = 0; i < 50; i++)
+            for (int j = 0; j < 3; j++)
+                for (int k = 0; k < 4; k++) {
+                    int src = (j * 4 + k) * 50 + i, dst = (i * 3 + j) * 4 + k;
+                    CHECK(t ? qo[dst] == q[src] : fo[dst] == f[src]);
+                }
+    }
+}
+
+/* Reductions over leading, middle and trailing axes, rows longer than a chunk. */
+static void test_reduce_long(void)
+{
+    enum { A = 3, Bd = 4, C = 700 };
+    static float x[A * Bd * C];
+    static int32_t xi[A * Bd * C];
+    for (int k = 0; k < A * Bd * C; k++) {
+        x[k] = test_value(k) * 0.37f;
+        xi[k] = k % 13 - 6;
+    }
+    /* sum over axes {0, 2}: result [Bd] */
+    rfi_graph *g = new_graph();
+    rfi_node *xn = constant(g, RF_F32, RF_SHAPE(A, Bd, C), x);
+    rfi_attrs a = {0};
+    a.i[0] = RF_REDUCE_SUM;
+    set_list(&a, 0, (const int64_t[]){0, 2}, 2);
+    float s[Bd];
+    eval1(g, node(g, RFI_OP_REDUCE, &xn, 1, &a, RF_F32, RF_SHAPE(Bd)), s);
+    for (int j = 0; j < Bd; j++) {
+        double want = 0;
+        for (int i = 0; i < A; i++)
+            for (int k = 0; k < C; k++)
+                want += x[(i * Bd + j) * C + k];
+        CHECK(s[j] == (float)want);
+    }
+    /* max over axis 1: result [A, C] */
+    g = new_graph();
+    xn = constant(g, RF_F32, RF_SHAPE(A, Bd, C), x);
+    rfi_attrs m = {0};
+    m.i[0] = RF_REDUCE_MAX;
+    set_list(&m, 0, (const int64_t[]){1}, 1);
+    static float mx[A * C];
+    eval1(g, node(g, RFI_OP_REDUCE, &xn, 1, &m, RF_F32, RF_SHAPE(A, C)), mx);
+    for (int i = 0; i < A; i++)
+        for (int k = 0; k < C; k++) {
+            float want = -INFINITY;
+            for (int j = 0; j < Bd; j++)
+                want = fmaxf(want, x[(i * Bd + j) * C + k]);
+            CHECK(mx[i * C + k] == want);
+        }
+    /* i32 sum over axis 0: result [Bd, C] */
+    g = new_graph();
+    xn = constant(g, RF_I32, RF_SHAPE(A, Bd, C), xi);
+    rfi_attrs si = {0};
+    si.i[0] = RF_REDUCE_SUM;
+    set_list(&si, 0, (const int64_t[]){0}, 1);
+    static int32_t so[Bd * C];
+    eval1(g, node(g, RFI_OP_REDUCE, &xn, 1, &si, RF_I32, RF_SHAPE(Bd, C)), so);
+    for (int k = 0; k < Bd * C; k++)
+        CHECK(so[k] == xi[k] + xi[Bd * C + k] + xi[2 * Bd * C + k]);
+}
+
 /* ---- Indexing ------------------------------------------------------------------------ */
 
 static void test_gather_scatter(void)
@@ -724,6 +932,11 @@ int main(void)
     test_reduce_window();
     test_select_and_scatter();
     test_reduce();
+    test_dot_scrambled();
+    test_conv_more();
+    test_elementwise_long();
+    test_strided_long();
+    test_reduce_long();
     test_gather_scatter();
     test_rng();
     test_iota();

@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 typedef struct rf_loader_opts {
-    int64_t batchsize; /* default 1 */
+    int64_t batchsize; /* default 1 (opts NULL); must be >= 1 */
     bool shuffle;      /* reshuffle every epoch (rf_loader_reset) */
     uint64_t seed;     /* shuffling seed */
     bool drop_last;    /* false (default): a smaller last batch; true: drop it */
@@ -31,10 +31,13 @@ RF_API rf_status rf_loader_to(rf_loader *l, rf_device *dev);
 RF_API int64_t rf_loader_n_batches(const rf_loader *l);
 RF_API int64_t rf_loader_n_obs(const rf_loader *l);
 RF_API int rf_loader_n_arrays(const rf_loader *l);
-/* Starts a new epoch (reshuffling when asked). */
+/* Starts a new epoch (reshuffling when asked), also in the middle of one. The
+ * epoch at creation is 0 and each reset adds 1; epoch e's order depends only
+ * on (seed, e), so it is the same on every run and platform. */
 RF_API rf_status rf_loader_reset(rf_loader *l);
 /* The next batch: *batch points at rf_loader_n_arrays() borrowed arrays, or
- * NULL at the end of the epoch (status RF_OK). */
+ * NULL at the end of the epoch (status RF_OK). The arrays stay valid until the
+ * next rf_loader_next, rf_loader_reset or rf_loader_free. */
 RF_API rf_status rf_loader_next(rf_loader *l, rf_array *const **batch);
 RF_API void rf_loader_free(rf_loader *l);
 
@@ -57,7 +60,9 @@ RF_API rf_status rf_checkpoint_save(const char *path, rf_model *m, rf_opt *opt);
 /* Loads a checkpoint into an existing model (and optimiser) of the same
  * structure, in place. Nothing is changed unless the whole file is valid:
  * a truncated or corrupted file, a missing tensor or a shape mismatch gives
- * RF_E_CORRUPT / RF_E_SHAPE naming the tensor. */
+ * RF_E_CORRUPT / RF_E_SHAPE naming the tensor (RF_E_DTYPE for an element
+ * type mismatch, RF_E_IO when the file cannot be read). With opt NULL the
+ * file's "opt." tensors are ignored. */
 RF_API rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt);
 
 #ifdef __cplusplus

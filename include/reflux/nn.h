@@ -73,7 +73,9 @@ RF_API rf_array *rf_init_array(rf_init init, const int64_t *dims, int rank, uint
 typedef struct rf_layer_type {
     const char *name;
     rf_tensor *(*forward)(rf_model *m, rf_tensor *x);
-    /* Optional: one line describing the configuration, for printing. */
+    /* Optional: writes the configuration ("4 => 8, tanh") into buf (capacity
+     * n), for printing: summaries show it as "Dense(4 => 8, tanh)". Without
+     * it a layer prints as its bare name ("Flatten()"). */
     void (*describe)(const rf_model *m, char *buf, size_t n);
 } rf_layer_type;
 
@@ -102,8 +104,10 @@ RF_API rf_array *rf_model_param_array(const rf_model *m, int i);
 RF_API rf_array *rf_model_state_array(const rf_model *m, int i);
 RF_API const char *rf_model_type_name(const rf_model *m);
 
-/* Visits every array of the tree, depth first, in a fixed order, with a
- * dotted path name ("layers.0.weight", "layers.1.running_mean"). */
+/* Visits every array of the tree, depth first, in a fixed order (a layer's
+ * parameters, then its state, then its children in order), with a dotted
+ * path name: a layer's arrays by their names, children by their index, like
+ * PyTorch's state_dict keys ("0.weight", "1.0.running_mean"). */
 typedef void (*rf_array_visitor)(const char *path, rf_array *a, bool trainable, void *ud);
 RF_API void rf_model_visit(rf_model *m, rf_array_visitor fn, void *ud);
 /* Number of trainable scalars in the tree. */
@@ -176,6 +180,8 @@ RF_API rf_model *rf_meanpool(int64_t kh, int64_t kw, int64_t stride, int64_t pad
 RF_API rf_model *rf_global_meanpool(void); /* NCHW -> NC11 */
 RF_API rf_model *rf_adaptive_meanpool(int64_t oh, int64_t ow);
 RF_API rf_model *rf_flatten_layer(void);
+/* An activation as a layer (Flux's `x -> relu.(x)` inside a Chain). */
+RF_API rf_model *rf_activation_layer(rf_act act);
 /* BatchNorm(channels, act): per-channel (axis 1) normalisation; in train
  * mode uses batch statistics and updates running mean/var with momentum 0.1
  * (Flux's default), in test mode uses the running ones. eps 1e-5. */
@@ -191,7 +197,10 @@ RF_API rf_model *rf_dropout(double p, uint64_t seed);
 /* Embedding(vocab => dim): integer ids [...] -> [..., dim]; weight [vocab, dim] ~ N(0,1). */
 RF_API rf_model *rf_embedding(int64_t vocab, int64_t dim, uint64_t seed);
 
-/* Containers (they take ownership of their children, NULL-terminated lists). */
+/* Containers (they take ownership of their children, NULL-terminated lists).
+ * A NULL in a list ends it, so a layer constructor that failed inside the
+ * list would shorten it: check constructors that can fail, or use
+ * rf_chain_n, which rejects NULL entries (RF_E_INVALID, freeing the rest). */
 RF_API rf_model *rf_chain(rf_model *first, ...);
 RF_API rf_model *rf_chain_n(rf_model *const *layers, int n);
 typedef enum rf_combine { RF_COMBINE_ADD = 0, RF_COMBINE_MUL, RF_COMBINE_CONCAT_CHANNELS } rf_combine;

@@ -67,7 +67,9 @@ RF_API rf_status rf_adjust(rf_opt *opt, double lr);
 RF_API double rf_opt_lr(const rf_opt *opt);
 /* Number of steps applied so far. */
 RF_API int64_t rf_opt_steps(const rf_opt *opt);
-/* Visits every state array with a path name ("0.adam.m", "t"), for checkpoints. */
+/* Visits every state array with a path name, for checkpoints: per leaf rule
+ * (numbered depth first through chains) its hyperparameters ("0.adam.eta")
+ * and its state per parameter dtype ("0.adam.m.f32"), then the step counter "t". */
 RF_API void rf_opt_visit(rf_opt *opt, rf_array_visitor fn, void *ud);
 RF_API const rf_rule *rf_opt_rule(const rf_opt *opt);
 RF_API void rf_opt_free(rf_opt *opt);

@@ -51,4 +51,13 @@ RFI_FUNC uint64_t rfi_model_structure_hash(const rf_model *m);
 RFI_FUNC rf_status rfi_model_attach_opt(rf_model *m, struct rf_opt *opt);
 RFI_FUNC void rfi_model_detach_opt(rf_model *m, struct rf_opt *opt);
 
+/* The seed a layer constructor initialises with (nn/init.c): `seed` itself
+ * when non-zero, else the next value of the process-wide initialisation
+ * counter mixed with the seed set by rf_nn_seed (atomic). */
+RFI_FUNC uint64_t rfi_nn_next_seed(uint64_t seed);
+/* One line naming a layer and its configuration, children included
+ * ("Chain(Dense(4 => 8, tanh), Dense(8 => 2))"), for error messages. Always
+ * NUL-terminated. */
+RFI_FUNC void rfi_model_describe(const rf_model *m, char *buf, size_t n);
+
 #endif

@@ -38,4 +38,58 @@ RFI_FUNC uint64_t rfi_opt_uid(const rf_opt *opt);
 /* Called by rf_model_free: the optimiser forgets its model. */
 RFI_FUNC void rfi_opt_model_gone(rf_opt *opt);
 
+/* ---- Rule tables (rules.c) ------------------------------------------------------------------
+ * A state role is one array of optimiser state per parameter dtype: flat (one
+ * element per parameter element, like Adam's m) or a scalar (like Adam's
+ * beta1^t), in the group's float dtype or an i32 counter. */
+typedef struct rfi_state_role {
+    const char *name; /* "m", "beta1t": the last part of its rf_opt_visit path */
+    bool flat;        /* one element per parameter element; else a scalar */
+    bool counter;     /* an i32 counter; else the group's float dtype */
+    int init_hp;      /* >= 0: starts at the rule's hp[init_hp]; -1: at `init` */
+    double init;
+} rfi_state_role;
+#define RFI_OPT_MAX_ROLES 5
+/* The roles of a leaf rule (not a chain); returns their count (0..RFI_OPT_MAX_ROLES). */
+RFI_FUNC int rfi_rule_state_roles(const rf_rule *r, const rfi_state_role **roles);
+/* The name of hyperparameter i ("eta", "beta1"), or NULL for a structural one
+ * (ClipNorm's p, AccumGrad's n: part of the hash, no runtime array). */
+RFI_FUNC const char *rfi_rule_hp_name(const rf_rule *r, int i);
+/* Whether hp[0] is a learning rate (what rf_adjust sets). */
+RFI_FUNC bool rfi_rule_has_lr(const rf_rule *r);
+/* The leaf rules of a (possibly nested) chain in order, depth first; writes
+ * at most cap of them and returns how many there are. */
+RFI_FUNC int rfi_rule_leaves(rf_rule *r, rf_rule **out, int cap);
+
+/* ---- Optimiser state (setup.c) ----------------------------------------------------------------
+ * Parameters are grouped by dtype; each group's update is one flat program
+ * over the concatenation of its members (update.c). */
+typedef struct rfi_opt_leaf {
+    rf_rule *rule;                 /* borrowed from the opt's rule tree */
+    rf_array *hp[RFI_RULE_MAX_HP]; /* f32 device scalars; NULL for structural ones */
+} rfi_opt_leaf;
+
+typedef struct rfi_opt_group {
+    rf_dtype dtype;
+    int n_members;
+    int *members;     /* indices into the parameter list (visit order) */
+    int64_t numel;    /* sum of the members' element counts */
+    rf_array **state; /* [leaf * RFI_OPT_MAX_ROLES + role]; NULL where unused */
+} rfi_opt_group;
+
+struct rf_opt {
+    rf_rule *rule;      /* owned */
+    rf_model *model;    /* borrowed; NULL once the model is freed */
+    uint64_t uid;
+    rf_device *device;
+    int n_params;       /* what rf_setup saw, to detect a model that changed since */
+    rf_dtype *param_dtype;
+    int64_t *param_numel;
+    rfi_opt_leaf *leaves;
+    int n_leaves;
+    rfi_opt_group groups[RF_DTYPE_COUNT];
+    int n_groups;
+    rf_array *steps;    /* i64 scalar: updates applied */
+};
+
 #endif

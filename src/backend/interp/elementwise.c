@@ -1,12 +1,15 @@
 /* elementwise.c: the interpreter's elementwise kernels: unary and binary
- * math, logic, COMPARE, SELECT, CLAMP and CONVERT, one element at a time.
+ * math, logic, COMPARE, SELECT, CLAMP and CONVERT.
  *
  * Float operands compute in double and round once to the result dtype;
  * integer and bool operands compute in int64 with wraparound (see interp.h).
  * Integer corner cases are defined, not UB: x / 0 = 0, x % 0 = 0,
  * INT_MIN / -1 wraps to INT_MIN and INT_MIN % -1 = 0; integer pow is repeated
  * multiplication (wrapping) and a negative exponent gives 0 except for bases
- * 1 and -1. Deliberately no vectorisation or fast-math: this is the oracle.
+ * 1 and -1. Elements go through in chunks (load, compute, store) so the
+ * dtype switches run once per chunk and the cheap ops vectorise; the
+ * arithmetic is the same as one element at a time. Deliberately no fusion or
+ * fast-math: this is the oracle.
  */
 #include "interp.h"
 
@@ -145,17 +148,102 @@ static bool compare_i(rf_cmp dir, int64_t a, int64_t b)
     }
 }
 
-/* ---- Loops over elements ------------------------------------------------------------ */
+/* ---- Chunk kernels: the op applied to a chunk, the switch outside the loop ------------ *
+ * The cheap ops get a loop of their own so they vectorise; the rest (libm calls,
+ * integer division, ...) cost far more than the per-element switch they keep. */
+static void unary_f_chunk(rfi_op op, double *v, int64_t count)
+{
+    switch (op) {
+    case RFI_OP_NEG:
+        for (int64_t k = 0; k < count; k++)
+            v[k] = -v[k];
+        return;
+    case RFI_OP_ABS:
+        for (int64_t k = 0; k < count; k++)
+            v[k] = fabs(v[k]);
+        return;
+    case RFI_OP_STOP_GRADIENT: return;
+    default:
+        for (int64_t k = 0; k < count; k++)
+            v[k] = unary_f(op, v[k]);
+        return;
+    }
+}
+
+static void unary_i_chunk(rfi_op op, rf_dtype dt, int64_t *v, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++)
+        v[k] = unary_i(op, dt, v[k]);
+}
+
+/* a[k] = a[k] op b[k] */
+static void binary_f_chunk(rfi_op op, double *a, const double *b, int64_t count)
+{
+    switch (op) {
+    case RFI_OP_ADD:
+        for (int64_t k = 0; k < count; k++)
+            a[k] += b[k];
+        return;
+    case RFI_OP_SUB:
+        for (int64_t k = 0; k < count; k++)
+            a[k] -= b[k];
+        return;
+    case RFI_OP_MUL:
+        for (int64_t k = 0; k < count; k++)
+            a[k] *= b[k];
+        return;
+    case RFI_OP_DIV:
+        for (int64_t k = 0; k < count; k++)
+            a[k] /= b[k];
+        return;
+    default:
+        for (int64_t k = 0; k < count; k++)
+            a[k] = binary_f(op, a[k], b[k]);
+        return;
+    }
+}
+
+static void binary_i_chunk(rfi_op op, int64_t *a, const int64_t *b, int64_t count)
+{
+    switch (op) {
+    case RFI_OP_ADD:
+        for (int64_t k = 0; k < count; k++)
+            a[k] = rfi_wadd(a[k], b[k]);
+        return;
+    case RFI_OP_MUL:
+        for (int64_t k = 0; k < count; k++)
+            a[k] = rfi_wmul(a[k], b[k]);
+        return;
+    default:
+        for (int64_t k = 0; k < count; k++)
+            a[k] = binary_i(op, a[k], b[k]);
+        return;
+    }
+}
+
+/* ---- Loops over chunks --------------------------------------------------------------- *
+ * Each kernel loads a chunk of its operands into double (float operands) or int64
+ * (integer operands), computes it and stores it rounded into the result: the same
+ * arithmetic as element by element, with the dtype switches once per chunk. */
+#define CHUNK RFI_INTERP_CHUNK
+
 static void run_unary(const rfi_node *n, const void *x, void *out)
 {
     rf_dtype xt = n->in[0]->dtype;
     int64_t count = rfi_interp_numel(n);
-    bool is_float = rfi_dtype_is_float(xt);
-    for (int64_t i = 0; i < count; i++) {
-        if (is_float)
-            rfi_st_f(out, n->dtype, i, unary_f(n->op, rfi_ld_f(x, xt, i)));
-        else
-            rfi_st_i(out, n->dtype, i, unary_i(n->op, xt, rfi_ld_i(x, xt, i)));
+    double f[CHUNK];
+    int64_t v[CHUNK];
+    for (int64_t s = 0; s < count; s += CHUNK) {
+        int64_t len = count - s < CHUNK ? count - s : CHUNK;
+        if (rfi_dtype_is_float(xt)) {
+            rfi_interp_load_f(x, xt, s, len, f);
+            unary_f_chunk(n->op, f, len);
+            rfi_interp_store_f(out, n->dtype, s, len, f);
+        } else {
+            rfi_interp_load_i(x, xt, s, len, v);
+            unary_i_chunk(n->op, xt, v, len);
+            rfi_interp_store_i(out, n->dtype, s, len, v);
+        }
     }
 }
 
@@ -163,12 +251,21 @@ static void run_binary(const rfi_node *n, const void *a, const void *b, void *ou
 {
     rf_dtype at = n->in[0]->dtype, bt = n->in[1]->dtype;
     int64_t count = rfi_interp_numel(n);
-    bool is_float = rfi_dtype_is_float(at);
-    for (int64_t i = 0; i < count; i++) {
-        if (is_float)
-            rfi_st_f(out, n->dtype, i, binary_f(n->op, rfi_ld_f(a, at, i), rfi_ld_f(b, bt, i)));
-        else
-            rfi_st_i(out, n->dtype, i, binary_i(n->op, rfi_ld_i(a, at, i), rfi_ld_i(b, bt, i)));
+    double fa[CHUNK], fb[CHUNK];
+    int64_t ia[CHUNK], ib[CHUNK];
+    for (int64_t s = 0; s < count; s += CHUNK) {
+        int64_t len = count - s < CHUNK ? count - s : CHUNK;
+        if (rfi_dtype_is_float(at)) {
+            rfi_interp_load_f(a, at, s, len, fa);
+            rfi_interp_load_f(b, bt, s, len, fb);
+            binary_f_chunk(n->op, fa, fb, len);
+            rfi_interp_store_f(out, n->dtype, s, len, fa);
+        } else {
+            rfi_interp_load_i(a, at, s, len, ia);
+            rfi_interp_load_i(b, bt, s, len, ib);
+            binary_i_chunk(n->op, ia, ib, len);
+            rfi_interp_store_i(out, n->dtype, s, len, ia);
+        }
     }
 }
 
@@ -177,11 +274,22 @@ static void run_compare(const rfi_node *n, const void *a, const void *b, void *o
     rf_dtype at = n->in[0]->dtype, bt = n->in[1]->dtype;
     rf_cmp dir = (rf_cmp)n->attr.i[0];
     int64_t count = rfi_interp_numel(n);
-    bool is_float = rfi_dtype_is_float(at);
-    for (int64_t i = 0; i < count; i++) {
-        bool r = is_float ? compare_f(dir, rfi_ld_f(a, at, i), rfi_ld_f(b, bt, i))
-                          : compare_i(dir, rfi_ld_i(a, at, i), rfi_ld_i(b, bt, i));
-        rfi_st_i(out, n->dtype, i, r);
+    double fa[CHUNK], fb[CHUNK];
+    int64_t ia[CHUNK], ib[CHUNK], r[CHUNK];
+    for (int64_t s = 0; s < count; s += CHUNK) {
+        int64_t len = count - s < CHUNK ? count - s : CHUNK;
+        if (rfi_dtype_is_float(at)) {
+            rfi_interp_load_f(a, at, s, len, fa);
+            rfi_interp_load_f(b, bt, s, len, fb);
+            for (int64_t k = 0; k < len; k++)
+                r[k] = compare_f(dir, fa[k], fb[k]);
+        } else {
+            rfi_interp_load_i(a, at, s, len, ia);
+            rfi_interp_load_i(b, bt, s, len, ib);
+            for (int64_t k = 0; k < len; k++)
+                r[k] = compare_i(dir, ia[k], ib[k]);
+        }
+        rfi_interp_store_i(out, n->dtype, s, len, r);
     }
 }
 
@@ -192,11 +300,20 @@ static int64_t elem(const rfi_node *operand, int64_t i)
     return rfi_interp_numel(operand) == 1 ? 0 : i;
 }
 
+/* out[i] = pred[i] ? a[i] : b[i], moving elements as words of their size. */
 static void run_select(const rfi_node *n, const void *const *in, void *out)
 {
     const rfi_node *pred = n->in[0];
     size_t esz = rf_dtype_size(n->dtype);
     int64_t count = rfi_interp_numel(n);
+    bool full_bool_pred = pred->dtype == RF_BOOL && rfi_interp_numel(pred) == count;
+    if (full_bool_pred && esz == 4) {
+        const uint8_t *p = in[0];
+        const uint32_t *a = in[1], *b = in[2];
+        for (int64_t i = 0; i < count; i++)
+            ((uint32_t *)out)[i] = p[i] ? a[i] : b[i];
+        return;
+    }
     for (int64_t i = 0; i < count; i++) {
         bool take_a = rfi_ld_i(in[0], pred->dtype, elem(pred, i)) != 0;
         const char *src = take_a ? in[1] : in[2];
@@ -228,16 +345,22 @@ static void run_clamp(const rfi_node *n, const void *const *in, void *out)
 }
 
 /* Float to integer truncates toward zero and saturates (NaN -> 0); to bool is != 0;
- * integer to narrower integer wraps. */
+ * integer to narrower integer wraps: exactly the bulk stores. */
 static void run_convert(const rfi_node *n, const void *x, void *out)
 {
     rf_dtype xt = n->in[0]->dtype;
     int64_t count = rfi_interp_numel(n);
-    for (int64_t i = 0; i < count; i++) {
-        if (rfi_dtype_is_float(xt))
-            rfi_st_f(out, n->dtype, i, rfi_ld_f(x, xt, i));
-        else
-            rfi_st_i(out, n->dtype, i, rfi_ld_i(x, xt, i));
+    double f[CHUNK];
+    int64_t v[CHUNK];
+    for (int64_t s = 0; s < count; s += CHUNK) {
+        int64_t len = count - s < CHUNK ? count - s : CHUNK;
+        if (rfi_dtype_is_float(xt)) {
+            rfi_interp_load_f(x, xt, s, len, f);
+            rfi_interp_store_f(out, n->dtype, s, len, f);
+        } else {
+            rfi_interp_load_i(x, xt, s, len, v);
+            rfi_interp_store_i(out, n->dtype, s, len, v);
+        }
     }
 }
 

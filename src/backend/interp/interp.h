@@ -1,6 +1,8 @@
 /* interp.h: internals shared by the reference interpreter's files: element
- * loads and stores for every dtype, index helpers, and one kernel entry per
- * file. Not a public or cross-backend interface.
+ * loads and stores for every dtype (one at a time here, runs of them in
+ * bulk.c), index helpers, the packed matrices of the contractions
+ * (contract.c), and one kernel entry per file. Not a public or cross-backend
+ * interface.
  *
  * Numeric model (the oracle that compiled backends are tested against):
  *   - float ops compute in double and round once to the result dtype;
@@ -30,8 +32,9 @@ RFI_FUNC rf_status rfi_interp_elementwise(const rfi_node *n, const void *const *
 RFI_FUNC rf_status rfi_interp_shape(const rfi_node *n, const void *const *in, void *out);
 /* REDUCE, ARGMAX, ARGMIN, REDUCE_WINDOW, SELECT_AND_SCATTER (reduce.c). */
 RFI_FUNC rf_status rfi_interp_reduce(const rfi_node *n, const void *const *in, void *out);
-/* DOT_GENERAL, CONVOLUTION (linalg.c). */
+/* DOT_GENERAL (linalg.c), which hands CONVOLUTION to conv.c. */
 RFI_FUNC rf_status rfi_interp_linalg(const rfi_node *n, const void *const *in, void *out);
+RFI_FUNC rf_status rfi_interp_conv(const rfi_node *n, const void *const *in, void *out);
 /* GATHER, SCATTER_ADD, RNG, IOTA, CONSTANT (index.c). */
 RFI_FUNC rf_status rfi_interp_index(const rfi_node *n, const void *const *in, void *out);
 
@@ -69,6 +72,63 @@ static inline bool rfi_interp_next(int64_t *idx, const int64_t *dims, int rank)
     }
     return false;
 }
+
+/* As rfi_interp_next, also keeping *offset == sum idx[d] * step[d] (an odometer:
+ * no division or multiplication per element). */
+static inline bool rfi_interp_next_offset(int64_t *idx, const int64_t *dims, const int64_t *step,
+                                          int rank, int64_t *offset)
+{
+    for (int d = rank - 1; d >= 0; d--) {
+        *offset += step[d];
+        if (++idx[d] < dims[d])
+            return true;
+        *offset -= step[d] * dims[d];
+        idx[d] = 0;
+    }
+    return false;
+}
+
+/* ---- Bulk loads and stores (bulk.c) -------------------------------------------------- *
+ * Elements [start, start + count) of a buffer, converted exactly as the per-element
+ * rfi_ld_* / rfi_st_* below do, with the dtype switch outside the loop so f32/f64 (and
+ * i32/i64) runs vectorise. Kernels work on chunks of RFI_INTERP_CHUNK elements. */
+#define RFI_INTERP_CHUNK 512
+RFI_FUNC void rfi_interp_load_f(const void *p, rf_dtype dt, int64_t start, int64_t count,
+                                double *dst);
+RFI_FUNC void rfi_interp_load_i(const void *p, rf_dtype dt, int64_t start, int64_t count,
+                                int64_t *dst);
+RFI_FUNC void rfi_interp_store_f(void *p, rf_dtype dt, int64_t start, int64_t count,
+                                 const double *src);
+RFI_FUNC void rfi_interp_store_i(void *p, rf_dtype dt, int64_t start, int64_t count,
+                                 const int64_t *src);
+
+/* ---- Dense contraction values (contract.c) ------------------------------------------- *
+ * Operands of DOT_GENERAL and CONVOLUTION packed into canonical row-major matrices in
+ * the arithmetic of the contraction: double for float operands, wrapping int64 for
+ * integer ones (exactly one of f / i is set). */
+typedef struct rfi_dense {
+    bool is_float;
+    double *f;
+    int64_t *i;
+} rfi_dense;
+
+/* count zeroed values; RF_E_NOMEM (with a message naming `what`) if allocation fails. */
+RFI_FUNC rf_status rfi_dense_alloc(rfi_dense *d, bool is_float, int64_t count, const char *what);
+RFI_FUNC void rfi_dense_free(rfi_dense *d);
+/* d[k] = src[base + offsets[k]] (as a value of the arithmetic) for k < count; 0 where
+ * offsets[k] < 0 (padding). */
+RFI_FUNC void rfi_dense_gather(rfi_dense *d, const void *src, rf_dtype dt, int64_t base,
+                               const int64_t *offsets, int64_t count);
+/* offsets[k] = sum idx[d] * step[d] for the k-th row-major index idx over dims. */
+RFI_FUNC void rfi_interp_offsets(const int64_t *dims, const int64_t *step, int rank,
+                                 int64_t *offsets);
+/* c[m, n] = sum over k of a[m, k] * b[k, n] (row-major, starting at element offsets
+ * a0, b0, c0), each sum taken in increasing k from zero: the order of a plain dot. */
+RFI_FUNC void rfi_dense_matmul(const rfi_dense *a, int64_t a0, const rfi_dense *b, int64_t b0,
+                               rfi_dense *c, int64_t c0, int64_t m, int64_t k, int64_t n);
+/* out[out0 + j] = d[d0 + j] rounded into dt, for j < count. */
+RFI_FUNC void rfi_dense_store(const rfi_dense *d, int64_t d0, void *out, rf_dtype dt,
+                              int64_t out0, int64_t count);
 
 /* ---- Element loads -------------------------------------------------------------- */
 static inline double rfi_ld_f(const void *p, rf_dtype dt, int64_t i)

@@ -10,7 +10,9 @@
  * and/or are bitwise on integers, which is logical on bool. max/min
  * propagate NaN. ARGMAX/ARGMIN rank NaN above every number, so argmax picks
  * the first NaN and argmin ignores NaNs unless all are NaN (then index 0).
- * Deliberately no reassociation or pairwise summation: plain loops.
+ * REDUCE walks the operand a row (last dim) at a time with an odometer, so
+ * no index arithmetic per element. Deliberately no reassociation or pairwise
+ * summation: plain loops.
  */
 #include "interp.h"
 
@@ -68,32 +70,67 @@ static rf_status accum_init(accum *acc, rf_reduce_kind kind, rf_dtype dt, int64_
     return RF_OK;
 }
 
+/* Folds value v into accumulator k. */
+static void accum_add_f(accum *acc, int64_t k, double v)
+{
+    double a = acc->f[k];
+    switch (acc->kind) {
+    case RF_REDUCE_SUM: a += v; break;
+    case RF_REDUCE_PROD: a *= v; break;
+    case RF_REDUCE_MAX: a = rfi_fmax_nan(a, v); break;
+    case RF_REDUCE_MIN: a = rfi_fmin_nan(a, v); break;
+    case RF_REDUCE_AND: a = (a != 0) && (v != 0); break;
+    case RF_REDUCE_OR: a = (a != 0) || (v != 0); break;
+    default: break;
+    }
+    acc->f[k] = a;
+}
+
+static void accum_add_i(accum *acc, int64_t k, int64_t v)
+{
+    int64_t a = acc->i[k];
+    switch (acc->kind) {
+    case RF_REDUCE_SUM: a = rfi_wadd(a, v); break;
+    case RF_REDUCE_PROD: a = rfi_wmul(a, v); break;
+    case RF_REDUCE_MAX: a = v > a ? v : a; break;
+    case RF_REDUCE_MIN: a = v < a ? v : a; break;
+    case RF_REDUCE_AND: a = (int64_t)((uint64_t)a & (uint64_t)v); break;
+    case RF_REDUCE_OR: a = (int64_t)((uint64_t)a | (uint64_t)v); break;
+    default: break;
+    }
+    acc->i[k] = a;
+}
+
+/* Folds element xi of x into accumulator k. */
 static void accum_add(accum *acc, int64_t k, const void *x, rf_dtype dt, int64_t xi)
 {
+    if (acc->is_float)
+        accum_add_f(acc, k, rfi_ld_f(x, dt, xi));
+    else
+        accum_add_i(acc, k, rfi_ld_i(x, dt, xi));
+}
+
+/* Folds elements [start, start + len) of x (len <= RFI_INTERP_CHUNK) into the
+ * accumulators k, k + k_step, k + 2 k_step, ... (k_step 0: all into k, in order).
+ * Float sums, the common case, get a loop of their own. */
+static void accum_add_run(accum *acc, int64_t k, int64_t k_step, const void *x, rf_dtype dt,
+                          int64_t start, int64_t len)
+{
     if (acc->is_float) {
-        double a = acc->f[k], v = rfi_ld_f(x, dt, xi);
-        switch (acc->kind) {
-        case RF_REDUCE_SUM: a += v; break;
-        case RF_REDUCE_PROD: a *= v; break;
-        case RF_REDUCE_MAX: a = rfi_fmax_nan(a, v); break;
-        case RF_REDUCE_MIN: a = rfi_fmin_nan(a, v); break;
-        case RF_REDUCE_AND: a = (a != 0) && (v != 0); break;
-        case RF_REDUCE_OR: a = (a != 0) || (v != 0); break;
-        default: break;
-        }
-        acc->f[k] = a;
+        double v[RFI_INTERP_CHUNK];
+        rfi_interp_load_f(x, dt, start, len, v);
+        double *a = acc->f + k;
+        if (acc->kind == RF_REDUCE_SUM)
+            for (int64_t j = 0; j < len; j++)
+                a[j * k_step] += v[j];
+        else
+            for (int64_t j = 0; j < len; j++)
+                accum_add_f(acc, k + j * k_step, v[j]);
     } else {
-        int64_t a = acc->i[k], v = rfi_ld_i(x, dt, xi);
-        switch (acc->kind) {
-        case RF_REDUCE_SUM: a = rfi_wadd(a, v); break;
-        case RF_REDUCE_PROD: a = rfi_wmul(a, v); break;
-        case RF_REDUCE_MAX: a = v > a ? v : a; break;
-        case RF_REDUCE_MIN: a = v < a ? v : a; break;
-        case RF_REDUCE_AND: a = (int64_t)((uint64_t)a & (uint64_t)v); break;
-        case RF_REDUCE_OR: a = (int64_t)((uint64_t)a | (uint64_t)v); break;
-        default: break;
-        }
-        acc->i[k] = a;
+        int64_t v[RFI_INTERP_CHUNK];
+        rfi_interp_load_i(x, dt, start, len, v);
+        for (int64_t j = 0; j < len; j++)
+            accum_add_i(acc, k + j * k_step, v[j]);
     }
 }
 
@@ -130,14 +167,19 @@ static rf_status reduce(const rfi_node *n, const void *x_data, void *out)
     rf_status st = accum_init(&acc, (rf_reduce_kind)n->attr.i[0], x->dtype, out_count);
     if (st != RF_OK)
         return st;
+    /* x row by row along its last dim; an odometer over the leading dims keeps o,
+     * the accumulator of the row's first element */
     int64_t x_count = rfi_interp_numel(x);
-    int64_t idx[RF_MAX_RANK] = {0};
-    for (int64_t i = 0; i < x_count; i++) {
-        int64_t o = 0;
-        for (int d = 0; d < x->rank; d++)
-            o += idx[d] * out_step[d];
-        accum_add(&acc, o, x_data, x->dtype, i);
-        rfi_interp_next(idx, x->dims, x->rank);
+    int lead = x->rank > 0 ? x->rank - 1 : 0;
+    int64_t row_len = x->rank > 0 ? x->dims[x->rank - 1] : 1;
+    int64_t row_step = x->rank > 0 ? out_step[x->rank - 1] : 0;
+    int64_t idx[RF_MAX_RANK] = {0}, o = 0;
+    for (int64_t i = 0; i < x_count; i += row_len) {
+        for (int64_t j = 0; j < row_len; j += RFI_INTERP_CHUNK) {
+            int64_t len = row_len - j < RFI_INTERP_CHUNK ? row_len - j : RFI_INTERP_CHUNK;
+            accum_add_run(&acc, o + j * row_step, row_step, x_data, x->dtype, i + j, len);
+        }
+        rfi_interp_next_offset(idx, x->dims, out_step, lead, &o);
     }
     accum_finish(&acc, out, n->dtype, out_count);
     return RF_OK;

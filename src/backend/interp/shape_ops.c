@@ -4,23 +4,53 @@
  *
  * Broadcast, transpose, slice and reverse are all "output element at index k
  * reads input offset base + sum k[d] * step[d]", so one strided copy serves
- * them. Deliberately no blocking or aliasing tricks: plain loops.
+ * them, row by row with an odometer (no division per element). Deliberately
+ * no blocking or aliasing tricks: plain loops.
  */
 #include "interp.h"
 
-/* out[k] = in[base + sum_d k[d] * step[d]] for every index k over dims. */
+/* dst[j] = src[j * step] for j < len, moving elements of esz bytes (typed loops
+ * for the common sizes, so the switch runs once per row). */
+static void copy_row(char *dst, const char *src, int64_t step, int64_t len, size_t esz)
+{
+    switch (esz) {
+    case 1:
+        for (int64_t j = 0; j < len; j++)
+            ((uint8_t *)dst)[j] = ((const uint8_t *)src)[j * step];
+        break;
+    case 4:
+        for (int64_t j = 0; j < len; j++)
+            ((uint32_t *)dst)[j] = ((const uint32_t *)src)[j * step];
+        break;
+    case 8:
+        for (int64_t j = 0; j < len; j++)
+            ((uint64_t *)dst)[j] = ((const uint64_t *)src)[j * step];
+        break;
+    default:
+        for (int64_t j = 0; j < len; j++)
+            memcpy(dst + j * (int64_t)esz, src + j * step * (int64_t)esz, esz);
+        break;
+    }
+}
+
+/* out[k] = in[base + sum_d k[d] * step[d]] for every index k over dims: one row
+ * along the last dim at a time, the row's start kept by an odometer over the
+ * leading dims. */
 static void strided_copy(const rfi_node *n, const void *in, void *out, int64_t base,
                          const int64_t *step)
 {
     size_t esz = rf_dtype_size(n->dtype);
     int64_t count = rfi_interp_numel(n);
-    int64_t idx[RF_MAX_RANK] = {0};
-    for (int64_t o = 0; o < count; o++) {
-        int64_t src = base;
-        for (int d = 0; d < n->rank; d++)
-            src += idx[d] * step[d];
-        memcpy((char *)out + (size_t)o * esz, (const char *)in + (size_t)src * esz, esz);
-        rfi_interp_next(idx, n->dims, n->rank);
+    if (count == 0)
+        return;
+    int lead = n->rank > 0 ? n->rank - 1 : 0; /* dims walked by the odometer */
+    int64_t row_len = n->rank > 0 ? n->dims[n->rank - 1] : 1;
+    int64_t row_step = n->rank > 0 ? step[n->rank - 1] : 0;
+    int64_t idx[RF_MAX_RANK] = {0}, src = base;
+    for (int64_t o = 0; o < count; o += row_len) {
+        copy_row((char *)out + (size_t)o * esz, (const char *)in + (size_t)src * esz, row_step,
+                 row_len, esz);
+        rfi_interp_next_offset(idx, n->dims, step, lead, &src);
     }
 }
 

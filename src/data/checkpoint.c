@@ -1,0 +1,460 @@
+/* checkpoint.c: rf_checkpoint_save / rf_checkpoint_load, a model's arrays
+ * (and its optimiser's) in the safetensors format, so PyTorch and other
+ * tools read reflux checkpoints (layouts follow PyTorch's, see nn.h).
+ *
+ * Names: every model array under its rf_model_visit path ("0.weight"), every
+ * optimiser array under "opt." + its rf_opt_visit path. The data section
+ * holds the tensors contiguously in that order, little-endian.
+ *
+ * Saving is atomic: the file is written beside the target under a temporary
+ * name, flushed and fsync'ed, renamed over the target, and the directory is
+ * fsync'ed, so a crash leaves the old checkpoint or the new one, never a mix.
+ * Loading validates the whole file and reads every tensor into staging
+ * memory before the first array is written, so a bad file changes nothing.
+ *
+ * Deliberately not here: converting dtypes or shapes on load, partial
+ * loads, memory mapping, big-endian hosts (rejected).
+ */
+#include "../nn/model.h"
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- The arrays of a model and optimiser, by name ------------------------------------ */
+
+typedef struct named {
+    char *name; /* rfi_malloc */
+    rf_array *a; /* borrowed from the model / optimiser */
+} named;
+
+typedef struct named_list {
+    named *v;
+    int n, cap;
+    const char *prefix;
+    bool oom;
+} named_list;
+
+static void collect_one(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)trainable;
+    named_list *l = ud;
+    if (l->oom)
+        return;
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 16;
+        named *v = rfi_realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            l->oom = true;
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    size_t len = strlen(l->prefix) + strlen(path) + 1;
+    char *name = rfi_malloc(len);
+    if (!name) {
+        l->oom = true;
+        return;
+    }
+    snprintf(name, len, "%s%s", l->prefix, path);
+    l->v[l->n++] = (named){name, a};
+}
+
+static void named_list_free(named_list *l)
+{
+    for (int i = 0; i < l->n; i++)
+        rfi_free(l->v[i].name);
+    rfi_free(l->v);
+}
+
+/* Every array of m (and opt) with its checkpoint name, in visit order. */
+static rf_status collect_arrays(const char *op, rf_model *m, rf_opt *opt, named_list *out)
+{
+    rf_clear_error(); /* the visitors report running out of memory only by message */
+    out->prefix = "";
+    rf_model_visit(m, collect_one, out);
+    if (opt && !out->oom) {
+        out->prefix = "opt.";
+        rf_opt_visit(opt, collect_one, out);
+    }
+    if (out->oom || strstr(rf_errmsg(), "out of memory"))
+        return rfi_error(RF_E_NOMEM, "%s: out of memory listing the arrays", op);
+    return RF_OK;
+}
+
+static int named_by_name(const void *a, const void *b)
+{
+    return strcmp((*(const named *const *)a)->name, (*(const named *const *)b)->name);
+}
+
+/* Two arrays under one name could not be told apart in the file. */
+static rf_status check_unique(const char *op, const named_list *l)
+{
+    if (l->n < 2)
+        return RF_OK;
+    const named **order = rfi_malloc((size_t)l->n * sizeof *order);
+    if (!order)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    for (int i = 0; i < l->n; i++)
+        order[i] = &l->v[i];
+    qsort(order, (size_t)l->n, sizeof *order, named_by_name);
+    rf_status st = RF_OK;
+    for (int i = 1; i < l->n && st == RF_OK; i++)
+        if (strcmp(order[i - 1]->name, order[i]->name) == 0)
+            st = rfi_error(RF_E_INVALID, "%s: two arrays are named \"%s\"", op, order[i]->name);
+    rfi_free(order);
+    return st;
+}
+
+static bool host_is_little_endian(void)
+{
+    const uint16_t one = 1;
+    uint8_t first;
+    memcpy(&first, &one, 1);
+    return first == 1;
+}
+
+/* ---- Saving ---------------------------------------------------------------------------- */
+
+static void sb_json_string(rfi_strbuf *sb, const char *s)
+{
+    rfi_sb_printf(sb, "\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            rfi_sb_printf(sb, "\\%c", *c);
+        else if (*c < 0x20)
+            rfi_sb_printf(sb, "\\u%04x", *c);
+        else
+            rfi_sb_printf(sb, "%c", *c);
+    }
+    rfi_sb_printf(sb, "\"");
+}
+
+/* The JSON header, padded with spaces to a multiple of 8 bytes so the data
+ * section starts aligned (as the safetensors writers do). */
+static rf_status build_header(const char *op, const named_list *l, rfi_strbuf *sb)
+{
+    rfi_sb_printf(sb, "{\"__metadata__\":{\"format\":\"reflux\"}");
+    uint64_t offset = 0;
+    for (int i = 0; i < l->n; i++) {
+        const rf_array *a = l->v[i].a;
+        rfi_sb_printf(sb, ",");
+        sb_json_string(sb, l->v[i].name);
+        rfi_sb_printf(sb, ":{\"dtype\":\"%s\",\"shape\":[", rfi_st_dtype_name(a->dtype));
+        for (int d = 0; d < a->rank; d++)
+            rfi_sb_printf(sb, d ? ",%lld" : "%lld", (long long)a->dims[d]);
+        rfi_sb_printf(sb, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
+                      (unsigned long long)(offset + a->nbytes));
+        offset += a->nbytes;
+    }
+    rfi_sb_printf(sb, "}");
+    while (!sb->failed && sb->len % 8 != 0)
+        rfi_sb_printf(sb, " ");
+    if (sb->failed)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory building the header", op);
+    return RF_OK;
+}
+
+static rf_status io_error(const char *op, const char *what, const char *path)
+{
+    return rfi_error(RF_E_IO, "%s: %s %s: %s", op, what, path, strerror(errno));
+}
+
+/* Writes the header length, header and tensor data to f. */
+static rf_status write_contents(const char *op, FILE *f, const char *tmp, const rfi_strbuf *hdr,
+                                const named_list *l)
+{
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (uint8_t)((uint64_t)hdr->len >> (8 * i));
+    if (fwrite(len8, 1, 8, f) != 8 || fwrite(hdr->data, 1, hdr->len, f) != hdr->len)
+        return io_error(op, "cannot write", tmp);
+    size_t most = 0;
+    for (int i = 0; i < l->n; i++)
+        if (l->v[i].a->nbytes > most)
+            most = l->v[i].a->nbytes;
+    void *buf = rfi_malloc(most ? most : 1);
+    if (!buf)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory (%zu bytes)", op, most);
+    rf_status st = RF_OK;
+    for (int i = 0; i < l->n && st == RF_OK; i++) {
+        const rf_array *a = l->v[i].a;
+        st = rf_array_read(a, buf, a->nbytes); /* works for every device */
+        if (st == RF_OK && fwrite(buf, 1, a->nbytes, f) != a->nbytes)
+            st = io_error(op, "cannot write", tmp);
+    }
+    rfi_free(buf);
+    return st;
+}
+
+/* fsync of the directory holding `path`, so the rename itself is durable.
+ * File systems that cannot sync directories (EINVAL) are not an error. */
+static rf_status sync_parent_dir(const char *op, const char *path)
+{
+    size_t len = strlen(path);
+    char *dir = rfi_malloc(len + 2);
+    if (!dir)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    memcpy(dir, path, len + 1);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    rf_status st = RF_OK;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
+        st = io_error(op, "cannot sync the directory", dir);
+    if (fd >= 0)
+        close(fd);
+    rfi_free(dir);
+    return st;
+}
+
+/* A fresh temporary name beside path: path.tmp.<pid>.<n>. */
+static char *temp_name(const char *path)
+{
+    static _Atomic uint64_t counter; /* documented: only makes names unique */
+    size_t len = strlen(path) + 64;
+    char *tmp = rfi_malloc(len);
+    if (tmp)
+        snprintf(tmp, len, "%s.tmp.%ld.%llu", path, (long)getpid(),
+                 (unsigned long long)atomic_fetch_add(&counter, 1));
+    return tmp;
+}
+
+static rf_status write_atomically(const char *op, const char *path, const rfi_strbuf *hdr,
+                                  const named_list *l)
+{
+    char *tmp = temp_name(path);
+    if (!tmp)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        rf_status st = io_error(op, "cannot create", tmp);
+        rfi_free(tmp);
+        return st;
+    }
+    FILE *f = fdopen(fd, "wb");
+    rf_status st = f ? RF_OK : io_error(op, "cannot open", tmp);
+    if (st == RF_OK)
+        st = write_contents(op, f, tmp, hdr, l);
+    if (st == RF_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        st = io_error(op, "cannot flush", tmp);
+    if (!f)
+        close(fd);
+    else if (fclose(f) != 0 && st == RF_OK)
+        st = io_error(op, "cannot close", tmp);
+    if (st == RF_OK && rename(tmp, path) != 0)
+        st = io_error(op, "cannot rename the temporary file to", path);
+    if (st != RF_OK)
+        unlink(tmp);
+    else
+        st = sync_parent_dir(op, path);
+    rfi_free(tmp);
+    return st;
+}
+
+rf_status rf_checkpoint_save(const char *path, rf_model *m, rf_opt *opt)
+{
+    static const char op[] = "rf_checkpoint_save";
+    if (!path || !m)
+        return rfi_error(RF_E_INVALID, "%s: %s is NULL", op, path ? "model" : "path");
+    if (!host_is_little_endian())
+        return rfi_error(RF_E_UNSUPPORTED, "%s: big-endian hosts are not supported", op);
+    named_list l = {0};
+    rfi_strbuf hdr = {0};
+    rf_status st = collect_arrays(op, m, opt, &l);
+    if (st == RF_OK)
+        st = check_unique(op, &l);
+    if (st == RF_OK)
+        st = build_header(op, &l, &hdr);
+    if (st == RF_OK)
+        st = write_atomically(op, path, &hdr, &l);
+    rfi_sb_free(&hdr);
+    named_list_free(&l);
+    return st;
+}
+
+/* ---- Loading ------------------------------------------------------------------------------- */
+
+/* Reads exactly n bytes at offset; false on a short read (errno 0) or error. */
+static bool read_at(int fd, void *dst, size_t n, uint64_t offset)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)dst + got, n - got, (off_t)(offset + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r == 0)
+                errno = 0;
+            return false;
+        }
+        got += (size_t)r;
+    }
+    return true;
+}
+
+static rf_status read_failure(const char *op, const char *path, const char *what)
+{
+    if (errno)
+        return rfi_error(RF_E_IO, "%s: %s: cannot read %s: %s", op, path, what, strerror(errno));
+    return rfi_error(RF_E_CORRUPT, "%s: %s: truncated file (%s)", op, path, what);
+}
+
+/* Reads and parses the header of the open file. */
+static rf_status read_header(const char *op, const char *path, int fd, uint64_t size,
+                             rfi_st_header *h, uint64_t *data_start)
+{
+    if (size < 8)
+        return rfi_error(RF_E_CORRUPT, "%s: %s: %llu bytes is too short for a safetensors "
+                         "file (truncated?)", op, path, (unsigned long long)size);
+    uint8_t len8[8];
+    if (!read_at(fd, len8, 8, 0))
+        return read_failure(op, path, "the header length");
+    uint64_t len = 0;
+    for (int i = 7; i >= 0; i--)
+        len = len << 8 | len8[i];
+    if (len > RFI_ST_MAX_HEADER || len > size - 8)
+        return rfi_error(RF_E_CORRUPT, "%s: %s: header length %llu exceeds the %s (%llu bytes)",
+                         op, path, (unsigned long long)len,
+                         len > RFI_ST_MAX_HEADER ? "limit" : "file",
+                         (unsigned long long)(len > RFI_ST_MAX_HEADER ? RFI_ST_MAX_HEADER
+                                                                      : size - 8));
+    char *json = rfi_malloc((size_t)len + 1);
+    if (!json)
+        return rfi_error(RF_E_NOMEM, "%s: %s: out of memory for a %llu-byte header", op, path,
+                         (unsigned long long)len);
+    rf_status st = RF_OK;
+    if (!read_at(fd, json, (size_t)len, 8))
+        st = read_failure(op, path, "the header");
+    if (st == RF_OK)
+        st = rfi_st_parse(path, json, (size_t)len, size - 8 - len, h);
+    rfi_free(json);
+    *data_start = 8 + len;
+    return st;
+}
+
+static rf_status check_match(const char *op, const char *path, const named *w,
+                             const rfi_st_entry *e)
+{
+    const rf_array *a = w->a;
+    if (!e)
+        return rfi_error(RF_E_CORRUPT, "%s: %s: tensor \"%s\" is missing", op, path, w->name);
+    char want[128], found[128];
+    rfi_type_str(want, sizeof want, a->dtype, a->dims, a->rank);
+    rfi_type_str(found, sizeof found, e->dtype, e->dims, e->rank);
+    if (e->dtype != a->dtype)
+        return rfi_error(RF_E_DTYPE, "%s: %s: tensor \"%s\": expected %s, found %s", op, path,
+                         w->name, want, found);
+    bool same = e->rank == a->rank;
+    for (int d = 0; same && d < a->rank; d++)
+        same = e->dims[d] == a->dims[d];
+    if (!same)
+        return rfi_error(RF_E_SHAPE, "%s: %s: tensor \"%s\": expected %s, found %s", op, path,
+                         w->name, want, found);
+    return RF_OK;
+}
+
+/* Every wanted array has a matching entry, and every entry is wanted (an
+ * optimiser's "opt." entries may be skipped when no optimiser is given). */
+static rf_status match_all(const char *op, const char *path, const named_list *l,
+                           const rfi_st_header *h, bool with_opt, const rfi_st_entry **found)
+{
+    bool *used = rfi_calloc((size_t)(h->n ? h->n : 1), sizeof *used);
+    if (!used)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    rf_status st = RF_OK;
+    for (int i = 0; i < l->n && st == RF_OK; i++) {
+        found[i] = rfi_st_find(h, l->v[i].name);
+        st = check_match(op, path, &l->v[i], found[i]);
+        if (st == RF_OK)
+            used[found[i] - h->entries] = true;
+    }
+    for (int i = 0; i < h->n && st == RF_OK; i++) {
+        const char *name = h->entries[i].name;
+        if (!used[i] && (with_opt || strncmp(name, "opt.", 4) != 0))
+            st = rfi_error(RF_E_CORRUPT, "%s: %s: the file has tensor \"%s\", which the %s "
+                           "lacks", op, path, name,
+                           strncmp(name, "opt.", 4) == 0 ? "optimiser" : "model");
+    }
+    rfi_free(used);
+    return st;
+}
+
+/* Reads every wanted tensor into one staging buffer, then writes them all. */
+static rf_status stage_and_write(const char *op, const char *path, int fd, uint64_t data_start,
+                                 const named_list *l, const rfi_st_entry **found)
+{
+    size_t total = 0;
+    for (int i = 0; i < l->n; i++)
+        total += l->v[i].a->nbytes;
+    char *staging = rfi_malloc(total ? total : 1);
+    if (!staging)
+        return rfi_error(RF_E_NOMEM, "%s: %s: out of memory staging %zu bytes", op, path, total);
+    rf_status st = RF_OK;
+    size_t at = 0;
+    for (int i = 0; i < l->n && st == RF_OK; i++) {
+        size_t n = l->v[i].a->nbytes;
+        if (!read_at(fd, staging + at, n, data_start + found[i]->begin))
+            st = read_failure(op, path, l->v[i].name);
+        at += n;
+    }
+    /* The file is fully read and valid: only now touch the arrays. */
+    at = 0;
+    for (int i = 0; i < l->n && st == RF_OK; i++) {
+        st = rf_array_write(l->v[i].a, staging + at, l->v[i].a->nbytes);
+        at += l->v[i].a->nbytes;
+    }
+    rfi_free(staging);
+    return st;
+}
+
+rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt)
+{
+    static const char op[] = "rf_checkpoint_load";
+    if (!path || !m)
+        return rfi_error(RF_E_INVALID, "%s: %s is NULL", op, path ? "model" : "path");
+    if (!host_is_little_endian())
+        return rfi_error(RF_E_UNSUPPORTED, "%s: big-endian hosts are not supported", op);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return rfi_error(RF_E_IO, "%s: %s: %s", op, path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        rf_status st = rfi_error(RF_E_IO, "%s: %s: not a readable regular file", op, path);
+        close(fd);
+        return st;
+    }
+    named_list l = {0};
+    rfi_st_header h = {0};
+    const rfi_st_entry **found = NULL;
+    uint64_t data_start = 0;
+    rf_status st = collect_arrays(op, m, opt, &l);
+    if (st == RF_OK)
+        st = read_header(op, path, fd, (uint64_t)sb.st_size, &h, &data_start);
+    if (st == RF_OK) {
+        found = rfi_calloc((size_t)(l.n ? l.n : 1), sizeof *found);
+        if (!found)
+            st = rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    }
+    if (st == RF_OK)
+        st = match_all(op, path, &l, &h, opt != NULL, found);
+    if (st == RF_OK)
+        st = stage_and_write(op, path, fd, data_start, &l, found);
+    close(fd);
+    rfi_free(found);
+    rfi_st_header_free(&h);
+    named_list_free(&l);
+    return st;
+}

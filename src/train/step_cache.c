@@ -1,0 +1,333 @@
+/* step_cache.c: the per-model cache of compiled train steps.
+ *
+ * A step is keyed on everything that shapes its program: the model's
+ * structure and train mode, the optimiser (its rule's structure and the
+ * optimiser object itself, whose state arrays the step captures), the loss
+ * function and its ctx pointer, whether gradients are outputs, the device,
+ * and the batch's count, dtypes and shapes. Hyperparameter values are not in
+ * the key: they are device scalars the step reads at run time.
+ *
+ * The cache lives on the root model (model->cache), is created on first use
+ * and is freed with the model; rf_opt_free drops the entries of that
+ * optimiser. Lookups scan the entries linearly: a healthy program has a
+ * handful (one per batch shape), and past 8 we warn, because that usually
+ * means a model or optimiser rebuilt every iteration. It does not compile or
+ * run anything (trainstep.c does).
+ */
+#include "train_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define WARN_ENTRIES 8
+
+typedef struct batch_type {
+    rf_dtype dtype;
+    int rank;
+    int64_t dims[RF_MAX_RANK];
+} batch_type;
+
+struct rfi_step_entry {
+    uint64_t model_hash;
+    bool training;
+    uint64_t rule_hash;
+    uint64_t opt_uid;
+    char rule_name[32];
+    rf_loss_fn loss;
+    void *ctx;
+    bool with_grads;
+    rf_device *device;
+    int n_batch;
+    batch_type *batch; /* rfi_malloc'd, n_batch entries */
+    rf_exec *exec;     /* owned */
+    rfi_step_outputs outs;
+};
+
+struct rfi_step_cache {
+    rfi_step_entry **entries;
+    int n, cap;
+    uint64_t hits, misses, compiles;
+};
+
+rf_exec *rfi_step_entry_exec(const rfi_step_entry *e) { return e->exec; }
+const rfi_step_outputs *rfi_step_entry_outputs(const rfi_step_entry *e) { return &e->outs; }
+
+static void entry_free(rfi_step_entry *e)
+{
+    if (!e)
+        return;
+    rf_exec_free(e->exec);
+    rfi_free(e->batch);
+    rfi_free(e);
+}
+
+/* m's cache, created on first use (NULL on OOM). */
+static rfi_step_cache *cache_of(rf_model *m)
+{
+    if (!m->cache)
+        m->cache = rfi_calloc(1, sizeof *m->cache);
+    return m->cache;
+}
+
+/* ---- Matching ---------------------------------------------------------------------- */
+
+static bool same_batch(const rfi_step_entry *e, const rfi_step_probe *p)
+{
+    if (e->n_batch != p->n_batch)
+        return false;
+    for (int i = 0; i < e->n_batch; i++) {
+        const rf_array *a = p->batch[i];
+        const batch_type *b = &e->batch[i];
+        if (a->dtype != b->dtype || a->rank != b->rank)
+            return false;
+        for (int d = 0; d < a->rank; d++)
+            if (a->dims[d] != b->dims[d])
+                return false;
+    }
+    return true;
+}
+
+/* The parts of a key, in the order a miss is explained. */
+enum key_part {
+    PART_TRAIN_MODE, PART_MODEL, PART_RULE, PART_OPT, PART_LOSS, PART_CTX, PART_GRADS,
+    PART_DEVICE, PART_BATCH, PART_COUNT
+};
+
+/* Bit k set when key part k of e and p differ. */
+static unsigned key_diff(const rfi_step_entry *e, const rfi_step_probe *p)
+{
+    unsigned d = 0;
+    if (e->model_hash != p->model_hash)
+        d |= 1u << (e->training != p->training ? PART_TRAIN_MODE : PART_MODEL);
+    if (e->rule_hash != p->rule_hash)
+        d |= 1u << PART_RULE;
+    else if (e->opt_uid != p->opt_uid)
+        d |= 1u << PART_OPT;
+    if (e->loss != p->loss)
+        d |= 1u << PART_LOSS;
+    if (e->ctx != p->ctx)
+        d |= 1u << PART_CTX;
+    if (e->with_grads != p->with_grads)
+        d |= 1u << PART_GRADS;
+    if (e->device != p->device)
+        d |= 1u << PART_DEVICE;
+    if (!same_batch(e, p))
+        d |= 1u << PART_BATCH;
+    return d;
+}
+
+rfi_step_entry *rfi_step_cache_find(rf_model *m, const rfi_step_probe *p)
+{
+    rfi_step_cache *c = cache_of(m);
+    if (!c)
+        return NULL;
+    for (int i = 0; i < c->n; i++) {
+        if (key_diff(c->entries[i], p) == 0) {
+            c->hits++;
+            return c->entries[i];
+        }
+    }
+    c->misses++;
+    return NULL;
+}
+
+/* ---- The too-many-entries warning ------------------------------------------------------ */
+
+static int popcount(unsigned v)
+{
+    int n = 0;
+    for (; v; v &= v - 1)
+        n++;
+    return n;
+}
+
+static void describe_batch(rfi_strbuf *sb, const rfi_step_probe *p)
+{
+    for (int i = 0; i < p->n_batch; i++) {
+        rfi_sb_printf(sb, "%s", i ? " " : "");
+        rfi_sb_type(sb, p->batch[i]->dtype, p->batch[i]->dims, p->batch[i]->rank);
+    }
+}
+
+static void describe_entry_batch(rfi_strbuf *sb, const rfi_step_entry *e)
+{
+    for (int i = 0; i < e->n_batch; i++) {
+        rfi_sb_printf(sb, "%s", i ? " " : "");
+        rfi_sb_type(sb, e->batch[i].dtype, e->batch[i].dims, e->batch[i].rank);
+    }
+}
+
+/* Appends "<part> (<new> vs <old>)" for one differing key part. */
+static void describe_part(rfi_strbuf *sb, int part, const rfi_step_probe *p,
+                          const rfi_step_entry *e)
+{
+    switch (part) {
+    case PART_TRAIN_MODE:
+        rfi_sb_printf(sb, "train mode (%s vs %s)", p->training ? "train" : "test",
+                      e->training ? "train" : "test");
+        break;
+    case PART_MODEL: rfi_sb_printf(sb, "model structure"); break;
+    case PART_RULE:
+        rfi_sb_printf(sb, "optimiser rule (%s vs %s)", p->rule_name, e->rule_name);
+        break;
+    case PART_OPT: rfi_sb_printf(sb, "optimiser instance (another rf_setup)"); break;
+    case PART_LOSS: rfi_sb_printf(sb, "loss function"); break;
+    case PART_CTX: rfi_sb_printf(sb, "loss ctx pointer (%p vs %p)", p->ctx, e->ctx); break;
+    case PART_GRADS:
+        rfi_sb_printf(sb, "gradient outputs (%s vs %s)", p->with_grads ? "with" : "without",
+                      e->with_grads ? "with" : "without");
+        break;
+    case PART_DEVICE:
+        rfi_sb_printf(sb, "device (%s vs %s)", rf_device_name(p->device),
+                      rf_device_name(e->device));
+        break;
+    default:
+        rfi_sb_printf(sb, "batch shapes (");
+        describe_batch(sb, p);
+        rfi_sb_printf(sb, " vs ");
+        describe_entry_batch(sb, e);
+        rfi_sb_printf(sb, ")");
+        break;
+    }
+}
+
+/* Warns that c holds many entries, naming how the new one (the last) differs
+ * from the nearest other entry (fewest differing key parts; the newest wins ties). */
+static void warn_many(const rf_model *m, const rfi_step_cache *c, const rfi_step_probe *p)
+{
+    const rfi_step_entry *nearest = NULL;
+    unsigned diff = 0;
+    for (int i = 0; i < c->n - 1; i++) {
+        unsigned d = key_diff(c->entries[i], p);
+        if (!nearest || popcount(d) <= popcount(diff)) {
+            nearest = c->entries[i];
+            diff = d;
+        }
+    }
+    rfi_strbuf sb = {0};
+    int listed = 0;
+    for (int part = 0; nearest && part < PART_COUNT; part++) {
+        if (!(diff & (1u << part)))
+            continue;
+        rfi_sb_printf(&sb, "%s", listed++ ? " and " : "");
+        describe_part(&sb, part, p, nearest);
+    }
+    char model[160];
+    rfi_model_describe(m, model, sizeof model);
+    if (strlen(model) == sizeof model - 1) /* cut: say so */
+        memcpy(model + sizeof model - 5, "...)", 5);
+    fprintf(stderr, "reflux: warning: %d compiled train steps cached for model %s: the new one "
+            "differs from the nearest in %s; rebuilding the model or optimiser every "
+            "iteration compiles a new step each time\n", c->n, model,
+            sb.data && !sb.failed ? sb.data : "its key");
+    rfi_sb_free(&sb);
+}
+
+/* ---- Inserting, dropping, freeing ----------------------------------------------------- */
+
+static rfi_step_entry *entry_new(const rfi_step_probe *p, rf_exec *exec,
+                                 const rfi_step_outputs *outs)
+{
+    rfi_step_entry *e = rfi_calloc(1, sizeof *e);
+    batch_type *b = rfi_calloc((size_t)(p->n_batch > 0 ? p->n_batch : 1), sizeof *b);
+    if (!e || !b) {
+        rfi_free(e);
+        rfi_free(b);
+        return NULL;
+    }
+    e->model_hash = p->model_hash;
+    e->training = p->training;
+    e->rule_hash = p->rule_hash;
+    e->opt_uid = p->opt_uid;
+    snprintf(e->rule_name, sizeof e->rule_name, "%s", p->rule_name ? p->rule_name : "?");
+    e->loss = p->loss;
+    e->ctx = p->ctx;
+    e->with_grads = p->with_grads;
+    e->device = p->device;
+    e->n_batch = p->n_batch;
+    for (int i = 0; i < p->n_batch; i++) {
+        b[i].dtype = p->batch[i]->dtype;
+        b[i].rank = p->batch[i]->rank;
+        memcpy(b[i].dims, p->batch[i]->dims, sizeof b[i].dims);
+    }
+    e->batch = b;
+    e->exec = exec;
+    e->outs = *outs;
+    return e;
+}
+
+rfi_step_entry *rfi_step_cache_insert(rf_model *m, const rfi_step_probe *p, rf_exec *exec,
+                                      const rfi_step_outputs *outs)
+{
+    rfi_step_cache *c = cache_of(m);
+    if (c && c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 4;
+        rfi_step_entry **grown = rfi_realloc(c->entries, (size_t)cap * sizeof *grown);
+        if (grown) {
+            c->entries = grown;
+            c->cap = cap;
+        }
+    }
+    rfi_step_entry *e = c && c->n < c->cap ? entry_new(p, exec, outs) : NULL;
+    if (!e) {
+        rf_exec_free(exec);
+        rfi_error(RF_E_NOMEM, "rf_trainstep: out of memory caching the compiled step");
+        return NULL;
+    }
+    c->entries[c->n++] = e;
+    c->compiles++;
+    if (c->n > WARN_ENTRIES)
+        warn_many(m, c, p);
+    return e;
+}
+
+void rfi_step_cache_drop_opt(rf_model *m, uint64_t opt_uid)
+{
+    rfi_step_cache *c = m ? m->cache : NULL;
+    if (!c)
+        return;
+    int kept = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (c->entries[i]->opt_uid == opt_uid)
+            entry_free(c->entries[i]);
+        else
+            c->entries[kept++] = c->entries[i];
+    }
+    c->n = kept;
+}
+
+void rfi_step_cache_free(rfi_step_cache *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->n; i++)
+        entry_free(c->entries[i]);
+    rfi_free(c->entries);
+    rfi_free(c);
+}
+
+/* ---- Public: statistics and clearing ------------------------------------------------- */
+
+rf_cache_stats rf_model_cache_stats(const rf_model *m)
+{
+    rf_cache_stats s = {0, 0, 0, 0};
+    const rfi_step_cache *c = m ? m->cache : NULL;
+    if (c) {
+        s.hits = c->hits;
+        s.misses = c->misses;
+        s.compiles = c->compiles;
+        s.entries = c->n;
+    }
+    return s;
+}
+
+void rf_model_cache_clear(rf_model *m)
+{
+    rfi_step_cache *c = m ? m->cache : NULL;
+    if (!c)
+        return;
+    /* Counters survive: they describe the model's history, not the entries. */
+    for (int i = 0; i < c->n; i++)
+        entry_free(c->entries[i]);
+    c->n = 0;
+}

@@ -1,0 +1,187 @@
+/* train.c: rf_train, one pass over a loader with one rf_trainstep per batch,
+ * a progress bar on stderr, and the mean loss / aux values of the pass.
+ *
+ * It is deliberately thin: compiling, caching and the non-finite guard are
+ * the trainstep's; batching and moving data are the loader's. It only adds
+ * the loop, the host-array check, the stop on a non-finite loss (naming the
+ * batch) and the bar.
+ */
+#include "train_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BAR_WIDTH 30
+#define REDRAW_SECONDS 0.1
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- Progress bar ------------------------------------------------------------------------ */
+
+typedef struct progress {
+    bool on;
+    const char *label;
+    int64_t total;     /* batches in the pass (<= 0: unknown) */
+    double start, last_draw;
+    int64_t samples;
+    int64_t done;      /* batches stepped so far, and the last loss */
+    double loss;
+} progress;
+
+static void format_eta(char *buf, size_t n, double seconds)
+{
+    long s = seconds > 0 && seconds < 1e8 ? (long)(seconds + 0.5) : 0;
+    if (s >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
+}
+
+/* "\r<label> [=====>    ] 17/469 loss=0.4123 1234 samples/s ETA 0:12" */
+static void draw(progress *p, int64_t done, double loss, bool force)
+{
+    p->done = done;
+    p->loss = loss;
+    double t = now_seconds();
+    if (!p->on || (!force && t - p->last_draw < REDRAW_SECONDS))
+        return;
+    p->last_draw = t;
+    double elapsed = t - p->start;
+    double rate = elapsed > 0 ? (double)p->samples / elapsed : 0;
+    fprintf(stderr, "\r%s%s", p->label ? p->label : "", p->label ? " " : "");
+    if (p->total > 0) {
+        int filled = (int)(done * BAR_WIDTH / p->total);
+        char bar[BAR_WIDTH + 1];
+        for (int i = 0; i < BAR_WIDTH; i++)
+            bar[i] = i < filled - 1 || (i == filled - 1 && done == p->total) ? '='
+                     : i == filled - 1                                  ? '>'
+                                                                        : ' ';
+        bar[BAR_WIDTH] = '\0';
+        char eta[32];
+        format_eta(eta, sizeof eta, done > 0 ? elapsed / (double)done * (double)(p->total - done)
+                                             : 0);
+        fprintf(stderr, "[%s] %lld/%lld loss=%.4f %.0f samples/s ETA %s", bar, (long long)done,
+                (long long)p->total, loss, rate, eta);
+    } else {
+        fprintf(stderr, "%lld loss=%.4f %.0f samples/s", (long long)done, loss, rate);
+    }
+    fflush(stderr);
+}
+
+/* Shows the final state (a throttled last batch included) and ends the line. */
+static void finish(progress *p)
+{
+    if (p->on && p->done > 0) {
+        draw(p, p->done, p->loss, true);
+        fputc('\n', stderr);
+        fflush(stderr);
+    }
+}
+
+/* ---- Means --------------------------------------------------------------------------- */
+
+typedef struct means {
+    double loss;
+    rf_stats stats; /* sums, named after the first batch's aux values */
+    int64_t n;
+} means;
+
+static void accumulate(means *a, double loss, const rf_stats *s)
+{
+    if (a->n == 0)
+        a->stats = *s;
+    else
+        for (int i = 0; i < a->stats.n; i++)
+            a->stats.values[i] += rf_stats_get(s, a->stats.names[i]);
+    a->loss += loss;
+    a->n++;
+}
+
+static void report_means(const means *a, const rf_train_opts *o)
+{
+    if (o->mean_loss)
+        *o->mean_loss = a->n ? a->loss / (double)a->n : NAN;
+    if (o->mean_stats) {
+        *o->mean_stats = a->stats;
+        for (int i = 0; i < a->stats.n; i++)
+            o->mean_stats->values[i] = a->n ? a->stats.values[i] / (double)a->n : NAN;
+        if (!a->n)
+            o->mean_stats->n = 0;
+    }
+}
+
+/* ---- The loop --------------------------------------------------------------------------- */
+
+static rf_status check_host(rf_array *const *batch, int n, int64_t number)
+{
+    for (int i = 0; i < n; i++) {
+        if (batch[i] && batch[i]->device->kind == RF_DEVICE_HOST) {
+            char ty[128];
+            return rfi_error(RF_E_DEVICE, "rf_train: batch %lld holds host arrays (array %d is "
+                             "%s); wrap the loader with rf_loader_to(loader, device) first",
+                             (long long)number, i,
+                             rfi_type_str(ty, sizeof ty, batch[i]->dtype, batch[i]->dims,
+                                          batch[i]->rank));
+        }
+    }
+    return RF_OK;
+}
+
+/* One step on batch number `number` (1-based); a non-finite loss becomes the
+ * pass's stop message. */
+static rf_status train_batch(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *const *batch,
+                             int n, rf_opt *opt, int64_t number, double *l, rf_stats *s)
+{
+    rf_status st = check_host(batch, n, number);
+    if (st != RF_OK)
+        return st;
+    st = rf_trainstep(loss, ctx, m, batch, n, opt, l, s);
+    if (st == RF_E_DOMAIN && !isfinite(*l))
+        return rfi_error(RF_E_DOMAIN, "rf_train: loss is %s on batch %lld, stopping training",
+                         isnan(*l) ? "NaN" : *l > 0 ? "Inf" : "-Inf", (long long)number);
+    return st;
+}
+
+rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_opt *opt,
+                   const rf_train_opts *o)
+{
+    rf_train_opts defaults = {-1, NULL, NULL, NULL};
+    if (!o)
+        o = &defaults;
+    if (!loss || !m || !data || !opt)
+        return rfi_error(RF_E_INVALID, "rf_train: %s is NULL",
+                         !loss ? "loss" : !m ? "model" : !data ? "data" : "opt");
+    rf_status st = rf_loader_reset(data);
+    if (st != RF_OK)
+        return st;
+    int n = rf_loader_n_arrays(data);
+    progress p = {o->progress > 0 || (o->progress < 0 && isatty(fileno(stderr))), o->label,
+                  rf_loader_n_batches(data), now_seconds(), 0, 0, 0, NAN};
+    means acc;
+    memset(&acc, 0, sizeof acc);
+    for (int64_t number = 1;; number++) {
+        rf_array *const *batch = NULL;
+        st = rf_loader_next(data, &batch);
+        if (st != RF_OK || !batch)
+            break;
+        double l = NAN;
+        rf_stats s;
+        st = train_batch(loss, ctx, m, batch, n, opt, number, &l, &s);
+        if (st != RF_OK)
+            break;
+        p.samples += batch[0] && batch[0]->rank > 0 ? batch[0]->dims[0] : 1;
+        accumulate(&acc, l, &s);
+        draw(&p, number, l, false);
+    }
+    finish(&p);
+    report_means(&acc, o);
+    return st;
+}

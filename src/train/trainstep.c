@@ -1,0 +1,305 @@
+/* trainstep.c: rf_trainstep and rf_trainstep_withgradient: one fused,
+ * compiled and cached training step (forward, backward, optimiser update).
+ *
+ * The step program is: batch arguments -> rf_withgradient -> the optimiser's
+ * update (rfi_opt_emit_update) -> every recorded update guarded by the
+ * loss being finite -> outputs: the loss, the aux values, then (with
+ * gradients) one gradient per trainable parameter. The guard makes a step
+ * with a NaN/Inf loss a no-op for every captured array (parameters,
+ * optimiser state, BatchNorm statistics, RNG keys), so the host only has to
+ * report it.
+ *
+ * It does not own the cache (step_cache.c) or the update rules (optim/).
+ */
+#include "train_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What the step's trace function needs, and what it reports back. */
+typedef struct step_ctx {
+    rf_loss_fn loss;
+    void *ctx;
+    rf_model *m;
+    rf_opt *opt;
+    int n_batch;
+    bool with_grads;
+    rfi_step_outputs outs; /* filled while tracing */
+} step_ctx;
+
+/* Rewrites every recorded update of g as select(is_finite(loss), new, old),
+ * so that a step whose loss is not finite leaves every captured array as it
+ * was. Runs after all updates are recorded. */
+static void guard_updates(rfi_graph *g, rfi_node *loss)
+{
+    rfi_node *ok = rf_is_finite(loss); /* a bool scalar: rf_select broadcasts it */
+    for (int i = 0; ok && i < g->n_updates; i++) {
+        rfi_update *u = &g->updates[i];
+        rfi_node *old = g->capture_nodes[u->capture];
+        rfi_node *guarded = rf_select(ok, u->value, old);
+        if (!guarded)
+            return; /* the trace error is recorded */
+        u->value = guarded;
+    }
+}
+
+/* Declares the step's outputs (loss, aux values, gradients) and records
+ * their layout in s->outs. */
+static void return_outputs(rf_trace *t, step_ctx *s, rf_tensor *loss, const rf_aux *aux,
+                           const rf_grads *g)
+{
+    rf_return(t, loss);
+    s->outs.n_aux = rf_aux_count(aux);
+    for (int i = 0; i < s->outs.n_aux; i++) {
+        const char *name;
+        rf_return(t, rf_aux_get(aux, i, &name));
+        snprintf(s->outs.aux_names[i], sizeof s->outs.aux_names[i], "%s", name);
+    }
+    s->outs.n_grads = 0;
+    if (s->with_grads) {
+        s->outs.n_grads = rf_grads_count(g);
+        for (int i = 0; i < s->outs.n_grads; i++)
+            rf_return(t, rf_grads_get(g, i));
+    }
+}
+
+/* The trace function of the fused step. */
+static void step_trace(rf_trace *t, void *vctx)
+{
+    step_ctx *s = vctx;
+    rf_tensor **batch = rfi_arena_alloc(&t->arena, (size_t)s->n_batch * sizeof *batch);
+    if (!batch) {
+        rfi_graph_fail(t, RF_E_NOMEM, "rf_trainstep: out of memory");
+        return;
+    }
+    for (int i = 0; i < s->n_batch; i++)
+        batch[i] = rf_arg(t, i);
+    rf_aux *aux = NULL;
+    rf_grads *g = NULL;
+    rf_tensor *loss = rf_withgradient(t, s->loss, s->ctx, s->m, batch, s->n_batch, &aux, &g);
+    if (!loss)
+        return;
+    rf_status st = rfi_opt_emit_update(t, s->opt, s->m, g->g, g->n);
+    if (st != RF_OK && t->status == RF_OK)
+        rfi_graph_fail(t, st, "%s", rf_errmsg());
+    if (t->status != RF_OK)
+        return;
+    guard_updates(t, loss);
+    return_outputs(t, s, loss, aux, g);
+}
+
+/* ---- Validation ------------------------------------------------------------------------ */
+
+/* Where the model's arrays live: the device of the first one, or NULL for a
+ * model without arrays; `host` is set if any lives on the host. */
+typedef struct device_scan {
+    rf_device *device;
+    bool host;
+    bool mixed;
+} device_scan;
+
+static void scan_array(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)path;
+    (void)trainable;
+    device_scan *d = ud;
+    if (a->device->kind == RF_DEVICE_HOST)
+        d->host = true;
+    else if (!d->device)
+        d->device = a->device;
+    else if (d->device != a->device)
+        d->mixed = true;
+}
+
+static bool opt_is_set_up_for(const rf_opt *opt, const rf_model *m)
+{
+    for (int i = 0; i < m->n_opts; i++)
+        if (m->opts[i] == opt)
+            return true;
+    return false;
+}
+
+static rf_status check_batch(const char *op, rf_array *const *batch, int n)
+{
+    if (n < 1 || !batch)
+        return rfi_error(RF_E_INVALID, "%s: the batch is %s (n = %d); pass at least one array",
+                         op, batch ? "empty" : "NULL", n);
+    for (int i = 0; i < n; i++) {
+        if (!batch[i])
+            return rfi_error(RF_E_INVALID, "%s: batch[%d] is NULL", op, i);
+        if (batch[i]->device->kind == RF_DEVICE_HOST) {
+            char ty[128];
+            return rfi_error(RF_E_DEVICE, "%s: batch[%d] %s lives on the host; move batches to "
+                             "the device (rf_array_to or rf_loader_to)", op, i,
+                             rfi_type_str(ty, sizeof ty, batch[i]->dtype, batch[i]->dims,
+                                          batch[i]->rank));
+        }
+    }
+    return RF_OK;
+}
+
+/* Checks model, optimiser and batch; *dev receives the device the step runs on. */
+static rf_status check_step(const char *op, rf_loss_fn loss, rf_model *m,
+                            rf_array *const *batch, int n, rf_opt *opt, rf_device **dev)
+{
+    if (!loss || !m || !opt)
+        return rfi_error(RF_E_INVALID, "%s: %s is NULL", op,
+                         !loss ? "loss" : !m ? "model" : "opt");
+    rf_status st = check_batch(op, batch, n);
+    if (st != RF_OK)
+        return st;
+    device_scan md = {0};
+    rf_model_visit(m, scan_array, &md);
+    if (md.host || md.mixed)
+        return rfi_error(RF_E_DEVICE, "%s: the model %s; move it with rf_model_to(m, device) "
+                         "and set up the optimiser for the moved model", op,
+                         md.host ? "has arrays on the host" : "has arrays on several devices");
+    *dev = md.device ? md.device : batch[0]->device;
+    for (int i = 0; i < n; i++) {
+        if (batch[i]->device != *dev)
+            return rfi_error(RF_E_DEVICE, "%s: batch[%d] lives on %s but the model lives on %s",
+                             op, i, rf_device_name(batch[i]->device), rf_device_name(*dev));
+    }
+    if (!opt_is_set_up_for(opt, m))
+        return rfi_error(RF_E_INVALID, "%s: the optimiser (%s) was not set up for this model; "
+                         "call rf_setup(rule, model) with the model you train", op,
+                         rf_rule_name(rf_opt_rule(opt)));
+    device_scan od = {0};
+    rf_opt_visit(opt, scan_array, &od);
+    if (od.host || od.mixed || (od.device && od.device != *dev))
+        return rfi_error(RF_E_DEVICE, "%s: the optimiser state lives on %s but the model lives "
+                         "on %s; call rf_setup after moving the model", op,
+                         od.host ? "the host" : od.mixed ? "several devices"
+                                                         : rf_device_name(od.device),
+                         rf_device_name(*dev));
+    return RF_OK;
+}
+
+/* ---- Compile or reuse, then run --------------------------------------------------------- */
+
+static rfi_step_entry *find_or_compile(step_ctx *s, const rfi_step_probe *p,
+                                       rf_array *const *batch, rf_status *st)
+{
+    rfi_step_entry *e = rfi_step_cache_find(s->m, p);
+    if (e)
+        return e;
+    rf_compile_opts co = {p->device, "trainstep"};
+    rf_exec *exec = NULL;
+    *st = rf_compile_with(step_trace, s, batch, s->n_batch, &co, &exec);
+    if (*st != RF_OK)
+        return NULL;
+    e = rfi_step_cache_insert(s->m, p, exec, &s->outs);
+    if (!e)
+        *st = RF_E_NOMEM;
+    return e;
+}
+
+/* Hands the gradient outputs to the caller as a malloc'd array (the header
+ * says: free each, then the array with free()). */
+static rf_status give_grads(const char *op, rf_array **outs, int n, rf_array ***grads,
+                            int *ngrads)
+{
+    rf_array **g = malloc((size_t)(n > 0 ? n : 1) * sizeof *g);
+    if (!g)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    for (int i = 0; i < n; i++) {
+        g[i] = outs[i];
+        outs[i] = NULL;
+    }
+    *grads = g;
+    *ngrads = n;
+    return RF_OK;
+}
+
+/* Runs a compiled step and reads its loss and aux values to the host. */
+static rf_status run_step(const char *op, const rfi_step_entry *e, rf_array *const *batch,
+                          int n, double *loss_out, rf_stats *stats, rf_array ***grads,
+                          int *ngrads)
+{
+    const rfi_step_outputs *o = rfi_step_entry_outputs(e);
+    int n_host = 1 + o->n_aux;
+    int n_out = n_host + (grads ? o->n_grads : 0);
+    rf_array **outs = rfi_calloc((size_t)n_out, sizeof *outs);
+    if (!outs)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    rf_status st = rf_exec_run(rfi_step_entry_exec(e), batch, n, outs, n_out);
+    double loss = NAN;
+    if (st == RF_OK) {
+        loss = rf_to_number(outs[0]);
+        if (stats) {
+            stats->n = o->n_aux;
+            for (int i = 0; i < o->n_aux; i++) {
+                memcpy(stats->names[i], o->aux_names[i], sizeof stats->names[i]);
+                stats->values[i] = rf_to_number(outs[1 + i]);
+            }
+        }
+        if (loss_out)
+            *loss_out = loss;
+        if (!isfinite(loss))
+            st = rfi_error(RF_E_DOMAIN, "%s: loss is %s; no update was applied", op,
+                           isnan(loss) ? "NaN" : loss > 0 ? "Inf" : "-Inf");
+        else if (grads)
+            st = give_grads(op, outs + n_host, o->n_grads, grads, ngrads);
+    }
+    for (int i = 0; i < n_out; i++)
+        rf_array_free(outs[i]);
+    rfi_free(outs);
+    return st;
+}
+
+static rf_status trainstep(const char *op, rf_loss_fn loss, void *ctx, rf_model *m,
+                           rf_array *const *batch, int n, rf_opt *opt, double *loss_out,
+                           rf_stats *stats, rf_array ***grads, int *ngrads)
+{
+    if (loss_out)
+        *loss_out = NAN;
+    if (stats)
+        stats->n = 0;
+    rf_device *dev = NULL;
+    rf_status st = check_step(op, loss, m, batch, n, opt, &dev);
+    if (st != RF_OK)
+        return st;
+    const rf_rule *rule = rf_opt_rule(opt);
+    rfi_step_probe p = {
+        .model_hash = rfi_model_structure_hash(m),
+        .training = rf_model_training(m),
+        .rule_hash = rfi_rule_hash(rule),
+        .opt_uid = rfi_opt_uid(opt),
+        .rule_name = rf_rule_name(rule),
+        .loss = loss,
+        .ctx = ctx,
+        .with_grads = grads != NULL,
+        .device = dev,
+        .n_batch = n,
+        .batch = batch,
+    };
+    step_ctx s = {loss, ctx, m, opt, n, grads != NULL, {0}};
+    rfi_step_entry *e = find_or_compile(&s, &p, batch, &st);
+    if (!e)
+        return st;
+    return run_step(op, e, batch, n, loss_out, stats, grads, ngrads);
+}
+
+rf_status rf_trainstep(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *const *batch, int n,
+                       rf_opt *opt, double *loss_out, rf_stats *stats)
+{
+    return trainstep("rf_trainstep", loss, ctx, m, batch, n, opt, loss_out, stats, NULL, NULL);
+}
+
+rf_status rf_trainstep_withgradient(rf_loss_fn loss, void *ctx, rf_model *m,
+                                    rf_array *const *batch, int n, rf_opt *opt,
+                                    double *loss_out, rf_stats *stats, rf_array ***grads,
+                                    int *ngrads)
+{
+    if (grads)
+        *grads = NULL;
+    if (ngrads)
+        *ngrads = 0;
+    if (!grads || !ngrads)
+        return rfi_error(RF_E_INVALID, "rf_trainstep_withgradient: %s is NULL",
+                         !grads ? "grads" : "ngrads");
+    return trainstep("rf_trainstep_withgradient", loss, ctx, m, batch, n, opt, loss_out, stats,
+                     grads, ngrads);
+}

@@ -1,0 +1,907 @@
+/* test_data.c: data loaders, IDX and Fashion-MNIST readers, checkpoints.
+ *
+ * Loader: batch counts and sizes, drop_last, shuffling reproducible per seed
+ * and different per epoch, every observation exactly once per epoch, rows
+ * kept together across arrays (checked against the row index each array
+ * encodes), the device-wrapped loader (prefetch thread), resets mid-epoch,
+ * bad arguments. IDX: files written here by hand (raw and gzip) read back;
+ * corrupt ones give errors. Fashion-MNIST: the installed test split, when
+ * present. Checkpoints: a round trip is bit-identical, the header is checked
+ * by a parser written here, and bad files give the right error and leave the
+ * model untouched.
+ */
+#include "test_util.h"
+
+#include "runtime/runtime.h" /* a fake device struct for the worker-error test */
+
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* ---- Loader ------------------------------------------------------------------------------- */
+
+#define NOBS 23
+
+/* X [NOBS, 3] f32 with X[i, j] = 10 i + j, Y [NOBS] i32 = 7 i, Z [NOBS, 2, 2] f64 = i + k/4:
+ * every row says which observation it is. */
+static void make_xyz(rf_array **x, rf_array **y, rf_array **z)
+{
+    float xv[NOBS * 3];
+    int32_t yv[NOBS];
+    double zv[NOBS * 4];
+    for (int i = 0; i < NOBS; i++) {
+        for (int j = 0; j < 3; j++)
+            xv[i * 3 + j] = (float)(10 * i + j);
+        yv[i] = 7 * i;
+        for (int k = 0; k < 4; k++)
+            zv[i * 4 + k] = i + k / 4.0;
+    }
+    *x = rf_array_from(RF_F32, RF_SHAPE(NOBS, 3), xv);
+    *y = rf_array_from(RF_I32, RF_SHAPE(NOBS), yv);
+    *z = rf_array_from(RF_F64, RF_SHAPE(NOBS, 2, 2), zv);
+}
+
+/* Checks one batch of (X, Y, Z) and records the observations it holds;
+ * returns the batch size, -1 on a malformed batch. z_f32: Z arrived as f32. */
+static int check_batch(rf_array *const *b, int seen[NOBS], int order[NOBS], int *pos,
+                       rf_device *dev, bool z_f32)
+{
+    int64_t n = rf_array_dims(b[0])[0];
+    bool ok = rf_array_rank(b[0]) == 2 && rf_array_dims(b[0])[1] == 3 && rf_array_rank(b[1]) == 1 &&
+              rf_array_dims(b[1])[0] == n && rf_array_rank(b[2]) == 3 &&
+              rf_array_dims(b[2])[0] == n && rf_array_dims(b[2])[1] == 2;
+    CHECK(ok);
+    if (!ok)
+        return -1;
+    for (int j = 0; j < 3; j++)
+        CHECK(rf_array_device(b[j]) == dev);
+    CHECK(rf_array_dtype(b[2]) == (z_f32 ? RF_F32 : RF_F64));
+    const float *x = rf_array_data(b[0]);
+    const int32_t *y = rf_array_data(b[1]);
+    for (int64_t r = 0; r < n; r++) {
+        int i = (int)(x[r * 3] / 10);
+        CHECK(i >= 0 && i < NOBS);
+        if (i < 0 || i >= NOBS)
+            return -1;
+        seen[i]++;
+        order[(*pos)++] = i;
+        for (int j = 0; j < 3; j++)
+            CHECK(x[r * 3 + j] == (float)(10 * i + j));
+        CHECK(y[r] == 7 * i);
+        for (int k = 0; k < 4; k++) {
+            double zk = z_f32 ? ((const float *)rf_array_data(b[2]))[r * 4 + k]
+                              : ((const double *)rf_array_data(b[2]))[r * 4 + k];
+            CHECK(zk == i + k / 4.0);
+        }
+    }
+    return (int)n;
+}
+
+/* Runs one epoch, checking every batch; sizes[] receives the batch sizes. */
+static int run_epoch(rf_loader *l, int order[NOBS], int *sizes, rf_device *dev, bool z_f32)
+{
+    int seen[NOBS] = {0}, pos = 0, nb = 0;
+    rf_array *const *b;
+    for (;;) {
+        rf_status st = rf_loader_next(l, &b);
+        CHECK_OK(st);
+        if (st != RF_OK || !b)
+            break;
+        int n = check_batch(b, seen, order, &pos, dev, z_f32);
+        if (n < 0)
+            break;
+        sizes[nb++] = n;
+    }
+    return nb;
+}
+
+static void test_loader_batching(void)
+{
+    rf_array *x, *y, *z;
+    make_xyz(&x, &y, &z);
+    rf_array *arrs[3] = {x, y, z};
+    rf_loader *l = rf_loader_new(arrs, 3, &(rf_loader_opts){.batchsize = 5});
+    CHECK(l);
+    rf_array_free(x); /* the loader holds its own references */
+    CHECK(rf_loader_n_batches(l) == 5 && rf_loader_n_obs(l) == NOBS && rf_loader_n_arrays(l) == 3);
+    int order[NOBS], sizes[8];
+    for (int epoch = 0; epoch < 2; epoch++) {
+        int nb = run_epoch(l, order, sizes, rf_device_host(), false);
+        CHECK(nb == 5);
+        CHECK(sizes[0] == 5 && sizes[3] == 5 && sizes[4] == 3); /* partial last batch */
+        for (int i = 0; i < NOBS; i++)
+            CHECK(order[i] == i); /* unshuffled: in order */
+        rf_array *const *b = (rf_array *const *)1;
+        CHECK_OK(rf_loader_next(l, &b)); /* stays at the end until reset */
+        CHECK(b == NULL);
+        CHECK_OK(rf_loader_reset(l));
+    }
+    rf_loader_free(l);
+
+    l = rf_loader_new(arrs + 1, 2, &(rf_loader_opts){.batchsize = 5, .drop_last = true});
+    CHECK(rf_loader_n_batches(l) == 4);
+    int n = 0;
+    rf_array *const *b;
+    while (rf_loader_next(l, &b) == RF_OK && b) {
+        CHECK(rf_array_dims(b[0])[0] == 5);
+        n++;
+    }
+    CHECK(n == 4);
+    rf_loader_free(l);
+
+    /* Default options: batchsize 1. A batch larger than the data with drop_last: no batches. */
+    l = rf_loader_new(arrs + 1, 1, NULL);
+    CHECK(rf_loader_n_batches(l) == NOBS);
+    rf_loader_free(l);
+    l = rf_loader_new(arrs + 1, 1, &(rf_loader_opts){.batchsize = 100, .drop_last = true});
+    CHECK(rf_loader_n_batches(l) == 0);
+    CHECK_OK(rf_loader_next(l, &b));
+    CHECK(b == NULL);
+    rf_loader_free(l);
+    rf_array_free(y);
+    rf_array_free(z);
+}
+
+static bool same_order(const int *a, const int *b)
+{
+    return memcmp(a, b, NOBS * sizeof *a) == 0;
+}
+
+static void epoch_orders(uint64_t seed, int epochs, int orders[][NOBS], rf_device *dev)
+{
+    rf_array *x, *y, *z;
+    make_xyz(&x, &y, &z);
+    rf_loader *l = rf_loader_new((rf_array *[]){x, y, z}, 3,
+                                 &(rf_loader_opts){.batchsize = 4, .shuffle = true, .seed = seed});
+    if (dev)
+        CHECK_OK(rf_loader_to(l, dev));
+    int sizes[8];
+    for (int e = 0; e < epochs; e++) {
+        int nb = run_epoch(l, orders[e], sizes, dev ? dev : rf_device_host(), dev != NULL);
+        CHECK(nb == 6 && sizes[5] == 3);
+        int seen[NOBS] = {0};
+        for (int i = 0; i < NOBS; i++)
+            seen[orders[e][i]]++;
+        for (int i = 0; i < NOBS; i++)
+            CHECK(seen[i] == 1); /* every observation exactly once */
+        CHECK_OK(rf_loader_reset(l));
+    }
+    rf_loader_free(l);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_array_free(z);
+}
+
+static void test_loader_shuffle(void)
+{
+    int a[3][NOBS], b[3][NOBS], c[3][NOBS], d[3][NOBS];
+    epoch_orders(42, 3, a, NULL);
+    epoch_orders(42, 3, b, NULL);
+    epoch_orders(43, 3, c, NULL);
+    epoch_orders(42, 3, d, rf_device_cpu()); /* the device path shuffles the same way */
+    int identity[NOBS];
+    for (int i = 0; i < NOBS; i++)
+        identity[i] = i;
+    for (int e = 0; e < 3; e++) {
+        CHECK(same_order(a[e], b[e])); /* reproducible per seed */
+        CHECK(same_order(a[e], d[e]));
+        CHECK(!same_order(a[e], c[e])); /* another seed, another order */
+        CHECK(!same_order(a[e], identity));
+    }
+    CHECK(!same_order(a[0], a[1]) && !same_order(a[1], a[2])); /* reshuffled per epoch */
+}
+
+static void test_loader_device(void)
+{
+    rf_array *x, *y, *z;
+    make_xyz(&x, &y, &z);
+    rf_array *arrs[3] = {x, y, z};
+    rf_loader *l = rf_loader_new(arrs, 3, &(rf_loader_opts){.batchsize = 6});
+    CHECK_OK(rf_loader_to(l, rf_device_cpu()));
+    int order[NOBS], sizes[8];
+    CHECK(run_epoch(l, order, sizes, rf_device_cpu(), true) == 4);
+    CHECK(sizes[3] == 5);
+    for (int i = 0; i < NOBS; i++)
+        CHECK(order[i] == i);
+
+    /* Reset mid-epoch (a batch prefetched and not taken), then a full epoch. */
+    CHECK_OK(rf_loader_reset(l));
+    rf_array *const *b;
+    CHECK_OK(rf_loader_next(l, &b));
+    CHECK(b && rf_array_dims(b[0])[0] == 6);
+    CHECK_OK(rf_loader_reset(l));
+    CHECK(run_epoch(l, order, sizes, rf_device_cpu(), true) == 4);
+    for (int i = 0; i < NOBS; i++)
+        CHECK(order[i] == i);
+
+    /* Back to the host device; then free mid-epoch with a prefetch in flight. */
+    CHECK_OK(rf_loader_reset(l));
+    CHECK_OK(rf_loader_to(l, rf_device_host()));
+    CHECK(run_epoch(l, order, sizes, rf_device_host(), false) == 4);
+    CHECK_OK(rf_loader_reset(l));
+    CHECK_OK(rf_loader_to(l, rf_device_cpu()));
+    CHECK_OK(rf_loader_next(l, &b));
+    rf_loader_free(l);
+
+    /* Free right after wrapping (the first batch may still be in preparation). */
+    l = rf_loader_new(arrs, 3, &(rf_loader_opts){.batchsize = 2});
+    CHECK_OK(rf_loader_to(l, rf_device_cpu()));
+    rf_loader_free(l);
+
+    /* A device that cannot hold arrays: the worker's error reaches the caller. */
+    rf_device *cuda = rf_device_cuda(0);
+    if (!cuda) {
+        rf_device fake = {RF_DEVICE_CUDA, 7, "cuda:7"};
+        l = rf_loader_new(arrs, 3, &(rf_loader_opts){.batchsize = 8});
+        CHECK_OK(rf_loader_to(l, &fake));
+        b = (rf_array *const *)1;
+        CHECK_STATUS(rf_loader_next(l, &b), RF_E_DEVICE);
+        CHECK(b == NULL);
+        CHECK_MSG("rf_loader_next: batch 0");
+        CHECK_MSG("cuda:7");
+        rf_loader_free(l);
+    }
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_array_free(z);
+}
+
+static void test_loader_errors(void)
+{
+    rf_array *a = rf_zeros(RF_F32, RF_SHAPE(10, 2));
+    rf_array *b = rf_zeros(RF_I32, RF_SHAPE(9));
+    rf_array *s = rf_zeros(RF_F32, NULL, 0);
+    CHECK(!rf_loader_new((rf_array *[]){a, b}, 2, NULL));
+    CHECK(strstr(rf_errmsg(), "dim 0") && strstr(rf_errmsg(), "f32[10,2]") &&
+          strstr(rf_errmsg(), "i32[9]"));
+    CHECK(!rf_loader_new(NULL, 1, NULL));
+    CHECK_MSG("NULL");
+    CHECK(!rf_loader_new((rf_array *[]){a, NULL}, 2, NULL));
+    CHECK_MSG("array 1 is NULL");
+    CHECK(!rf_loader_new((rf_array *[]){a}, 0, NULL));
+    CHECK(!rf_loader_new((rf_array *[]){s}, 1, NULL));
+    CHECK_MSG("scalar");
+    CHECK(!rf_loader_new((rf_array *[]){a}, 1, &(rf_loader_opts){.batchsize = 0}));
+    CHECK_MSG("batchsize");
+    CHECK(!rf_loader_new((rf_array *[]){a}, 1, &(rf_loader_opts){.batchsize = -3}));
+    rf_loader *l = rf_loader_new((rf_array *[]){a}, 1, NULL);
+    CHECK_STATUS(rf_loader_next(l, NULL), RF_E_INVALID);
+    rf_array *const *batch;
+    CHECK_STATUS(rf_loader_next(NULL, &batch), RF_E_INVALID);
+    CHECK_STATUS(rf_loader_reset(NULL), RF_E_INVALID);
+    CHECK_STATUS(rf_loader_to(l, NULL), RF_E_INVALID);
+    CHECK_STATUS(rf_loader_to(NULL, rf_device_cpu()), RF_E_INVALID);
+    CHECK(rf_loader_n_batches(NULL) == 0);
+    rf_loader_free(l);
+    rf_loader_free(NULL);
+    rf_array_free(a);
+    rf_array_free(b);
+    rf_array_free(s);
+}
+
+/* ---- IDX ----------------------------------------------------------------------------------- */
+
+static char tmpdir[256];
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[4][512];
+    static int next;
+    char *p = buf[next++ % 4];
+    snprintf(p, sizeof buf[0], "%s/%s", tmpdir, name);
+    return p;
+}
+
+static void write_file(const char *path, const void *data, size_t n, bool gz)
+{
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        CHECK(f && gzwrite(f, data, (unsigned)n) == (int)n);
+        if (f)
+            gzclose(f);
+        return;
+    }
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(data, 1, n, f) == n);
+    if (f)
+        fclose(f);
+}
+
+/* An IDX image: magic, big-endian u32 dims, then `data` (already big-endian). */
+static size_t idx_bytes(uint8_t *out, uint8_t type, int rank, const uint32_t *dims,
+                        const void *data, size_t n)
+{
+    size_t k = 0;
+    out[k++] = 0;
+    out[k++] = 0;
+    out[k++] = type;
+    out[k++] = (uint8_t)rank;
+    for (int i = 0; i < rank; i++)
+        for (int s = 24; s >= 0; s -= 8)
+            out[k++] = (uint8_t)(dims[i] >> s);
+    memcpy(out + k, data, n);
+    return k + n;
+}
+
+static void put_be(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (uint8_t)(v >> (8 * (bytes - 1 - i)));
+}
+
+static void test_idx_types(bool gz)
+{
+    uint8_t file[512], data[256];
+    const uint32_t dims[2] = {2, 3};
+    const char *path = tmp_path(gz ? "t.idx.gz" : "t.idx");
+    rf_array *a = NULL;
+
+    const uint8_t u8[6] = {0, 1, 2, 127, 128, 255};
+    write_file(path, file, idx_bytes(file, 0x08, 2, dims, u8, 6), gz);
+    CHECK_OK(rf_idx_load(path, &a));
+    CHECK(a && rf_array_dtype(a) == RF_U8 && rf_array_rank(a) == 2 && rf_array_dims(a)[0] == 2 &&
+          rf_array_dims(a)[1] == 3 && memcmp(rf_array_data(a), u8, 6) == 0);
+    rf_array_free(a);
+
+    const int8_t i8[6] = {-128, -1, 0, 1, 5, 127};
+    write_file(path, file, idx_bytes(file, 0x09, 2, dims, i8, 6), gz);
+    CHECK_OK(rf_idx_load(path, &a));
+    CHECK(a && rf_array_dtype(a) == RF_I32);
+    for (int i = 0; a && i < 6; i++)
+        CHECK(((int32_t *)rf_array_data(a))[i] == i8[i]);
+    rf_array_free(a);
+
+    const int16_t i16[6] = {-32768, -300, -1, 0, 300, 32767};
+    for (int i = 0; i < 6; i++)
+        put_be(data + 2 * i, (uint16_t)i16[i], 2);
+    write_file(path, file, idx_bytes(file, 0x0B, 2, dims, data, 12), gz);
+    CHECK_OK(rf_idx_load(path, &a));
+    CHECK(a && rf_array_dtype(a) == RF_I32);
+    for (int i = 0; a && i < 6; i++)
+        CHECK(((int32_t *)rf_array_data(a))[i] == i16[i]);
+    rf_array_free(a);
+
+    const int32_t i32[6] = {INT32_MIN, -70000, -1, 0, 70000, INT32_MAX};
+    for (int i = 0; i < 6; i++)
+        put_be(data + 4 * i, (uint32_t)i32[i], 4);
+    write_file(path, file, idx_bytes(file, 0x0C, 2, dims, data, 24), gz);
+    CHECK_OK(rf_idx_load(path, &a));
+    CHECK(a && rf_array_dtype(a) == RF_I32 && memcmp(rf_array_data(a), i32, 24) == 0);
+    rf_array_free(a);
+
+    const float f32[6] = {-1.5f, 0.0f, 3.25f, 1e-30f, -7e20f, 0.1f};
+    for (int i = 0; i < 6; i++) {
+        uint32_t u;
+        memcpy(&u, &f32[i], 4);
+        put_be(data + 4 * i, u, 4);
+    }
+    write_file(path, file, idx_bytes(file, 0x0D, 2, dims, data, 24), gz);
+    CHECK_OK(rf_idx_load(path, &a));
+    CHECK(a && rf_array_dtype(a) == RF_F32 && memcmp(rf_array_data(a), f32, 24) == 0);
+    rf_array_free(a);
+
+    const double f64[3] = {-2.5, 1e300, 0.1};
+    for (int i = 0; i < 3; i++) {
+        uint64_t u;
+        memcpy(&u, &f64[i], 8);
+        put_be(data + 8 * i, u, 8);
+    }
+    write_file(path, file, idx_bytes(file, 0x0E, 1, (const uint32_t[]){3}, data, 24), gz);
+    CHECK_OK(rf_idx_load(path, &a));
+    CHECK(a && rf_array_dtype(a) == RF_F64 && rf_array_rank(a) == 1 &&
+          memcmp(rf_array_data(a), f64, 24) == 0);
+    rf_array_free(a);
+}
+
+static void test_idx_errors(void)
+{
+    uint8_t file[512] = {0}, data[64] = {0};
+    const uint32_t dims[2] = {4, 6};
+    rf_array *a = (rf_array *)1;
+    const char *raw = tmp_path("bad.idx"), *gzp = tmp_path("bad.idx.gz");
+
+    CHECK_STATUS(rf_idx_load(tmp_path("missing.idx"), &a), RF_E_IO);
+    CHECK(a == NULL);
+    CHECK_MSG("missing.idx");
+    CHECK_MSG("No such file");
+
+    size_t n = idx_bytes(file, 0x08, 2, dims, data, 24);
+    file[0] = 0x12;
+    file[1] = 0x34;
+    write_file(raw, file, n, false);
+    CHECK_STATUS(rf_idx_load(raw, &a), RF_E_CORRUPT);
+    CHECK_MSG("bad magic 12 34 08 02");
+
+    for (int gz = 0; gz < 2; gz++) {
+        const char *p = gz ? gzp : raw;
+        n = idx_bytes(file, 0x08, 2, dims, data, 24);
+        write_file(p, file, n - 4, gz); /* truncated data */
+        CHECK_STATUS(rf_idx_load(p, &a), RF_E_CORRUPT);
+        CHECK_MSG("expected 24 bytes of data, found 20");
+        write_file(p, file, n + 3, gz); /* trailing bytes */
+        CHECK_STATUS(rf_idx_load(p, &a), RF_E_CORRUPT);
+        CHECK_MSG("expected 24 bytes of data, found 27");
+        n = idx_bytes(file, 0x08, 2, (const uint32_t[]){4000000000u, 4000000000u}, data, 24);
+        write_file(p, file, n, gz); /* dims the file cannot hold: no huge allocation */
+        CHECK_STATUS(rf_idx_load(p, &a), RF_E_CORRUPT);
+        n = idx_bytes(file, 0x08, 9, (const uint32_t[]){1, 1, 1, 1, 1, 1, 1, 1, 1}, data, 1);
+        write_file(p, file, n, gz);
+        CHECK_STATUS(rf_idx_load(p, &a), RF_E_CORRUPT);
+        CHECK_MSG("rank 9");
+        n = idx_bytes(file, 0x08, 0, dims, data, 0);
+        write_file(p, file, n, gz);
+        CHECK_STATUS(rf_idx_load(p, &a), RF_E_CORRUPT);
+        n = idx_bytes(file, 0x0A, 2, dims, data, 24);
+        write_file(p, file, n, gz);
+        CHECK_STATUS(rf_idx_load(p, &a), RF_E_CORRUPT);
+        CHECK_MSG("0x0a");
+        write_file(p, file, 6, gz); /* header cut inside the dims */
+        CHECK_STATUS(rf_idx_load(p, &a), RF_E_CORRUPT);
+        write_file(p, file, 2, gz);
+        CHECK_STATUS(rf_idx_load(p, &a), RF_E_CORRUPT);
+        CHECK(a == NULL);
+    }
+
+    /* A gzip stream cut short. */
+    n = idx_bytes(file, 0x08, 2, dims, data, 24);
+    write_file(gzp, file, n, true);
+    FILE *f = fopen(gzp, "rb");
+    uint8_t gzbuf[512];
+    size_t gn = f ? fread(gzbuf, 1, sizeof gzbuf, f) : 0;
+    if (f)
+        fclose(f);
+    write_file(gzp, gzbuf, gn - 10, false);
+    CHECK_STATUS(rf_idx_load(gzp, &a), RF_E_CORRUPT);
+    CHECK(a == NULL);
+
+    CHECK_STATUS(rf_idx_load(NULL, &a), RF_E_INVALID);
+    CHECK_STATUS(rf_idx_load(raw, NULL), RF_E_INVALID);
+    CHECK_STATUS(rf_idx_load(tmpdir, &a), RF_E_IO); /* a directory */
+}
+
+/* ---- Fashion-MNIST ---------------------------------------------------------------------------- */
+
+static void test_fashion_mnist(void)
+{
+    const char *dir = "/usr/share/datasets/fashion-mnist";
+    if (access(dir, R_OK) != 0) {
+        printf("test_data: skipping Fashion-MNIST (%s not installed)\n", dir);
+        return;
+    }
+    rf_array *x = NULL, *y = NULL;
+    CHECK_OK(rf_fashion_mnist(NULL, false, &x, &y));
+    CHECK(x && rf_array_dtype(x) == RF_F32 && rf_array_rank(x) == 4);
+    CHECK(y && rf_array_dtype(y) == RF_I32 && rf_array_rank(y) == 1);
+    if (x && y) {
+        const int64_t *d = rf_array_dims(x);
+        CHECK(d[0] == 10000 && d[1] == 1 && d[2] == 28 && d[3] == 28);
+        CHECK(rf_array_dims(y)[0] == 10000);
+        const float *px = rf_array_data(x);
+        float lo = 1, hi = 0;
+        for (int64_t i = 0; i < rf_array_numel(x); i++) {
+            lo = px[i] < lo ? px[i] : lo;
+            hi = px[i] > hi ? px[i] : hi;
+        }
+        CHECK(lo == 0.0f && hi == 1.0f);
+        const int32_t *py = rf_array_data(y);
+        int count[10] = {0};
+        bool in_range = true;
+        for (int i = 0; i < 10000; i++) {
+            in_range = in_range && py[i] >= 0 && py[i] <= 9;
+            if (py[i] >= 0 && py[i] <= 9)
+                count[py[i]]++;
+        }
+        CHECK(in_range);
+        for (int c = 0; c < 10; c++)
+            CHECK(count[c] == 1000); /* the test split is balanced */
+    }
+    rf_array_free(x);
+    rf_array_free(y);
+    CHECK_STATUS(rf_fashion_mnist(tmpdir, true, &x, &y), RF_E_IO);
+    CHECK(x == NULL && y == NULL);
+}
+
+/* ---- Checkpoints ---------------------------------------------------------------------------- */
+
+static rf_tensor *identity_forward(rf_model *m, rf_tensor *x)
+{
+    (void)m;
+    return x;
+}
+static const rf_layer_type test_layer = {"TestLayer", identity_forward, NULL};
+
+/* A two-level model: root {weight [3,4] f32, bias [3] f32, state steps i64 []},
+ * child 0 {scale [2,2] f64, state flags [5] u8}. Values from seed. */
+static rf_model *make_model(uint64_t seed, int64_t rows)
+{
+    rf_model *root = rf_model_new(&test_layer, NULL, 0);
+    rf_model *child = rf_model_new(&test_layer, NULL, 0);
+    rf_model_add_param(root, "weight", rf_randn(RF_F32, RF_SHAPE(rows, 4), seed));
+    rf_model_add_param(root, "bias", rf_rand(RF_F32, RF_SHAPE(3), seed + 1));
+    int64_t steps = (int64_t)seed * 1000 + 17;
+    rf_model_add_state(root, "steps", rf_array_from(RF_I64, NULL, 0, &steps));
+    rf_model_add_param(child, "scale", rf_randn(RF_F64, RF_SHAPE(2, 2), seed + 2));
+    uint8_t flags[5];
+    for (int i = 0; i < 5; i++)
+        flags[i] = (uint8_t)(seed * 31 + (uint64_t)i);
+    rf_model_add_state(child, "flags", rf_array_from(RF_U8, RF_SHAPE(5), flags));
+    rf_model_add_child(root, child);
+    return root;
+}
+
+/* A byte snapshot of every array of a model (and optimiser), in visit order. */
+typedef struct snapshot {
+    uint8_t bytes[4096];
+    size_t len;
+} snapshot;
+
+static void snap_one(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)path;
+    (void)trainable;
+    snapshot *s = ud;
+    size_t n = rf_array_nbytes(a);
+    if (s->len + n <= sizeof s->bytes)
+        rf_array_read(a, s->bytes + s->len, n);
+    s->len += n;
+}
+
+static snapshot take_snapshot(rf_model *m, rf_opt *opt)
+{
+    snapshot s = {.len = 0};
+    rf_model_visit(m, snap_one, &s);
+    if (opt)
+        rf_opt_visit(opt, snap_one, &s);
+    return s;
+}
+
+static bool same_snapshot(const snapshot *a, const snapshot *b)
+{
+    return a->len == b->len && memcmp(a->bytes, b->bytes, a->len) == 0;
+}
+
+static uint8_t *read_all(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc((size_t)len + 1);
+    *n = fread(buf, 1, (size_t)len, f);
+    fclose(f);
+    return buf;
+}
+
+/* The format, checked without reflux: the header's length, its text for
+ * each tensor, and the bytes its offsets point at. */
+typedef struct format_check {
+    const uint8_t *file;
+    size_t size;
+    const char *header;
+    uint64_t header_len;
+    int n_checked;
+} format_check;
+
+static void check_format_one(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)trainable;
+    format_check *fc = ud;
+    static const char *names[] = {"F32", "F64", "I32", "I64", "U8", "BOOL"};
+    char key[256];
+    snprintf(key, sizeof key, "\"%s\":{\"dtype\":\"%s\",\"shape\":[", path,
+             names[rf_array_dtype(a)]);
+    const char *at = strstr(fc->header, key);
+    CHECK(at != NULL);
+    if (!at)
+        return;
+    at += strlen(key);
+    for (int d = 0; d < rf_array_rank(a); d++) {
+        char *end;
+        CHECK(strtoll(at, &end, 10) == rf_array_dims(a)[d]);
+        at = end + (*end == ',');
+    }
+    unsigned long long begin = 0, end = 0;
+    CHECK(sscanf(at, "],\"data_offsets\":[%llu,%llu]}", &begin, &end) == 2);
+    CHECK(end - begin == rf_array_nbytes(a));
+    CHECK(8 + fc->header_len + end <= fc->size);
+    if (8 + fc->header_len + end > fc->size)
+        return;
+    uint8_t buf[256];
+    rf_array_read(a, buf, sizeof buf);
+    CHECK(memcmp(fc->file + 8 + fc->header_len + begin, buf, rf_array_nbytes(a)) == 0);
+    fc->n_checked++;
+}
+
+static void check_format(const char *path, rf_model *m)
+{
+    size_t size = 0;
+    uint8_t *file = read_all(path, &size);
+    CHECK(file && size > 8);
+    if (!file)
+        return;
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = hl << 8 | file[i];
+    CHECK(hl % 8 == 0 && 8 + hl <= size);
+    char *header = malloc(hl + 1);
+    memcpy(header, file + 8, hl);
+    header[hl] = '\0';
+    CHECK(strstr(header, "\"__metadata__\":{\"format\":\"reflux\"}") != NULL);
+    format_check fc = {file, size, header, hl, 0};
+    rf_model_visit(m, check_format_one, &fc);
+    CHECK(fc.n_checked == 5);
+    free(header);
+    free(file);
+}
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    write_file(path, p, n, false);
+}
+
+/* Writes a safetensors file from a header text and data bytes. */
+static void write_st(const char *path, const char *header, const void *data, size_t n)
+{
+    uint8_t buf[4096];
+    uint64_t hl = strlen(header);
+    for (int i = 0; i < 8; i++)
+        buf[i] = (uint8_t)(hl >> (8 * i));
+    memcpy(buf + 8, header, hl);
+    memcpy(buf + 8 + hl, data, n);
+    write_bytes(path, buf, 8 + hl + n);
+}
+
+static void test_checkpoint_roundtrip(void)
+{
+    const char *path = tmp_path("model.safetensors");
+    rf_model *a = make_model(1, 3), *b = make_model(2, 3);
+    snapshot sa = take_snapshot(a, NULL), sb = take_snapshot(b, NULL);
+    CHECK(!same_snapshot(&sa, &sb));
+    CHECK_OK(rf_checkpoint_save(path, a, NULL));
+    check_format(path, a);
+    CHECK_OK(rf_checkpoint_load(path, b, NULL));
+    sb = take_snapshot(b, NULL);
+    CHECK(same_snapshot(&sa, &sb)); /* bit-identical */
+    /* Saving over an existing file replaces it; no temporary file is left behind. */
+    CHECK_OK(rf_checkpoint_save(path, b, NULL));
+    CHECK(access(tmp_path("model.safetensors.tmp"), F_OK) != 0);
+    rf_model_free(a);
+    rf_model_free(b);
+}
+
+/* Overwrites an array with values derived from a seed (any dtype). */
+static void fill_distinct(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)path;
+    (void)trainable;
+    uint64_t seed = *(uint64_t *)ud;
+    *(uint64_t *)ud = seed + 1;
+    rf_array *r = rf_rand(RF_F64, rf_array_dims(a), rf_array_rank(a), seed);
+    const double *rv = rf_array_data(r);
+    size_t n = rf_array_nbytes(a);
+    uint8_t *buf = malloc(n ? n : 1);
+    for (int64_t i = 0; i < rf_array_numel(a); i++) {
+        switch (rf_array_dtype(a)) {
+        case RF_F32: ((float *)buf)[i] = (float)rv[i]; break;
+        case RF_F64: ((double *)buf)[i] = rv[i]; break;
+        case RF_I32: ((int32_t *)buf)[i] = (int32_t)(rv[i] * 1000); break;
+        case RF_I64: ((int64_t *)buf)[i] = (int64_t)(rv[i] * 1000); break;
+        default: buf[i] = (uint8_t)(rv[i] * 2); break;
+        }
+    }
+    CHECK_OK(rf_array_write(a, buf, n));
+    free(buf);
+    rf_array_free(r);
+}
+
+static void test_checkpoint_optimiser(void)
+{
+    const char *path = tmp_path("opt.safetensors");
+    rf_model *ha = make_model(3, 3), *hb = make_model(4, 3);
+    rf_model *a = rf_model_to(ha, rf_device_cpu()), *b = rf_model_to(hb, rf_device_cpu());
+    rf_opt *oa = a ? rf_setup(rf_adam(0.001), a) : NULL;
+    rf_opt *ob = b ? rf_setup(rf_adam(0.001), b) : NULL;
+    CHECK(a && b && oa && ob);
+    if (!(a && b && oa && ob)) {
+        fprintf(stderr, "optimiser setup failed: %s\n", rf_errmsg());
+        goto done;
+    }
+    /* Distinct values in every optimiser array of both. */
+    uint64_t seed = 100;
+    rf_opt_visit(oa, fill_distinct, &seed);
+    rf_opt_visit(ob, fill_distinct, &seed);
+    snapshot sa = take_snapshot(a, oa), sb = take_snapshot(b, ob);
+    CHECK(sa.len > take_snapshot(a, NULL).len); /* the optimiser has arrays */
+    CHECK(sa.len <= sizeof sa.bytes);
+    CHECK(!same_snapshot(&sa, &sb));
+    CHECK_OK(rf_checkpoint_save(path, a, oa));
+    CHECK_OK(rf_checkpoint_load(path, b, ob));
+    sb = take_snapshot(b, ob);
+    CHECK(same_snapshot(&sa, &sb)); /* model and optimiser, bit-identical */
+    /* A model-only load of a file with optimiser tensors is fine; loading an
+     * optimiser from a model-only file reports what is missing. */
+    CHECK_OK(rf_checkpoint_load(path, b, NULL));
+    CHECK_OK(rf_checkpoint_save(path, a, NULL));
+    CHECK_STATUS(rf_checkpoint_load(path, b, ob), RF_E_CORRUPT);
+    CHECK_MSG("\"opt.");
+    CHECK_MSG("is missing");
+done:
+    rf_opt_free(oa);
+    rf_opt_free(ob);
+    rf_model_free(a);
+    rf_model_free(b);
+    rf_model_free(ha);
+    rf_model_free(hb);
+}
+
+/* Each bad file gives `expect`, a message containing `needle`, and leaves b as it was. */
+static void expect_load_fails(const char *path, rf_model *b, rf_status expect, const char *needle)
+{
+    snapshot before = take_snapshot(b, NULL);
+    CHECK_STATUS(rf_checkpoint_load(path, b, NULL), expect);
+    CHECK_MSG(needle);
+    snapshot after = take_snapshot(b, NULL);
+    CHECK(same_snapshot(&before, &after));
+}
+
+static void test_checkpoint_errors(void)
+{
+    const char *good = tmp_path("good.safetensors"), *bad = tmp_path("bad.safetensors");
+    rf_model *a = make_model(5, 3), *b = make_model(6, 3);
+    CHECK_OK(rf_checkpoint_save(good, a, NULL));
+    size_t size = 0;
+    uint8_t *file = read_all(good, &size);
+    CHECK(file != NULL);
+    if (!file)
+        return;
+
+    write_bytes(bad, file, size - 3); /* truncated data */
+    expect_load_fails(bad, b, RF_E_CORRUPT, "truncated");
+    write_bytes(bad, file, 40); /* truncated header */
+    expect_load_fails(bad, b, RF_E_CORRUPT, "header length");
+    write_bytes(bad, file, 5);
+    expect_load_fails(bad, b, RF_E_CORRUPT, "too short");
+
+    uint8_t *copy = malloc(size);
+    memcpy(copy, file, size);
+    copy[8] = '['; /* corrupted header */
+    write_bytes(bad, copy, size);
+    expect_load_fails(bad, b, RF_E_CORRUPT, "corrupt header at byte 0");
+    memcpy(copy, file, size);
+    char *dt = strstr((char *)copy + 8, "\"dtype\"");
+    dt[3] = 'x'; /* "dxype": an unknown key */
+    write_bytes(bad, copy, size);
+    expect_load_fails(bad, b, RF_E_CORRUPT, "unknown key");
+    memcpy(copy, file, size);
+    copy[7] = 0x40; /* an absurd header length */
+    write_bytes(bad, copy, size);
+    expect_load_fails(bad, b, RF_E_CORRUPT, "header length");
+    free(copy);
+
+    rf_model *wrong = make_model(7, 5); /* weight [5,4] instead of [3,4] */
+    expect_load_fails(good, wrong, RF_E_SHAPE, "\"weight\": expected f32[5,4], found f32[3,4]");
+    rf_model_free(wrong);
+
+    rf_model *more = make_model(8, 3); /* a tensor the file lacks */
+    rf_model_add_state(rf_model_child(more, 0), "extra", rf_zeros(RF_F32, RF_SHAPE(2)));
+    expect_load_fails(good, more, RF_E_CORRUPT, "tensor \"0.extra\" is missing");
+    CHECK_OK(rf_checkpoint_save(bad, more, NULL)); /* the file has one the model lacks */
+    expect_load_fails(bad, b, RF_E_CORRUPT, "\"0.extra\", which the model lacks");
+    rf_model_free(more);
+
+    /* Hand-written headers: another writer's spacing and order load; overlaps,
+     * bad dtypes, duplicates and malformed JSON do not. */
+    rf_model *small = rf_model_new(&test_layer, NULL, 0);
+    rf_model_add_param(small, "w", rf_zeros(RF_F32, RF_SHAPE(2)));
+    rf_model_add_param(small, "v", rf_zeros(RF_F32, RF_SHAPE(1)));
+    const float vals[3] = {1.5f, -2.0f, 4.25f};
+    write_st(bad, "{ \"v\" : {\"shape\": [1], \"data_offsets\": [8, 12], \"dtype\": \"F32\"},\n"
+                  "  \"__metadata__\": {\"format\": \"pt\", \"x\\u00e9\\\"\": \"\"},\n"
+                  "  \"w\": {\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}   ",
+             vals, sizeof vals);
+    CHECK_OK(rf_checkpoint_load(bad, small, NULL));
+    float w[2], v[1];
+    rf_array_read(rf_model_param_array(small, 0), w, sizeof w);
+    rf_array_read(rf_model_param_array(small, 1), v, sizeof v);
+    CHECK(w[0] == 1.5f && w[1] == -2.0f && v[0] == 4.25f);
+    static const struct {
+        const char *header;
+        rf_status st;
+        const char *needle;
+    } cases[] = {
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         RF_E_CORRUPT, "overlap"},
+        {"{\"w\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         RF_E_DTYPE, "F16"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+         RF_E_CORRUPT, "twice"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,16]}}",
+         RF_E_CORRUPT, "outside"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+         RF_E_CORRUPT, "span 4 bytes"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[8,12]}}",
+         RF_E_CORRUPT, "non-negative integer"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[8,12]}}",
+         RF_E_CORRUPT, "fraction"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}} x",
+         RF_E_CORRUPT, "text after"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}",
+         RF_E_CORRUPT, "expected '}'"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1]}}",
+         RF_E_CORRUPT, "lacks"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12,16]}}",
+         RF_E_CORRUPT, "exactly two"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},\"\\ud800\":{}}",
+         RF_E_CORRUPT, "surrogate"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},\"unterminated",
+         RF_E_CORRUPT, "unterminated"},
+        {"", RF_E_CORRUPT, "expected '{'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_st(bad, cases[i].header, vals, sizeof vals);
+        snapshot before = take_snapshot(small, NULL);
+        CHECK_STATUS(rf_checkpoint_load(bad, small, NULL), cases[i].st);
+        CHECK_MSG(cases[i].needle);
+        snapshot after = take_snapshot(small, NULL);
+        CHECK(same_snapshot(&before, &after));
+    }
+    rf_model_free(small);
+
+    CHECK_STATUS(rf_checkpoint_load(tmp_path("none.safetensors"), b, NULL), RF_E_IO);
+    CHECK_STATUS(rf_checkpoint_save(tmp_path("no/such/dir.safetensors"), a, NULL), RF_E_IO);
+    CHECK_STATUS(rf_checkpoint_save(NULL, a, NULL), RF_E_INVALID);
+    CHECK_STATUS(rf_checkpoint_load(good, NULL, NULL), RF_E_INVALID);
+    free(file);
+    rf_model_free(a);
+    rf_model_free(b);
+}
+
+/* ---- Main ------------------------------------------------------------------------------------ */
+
+static void remove_tmpdir(void)
+{
+    static const char *names[] = {"t.idx",           "t.idx.gz",         "bad.idx",
+                                  "bad.idx.gz",      "model.safetensors", "opt.safetensors",
+                                  "good.safetensors", "bad.safetensors"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        unlink(tmp_path(names[i]));
+    rmdir(tmpdir);
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/rf_test_data_XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_loader_batching();
+    test_loader_shuffle();
+    test_loader_device();
+    test_loader_errors();
+    test_idx_types(false);
+    test_idx_types(true);
+    test_idx_errors();
+    test_fashion_mnist();
+    test_checkpoint_roundtrip();
+    test_checkpoint_optimiser();
+    test_checkpoint_errors();
+    remove_tmpdir();
+    return tu_finish("test_data");
+}

@@ -1,0 +1,592 @@
+/* test_train.c: withgradient, rf_update, trainstep (compile cache, aux
+ * outputs, gradients, the non-finite guard, rf_adjust) and rf_train over a
+ * loader, on the seed's model Chain(Dense(4 => 8, tanh), Dense(8 => 2)).
+ *
+ * Oracles: the manual path (rf_withgradient + rf_update compiled by hand),
+ * a separately compiled rf_grad program, forward outputs reduced on the host,
+ * BatchNorm's running-statistics formula computed in C, and byte snapshots of
+ * every array for the guard.
+ */
+#include <unistd.h>
+
+#include "test_util.h"
+#include "train/train_internal.h"
+
+#define STEPS 100
+
+static rf_device *cpu;
+
+/* ---- Models, data and losses ------------------------------------------------------------ */
+
+static rf_model *seed_model_host(void)
+{
+    rf_nn_seed(42);
+    return rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY), NULL);
+}
+
+static rf_model *bn_model_host(void)
+{
+    rf_nn_seed(7);
+    return rf_chain(rf_dense(4, 8, RF_ACT_IDENTITY), rf_batchnorm(8, RF_ACT_TANH),
+                    rf_dense(8, 2, RF_ACT_IDENTITY), NULL);
+}
+
+/* A device array of shape [n, cols] from rf_randn(seed). */
+static rf_array *randn_dev(int64_t n, int64_t cols, uint64_t seed)
+{
+    rf_array *h = rf_randn(RF_F32, RF_SHAPE(n, cols), seed);
+    rf_array *d = rf_array_to(h, cpu);
+    rf_array_free(h);
+    return d;
+}
+
+static rf_tensor *mse_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)aux;
+    (void)ctx;
+    return rf_mse(rf_apply(m, b[0]), b[1]);
+}
+
+/* mse plus two aux values: accuracy (onecold match) and the mean prediction. */
+static rf_tensor *mse_aux_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)ctx;
+    rf_tensor *yhat = rf_apply(m, b[0]);
+    rf_aux_set(aux, "acc", rf_accuracy(yhat, b[1]));
+    rf_aux_set(aux, "mean_yhat", rf_mean_all(yhat));
+    return rf_mse(yhat, b[1]);
+}
+
+/* records a non-scalar aux value: a trace error */
+static rf_tensor *bad_aux_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)ctx;
+    rf_tensor *yhat = rf_apply(m, b[0]);
+    rf_aux_set(aux, "rows", rf_mean(yhat, (const int64_t[]){1}, 1, false));
+    return rf_mse(yhat, b[1]);
+}
+
+static rf_tensor *vector_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)aux;
+    (void)ctx;
+    return rf_sub(rf_apply(m, b[0]), b[1]); /* not reduced: an error */
+}
+
+/* ---- Snapshots of every array of a model and optimiser ---------------------------------- */
+
+#define MAX_SNAP 32
+typedef struct snapshot {
+    int n;
+    rf_array *arrays[MAX_SNAP];
+    size_t nbytes[MAX_SNAP];
+    unsigned char *bytes[MAX_SNAP];
+} snapshot;
+
+static void snap_one(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)path;
+    (void)trainable;
+    snapshot *s = ud;
+    if (s->n >= MAX_SNAP)
+        return;
+    size_t nb = rf_array_nbytes(a);
+    s->arrays[s->n] = a;
+    s->nbytes[s->n] = nb;
+    s->bytes[s->n] = malloc(nb ? nb : 1);
+    rf_array_read(a, s->bytes[s->n], nb);
+    s->n++;
+}
+
+static void snap_take(snapshot *s, rf_model *m, rf_opt *opt)
+{
+    memset(s, 0, sizeof *s);
+    rf_model_visit(m, snap_one, s);
+    if (opt)
+        rf_opt_visit(opt, snap_one, s);
+}
+
+/* Number of arrays whose bytes differ from the snapshot. */
+static int snap_changed(const snapshot *s)
+{
+    int changed = 0;
+    for (int i = 0; i < s->n; i++) {
+        unsigned char *now = malloc(s->nbytes[i] ? s->nbytes[i] : 1);
+        rf_array_read(s->arrays[i], now, s->nbytes[i]);
+        changed += memcmp(now, s->bytes[i], s->nbytes[i]) != 0;
+        free(now);
+    }
+    return changed;
+}
+
+static void snap_free(snapshot *s)
+{
+    for (int i = 0; i < s->n; i++)
+        free(s->bytes[i]);
+    s->n = 0;
+}
+
+/* ---- Capturing stderr ------------------------------------------------------------------- */
+
+typedef struct captured {
+    int saved;
+    FILE *f;
+} captured;
+
+static void capture_start(captured *c)
+{
+    fflush(stderr);
+    c->f = tmpfile();
+    c->saved = dup(fileno(stderr));
+    dup2(fileno(c->f), fileno(stderr));
+}
+
+/* Restores stderr; returns what was written (malloc'd). */
+static char *capture_end(captured *c)
+{
+    fflush(stderr);
+    dup2(c->saved, fileno(stderr));
+    close(c->saved);
+    long n = ftell(c->f);
+    if (n < 0)
+        n = 0;
+    rewind(c->f);
+    char *text = calloc((size_t)n + 1, 1);
+    if (fread(text, 1, (size_t)n, c->f) != (size_t)n)
+        text[0] = '\0';
+    fclose(c->f);
+    return text;
+}
+
+/* ---- (1) the manual path and (2) trainstep ----------------------------------------------- */
+
+typedef struct manual_step {
+    rf_model *m;
+    rf_opt *opt;
+} manual_step;
+
+static void manual_step_fn(rf_trace *t, void *ctx)
+{
+    manual_step *s = ctx;
+    rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
+    rf_grads *g = NULL;
+    rf_tensor *l = rf_withgradient(t, mse_loss, NULL, s->m, batch, 2, NULL, &g);
+    rf_update(t, s->opt, s->m, g);
+    rf_return(t, l);
+}
+
+static void test_manual_vs_trainstep(rf_model *host, rf_array *x, rf_array *y)
+{
+    rf_array *args[2] = {x, y};
+    double manual[STEPS], cached[STEPS];
+
+    rf_model *ma = rf_model_to(host, cpu);
+    rf_opt *oa = rf_setup(rf_adam(1e-2), ma);
+    CHECK(ma && oa);
+    manual_step s = {ma, oa};
+    rf_exec *step = NULL;
+    CHECK_OK(rf_compile(manual_step_fn, &s, args, 2, &step));
+    for (int i = 0; step && i < STEPS; i++) {
+        rf_array *l = NULL;
+        CHECK_OK(rf_exec_run(step, args, 2, &l, 1));
+        manual[i] = rf_to_number(l);
+        rf_array_free(l);
+    }
+    CHECK(manual[STEPS - 1] < 0.5 * manual[0]);
+    int rises = 0;
+    for (int i = 1; i < STEPS; i++)
+        rises += manual[i] > manual[i - 1];
+    CHECK(rises < 10);
+    printf("manual path: loss %.6f -> %.6f (%d rises)\n", manual[0], manual[STEPS - 1], rises);
+    rf_exec_free(step);
+
+    rf_model *mb = rf_model_to(host, cpu);
+    rf_opt *ob = rf_setup(rf_adam(1e-2), mb);
+    for (int i = 0; i < STEPS; i++)
+        CHECK_OK(rf_trainstep(mse_loss, NULL, mb, args, 2, ob, &cached[i], NULL));
+    int mismatches = 0;
+    for (int i = 0; i < STEPS; i++)
+        mismatches += !(fabs(cached[i] - manual[i]) <= 1e-6 * fabs(manual[i]));
+    CHECK(mismatches == 0);
+    CHECK(rf_opt_steps(ob) == STEPS);
+    rf_cache_stats cs = rf_model_cache_stats(mb);
+    CHECK(cs.compiles == 1 && cs.hits == STEPS - 1 && cs.misses == 1 && cs.entries == 1);
+
+    /* (3) a smaller final batch compiles exactly one more step, then reuses both */
+    rf_array *xs = randn_dev(8, 4, 11), *ys = randn_dev(8, 2, 12);
+    rf_array *small[2] = {xs, ys};
+    double l;
+    CHECK_OK(rf_trainstep(mse_loss, NULL, mb, small, 2, ob, &l, NULL));
+    CHECK_OK(rf_trainstep(mse_loss, NULL, mb, args, 2, ob, &l, NULL));
+    CHECK_OK(rf_trainstep(mse_loss, NULL, mb, small, 2, ob, &l, NULL));
+    cs = rf_model_cache_stats(mb);
+    CHECK(cs.compiles == 2 && cs.entries == 2 && cs.hits == STEPS + 1);
+
+    /* (10) rf_opt_free before the model drops its entries; the model trains on */
+    rf_opt_free(ob);
+    CHECK(rf_model_cache_stats(mb).entries == 0);
+    rf_opt *ob2 = rf_setup(rf_descent(0.1), mb);
+    CHECK_OK(rf_trainstep(mse_loss, NULL, mb, args, 2, ob2, &l, NULL));
+    CHECK(rf_model_cache_stats(mb).entries == 1);
+    rf_model_free(mb); /* frees the entry compiled for ob2 (ASan: no leak) */
+    rf_opt_free(ob2);  /* after its model: must still work */
+    rf_array_free(xs);
+    rf_array_free(ys);
+    rf_opt_free(oa);
+    rf_model_free(ma);
+}
+
+/* ---- (4) gradients against a separately compiled rf_grad program ------------------------- */
+
+typedef struct grad_prog {
+    rf_model *m;
+} grad_prog;
+
+static void grad_fn(rf_trace *t, void *ctx)
+{
+    grad_prog *p = ctx;
+    rf_tensor *loss = rf_mse(rf_apply(p->m, rf_arg(t, 0)), rf_arg(t, 1));
+    rf_tensor *wrt[4], *out[4];
+    int k = 0;
+    for (int c = 0; c < 2; c++) {
+        rf_model *layer = rf_model_child(p->m, c);
+        for (int i = 0; i < rf_model_n_params(layer); i++)
+            wrt[k++] = rf_capture(t, rf_model_param_array(layer, i));
+    }
+    rf_grad(t, loss, wrt, k, out);
+    for (int i = 0; i < k; i++)
+        rf_return(t, out[i]);
+}
+
+static void test_withgradient(rf_model *host, rf_array *x, rf_array *y)
+{
+    rf_array *args[2] = {x, y};
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_adam(1e-2), m);
+    grad_prog p = {m};
+    rf_array *want[4] = {0};
+    CHECK_OK(rf_jit(grad_fn, &p, args, 2, want, 4));
+
+    double l;
+    rf_array **got = NULL;
+    int ng = 0;
+    CHECK_OK(rf_trainstep_withgradient(mse_loss, NULL, m, args, 2, opt, &l, NULL, &got, &ng));
+    CHECK(ng == 4);
+    double worst = 0;
+    for (int i = 0; got && i < ng && i < 4; i++) {
+        CHECK(rf_array_numel(got[i]) == rf_array_numel(want[i]));
+        const float *a = rf_array_data(got[i]), *b = rf_array_data(want[i]);
+        for (int64_t k = 0; k < rf_array_numel(got[i]); k++) {
+            double e = fabs((double)a[k] - (double)b[k]) / (1e-6 + fabs((double)b[k]));
+            worst = e > worst ? e : worst;
+        }
+    }
+    CHECK(worst <= 1e-5);
+    printf("trainstep_withgradient: worst relative gradient error %.3g\n", worst);
+    for (int i = 0; i < ng; i++)
+        rf_array_free(got[i]);
+    free(got);
+    for (int i = 0; i < 4; i++)
+        rf_array_free(want[i]);
+
+    /* the two step kinds are separate cache entries */
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, opt, &l, NULL));
+    CHECK(rf_model_cache_stats(m).entries == 2);
+    rf_opt_free(opt);
+    rf_model_free(m);
+}
+
+/* ---- (5) aux outputs --------------------------------------------------------------------- */
+
+static void test_aux(rf_model *host, rf_array *x, rf_array *y)
+{
+    rf_array *args[2] = {x, y};
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_adam(1e-2), m);
+    rf_array *yhat = NULL;
+    CHECK_OK(rf_jit_model(m, x, &yhat)); /* before the step: the aux see the old weights */
+    const float *ph = rf_array_data(yhat), *py = rf_array_data(y);
+    double mean = 0;
+    int hits = 0;
+    for (int r = 0; ph && r < 16; r++) {
+        mean += (double)ph[2 * r] + (double)ph[2 * r + 1];
+        hits += (ph[2 * r + 1] > ph[2 * r]) == (py[2 * r + 1] > py[2 * r]);
+    }
+    mean /= 32;
+
+    double l;
+    rf_stats st;
+    CHECK_OK(rf_trainstep(mse_aux_loss, NULL, m, args, 2, opt, &l, &st));
+    CHECK(st.n == 2);
+    CHECK_NEAR(rf_stats_get(&st, "acc"), hits / 16.0, 1e-6, 0);
+    CHECK_NEAR(rf_stats_get(&st, "mean_yhat"), mean, 1e-6, 1e-5);
+    CHECK(isnan(rf_stats_get(&st, "missing")));
+    rf_array_free(yhat);
+
+    /* a loss that is not a scalar is a trace error naming its shape */
+    CHECK_STATUS(rf_trainstep(vector_loss, NULL, m, args, 2, opt, &l, NULL), RF_E_SHAPE);
+    CHECK_MSG("f32[16,2]");
+    CHECK_STATUS(rf_trainstep(bad_aux_loss, NULL, m, args, 2, opt, &l, NULL), RF_E_SHAPE);
+    CHECK_MSG("rf_aux_set: \"rows\" must be a scalar, got f32[16]");
+    CHECK(rf_opt_steps(opt) == 1);
+    rf_opt_free(opt);
+    rf_model_free(m);
+}
+
+/* ---- (6) BatchNorm statistics and (7) the non-finite guard -------------------------------- */
+
+/* The state array of layer m whose path ends in `name`, or NULL. */
+typedef struct find_state {
+    const char *name;
+    rf_array *found;
+} find_state;
+
+static void find_one(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    find_state *f = ud;
+    size_t np = strlen(path), nn = strlen(f->name);
+    if (!trainable && np >= nn && strcmp(path + np - nn, f->name) == 0)
+        f->found = a;
+}
+
+static rf_array *state_named(rf_model *m, const char *name)
+{
+    find_state f = {name, NULL};
+    rf_model_visit(m, find_one, &f);
+    return f.found;
+}
+
+static void test_batchnorm_and_guard(rf_array *x, rf_array *y)
+{
+    rf_model *host = bn_model_host();
+    rf_model *m = rf_model_to(host, cpu);
+    rf_model_free(host);
+    rf_trainmode(m);
+    rf_opt *opt = rf_setup(rf_adam(1e-2), m);
+    rf_model *dense = rf_model_child(m, 0), *bn = rf_model_child(m, 1);
+    const float *W = rf_array_data(rf_model_param_array(dense, 0));
+    const float *b = rf_array_data(rf_model_param_array(dense, 1));
+    const float *px = rf_array_data(x);
+
+    /* batch statistics of the first layer's output, computed in C before the step */
+    double want_mean[8], want_var[8];
+    for (int j = 0; j < 8; j++) {
+        double h[16], s = 0, ss = 0;
+        for (int r = 0; r < 16; r++) {
+            h[r] = b[j];
+            for (int k = 0; k < 4; k++)
+                h[r] += (double)W[j * 4 + k] * px[r * 4 + k];
+            s += h[r];
+        }
+        double mu = s / 16;
+        for (int r = 0; r < 16; r++)
+            ss += (h[r] - mu) * (h[r] - mu);
+        want_mean[j] = 0.1 * mu;                   /* 0.9 * 0 + 0.1 * mean */
+        want_var[j] = 0.9 * 1.0 + 0.1 * ss / 15.0; /* unbiased */
+    }
+    rf_array *args[2] = {x, y};
+    double l;
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, opt, &l, NULL));
+    const float *rm = rf_array_data(state_named(bn, "running_mean"));
+    const float *rv = rf_array_data(state_named(bn, "running_var"));
+    for (int j = 0; j < 8; j++) {
+        CHECK_NEAR(rm[j], want_mean[j], 1e-6, 1e-5);
+        CHECK_NEAR(rv[j], want_var[j], 1e-6, 1e-5);
+    }
+
+    /* a batch with a NaN changes nothing, bit for bit */
+    float xn[64];
+    rf_array_read(x, xn, sizeof xn);
+    xn[5] = NAN;
+    rf_array *xh = rf_array_from(RF_F32, RF_SHAPE(16, 4), xn);
+    rf_array *xnan = rf_array_to(xh, cpu);
+    rf_array_free(xh);
+    snapshot before;
+    snap_take(&before, m, opt);
+    CHECK(before.n >= 8); /* 6 parameters, 2 statistics, optimiser state */
+    int64_t steps = rf_opt_steps(opt);
+    rf_array *bad[2] = {xnan, y};
+    l = 0;
+    CHECK_STATUS(rf_trainstep(mse_loss, NULL, m, bad, 2, opt, &l, NULL), RF_E_DOMAIN);
+    CHECK_MSG("rf_trainstep: loss is NaN; no update was applied");
+    CHECK(isnan(l));
+    CHECK(snap_changed(&before) == 0);
+    CHECK(rf_opt_steps(opt) == steps);
+    /* and the next good step trains again */
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, opt, &l, NULL));
+    CHECK(snap_changed(&before) > 0);
+    snap_free(&before);
+
+    /* host batches are rejected before anything runs */
+    float xs[64];
+    rf_array_read(x, xs, sizeof xs);
+    rf_array *xhost = rf_array_from(RF_F32, RF_SHAPE(16, 4), xs);
+    rf_array *hostb[2] = {xhost, y};
+    CHECK_STATUS(rf_trainstep(mse_loss, NULL, m, hostb, 2, opt, &l, NULL), RF_E_DEVICE);
+    CHECK_MSG("rf_trainstep: batch[0] f32[16,4] lives on the host; move batches to the device");
+    rf_array_free(xhost);
+    rf_array_free(xnan);
+    rf_opt_free(opt);
+    rf_model_free(m);
+}
+
+/* ---- (8) rf_adjust, and an optimiser set up for another model ------------------------------ */
+
+static void test_adjust(rf_model *host, rf_array *x, rf_array *y)
+{
+    rf_array *args[2] = {x, y};
+    rf_model *m1 = rf_model_to(host, cpu), *m2 = rf_model_to(host, cpu);
+    rf_opt *o1 = rf_setup(rf_descent(0.01), m1), *o2 = rf_setup(rf_descent(0.01), m2);
+    double a[3], b[3];
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m1, args, 2, o1, &a[0], NULL));
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m2, args, 2, o2, &b[0], NULL));
+    CHECK(a[0] == b[0]);
+    CHECK_OK(rf_adjust(o2, 0.5));
+    CHECK_NEAR(rf_opt_lr(o2), 0.5, 0, 1e-7);
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m1, args, 2, o1, &a[1], NULL));
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m2, args, 2, o2, &b[1], NULL));
+    CHECK(a[1] == b[1]); /* the loss is computed before the update */
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m1, args, 2, o1, &a[2], NULL));
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m2, args, 2, o2, &b[2], NULL));
+    CHECK(a[2] != b[2]); /* the larger step moved m2 further */
+    CHECK(rf_model_cache_stats(m2).compiles == 1 && rf_model_cache_stats(m2).hits == 2);
+
+    double l;
+    CHECK_STATUS(rf_trainstep(mse_loss, NULL, m1, args, 2, o2, &l, NULL), RF_E_INVALID);
+    CHECK_MSG("was not set up for this model");
+    rf_opt_free(o1);
+    rf_opt_free(o2);
+    rf_model_free(m1); /* the model after its optimiser ... */
+    rf_model_free(m2);
+}
+
+/* ---- (9) many cache entries ---------------------------------------------------------------- */
+
+static void test_many_entries(rf_model *host)
+{
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_descent(0.01), m);
+    captured c;
+    capture_start(&c);
+    for (int n = 1; n <= 10; n++) {
+        rf_array *x = randn_dev(n, 4, 100 + (uint64_t)n), *y = randn_dev(n, 2, 200 + (uint64_t)n);
+        rf_array *args[2] = {x, y};
+        double l;
+        CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, opt, &l, NULL));
+        rf_array_free(x);
+        rf_array_free(y);
+    }
+    char *err = capture_end(&c);
+    rf_cache_stats cs = rf_model_cache_stats(m);
+    CHECK(cs.compiles == 10 && cs.misses == 10 && cs.hits == 0 && cs.entries == 10);
+    CHECK(strstr(err, "reflux: warning: 9 compiled train steps cached for model Chain(") != NULL);
+    CHECK(strstr(err, "reflux: warning: 10 compiled train steps") != NULL);
+    CHECK(strstr(err, "differs from the nearest in batch shapes (f32[10,4] f32[10,2] vs "
+                      "f32[9,4] f32[9,2])") != NULL);
+    CHECK(strstr(err, "8 compiled") == NULL);
+    fprintf(stderr, "%s", err);
+    free(err);
+    rf_model_cache_clear(m);
+    cs = rf_model_cache_stats(m);
+    CHECK(cs.entries == 0 && cs.compiles == 10);
+    rf_model_free(m); /* before its optimiser this time */
+    rf_opt_free(opt);
+}
+
+/* ---- (11) rf_train over a loader ------------------------------------------------------------ */
+
+static rf_loader *loader_of(const float *xs, const float *ys, bool to_device)
+{
+    rf_array *X = rf_array_from(RF_F32, RF_SHAPE(64, 4), xs);
+    rf_array *Y = rf_array_from(RF_F32, RF_SHAPE(64, 2), ys);
+    rf_array *arrays[2] = {X, Y};
+    rf_loader_opts o = {.batchsize = 8};
+    rf_loader *l = rf_loader_new(arrays, 2, &o);
+    rf_array_free(X);
+    rf_array_free(Y);
+    if (l && to_device && rf_loader_to(l, cpu) != RF_OK) {
+        rf_loader_free(l);
+        return NULL;
+    }
+    return l;
+}
+
+static void test_train_loop(rf_model *host)
+{
+    float xs[64 * 4], ys[64 * 2];
+    rf_array *hx = rf_randn(RF_F32, RF_SHAPE(64, 4), 31), *hy = rf_randn(RF_F32, RF_SHAPE(64, 2), 32);
+    rf_array_read(hx, xs, sizeof xs);
+    rf_array_read(hy, ys, sizeof ys);
+    rf_array_free(hx);
+    rf_array_free(hy);
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_adam(1e-2), m);
+
+    rf_loader *data = loader_of(xs, ys, true);
+    CHECK(data != NULL);
+    double mean = NAN;
+    rf_stats ms;
+    rf_train_opts o = {.progress = 1, .label = "epoch 1", .mean_loss = &mean, .mean_stats = &ms};
+    captured c;
+    capture_start(&c);
+    rf_status st = rf_train(mse_aux_loss, NULL, m, data, opt, &o);
+    char *err = capture_end(&c);
+    CHECK_OK(st);
+    CHECK(rf_opt_steps(opt) == 8);
+    CHECK(isfinite(mean) && mean > 0);
+    CHECK(ms.n == 2 && rf_stats_get(&ms, "acc") >= 0 && rf_stats_get(&ms, "acc") <= 1);
+    CHECK(strstr(err, "\repoch 1 [") != NULL);
+    CHECK(strstr(err, "[==============================] 8/8 loss=") != NULL);
+    CHECK(strstr(err, "samples/s ETA 0:00") != NULL);
+    CHECK(strlen(err) > 0 && err[strlen(err) - 1] == '\n');
+    fprintf(stderr, "progress bar: %s", err);
+    free(err);
+    /* a second epoch reuses the compiled step */
+    CHECK_OK(rf_train(mse_aux_loss, NULL, m, data, opt, &(rf_train_opts){.progress = 0}));
+    CHECK(rf_opt_steps(opt) == 16);
+    CHECK(rf_model_cache_stats(m).compiles == 1);
+    rf_loader_free(data);
+
+    /* a NaN in row 20 (batch 3) stops the pass there, nothing applied for it */
+    xs[20 * 4 + 1] = NAN;
+    data = loader_of(xs, ys, true);
+    CHECK_STATUS(rf_train(mse_loss, NULL, m, data, opt, &(rf_train_opts){.progress = 0}),
+                 RF_E_DOMAIN);
+    CHECK_MSG("rf_train: loss is NaN on batch 3, stopping training");
+    CHECK(rf_opt_steps(opt) == 18);
+    rf_loader_free(data);
+
+    /* a loader that was never moved to the device */
+    data = loader_of(xs, ys, false);
+    CHECK_STATUS(rf_train(mse_loss, NULL, m, data, opt, NULL), RF_E_DEVICE);
+    CHECK_MSG("rf_loader_to");
+    CHECK(rf_opt_steps(opt) == 18);
+    rf_loader_free(data);
+    rf_opt_free(opt);
+    rf_model_free(m);
+}
+
+int main(void)
+{
+    cpu = rf_device_cpu();
+    rf_model *host = seed_model_host();
+    rf_array *x = randn_dev(16, 4, 1), *y = randn_dev(16, 2, 2);
+    CHECK(host && x && y);
+    if (host && x && y) {
+        test_manual_vs_trainstep(host, x, y);
+        test_withgradient(host, x, y);
+        test_aux(host, x, y);
+        test_batchnorm_and_guard(x, y);
+        test_adjust(host, x, y);
+        test_many_entries(host);
+        test_train_loop(host);
+    }
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_model_free(host);
+    return tu_finish("test_train");
+}
