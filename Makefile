@@ -1,6 +1,7 @@
 # reflux: convenience targets over CMake. The build itself lives in CMakeLists.txt.
 #
-#   make demo    configure + build (Release) in build/ and run the quick-start example
+#   make demo    install missing packages, configure + build (Release) in build/, then train
+#                the Fashion-MNIST classifier for 3 epochs (learning curve in build/)
 #   make test    install missing build packages, then build and test twice (build/ and a
 #                sanitizer build in build-asan/); prints "N passed, N failed"
 #   make bench   build and run the benchmark (bench/rf_bench.c), if there is one
@@ -19,7 +20,7 @@ deps:
 demo: deps
 	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=Release
 	$(CMAKE) --build build -j $(JOBS)
-	./build/quickstart
+	./build/fashion_mnist --epochs 3 --csv build/fashion_mnist.csv --svg build/fashion_mnist.svg
 
 test: deps
 	JOBS=$(JOBS) scripts/run-tests.sh

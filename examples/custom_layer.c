@@ -80,7 +80,7 @@ int main(void)
 
     rf_nn_seed(42); /* reproducible weights */
     /* rf_chain takes ownership of both layers, also when it fails. */
-    model = rf_chain(rf_dense(4, 3, RF_ACT_TANH), scale_layer(3), NULL);
+    model = rf_chain(rf_dense(4, 3, RF_ACT_TANH), scale_layer(3));
     if (!model) {
         rc = fail("building the model");
         goto done;

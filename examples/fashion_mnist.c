@@ -32,9 +32,9 @@ static rf_model *build_model(const char *kind)
         return rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
                         rf_conv2d(3, 3, 32, 64, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
                         rf_flatten_layer(), rf_dense(1600, 128, RF_ACT_RELU),
-                        rf_dense(128, 10, RF_ACT_IDENTITY), NULL);
+                        rf_dense(128, 10, RF_ACT_IDENTITY));
     return rf_chain(rf_flatten_layer(), rf_dense(784, 256, RF_ACT_RELU),
-                    rf_dense(256, 10, RF_ACT_IDENTITY), NULL);
+                    rf_dense(256, 10, RF_ACT_IDENTITY));
 }
 
 /* The loss: logit cross-entropy, with the batch accuracy as an aux output. */

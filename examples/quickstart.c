@@ -1,203 +1,198 @@
-/* quickstart.c: a small network compiled and trained with raw reflux ops.
+/* quickstart.c: the guide "Compiling Flux with Reactant", section by section, in C.
  *
- * The C version of the "manually compiled example" of the Flux + Reactant
- * guide: Chain(Dense(4 => 8, tanh), Dense(8 => 2)) written as four explicit
- * weight arrays (Glorot-uniform weights, zero biases) on the compute device;
- * a forward pass compiled once with the weights captured by reference and
- * run; the same thing with rf_jit; then a training step (mse loss, gradient
- * by rf_grad, plain gradient descent by rf_assign) compiled once and run for
- * 100 epochs.
+ * Chain(Dense(4 => 8, tanh), Dense(8 => 2)) on the compute device: its
+ * forward pass compiled once and run (then the same with rf_jit_model); a
+ * training step written by hand (withgradient + update) compiled once and
+ * run for 100 epochs; the same with rf_trainstep, its gradient-returning
+ * form and an auxiliary output; and rf_train over a device-wrapped loader,
+ * with the compile cache's statistics showing that it is keyed on the batch
+ * shape. The guide's tips are the comments marked "Tip".
  *
- * Deliberately not shown: layers, optimisers and trainstep (later versions of
- * reflux provide them); this file uses only the core API.
- *
- * Every call is checked; on failure the example prints rf_errmsg() and
- * exits 1 after freeing what it made.
+ * Every call is checked: on failure the example prints rf_errmsg() and exits
+ * 1 after freeing what it made.
  */
-#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "reflux.h"
 
-/* ---- Error checks ----------------------------------------------------------- */
 static void report(const char *what) { fprintf(stderr, "quickstart: %s failed: %s\n", what, rf_errmsg()); }
-
-/* A call returning rf_status. */
-#define TRY(call)                      \
-    do {                               \
-        if ((call) != RF_OK) {         \
-            report(#call);             \
-            goto done;                 \
-        }                              \
+/* TRY(call): a call returning rf_status; TRY_NEW(var, call): one returning an owned pointer. */
+#define TRY(call)                                  \
+    do {                                           \
+        if ((call) != RF_OK) {                     \
+            report(#call);                         \
+            goto done;                             \
+        }                                          \
     } while (0)
-/* A call returning an owned pointer (NULL on failure). */
-#define TRY_NEW(var, call)             \
-    do {                               \
-        if (((var) = (call)) == NULL) { \
-            report(#call);             \
-            goto done;                 \
-        }                              \
+#define TRY_NEW(var, call)                         \
+    do {                                           \
+        if (((var) = (call)) == NULL) {            \
+            report(#call);                         \
+            goto done;                             \
+        }                                          \
     } while (0)
 
-/* ---- The model: Dense(4 => 8, tanh) then Dense(8 => 2) -------------------------- */
-struct net {
-    rf_array *w1, *b1; /* [8, 4], [8] (weights are [out, in], as in Flux and PyTorch) */
-    rf_array *w2, *b2; /* [2, 8], [2] */
-};
-
-/* Glorot (Xavier) uniform: U(-a, a) with a = sqrt(6 / (fan_in + fan_out)), Flux's
- * default for Dense. Drawn on the host, then moved to `dev`. Owned; NULL on failure. */
-static rf_array *glorot_uniform(int64_t fan_out, int64_t fan_in, uint64_t seed, rf_device *dev) {
-    rf_array *u = rf_rand(RF_F32, RF_SHAPE(fan_out, fan_in), seed); /* [0, 1) */
-    if (u == NULL) return NULL;
-    float *v = rf_array_data(u);
-    float a = sqrtf(6.0f / (float)(fan_in + fan_out));
-    for (int64_t i = 0; i < rf_array_numel(u); i++) v[i] = (2.0f * v[i] - 1.0f) * a;
-    rf_array *d = rf_array_to(u, dev);
-    rf_array_free(u);
-    return d;
+/* loss(m, x, y) = Flux.mse(m(x), y). The batch is spliced in: batch[0] = x, batch[1] = y. */
+static rf_tensor *loss(rf_model *m, rf_tensor *const *batch, int n, rf_aux *aux, void *ctx)
+{
+    (void)n, (void)aux, (void)ctx;
+    return rf_mse(rf_apply(m, batch[0]), batch[1]);
 }
 
-static rf_array *zeros_on(int64_t n, rf_device *dev) {
-    rf_array *z = rf_zeros(RF_F32, RF_SHAPE(n));
-    rf_array *d = z ? rf_array_to(z, dev) : NULL;
-    rf_array_free(z);
-    return d;
+/* The same loss with an auxiliary output computed in the same forward pass, on the device:
+ * Flux.mse(ŷ, y), (; acc = mean(onecold(ŷ) .== onecold(y))). Only the loss is differentiated. */
+static rf_tensor *loss_with_acc(rf_model *m, rf_tensor *const *batch, int n, rf_aux *aux, void *ctx)
+{
+    (void)n, (void)ctx;
+    rf_tensor *yhat = rf_apply(m, batch[0]);
+    rf_aux_set(aux, "acc", rf_accuracy(yhat, batch[1]));
+    return rf_mse(yhat, batch[1]);
 }
 
-/* The model applied to x [N, 4] inside a trace. Capturing an array twice gives the
- * same tensor, so calling this in several places of one trace is fine. */
-static rf_tensor *net_apply(rf_trace *t, const struct net *n, rf_tensor *x) {
-    rf_tensor *h = rf_tanh(rf_linear(x, rf_capture(t, n->w1), rf_capture(t, n->b1)));
-    return rf_linear(h, rf_capture(t, n->w2), rf_capture(t, n->b2));
-}
-
-/* forward(x) = model(x). The model is the callee: captured, not an argument. */
-static void forward(rf_trace *t, void *ctx) { rf_return(t, net_apply(t, ctx, rf_arg(t, 0))); }
-
-/* ---- The training step ------------------------------------------------------------ */
-struct step {
-    struct net *net;
-    rf_array *lr; /* the learning rate, a captured scalar: changing it needs no recompile */
-};
-
-/* mse(yhat, y) = mean((yhat - y)^2), as Flux.mse. */
-static rf_tensor *mse(rf_tensor *yhat, rf_tensor *y) {
-    rf_tensor *d = rf_sub(yhat, y);
-    return rf_mean_all(rf_mul(d, d));
-}
-
-/* step(x, y): loss = mse(model(x), y); every parameter p <- p - lr * dloss/dp; returns
- * the loss. The updates are applied in place when a run succeeds. */
-static void train_step(rf_trace *t, void *ctx) {
+/* my_step!(loss, model, x, y, opt_state): a plain C function describing one optimisation step.
+ * It differentiates the loss, records the in-place update of the model and the optimiser state,
+ * and returns the loss. Model and optimiser are captured; x and y are the step's arguments. */
+struct step { rf_model *model; rf_opt *opt; };
+static void my_step(rf_trace *t, void *ctx)
+{
     struct step *s = ctx;
-    rf_array *params[4] = {s->net->w1, s->net->b1, s->net->w2, s->net->b2};
-    rf_tensor *p[4], *grads[4];
-    for (int i = 0; i < 4; i++) p[i] = rf_capture(t, params[i]);
-
-    rf_tensor *loss = mse(net_apply(t, s->net, rf_arg(t, 0)), rf_arg(t, 1));
-    if (rf_grad(t, loss, p, 4, grads) != RF_OK) return; /* the trace keeps the error */
-
-    rf_tensor *lr = rf_capture(t, s->lr);
-    for (int i = 0; i < 4; i++) rf_assign(t, params[i], rf_sub(p[i], rf_mul(lr, grads[i])));
-    rf_return(t, loss);
+    rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
+    rf_grads *grads = NULL;
+    rf_tensor *l = rf_withgradient(t, loss, NULL, s->model, batch, 2, NULL, &grads);
+    rf_update(t, s->opt, s->model, grads); /* Optimisers.update!(opt_state, model, grads) */
+    rf_return(t, l);
 }
 
-/* Prints the first rows of a [N, 2] host array. */
-static void print_rows(const char *label, rf_array *y_host, int rows) {
-    const float *v = rf_array_data(y_host);
-    printf("%s", label);
-    for (int i = 0; i < rows; i++) printf(" [%+.4f %+.4f]", v[2 * i], v[2 * i + 1]);
-    printf(" ...\n");
+static void print_cache(const char *when, rf_model *m)
+{
+    rf_cache_stats cs = rf_model_cache_stats(m);
+    printf("%s: %d cached steps, %llu compiles, %llu hits\n", when, cs.entries,
+           (unsigned long long)cs.compiles, (unsigned long long)cs.hits);
 }
 
-int main(void) {
+int main(void)
+{
     int rc = 1;
-    rf_device *dev = rf_device_default(); /* CUDA if usable, else the CPU */
-    struct net net = {0};
-    rf_array *x_host = NULL, *yt_host = NULL, *x = NULL, *yt = NULL, *lr_host = NULL, *lr = NULL;
-    rf_array *y = NULL, *y_host = NULL, *y2 = NULL, *y2_host = NULL, *loss = NULL;
-    rf_exec *fwd = NULL, *step = NULL;
-    struct step s = {&net, NULL};
-    rf_array *args[2] = {NULL, NULL};
-    double first = NAN, last = NAN;
+    rf_model *host_model = NULL, *model = NULL;
+    rf_array *x_host = NULL, *y_host = NULL, *x = NULL, *y = NULL, *yhat = NULL, *yhat_host = NULL;
+    rf_array *y2 = NULL, *X = NULL, *Y = NULL, *X120 = NULL, *Y120 = NULL, **grads = NULL;
+    int ngrads = 0;
+    rf_exec *forward = NULL, *step = NULL;
+    rf_opt *opt = NULL;
+    rf_loader *loader = NULL, *ragged = NULL;
+    double l = 0;
 
-    printf("reflux %s on %s\n", rf_version(), rf_device_name(dev));
+    /* ---- "Moving data and models to the device" --------------------------------------------- */
+    rf_device *dev = rf_device_default(); /* CUDA if usable, else the CPU; call once and reuse */
+    rf_nn_seed(1);                        /* reproducible initial weights */
+    TRY_NEW(host_model, rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY)));
+    TRY_NEW(x_host, rf_randn(RF_F32, RF_SHAPE(16, 4), 1)); /* batch first: 16 samples of 4 */
+    TRY_NEW(y_host, rf_randn(RF_F32, RF_SHAPE(16, 2), 2));
+    TRY_NEW(model, rf_model_to(host_model, dev)); /* model |> dev: a copy, f32 by default */
+    TRY_NEW(x, rf_array_to(x_host, dev));         /* Tip: everything a compiled function is */
+    TRY_NEW(y, rf_array_to(y_host, dev));         /* fed must already live on the device.   */
 
-    /* ---- Moving data and the model to the device ---- */
-    TRY_NEW(net.w1, glorot_uniform(8, 4, 11, dev));
-    TRY_NEW(net.b1, zeros_on(8, dev));
-    TRY_NEW(net.w2, glorot_uniform(2, 8, 12, dev));
-    TRY_NEW(net.b2, zeros_on(2, dev));
-    TRY_NEW(x_host, rf_randn(RF_F32, RF_SHAPE(16, 4), 1));  /* a batch of 16, batch first */
-    TRY_NEW(yt_host, rf_randn(RF_F32, RF_SHAPE(16, 2), 2)); /* targets */
-    TRY_NEW(x, rf_array_to(x_host, dev));
-    TRY_NEW(yt, rf_array_to(yt_host, dev));
+    /* ---- "1. A manually compiled example": "Compiling the forward pass (inference)" ---------- */
+    /* The model is the callee: its parameters are captured by reference, so the executable takes
+     * only x and sees every later training update. It is specialised to x's shape. */
+    TRY(rf_compile_model(model, x, &forward)); /* compile once... */
+    TRY(rf_exec_run(forward, &x, 1, &yhat, 1)); /* ...then call it: forward(x) */
+    TRY_NEW(yhat_host, rf_array_to(yhat, rf_device_host())); /* Tip: read results back */
+    float out[16 * 2];
+    TRY(rf_array_read(yhat_host, out, sizeof out));
+    printf("forward: y[0] = (%.4f, %.4f)\n", out[0], out[1]);
+    TRY(rf_jit_model(model, x, &y2)); /* compile and run in one go, for a one-off evaluation */
 
-    /* ---- 1. Compile the forward pass once, then call it ---- */
-    TRY(rf_compile(forward, &net, &x, 1, &fwd)); /* weights captured by reference */
-    TRY(rf_exec_run(fwd, &x, 1, &y, 1));         /* only x is passed */
-    TRY_NEW(y_host, rf_array_to(y, rf_device_host()));
-    print_rows("forward(x):    ", y_host, 2);
-
-    /* rf_jit compiles, runs and frees in one go: handy for one-off calls. */
-    TRY(rf_jit(forward, &net, &x, 1, &y2, 1));
-    TRY_NEW(y2_host, rf_array_to(y2, rf_device_host()));
-    print_rows("rf_jit(x):     ", y2_host, 2);
-
-    /* ---- 1. A manually compiled training step ---- */
-    TRY_NEW(lr_host, rf_fill(RF_F32, RF_SCALAR_SHAPE, 0.1));
-    TRY_NEW(lr, rf_array_to(lr_host, dev));
-    s.lr = lr;
-    args[0] = x;
-    args[1] = yt;
-    TRY(rf_compile(train_step, &s, args, 2, &step)); /* compile once */
-
+    /* ---- "Compiling a training step manually" ------------------------------------------------- */
+    /* Tip: setup after moving to the device, so the optimiser state (Adam's moments and beta^t,
+     * the hyperparameters too) is made of device arrays. */
+    TRY_NEW(opt, rf_setup(rf_adam(1e-2), model));
+    rf_trainmode(model);
+    struct step s = {model, opt};
+    rf_array *batch[2] = {x, y};
+    TRY(rf_compile(my_step, &s, batch, 2, &step)); /* compile once */
     for (int epoch = 1; epoch <= 100; epoch++) {
-        TRY(rf_exec_run(step, args, 2, &loss, 1)); /* reuse the executable */
-        last = rf_to_number(loss);
-        rf_array_free(loss);
-        loss = NULL;
-        if (isnan(last)) {
-            report("rf_to_number(loss)");
-            goto done;
-        }
-        if (epoch == 1) first = last;
-        if (epoch % 10 == 0) printf("epoch %3d  loss = %.6f\n", epoch, last);
+        rf_array *lv = NULL;
+        TRY(rf_exec_run(step, batch, 2, &lv, 1)); /* reuse the executable each epoch */
+        l = rf_to_number(lv);                      /* Tip: Reactant.to_number for a scalar */
+        rf_array_free(lv);
+        if (epoch % 10 == 0)
+            printf("manual step     epoch %3d loss=%.5f\n", epoch, l);
     }
 
-    /* The forward executable captured the weights by reference: it sees the training. */
-    rf_array_free(y);
-    rf_array_free(y_host);
-    y = y_host = NULL;
-    TRY(rf_exec_run(fwd, &x, 1, &y, 1));
-    TRY_NEW(y_host, rf_array_to(y, rf_device_host()));
-    print_rows("trained model: ", y_host, 2);
-
-    if (!(last < first)) {
-        fprintf(stderr, "quickstart: the loss did not go down (%g -> %g)\n", first, last);
-        goto done;
+    /* ---- "2. The trainstep! API" -------------------------------------------------------------- */
+    /* The same fused step, compiled on the first call and cached on the model; it returns the
+     * loss as a host number. */
+    for (int epoch = 1; epoch <= 100; epoch++) {
+        TRY(rf_trainstep(loss, NULL, model, batch, 2, opt, &l, NULL));
+        if (epoch % 10 == 0)
+            printf("rf_trainstep    epoch %3d loss=%.5f\n", epoch, l);
     }
-    printf("loss %.6f -> %.6f\n", first, last);
+    /* trainstep_withgradient!: the gradients come back too, left on the device (one array per
+     * parameter). They are outputs of the compiled step, so prefer rf_trainstep without them. */
+    TRY(rf_trainstep_withgradient(loss, NULL, model, batch, 2, opt, &l, NULL, &grads, &ngrads));
+    printf("rf_trainstep_withgradient: loss=%.5f, %d gradients, the first %lldx%lld\n", l, ngrads,
+           (long long)rf_array_dims(grads[0])[0], (long long)rf_array_dims(grads[0])[1]);
+
+    /* ---- "Auxiliary loss outputs" ------------------------------------------------------------- */
+    rf_stats stats;
+    TRY(rf_trainstep(loss_with_acc, NULL, model, batch, 2, opt, &l, &stats));
+    printf("aux: loss=%.5f acc=%.4f\n", l, rf_stats_get(&stats, "acc"));
+
+    /* ---- "3. The train! API" ------------------------------------------------------------------ */
+    /* One trainstep per batch, with a progress bar; a non-finite loss stops it with RF_E_DOMAIN.
+     * Tip: device-resident data. A loader wrapped with the device moves each batch lazily,
+     * prepares the next one in the background and frees the previous one. */
+    TRY_NEW(X, rf_randn(RF_F32, RF_SHAPE(128, 4), 3));
+    TRY_NEW(Y, rf_randn(RF_F32, RF_SHAPE(128, 2), 4));
+    TRY_NEW(loader, rf_loader_new((rf_array *[]){X, Y}, 2, &(rf_loader_opts){.batchsize = 16}));
+    TRY(rf_loader_to(loader, dev));
+    for (int epoch = 1; epoch <= 5; epoch++) {
+        char label[16];
+        snprintf(label, sizeof label, "epoch %d", epoch);
+        /* progress: 1 always, 0 never, -1 only when stderr is a terminal */
+        TRY(rf_train(loss, NULL, model, loader, opt,
+                     &(rf_train_opts){.progress = -1, .label = label, .mean_loss = &l}));
+        printf("rf_train        epoch %3d mean loss=%.5f\n", epoch, l);
+    }
+
+    /* ---- "Tips and gotchas": compilation is keyed on shape; watch the compile cache ----------- */
+    /* One executable per distinct (model, optimiser, loss, batch shape): trainstep, the
+     * gradient-returning step and the aux loss made three; rf_train's batches of 16 reused the
+     * first. 120 observations end with a batch of 8: exactly one more compile, then reused. */
+    print_cache("after rf_train", model);
+    TRY_NEW(X120, rf_array_from(RF_F32, RF_SHAPE(120, 4), rf_array_data(X)));
+    TRY_NEW(Y120, rf_array_from(RF_F32, RF_SHAPE(120, 2), rf_array_data(Y)));
+    TRY_NEW(ragged, rf_loader_new((rf_array *[]){X120, Y120}, 2, &(rf_loader_opts){.batchsize = 16}));
+    TRY(rf_loader_to(ragged, dev));
+    for (int epoch = 1; epoch <= 2; epoch++)
+        TRY(rf_train(loss, NULL, model, ragged, opt, &(rf_train_opts){.progress = 0}));
+    print_cache("with a final batch of 8", model);
+    /* Rebuilding the model or the optimiser every iteration would compile every time: past 8
+     * entries the cache warns. Its entries are freed with the model (rf_model_free). */
+
+    /* forward captured the parameters by reference: it sees the trained model. */
+    rf_array_free(yhat);
+    yhat = NULL;
+    TRY(rf_exec_run(forward, &x, 1, &yhat, 1));
+    TRY(rf_array_read(yhat, out, sizeof out));
+    printf("forward after training: y[0] = (%.4f, %.4f)\n", out[0], out[1]);
     rc = 0;
 
 done:
+    for (int i = 0; i < ngrads; i++)
+        rf_array_free(grads[i]);
+    free(grads);
+    rf_loader_free(ragged);
+    rf_loader_free(loader);
     rf_exec_free(step);
-    rf_exec_free(fwd);
-    rf_array_free(loss);
-    rf_array_free(y2_host);
-    rf_array_free(y2);
-    rf_array_free(y_host);
-    rf_array_free(y);
-    rf_array_free(lr);
-    rf_array_free(lr_host);
-    rf_array_free(yt);
-    rf_array_free(x);
-    rf_array_free(yt_host);
-    rf_array_free(x_host);
-    rf_array_free(net.b2);
-    rf_array_free(net.w2);
-    rf_array_free(net.b1);
-    rf_array_free(net.w1);
+    rf_exec_free(forward);
+    rf_opt_free(opt);
+    rf_model_free(model); /* frees its cached steps too */
+    rf_model_free(host_model);
+    rf_array_free(X120), rf_array_free(Y120), rf_array_free(X), rf_array_free(Y);
+    rf_array_free(y2), rf_array_free(yhat_host), rf_array_free(yhat);
+    rf_array_free(x), rf_array_free(y), rf_array_free(x_host), rf_array_free(y_host);
     return rc;
 }

@@ -29,7 +29,7 @@ static rf_model *basic_block(int64_t in, int64_t out, int64_t stride)
     rf_model *body = rf_chain(rf_conv2d(3, 3, in, out, RF_ACT_IDENTITY, &first),
                               rf_batchnorm(out, RF_ACT_RELU),
                               rf_conv2d(3, 3, out, out, RF_ACT_IDENTITY, &second),
-                              rf_batchnorm(out, RF_ACT_IDENTITY), NULL);
+                              rf_batchnorm(out, RF_ACT_IDENTITY));
     rf_model *residual;
     if (stride == 1 && in == out) {
         residual = rf_skip(body, RF_COMBINE_ADD);
@@ -37,10 +37,9 @@ static rf_model *basic_block(int64_t in, int64_t out, int64_t stride)
         rf_conv_opts proj = conv_opts(stride, 0);
         residual = rf_parallel(RF_COMBINE_ADD, body,
                                rf_chain(rf_conv2d(1, 1, in, out, RF_ACT_IDENTITY, &proj),
-                                        rf_batchnorm(out, RF_ACT_IDENTITY), NULL),
-                               NULL);
+                                        rf_batchnorm(out, RF_ACT_IDENTITY)));
     }
-    return rf_chain(residual, rf_activation_layer(RF_ACT_RELU), NULL);
+    return rf_chain(residual, rf_activation_layer(RF_ACT_RELU));
 }
 
 static rf_model *resnet(int64_t c)
@@ -51,7 +50,7 @@ static rf_model *resnet(int64_t c)
                     basic_block(c, 2 * c, 2),       /* 14x14 */
                     basic_block(2 * c, 4 * c, 2),   /* 7x7 */
                     rf_global_meanpool(), rf_flatten_layer(),
-                    rf_dense(4 * c, 10, RF_ACT_IDENTITY), NULL);
+                    rf_dense(4 * c, 10, RF_ACT_IDENTITY));
 }
 
 static rf_tensor *loss(rf_model *m, rf_tensor *const *batch, int n, rf_aux *aux, void *ctx)

@@ -14,11 +14,9 @@ PACKAGES=(
     pkg-config
     zlib1g-dev
     dataset-fashion-mnist
+    libdnnl-dev
 )
 
-# ---- Packages to add with later milestones (uncomment when the code needs them) ----------
-#   libdnnl-dev              oneDNN: matmul and convolution for the compiled CPU backend
-# PACKAGES+=(libdnnl-dev)
 
 if ! command -v dpkg >/dev/null 2>&1; then
     echo "setup-deps: dpkg not found; make sure these are installed: ${PACKAGES[*]}" >&2

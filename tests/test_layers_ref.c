@@ -275,7 +275,7 @@ static void test_reference_cases(void)
                                              NULL};
     rf_model *block = rf_skip(rf_chain(rf_conv2d(3, 3, 3, 3, RF_ACT_IDENTITY,
                                                  &(rf_conv_opts){.pad = {1, 1}}),
-                                       rf_batchnorm(3, RF_ACT_RELU), NULL),
+                                       rf_batchnorm(3, RF_ACT_RELU)),
                               RF_COMBINE_ADD);
     run_case("resblock", block, true, res_params, RUNNING, false);
 }
@@ -459,7 +459,7 @@ static void test_errors(void)
         rf_conv_transpose2d(4, 4, 16, 8, RF_ACT_IDENTITY,
                             &(rf_conv_opts){.groups = 2, .pad = {1, 1}, .no_bias = true}),
         rf_maxpool(3, 3, 2, 1), rf_meanpool(2, 2, 0, 0), rf_batchnorm(8, RF_ACT_RELU),
-        rf_groupnorm(8, 4), rf_global_meanpool(), rf_dropout(0.5, 1), NULL);
+        rf_groupnorm(8, 4), rf_global_meanpool(), rf_dropout(0.5, 1));
     CHECK(net != NULL);
     char buf[1024];
     rf_model_summary(net, buf, sizeof buf);

@@ -123,8 +123,8 @@ static void record(const char *path, rf_array *a, bool trainable, void *ud)
 
 static void test_visit(void)
 {
-    rf_model *m = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_chain(rf_dense(8, 2, RF_ACT_IDENTITY), NULL),
-                           scale_layer(2, true), NULL);
+    rf_model *m = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_chain(rf_dense(8, 2, RF_ACT_IDENTITY)),
+                           scale_layer(2, true));
     CHECK(m != NULL);
     if (!m)
         return;
@@ -170,7 +170,7 @@ static void test_visit(void)
 
 static void test_describe_and_summary(void)
 {
-    rf_model *m = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY), NULL);
+    rf_model *m = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY));
     CHECK(m != NULL);
     if (!m)
         return;
@@ -191,7 +191,7 @@ static void test_describe_and_summary(void)
     rf_model_free(m);
 
     m = rf_chain(rf_skip(rf_dense(3, 3, RF_ACT_RELU), RF_COMBINE_ADD), rf_flatten_layer(),
-                 scale_layer(3, false), NULL);
+                 scale_layer(3, false));
     CHECK(m != NULL);
     if (m) {
         rfi_model_describe(m, buf, sizeof buf);
@@ -222,7 +222,7 @@ static bool arrays_equal(rf_array *a, rf_array *b)
 static void test_model_to(void)
 {
     rf_device *cpu = rf_device_cpu();
-    rf_model *host = rf_chain(rf_dense(4, 8, RF_ACT_TANH), scale_layer(8, true), NULL);
+    rf_model *host = rf_chain(rf_dense(4, 8, RF_ACT_TANH), scale_layer(8, true));
     CHECK(host != NULL);
     if (!host)
         return;
@@ -280,8 +280,8 @@ done:
 
 static void test_modes_and_hash(void)
 {
-    rf_model *a = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_chain(rf_dense(8, 2, RF_ACT_IDENTITY), NULL), NULL);
-    rf_model *b = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_chain(rf_dense(8, 2, RF_ACT_IDENTITY), NULL), NULL);
+    rf_model *a = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_chain(rf_dense(8, 2, RF_ACT_IDENTITY)));
+    rf_model *b = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_chain(rf_dense(8, 2, RF_ACT_IDENTITY)));
     CHECK(a && b);
     if (a && b) {
         CHECK(!rf_model_training(a));
@@ -320,7 +320,7 @@ static void test_compile_model(void)
 {
     rf_device *cpu = rf_device_cpu();
     rf_nn_seed(3);
-    rf_model *host = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY), NULL);
+    rf_model *host = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY));
     rf_model *m = host ? rf_model_to(host, cpu) : NULL;
     rf_array *xh = rf_array_from(RF_F32, RF_SHAPE(6, 4), x_data);
     rf_array *x = xh ? rf_array_to(xh, cpu) : NULL;
@@ -424,9 +424,32 @@ static void test_errors(void)
     rf_model *layers[3] = {rf_dense(2, 2, RF_ACT_IDENTITY), NULL, rf_dense(2, 2, RF_ACT_RELU)};
     CHECK(rf_chain_n(layers, 3) == NULL);
     CHECK_MSG("layer 1 is NULL");
+    /* A failing constructor inside the list: an error that keeps its message, never a
+     * shorter chain; the layers around it are freed (the sanitizer run checks). */
+    rf_clear_error();
+    CHECK(rf_chain(rf_dense(2, 2, RF_ACT_IDENTITY), rf_dense(0, 3, RF_ACT_RELU),
+                   rf_dense(3, 2, RF_ACT_RELU)) == NULL);
+    CHECK_MSG("rf_chain: layer 1 is NULL (its constructor failed: ");
+    CHECK_MSG("rf_dense(0 => 3)");
+    rf_clear_error();
+    CHECK(rf_chain(rf_chain(rf_dense(-1, 2, RF_ACT_IDENTITY)), rf_flatten_layer()) == NULL);
+    CHECK_MSG("rf_chain: layer 0 is NULL (its constructor failed: rf_chain: layer 0 is NULL");
+    rf_clear_error();
+    rf_model *empty = rf_chain_n(NULL, 0); /* the identity */
+    CHECK(empty && rf_model_n_children(empty) == 0);
+    rf_model_free(empty);
+    CHECK(rf_chain_n(NULL, 2) == NULL);
     CHECK(rf_skip(NULL, RF_COMBINE_ADD) == NULL);
     CHECK(rf_skip(rf_dense(2, 2, RF_ACT_IDENTITY), (rf_combine)9) == NULL);
-    CHECK(rf_parallel(RF_COMBINE_ADD, NULL) == NULL);
+    CHECK(rf_parallel_n(RF_COMBINE_ADD, NULL, 0) == NULL);
+    CHECK_MSG("needs at least one layer");
+    CHECK(rf_parallel(RF_COMBINE_ADD, rf_dense(2, 2, RF_ACT_IDENTITY), NULL) == NULL);
+    CHECK_MSG("rf_parallel: layer 1 is NULL");
+    CHECK(rf_parallel((rf_combine)9, rf_dense(2, 2, RF_ACT_IDENTITY)) == NULL);
+    CHECK_MSG("unknown combine");
+    rf_model *one = rf_chain(rf_dense(2, 2, RF_ACT_IDENTITY));
+    CHECK(one && rf_model_n_children(one) == 1);
+    rf_model_free(one);
 
     rf_array_free(x4);
     rf_array_free(x5);
@@ -442,8 +465,8 @@ static void test_containers_and_custom(void)
     rf_nn_seed(11);
     rf_model *host = rf_chain(
         rf_parallel(RF_COMBINE_CONCAT_CHANNELS, rf_dense(4, 3, RF_ACT_IDENTITY),
-                    rf_skip(rf_dense(4, 4, RF_ACT_IDENTITY), RF_COMBINE_ADD), NULL),
-        scale_layer(7, false), NULL);
+                    rf_skip(rf_dense(4, 4, RF_ACT_IDENTITY), RF_COMBINE_ADD)),
+        scale_layer(7, false));
     rf_model *m = host ? rf_model_to(host, cpu) : NULL;
     rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(6, 4), x_data), *y = NULL;
     CHECK(host && m && x);
@@ -504,7 +527,7 @@ static void test_containers_and_custom(void)
     rf_model_free(d3h);
 
     /* Flatten: [N, 2, 2] -> [N, 4], then Dense. */
-    rf_model *fh = rf_chain(rf_flatten_layer(), rf_dense(4, 2, RF_ACT_IDENTITY), NULL);
+    rf_model *fh = rf_chain(rf_flatten_layer(), rf_dense(4, 2, RF_ACT_IDENTITY));
     rf_model *f = fh ? rf_model_to(fh, cpu) : NULL;
     rf_array *x22 = rf_array_new(cpu, RF_F32, RF_SHAPE(6, 2, 2), x_data), *yf = NULL;
     CHECK(f && x22);

@@ -244,24 +244,24 @@ static void test_rules(fmodel *fm)
     run_case(fm, "nadam", rf_nadam(0.1, 0.9, 0.999, 1e-8), 3, 0, 0);
     run_case(fm, "adabelief", rf_adabelief(0.1, 0.9, 0.999, 1e-16), 3, 0, 0);
     run_case(fm, "lion", rf_lion(0.1, 0.9, 0.99), 3, 0, 0);
-    run_case(fm, "wd_descent", rf_chain_rules(rf_weightdecay(0.1), rf_descent(0.1), NULL), 3, 0,
+    run_case(fm, "wd_descent", rf_chain_rules(rf_weightdecay(0.1), rf_descent(0.1)), 3, 0,
              0);
-    run_case(fm, "wd_adam", rf_chain_rules(rf_weightdecay(0.1), rf_adam(0.1), NULL), 3, 0, 0);
+    run_case(fm, "wd_adam", rf_chain_rules(rf_weightdecay(0.1), rf_adam(0.1)), 3, 0, 0);
     run_case(fm, "signdecay_descent",
-             rf_chain_rules(rf_signdecay(0.05), rf_descent(0.1), NULL), 3, 0, 0);
+             rf_chain_rules(rf_signdecay(0.05), rf_descent(0.1)), 3, 0, 0);
     /* chain order matters: the fixture's two orders differ (gen_optim.py checks) */
-    run_case(fm, "clipgrad_descent", rf_chain_rules(rf_clipgrad(0.5), rf_descent(0.1), NULL), 3,
+    run_case(fm, "clipgrad_descent", rf_chain_rules(rf_clipgrad(0.5), rf_descent(0.1)), 3,
              0, 0);
-    run_case(fm, "descent_clipgrad", rf_chain_rules(rf_descent(0.1), rf_clipgrad(0.03), NULL), 3,
+    run_case(fm, "descent_clipgrad", rf_chain_rules(rf_descent(0.1), rf_clipgrad(0.03)), 3,
              0, 0);
     /* per-array norms: some arrays are clipped, others not */
-    run_case(fm, "clipnorm2", rf_chain_rules(rf_clipnorm(1.0, 2), rf_descent(0.1), NULL), 3, 0, 0);
-    run_case(fm, "clipnorm1", rf_chain_rules(rf_clipnorm(2.0, 1), rf_descent(0.1), NULL), 3, 0, 0);
-    run_case(fm, "clipnorminf", rf_chain_rules(rf_clipnorm(0.5, INFINITY), rf_descent(0.1), NULL),
+    run_case(fm, "clipnorm2", rf_chain_rules(rf_clipnorm(1.0, 2), rf_descent(0.1)), 3, 0, 0);
+    run_case(fm, "clipnorm1", rf_chain_rules(rf_clipnorm(2.0, 1), rf_descent(0.1)), 3, 0, 0);
+    run_case(fm, "clipnorminf", rf_chain_rules(rf_clipnorm(0.5, INFINITY), rf_descent(0.1)),
              3, 0, 0);
     run_case(fm, "accum_wd_descent",
-             rf_chain_rules(rf_accumgrad(2), rf_weightdecay(0.01), rf_descent(0.1), NULL), 3, 0, 0);
-    run_case(fm, "accum_adam", rf_chain_rules(rf_accumgrad(2), rf_adam(0.1), NULL), 4, 0, 0);
+             rf_chain_rules(rf_accumgrad(2), rf_weightdecay(0.01), rf_descent(0.1)), 3, 0, 0);
+    run_case(fm, "accum_adam", rf_chain_rules(rf_accumgrad(2), rf_adam(0.1)), 4, 0, 0);
     /* rf_adjust before step 2: the same executable, no recompile */
     run_case(fm, "adam_adjust", rf_adam(0.1), 3, 2, 0.02);
 }
@@ -270,7 +270,7 @@ static void test_rules(fmodel *fm)
 
 static void test_adjust_and_lr(fmodel *fm)
 {
-    rf_opt *opt = rf_setup(rf_chain_rules(rf_clipgrad(1.0), rf_adam(0.1), rf_descent(0.5), NULL),
+    rf_opt *opt = rf_setup(rf_chain_rules(rf_clipgrad(1.0), rf_adam(0.1), rf_descent(0.5)),
                            fm->m);
     CHECK(opt != NULL);
     if (!opt)
@@ -330,7 +330,7 @@ static void test_foreach_program(void)
     rf_opt_free(opt);
 
     /* ClipNorm adds one sqrt for all ten per-array norms */
-    opt = rf_setup(rf_chain_rules(rf_clipnorm(1.0, 2), rf_adam(1e-3), NULL), m);
+    opt = rf_setup(rf_chain_rules(rf_clipnorm(1.0, 2), rf_adam(1e-3)), m);
     e = NULL;
     CHECK_OK(compile_update(opt, m, g, 10, &e));
     if (e) {
@@ -353,8 +353,8 @@ static void test_mixed_dtypes(void)
     }
     CHECK(rf_array_dtype(fm.p[2]) == RF_F64);
     run_case(&fm, "adam", rf_adam(0.1), 3, 0, 0);
-    run_case(&fm, "clipnorm2", rf_chain_rules(rf_clipnorm(1.0, 2), rf_descent(0.1), NULL), 3, 0, 0);
-    run_case(&fm, "accum_adam", rf_chain_rules(rf_accumgrad(2), rf_adam(0.1), NULL), 4, 0, 0);
+    run_case(&fm, "clipnorm2", rf_chain_rules(rf_clipnorm(1.0, 2), rf_descent(0.1)), 3, 0, 0);
+    run_case(&fm, "accum_adam", rf_chain_rules(rf_accumgrad(2), rf_adam(0.1)), 4, 0, 0);
     fmodel_free(&fm);
 }
 
@@ -379,7 +379,7 @@ static void test_visit(void)
         CHECK(0);
         return;
     }
-    rf_opt *opt = rf_setup(rf_chain_rules(rf_clipgrad(1.0), rf_adam(0.1), NULL), fm.m);
+    rf_opt *opt = rf_setup(rf_chain_rules(rf_clipgrad(1.0), rf_adam(0.1)), fm.m);
     paths p = {{0}, 0};
     rf_opt_visit(opt, collect_path, &p);
     CHECK(strstr(p.text, "0.clipgrad.delta ") != NULL);
@@ -413,6 +413,14 @@ static void test_errors(fmodel *fm)
     rf_model_free(host);
     CHECK(rf_setup(NULL, fm->m) == NULL);
     CHECK(rf_accumgrad(0) == NULL);
+    /* a failed rule inside a chain: an error keeping its message; the others are freed */
+    rf_clear_error();
+    CHECK(rf_chain_rules(rf_clipgrad(1.0), rf_accumgrad(0), rf_descent(0.1)) == NULL);
+    CHECK_MSG("rf_chain_rules: rule 1 is NULL (its constructor failed: rf_accumgrad");
+    CHECK(rf_chain_rules_n(NULL, 1) == NULL);
+    rf_rule *empty = rf_chain_rules_n(NULL, 0);
+    CHECK(empty && !strcmp(rf_rule_name(empty), "chain"));
+    rf_rule_free(empty);
     CHECK(rf_adam(NAN) == NULL);
     CHECK(rf_descent(-1) == NULL);
     CHECK(rfi_rule_hash(rf_opt_rule(NULL)) == rfi_rule_hash(NULL));
@@ -438,8 +446,8 @@ static void test_errors(fmodel *fm)
 
     /* structural hash: kinds and flags, not values */
     rf_rule *r1 = rf_adam(0.1), *r2 = rf_adam(0.5), *r3 = rf_nadam(0.1, 0.9, 0.999, 1e-8);
-    rf_rule *c1 = rf_chain_rules(rf_clipnorm(1, 2), rf_descent(0.1), NULL);
-    rf_rule *c2 = rf_chain_rules(rf_clipnorm(5, 1), rf_descent(0.1), NULL);
+    rf_rule *c1 = rf_chain_rules(rf_clipnorm(1, 2), rf_descent(0.1));
+    rf_rule *c2 = rf_chain_rules(rf_clipnorm(5, 1), rf_descent(0.1));
     CHECK(rfi_rule_hash(r1) == rfi_rule_hash(r2));
     CHECK(rfi_rule_hash(r1) != rfi_rule_hash(r3));
     CHECK(rfi_rule_hash(c1) != rfi_rule_hash(c2)); /* p is structural */

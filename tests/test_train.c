@@ -21,14 +21,14 @@ static rf_device *cpu;
 static rf_model *seed_model_host(void)
 {
     rf_nn_seed(42);
-    return rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY), NULL);
+    return rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY));
 }
 
 static rf_model *bn_model_host(void)
 {
     rf_nn_seed(7);
     return rf_chain(rf_dense(4, 8, RF_ACT_IDENTITY), rf_batchnorm(8, RF_ACT_TANH),
-                    rf_dense(8, 2, RF_ACT_IDENTITY), NULL);
+                    rf_dense(8, 2, RF_ACT_IDENTITY));
 }
 
 /* A device array of shape [n, cols] from rf_randn(seed). */

@@ -12,8 +12,8 @@
  * same model runs on every backend.
  *
  * Ownership: constructors return an owned model (rf_model_free). Container
- * constructors (rf_chain, rf_skip, rf_parallel) take ownership of the models
- * passed to them (also on failure). rf_model_free frees the whole tree, its
+ * constructors (rf_chain, rf_skip, rf_parallel and their _n forms) take
+ * ownership of the models passed to them (also on failure). rf_model_free frees the whole tree, its
  * arrays (each model holds one reference per array) and every compiled
  * executable cached for it.
  */
@@ -197,17 +197,35 @@ RF_API rf_model *rf_dropout(double p, uint64_t seed);
 /* Embedding(vocab => dim): integer ids [...] -> [..., dim]; weight [vocab, dim] ~ N(0,1). */
 RF_API rf_model *rf_embedding(int64_t vocab, int64_t dim, uint64_t seed);
 
-/* Containers (they take ownership of their children, NULL-terminated lists).
- * A NULL in a list ends it, so a layer constructor that failed inside the
- * list would shorten it: check constructors that can fail, or use
- * rf_chain_n, which rejects NULL entries (RF_E_INVALID, freeing the rest). */
-RF_API rf_model *rf_chain(rf_model *first, ...);
+/* Containers. They take ownership of their children, also on failure.
+ *
+ * In C, rf_chain(a, b, c) and rf_parallel(combine, a, b) are macros over the
+ * counted forms rf_chain_n / rf_parallel_n: the arguments become a compound
+ * literal array and its length is taken with sizeof (which does not evaluate
+ * them again). There is no NULL terminator, so a layer constructor that
+ * fails inside the list cannot silently shorten it: a NULL entry is an error
+ * (RF_E_INVALID "rf_chain: layer 1 is NULL (its constructor failed: ...)",
+ * layers counted from 0 like path names, keeping the constructor's message),
+ * and every non-NULL entry is freed. An empty chain is rf_chain_n(NULL, 0)
+ * (the identity). C++ has no compound literals: C++ code calls the _n forms
+ * with an array. */
 RF_API rf_model *rf_chain_n(rf_model *const *layers, int n);
 typedef enum rf_combine { RF_COMBINE_ADD = 0, RF_COMBINE_MUL, RF_COMBINE_CONCAT_CHANNELS } rf_combine;
 /* SkipConnection(layer, combine): combine(layer(x), x). */
 RF_API rf_model *rf_skip(rf_model *layer, rf_combine combine);
-/* Parallel(combine, layers...): combine(layer_1(x), ..., layer_n(x)). */
-RF_API rf_model *rf_parallel(rf_combine combine, rf_model *first, ...);
+/* Parallel(combine, layers...): combine(layer_1(x), ..., layer_n(x)); 1 to 64 layers. */
+RF_API rf_model *rf_parallel_n(rf_combine combine, rf_model *const *layers, int n);
+#ifndef __cplusplus
+/* Number of entries of a pointer list written as macro arguments (not evaluated). */
+#define RF_LIST_COUNT_(type, ...) ((int)(sizeof((type[]){__VA_ARGS__}) / sizeof(type)))
+/* Chain(layers...), e.g. rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY)). */
+#define rf_chain(...) \
+    rf_chain_n((rf_model *[]){__VA_ARGS__}, RF_LIST_COUNT_(rf_model *, __VA_ARGS__))
+/* Parallel(combine, layers...). */
+#define rf_parallel(combine, ...)                                      \
+    rf_parallel_n((combine), (rf_model *[]){__VA_ARGS__},              \
+                  RF_LIST_COUNT_(rf_model *, __VA_ARGS__))
+#endif
 
 /* ---- Losses (Flux's formulas; mean over all elements unless stated) --------------------
  * yhat and y have equal shapes unless stated; class axis is 1 ([N, C]). */

@@ -12,7 +12,7 @@
  * shallow one. Its state arrays are flat, one per role.
  *
  * Ownership: rule constructors return owned rules (rf_rule_free). rf_setup
- * and rf_chain_rules take ownership of the rules given to them (also on
+ * and rf_chain_rules(_n) take ownership of the rules given to them (also on
  * failure). rf_opt is owned (rf_opt_free) and holds references to its arrays.
  */
 #ifndef REFLUX_OPTIM_H
@@ -49,8 +49,17 @@ RF_API rf_rule *rf_weightdecay(double lambda);                           /* 5e-4
 RF_API rf_rule *rf_signdecay(double lambda);                             /* 1e-3 */
 RF_API rf_rule *rf_clipgrad(double delta);                               /* 10 */
 RF_API rf_rule *rf_clipnorm(double omega, double p);                     /* 10, 2 */
-/* OptimiserChain(rules...): NULL-terminated; takes ownership. */
-RF_API rf_rule *rf_chain_rules(rf_rule *first, ...);
+/* OptimiserChain(rules...): takes ownership of rules[0..n) (also on
+ * failure). A NULL entry (a rule constructor that failed) is an error,
+ * RF_E_INVALID "rf_chain_rules: rule 1 is NULL (its constructor failed: ...)",
+ * and frees the others. In C, rf_chain_rules(a, b, ...) is a macro over
+ * rf_chain_rules_n with a compound-literal array (see rf_chain in nn.h);
+ * C++ code calls rf_chain_rules_n. */
+RF_API rf_rule *rf_chain_rules_n(rf_rule *const *rules, int n);
+#ifndef __cplusplus
+#define rf_chain_rules(...) \
+    rf_chain_rules_n((rf_rule *[]){__VA_ARGS__}, RF_LIST_COUNT_(rf_rule *, __VA_ARGS__))
+#endif
 /* AccumGrad(n): accumulates gradients and passes their mean on every n-th
  * step (zero otherwise), as Optimisers.jl; put it first in a chain. */
 RF_API rf_rule *rf_accumgrad(int n);

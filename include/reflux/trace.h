@@ -120,6 +120,9 @@ RF_API uint64_t rf_exec_hash(const rf_exec *e);
 RF_API const char *rf_exec_program_text(const rf_exec *e);
 RF_API const char *rf_exec_backend_name(const rf_exec *e);
 RF_API rf_device *rf_exec_device(const rf_exec *e);
+/* Bytes the executable holds for intermediates and workspaces, planned at
+ * compile time (known before the first run; 0 when the backend cannot say). */
+RF_API size_t rf_exec_memory(const rf_exec *e);
 RF_API void rf_exec_free(rf_exec *e);
 
 /* Traces fn without compiling and returns the traced program as text (owned:

@@ -11,7 +11,6 @@
  */
 #include "model.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -120,6 +119,19 @@ static void free_layers(rf_model *const *layers, int n)
         rf_model_free(layers[i]);
 }
 
+/* Reports a NULL entry of a layer list. A NULL there almost always comes from
+ * a constructor that failed as an argument, so its message (still in the
+ * buffer) is kept: it says why, where "layer 1 is NULL" alone would not. */
+static void null_layer_error(const char *op, int i)
+{
+    char why[RFI_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", rf_errmsg());
+    if (why[0])
+        rfi_error(RF_E_INVALID, "%s: layer %d is NULL (its constructor failed: %s)", op, i, why);
+    else
+        rfi_error(RF_E_INVALID, "%s: layer %d is NULL (its constructor failed)", op, i);
+}
+
 /* A container of `type` owning layers[0..n) (taken over also on failure). */
 static rf_model *container(const char *op, const rf_layer_type *type, const void *config,
                            size_t config_size, rf_model *const *layers, int n)
@@ -131,7 +143,7 @@ static rf_model *container(const char *op, const rf_layer_type *type, const void
     for (int i = 0; i < n; i++) {
         if (!layers[i]) {
             free_layers(layers, n);
-            rfi_error(RF_E_INVALID, "%s: layer %d is NULL (did its constructor fail?)", op, i);
+            null_layer_error(op, i);
             return NULL;
         }
     }
@@ -150,39 +162,6 @@ static rf_model *container(const char *op, const rf_layer_type *type, const void
     return m;
 }
 
-/* Collects a NULL-terminated vararg list of models (after `first`) into an
- * array; on allocation failure frees them all. n receives the count. */
-static rf_model **collect_varargs(const char *op, rf_model *first, va_list ap, int *n)
-{
-    int cap = 8, count = 0;
-    rf_model **list = rfi_malloc((size_t)cap * sizeof *list);
-    bool failed = list == NULL;
-    for (rf_model *l = first; l; l = va_arg(ap, rf_model *)) {
-        if (!failed && count == cap) {
-            rf_model **p = rfi_realloc(list, (size_t)cap * 2 * sizeof *list);
-            if (p) {
-                list = p;
-                cap *= 2;
-            } else {
-                failed = true;
-            }
-        }
-        if (failed) {
-            rf_model_free(l);
-            continue;
-        }
-        list[count++] = l;
-    }
-    if (failed) {
-        free_layers(list, list ? count : 0);
-        rfi_free(list);
-        rfi_error(RF_E_NOMEM, "%s: out of memory", op);
-        return NULL;
-    }
-    *n = count;
-    return list;
-}
-
 /* ---- Chain ------------------------------------------------------------------------------------- */
 
 static rf_tensor *chain_forward(rf_model *m, rf_tensor *x)
@@ -197,20 +176,6 @@ static const rf_layer_type chain_type = {"Chain", chain_forward, NULL};
 rf_model *rf_chain_n(rf_model *const *layers, int n)
 {
     return container("rf_chain", &chain_type, NULL, 0, layers, n);
-}
-
-rf_model *rf_chain(rf_model *first, ...)
-{
-    va_list ap;
-    va_start(ap, first);
-    int n = 0;
-    rf_model **list = collect_varargs("rf_chain", first, ap, &n);
-    va_end(ap);
-    if (!list)
-        return NULL;
-    rf_model *m = rf_chain_n(list, n);
-    rfi_free(list);
-    return m;
 }
 
 /* ---- Combining several results ------------------------------------------------------------------ */
@@ -294,26 +259,17 @@ static rf_tensor *parallel_forward(rf_model *m, rf_tensor *x)
 
 static const rf_layer_type parallel_type = {"Parallel", parallel_forward, combine_describe};
 
-rf_model *rf_parallel(rf_combine how, rf_model *first, ...)
+rf_model *rf_parallel_n(rf_combine how, rf_model *const *layers, int n)
 {
-    va_list ap;
-    va_start(ap, first);
-    int n = 0;
-    rf_model **list = collect_varargs("rf_parallel", first, ap, &n);
-    va_end(ap);
-    if (!list)
-        return NULL;
-    rf_model *m = NULL;
-    if (!combine_valid(how) || n == 0 || n > PARALLEL_MAX) {
-        free_layers(list, n);
+    if (!combine_valid(how) || n < 1 || n > PARALLEL_MAX) {
+        if (layers && n > 0)
+            free_layers(layers, n);
         rfi_error(RF_E_INVALID, "rf_parallel: %s",
                   !combine_valid(how) ? "unknown combine"
-                  : n == 0            ? "needs at least one layer"
+                  : n < 1             ? "needs at least one layer"
                                       : "too many layers (at most 64)");
-    } else {
-        combine_config c = {(int32_t)how};
-        m = container("rf_parallel", &parallel_type, &c, sizeof c, list, n);
+        return NULL;
     }
-    rfi_free(list);
-    return m;
+    combine_config c = {(int32_t)how};
+    return container("rf_parallel", &parallel_type, &c, sizeof c, layers, n);
 }

@@ -10,7 +10,8 @@
 #include "optim.h"
 
 #include <math.h>
-#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "core/core.h"
 
@@ -236,35 +237,52 @@ rf_rule *rf_accumgrad(int n)
     return MAKE(RFI_RULE_ACCUMGRAD, (double)n);
 }
 
-rf_rule *rf_chain_rules(rf_rule *first, ...)
+/* Frees rules[0..n) (NULL entries skipped): a chain owns its list also on failure. */
+static void free_rules(rf_rule *const *rules, int n)
 {
-    rf_rule *r = make(RFI_RULE_CHAIN, 0, NULL);
-    bool failed = r == NULL;
-    int cap = 0;
-    va_list ap;
-    va_start(ap, first);
-    for (rf_rule *c = first; c; c = va_arg(ap, rf_rule *)) {
-        if (!failed && r->n_children == cap) {
-            int ncap = cap ? cap * 2 : 4;
-            rf_rule **nc = rfi_realloc(r->children, (size_t)ncap * sizeof *nc);
-            if (!nc) {
-                rfi_error(RF_E_NOMEM, "rf_chain_rules: out of memory");
-                failed = true;
-            } else {
-                r->children = nc;
-                cap = ncap;
-            }
-        }
-        if (failed)
-            rf_rule_free(c); /* ownership was given to us, also on failure */
-        else
-            r->children[r->n_children++] = c;
-    }
-    va_end(ap);
-    if (failed) {
-        rf_rule_free(r);
+    for (int i = 0; i < n; i++)
+        rf_rule_free(rules[i]);
+}
+
+/* Reports a NULL entry of a rule list, keeping the message of the rule
+ * constructor that (almost always) failed as the argument: it says why. */
+static void null_rule_error(int i)
+{
+    char why[RFI_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", rf_errmsg());
+    if (why[0])
+        rfi_error(RF_E_INVALID, "rf_chain_rules: rule %d is NULL (its constructor failed: %s)", i,
+                  why);
+    else
+        rfi_error(RF_E_INVALID, "rf_chain_rules: rule %d is NULL (its constructor failed)", i);
+}
+
+rf_rule *rf_chain_rules_n(rf_rule *const *rules, int n)
+{
+    if (n < 0 || (n > 0 && !rules)) {
+        rfi_error(RF_E_INVALID, "rf_chain_rules: invalid rule list (n = %d)", n);
         return NULL;
     }
+    for (int i = 0; i < n; i++) {
+        if (!rules[i]) {
+            free_rules(rules, n);
+            null_rule_error(i);
+            return NULL;
+        }
+    }
+    rf_rule *r = make(RFI_RULE_CHAIN, 0, NULL);
+    rf_rule **children = n > 0 ? rfi_malloc((size_t)n * sizeof *children) : NULL;
+    if (!r || (n > 0 && !children)) {
+        rfi_free(children);
+        rf_rule_free(r);
+        free_rules(rules, n);
+        rfi_error(RF_E_NOMEM, "rf_chain_rules: out of memory");
+        return NULL;
+    }
+    if (n > 0)
+        memcpy(children, rules, (size_t)n * sizeof *children);
+    r->children = children;
+    r->n_children = n;
     return r;
 }
 

@@ -3,8 +3,10 @@
  * accessors.
  *
  * It does not compile (trace.c) or compute anything itself: the backend's run
- * function does. Updates are applied here, never by the backend, so that a
- * failed run leaves every captured array untouched.
+ * function does. Updates are staged and applied here after a successful run,
+ * so a failed run leaves every captured array untouched, unless the backend
+ * writes them itself (rfi_backend.writes_updates: a compiled module, which
+ * cannot fail half way). A run allocates only the output arrays it returns.
  */
 #include "runtime.h"
 
@@ -67,62 +69,72 @@ static rf_status check_run(const rf_exec *e, rf_array *const *args, int nargs,
     return RF_OK;
 }
 
-/* The buffers of one run: output arrays and update staging memory. */
-typedef struct run_buffers {
-    void **ptrs;          /* args, captures, outputs, updates (one allocation) */
-    rf_array **outputs;   /* n_outputs */
-    void **staged;        /* n_updates */
-} run_buffers;
+/* ---- Buffers ------------------------------------------------------------------------
+ * The pointer table and the update staging memory are made once per
+ * executable (rfi_exec_init_buffers); a run only fills in the pointers. */
 
-static void free_buffers(const rfi_graph *g, run_buffers *b)
-{
-    for (int i = 0; b->outputs && i < g->n_outputs; i++)
-        rfi_array_release(b->outputs[i]);
-    for (int i = 0; b->staged && i < g->n_updates; i++)
-        rfi_free(b->staged[i]);
-    rfi_free(b->outputs);
-    rfi_free(b->staged);
-    rfi_free(b->ptrs);
-    memset(b, 0, sizeof *b);
-}
-
-static rf_status make_buffers(const rf_exec *e, rf_array *const *args, run_buffers *b,
-                              rfi_run_io *io)
+rf_status rfi_exec_init_buffers(rf_exec *e)
 {
     const rfi_graph *g = e->prog;
     size_t n = (size_t)g->n_args + (size_t)g->n_captures + (size_t)g->n_outputs +
                (size_t)g->n_updates;
-    b->ptrs = rfi_calloc(n ? n : 1, sizeof(void *));
-    b->outputs = rfi_calloc(g->n_outputs ? (size_t)g->n_outputs : 1, sizeof(rf_array *));
-    b->staged = rfi_calloc(g->n_updates ? (size_t)g->n_updates : 1, sizeof(void *));
-    if (!b->ptrs || !b->outputs || !b->staged)
-        return rfi_error(RF_E_NOMEM, "rf_exec_run: out of memory");
-    void **p = b->ptrs;
-    for (int i = 0; i < g->n_args; i++)
-        p[i] = args[i]->data;
-    p += g->n_args;
+    e->ptrs = rfi_calloc(n ? n : 1, sizeof(void *));
+    if (!e->ptrs)
+        return rfi_error(RF_E_NOMEM, "rf_compile: out of memory");
+    void **p = e->ptrs + g->n_args;
     for (int i = 0; i < g->n_captures; i++)
         p[i] = g->captures[i]->data;
-    p += g->n_captures;
-    for (int i = 0; i < g->n_outputs; i++) {
-        const rfi_node *x = g->outputs[i];
-        b->outputs[i] = rfi_array_alloc(e->device, x->dtype, x->dims, x->rank);
-        if (!b->outputs[i])
-            return RF_E_NOMEM; /* message set by rfi_array_alloc */
-        p[i] = b->outputs[i]->data;
-    }
-    p += g->n_outputs;
+    if (e->backend->writes_updates || g->n_updates == 0)
+        return RF_OK;
+    e->staged = rfi_calloc((size_t)g->n_updates, sizeof(void *));
+    if (!e->staged)
+        return rfi_error(RF_E_NOMEM, "rf_compile: out of memory");
     for (int i = 0; i < g->n_updates; i++) {
         size_t nbytes = g->captures[g->updates[i].capture]->nbytes;
-        b->staged[i] = rfi_malloc(nbytes ? nbytes : 1);
-        if (!b->staged[i])
-            return rfi_error(RF_E_NOMEM, "rf_exec_run: out of memory staging update %d", i);
-        p[i] = b->staged[i];
+        e->staged[i] = rfi_malloc(nbytes ? nbytes : 1);
+        if (!e->staged[i])
+            return rfi_error(RF_E_NOMEM, "rf_compile: out of memory staging update %d", i);
     }
-    io->args = b->ptrs;
-    io->captures = b->ptrs + g->n_args;
-    io->outputs = b->ptrs + g->n_args + g->n_captures;
-    io->updates = b->ptrs + g->n_args + g->n_captures + g->n_outputs;
+    return RF_OK;
+}
+
+static void free_exec_buffers(rf_exec *e)
+{
+    for (int i = 0; e->staged && i < e->prog->n_updates; i++)
+        rfi_free(e->staged[i]);
+    rfi_free(e->staged);
+    rfi_free(e->ptrs);
+}
+
+/* Fills the pointer table for one run and runs the backend; on success
+ * applies staged updates. Outputs go to out[i]. */
+static rf_status run_with(rf_exec *e, rf_array *const *args, void *const *out)
+{
+    const rfi_graph *g = e->prog;
+    void **p = e->ptrs;
+    for (int i = 0; i < g->n_args; i++)
+        p[i] = args[i]->data;
+    void **outputs = p + g->n_args + g->n_captures;
+    for (int i = 0; i < g->n_outputs; i++)
+        outputs[i] = out[i];
+    void **updates = outputs + g->n_outputs;
+    for (int i = 0; e->staged && i < g->n_updates; i++)
+        updates[i] = e->staged[i];
+    rfi_run_io io = {
+        .args = p,
+        .captures = p + g->n_args,
+        .outputs = outputs,
+        .updates = e->staged ? updates : NULL,
+    };
+    rf_status st = e->backend->run(e->state, g, &io);
+    if (st != RF_OK || !e->staged)
+        return st; /* on failure captures are untouched: updates were only staged */
+    /* All outputs were computed from the old values; now apply the updates,
+     * in declaration order. */
+    for (int i = 0; i < g->n_updates; i++) {
+        rf_array *target = g->captures[g->updates[i].capture];
+        memcpy(target->data, e->staged[i], target->nbytes);
+    }
     return RF_OK;
 }
 
@@ -138,27 +150,60 @@ rf_status rf_exec_run(rf_exec *e, rf_array *const *args, int nargs, rf_array **o
         return st;
 
     const rfi_graph *g = e->prog;
-    run_buffers b = {0};
-    rfi_run_io io;
-    st = make_buffers(e, args, &b, &io);
+    enum { SMALL = 16 };
+    rf_array *small[SMALL];
+    void *small_data[SMALL];
+    rf_array **arrays = small;
+    void **data = small_data;
+    if (g->n_outputs > SMALL) {
+        arrays = rfi_calloc((size_t)g->n_outputs, sizeof *arrays);
+        data = rfi_calloc((size_t)g->n_outputs, sizeof *data);
+        if (!arrays || !data) {
+            rfi_free(arrays == small ? NULL : arrays);
+            rfi_free(data == small_data ? NULL : data);
+            return rfi_error(RF_E_NOMEM, "rf_exec_run: out of memory");
+        }
+    }
+    int made = 0;
+    for (; made < g->n_outputs; made++) {
+        const rfi_node *x = g->outputs[made];
+        arrays[made] = rfi_array_alloc(e->device, x->dtype, x->dims, x->rank);
+        if (!arrays[made]) {
+            st = RF_E_NOMEM; /* message set by rfi_array_alloc */
+            break;
+        }
+        data[made] = arrays[made]->data;
+    }
     if (st == RF_OK)
-        st = e->backend->run(e->state, g, &io);
-    if (st != RF_OK) {
-        free_buffers(g, &b); /* captures untouched: updates were only staged */
+        st = run_with(e, args, data);
+    for (int i = 0; i < made; i++) {
+        if (st == RF_OK && i < nouts)
+            outs[i] = arrays[i]; /* handed to the caller */
+        else
+            rfi_array_release(arrays[i]);
+    }
+    if (arrays != small) {
+        rfi_free(arrays);
+        rfi_free(data);
+    }
+    return st;
+}
+
+rf_status rfi_exec_run_into(rf_exec *e, rf_array *const *args, int nargs, void *const *out)
+{
+    if (!e)
+        return rfi_error(RF_E_INVALID, "rf_exec_run: executable is NULL");
+    rf_status st = check_run(e, args, nargs, NULL, 0);
+    if (st != RF_OK)
         return st;
-    }
-    /* All outputs were computed from the old values; now apply the updates,
-     * in declaration order. */
-    for (int i = 0; i < g->n_updates; i++) {
-        rf_array *target = g->captures[g->updates[i].capture];
-        memcpy(target->data, b.staged[i], target->nbytes);
-    }
-    for (int i = 0; i < nouts; i++) {
-        outs[i] = b.outputs[i];
-        b.outputs[i] = NULL; /* handed to the caller */
-    }
-    free_buffers(g, &b); /* releases the outputs the caller did not ask for */
-    return RF_OK;
+    return run_with(e, args, out);
+}
+
+size_t rf_exec_memory(const rf_exec *e)
+{
+    if (!e || !e->backend->memory)
+        return 0;
+    return e->backend->memory(e->state);
 }
 
 /* ---- Accessors --------------------------------------------------------------------- */
@@ -224,6 +269,7 @@ void rf_exec_free(rf_exec *e)
         return;
     if (e->backend && e->backend->release)
         e->backend->release(e->state);
+    free_exec_buffers(e);
     rfi_graph_free(e->prog); /* releases the capture references */
     rfi_free(e->text);
     rfi_free(e);

@@ -53,9 +53,18 @@ typedef struct rfi_backend {
     rf_status (*prepare)(const rfi_graph *g, void **state);
     rf_status (*run)(void *state, const rfi_graph *g, const rfi_run_io *io);
     void (*release)(void *state);
+    /* When true the backend applies the updates itself, in place (io->updates
+     * is NULL and io->captures are writable): it must then never fail after
+     * it has started writing a capture. A compiled module cannot fail half
+     * way, so it can; the interpreter stages them instead. */
+    bool writes_updates;
+    /* Bytes the executable holds for intermediates and workspaces, known
+     * before the first run (NULL: unknown, reported as 0). */
+    size_t (*memory)(void *state);
 } rfi_backend;
 
 RFI_FUNC extern const rfi_backend rfi_interp_backend;
+RFI_FUNC extern const rfi_backend rfi_cpu_backend;
 
 /* ---- Program pipeline ---------------------------------------------------------------
  * Autodiff: a copy of g in which every GRAD node is replaced by ordinary ops
@@ -77,6 +86,20 @@ struct rf_exec {
     char *text;              /* rfi_print(prog), made on demand */
     uint64_t hash;
     rf_device *device;
+    /* Made once at compile time so a run allocates nothing but the output
+     * arrays it hands out: the pointer table (args, captures, outputs,
+     * updates) and, unless the backend writes updates itself, the staging
+     * memory of every update. An executable runs one call at a time. */
+    void **ptrs;
+    void **staged;
 };
+
+/* Runs e like rf_exec_run but writes the outputs into caller memory
+ * (out[i] holds rfi_node_nbytes(output i) bytes) and allocates nothing: the
+ * path rf_trainstep takes every step. Same checks and update semantics. */
+RFI_FUNC rf_status rfi_exec_run_into(rf_exec *e, rf_array *const *args, int nargs,
+                                     void *const *out);
+/* Makes e's pointer table and staging memory (called by rf_compile). */
+RFI_FUNC rf_status rfi_exec_init_buffers(rf_exec *e);
 
 #endif

@@ -428,6 +428,11 @@ rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *args, int 
     e->backend = backend;
     e->hash = rfi_hash(prog);
     e->device = prog->device;
+    st = rfi_exec_init_buffers(e);
+    if (st != RF_OK) {
+        rf_exec_free(e);
+        return st;
+    }
     *out = e;
     return RF_OK;
 }

@@ -213,26 +213,57 @@ static rf_status give_grads(const char *op, rf_array **outs, int n, rf_array ***
     return RF_OK;
 }
 
+/* A scalar output written by rfi_exec_run_into, as a double. */
+static double scalar_value(const rf_exec *x, int i, const double *slot)
+{
+    return rf_exec_output_dtype(x, i) == RF_F64 ? *slot : (double)*(const float *)slot;
+}
+
+/* Runs a compiled step without gradient outputs: the loss and aux values are
+ * scalars written straight into host memory, so a step allocates nothing. */
+static rf_status run_scalars(rf_exec *x, rf_array *const *batch, int n, int n_host,
+                             double *values)
+{
+    double slots[1 + RF_MAX_AUX];
+    void *out[1 + RF_MAX_AUX];
+    for (int i = 0; i < n_host; i++)
+        out[i] = &slots[i];
+    rf_status st = rfi_exec_run_into(x, batch, n, out);
+    for (int i = 0; st == RF_OK && i < n_host; i++)
+        values[i] = scalar_value(x, i, &slots[i]);
+    return st;
+}
+
 /* Runs a compiled step and reads its loss and aux values to the host. */
 static rf_status run_step(const char *op, const rfi_step_entry *e, rf_array *const *batch,
                           int n, double *loss_out, rf_stats *stats, rf_array ***grads,
                           int *ngrads)
 {
     const rfi_step_outputs *o = rfi_step_entry_outputs(e);
+    rf_exec *x = rfi_step_entry_exec(e);
     int n_host = 1 + o->n_aux;
-    int n_out = n_host + (grads ? o->n_grads : 0);
-    rf_array **outs = rfi_calloc((size_t)n_out, sizeof *outs);
-    if (!outs)
-        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
-    rf_status st = rf_exec_run(rfi_step_entry_exec(e), batch, n, outs, n_out);
-    double loss = NAN;
+    double values[1 + RF_MAX_AUX];
+    rf_array **outs = NULL;
+    int n_out = 0;
+    rf_status st;
+    if (!grads) {
+        st = run_scalars(x, batch, n, n_host, values);
+    } else {
+        n_out = n_host + o->n_grads;
+        outs = rfi_calloc((size_t)n_out, sizeof *outs);
+        if (!outs)
+            return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+        st = rf_exec_run(x, batch, n, outs, n_out);
+        for (int i = 0; st == RF_OK && i < n_host; i++)
+            values[i] = rf_to_number(outs[i]);
+    }
     if (st == RF_OK) {
-        loss = rf_to_number(outs[0]);
+        double loss = values[0];
         if (stats) {
             stats->n = o->n_aux;
             for (int i = 0; i < o->n_aux; i++) {
                 memcpy(stats->names[i], o->aux_names[i], sizeof stats->names[i]);
-                stats->values[i] = rf_to_number(outs[1 + i]);
+                stats->values[i] = values[1 + i];
             }
         }
         if (loss_out)

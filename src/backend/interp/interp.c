@@ -125,6 +125,12 @@ static rf_status eval_node(const rfi_node *n, const void *const *in, void *out)
     }
 }
 
+/* Exported for passes that evaluate one node on constant operands (folding). */
+rf_status rfi_interp_eval_node(const rfi_node *n, const void *const *inputs, void *out)
+{
+    return eval_node(n, inputs, out);
+}
+
 /* Buffers of one run: val[k] is node k's data (borrowed or owned), owned[k] the
  * allocation to free (NULL when val[k] is borrowed or already freed). */
 typedef struct run_buffers {
@@ -212,8 +218,10 @@ static rf_status interp_run(void *state, const rfi_graph *g, const rfi_run_io *i
 }
 
 const rfi_backend rfi_interp_backend = {
-    "interp",
-    interp_prepare,
-    interp_run,
-    interp_release,
+    .name = "interp",
+    .prepare = interp_prepare,
+    .run = interp_run,
+    .release = interp_release,
+    .writes_updates = false, /* updates are staged by the executable */
+    .memory = NULL,          /* buffers are allocated per node at run time */
 };

@@ -38,6 +38,10 @@ RFI_FUNC rf_status rfi_interp_conv(const rfi_node *n, const void *const *in, voi
 /* GATHER, SCATTER_ADD, RNG, IOTA, CONSTANT (index.c). */
 RFI_FUNC rf_status rfi_interp_index(const rfi_node *n, const void *const *in, void *out);
 
+/* Any op the interpreter runs (not leaves that name memory: ARGUMENT, CAPTURE, GRAD),
+ * dispatched to the kernels above; the one entry for passes that fold constants. */
+RFI_FUNC rf_status rfi_interp_eval_node(const rfi_node *n, const void *const *inputs, void *out);
+
 /* ---- Sizes -------------------------------------------------------------------------- */
 static inline int64_t rfi_interp_numel(const rfi_node *n) { return rfi_numel(n->dims, n->rank); }
 static inline size_t rfi_interp_nbytes(const rfi_node *n)

@@ -1,0 +1,116 @@
+/* plan.h: the execution plan a compiling backend (cpu now, cuda next) builds
+ * from an optimised program: which nodes are materialised and where their
+ * bytes live (memory planning), and the ordered steps that compute them
+ * (fusion). Backend-independent: the plan says nothing about C or CUDA.
+ *
+ * Fusion model. A node is either materialised (it has a buffer) or INLINE:
+ * recomputed inside every step that uses it, at the indices that step needs.
+ * A LOOP step computes one or more materialised roots of identical shape in
+ * one loop nest; every inline producer of a root (elementwise ops,
+ * broadcast_in_dim, transpose, slice, reverse, reshape, iota, pad,
+ * concatenate, convert, select, compare, scalar constants) is fused into that
+ * loop. A REDUCE step computes one REDUCE / REDUCE_WINDOW / small DOT_GENERAL
+ * root with its inline producers fused into the accumulation. CALL steps are
+ * runtime calls (matmul and convolution through the math library, and any op
+ * the lowering has no loop form for, evaluated by the reference kernels).
+ *
+ * Buffers. Every materialised node has a location: an argument, a capture, a
+ * constant's payload, an output buffer, the arena (offset fixed at plan time,
+ * reused across non-overlapping lifetimes), an alias of another materialised
+ * node (reshape/stop_gradient of a materialised value), or IN PLACE: the
+ * value of an update written straight into its captured array, when no later
+ * step reads the old value and the step that writes it reads the capture only
+ * at the index it writes. Updates not planned in place are computed into the
+ * arena and copied into their capture by the last steps of the program, after
+ * every other read of the old value.
+ */
+#ifndef RF_BACKEND_PLAN_H
+#define RF_BACKEND_PLAN_H
+
+#include "../runtime/runtime.h"
+
+typedef enum rfi_step_kind {
+    RFI_STEP_LOOP,   /* fused elementwise loop nest over the roots' shape */
+    RFI_STEP_REDUCE, /* one reduction root (REDUCE, REDUCE_WINDOW, small DOT_GENERAL) */
+    RFI_STEP_CALL,   /* runtime call: MATMUL, CONVOLUTION, or FALLBACK (reference kernel) */
+    RFI_STEP_COPY,   /* copy a materialised value to an output or a capture (updates) */
+    RFI_STEP_KIND_COUNT
+} rfi_step_kind;
+
+typedef enum rfi_call_kind {
+    RFI_CALL_NONE = 0,
+    RFI_CALL_MATMUL,   /* DOT_GENERAL through the math library */
+    RFI_CALL_CONV,     /* CONVOLUTION (any form) through the math library */
+    RFI_CALL_FALLBACK, /* any single node, evaluated by the reference kernels */
+} rfi_call_kind;
+
+typedef struct rfi_step {
+    rfi_step_kind kind;
+    rfi_call_kind call;  /* for RFI_STEP_CALL */
+    int *roots;          /* node ids materialised by this step (plan arena) */
+    int n_roots;
+    int *fused;          /* inline node ids computed inside this step (for comments, tests) */
+    int n_fused;
+    /* RFI_STEP_COPY: copy node roots[0] to the output or capture below. */
+    int copy_to_output;  /* output index, or -1 */
+    int copy_to_capture; /* capture index, or -1 */
+} rfi_step;
+
+typedef enum rfi_loc_kind {
+    RFI_LOC_INLINE = 0, /* not materialised */
+    RFI_LOC_ARG,        /* index = argument */
+    RFI_LOC_CAPTURE,    /* index = capture (read-only unless written IN_PLACE) */
+    RFI_LOC_CONST,      /* index = constant slot (plan->consts) */
+    RFI_LOC_ARENA,      /* offset in the arena */
+    RFI_LOC_OUTPUT,     /* index = output buffer, written directly */
+    RFI_LOC_IN_PLACE,   /* index = capture: an update value written into its capture */
+    RFI_LOC_ALIAS,      /* same bytes as node `alias` (a materialised node) */
+    RFI_LOC_KIND_COUNT
+} rfi_loc_kind;
+
+typedef struct rfi_loc {
+    rfi_loc_kind kind;
+    int index;
+    size_t offset;
+    int alias;
+} rfi_loc;
+
+/* The buffer table every step addresses: buffer b is
+ *   [0, n_args)                          arguments
+ *   [n_args, +n_captures)                captures
+ *   [.., +n_outputs)                     outputs
+ *   next                                 the arena
+ *   [.., +n_consts)                      constant payloads (plan->consts[i] is a node id)
+ * rfi_plan_buffer() maps a location to (buffer index, byte offset). */
+typedef struct rfi_plan {
+    const rfi_graph *g;  /* borrowed: the program the plan was built from */
+    rfi_loc *loc;        /* per node id */
+    rfi_step *steps;
+    int n_steps;
+    int *consts;         /* node ids of materialised CONSTANT nodes */
+    int n_consts;
+    size_t arena_bytes;  /* the arena's size: the planned peak of intermediates */
+    rfi_arena mem;       /* owns the arrays above */
+} rfi_plan;
+
+typedef struct rfi_plan_opts {
+    /* DOT_GENERAL with fewer multiply-adds than this becomes a REDUCE step
+     * (generated loops); larger ones become MATMUL calls. */
+    int64_t matmul_call_min_flops;
+    bool in_place_updates; /* plan update values into their captures when safe */
+} rfi_plan_opts;
+
+RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);
+/* Builds the plan (fusion + memory planning) for a verified program. */
+RFI_FUNC rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan **out);
+RFI_FUNC void rfi_plan_free(rfi_plan *p);
+/* Buffer index and byte offset of a materialised node (follows aliases). */
+RFI_FUNC void rfi_plan_buffer(const rfi_plan *p, int node, int *buffer, size_t *offset);
+RFI_FUNC int rfi_plan_n_buffers(const rfi_plan *p);
+RFI_FUNC int rfi_plan_arena_buffer(const rfi_plan *p);
+/* Counts of steps by kind (for fusion tests) and a readable dump for RF_DUMP
+ * ("plan" stage): one line per step with its roots and fused nodes. Owned. */
+RFI_FUNC int rfi_plan_count(const rfi_plan *p, rfi_step_kind kind);
+RFI_FUNC char *rfi_plan_print(const rfi_plan *p);
+
+#endif
