@@ -1,7 +1,9 @@
 /* passes.h: helpers shared by the graph-to-graph passes (autodiff, DCE, ...):
- * starting a copy of a graph that keeps its arguments and captures in place.
+ * starting a copy of a graph that keeps its arguments and captures in place,
+ * and the optimisation passes of the compiling backends (simplify, CSE).
  *
- * Deliberately not here: the passes themselves (declared in runtime.h).
+ * Deliberately not here: the pipeline passes autodiff and DCE (declared in
+ * runtime.h).
  */
 #ifndef RF_PASSES_H
 #define RF_PASSES_H
@@ -17,5 +19,19 @@ RFI_FUNC rf_status rfi_graph_new_like(const rfi_graph *g, rfi_graph **out);
  * through map (indexed by g's node ids; every one must be non-NULL). */
 RFI_FUNC rf_status rfi_graph_copy_results(const rfi_graph *g, rfi_graph *copy,
                                           rfi_node *const *map);
+
+/* Algebraic simplification, constant folding (operands and result of at most
+ * 4096 elements; elementwise ops over splats of any size) and canonical
+ * broadcast/reshape/transpose/convert chains; constants whose elements are all
+ * equal become broadcast_in_dim of a rank-0 constant. Exact: the result
+ * computes bitwise the same outputs and updates on the interpreter (see
+ * simplify.c for the rules left out on purpose). Keeps argument and capture
+ * indices, outputs in order and updates; leaves no dead nodes. */
+RFI_FUNC rf_status rfi_simplify(const rfi_graph *g, rfi_graph **out);
+
+/* Common-subexpression elimination by structural hashing: a copy of g in
+ * which equal nodes (op, type, attributes, constant bytes, operands) are one
+ * node. Keeps argument and capture indices, outputs in order and updates. */
+RFI_FUNC rf_status rfi_cse(const rfi_graph *g, rfi_graph **out);
 
 #endif

@@ -335,17 +335,25 @@ static void dump_stage(const rfi_graph *g, const char *name, uint64_t hash, cons
     rfi_free(text);
 }
 
-/* The backend named by RF_BACKEND (unset: the interpreter). */
-static rf_status pick_backend(const char *op, const rfi_backend **out)
+/* The backend named by RF_BACKEND; unset, the compiling backend of the
+ * device (cpu). RF_BACKEND=interp selects the reference interpreter. */
+static rf_status pick_backend(const char *op, const rf_device *dev, const rfi_backend **out)
 {
     const char *env = getenv("RF_BACKEND");
-    if (!env || !*env || strcmp(env, rfi_interp_backend.name) == 0) {
+    *out = NULL;
+    if (env && strcmp(env, rfi_interp_backend.name) == 0) {
         *out = &rfi_interp_backend;
         return RF_OK;
     }
-    *out = NULL;
-    return rfi_error(RF_E_UNSUPPORTED, "%s: RF_BACKEND=%s is not available (available: %s)",
-                     op, env, rfi_interp_backend.name);
+    if (!env || !*env || strcmp(env, rfi_cpu_backend.name) == 0) {
+        if (dev && dev->kind != RF_DEVICE_CPU)
+            return rfi_error(RF_E_UNSUPPORTED, "%s: no compiling backend for device %s", op,
+                             rf_device_name(dev));
+        *out = &rfi_cpu_backend;
+        return RF_OK;
+    }
+    return rfi_error(RF_E_UNSUPPORTED, "%s: RF_BACKEND=%s is not available (available: %s, %s)",
+                     op, env, rfi_cpu_backend.name, rfi_interp_backend.name);
 }
 
 /* Runs one graph -> graph pass, consuming *g (replaced by the result or freed). */
@@ -410,7 +418,7 @@ rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *args, int 
         return st;
 
     const rfi_backend *backend;
-    st = pick_backend("rf_compile", &backend);
+    st = pick_backend("rf_compile", prog->device, &backend);
     rf_exec *e = NULL;
     if (st == RF_OK) {
         e = rfi_calloc(1, sizeof *e);

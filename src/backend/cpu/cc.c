@@ -1,0 +1,493 @@
+/* cc.c: the compiler driver (see cc.h): finds the C compiler and its
+ * identity, runs it without a shell, and loads the resulting module through
+ * the disk cache with dlopen.
+ *
+ * It does not generate source (the renderer does), decide where objects live
+ * or when they are reused (disk_cache.c does), or call the module (the CPU
+ * backend does). Process-wide state: the compiler-identity cache (one entry,
+ * under a mutex) and two statistics counters.
+ */
+#include "cc.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Flags between the program name and "-o"; -lm goes after the source. */
+static const char *const compile_flags[] = {
+    "-O2", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
+    "-fno-trapping-math", "-march=native",
+};
+#define N_COMPILE_FLAGS (sizeof compile_flags / sizeof compile_flags[0])
+#define OUTPUT_KEEP (64 * 1024)  /* compiler output kept in memory; the rest is drained */
+#define MSG_OUTPUT_MAX 1200      /* compiler output quoted in an error message */
+
+static atomic_uint_fast64_t n_compiles, n_disk_hits;
+
+uint64_t rfi_cc_n_compiles(void) { return atomic_load(&n_compiles); }
+uint64_t rfi_cc_n_disk_hits(void) { return atomic_load(&n_disk_hits); }
+
+/* ---- Running a program ------------------------------------------------------------------ */
+
+/* Moves fd to a number >= 3 (close-on-exec), so dup2 onto 0..2 in the child
+ * never aliases it. Returns the new fd or -1. */
+static int fd_above_stdio(int fd)
+{
+    if (fd < 0 || fd > 2)
+        return fd;
+    int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    return moved;
+}
+
+/* In the child, between fork and exec: async-signal-safe calls only. */
+static void child_exec(const char *path, char *const argv[], int in_fd, int out_fd,
+                       long max_fd, const char *exec_fail_msg)
+{
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
+        _exit(127);
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
+#endif
+        for (long fd = 3; fd < max_fd; fd++)
+            close((int)fd);
+    execv(path, argv);
+    ssize_t w = write(2, exec_fail_msg, strlen(exec_fail_msg));
+    (void)w;
+    _exit(127);
+}
+
+/* Appends what is read from fd until EOF to out (at most OUTPUT_KEEP bytes;
+ * the rest is read and dropped so the child never blocks on a full pipe). */
+static void read_all(int fd, rfi_strbuf *out, bool *truncated)
+{
+    char buf[4096];
+    for (;;) {
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return;
+        size_t room = out->len < OUTPUT_KEEP ? OUTPUT_KEEP - out->len : 0;
+        size_t take = (size_t)r < room ? (size_t)r : room;
+        if (take < (size_t)r)
+            *truncated = true;
+        if (take)
+            rfi_sb_printf(out, "%.*s", (int)take, buf);
+    }
+}
+
+/* Runs path with argv (no shell), stdin from /dev/null, stdout+stderr into
+ * *output. *wstatus gets waitpid's status. Returns -1 (errno set) when the
+ * program could not be started at all. */
+static int run_program(const char *path, char *const argv[], rfi_strbuf *output,
+                       bool *truncated, int *wstatus)
+{
+    char fail_msg[PATH_MAX + 64];
+    snprintf(fail_msg, sizeof fail_msg, "reflux: cannot execute %s\n", path);
+    long max_fd = sysconf(_SC_OPEN_MAX);
+    if (max_fd < 0 || max_fd > 65536)
+        max_fd = 65536;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return -1;
+    int in_fd = fd_above_stdio(open("/dev/null", O_RDONLY | O_CLOEXEC));
+    p[0] = fd_above_stdio(p[0]);
+    p[1] = fd_above_stdio(p[1]);
+    if (in_fd < 0 || p[0] < 0 || p[1] < 0) {
+        int e = errno;
+        if (in_fd >= 0)
+            close(in_fd);
+        if (p[0] >= 0)
+            close(p[0]);
+        if (p[1] >= 0)
+            close(p[1]);
+        errno = e;
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0)
+        child_exec(path, argv, in_fd, p[1], max_fd, fail_msg);
+    int e = errno;
+    close(in_fd);
+    close(p[1]);
+    if (pid < 0) {
+        close(p[0]);
+        errno = e;
+        return -1;
+    }
+    read_all(p[0], output, truncated);
+    close(p[0]);
+    while (waitpid(pid, wstatus, 0) < 0) {
+        if (errno != EINTR) {
+            *wstatus = -1;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+static void describe_status(char *buf, size_t n, int ws)
+{
+    if (ws == -1)
+        snprintf(buf, n, "lost track of the process");
+    else if (WIFEXITED(ws))
+        snprintf(buf, n, "exit status %d", WEXITSTATUS(ws));
+    else if (WIFSIGNALED(ws))
+        snprintf(buf, n, "killed by signal %d", WTERMSIG(ws));
+    else
+        snprintf(buf, n, "wait status %d", ws);
+}
+
+static bool status_ok(int ws) { return ws != -1 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0; }
+
+/* ---- The compiler and its identity ------------------------------------------------------ */
+
+typedef struct compiler_info {
+    char name[PATH_MAX];     /* $CC as given, or "cc": argv[0] */
+    char exec_path[PATH_MAX]; /* what is executed: name, or its PATH match */
+} compiler_info;
+
+/* Finds the program to execute for `name` as execvp would. */
+static rf_status find_program(const char *name, char *out, size_t n)
+{
+    if (strchr(name, '/')) {
+        if ((size_t)snprintf(out, n, "%s", name) >= n)
+            return rfi_error(RF_E_COMPILE, "compiler path too long: %s", name);
+        if (access(out, X_OK) != 0)
+            return rfi_error(RF_E_COMPILE, "C compiler %s is not executable: %s (set CC)", name,
+                             strerror(errno));
+        return RF_OK;
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *dir = path; *dir;) {
+        size_t len = strcspn(dir, ":");
+        struct stat st;
+        if ((size_t)snprintf(out, n, "%.*s/%s", (int)len, len ? dir : ".", name) < n &&
+            stat(out, &st) == 0 && S_ISREG(st.st_mode) && access(out, X_OK) == 0)
+            return RF_OK;
+        dir += len;
+        if (*dir == ':')
+            dir++;
+    }
+    return rfi_error(RF_E_COMPILE, "C compiler '%s' not found in PATH (set CC to a compiler)",
+                     name);
+}
+
+/* First line of `exec_path --version` into buf. */
+static rf_status compiler_version(const compiler_info *ci, char *buf, size_t n)
+{
+    char *argv[] = {(char *)ci->name, "--version", NULL};
+    rfi_strbuf out = {0};
+    bool trunc = false;
+    int ws = 0;
+    if (run_program(ci->exec_path, argv, &out, &trunc, &ws) != 0) {
+        rfi_sb_free(&out);
+        return rfi_error(RF_E_COMPILE, "cannot run C compiler %s: %s", ci->exec_path,
+                         strerror(errno));
+    }
+    const char *text = out.data ? out.data : "";
+    if (!status_ok(ws)) {
+        char why[64];
+        describe_status(why, sizeof why, ws);
+        rf_status st = rfi_error(RF_E_COMPILE, "C compiler %s --version failed (%s): %.500s",
+                                 ci->exec_path, why, text);
+        rfi_sb_free(&out);
+        return st;
+    }
+    snprintf(buf, n, "%.*s", (int)strcspn(text, "\n"), text);
+    rfi_sb_free(&out);
+    return RF_OK;
+}
+
+/* "key: value; " for the /proc/cpuinfo lines of the first CPU that decide code generation. */
+static void cpuinfo_features(rfi_strbuf *sb)
+{
+    static const char *const keys[] = {"vendor_id", "cpu family", "model", "flags",
+                                       "Features", "CPU implementer", "CPU part", "isa"};
+    bool seen[sizeof keys / sizeof keys[0]] = {false};
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    if (!f)
+        return;
+    char line[16384];
+    while (fgets(line, sizeof line, f)) {
+        size_t klen = strcspn(line, "\t:");
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            if (seen[k] || klen != strlen(keys[k]) || strncmp(line, keys[k], klen) != 0)
+                continue;
+            seen[k] = true;
+            const char *value = line + klen + strspn(line + klen, "\t :");
+            rfi_sb_printf(sb, "%s: %.*s; ", keys[k], (int)strcspn(value, "\n"), value);
+        }
+    }
+    fclose(f);
+}
+
+static void cpu_features(rfi_strbuf *sb)
+{
+    size_t before = sb->len;
+    cpuinfo_features(sb);
+    if (sb->len != before)
+        return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    rfi_sb_printf(sb, "builtin: sse4.2=%d avx=%d avx2=%d fma=%d avx512f=%d avx512bw=%d "
+                      "avx512vl=%d",
+                  __builtin_cpu_supports("sse4.2") != 0, __builtin_cpu_supports("avx") != 0,
+                  __builtin_cpu_supports("avx2") != 0, __builtin_cpu_supports("fma") != 0,
+                  __builtin_cpu_supports("avx512f") != 0,
+                  __builtin_cpu_supports("avx512bw") != 0,
+                  __builtin_cpu_supports("avx512vl") != 0);
+#else
+    rfi_sb_printf(sb, "unknown");
+#endif
+}
+
+/* The identity cache: the compiler and context for one ($CC, $PATH). */
+static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t ident_env_hash;
+static bool ident_valid;
+static compiler_info ident_info;
+static char *ident_context; /* rfi_malloc'd, kept for the process lifetime */
+
+static uint64_t compiler_env_hash(const char *cc)
+{
+    const char *path = getenv("PATH");
+    uint64_t h = rfi_hash_bytes(RFI_HASH_INIT, cc, strlen(cc) + 1);
+    return path ? rfi_hash_bytes(h, path, strlen(path)) : h;
+}
+
+static rf_status build_identity(const char *cc, compiler_info *ci, char **context)
+{
+    snprintf(ci->name, sizeof ci->name, "%s", cc);
+    rf_status st = find_program(cc, ci->exec_path, sizeof ci->exec_path);
+    if (st != RF_OK)
+        return st;
+    char version[512];
+    if ((st = compiler_version(ci, version, sizeof version)) != RF_OK)
+        return st;
+    char resolved[PATH_MAX];
+    if (!realpath(ci->exec_path, resolved))
+        snprintf(resolved, sizeof resolved, "%s", ci->exec_path);
+    rfi_strbuf sb = {0};
+    rfi_sb_printf(&sb, "compiler=%s\ncompiler_version=%s\nflags=", resolved, version);
+    for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
+        rfi_sb_printf(&sb, "%s ", compile_flags[i]);
+    rfi_sb_printf(&sb, "-lm\nabi=%d\ncpu=", RF_MODULE_ABI);
+    cpu_features(&sb);
+    if (sb.failed) {
+        rfi_sb_free(&sb);
+        return rfi_error(RF_E_NOMEM, "compiler identity: out of memory");
+    }
+    *context = sb.data;
+    return RF_OK;
+}
+
+/* The compiler for the current $CC and a copy of its context (caller frees). */
+static rf_status compiler_lookup(compiler_info *ci, char **context)
+{
+    const char *cc = getenv("CC");
+    if (!cc || !*cc)
+        cc = "cc";
+    uint64_t h = compiler_env_hash(cc);
+    rf_status st = RF_OK;
+    pthread_mutex_lock(&ident_lock);
+    if (!ident_valid || ident_env_hash != h) {
+        char *ctx = NULL;
+        st = build_identity(cc, &ident_info, &ctx);
+        if (st == RF_OK) {
+            rfi_free(ident_context);
+            ident_context = ctx;
+            ident_env_hash = h;
+        }
+        ident_valid = st == RF_OK;
+    }
+    if (st == RF_OK) {
+        *ci = ident_info;
+        *context = rfi_strdup(ident_context);
+        if (!*context)
+            st = rfi_error(RF_E_NOMEM, "compiler identity: out of memory");
+    }
+    pthread_mutex_unlock(&ident_lock);
+    return st;
+}
+
+rf_status rfi_cc_context(char **out)
+{
+    if (!out)
+        return rfi_error(RF_E_INVALID, "rfi_cc_context: NULL argument");
+    compiler_info *ci = rfi_malloc(sizeof *ci);
+    if (!ci)
+        return rfi_error(RF_E_NOMEM, "rfi_cc_context: out of memory");
+    rf_status st = compiler_lookup(ci, out);
+    rfi_free(ci);
+    return st;
+}
+
+/* ---- Compiling --------------------------------------------------------------------------- */
+
+static rf_status compile_failed(const char *name, char *const argv[], const char *src_path,
+                                const char *why, const rfi_strbuf *out, bool truncated)
+{
+    rfi_strbuf msg = {0};
+    rfi_sb_printf(&msg, "compiling module %s failed (%s)\ncommand:", name, why);
+    for (int i = 0; argv[i]; i++)
+        rfi_sb_printf(&msg, " %s", argv[i]);
+    rfi_sb_printf(&msg, "\nsource kept at: %s\ncompiler output:\n", src_path);
+    const char *text = out->data ? out->data : "";
+    size_t len = strlen(text);
+    if (len > MSG_OUTPUT_MAX || truncated)
+        rfi_sb_printf(&msg, "%.*s\n[... output truncated]", MSG_OUTPUT_MAX, text);
+    else
+        rfi_sb_printf(&msg, "%s", text);
+    rf_status st = rfi_error(RF_E_COMPILE, "%s", msg.failed ? "compiling a module failed "
+                                                              "(out of memory for the message)"
+                                                            : msg.data);
+    rfi_sb_free(&msg);
+    return st;
+}
+
+static rf_status compile_with(const compiler_info *ci, const char *src_path,
+                              const char *out_path, const char *name)
+{
+    char *argv[N_COMPILE_FLAGS + 6];
+    int a = 0;
+    argv[a++] = (char *)ci->name;
+    for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
+        argv[a++] = (char *)compile_flags[i];
+    argv[a++] = "-o";
+    argv[a++] = (char *)out_path;
+    argv[a++] = (char *)src_path;
+    argv[a++] = "-lm";
+    argv[a] = NULL;
+    atomic_fetch_add(&n_compiles, 1);
+    rfi_strbuf out = {0};
+    bool truncated = false;
+    int ws = 0;
+    char why[128];
+    rf_status st = RF_OK;
+    if (run_program(ci->exec_path, argv, &out, &truncated, &ws) != 0) {
+        snprintf(why, sizeof why, "cannot start the compiler: %s", strerror(errno));
+        st = compile_failed(name, argv, src_path, why, &out, truncated);
+    } else if (!status_ok(ws)) {
+        describe_status(why, sizeof why, ws);
+        st = compile_failed(name, argv, src_path, why, &out, truncated);
+    }
+    rfi_sb_free(&out);
+    return st;
+}
+
+rf_status rfi_cc_compile(const char *src_path, const char *out_path, const char *name)
+{
+    if (!src_path || !out_path)
+        return rfi_error(RF_E_INVALID, "rfi_cc_compile: NULL path");
+    compiler_info *ci = rfi_malloc(sizeof *ci);
+    char *context = NULL;
+    if (!ci)
+        return rfi_error(RF_E_NOMEM, "rfi_cc_compile: out of memory");
+    rf_status st = compiler_lookup(ci, &context);
+    if (st == RF_OK)
+        st = compile_with(ci, src_path, out_path, name ? name : "module");
+    rfi_free(context);
+    rfi_free(ci);
+    return st;
+}
+
+/* ---- Loading through the disk cache ------------------------------------------------------ */
+
+typedef struct load_ctx {
+    rfi_module *m;
+    const char *name;
+    const compiler_info *ci;
+} load_ctx;
+
+static rf_status compile_cb(void *ctx, const char *src_path, const char *out_path)
+{
+    const load_ctx *lc = ctx;
+    return compile_with(lc->ci, src_path, out_path, lc->name);
+}
+
+static rf_status load_cb(void *ctx, const char *path)
+{
+    load_ctx *lc = ctx;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        return rfi_error(RF_E_CORRUPT, "module %s: cannot load %s: %s", lc->name, path,
+                         e ? e : "unknown error");
+    }
+    void *sym = dlsym(h, RF_MODULE_ENTRY_NAME);
+    if (!sym) {
+        dlclose(h);
+        return rfi_error(RF_E_CORRUPT, "module %s: %s has no entry point %s", lc->name, path,
+                         RF_MODULE_ENTRY_NAME);
+    }
+    lc->m->handle = h;
+    memcpy(&lc->m->entry, &sym, sizeof sym); /* object to function pointer, as POSIX allows */
+    return RF_OK;
+}
+
+rf_status rfi_cc_load_module(const char *source, const char *name, rfi_module **out)
+{
+    if (!out)
+        return rfi_error(RF_E_INVALID, "rfi_cc_load_module: NULL out");
+    *out = NULL;
+    if (!source)
+        return rfi_error(RF_E_INVALID, "rfi_cc_load_module: NULL source");
+    name = name ? name : "module";
+    compiler_info *ci = rfi_malloc(sizeof *ci);
+    rfi_module *m = rfi_calloc(1, sizeof *m);
+    char *context = NULL;
+    rf_status st = ci && m ? compiler_lookup(ci, &context)
+                           : rfi_error(RF_E_NOMEM, "module %s: out of memory", name);
+    rfi_disk_cache_result r;
+    if (st == RF_OK) {
+        load_ctx lc = {m, name, ci};
+        rfi_disk_cache_ops ops = {compile_cb, load_cb, &lc, ".so", ".c"};
+        st = rfi_disk_cache_get(source, context, &ops, &r);
+    }
+    rfi_free(context);
+    rfi_free(ci);
+    if (st != RF_OK) {
+        rfi_module_free(m);
+        return st;
+    }
+    m->so_path = r.object_path;
+    m->src_path = r.source_path;
+    memcpy(m->key, r.key, sizeof m->key);
+    m->compiled = r.compiled;
+    m->cached = r.persistent;
+    if (!m->compiled)
+        atomic_fetch_add(&n_disk_hits, 1);
+    *out = m;
+    return RF_OK;
+}
+
+void rfi_module_free(rfi_module *m)
+{
+    if (!m)
+        return;
+    if (m->handle)
+        dlclose(m->handle);
+    rfi_free(m->so_path);
+    rfi_free(m->src_path);
+    rfi_free(m);
+}
+
+rf_module_entry rfi_module_entry_fn(const rfi_module *m) { return m ? m->entry : NULL; }

@@ -1,0 +1,67 @@
+/* cc.h: the compiler driver of the CPU backend. Turns generated C source into
+ * a loaded module: finds it in the disk cache (src/runtime/disk_cache.h) or
+ * compiles it with the system C compiler, then dlopens it and resolves its one
+ * entry point (RF_MODULE_ENTRY_NAME, module_abi.h).
+ *
+ * Compiler: $CC if set and non-empty, else `cc`. CC names ONE program (a path,
+ * or a name looked up in PATH); it is not split on spaces, so wrappers such as
+ * "ccache gcc" must be given as a single executable (e.g. a ccache symlink).
+ * It runs without a shell (fork + exec of an argv array), stdin from
+ * /dev/null, stdout and stderr captured through a pipe, no other inherited
+ * file descriptors. Flags, and why:
+ *   -O2               optimised, but far faster to compile than -O3
+ *   -std=c11          the dialect the renderer writes
+ *   -fPIC -shared     a shared object for dlopen
+ *   -fopenmp-simd     honours `#pragma omp simd` and `declare simd` (libmvec
+ *                     vector math) without linking an OpenMP runtime
+ *   -fno-math-errno   lets expf/logf/sqrtf vectorise and inline (errno is unused)
+ *   -fno-trapping-math lets if-converted loops vectorise (no FP traps are enabled)
+ *   -march=native     the CPU's vector units (the CPU features are in the cache key)
+ *   -lm               libm/libmvec: the module's only undefined symbols
+ * No -ffast-math: results must keep IEEE semantics (NaN/Inf, no reassociation)
+ * to match the reference interpreter.
+ *
+ * Cache key context: resolved compiler path + first line of `cc --version`,
+ * the flags, RF_MODULE_ABI and the CPU (vendor, family, model, feature flags
+ * from /proc/cpuinfo). Computed once per process and kept (a documented cache,
+ * recomputed when $CC or $PATH change).
+ */
+#ifndef RF_BACKEND_CPU_CC_H
+#define RF_BACKEND_CPU_CC_H
+
+#include "../../core/core.h"
+#include "../../runtime/disk_cache.h"
+#include "module_abi.h"
+
+typedef struct rfi_module {
+    void *handle;          /* dlopen handle (RTLD_NOW | RTLD_LOCAL) */
+    rf_module_entry entry; /* RF_MODULE_ENTRY_NAME */
+    char *so_path;         /* the loaded object (removed already when !cached) */
+    char *src_path;        /* the source kept beside it (idem) */
+    char key[RFI_CACHE_KEY_HEX];
+    bool compiled; /* this load ran the compiler (false: disk-cache hit) */
+    bool cached;   /* the entry is in the persistent cache directory */
+} rfi_module;
+
+/* Loads the module for `source` (from the disk cache, else compiling it).
+ * `name` only labels messages. RF_E_COMPILE when the compiler is missing or
+ * fails (the message holds the command line, the compiler's output and the
+ * path of the kept source) or the fresh object does not load. */
+RFI_FUNC rf_status rfi_cc_load_module(const char *source, const char *name, rfi_module **out);
+/* dlcloses and frees; NULL is fine. */
+RFI_FUNC void rfi_module_free(rfi_module *m);
+RFI_FUNC rf_module_entry rfi_module_entry_fn(const rfi_module *m);
+
+/* Compiles src_path into the shared object out_path with the flags above (no
+ * cache). `name` labels messages. */
+RFI_FUNC rf_status rfi_cc_compile(const char *src_path, const char *out_path, const char *name);
+
+/* The cache-key context string described above (rfi_malloc'd into *out). */
+RFI_FUNC rf_status rfi_cc_context(char **out);
+
+/* Statistics, process-wide: compiler runs for modules (not the --version
+ * probe), and module loads served by the disk cache without a compiler. */
+RFI_FUNC uint64_t rfi_cc_n_compiles(void);
+RFI_FUNC uint64_t rfi_cc_n_disk_hits(void);
+
+#endif

@@ -1,0 +1,387 @@
+/* dnnl_matmul.c: f32 DOT_GENERAL through oneDNN's matmul primitive, created
+ * once at prepare time, plus the small wrapper (rfi_dnnl_mm) that conv.c
+ * reuses for its im2col products.
+ *
+ * A DOT_GENERAL's result is [batch, lhs free, rhs free] = [B, M, N] in
+ * row-major order, so only the operands need describing: lhs as [B, M, K]
+ * (batch dims, free dims, contracting dims in the attribute's order) and rhs
+ * as [B, K, N]. When each of those groups of an operand's dims collapses to
+ * one stride in its row-major layout (e.g. any transposed 2-D operand), the
+ * operand is described in place as a strided tensor. Otherwise, or when
+ * oneDNN would take the strided form only with its slow reference
+ * implementation, both operands are packed per call into the workspace (a
+ * plain strided copy with contiguous writes) and described as contiguous.
+ * Empty results do nothing; K == 0 writes zeros.
+ *
+ * Deliberately not here: non-f32 dtypes (the services run the reference
+ * kernel for them), fused epilogues.
+ */
+#include <string.h>
+
+#include "services.h"
+
+/* ---- rfi_dnnl_mm ------------------------------------------------------------------ */
+
+rf_status rfi_dnnl_error(dnnl_status_t st, const char *what, const char *call)
+{
+    return rfi_error(st == dnnl_out_of_memory ? RF_E_NOMEM : RF_E_INTERNAL,
+                     "cpu: %s: oneDNN %s failed (status %d)", what, call, (int)st);
+}
+
+static dnnl_status_t tensor_md(dnnl_memory_desc_t *md, const rfi_dnnl_tensor *t)
+{
+    return dnnl_memory_desc_init_by_strides(md, t->ndims, t->dims, dnnl_f32, t->strides);
+}
+
+/* Creates the primitive (user scratchpad) and its memory objects (no data). */
+static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
+                               const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,
+                               const char **failed)
+{
+    dnnl_memory_desc_t s_md, w_md, d_md;
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t st;
+    *failed = "memory_desc_init_by_strides";
+    if ((st = tensor_md(&s_md, src)) != dnnl_success || (st = tensor_md(&w_md, wei)) != dnnl_success ||
+        (st = tensor_md(&d_md, dst)) != dnnl_success)
+        return st;
+    *failed = "matmul_desc_init";
+    if ((st = dnnl_matmul_desc_init(&desc, &s_md, &w_md, NULL, &d_md)) != dnnl_success)
+        return st;
+    *failed = "primitive_attr";
+    if ((st = dnnl_primitive_attr_create(&attr)) != dnnl_success)
+        return st;
+    st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (st == dnnl_success) {
+        *failed = "primitive_desc_create (matmul)";
+        st = dnnl_primitive_desc_create(&pd, &desc, attr, eng, NULL);
+    }
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success)
+        return st;
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+        mm->is_ref = strncmp(impl, "ref", 3) == 0;
+    const dnnl_memory_desc_t *sp_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    mm->scratch_bytes = sp_md ? dnnl_memory_desc_get_size(sp_md) : 0;
+    *failed = "primitive_create";
+    st = dnnl_primitive_create(&mm->prim, pd);
+    *failed = "memory_create";
+    if (st == dnnl_success)
+        st = dnnl_memory_create(&mm->src, &s_md, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success)
+        st = dnnl_memory_create(&mm->wei, &w_md, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success)
+        st = dnnl_memory_create(&mm->dst, &d_md, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success && mm->scratch_bytes > 0)
+        st = dnnl_memory_create(&mm->scratch, sp_md, eng, DNNL_MEMORY_NONE);
+    dnnl_primitive_desc_destroy(pd);
+    return st;
+}
+
+rf_status rfi_dnnl_mm_init(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
+                           const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,
+                           const char *what)
+{
+    memset(mm, 0, sizeof *mm);
+    const char *failed = "";
+    dnnl_status_t st = mm_create(mm, eng, src, wei, dst, &failed);
+    if (st != dnnl_success) {
+        rfi_dnnl_mm_destroy(mm);
+        return rfi_dnnl_error(st, what, failed);
+    }
+    return RF_OK;
+}
+
+rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float *src, const float *wei,
+                          float *dst, void *scratch, const char *what)
+{
+    dnnl_status_t st = dnnl_memory_set_data_handle(mm->src, (void *)src);
+    if (st == dnnl_success)
+        st = dnnl_memory_set_data_handle(mm->wei, (void *)wei);
+    if (st == dnnl_success)
+        st = dnnl_memory_set_data_handle(mm->dst, dst);
+    if (st == dnnl_success && mm->scratch)
+        st = dnnl_memory_set_data_handle(mm->scratch, scratch);
+    if (st != dnnl_success)
+        return rfi_dnnl_error(st, what, "memory_set_data_handle");
+    dnnl_exec_arg_t args[4] = {
+        {DNNL_ARG_SRC, mm->src},
+        {DNNL_ARG_WEIGHTS, mm->wei},
+        {DNNL_ARG_DST, mm->dst},
+        {DNNL_ARG_SCRATCHPAD, mm->scratch},
+    };
+    st = dnnl_primitive_execute(mm->prim, s, mm->scratch ? 4 : 3, args);
+    if (st == dnnl_success)
+        st = dnnl_stream_wait(s);
+    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, what, "matmul execute");
+}
+
+void rfi_dnnl_mm_destroy(rfi_dnnl_mm *mm)
+{
+    if (mm->prim)
+        dnnl_primitive_destroy(mm->prim);
+    if (mm->src)
+        dnnl_memory_destroy(mm->src);
+    if (mm->wei)
+        dnnl_memory_destroy(mm->wei);
+    if (mm->dst)
+        dnnl_memory_destroy(mm->dst);
+    if (mm->scratch)
+        dnnl_memory_destroy(mm->scratch);
+    memset(mm, 0, sizeof *mm);
+}
+
+/* ---- DOT_GENERAL ------------------------------------------------------------------ */
+
+/* An operand visited as [B, rows, cols]: the dims of each group (in visiting
+ * order) and their row-major strides; `flat` holds the strided 3-D view when
+ * every group collapses to one stride. */
+typedef struct operand_view {
+    int rank;                           /* dims visited (all of the operand's) */
+    int64_t dims[RF_MAX_RANK], step[RF_MAX_RANK];
+    int group_end[3];                   /* visiting positions ending each group */
+    int64_t size[3];                    /* B, rows, cols */
+    int64_t stride[3];                  /* per group, if collapsible */
+    bool collapsible;
+} operand_view;
+
+struct rfi_cpu_matmul {
+    const rfi_node *node;
+    int64_t batch, m, k, n;
+    bool pack;          /* operands packed into the workspace per call */
+    operand_view lhs, rhs;
+    size_t lhs_at, rhs_at; /* workspace offsets of the packed operands */
+    rfi_dnnl_mm mm;
+};
+
+static void row_major_strides(const int64_t *dims, int rank, int64_t *strides)
+{
+    int64_t s = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        strides[d] = s;
+        s *= dims[d];
+    }
+}
+
+static void view_add(operand_view *v, const rfi_node *x, const int64_t *xs, const int64_t *list,
+                     int count)
+{
+    for (int k = 0; k < count; k++) {
+        v->dims[v->rank] = x->dims[list[k]];
+        v->step[v->rank] = xs[list[k]];
+        v->rank++;
+    }
+}
+
+/* The dims of x in neither list a nor list b, in order. */
+static int free_dims(const rfi_node *x, const int64_t *a, int na, const int64_t *b, int nb,
+                     int64_t *out)
+{
+    int n = 0;
+    for (int d = 0; d < x->rank; d++) {
+        bool listed = false;
+        for (int k = 0; k < na; k++)
+            listed |= a[k] == d;
+        for (int k = 0; k < nb; k++)
+            listed |= b[k] == d;
+        if (!listed)
+            out[n++] = d;
+    }
+    return n;
+}
+
+/* Finds each group's size and, if its non-unit dims are nested row-major
+ * (stride of each = stride of the next * its size), its stride. */
+static void view_collapse(operand_view *v)
+{
+    v->collapsible = true;
+    int start = 0;
+    for (int g = 0; g < 3; g++) {
+        int64_t size = 1, stride = 0;
+        bool any = false;
+        for (int d = v->group_end[g] - 1; d >= start; d--) {
+            if (v->dims[d] == 1)
+                continue;
+            if (!any)
+                stride = v->step[d];
+            else if (v->step[d] != size * stride)
+                v->collapsible = false;
+            any = true;
+            size *= v->dims[d];
+        }
+        v->size[g] = size;
+        v->stride[g] = any ? stride : -1; /* -1: a unit group, stride chosen later */
+        start = v->group_end[g];
+    }
+}
+
+/* A 3-D oneDNN tensor for [B, rows, cols]: the view's strides, or contiguous
+ * when packed. Unit groups get strides that keep the layout plain (a unit
+ * cols dim stride 1, a unit rows dim 1 or cols-wide, a unit batch outermost). */
+static rfi_dnnl_tensor view_tensor(const operand_view *v, bool packed)
+{
+    rfi_dnnl_tensor t = {3, {v->size[0], v->size[1], v->size[2]}, {0, 0, 0}};
+    if (packed) {
+        t.strides[2] = 1;
+        t.strides[1] = v->size[2];
+        t.strides[0] = v->size[1] * v->size[2];
+        return t;
+    }
+    int64_t sr = v->stride[1], sc = v->stride[2], sb = v->stride[0];
+    if (sc < 0)
+        sc = 1;
+    if (sr < 0)
+        sr = sc == 1 ? v->size[2] : 1;
+    if (sb < 0) {
+        int64_t a = sr * v->size[1], b = sc * v->size[2];
+        sb = a > b ? a : b;
+    }
+    t.strides[0] = sb;
+    t.strides[1] = sr;
+    t.strides[2] = sc;
+    return t;
+}
+
+/* Copies the operand in visiting order into dst (contiguous writes). */
+static void pack_view(float *restrict dst, const float *restrict src, const operand_view *v)
+{
+    int r = v->rank;
+    if (r == 0) {
+        dst[0] = src[0];
+        return;
+    }
+    int64_t inner = v->dims[r - 1], inner_step = v->step[r - 1];
+    int64_t outer = rfi_numel(v->dims, r - 1), offset = 0;
+    int64_t idx[RF_MAX_RANK] = {0};
+    for (int64_t o = 0; o < outer; o++) {
+        const float *s = src + offset;
+        if (inner_step == 1)
+            memcpy(dst, s, (size_t)inner * sizeof(float));
+        else
+            for (int64_t j = 0; j < inner; j++)
+                dst[j] = s[j * inner_step];
+        dst += inner;
+        for (int d = r - 2; d >= 0; d--) {
+            offset += v->step[d];
+            if (++idx[d] < v->dims[d])
+                break;
+            offset -= v->step[d] * v->dims[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+static void make_views(rfi_cpu_matmul *m, const rfi_node *n)
+{
+    const rfi_node *a = n->in[0], *b = n->in[1];
+    const rfi_attrs *at = &n->attr;
+    int nbatch = at->nl[0], ncontract = at->nl[2];
+    int64_t a_free[RF_MAX_RANK], b_free[RF_MAX_RANK], as[RF_MAX_RANK], bs[RF_MAX_RANK];
+    int na_free = free_dims(a, at->l[0], nbatch, at->l[2], ncontract, a_free);
+    int nb_free = free_dims(b, at->l[1], nbatch, at->l[3], ncontract, b_free);
+    row_major_strides(a->dims, a->rank, as);
+    row_major_strides(b->dims, b->rank, bs);
+    operand_view *l = &m->lhs, *r = &m->rhs;
+    memset(l, 0, sizeof *l);
+    memset(r, 0, sizeof *r);
+    view_add(l, a, as, at->l[0], nbatch);
+    l->group_end[0] = l->rank;
+    view_add(l, a, as, a_free, na_free);
+    l->group_end[1] = l->rank;
+    view_add(l, a, as, at->l[2], ncontract);
+    l->group_end[2] = l->rank;
+    view_add(r, b, bs, at->l[1], nbatch);
+    r->group_end[0] = r->rank;
+    view_add(r, b, bs, at->l[3], ncontract);
+    r->group_end[1] = r->rank;
+    view_add(r, b, bs, b_free, nb_free);
+    r->group_end[2] = r->rank;
+    view_collapse(l);
+    view_collapse(r);
+}
+
+/* Creates the primitive, strided if possible, else over packed operands. */
+static rf_status make_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng)
+{
+    rfi_dnnl_tensor dst = {3, {m->batch, m->m, m->n}, {m->m * m->n, m->n, 1}};
+    if (m->lhs.collapsible && m->rhs.collapsible) {
+        rfi_dnnl_tensor src = view_tensor(&m->lhs, false), wei = view_tensor(&m->rhs, false);
+        rf_status st = rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, "dot_general");
+        if (st == RF_OK && !m->mm.is_ref)
+            return RF_OK;
+        rfi_dnnl_mm_destroy(&m->mm); /* a strided form oneDNN does not take well: pack */
+    }
+    m->pack = true;
+    rfi_dnnl_tensor src = view_tensor(&m->lhs, true), wei = view_tensor(&m->rhs, true);
+    return rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, "dot_general");
+}
+
+rf_status rfi_cpu_matmul_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_matmul **out,
+                                 size_t *workspace_bytes)
+{
+    *out = NULL;
+    *workspace_bytes = 0;
+    if (n->op != RFI_OP_DOT_GENERAL || n->n_in != 2 || n->dtype != RF_F32 ||
+        n->in[0]->dtype != RF_F32 || n->in[1]->dtype != RF_F32)
+        return RF_E_UNSUPPORTED;
+    rfi_cpu_matmul *m = rfi_calloc(1, sizeof *m);
+    if (!m)
+        return rfi_error(RF_E_NOMEM, "cpu: dot_general: out of memory");
+    m->node = n;
+    make_views(m, n);
+    m->batch = m->lhs.size[0];
+    m->m = m->lhs.size[1];
+    m->k = m->lhs.size[2];
+    m->n = m->rhs.size[2];
+    if (m->batch * m->m * m->n == 0 || m->k == 0) {
+        *out = m; /* nothing to multiply: run writes zeros (or nothing) */
+        return RF_OK;
+    }
+    rf_status st = make_primitive(m, eng);
+    if (st != RF_OK) {
+        rfi_cpu_matmul_free(m);
+        return st;
+    }
+    size_t ws = rfi_ws_align(m->mm.scratch_bytes);
+    if (m->pack) {
+        m->lhs_at = ws;
+        ws += rfi_ws_align((size_t)(m->batch * m->m * m->k) * sizeof(float));
+        m->rhs_at = ws;
+        ws += rfi_ws_align((size_t)(m->batch * m->k * m->n) * sizeof(float));
+    }
+    *workspace_bytes = ws;
+    *out = m;
+    return RF_OK;
+}
+
+rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs,
+                             const void *rhs, void *out, void *workspace)
+{
+    if (m->batch * m->m * m->n == 0)
+        return RF_OK;
+    if (m->k == 0) {
+        memset(out, 0, (size_t)(m->batch * m->m * m->n) * sizeof(float));
+        return RF_OK;
+    }
+    const float *a = lhs, *b = rhs;
+    if (m->pack) {
+        float *pa = (float *)((char *)workspace + m->lhs_at);
+        float *pb = (float *)((char *)workspace + m->rhs_at);
+        pack_view(pa, a, &m->lhs);
+        pack_view(pb, b, &m->rhs);
+        a = pa;
+        b = pb;
+    }
+    return rfi_dnnl_mm_run(&m->mm, s, a, b, out, workspace, "dot_general");
+}
+
+void rfi_cpu_matmul_free(rfi_cpu_matmul *m)
+{
+    if (!m)
+        return;
+    rfi_dnnl_mm_destroy(&m->mm);
+    rfi_free(m);
+}

@@ -1,0 +1,824 @@
+/* render_c.c: the kernel IR module (kir.h) as one readable C source file.
+ *
+ * The file holds the module ABI block (copied verbatim from module_abi.h),
+ * `#pragma omp declare simd` declarations of the libm functions it uses (so
+ * gcc -fopenmp-simd vectorises them through libmvec; link with -lm), small
+ * static inline helpers with the interpreter's integer and NaN semantics, one
+ * function per kernel over a range of its outermost loop
+ * (`static void k<step>_<name>(void *ctx, int64_t lo, int64_t hi)`, its base
+ * pointers in a ctx struct), and the entry point rf_module_run_v1, which runs
+ * the steps in order: kernels directly or through the runtime's parallel_for
+ * when they are large, calls through the runtime's `call`, copies by memcpy.
+ *
+ * Values are SSA constants named after their IR node (x_12 for %12), index
+ * temporaries j<k>, predicates ok<k>. Float ops stay in the value's type (one
+ * rounding per op, as the interpreter); reductions accumulate in double or
+ * wrapping int64. Deliberately no compiling or loading here (the compiler
+ * driver does that) and no fast-math assumptions: NaN and signed zeros follow
+ * the interpreter.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kir.h"
+#include "module_abi.h"
+
+static const char abi_block[] =
+    "/* BEGIN MODULE ABI */\n"
+    "#include <stdint.h>\n"
+    "#define RF_MODULE_ABI 1\n"
+    "typedef struct rf_module_services {\n"
+    "    int abi;  /* RF_MODULE_ABI */\n"
+    "    void *rt; /* the runtime's state for this executable */\n"
+    "    /* Runs body(ctx, lo, hi) over [0, n) split across the runtime's thread\n"
+    "     * pool, in chunks of at least `grain` iterations; returns when all are done. */\n"
+    "    void (*parallel_for)(void *rt, int64_t n, int64_t grain,\n"
+    "                         void (*body)(void *ctx, int64_t lo, int64_t hi), void *ctx);\n"
+    "    /* Executes plan step `step` (a CALL step: matmul, convolution or a\n"
+    "     * reference kernel) on the buffer table. Returns 0 on success. */\n"
+    "    int (*call)(void *rt, int step, void *const *buffers);\n"
+    "} rf_module_services;\n"
+    "/* The module's one entry point: runs the whole program on the buffer table\n"
+    " * (see plan.h for its layout). Returns 0 on success, else the failing step + 1. */\n"
+    "typedef int (*rf_module_entry)(const rf_module_services *s, void *const *buffers);\n"
+    "#define RF_MODULE_ENTRY_NAME \"rf_module_run_v1\"\n"
+    "/* END MODULE ABI */\n";
+
+const char *rfi_render_c_abi_block(void)
+{
+    return abi_block;
+}
+
+/* Kernels with more elements than this run through parallel_for, in chunks of at
+ * least PARALLEL_CHUNK elements. */
+#define PARALLEL_MIN 32768
+#define PARALLEL_CHUNK 16384
+
+/* ---- What the file needs ------------------------------------------------------------ */
+enum {
+    NEED_SAT = 1u << 0,
+    NEED_DIV = 1u << 1,
+    NEED_REM = 1u << 2,
+    NEED_POW = 1u << 3,
+    NEED_MAXMIN_F32 = 1u << 4,
+    NEED_MAXMIN_F64 = 1u << 5,
+    NEED_LOGISTIC_F32 = 1u << 6,
+    NEED_LOGISTIC_F64 = 1u << 7,
+};
+
+/* libm functions with vector variants in libmvec, declared `omp declare simd`. */
+static const char *const simd_funcs[] = {"exp", "expm1", "log", "log1p", "tanh",
+                                         "sin", "cos", "pow"};
+#define N_SIMD_FUNCS ((int)(sizeof simd_funcs / sizeof simd_funcs[0]))
+
+typedef struct render {
+    rfi_strbuf *sb;
+    unsigned need;
+    bool simd_used[N_SIMD_FUNCS][2]; /* [func][0 f32, 1 f64] */
+    const rfi_kir_kernel *k;
+    char (*names)[32];               /* per instruction */
+    char (*base_names)[32];          /* per base */
+} render;
+
+static const char *ctype(rf_dtype dt)
+{
+    switch (dt) {
+    case RF_F32: return "float";
+    case RF_F64: return "double";
+    case RF_I32: return "int32_t";
+    case RF_I64: return "int64_t";
+    default: return "uint8_t";
+    }
+}
+
+static void use_math(render *R, const char *func, rf_dtype dt)
+{
+    for (int f = 0; f < N_SIMD_FUNCS; f++)
+        if (strcmp(simd_funcs[f], func) == 0)
+            R->simd_used[f][dt == RF_F64] = true;
+}
+
+/* ---- Literals ------------------------------------------------------------------------ */
+/* The shortest %g form that reads back as v, as a C literal of dt. */
+static void float_literal(rfi_strbuf *sb, double v, rf_dtype dt)
+{
+    if (v != v) {
+        rfi_sb_printf(sb, dt == RF_F32 ? "NAN" : "(double)NAN");
+        return;
+    }
+    if (isinf(v)) {
+        rfi_sb_printf(sb, "%s%s", v < 0 ? "-" : "", dt == RF_F32 ? "INFINITY" : "(double)INFINITY");
+        return;
+    }
+    char buf[64];
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, v);
+        bool same = dt == RF_F32 ? strtof(buf, NULL) == (float)v : strtod(buf, NULL) == v;
+        if (same && (signbit(strtod(buf, NULL)) != 0) == (signbit(v) != 0))
+            break;
+    }
+    bool has_point = strpbrk(buf, ".en") != NULL;
+    rfi_sb_printf(sb, "%s%s%s%s%s", v < 0 || signbit(v) ? "(" : "", buf, has_point ? "" : ".0",
+                  dt == RF_F32 ? "f" : "", v < 0 || signbit(v) ? ")" : "");
+}
+
+static void int_literal(rfi_strbuf *sb, int64_t v, rf_dtype dt)
+{
+    switch (dt) {
+    case RF_I32:
+        if (v == INT32_MIN)
+            rfi_sb_printf(sb, "INT32_MIN");
+        else
+            rfi_sb_printf(sb, v < 0 ? "(%lld)" : "%lld", (long long)v);
+        return;
+    case RF_I64:
+        if (v == INT64_MIN)
+            rfi_sb_printf(sb, "INT64_MIN");
+        else if (v >= INT32_MIN && v <= INT32_MAX)
+            rfi_sb_printf(sb, v < 0 ? "(%lld)" : "%lld", (long long)v);
+        else
+            rfi_sb_printf(sb, "INT64_C(%lld)", (long long)v);
+        return;
+    default: rfi_sb_printf(sb, "(uint8_t)%lld", (long long)v); return;
+    }
+}
+
+/* ---- Names ---------------------------------------------------------------------- */
+static void name_values(render *R, const bool *live)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        char *name = R->names[id];
+        if (x->op == RFI_KIR_VAR) {
+            if (x->var < k->rank)
+                snprintf(name, 32, "i%d", x->var);
+            else
+                snprintf(name, 32, "r%d", x->var - k->rank);
+        } else if (x->op == RFI_KIR_ACC) {
+            snprintf(name, 32, "acc");
+        } else if (x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND) {
+            snprintf(name, 32, "ok%d", id);
+        } else if (x->op >= RFI_KIR_IADD && x->op <= RFI_KIR_IMAX) {
+            snprintf(name, 32, "j%d", id);
+        } else if (x->node >= 0 && live[id]) {
+            int seen = 0; /* earlier live values of the same node (at other indices) */
+            for (int p = 0; p < id; p++)
+                seen += live[p] && k->ins[p].node == x->node && k->ins[p].op != RFI_KIR_CONST &&
+                        k->ins[p].op >= RFI_KIR_LOAD;
+            if (seen)
+                snprintf(name, 32, "x_%d_%d", x->node, seen + 1);
+            else
+                snprintf(name, 32, "x_%d", x->node);
+        } else {
+            snprintf(name, 32, "t%d", id);
+        }
+    }
+    for (int b = 0; b < k->n_bases; b++) {
+        int same = 0;
+        for (int p = 0; p < b; p++)
+            same += k->bases[p].node == k->bases[b].node;
+        if (same)
+            snprintf(R->base_names[b], 32, "p%d_%d", b, k->bases[b].node);
+        else
+            snprintf(R->base_names[b], 32, "p_%d", k->bases[b].node);
+    }
+}
+
+/* An operand: its name, or the literal of a constant. */
+static void operand(render *R, int id)
+{
+    const rfi_kir_ins *x = &R->k->ins[id];
+    if (x->op != RFI_KIR_CONST)
+        rfi_sb_printf(R->sb, "%s", R->names[id]);
+    else if (rfi_dtype_is_float(x->dtype))
+        float_literal(R->sb, x->f, x->dtype);
+    else
+        int_literal(R->sb, x->i, x->dtype);
+}
+
+/* ---- Expressions ------------------------------------------------------------------ *
+ * A tiny format language: %a %b %c are operands, %T the result's C type, %f the
+ * float suffix of operand a's type ("f" for f32), %% a percent sign. */
+static void emit_fmt(render *R, const rfi_kir_ins *x, const char *fmt)
+{
+    rf_dtype at = x->a >= 0 ? R->k->ins[x->a].dtype : x->dtype;
+    for (const char *c = fmt; *c; c++) {
+        if (*c != '%' || !c[1]) {
+            rfi_sb_printf(R->sb, "%c", *c);
+            continue;
+        }
+        c++;
+        switch (*c) {
+        case 'a': operand(R, x->a); break;
+        case 'b': operand(R, x->b); break;
+        case 'c': operand(R, x->c); break;
+        case 'T': rfi_sb_printf(R->sb, "%s", ctype(x->dtype)); break;
+        case 'f': rfi_sb_printf(R->sb, "%s", at == RF_F32 ? "f" : ""); break;
+        default: rfi_sb_printf(R->sb, "%c", *c); break;
+        }
+    }
+}
+
+/* The integer value `expr` (computed in uint64) wrapped into dt (bool: != 0). */
+static void narrow(render *R, const rfi_kir_ins *x, rf_dtype dt, const char *expr)
+{
+    const char *open = dt == RF_I32 ? "(int32_t)(uint32_t)(" : dt == RF_I64 ? "(int64_t)("
+                       : dt == RF_U8 ? "(uint8_t)(" : "(uint8_t)((";
+    rfi_sb_printf(R->sb, "%s", open);
+    emit_fmt(R, x, expr);
+    rfi_sb_printf(R->sb, "%s", dt == RF_BOOL ? ") != 0)" : ")");
+}
+
+static void emit_math(render *R, const rfi_kir_ins *x, const char *func)
+{
+    rf_dtype at = R->k->ins[x->a].dtype;
+    use_math(R, func, at);
+    rfi_sb_printf(R->sb, "%s%s(", func, at == RF_F32 ? "f" : "");
+    operand(R, x->a);
+    if (x->b >= 0) {
+        rfi_sb_printf(R->sb, ", ");
+        operand(R, x->b);
+    }
+    rfi_sb_printf(R->sb, ")");
+}
+
+static void unary_float(render *R, const rfi_kir_ins *x)
+{
+    rf_dtype at = R->k->ins[x->a].dtype;
+    switch (x->ir_op) {
+    case RFI_OP_NEG: emit_fmt(R, x, "-%a"); return;
+    case RFI_OP_ABS: emit_fmt(R, x, "fabs%f(%a)"); return;
+    case RFI_OP_SIGN: /* -0 gives +0, NaN stays */
+        emit_fmt(R, x, "(%a > 0 ? (%T)1 : %a < 0 ? (%T)-1 : %a == %a ? (%T)0 : %a)");
+        return;
+    case RFI_OP_EXP: emit_math(R, x, "exp"); return;
+    case RFI_OP_EXPM1: emit_math(R, x, "expm1"); return;
+    case RFI_OP_LOG: emit_math(R, x, "log"); return;
+    case RFI_OP_LOG1P: emit_math(R, x, "log1p"); return;
+    case RFI_OP_SQRT: emit_fmt(R, x, "sqrt%f(%a)"); return;
+    case RFI_OP_RSQRT: /* in double, rounded once: the interpreter's value exactly */
+        emit_fmt(R, x, at == RF_F32 ? "(float)(1.0 / sqrt((double)%a))" : "1.0 / sqrt(%a)");
+        return;
+    case RFI_OP_TANH: emit_math(R, x, "tanh"); return;
+    case RFI_OP_LOGISTIC:
+        R->need |= at == RF_F32 ? NEED_LOGISTIC_F32 : NEED_LOGISTIC_F64;
+        use_math(R, "exp", at);
+        emit_fmt(R, x, at == RF_F32 ? "rf_logistic_f32(%a)" : "rf_logistic_f64(%a)");
+        return;
+    case RFI_OP_SIN: emit_math(R, x, "sin"); return;
+    case RFI_OP_COS: emit_math(R, x, "cos"); return;
+    case RFI_OP_FLOOR: emit_fmt(R, x, "floor%f(%a)"); return;
+    case RFI_OP_CEIL: emit_fmt(R, x, "ceil%f(%a)"); return;
+    case RFI_OP_ROUND: emit_fmt(R, x, "round%f(%a)"); return; /* half away from zero */
+    case RFI_OP_IS_FINITE:
+        emit_fmt(R, x, at == RF_F32 ? "(uint8_t)(fabsf(%a) <= FLT_MAX)"
+                                    : "(uint8_t)(fabs(%a) <= DBL_MAX)");
+        return;
+    case RFI_OP_NOT: emit_fmt(R, x, "(%T)(%a == 0)"); return;
+    default: emit_fmt(R, x, "%a"); return;
+    }
+}
+
+static void unary_int(render *R, const rfi_kir_ins *x)
+{
+    bool is_unsigned = x->dtype == RF_U8 || x->dtype == RF_BOOL;
+    switch (x->ir_op) {
+    case RFI_OP_NEG: narrow(R, x, x->dtype, "0 - (uint64_t)%a"); return;
+    case RFI_OP_ABS:
+        if (is_unsigned) {
+            emit_fmt(R, x, "%a");
+            return;
+        }
+        emit_fmt(R, x, "(%a < 0 ? ");
+        narrow(R, x, x->dtype, "0 - (uint64_t)%a");
+        emit_fmt(R, x, " : %a)");
+        return;
+    case RFI_OP_SIGN:
+        emit_fmt(R, x, is_unsigned ? "(%T)(%a > 0)" : "(%T)((%a > 0) - (%a < 0))");
+        return;
+    case RFI_OP_NOT:
+        if (x->dtype == RF_BOOL)
+            emit_fmt(R, x, "(uint8_t)!%a");
+        else
+            narrow(R, x, x->dtype, "~(uint64_t)%a");
+        return;
+    case RFI_OP_IS_FINITE: emit_fmt(R, x, "(uint8_t)1"); return;
+    default: emit_fmt(R, x, "%a"); return;
+    }
+}
+
+static void binary_float(render *R, const rfi_kir_ins *x)
+{
+    bool f32 = x->dtype == RF_F32;
+    switch (x->ir_op) {
+    case RFI_OP_ADD: emit_fmt(R, x, "%a + %b"); return;
+    case RFI_OP_SUB: emit_fmt(R, x, "%a - %b"); return;
+    case RFI_OP_MUL: emit_fmt(R, x, "%a * %b"); return;
+    case RFI_OP_DIV: emit_fmt(R, x, "%a / %b"); return;
+    case RFI_OP_POW: emit_math(R, x, "pow"); return;
+    case RFI_OP_MAX:
+    case RFI_OP_MIN:
+        R->need |= f32 ? NEED_MAXMIN_F32 : NEED_MAXMIN_F64;
+        rfi_sb_printf(R->sb, "rf_%s_%s(", x->ir_op == RFI_OP_MAX ? "max" : "min",
+                      f32 ? "f32" : "f64");
+        emit_fmt(R, x, "%a, %b)");
+        return;
+    case RFI_OP_REM: emit_fmt(R, x, "fmod%f(%a, %b)"); return; /* sign of the dividend */
+    case RFI_OP_AND: emit_fmt(R, x, "(%T)((%a != 0) && (%b != 0))"); return;
+    case RFI_OP_OR: emit_fmt(R, x, "(%T)((%a != 0) || (%b != 0))"); return;
+    default: emit_fmt(R, x, "%a"); return;
+    }
+}
+
+static void binary_int(render *R, const rfi_kir_ins *x)
+{
+    switch (x->ir_op) {
+    case RFI_OP_ADD: narrow(R, x, x->dtype, "(uint64_t)%a + (uint64_t)%b"); return;
+    case RFI_OP_SUB: narrow(R, x, x->dtype, "(uint64_t)%a - (uint64_t)%b"); return;
+    case RFI_OP_MUL: narrow(R, x, x->dtype, "(uint64_t)%a * (uint64_t)%b"); return;
+    case RFI_OP_DIV:
+        R->need |= NEED_DIV;
+        narrow(R, x, x->dtype, "(uint64_t)rf_div_i64(%a, %b)");
+        return;
+    case RFI_OP_REM:
+        R->need |= NEED_REM;
+        narrow(R, x, x->dtype, "(uint64_t)rf_rem_i64(%a, %b)");
+        return;
+    case RFI_OP_POW:
+        R->need |= NEED_POW;
+        narrow(R, x, x->dtype, "(uint64_t)rf_pow_i64(%a, %b)");
+        return;
+    case RFI_OP_MAX: emit_fmt(R, x, "(%a > %b ? %a : %b)"); return;
+    case RFI_OP_MIN: emit_fmt(R, x, "(%a < %b ? %a : %b)"); return;
+    case RFI_OP_AND: emit_fmt(R, x, "(%T)(%a & %b)"); return;
+    case RFI_OP_OR: emit_fmt(R, x, "(%T)(%a | %b)"); return;
+    default: emit_fmt(R, x, "%a"); return;
+    }
+}
+
+static void convert(render *R, const rfi_kir_ins *x)
+{
+    rf_dtype from = R->k->ins[x->a].dtype, to = x->dtype;
+    if (to == RF_BOOL) {
+        emit_fmt(R, x, "(uint8_t)(%a != 0)");
+    } else if (rfi_dtype_is_float(to) || !rfi_dtype_is_float(from)) {
+        if (rfi_dtype_is_float(to))
+            emit_fmt(R, x, "(%T)%a");
+        else
+            narrow(R, x, to, "(uint64_t)%a");
+    } else { /* float -> integer: truncate, saturate, NaN -> 0 */
+        R->need |= NEED_SAT;
+        emit_fmt(R, x, to == RF_I32 ? "rf_f2i32(%a)" : to == RF_I64 ? "rf_f2i64(%a)" : "rf_f2u8(%a)");
+    }
+}
+
+static const char *const c_cmp[] = {"==", "!=", "<", "<=", ">", ">="};
+
+static void expression(render *R, const rfi_kir_ins *x)
+{
+    bool is_float_a = x->a >= 0 && rfi_dtype_is_float(R->k->ins[x->a].dtype);
+    switch (x->op) {
+    case RFI_KIR_IADD:
+        if (R->k->ins[x->b].op == RFI_KIR_CONST && R->k->ins[x->b].i < 0 &&
+            R->k->ins[x->b].i > INT32_MIN) {
+            operand(R, x->a);
+            rfi_sb_printf(R->sb, " - %lld", -(long long)R->k->ins[x->b].i);
+            return;
+        }
+        emit_fmt(R, x, "%a + %b");
+        return;
+    case RFI_KIR_IMUL:
+        emit_fmt(R, x, R->k->ins[x->b].op == RFI_KIR_CONST && R->k->ins[x->b].i == -1 ? "-%a"
+                                                                                      : "%a * %b");
+        return;
+    case RFI_KIR_IDIV: emit_fmt(R, x, "%a / %b"); return;
+    case RFI_KIR_IREM: emit_fmt(R, x, "%a %% %b"); return;
+    case RFI_KIR_IMIN: emit_fmt(R, x, "(%a < %b ? %a : %b)"); return;
+    case RFI_KIR_IMAX: emit_fmt(R, x, "(%a > %b ? %a : %b)"); return;
+    case RFI_KIR_ICMP:
+        operand(R, x->a);
+        rfi_sb_printf(R->sb, " %s ", c_cmp[x->cmp]);
+        operand(R, x->b);
+        return;
+    case RFI_KIR_LAND: emit_fmt(R, x, "%a && %b"); return;
+    case RFI_KIR_LOAD:
+        rfi_sb_printf(R->sb, x->dtype == RF_BOOL ? "(uint8_t)(%s[" : "%s[",
+                      R->base_names[x->base]);
+        operand(R, x->a);
+        rfi_sb_printf(R->sb, x->dtype == RF_BOOL ? "] != 0)" : "]");
+        return;
+    case RFI_KIR_UNARY:
+        if (is_float_a)
+            unary_float(R, x);
+        else
+            unary_int(R, x);
+        return;
+    case RFI_KIR_BINARY:
+        if (is_float_a)
+            binary_float(R, x);
+        else
+            binary_int(R, x);
+        return;
+    case RFI_KIR_COMPARE:
+        rfi_sb_printf(R->sb, "(uint8_t)(");
+        operand(R, x->a);
+        rfi_sb_printf(R->sb, " %s ", c_cmp[x->cmp]);
+        operand(R, x->b);
+        rfi_sb_printf(R->sb, ")");
+        return;
+    case RFI_KIR_SELECT: emit_fmt(R, x, "%a ? %b : %c"); return;
+    case RFI_KIR_CONVERT: convert(R, x); return;
+    case RFI_KIR_ACC: rfi_sb_printf(R->sb, "acc"); return;
+    default: rfi_sb_printf(R->sb, "0"); return;
+    }
+}
+
+/* ---- Kernels ------------------------------------------------------------------------ */
+static void indent(render *R, int depth)
+{
+    rfi_sb_printf(R->sb, "%*s", 4 * depth, "");
+}
+
+static void statements(render *R, const bool *live, int level, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        if (!live[id] || x->level != level || x->op == RFI_KIR_VAR || x->op == RFI_KIR_CONST ||
+            x->op == RFI_KIR_ACC)
+            continue;
+        indent(R, depth);
+        bool pred = x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND;
+        rfi_sb_printf(R->sb, "const %s %s = ", pred ? "int" : ctype(x->dtype), R->names[id]);
+        expression(R, x);
+        rfi_sb_printf(R->sb, ";\n");
+    }
+}
+
+static void stores(render *R, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int s = 0; s < k->n_stores; s++) {
+        indent(R, depth);
+        rfi_sb_printf(R->sb, "%s[", R->base_names[k->stores[s].base]);
+        operand(R, k->stores[s].index);
+        rfi_sb_printf(R->sb, "] = ");
+        operand(R, k->stores[s].value);
+        rfi_sb_printf(R->sb, ";\n");
+    }
+}
+
+/* The accumulator update of a REDUCE kernel, with the interpreter's arithmetic. */
+static void fold(render *R, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    indent(R, depth);
+    if (k->red_guard >= 0) {
+        rfi_sb_printf(R->sb, "if (");
+        operand(R, k->red_guard);
+        rfi_sb_printf(R->sb, ")\n");
+        indent(R, depth + 1);
+    }
+    bool f = k->acc_dtype == RF_F64;
+    rfi_kir_ins x = k->ins[k->red_value]; /* %a: the folded value */
+    x.a = k->red_value;
+    const char *fmt = "acc = %a;\n";
+    switch (k->red_kind) {
+    case RF_REDUCE_SUM:
+        fmt = f ? "acc += %a;\n" : "acc = (int64_t)((uint64_t)acc + (uint64_t)%a);\n";
+        break;
+    case RF_REDUCE_PROD:
+        fmt = f ? "acc *= %a;\n" : "acc = (int64_t)((uint64_t)acc * (uint64_t)%a);\n";
+        break;
+    case RF_REDUCE_MAX: fmt = f ? "acc = rf_max_f64(acc, %a);\n" : "acc = %a > acc ? %a : acc;\n"; break;
+    case RF_REDUCE_MIN: fmt = f ? "acc = rf_min_f64(acc, %a);\n" : "acc = %a < acc ? %a : acc;\n"; break;
+    case RF_REDUCE_AND: fmt = f ? "acc = (double)((acc != 0) && (%a != 0));\n" : "acc &= %a;\n"; break;
+    case RF_REDUCE_OR: fmt = f ? "acc = (double)((acc != 0) || (%a != 0));\n" : "acc |= %a;\n"; break;
+    default: break;
+    }
+    if (f && (k->red_kind == RF_REDUCE_MAX || k->red_kind == RF_REDUCE_MIN))
+        R->need |= NEED_MAXMIN_F64;
+    emit_fmt(R, &x, fmt);
+}
+
+/* text as a block comment at the given depth, one line per line. */
+static void comment(render *R, const char *text, int depth)
+{
+    indent(R, depth);
+    rfi_sb_printf(R->sb, "/* ");
+    for (const char *c = text; c && *c; c++) {
+        if (*c == '\n') {
+            rfi_sb_printf(R->sb, "\n");
+            indent(R, depth);
+            rfi_sb_printf(R->sb, " * ");
+        }
+        else if (c[0] == '*' && c[1] == '/')
+            rfi_sb_printf(R->sb, "* "); /* never close the comment early */
+        else
+            rfi_sb_printf(R->sb, "%c", *c);
+    }
+    rfi_sb_printf(R->sb, " */\n");
+}
+
+static void kernel_name(const rfi_kir_kernel *k, char *buf, size_t n)
+{
+    snprintf(buf, n, "k%d_%s", k->step, k->name);
+}
+
+static void ctx_struct(render *R, const bool *base_used, const char *kname)
+{
+    const rfi_kir_kernel *k = R->k;
+    rfi_sb_printf(R->sb, "struct %s_ctx {\n", kname);
+    for (int b = 0; b < k->n_bases; b++)
+        if (base_used[b])
+            rfi_sb_printf(R->sb, "    %s%s *%s%s;\n", k->bases[b].written ? "" : "const ",
+                          ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
+                          R->base_names[b]);
+    rfi_sb_printf(R->sb, "};\n\n");
+}
+
+static void reduction_loops(render *R, const bool *live, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    indent(R, depth);
+    rfi_sb_printf(R->sb, "%s acc = ", ctype(k->acc_dtype));
+    if (k->acc_dtype == RF_F64)
+        float_literal(R->sb, k->red_identity_f, RF_F64);
+    else
+        int_literal(R->sb, k->red_identity_i, RF_I64);
+    rfi_sb_printf(R->sb, ";\n");
+    for (int d = 0; d < k->red_rank; d++) {
+        if (d == k->red_rank - 1 && k->red_kind == RF_REDUCE_SUM && k->acc_dtype == RF_F64) {
+            indent(R, depth + d);
+            rfi_sb_printf(R->sb, "#pragma omp simd reduction(+:acc)\n");
+        }
+        indent(R, depth + d);
+        rfi_sb_printf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+                      (long long)k->red_dims[d], d);
+    }
+    statements(R, live, 2, depth + k->red_rank);
+    fold(R, depth + k->red_rank);
+    for (int d = k->red_rank - 1; d >= 0; d--) {
+        indent(R, depth + d);
+        rfi_sb_printf(R->sb, "}\n");
+    }
+    statements(R, live, 3, depth);
+}
+
+static void kernel_body(render *R, const bool *live)
+{
+    const rfi_kir_kernel *k = R->k;
+    statements(R, live, 0, 1);
+    if (k->rank == 0)
+        rfi_sb_printf(R->sb, "    (void)lo;\n    (void)hi;\n");
+    for (int d = 0; d < k->rank; d++) {
+        if (d == k->rank - 1 && !k->is_reduce) {
+            indent(R, 1 + d);
+            rfi_sb_printf(R->sb, "#pragma omp simd\n");
+        }
+        indent(R, 1 + d);
+        if (d == 0)
+            rfi_sb_printf(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
+        else
+            rfi_sb_printf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
+                          (long long)k->dims[d], d);
+    }
+    int depth = 1 + k->rank;
+    statements(R, live, 1, depth);
+    if (k->is_reduce)
+        reduction_loops(R, live, depth);
+    stores(R, depth);
+    for (int d = k->rank - 1; d >= 0; d--) {
+        indent(R, 1 + d);
+        rfi_sb_printf(R->sb, "}\n");
+    }
+}
+
+static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
+{
+    bool *live = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof(bool));
+    bool *base_used = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof(bool));
+    R->names = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof *R->names);
+    R->base_names = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof *R->base_names);
+    if (!live || !base_used || !R->names || !R->base_names) {
+        rfi_free(live);
+        rfi_free(base_used);
+        rfi_free(R->names);
+        rfi_free(R->base_names);
+        return rfi_error(RF_E_NOMEM, "render_c: out of memory");
+    }
+    R->k = k;
+    rfi_kir_liveness(k, live);
+    for (int id = 0; id < k->n_ins; id++)
+        if (live[id] && k->ins[id].op == RFI_KIR_LOAD)
+            base_used[k->ins[id].base] = true;
+    for (int s = 0; s < k->n_stores; s++)
+        base_used[k->stores[s].base] = true;
+    name_values(R, live);
+
+    char kname[64];
+    kernel_name(k, kname, sizeof kname);
+    comment(R, k->comment ? k->comment : kname, 0);
+    ctx_struct(R, base_used, kname);
+    rfi_sb_printf(R->sb, "static void %s(void *ctx, int64_t lo, int64_t hi)\n{\n", kname);
+    rfi_sb_printf(R->sb, "    const struct %s_ctx *c = ctx;\n", kname);
+    for (int b = 0; b < k->n_bases; b++)
+        if (base_used[b])
+            rfi_sb_printf(R->sb, "    %s%s *%s%s = c->%s;\n", k->bases[b].written ? "" : "const ",
+                          ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
+                          R->base_names[b], R->base_names[b]);
+    kernel_body(R, live);
+    rfi_sb_printf(R->sb, "}\n\n");
+    rfi_free(live);
+    rfi_free(base_used);
+    rfi_free(R->names);
+    rfi_free(R->base_names);
+    R->names = NULL;
+    R->base_names = NULL;
+    return RF_OK;
+}
+
+/* ---- The entry point ---------------------------------------------------------------- */
+/* (type *)(bufs[buffer] + offset bytes) */
+static void pointer(render *R, const char *type, int buffer, size_t offset)
+{
+    if (offset)
+        rfi_sb_printf(R->sb, "(%s *)(void *)((char *)bufs[%d] + %zu)", type, buffer, offset);
+    else
+        rfi_sb_printf(R->sb, "(%s *)bufs[%d]", type, buffer);
+}
+
+static void call_kernel(render *R, const rfi_kir_kernel *k)
+{
+    char kname[64];
+    kernel_name(k, kname, sizeof kname);
+    bool *base_used = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof(bool));
+    bool *live = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof(bool));
+    if (!base_used || !live) {
+        rfi_free(base_used);
+        rfi_free(live);
+        R->sb->failed = true;
+        return;
+    }
+    rfi_kir_liveness(k, live);
+    for (int id = 0; id < k->n_ins; id++)
+        if (live[id] && k->ins[id].op == RFI_KIR_LOAD)
+            base_used[k->ins[id].base] = true;
+    for (int s = 0; s < k->n_stores; s++)
+        base_used[k->stores[s].base] = true;
+    rfi_sb_printf(R->sb, "    {\n        struct %s_ctx c = {", kname);
+    bool first = true;
+    for (int b = 0; b < k->n_bases; b++) {
+        if (!base_used[b])
+            continue;
+        const rfi_kir_base *x = &k->bases[b];
+        rfi_sb_printf(R->sb, "%s", first ? "" : ", ");
+        pointer(R, ctype(x->dtype), x->buffer, x->offset);
+        first = false;
+    }
+    rfi_sb_printf(R->sb, "};\n");
+    int64_t outer = k->rank ? k->dims[0] : 1;
+    int64_t total = rfi_numel(k->dims, k->rank) * rfi_numel(k->red_dims, k->red_rank);
+    if (total > PARALLEL_MIN && outer > 1) {
+        int64_t per_row = total / outer > 0 ? total / outer : 1;
+        int64_t grain = (PARALLEL_CHUNK + per_row - 1) / per_row;
+        rfi_sb_printf(R->sb, "        s->parallel_for(s->rt, %lld, %lld, %s, &c);\n",
+                      (long long)outer, (long long)(grain > 0 ? grain : 1), kname);
+    } else {
+        rfi_sb_printf(R->sb, "        %s(&c, 0, %lld);\n", kname, (long long)outer);
+    }
+    rfi_sb_printf(R->sb, "    }\n");
+    rfi_free(base_used);
+    rfi_free(live);
+}
+
+static void entry(render *R, const rfi_kir_module *m)
+{
+    rfi_sb_printf(R->sb, "/* Runs the %d steps on the buffer table (%d buffers). */\n", m->n_steps,
+                  m->n_buffers);
+    rfi_sb_printf(R->sb, "__attribute__((visibility(\"default\")))\n");
+    rfi_sb_printf(R->sb, "int rf_module_run_v1(const rf_module_services *s, void *const *bufs)\n{\n");
+    rfi_sb_printf(R->sb, "    (void)s;\n    (void)bufs;\n");
+    for (int i = 0; i < m->n_steps; i++) {
+        const rfi_kir_step *st = &m->steps[i];
+        switch (st->kind) {
+        case RFI_KIR_STEP_KERNEL: call_kernel(R, st->kernel); break;
+        case RFI_KIR_STEP_CALL:
+            comment(R, st->comment, 1);
+            rfi_sb_printf(R->sb, "    if (s->call(s->rt, %d, bufs))\n        return %d;\n",
+                          st->step, st->step + 1);
+            break;
+        case RFI_KIR_STEP_COPY:
+            comment(R, st->comment, 1);
+            rfi_sb_printf(R->sb, "    memcpy(");
+            pointer(R, "char", st->dst_buffer, st->dst_offset);
+            rfi_sb_printf(R->sb, ", ");
+            pointer(R, "char", st->src_buffer, st->src_offset);
+            rfi_sb_printf(R->sb, ", %zu);\n", st->nbytes);
+            break;
+        }
+    }
+    rfi_sb_printf(R->sb, "    return 0;\n}\n");
+}
+
+/* ---- Prelude -------------------------------------------------------------------------- */
+static void prelude(rfi_strbuf *sb, const render *R)
+{
+    for (int f = 0; f < N_SIMD_FUNCS; f++)
+        for (int d = 0; d < 2; d++) {
+            if (!R->simd_used[f][d])
+                continue;
+            const char *t = d ? "double" : "float";
+            bool two = strcmp(simd_funcs[f], "pow") == 0;
+            rfi_sb_printf(sb, "#pragma omp declare simd notinbranch\n%s %s%s(%s%s%s);\n", t,
+                          simd_funcs[f], d ? "" : "f", t, two ? ", " : "", two ? t : "");
+        }
+    rfi_sb_printf(sb, "\n");
+    unsigned need = R->need;
+    if (need & NEED_SAT)
+        rfi_sb_printf(sb,
+            "/* float -> integer: truncate toward zero, saturate, NaN -> 0 */\n"
+            "static inline int32_t rf_f2i32(double v)\n{\n"
+            "    return v != v ? 0 : v <= -2147483648.0 ? INT32_MIN\n"
+            "         : v >= 2147483647.0 ? INT32_MAX : (int32_t)v;\n}\n\n"
+            "static inline int64_t rf_f2i64(double v)\n{\n"
+            "    return v != v ? 0 : v <= -9223372036854775808.0 ? INT64_MIN\n"
+            "         : v >= 9223372036854775807.0 ? INT64_MAX : (int64_t)v;\n}\n\n"
+            "static inline uint8_t rf_f2u8(double v)\n{\n"
+            "    return v != v ? 0 : v <= 0.0 ? 0 : v >= 255.0 ? 255 : (uint8_t)(int32_t)v;\n}\n\n");
+    if (need & NEED_DIV)
+        rfi_sb_printf(sb,
+            "/* integer division: x / 0 = 0, INT_MIN / -1 wraps */\n"
+            "static inline int64_t rf_div_i64(int64_t a, int64_t b)\n{\n"
+            "    if (b == 0)\n        return 0;\n"
+            "    if (b == -1)\n        return (int64_t)(0 - (uint64_t)a);\n"
+            "    return a / b;\n}\n\n");
+    if (need & NEED_REM)
+        rfi_sb_printf(sb,
+            "/* integer remainder: x %% 0 = 0, x %% -1 = 0 */\n"
+            "static inline int64_t rf_rem_i64(int64_t a, int64_t b)\n{\n"
+            "    return (b == 0 || b == -1) ? 0 : a %% b;\n}\n\n");
+    if (need & NEED_POW)
+        rfi_sb_printf(sb,
+            "/* integer power by squaring (wrapping); negative exponents give 0 but for +-1 */\n"
+            "static inline int64_t rf_pow_i64(int64_t a, int64_t b)\n{\n"
+            "    if (b < 0)\n        return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;\n"
+            "    uint64_t r = 1, x = (uint64_t)a;\n"
+            "    while (b > 0) {\n        if (b & 1)\n            r *= x;\n"
+            "        x *= x;\n        b >>= 1;\n    }\n"
+            "    return (int64_t)r;\n}\n\n");
+    for (int d = 0; d < 2; d++) {
+        const char *t = d ? "double" : "float", *n = d ? "f64" : "f32";
+        if (need & (d ? NEED_MAXMIN_F64 : NEED_MAXMIN_F32))
+            rfi_sb_printf(sb,
+                "/* max/min propagating NaN (either operand's); written as two selects so\n"
+                " * gcc vectorises them */\n"
+                "static inline %s rf_max_%s(%s a, %s b)\n{\n"
+                "    %s m = a > b ? a : b;\n    return a != a ? a : m;\n}\n\n"
+                "static inline %s rf_min_%s(%s a, %s b)\n{\n"
+                "    %s m = a < b ? a : b;\n    return a != a ? a : m;\n}\n\n",
+                t, n, t, t, t, t, n, t, t, t);
+        if (need & (d ? NEED_LOGISTIC_F64 : NEED_LOGISTIC_F32))
+            rfi_sb_printf(sb,
+                "/* logistic, never exp of a large positive number */\n"
+                "static inline %s rf_logistic_%s(%s x)\n{\n"
+                "    %s e = exp%s(-fabs%s(x));\n"
+                "    return (x >= 0 ? 1 : e) / (1 + e);\n}\n\n",
+                t, n, t, t, d ? "" : "f", d ? "" : "f");
+    }
+}
+
+rf_status rfi_render_c(const rfi_kir_module *m, char **source)
+{
+    *source = NULL;
+    rfi_strbuf body = {0}, out = {0};
+    render R;
+    memset(&R, 0, sizeof R);
+    R.sb = &body;
+    rf_status st = RF_OK;
+    for (int i = 0; i < m->n_steps && st == RF_OK; i++)
+        if (m->steps[i].kind == RFI_KIR_STEP_KERNEL)
+            st = render_kernel(&R, m->steps[i].kernel);
+    if (st == RF_OK)
+        entry(&R, m);
+    if (st == RF_OK) {
+        rfi_sb_printf(&out, "/* Generated by reflux: %d steps. Compile with -O2 -fopenmp-simd "
+                            "-fno-math-errno -std=c11 -fPIC -shared, link with -lm. */\n",
+                      m->n_steps);
+        rfi_sb_printf(&out, "%s", abi_block);
+        rfi_sb_printf(&out, "#include <float.h>\n#include <math.h>\n#include <string.h>\n\n");
+        prelude(&out, &R);
+        rfi_sb_printf(&out, "%s", body.data ? body.data : "");
+    }
+    bool failed = body.failed || out.failed;
+    rfi_sb_free(&body);
+    if (st != RF_OK || failed) {
+        rfi_sb_free(&out);
+        return st != RF_OK ? st : rfi_error(RF_E_NOMEM, "render_c: out of memory");
+    }
+    *source = out.data;
+    return RF_OK;
+}

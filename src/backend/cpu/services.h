@@ -1,0 +1,98 @@
+/* services.h: the runtime services a compiled CPU module calls (module_abi.h):
+ * parallel_for over the runtime's thread pool, and `call` for the plan's CALL
+ * steps (matmul and convolution through oneDNN, anything else through the
+ * reference kernels). Also the internal interfaces of the two library-call
+ * implementations (dnnl_matmul.c, conv.c) that services.c drives.
+ *
+ * Everything a CALL step needs (oneDNN engine and stream, primitives, memory
+ * objects, operand locations, one workspace shared by all steps) is created
+ * once by rfi_cpu_services_prepare; a call allocates nothing through the
+ * runtime's allocator. Steps of one executable run one at a time (the
+ * executable's arena and workspace are shared), so an executable must not be
+ * run on two threads at once.
+ *
+ * Threads: oneDNN (Debian's build) runs on OpenMP. Library calls run from the
+ * calling thread while the runtime's pool is idle, and OpenMP's thread count
+ * is set to the pool's size (omp_set_num_threads, looked up with dlsym), so
+ * the two never run at once and never oversubscribe the cores.
+ *
+ * Precision: f32 matmul and convolution accumulate in f32 in oneDNN's order;
+ * the reference kernels (and so the FALLBACK path) accumulate in double.
+ */
+#ifndef RF_BACKEND_CPU_SERVICES_H
+#define RF_BACKEND_CPU_SERVICES_H
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "../plan.h"
+#include "module_abi.h"
+
+typedef struct rfi_cpu_services rfi_cpu_services;
+
+/* Creates the state for every CALL step of p (p must outlive it). */
+RFI_FUNC rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out);
+/* module_abi.h's `call`: runs CALL step `step` on the buffer table (rt is the
+ * rfi_cpu_services). 0 on success; otherwise non-zero with rfi_error set. */
+RFI_FUNC int rfi_cpu_services_call(void *rt, int step, void *const *buffers);
+/* module_abi.h's `parallel_for` (rt unused: the pool is process-wide). */
+RFI_FUNC void rfi_cpu_services_parallel_for(void *rt, int64_t n, int64_t grain,
+                                            void (*body)(void *ctx, int64_t lo, int64_t hi),
+                                            void *ctx);
+/* Fills the table a module's entry point receives. */
+RFI_FUNC void rfi_cpu_services_table(rfi_cpu_services *s, rf_module_services *table);
+RFI_FUNC void rfi_cpu_services_free(rfi_cpu_services *s);
+/* How CALL step `step` actually runs (FALLBACK for a MATMUL/CONV the library
+ * path does not take: non-f32 dtypes, unsupported forms), NONE if not a CALL
+ * step. For tests and dumps. */
+RFI_FUNC rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step);
+/* The shared workspace size (bytes) allocated at prepare. */
+RFI_FUNC size_t rfi_cpu_services_workspace(const rfi_cpu_services *s);
+
+/* ---- Library calls (internal to services.c and its siblings) ------------------------ */
+
+/* Bytes rounded up to the workspace alignment (64). */
+static inline size_t rfi_ws_align(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* One oneDNN matmul primitive over strided f32 tensors (dims and strides in
+ * elements, ndims <= 4), src x weights = dst with the batch dims in front;
+ * its scratchpad lives in the caller's workspace (user scratchpad mode). */
+typedef struct rfi_dnnl_mm {
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, wei, dst, scratch;
+    size_t scratch_bytes;
+    bool is_ref; /* oneDNN picked its slow reference implementation */
+} rfi_dnnl_mm;
+typedef struct rfi_dnnl_tensor {
+    int ndims;
+    dnnl_dims_t dims, strides; /* ndims <= 4 used */
+} rfi_dnnl_tensor;
+RFI_FUNC rf_status rfi_dnnl_mm_init(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
+                                    const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,
+                                    const char *what);
+RFI_FUNC rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float *src,
+                                   const float *wei, float *dst, void *scratch,
+                                   const char *what);
+RFI_FUNC void rfi_dnnl_mm_destroy(rfi_dnnl_mm *mm);
+/* An error message for a failed oneDNN call. */
+RFI_FUNC rf_status rfi_dnnl_error(dnnl_status_t st, const char *what, const char *call);
+
+/* DOT_GENERAL on f32 (dnnl_matmul.c). prepare returns RF_E_UNSUPPORTED for
+ * forms it does not take (the caller then uses the reference kernel). */
+typedef struct rfi_cpu_matmul rfi_cpu_matmul;
+RFI_FUNC rf_status rfi_cpu_matmul_prepare(const rfi_node *n, dnnl_engine_t eng,
+                                          rfi_cpu_matmul **out, size_t *workspace_bytes);
+RFI_FUNC rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs,
+                                      const void *rhs, void *out, void *workspace);
+RFI_FUNC void rfi_cpu_matmul_free(rfi_cpu_matmul *m);
+
+/* CONVOLUTION on f32 (conv.c), same conventions. */
+typedef struct rfi_cpu_conv rfi_cpu_conv;
+RFI_FUNC rf_status rfi_cpu_conv_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_conv **out,
+                                        size_t *workspace_bytes);
+RFI_FUNC rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x,
+                                    const void *w, void *out, void *workspace);
+RFI_FUNC void rfi_cpu_conv_free(rfi_cpu_conv *c);
+/* Which path a prepared convolution takes: "im2col" or "direct" (for benches). */
+RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
+
+#endif

@@ -1,0 +1,689 @@
+/* fuse.c: fusion decisions of the execution plan: which nodes are
+ * materialised, the ordered steps that compute them, and where outputs and
+ * updates go (written directly, in place, or copied at the end).
+ *
+ * The rules (plan.h explains the fusion model):
+ *
+ * Leaves. ARGUMENT -> LOC_ARG, CAPTURE -> LOC_CAPTURE. CONSTANT of rank > 0
+ *   -> LOC_CONST (payload passed in the buffer table); a rank-0 CONSTANT is
+ *   inline (a literal) unless it must be materialised (then LOC_CONST too).
+ *   IOTA is inline unless it must be materialised (then a LOOP root).
+ *
+ * Always materialised: program outputs and update values; the operands of
+ *   CALL steps; every op that is not fusible (REDUCE, REDUCE_WINDOW, ARGMAX,
+ *   ARGMIN, DOT_GENERAL, CONVOLUTION, GATHER, SCATTER_ADD,
+ *   SELECT_AND_SCATTER, RNG).
+ *
+ * Fusible ops: unary/binary elementwise (STOP_GRADIENT included), COMPARE,
+ *   SELECT, CLAMP, CONVERT, BROADCAST_IN_DIM, RESHAPE, TRANSPOSE, SLICE,
+ *   REVERSE, PAD, CONCATENATE, IOTA, rank-0 CONSTANT. A fusible node that is
+ *   not forced is inline or materialised by one rule, decided from the users
+ *   down (users have larger ids, so a reverse walk sees them decided):
+ *   - "sites" of a user u: 1 if u is materialised, else the sites of u; an
+ *     edge into an expanding BROADCAST_IN_DIM, a DOT_GENERAL or a
+ *     REDUCE_WINDOW counts 2 (the operand would be re-evaluated per output
+ *     element). A REDUCE user counts 1 (each input element is read once).
+ *   - CHEAP ops (broadcast_in_dim, reshape, transpose, slice, reverse,
+ *     convert, iota, constant, neg, abs, stop_gradient) and every rank-0
+ *     node (a scalar is loop-invariant: a step evaluates it once, hoisted
+ *     out of its loops) are always inline; their sites are the sum over
+ *     their users (capped at 2).
+ *   - any other fusible node is inline iff every edge to a user counts at
+ *     most 1 AND (it has one user, or all its users are elementwise ops of
+ *     its own shape, i.e. they read it at the index they compute: a shared
+ *     subexpression of loops over one shape, computed once per element when
+ *     those roots share a LOOP step and recomputed otherwise). Else it is
+ *     materialised. Its sites are then 1.
+ *
+ * Aliases. A RESHAPE or STOP_GRADIENT whose operand is materialised and
+ *   that is not an output becomes LOC_ALIAS of the operand's bytes (no step).
+ *
+ * Steps, in topological (id) order of their roots: each materialised
+ *   non-leaf, non-alias node is a root. DOT_GENERAL with at least
+ *   opts.matmul_call_min_flops multiply-adds -> CALL MATMUL; CONVOLUTION ->
+ *   CALL CONV; ARGMAX, ARGMIN, GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG
+ *   -> CALL FALLBACK; REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a
+ *   REDUCE step; everything else -> LOOP. A new LOOP root joins an existing
+ *   LOOP step of identical dims that reads at least one of the same inputs
+ *   (the latest such step among the last JOIN_WINDOW steps) when it can run
+ *   there: the step comes after every step producing the root's inputs, or
+ *   else the step can be moved to the end (no later step reads its roots and
+ *   the new root reads none of them).
+ *   This puts the flat optimiser update of all parameters and moments (one
+ *   shape, [total]) into one loop.
+ *
+ * Outputs. A root that is output i and not an update value, and not already
+ *   placed, is LOC_OUTPUT i. Every other output (extra outputs of one node,
+ *   leaves, aliases, update values) gets a COPY step at the end.
+ *
+ * Updates. Value v of the update of capture c is LOC_IN_PLACE c when
+ *   opts.in_place_updates and: (1) v is a LOOP root with c's dims; (2) in v's
+ *   step, every inline path from c's CAPTURE node to any root of the step
+ *   goes through elementwise ops of one shape only (identity indexing) and
+ *   the step reads no alias of c; (3) no later step and no final copy reads
+ *   c; (4) v is not an output, not read by a later step, and the value of
+ *   no other update. Otherwise v lives in the arena (or where it already is)
+ *   and a COPY step writes it into c at the end.
+ *
+ * Final COPY steps, in this order: copies to outputs; copies to captures
+ *   whose source is a capture's bytes (they read old values); the other
+ *   copies to captures. A copy chain between captures (a <- b while b is
+ *   itself updated by a copy before) is reported as unsupported.
+ *
+ * Not here: arena offsets (memplan.c), assembling/printing the plan (plan.c),
+ * and anything about how steps become code.
+ */
+#include <string.h>
+
+#include "plan_internal.h"
+
+/* ---- Op classes --------------------------------------------------------------------- */
+
+static bool is_elementwise(rfi_op op)
+{
+    unsigned f = rfi_op_table[op].flags;
+    return (f & (RFI_UNARY | RFI_BINARY)) || op == RFI_OP_COMPARE || op == RFI_OP_SELECT ||
+           op == RFI_OP_CLAMP || op == RFI_OP_CONVERT;
+}
+
+static bool is_fusible(rfi_op op)
+{
+    switch (op) {
+    case RFI_OP_BROADCAST_IN_DIM:
+    case RFI_OP_RESHAPE:
+    case RFI_OP_TRANSPOSE:
+    case RFI_OP_SLICE:
+    case RFI_OP_REVERSE:
+    case RFI_OP_PAD:
+    case RFI_OP_CONCATENATE:
+    case RFI_OP_IOTA:
+    case RFI_OP_CONSTANT:
+        return true;
+    default:
+        return is_elementwise(op);
+    }
+}
+
+static bool is_cheap(rfi_op op)
+{
+    switch (op) {
+    case RFI_OP_BROADCAST_IN_DIM:
+    case RFI_OP_RESHAPE:
+    case RFI_OP_TRANSPOSE:
+    case RFI_OP_SLICE:
+    case RFI_OP_REVERSE:
+    case RFI_OP_CONVERT:
+    case RFI_OP_IOTA:
+    case RFI_OP_CONSTANT:
+    case RFI_OP_NEG:
+    case RFI_OP_ABS:
+    case RFI_OP_STOP_GRADIENT:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool same_dims(const rfi_node *a, const rfi_node *b)
+{
+    if (a->rank != b->rank)
+        return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i])
+            return false;
+    return true;
+}
+
+/* Multiply-adds of a DOT_GENERAL: result elements times the contracted size. */
+static int64_t dot_flops(const rfi_node *x)
+{
+    const rfi_node *lhs = x->in[0];
+    int64_t k = 1;
+    for (int i = 0; i < x->attr.nl[2]; i++)
+        k *= lhs->dims[x->attr.l[2][i]];
+    return rfi_node_numel(x) * k;
+}
+
+static rfi_call_kind call_kind(const rfi_plan_builder *b, const rfi_node *x)
+{
+    switch (x->op) {
+    case RFI_OP_DOT_GENERAL:
+        return dot_flops(x) >= b->opts.matmul_call_min_flops ? RFI_CALL_MATMUL : RFI_CALL_NONE;
+    case RFI_OP_CONVOLUTION:
+        return RFI_CALL_CONV;
+    case RFI_OP_ARGMAX:
+    case RFI_OP_ARGMIN:
+    case RFI_OP_GATHER:
+    case RFI_OP_SCATTER_ADD:
+    case RFI_OP_SELECT_AND_SCATTER:
+    case RFI_OP_RNG:
+        return RFI_CALL_FALLBACK;
+    default:
+        return RFI_CALL_NONE;
+    }
+}
+
+static rfi_step_kind step_kind(const rfi_plan_builder *b, const rfi_node *x)
+{
+    if (call_kind(b, x) != RFI_CALL_NONE)
+        return RFI_STEP_CALL;
+    if (x->op == RFI_OP_REDUCE || x->op == RFI_OP_REDUCE_WINDOW || x->op == RFI_OP_DOT_GENERAL)
+        return RFI_STEP_REDUCE;
+    return RFI_STEP_LOOP;
+}
+
+static bool is_leaf(const rfi_node *x) { return (rfi_op_table[x->op].flags & RFI_LEAF) != 0; }
+
+/* ---- Materialisation ------------------------------------------------------------------- */
+
+/* How many times one evaluation of user u re-evaluates its operand x. */
+static int edge_weight(const rfi_node *x, const rfi_node *u)
+{
+    if (u->op == RFI_OP_BROADCAST_IN_DIM && rfi_node_numel(u) > rfi_node_numel(x))
+        return 2;
+    if (u->op == RFI_OP_DOT_GENERAL || u->op == RFI_OP_REDUCE_WINDOW)
+        return 2;
+    return 1;
+}
+
+/* Sites of x seen through user u: 1 for a materialised user, else u's own. */
+static int user_sites(const rfi_plan_builder *b, const int *sites, const rfi_node *x, int u)
+{
+    int s = b->mat[u] ? 1 : sites[u];
+    int w = s * edge_weight(x, b->g->nodes[u]);
+    return w > 2 ? 2 : w;
+}
+
+/* Nodes that must have a buffer whatever their users: outputs, update
+ * values, non-fusible ops and the operands of CALL steps. */
+static void mark_forced(const rfi_plan_builder *b, bool *forced)
+{
+    const rfi_graph *g = b->g;
+    for (int i = 0; i < g->n_outputs; i++)
+        forced[g->outputs[i]->id] = true;
+    for (int i = 0; i < g->n_updates; i++)
+        forced[g->updates[i].value->id] = true;
+    for (int i = 0; i < b->n; i++) {
+        const rfi_node *x = g->nodes[i];
+        if (!is_fusible(x->op) && !is_leaf(x))
+            forced[i] = true;
+        if (call_kind(b, x) != RFI_CALL_NONE)
+            for (int k = 0; k < x->n_in; k++)
+                forced[x->in[k]->id] = true;
+    }
+}
+
+/* Decides an unforced fusible non-leaf node (users already decided). */
+static void decide_fusible(rfi_plan_builder *b, int *sites, int x)
+{
+    const rfi_node *node = b->g->nodes[x];
+    int n_users = b->user_start[x + 1] - b->user_start[x];
+    const int *us = b->users + b->user_start[x];
+    if (is_cheap(node->op) || node->rank == 0) {
+        int total = 0;
+        for (int k = 0; k < n_users; k++)
+            total += user_sites(b, sites, node, us[k]);
+        sites[x] = total > 2 ? 2 : total;
+        return;
+    }
+    bool all_single = true, all_elementwise = true;
+    for (int k = 0; k < n_users; k++) {
+        const rfi_node *u = b->g->nodes[us[k]];
+        if (user_sites(b, sites, node, us[k]) > 1)
+            all_single = false;
+        if (!is_elementwise(u->op) || !same_dims(u, node))
+            all_elementwise = false;
+    }
+    if (all_single && (n_users <= 1 || all_elementwise))
+        sites[x] = 1;
+    else
+        b->mat[x] = true;
+}
+
+static void decide_leaf(rfi_plan_builder *b, const bool *forced, int x)
+{
+    const rfi_node *node = b->g->nodes[x];
+    rfi_loc *loc = &b->p->loc[x];
+    switch (node->op) {
+    case RFI_OP_ARGUMENT:
+        b->mat[x] = true;
+        loc->kind = RFI_LOC_ARG;
+        loc->index = (int)node->attr.i[0];
+        break;
+    case RFI_OP_CAPTURE:
+        b->mat[x] = true;
+        loc->kind = RFI_LOC_CAPTURE;
+        loc->index = (int)node->attr.i[0];
+        break;
+    case RFI_OP_CONSTANT:
+        if (forced[x] || node->rank > 0) {
+            b->mat[x] = true;
+            loc->kind = RFI_LOC_CONST; /* index: numbered in id order below */
+        }
+        break;
+    default: /* IOTA: inline unless forced (then a LOOP root) */
+        b->mat[x] = forced[x];
+        break;
+    }
+}
+
+static void make_aliases(rfi_plan_builder *b)
+{
+    for (int x = 0; x < b->n; x++) {
+        const rfi_node *node = b->g->nodes[x];
+        if ((node->op != RFI_OP_RESHAPE && node->op != RFI_OP_STOP_GRADIENT) ||
+            b->is_output[x] || !b->mat[node->in[0]->id])
+            continue;
+        b->mat[x] = true;
+        b->p->loc[x].kind = RFI_LOC_ALIAS;
+        b->p->loc[x].alias = rfi_plan_resolve(b, node->in[0]->id);
+    }
+}
+
+static rf_status number_consts(rfi_plan_builder *b)
+{
+    int n = 0;
+    for (int x = 0; x < b->n; x++)
+        if (b->p->loc[x].kind == RFI_LOC_CONST)
+            n++;
+    b->p->consts = rfi_arena_alloc(&b->p->mem, (size_t)(n > 0 ? n : 1) * sizeof(int));
+    if (!b->p->consts)
+        return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    b->p->n_consts = 0;
+    for (int x = 0; x < b->n; x++) {
+        if (b->p->loc[x].kind == RFI_LOC_CONST) {
+            b->p->loc[x].index = b->p->n_consts;
+            b->p->consts[b->p->n_consts++] = x;
+        }
+    }
+    return RF_OK;
+}
+
+rf_status rfi_fuse_decide(rfi_plan_builder *b)
+{
+    bool *forced = rfi_calloc((size_t)b->n + 1, sizeof *forced);
+    int *sites = rfi_calloc((size_t)b->n + 1, sizeof *sites);
+    rf_status st = RF_OK;
+    if (!forced || !sites)
+        st = rfi_error(RF_E_NOMEM, "plan: out of memory");
+    for (int x = 0; st == RF_OK && x < b->n; x++)
+        if (b->g->nodes[x]->op == RFI_OP_GRAD)
+            st = rfi_error(RF_E_INTERNAL, "plan: node %%%d is a grad (run autodiff first)", x);
+    if (st == RF_OK) {
+        mark_forced(b, forced);
+        for (int x = b->n - 1; x >= 0; x--) {
+            const rfi_node *node = b->g->nodes[x];
+            if (is_leaf(node))
+                decide_leaf(b, forced, x);
+            else if (forced[x])
+                b->mat[x] = true;
+            else
+                decide_fusible(b, sites, x);
+        }
+        make_aliases(b);
+        st = number_consts(b);
+    }
+    rfi_free(forced);
+    rfi_free(sites);
+    return st;
+}
+
+/* ---- Graph walks ------------------------------------------------------------------------ */
+
+/* Walks the inline producers of `roots`: inputs (materialised nodes read,
+ * aliases resolved) go to `inputs`, inline nodes to `fused` (either may be
+ * NULL). Lists are appended without duplicates. */
+static bool walk_step(rfi_plan_builder *b, const int *roots, int n_roots, rfi_intlist *inputs,
+                      rfi_intlist *fused)
+{
+    int gen = ++b->stamp_gen;
+    rfi_intlist stack = {0};
+    bool ok = true;
+    for (int r = 0; r < n_roots; r++) {
+        b->stamp[roots[r]] = gen;
+        ok = ok && rfi_intlist_push(&stack, roots[r]);
+    }
+    while (ok && stack.n > 0) {
+        const rfi_node *u = b->g->nodes[stack.v[--stack.n]];
+        for (int k = 0; ok && k < u->n_in; k++) {
+            int y = u->in[k]->id;
+            if (b->stamp[y] == gen)
+                continue;
+            b->stamp[y] = gen;
+            if (b->mat[y]) {
+                int t = rfi_plan_resolve(b, y);
+                if (inputs && !rfi_intlist_has(inputs, t))
+                    ok = rfi_intlist_push(inputs, t);
+            } else {
+                ok = (!fused || rfi_intlist_push(fused, y)) && rfi_intlist_push(&stack, y);
+            }
+        }
+    }
+    rfi_intlist_free(&stack);
+    return ok;
+}
+
+bool rfi_fuse_step_fused(rfi_plan_builder *b, int s, rfi_intlist *out)
+{
+    const rfi_bstep *st = &b->steps[s];
+    if (st->kind == RFI_STEP_COPY)
+        return true;
+    return walk_step(b, st->roots.v, st->roots.n, NULL, out);
+}
+
+/* ---- Steps ------------------------------------------------------------------------------- */
+
+static int new_step(rfi_plan_builder *b, rfi_step_kind kind, rfi_call_kind call)
+{
+    if (b->n_steps == b->cap_steps) {
+        int cap = b->cap_steps ? 2 * b->cap_steps : 32;
+        rfi_bstep *s = rfi_realloc(b->steps, (size_t)cap * sizeof *s);
+        if (s)
+            b->steps = s;
+        int *o = s ? rfi_realloc(b->order, (size_t)cap * sizeof *o) : NULL;
+        if (o)
+            b->order = o;
+        int *pos = o ? rfi_realloc(b->pos_of, (size_t)cap * sizeof *pos) : NULL;
+        if (!pos)
+            return -1;
+        b->pos_of = pos;
+        b->cap_steps = cap;
+    }
+    int id = b->n_steps++;
+    rfi_bstep *st = &b->steps[id];
+    memset(st, 0, sizeof *st);
+    st->kind = kind;
+    st->call = call;
+    st->copy_to_output = -1;
+    st->copy_to_capture = -1;
+    b->order[id] = id; /* steps are appended at the end of the order */
+    b->pos_of[id] = id;
+    return id;
+}
+
+static bool lists_meet(const rfi_intlist *a, const rfi_intlist *c)
+{
+    for (int i = 0; i < a->n; i++)
+        if (rfi_intlist_has(c, a->v[i]))
+            return true;
+    return false;
+}
+
+/* True if a step after position pos reads a root of step s. */
+static bool roots_read_later(const rfi_plan_builder *b, int s, int pos)
+{
+    for (int q = pos + 1; q < b->n_steps; q++)
+        if (lists_meet(&b->steps[s].roots, &b->steps[b->order[q]].inputs))
+            return true;
+    return false;
+}
+
+/* How far back (in steps) a LOOP root looks for a step to join: bounds the
+ * planner's time on long programs. */
+#define JOIN_WINDOW 256
+
+/* The LOOP step root x (reading `inputs`) joins, or -1; *move says the step
+ * must first move to the end of the order. */
+static int find_loop_to_join(const rfi_plan_builder *b, int x, const rfi_intlist *inputs,
+                             bool *move)
+{
+    int ready = -1;
+    for (int i = 0; i < inputs->n; i++) {
+        int s = b->step_of[inputs->v[i]];
+        int pos = s >= 0 ? rfi_plan_step_pos(b, s) : -1;
+        ready = pos > ready ? pos : ready;
+    }
+    const rfi_node *node = b->g->nodes[x];
+    int stop = b->n_steps > JOIN_WINDOW ? b->n_steps - JOIN_WINDOW : 0;
+    for (int pos = b->n_steps - 1; pos >= stop; pos--) {
+        int s = b->order[pos];
+        const rfi_bstep *st = &b->steps[s];
+        if (st->kind != RFI_STEP_LOOP || !same_dims(b->g->nodes[st->roots.v[0]], node) ||
+            !lists_meet(inputs, &st->inputs))
+            continue;
+        if (pos > ready) {
+            *move = false;
+            return s;
+        }
+        if (!lists_meet(inputs, &st->roots) && !roots_read_later(b, s, pos)) {
+            *move = true;
+            return s;
+        }
+    }
+    return -1;
+}
+
+static void move_to_end(rfi_plan_builder *b, int s)
+{
+    int pos = rfi_plan_step_pos(b, s);
+    memmove(b->order + pos, b->order + pos + 1, (size_t)(b->n_steps - 1 - pos) * sizeof(int));
+    b->order[b->n_steps - 1] = s;
+    for (int q = pos; q < b->n_steps; q++)
+        b->pos_of[b->order[q]] = q;
+}
+
+static bool join_step(rfi_plan_builder *b, int s, int x, const rfi_intlist *inputs)
+{
+    rfi_bstep *st = &b->steps[s];
+    for (int i = 0; i < inputs->n; i++)
+        if (!rfi_intlist_has(&st->inputs, inputs->v[i]) &&
+            !rfi_intlist_push(&st->inputs, inputs->v[i]))
+            return false;
+    b->step_of[x] = s;
+    return rfi_intlist_push(&st->roots, x);
+}
+
+static rf_status schedule_root(rfi_plan_builder *b, int x)
+{
+    const rfi_node *node = b->g->nodes[x];
+    rfi_step_kind kind = step_kind(b, node);
+    rfi_intlist inputs = {0};
+    rf_status st = RF_OK;
+    if (!walk_step(b, &x, 1, &inputs, NULL))
+        st = rfi_error(RF_E_NOMEM, "plan: out of memory");
+    bool move = false;
+    int s = -1;
+    if (st == RF_OK && kind == RFI_STEP_LOOP)
+        s = find_loop_to_join(b, x, &inputs, &move);
+    if (st == RF_OK && s >= 0 && move)
+        move_to_end(b, s);
+    if (st == RF_OK && s < 0)
+        s = new_step(b, kind, call_kind(b, node));
+    if (st == RF_OK && (s < 0 || !join_step(b, s, x, &inputs)))
+        st = rfi_error(RF_E_NOMEM, "plan: out of memory");
+    rfi_intlist_free(&inputs);
+    return st;
+}
+
+rf_status rfi_fuse_schedule(rfi_plan_builder *b)
+{
+    for (int x = 0; x < b->n; x++) {
+        const rfi_node *node = b->g->nodes[x];
+        bool root = b->mat[x] && (!is_leaf(node) || node->op == RFI_OP_IOTA) &&
+                    b->p->loc[x].kind != RFI_LOC_ALIAS;
+        if (!root)
+            continue;
+        rf_status st = schedule_root(b, x);
+        if (st != RF_OK)
+            return st;
+    }
+    return RF_OK;
+}
+
+/* ---- Outputs and updates ----------------------------------------------------------------- */
+
+/* True if some output or update value is c's bytes (a final copy reads it). */
+static bool copy_reads(const rfi_plan_builder *b, int cnode)
+{
+    const rfi_graph *g = b->g;
+    for (int i = 0; i < g->n_outputs; i++)
+        if (rfi_plan_resolve(b, g->outputs[i]->id) == cnode)
+            return true;
+    for (int i = 0; i < g->n_updates; i++)
+        if (rfi_plan_resolve(b, g->updates[i].value->id) == cnode)
+            return true;
+    return false;
+}
+
+/* Rule (2): every inline path from cnode to a root of step s indexes
+ * identically, and s reads no alias of cnode. seen: scratch per node. */
+static bool reads_capture_at_identity(const rfi_plan_builder *b, int s, int cnode,
+                                      unsigned char *seen)
+{
+    const rfi_bstep *st = &b->steps[s];
+    rfi_intlist stack = {0}; /* pairs: node, identity flag */
+    bool ok = true;
+    for (int r = 0; ok && r < st->roots.n; r++)
+        ok = rfi_intlist_push(&stack, st->roots.v[r]) && rfi_intlist_push(&stack, 1);
+    bool safe = ok;
+    while (safe && stack.n > 0) {
+        int ident = stack.v[--stack.n];
+        const rfi_node *u = b->g->nodes[stack.v[--stack.n]];
+        for (int k = 0; safe && k < u->n_in; k++) {
+            const rfi_node *y = u->in[k];
+            int fy = ident && is_elementwise(u->op) && same_dims(u, y);
+            if (y->id == cnode) {
+                safe = fy != 0;
+            } else if (b->mat[y->id]) {
+                safe = !(b->p->loc[y->id].kind == RFI_LOC_ALIAS &&
+                         b->p->loc[y->id].alias == cnode);
+            } else if (!(seen[y->id] & (fy ? 1 : 2))) {
+                seen[y->id] |= (unsigned char)(fy ? 1 : 2);
+                safe = rfi_intlist_push(&stack, y->id) && rfi_intlist_push(&stack, fy);
+            }
+        }
+    }
+    rfi_intlist_free(&stack);
+    return safe;
+}
+
+static int updates_with_value(const rfi_graph *g, int v)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_updates; i++)
+        n += g->updates[i].value->id == v;
+    return n;
+}
+
+/* The in-place rules (1)-(4) of the header for the update capture c <- v. */
+static bool can_update_in_place(const rfi_plan_builder *b, int c, int v, rf_status *st)
+{
+    const rfi_graph *g = b->g;
+    int s = b->step_of[v];
+    if (!b->opts.in_place_updates || s < 0 || b->steps[s].kind != RFI_STEP_LOOP ||
+        b->placed[v] || b->is_output[v] || updates_with_value(g, v) != 1)
+        return false;
+    const rf_array *a = g->captures[c];
+    const rfi_node *vn = g->nodes[v];
+    if (a->rank != vn->rank || a->dtype != vn->dtype ||
+        memcmp(a->dims, vn->dims, (size_t)a->rank * sizeof a->dims[0]) != 0)
+        return false;
+    const rfi_node *cn = g->capture_nodes[c];
+    int pos = rfi_plan_step_pos(b, s);
+    for (int q = pos + 1; q < b->n_steps; q++) {
+        const rfi_intlist *in = &b->steps[b->order[q]].inputs;
+        if (rfi_intlist_has(in, v) || (cn && rfi_intlist_has(in, cn->id)))
+            return false;
+    }
+    if (!cn)
+        return true; /* nothing reads the old value */
+    if (copy_reads(b, cn->id))
+        return false;
+    unsigned char *seen = rfi_calloc((size_t)b->n + 1, 1);
+    if (!seen) {
+        *st = rfi_error(RF_E_NOMEM, "plan: out of memory");
+        return false;
+    }
+    bool ok = reads_capture_at_identity(b, s, cn->id, seen);
+    rfi_free(seen);
+    return ok;
+}
+
+typedef struct pending_copy {
+    int src, to_output, to_capture;
+} pending_copy;
+
+static rf_status add_copy_step(rfi_plan_builder *b, const pending_copy *c)
+{
+    int s = new_step(b, RFI_STEP_COPY, RFI_CALL_NONE);
+    if (s < 0 || !rfi_intlist_push(&b->steps[s].roots, c->src) ||
+        !rfi_intlist_push(&b->steps[s].inputs, rfi_plan_resolve(b, c->src)))
+        return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    b->steps[s].copy_to_output = c->to_output;
+    b->steps[s].copy_to_capture = c->to_capture;
+    return RF_OK;
+}
+
+/* Capture index whose bytes `src` is, or -1. */
+static int source_capture(const rfi_plan_builder *b, int src)
+{
+    const rfi_loc *l = &b->p->loc[rfi_plan_resolve(b, src)];
+    return l->kind == RFI_LOC_CAPTURE ? l->index : -1;
+}
+
+/* Appends the copies in the order of the header; rejects capture chains. */
+static rf_status emit_copies(rfi_plan_builder *b, const pending_copy *pc, int n)
+{
+    rf_status st = RF_OK;
+    for (int i = 0; st == RF_OK && i < n; i++)
+        if (pc[i].to_output >= 0)
+            st = add_copy_step(b, &pc[i]);
+    for (int i = 0; st == RF_OK && i < n; i++) {
+        if (pc[i].to_capture < 0 || source_capture(b, pc[i].src) < 0)
+            continue;
+        for (int j = 0; j < i; j++)
+            if (pc[j].to_capture == source_capture(b, pc[i].src) &&
+                source_capture(b, pc[j].src) >= 0)
+                return rfi_error(RF_E_UNSUPPORTED,
+                                 "plan: the update of capture %d reads capture %d, which is "
+                                 "itself updated from a capture (a chain or swap of captured "
+                                 "arrays); not supported", pc[i].to_capture,
+                                 source_capture(b, pc[i].src));
+        st = add_copy_step(b, &pc[i]);
+    }
+    for (int i = 0; st == RF_OK && i < n; i++)
+        if (pc[i].to_capture >= 0 && source_capture(b, pc[i].src) < 0)
+            st = add_copy_step(b, &pc[i]);
+    return st;
+}
+
+rf_status rfi_fuse_place_results(rfi_plan_builder *b)
+{
+    const rfi_graph *g = b->g;
+    int max_copies = g->n_outputs + g->n_updates;
+    pending_copy *pc = rfi_calloc((size_t)max_copies + 1, sizeof *pc);
+    if (!pc)
+        return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    int n = 0;
+    rf_status st = RF_OK;
+    for (int i = 0; i < g->n_outputs; i++) {
+        int x = g->outputs[i]->id;
+        if (b->step_of[x] >= 0 && !b->placed[x] && !b->is_update_value[x]) {
+            b->p->loc[x].kind = RFI_LOC_OUTPUT;
+            b->p->loc[x].index = i;
+            b->placed[x] = true;
+        } else {
+            pc[n++] = (pending_copy){x, i, -1};
+        }
+    }
+    for (int i = 0; st == RF_OK && i < g->n_updates; i++) {
+        int c = g->updates[i].capture, v = g->updates[i].value->id;
+        if (can_update_in_place(b, c, v, &st)) {
+            b->p->loc[v].kind = RFI_LOC_IN_PLACE;
+            b->p->loc[v].index = c;
+            b->placed[v] = true;
+        } else {
+            pc[n++] = (pending_copy){v, -1, c};
+        }
+    }
+    for (int x = 0; x < b->n; x++) {
+        if (b->step_of[x] >= 0 && !b->placed[x]) {
+            b->p->loc[x].kind = RFI_LOC_ARENA;
+            b->placed[x] = true;
+        }
+    }
+    if (st == RF_OK)
+        st = emit_copies(b, pc, n);
+    rfi_free(pc);
+    return st;
+}

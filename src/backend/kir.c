@@ -1,0 +1,549 @@
+/* kir.c: building kernel IR (hash-consed instructions with constant folding of
+ * index arithmetic, typed bases, stores), the liveness and aliasing facts the
+ * renderers need, freeing modules, and the text form for RF_DUMP.
+ *
+ * Deliberately no lowering (kir_lower.c) and no C (cpu/render_c.c) here.
+ */
+#include "kir.h"
+
+#include <string.h>
+
+/* ---- Kernels -------------------------------------------------------------------- */
+rfi_kir_kernel *rfi_kir_kernel_new(int step)
+{
+    rfi_kir_kernel *k = rfi_calloc(1, sizeof *k);
+    if (!k) {
+        rfi_error(RF_E_NOMEM, "kir: out of memory for a kernel");
+        return NULL;
+    }
+    k->step = step;
+    k->red_value = -1;
+    k->red_guard = -1;
+    return k;
+}
+
+void rfi_kir_kernel_free(rfi_kir_kernel *k)
+{
+    if (!k)
+        return;
+    rfi_free(k->comment);
+    rfi_free(k->bases);
+    rfi_free(k->ins);
+    rfi_free(k->stores);
+    rfi_free(k->table);
+    rfi_free(k);
+}
+
+/* A kernel that failed an allocation marks itself with a negative n_ins capacity. */
+bool rfi_kir_failed(const rfi_kir_kernel *k)
+{
+    return k->cap_ins < 0;
+}
+
+static int fail(rfi_kir_kernel *k)
+{
+    k->cap_ins = -1;
+    rfi_error(RF_E_NOMEM, "kir: out of memory building kernel of step %d", k->step);
+    return -1;
+}
+
+/* Grows *arr (elements of size esz, *cap of them) to hold n + 1. */
+static bool grow(void **arr, int *cap, int n, size_t esz)
+{
+    if (n < *cap)
+        return true;
+    int ncap = *cap ? *cap * 2 : 32;
+    void *p = rfi_realloc(*arr, (size_t)ncap * esz);
+    if (!p)
+        return false;
+    *arr = p;
+    *cap = ncap;
+    return true;
+}
+
+/* ---- Hash-consing --------------------------------------------------------------------- */
+static uint64_t ins_hash(const rfi_kir_ins *x)
+{
+    uint64_t h = RFI_HASH_INIT;
+    int64_t f;
+    memcpy(&f, &x->f, sizeof f);
+    int64_t fields[] = {x->op, x->dtype, x->ir_op, x->cmp, x->a, x->b, x->c, x->var, x->base,
+                        f, x->i};
+    for (size_t j = 0; j < sizeof fields / sizeof fields[0]; j++)
+        h = rfi_hash_u64(h, (uint64_t)fields[j]);
+    return h;
+}
+
+static bool ins_equal(const rfi_kir_ins *x, const rfi_kir_ins *y)
+{
+    return x->op == y->op && x->dtype == y->dtype && x->ir_op == y->ir_op && x->cmp == y->cmp &&
+           x->a == y->a && x->b == y->b && x->c == y->c && x->var == y->var &&
+           x->base == y->base && memcmp(&x->f, &y->f, sizeof x->f) == 0 && x->i == y->i;
+}
+
+static bool table_rehash(rfi_kir_kernel *k)
+{
+    int ncap = k->table_cap ? k->table_cap * 2 : 256;
+    int *t = rfi_calloc((size_t)ncap, sizeof(int));
+    if (!t)
+        return false;
+    for (int id = 0; id < k->n_ins; id++) {
+        uint64_t h = ins_hash(&k->ins[id]);
+        size_t slot = (size_t)(h & (uint64_t)(ncap - 1));
+        while (t[slot])
+            slot = (slot + 1) & (size_t)(ncap - 1);
+        t[slot] = id + 1;
+    }
+    rfi_free(k->table);
+    k->table = t;
+    k->table_cap = ncap;
+    return true;
+}
+
+static int level_of(const rfi_kir_kernel *k, int id)
+{
+    return id >= 0 ? k->ins[id].level : 0;
+}
+
+/* The id of an instruction equal to *x, appending it if new. */
+static int intern(rfi_kir_kernel *k, rfi_kir_ins x)
+{
+    if (rfi_kir_failed(k) || (x.op != RFI_KIR_VAR && x.op != RFI_KIR_CONST &&
+                              x.op != RFI_KIR_ACC && x.a < 0) ||
+        ((x.op == RFI_KIR_SELECT) && (x.b < 0 || x.c < 0)))
+        return -1;
+    if ((k->n_ins + 1) * 2 > k->table_cap && !table_rehash(k))
+        return fail(k);
+    uint64_t h = ins_hash(&x);
+    size_t mask = (size_t)(k->table_cap - 1), slot = (size_t)(h & (uint64_t)mask);
+    while (k->table[slot]) {
+        int id = k->table[slot] - 1;
+        if (ins_equal(&k->ins[id], &x)) {
+            if (k->ins[id].node < 0)
+                k->ins[id].node = x.node;
+            return id;
+        }
+        slot = (slot + 1) & mask;
+    }
+    if (!grow((void **)&k->ins, &k->cap_ins, k->n_ins, sizeof x))
+        return fail(k);
+    switch (x.op) {
+    case RFI_KIR_VAR: x.level = x.var < k->rank ? 1 : 2; break;
+    case RFI_KIR_CONST: x.level = 0; break;
+    case RFI_KIR_ACC: x.level = 3; break;
+    default: {
+        int l = level_of(k, x.a);
+        if (level_of(k, x.b) > l)
+            l = level_of(k, x.b);
+        if (level_of(k, x.c) > l)
+            l = level_of(k, x.c);
+        x.level = l;
+    }
+    }
+    int id = k->n_ins++;
+    k->ins[id] = x;
+    k->table[slot] = id + 1;
+    return id;
+}
+
+static rfi_kir_ins blank(rfi_kir_op op, rf_dtype dt)
+{
+    rfi_kir_ins x;
+    memset(&x, 0, sizeof x);
+    x.op = op;
+    x.dtype = dt;
+    x.a = x.b = x.c = -1;
+    x.var = -1;
+    x.base = -1;
+    x.node = -1;
+    return x;
+}
+
+bool rfi_kir_is_const(const rfi_kir_kernel *k, int id, int64_t *value)
+{
+    if (id < 0 || k->ins[id].op != RFI_KIR_CONST || rfi_dtype_is_float(k->ins[id].dtype))
+        return false;
+    *value = k->ins[id].i;
+    return true;
+}
+
+/* ---- Emitters ------------------------------------------------------------------------ */
+int rfi_kir_var(rfi_kir_kernel *k, int var)
+{
+    rfi_kir_ins x = blank(RFI_KIR_VAR, RF_I64);
+    x.var = var;
+    return intern(k, x);
+}
+
+int rfi_kir_const_i(rfi_kir_kernel *k, rf_dtype dt, int64_t v)
+{
+    if (rfi_dtype_is_float(dt))
+        return rfi_kir_const_f(k, dt, (double)v);
+    rfi_kir_ins x = blank(RFI_KIR_CONST, dt);
+    x.i = dt == RF_BOOL ? v != 0 : v;
+    return intern(k, x);
+}
+
+int rfi_kir_const_f(rfi_kir_kernel *k, rf_dtype dt, double v)
+{
+    rfi_kir_ins x = blank(RFI_KIR_CONST, dt);
+    x.f = dt == RF_F32 ? (double)(float)v : v;
+    return intern(k, x);
+}
+
+static int64_t fold_index(rfi_kir_op op, int64_t a, int64_t b)
+{
+    switch (op) {
+    case RFI_KIR_IADD: return a + b;
+    case RFI_KIR_IMUL: return a * b;
+    case RFI_KIR_IDIV: return b ? a / b : 0;
+    case RFI_KIR_IREM: return b ? a % b : 0;
+    case RFI_KIR_IMIN: return a < b ? a : b;
+    case RFI_KIR_IMAX: return a > b ? a : b;
+    default: return 0;
+    }
+}
+
+int rfi_kir_index(rfi_kir_kernel *k, rfi_kir_op op, int a, int b)
+{
+    if (a < 0 || b < 0)
+        return -1;
+    int64_t ca = 0, cb = 0;
+    bool ka = rfi_kir_is_const(k, a, &ca), kb = rfi_kir_is_const(k, b, &cb);
+    if (ka && kb)
+        return rfi_kir_const_i(k, RF_I64, fold_index(op, ca, cb));
+    bool commutes = op == RFI_KIR_IADD || op == RFI_KIR_IMUL || op == RFI_KIR_IMIN ||
+                    op == RFI_KIR_IMAX;
+    if (commutes && (ka || (!kb && a > b))) { /* constants second, then by id */
+        int t = a; a = b; b = t;
+        int64_t tc = ca; ca = cb; cb = tc;
+        bool tk = ka; ka = kb; kb = tk;
+    }
+    if (kb) {
+        if ((op == RFI_KIR_IADD && cb == 0) || (op == RFI_KIR_IMUL && cb == 1) ||
+            (op == RFI_KIR_IDIV && cb == 1))
+            return a;
+        if ((op == RFI_KIR_IMUL && cb == 0) || (op == RFI_KIR_IREM && cb == 1))
+            return rfi_kir_const_i(k, RF_I64, 0);
+    }
+    if (ka && ca == 0 && (op == RFI_KIR_IDIV || op == RFI_KIR_IREM))
+        return a;
+    if (a == b && (op == RFI_KIR_IMIN || op == RFI_KIR_IMAX))
+        return a;
+    rfi_kir_ins x = blank(op, RF_I64);
+    x.a = a;
+    x.b = b;
+    return intern(k, x);
+}
+
+static bool cmp_holds(rf_cmp cmp, int64_t a, int64_t b)
+{
+    switch (cmp) {
+    case RF_EQ: return a == b;
+    case RF_NE: return a != b;
+    case RF_LT: return a < b;
+    case RF_LE: return a <= b;
+    case RF_GT: return a > b;
+    case RF_GE: return a >= b;
+    default: return false;
+    }
+}
+
+int rfi_kir_icmp(rfi_kir_kernel *k, rf_cmp cmp, int a, int b)
+{
+    if (a < 0 || b < 0)
+        return -1;
+    int64_t ca, cb;
+    if (rfi_kir_is_const(k, a, &ca) && rfi_kir_is_const(k, b, &cb))
+        return rfi_kir_const_i(k, RF_BOOL, cmp_holds(cmp, ca, cb));
+    rfi_kir_ins x = blank(RFI_KIR_ICMP, RF_BOOL);
+    x.cmp = cmp;
+    x.a = a;
+    x.b = b;
+    return intern(k, x);
+}
+
+int rfi_kir_land(rfi_kir_kernel *k, int a, int b)
+{
+    if (a < 0 || b < 0)
+        return -1;
+    int64_t c;
+    if (rfi_kir_is_const(k, a, &c))
+        return c ? b : a;
+    if (rfi_kir_is_const(k, b, &c))
+        return c ? a : b;
+    if (a == b)
+        return a;
+    rfi_kir_ins x = blank(RFI_KIR_LAND, RF_BOOL);
+    x.a = a < b ? a : b;
+    x.b = a < b ? b : a;
+    return intern(k, x);
+}
+
+int rfi_kir_load(rfi_kir_kernel *k, int base, int index, int node)
+{
+    rfi_kir_ins x = blank(RFI_KIR_LOAD, base >= 0 ? k->bases[base].dtype : RF_F32);
+    x.base = base;
+    x.a = index;
+    x.node = node;
+    return base >= 0 ? intern(k, x) : -1;
+}
+
+int rfi_kir_unary(rfi_kir_kernel *k, rfi_op op, rf_dtype dt, int a, int node)
+{
+    rfi_kir_ins x = blank(RFI_KIR_UNARY, dt);
+    x.ir_op = op;
+    x.a = a;
+    x.node = node;
+    return intern(k, x);
+}
+
+int rfi_kir_binary(rfi_kir_kernel *k, rfi_op op, rf_dtype dt, int a, int b, int node)
+{
+    if (b < 0)
+        return -1;
+    rfi_kir_ins x = blank(RFI_KIR_BINARY, dt);
+    x.ir_op = op;
+    x.a = a;
+    x.b = b;
+    x.node = node;
+    return intern(k, x);
+}
+
+int rfi_kir_compare(rfi_kir_kernel *k, rf_cmp cmp, int a, int b, int node)
+{
+    if (b < 0)
+        return -1;
+    rfi_kir_ins x = blank(RFI_KIR_COMPARE, RF_BOOL);
+    x.cmp = cmp;
+    x.a = a;
+    x.b = b;
+    x.node = node;
+    return intern(k, x);
+}
+
+int rfi_kir_select(rfi_kir_kernel *k, int pred, int a, int b, int node)
+{
+    if (pred < 0 || a < 0 || b < 0)
+        return -1;
+    int64_t c;
+    if (rfi_kir_is_const(k, pred, &c))
+        return c ? a : b;
+    if (a == b)
+        return a;
+    rfi_kir_ins x = blank(RFI_KIR_SELECT, k->ins[a].dtype);
+    x.a = pred;
+    x.b = a;
+    x.c = b;
+    x.node = node;
+    return intern(k, x);
+}
+
+int rfi_kir_convert(rfi_kir_kernel *k, rf_dtype dt, int a, int node)
+{
+    if (a < 0)
+        return -1;
+    if (k->ins[a].dtype == dt)
+        return a;
+    rfi_kir_ins x = blank(RFI_KIR_CONVERT, dt);
+    x.a = a;
+    x.node = node;
+    return intern(k, x);
+}
+
+int rfi_kir_acc(rfi_kir_kernel *k)
+{
+    return intern(k, blank(RFI_KIR_ACC, k->acc_dtype));
+}
+
+int rfi_kir_base_get(rfi_kir_kernel *k, int buffer, size_t offset, rf_dtype dt, size_t nbytes,
+                     bool written, int node)
+{
+    if (rfi_kir_failed(k))
+        return -1;
+    for (int b = 0; b < k->n_bases; b++) {
+        rfi_kir_base *x = &k->bases[b];
+        if (x->buffer == buffer && x->offset == offset && x->dtype == dt) {
+            if (nbytes > x->nbytes)
+                x->nbytes = nbytes;
+            x->written |= written;
+            return b;
+        }
+    }
+    if (!grow((void **)&k->bases, &k->cap_bases, k->n_bases, sizeof(rfi_kir_base)))
+        return fail(k);
+    rfi_kir_base *x = &k->bases[k->n_bases];
+    x->buffer = buffer;
+    x->offset = offset;
+    x->nbytes = nbytes;
+    x->dtype = dt;
+    x->written = written;
+    x->noalias = true;
+    x->node = node;
+    return k->n_bases++;
+}
+
+rf_status rfi_kir_add_store(rfi_kir_kernel *k, int base, int index, int value, int node)
+{
+    if (rfi_kir_failed(k) || base < 0 || index < 0 || value < 0)
+        return rfi_kir_failed(k) ? RF_E_NOMEM : rfi_error(RF_E_INTERNAL,
+                                                          "kir: step %d: incomplete store of %%%d",
+                                                          k->step, node);
+    if (!grow((void **)&k->stores, &k->cap_stores, k->n_stores, sizeof(rfi_kir_store))) {
+        fail(k);
+        return RF_E_NOMEM;
+    }
+    rfi_kir_store s = {base, index, value, node};
+    k->stores[k->n_stores++] = s;
+    return RF_OK;
+}
+
+void rfi_kir_mark_aliasing(rfi_kir_kernel *k)
+{
+    for (int i = 0; i < k->n_bases; i++) {
+        rfi_kir_base *x = &k->bases[i];
+        x->noalias = true;
+        for (int j = 0; j < k->n_bases; j++) {
+            const rfi_kir_base *y = &k->bases[j];
+            if (i == j || x->buffer != y->buffer)
+                continue;
+            bool overlap = x->offset < y->offset + y->nbytes && y->offset < x->offset + x->nbytes;
+            if (overlap && (x->written || y->written))
+                x->noalias = false;
+        }
+    }
+}
+
+void rfi_kir_liveness(const rfi_kir_kernel *k, bool *live)
+{
+    memset(live, 0, (size_t)k->n_ins * sizeof(bool));
+    for (int s = 0; s < k->n_stores; s++) {
+        live[k->stores[s].index] = true;
+        live[k->stores[s].value] = true;
+    }
+    if (k->red_value >= 0)
+        live[k->red_value] = true;
+    if (k->red_guard >= 0)
+        live[k->red_guard] = true;
+    for (int id = k->n_ins - 1; id >= 0; id--) {
+        if (!live[id])
+            continue;
+        const rfi_kir_ins *x = &k->ins[id];
+        if (x->a >= 0)
+            live[x->a] = true;
+        if (x->b >= 0)
+            live[x->b] = true;
+        if (x->c >= 0)
+            live[x->c] = true;
+    }
+}
+
+/* ---- Modules ---------------------------------------------------------------------- */
+void rfi_kir_free(rfi_kir_module *m)
+{
+    if (!m)
+        return;
+    for (int s = 0; s < m->n_steps; s++) {
+        rfi_kir_kernel_free(m->steps[s].kernel);
+        rfi_free(m->steps[s].comment);
+    }
+    rfi_free(m->steps);
+    rfi_free(m);
+}
+
+/* ---- Text form ------------------------------------------------------------------ */
+static const char *const op_names[RFI_KIR_OP_COUNT] = {
+    "var", "const", "iadd", "imul", "idiv", "irem", "imin", "imax", "icmp", "land",
+    "load", "unary", "binary", "compare", "select", "convert", "acc",
+};
+static const char *const cmp_names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
+static const char *const reduce_names[] = {"sum", "max", "min", "prod", "and", "or"};
+
+static void print_ins(rfi_strbuf *sb, const rfi_kir_kernel *k, int id)
+{
+    const rfi_kir_ins *x = &k->ins[id];
+    rfi_sb_printf(sb, "    v%d: %s L%d = ", id, rf_dtype_name(x->dtype), x->level);
+    switch (x->op) {
+    case RFI_KIR_VAR: rfi_sb_printf(sb, "var %d", x->var); break;
+    case RFI_KIR_CONST:
+        if (rfi_dtype_is_float(x->dtype))
+            rfi_sb_printf(sb, "const %.17g", x->f);
+        else
+            rfi_sb_printf(sb, "const %lld", (long long)x->i);
+        break;
+    case RFI_KIR_LOAD: rfi_sb_printf(sb, "load b%d[v%d]", x->base, x->a); break;
+    case RFI_KIR_UNARY:
+    case RFI_KIR_BINARY:
+        rfi_sb_printf(sb, "%s v%d", rfi_op_table[x->ir_op].name, x->a);
+        if (x->b >= 0)
+            rfi_sb_printf(sb, ", v%d", x->b);
+        break;
+    case RFI_KIR_ICMP:
+    case RFI_KIR_COMPARE:
+        rfi_sb_printf(sb, "%s.%s v%d, v%d", op_names[x->op], cmp_names[x->cmp], x->a, x->b);
+        break;
+    case RFI_KIR_SELECT: rfi_sb_printf(sb, "select v%d, v%d, v%d", x->a, x->b, x->c); break;
+    case RFI_KIR_ACC: rfi_sb_printf(sb, "acc"); break;
+    default: rfi_sb_printf(sb, "%s v%d, v%d", op_names[x->op], x->a, x->b); break;
+    }
+    if (x->node >= 0)
+        rfi_sb_printf(sb, "  ; %%%d", x->node);
+    rfi_sb_printf(sb, "\n");
+}
+
+static void print_kernel(rfi_strbuf *sb, const rfi_kir_kernel *k)
+{
+    rfi_sb_printf(sb, "step %d: kernel %s over [", k->step, k->name);
+    for (int d = 0; d < k->rank; d++)
+        rfi_sb_printf(sb, d ? ",%lld" : "%lld", (long long)k->dims[d]);
+    rfi_sb_printf(sb, "]");
+    if (k->is_reduce) {
+        rfi_sb_printf(sb, " %s into %s over [", reduce_names[k->red_kind],
+                      rf_dtype_name(k->acc_dtype));
+        for (int d = 0; d < k->red_rank; d++)
+            rfi_sb_printf(sb, d ? ",%lld" : "%lld", (long long)k->red_dims[d]);
+        rfi_sb_printf(sb, "] fold v%d", k->red_value);
+        if (k->red_guard >= 0)
+            rfi_sb_printf(sb, " if v%d", k->red_guard);
+    }
+    rfi_sb_printf(sb, "\n");
+    if (k->comment)
+        rfi_sb_printf(sb, "  %s\n", k->comment);
+    for (int b = 0; b < k->n_bases; b++) {
+        const rfi_kir_base *x = &k->bases[b];
+        rfi_sb_printf(sb, "  b%d: buffer %d + %zu, %s, %zu bytes%s%s\n", b, x->buffer, x->offset,
+                      rf_dtype_name(x->dtype), x->nbytes, x->written ? ", written" : "",
+                      x->noalias ? ", noalias" : "");
+    }
+    for (int id = 0; id < k->n_ins; id++)
+        print_ins(sb, k, id);
+    for (int s = 0; s < k->n_stores; s++)
+        rfi_sb_printf(sb, "    store b%d[v%d] = v%d  ; %%%d\n", k->stores[s].base,
+                      k->stores[s].index, k->stores[s].value, k->stores[s].node);
+}
+
+char *rfi_kir_print(const rfi_kir_module *m)
+{
+    rfi_strbuf sb = {0};
+    rfi_sb_printf(&sb, "kernel module: %d buffers, %d steps\n", m->n_buffers, m->n_steps);
+    for (int s = 0; s < m->n_steps; s++) {
+        const rfi_kir_step *st = &m->steps[s];
+        switch (st->kind) {
+        case RFI_KIR_STEP_KERNEL: print_kernel(&sb, st->kernel); break;
+        case RFI_KIR_STEP_CALL:
+            rfi_sb_printf(&sb, "step %d: call  %s\n", st->step, st->comment ? st->comment : "");
+            break;
+        case RFI_KIR_STEP_COPY:
+            rfi_sb_printf(&sb, "step %d: copy %zu bytes buffer %d + %zu -> buffer %d + %zu  %s\n",
+                          st->step, st->nbytes, st->src_buffer, st->src_offset, st->dst_buffer,
+                          st->dst_offset, st->comment ? st->comment : "");
+            break;
+        }
+    }
+    if (sb.failed) {
+        rfi_sb_free(&sb);
+        rfi_error(RF_E_NOMEM, "kir: out of memory printing a module");
+        return NULL;
+    }
+    return sb.data;
+}

@@ -1,0 +1,185 @@
+/* kir.h: the kernel IR: the loop-nest form of an execution plan (plan.h) that
+ * the C renderer (cpu/render_c.c) prints, and that a CUDA renderer can print
+ * too: nothing here is C- or CPU-specific.
+ *
+ * A module is the plan's buffer table size plus an ordered list of steps:
+ * kernels (the plan's LOOP and REDUCE steps), calls (CALL steps, executed by
+ * the runtime) and copies (COPY steps: bytes from one buffer to another).
+ *
+ * A kernel is an iteration space (outer loops over `dims`; for reductions
+ * also inner loops over `red_dims`) and a list of scalar SSA instructions
+ * evaluated once per iteration point: loop variables, constants, integer
+ * index arithmetic, typed loads base[index], every elementwise op of the IR
+ * with the reference interpreter's exact semantics (interp.h: float ops round
+ * once per op to the dtype, integer ops wrap, x / 0 = 0, max/min propagate
+ * NaN, float->int converts truncate and saturate with NaN -> 0), selects, and
+ * stores. Instructions are hash-consed (an equal instruction is created once:
+ * CSE), index arithmetic is constant-folded, and each records its `level`:
+ *   0  loop-invariant (constants, loads at constant indices),
+ *   1  per outer iteration point,
+ *   2  per inner (reduction) iteration point,
+ *   3  after the inner loops (depends on the accumulator).
+ * A REDUCE kernel folds `red_value` (in the accumulator dtype: f64 for float
+ * data, i64 for integer data) into one accumulator per outer point, only
+ * where `red_guard` holds, starting from the identity; RFI_KIR_ACC reads the
+ * result after the inner loops. Loads see the values before the kernel's
+ * stores (renderers emit every store after the values it needs, and an
+ * in-place root reads its capture only at the index it writes: plan.h).
+ *
+ * Deliberately no control flow besides the loop nest and the guard: guarded
+ * values (pad, concatenate, windows) are computed at clamped, in-bounds
+ * indices and chosen by select, so every kernel is straight-line code.
+ */
+#ifndef RF_BACKEND_KIR_H
+#define RF_BACKEND_KIR_H
+
+#include "plan.h"
+
+typedef enum rfi_kir_op {
+    RFI_KIR_VAR,     /* loop variable `var` (i64): < rank outer, else inner */
+    RFI_KIR_CONST,   /* literal of dtype: f (float dtypes) or i (the others) */
+    /* index arithmetic on i64 (plain C: operands never overflow, divisors > 0) */
+    RFI_KIR_IADD,
+    RFI_KIR_IMUL,
+    RFI_KIR_IDIV,
+    RFI_KIR_IREM,
+    RFI_KIR_IMIN,
+    RFI_KIR_IMAX,
+    RFI_KIR_ICMP,    /* a cmp b on i64 -> bool */
+    RFI_KIR_LAND,    /* bool a && b */
+    /* values */
+    RFI_KIR_LOAD,    /* bases[base][a] (bool loads normalise to 0/1) */
+    RFI_KIR_UNARY,   /* ir_op(a): the IR's unary elementwise op, interpreter semantics */
+    RFI_KIR_BINARY,  /* ir_op(a, b): the IR's binary elementwise op */
+    RFI_KIR_COMPARE, /* a cmp b on values of one dtype -> bool (NaN: false but NE) */
+    RFI_KIR_SELECT,  /* a (bool) ? b : c */
+    RFI_KIR_CONVERT, /* a into dtype (the IR's CONVERT) */
+    RFI_KIR_ACC,     /* the accumulator after the inner loops (dtype acc_dtype) */
+    RFI_KIR_OP_COUNT
+} rfi_kir_op;
+
+typedef struct rfi_kir_ins {
+    rfi_kir_op op;
+    rf_dtype dtype; /* result type (index values: RF_I64, predicates: RF_BOOL) */
+    rfi_op ir_op;   /* UNARY, BINARY */
+    rf_cmp cmp;     /* ICMP, COMPARE */
+    int a, b, c;    /* operand instructions (-1: none) */
+    int var;        /* VAR */
+    int base;       /* LOAD */
+    double f;       /* CONST of a float dtype */
+    int64_t i;      /* CONST of the other dtypes */
+    int node;       /* the IR node whose value this is, or -1 */
+    int level;      /* see above */
+} rfi_kir_ins;
+
+/* A typed pointer a kernel addresses: buffer `buffer` of the table plus `offset`
+ * bytes, `nbytes` bytes from there. `noalias`: no other base of the kernel
+ * overlaps these bytes (a renderer may then mark it restrict). */
+typedef struct rfi_kir_base {
+    int buffer;
+    size_t offset;
+    size_t nbytes;
+    rf_dtype dtype;
+    bool written;
+    bool noalias;
+    int node; /* the first node read or written through it (for names) */
+} rfi_kir_base;
+
+typedef struct rfi_kir_store {
+    int base, index, value; /* instructions index and value */
+    int node;               /* the root stored */
+} rfi_kir_store;
+
+typedef struct rfi_kir_kernel {
+    int step;          /* plan step index */
+    char name[40];     /* a C identifier naming what it computes, e.g. "add" */
+    char *comment;     /* the IR nodes it implements, one line each (owned) */
+    int rank;          /* outer loops: variables 0..rank-1 over dims (extents > 1) */
+    int64_t dims[RF_MAX_RANK];
+    int red_rank;      /* inner loops: variables rank..rank+red_rank-1 over red_dims */
+    int64_t red_dims[RF_MAX_RANK];
+    bool is_reduce;
+    rf_reduce_kind red_kind;
+    rf_dtype acc_dtype; /* RF_F64 or RF_I64 */
+    double red_identity_f;
+    int64_t red_identity_i;
+    int red_value;     /* instruction folded per inner point */
+    int red_guard;     /* bool instruction, or -1: always fold */
+    rfi_kir_base *bases;
+    int n_bases, cap_bases;
+    rfi_kir_ins *ins;
+    int n_ins, cap_ins;
+    rfi_kir_store *stores;
+    int n_stores, cap_stores;
+    /* hash-consing table: instruction ids + 1, 0 = empty */
+    int *table;
+    int table_cap;
+} rfi_kir_kernel;
+
+typedef enum rfi_kir_step_kind {
+    RFI_KIR_STEP_KERNEL,
+    RFI_KIR_STEP_CALL,
+    RFI_KIR_STEP_COPY,
+} rfi_kir_step_kind;
+
+typedef struct rfi_kir_step {
+    rfi_kir_step_kind kind;
+    int step;               /* plan step index */
+    char *comment;          /* CALL/COPY: what it does (owned) */
+    rfi_kir_kernel *kernel; /* KERNEL (owned) */
+    /* COPY: nbytes from src to dst */
+    int dst_buffer, src_buffer;
+    size_t dst_offset, src_offset, nbytes;
+} rfi_kir_step;
+
+typedef struct rfi_kir_module {
+    int n_buffers; /* the plan's buffer table size */
+    rfi_kir_step *steps;
+    int n_steps, cap_steps;
+} rfi_kir_module;
+
+/* ---- Building (kir.c) ------------------------------------------------------------- *
+ * Every emitter returns the instruction id, or -1 once an allocation failed (then
+ * rfi_kir_failed is true and the message is set); operands may be -1 (the
+ * failure propagates). Index emitters fold constants (x + 0, x * 1, 3 * 4, ...). */
+RFI_FUNC rfi_kir_kernel *rfi_kir_kernel_new(int step);
+RFI_FUNC void rfi_kir_kernel_free(rfi_kir_kernel *k);
+RFI_FUNC bool rfi_kir_failed(const rfi_kir_kernel *k);
+RFI_FUNC int rfi_kir_var(rfi_kir_kernel *k, int var);
+RFI_FUNC int rfi_kir_const_i(rfi_kir_kernel *k, rf_dtype dt, int64_t v);
+RFI_FUNC int rfi_kir_const_f(rfi_kir_kernel *k, rf_dtype dt, double v);
+RFI_FUNC int rfi_kir_index(rfi_kir_kernel *k, rfi_kir_op op, int a, int b); /* IADD..IMAX */
+RFI_FUNC int rfi_kir_icmp(rfi_kir_kernel *k, rf_cmp cmp, int a, int b);
+RFI_FUNC int rfi_kir_land(rfi_kir_kernel *k, int a, int b);
+RFI_FUNC int rfi_kir_load(rfi_kir_kernel *k, int base, int index, int node);
+RFI_FUNC int rfi_kir_unary(rfi_kir_kernel *k, rfi_op op, rf_dtype dt, int a, int node);
+RFI_FUNC int rfi_kir_binary(rfi_kir_kernel *k, rfi_op op, rf_dtype dt, int a, int b, int node);
+RFI_FUNC int rfi_kir_compare(rfi_kir_kernel *k, rf_cmp cmp, int a, int b, int node);
+RFI_FUNC int rfi_kir_select(rfi_kir_kernel *k, int pred, int a, int b, int node);
+RFI_FUNC int rfi_kir_convert(rfi_kir_kernel *k, rf_dtype dt, int a, int node);
+RFI_FUNC int rfi_kir_acc(rfi_kir_kernel *k);
+/* The base for (buffer, offset, dtype), added if new; nbytes grows to cover. */
+RFI_FUNC int rfi_kir_base_get(rfi_kir_kernel *k, int buffer, size_t offset, rf_dtype dt,
+                              size_t nbytes, bool written, int node);
+RFI_FUNC rf_status rfi_kir_add_store(rfi_kir_kernel *k, int base, int index, int value, int node);
+/* Sets every base's noalias flag from the byte ranges (call once, when complete). */
+RFI_FUNC void rfi_kir_mark_aliasing(rfi_kir_kernel *k);
+/* Whether instruction `id` is an integer or bool constant, and its value. */
+RFI_FUNC bool rfi_kir_is_const(const rfi_kir_kernel *k, int id, int64_t *value);
+/* live[i] = instruction i is needed by a store, the fold or the guard (n_ins bools). */
+RFI_FUNC void rfi_kir_liveness(const rfi_kir_kernel *k, bool *live);
+
+/* ---- The API the backends use ------------------------------------------------------- */
+/* Lowers every step of p (kir_lower.c). *out is NULL on failure. */
+RFI_FUNC rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out);
+RFI_FUNC void rfi_kir_free(rfi_kir_module *m);
+/* The module as text (for RF_DUMP), owned (rfi_free); NULL on OOM. */
+RFI_FUNC char *rfi_kir_print(const rfi_kir_module *m);
+/* The module as one C source file (cpu/render_c.c): the module ABI block of
+ * cpu/module_abi.h, one function per kernel and the entry point
+ * RF_MODULE_ENTRY_NAME. *source is owned (rfi_free). */
+RFI_FUNC rf_status rfi_render_c(const rfi_kir_module *m, char **source);
+/* The text the renderer copies from cpu/module_abi.h (for a test that the copy is exact). */
+RFI_FUNC const char *rfi_render_c_abi_block(void);
+
+#endif

@@ -1,0 +1,875 @@
+/* kir_lower.c: lowering an execution plan (plan.h) to the kernel IR (kir.h).
+ *
+ * Each LOOP step becomes a kernel whose outer loops run over its roots'
+ * shape; each REDUCE step a kernel whose outer loops run over the result and
+ * whose inner loops run over the reduced axes, the window or the contracting
+ * dims. The value of a root at the loop's index vector is emitted
+ * recursively: materialised nodes are loads from their buffer at their
+ * row-major linear index, inline nodes compute from their operands at the
+ * indices their op maps to (broadcast, transpose, slice, reverse, reshape,
+ * pad, concatenate, gather, iota), memoised per (node, index) so shared
+ * subexpressions are computed once. Indices are carried as a linear index, a
+ * multi-index or both, converted only on demand: an elementwise LOOP kernel
+ * whose accesses need no multi-index runs as one flat loop.
+ *
+ * CALL and COPY steps become module steps the renderer emits as calls and
+ * copies. Deliberately no loop transformations (tiling, interchange) and no
+ * C: renderers print the result.
+ */
+#include "kir.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- Index vectors ------------------------------------------------------------- */
+typedef struct kidx {
+    int rank;
+    int64_t dims[RF_MAX_RANK];
+    int lin;              /* instruction of the row-major linear index, or -1 */
+    bool has_m;
+    int m[RF_MAX_RANK];   /* instructions of the multi-index (when has_m) */
+} kidx;
+
+typedef struct memo_entry {
+    int node, nkey, value;
+    int key[RF_MAX_RANK + 1];
+} memo_entry;
+
+typedef struct lower {
+    const rfi_plan *p;
+    const rfi_graph *g;
+    rfi_kir_kernel *k;
+    const bool *is_root;   /* per node: a root of the step being lowered */
+    bool flat;             /* the root index is a flat loop over all elements */
+    bool wants_multi;      /* a multi-index was derived from a flat index */
+    memo_entry *memo;
+    int memo_cap, memo_n;
+    rf_status status; /* first error not reported through a return value */
+} lower;
+
+static kidx idx_scalar(lower *L)
+{
+    kidx ix;
+    memset(&ix, 0, sizeof ix);
+    ix.lin = rfi_kir_const_i(L->k, RF_I64, 0);
+    ix.has_m = true;
+    return ix;
+}
+
+static kidx idx_multi_of(const rfi_node *n, const int *m)
+{
+    kidx ix;
+    memset(&ix, 0, sizeof ix);
+    ix.rank = n->rank;
+    memcpy(ix.dims, n->dims, sizeof(int64_t) * (size_t)n->rank);
+    ix.lin = n->rank == 1 ? m[0] : -1;
+    ix.has_m = true;
+    memcpy(ix.m, m, sizeof(int) * (size_t)n->rank);
+    return ix;
+}
+
+static kidx idx_lin_of(lower *L, const rfi_node *n, int lin)
+{
+    if (n->rank == 0)
+        return idx_scalar(L);
+    kidx ix;
+    memset(&ix, 0, sizeof ix);
+    ix.rank = n->rank;
+    memcpy(ix.dims, n->dims, sizeof(int64_t) * (size_t)n->rank);
+    ix.lin = lin;
+    ix.has_m = n->rank == 1;
+    ix.m[0] = lin;
+    return ix;
+}
+
+static int cst(lower *L, int64_t v)
+{
+    return rfi_kir_const_i(L->k, RF_I64, v);
+}
+static int iop(lower *L, rfi_kir_op op, int a, int b)
+{
+    return rfi_kir_index(L->k, op, a, b);
+}
+
+static int idx_lin(lower *L, kidx *ix)
+{
+    if (ix->lin >= 0 || !ix->has_m)
+        return ix->lin;
+    int lin = cst(L, 0);
+    int64_t stride = 1;
+    for (int d = ix->rank - 1; d >= 0; d--) {
+        lin = iop(L, RFI_KIR_IADD, lin, iop(L, RFI_KIR_IMUL, ix->m[d], cst(L, stride)));
+        stride *= ix->dims[d];
+    }
+    ix->lin = lin;
+    return lin;
+}
+
+static const int *idx_multi(lower *L, kidx *ix)
+{
+    if (ix->has_m)
+        return ix->m;
+    int64_t stride = 1;
+    for (int d = ix->rank - 1; d >= 0; d--) {
+        int q = iop(L, RFI_KIR_IDIV, ix->lin, cst(L, stride));
+        ix->m[d] = ix->dims[d] == 1 ? cst(L, 0) : d == 0 ? q : iop(L, RFI_KIR_IREM, q, cst(L, ix->dims[d]));
+        stride *= ix->dims[d];
+    }
+    ix->has_m = true;
+    L->wants_multi = true;
+    return ix->m;
+}
+
+/* ---- Memo: (node, index) -> value ----------------------------------------------- */
+static int memo_key(const kidx *ix, int *key)
+{
+    if (ix->has_m) {
+        key[0] = 1;
+        memcpy(key + 1, ix->m, sizeof(int) * (size_t)ix->rank);
+        return ix->rank + 1;
+    }
+    key[0] = 0;
+    key[1] = ix->lin;
+    return 2;
+}
+
+static size_t memo_slot(const lower *L, int node, const int *key, int nkey)
+{
+    uint64_t h = rfi_hash_u64(RFI_HASH_INIT, (uint64_t)node);
+    h = rfi_hash_bytes(h, key, sizeof(int) * (size_t)nkey);
+    size_t mask = (size_t)L->memo_cap - 1, slot = (size_t)h & mask;
+    while (L->memo[slot].nkey &&
+           !(L->memo[slot].node == node && L->memo[slot].nkey == nkey &&
+             memcmp(L->memo[slot].key, key, sizeof(int) * (size_t)nkey) == 0))
+        slot = (slot + 1) & mask;
+    return slot;
+}
+
+static int memo_get(const lower *L, int node, const kidx *ix)
+{
+    if (!L->memo_cap)
+        return -1;
+    int key[RF_MAX_RANK + 1];
+    int nkey = memo_key(ix, key);
+    const memo_entry *e = &L->memo[memo_slot(L, node, key, nkey)];
+    return e->nkey ? e->value : -1;
+}
+
+static bool memo_grow(lower *L)
+{
+    int ncap = L->memo_cap ? L->memo_cap * 2 : 256;
+    memo_entry *old = L->memo;
+    int old_cap = L->memo_cap;
+    L->memo = rfi_calloc((size_t)ncap, sizeof(memo_entry));
+    if (!L->memo) {
+        L->memo = old;
+        return false;
+    }
+    L->memo_cap = ncap;
+    for (int i = 0; i < old_cap; i++)
+        if (old[i].nkey)
+            L->memo[memo_slot(L, old[i].node, old[i].key, old[i].nkey)] = old[i];
+    rfi_free(old);
+    return true;
+}
+
+static void memo_put(lower *L, int node, const kidx *ix, int value)
+{
+    if (value < 0 || ((L->memo_n + 1) * 2 > L->memo_cap && !memo_grow(L)))
+        return; /* a full memo only costs recomputation (hash-consing still merges) */
+    int key[RF_MAX_RANK + 1];
+    int nkey = memo_key(ix, key);
+    memo_entry *e = &L->memo[memo_slot(L, node, key, nkey)];
+    if (!e->nkey)
+        L->memo_n++;
+    e->node = node;
+    e->nkey = nkey;
+    memcpy(e->key, key, sizeof(int) * (size_t)nkey);
+    e->value = value;
+}
+
+/* ---- Leaves ---------------------------------------------------------------------- */
+static int base_of(lower *L, const rfi_node *n, bool written)
+{
+    int buffer = 0;
+    size_t offset = 0;
+    rfi_plan_buffer(L->p, n->id, &buffer, &offset);
+    if (buffer < 0 || buffer >= rfi_plan_n_buffers(L->p)) {
+        if (L->status == RF_OK)
+            L->status = rfi_error(RF_E_INTERNAL, "kir: step %d: %%%d = %s has no buffer "
+                                  "(location kind %d)", L->k->step, n->id,
+                                  rfi_op_table[n->op].name, (int)L->p->loc[n->id].kind);
+        return -1;
+    }
+    return rfi_kir_base_get(L->k, buffer, offset, n->dtype, rfi_node_nbytes(n), written, n->id);
+}
+
+static int load_node(lower *L, const rfi_node *n, kidx *ix)
+{
+    int index = rfi_node_numel(n) == 1 ? cst(L, 0) : idx_lin(L, ix);
+    return rfi_kir_load(L->k, base_of(L, n, false), index, n->id);
+}
+
+/* The constant's value when all its elements are equal (a literal), else -1. */
+static int splat_constant(lower *L, const rfi_node *n)
+{
+    size_t esz = rf_dtype_size(n->dtype);
+    int64_t count = rfi_node_numel(n);
+    const unsigned char *d = n->attr.data;
+    if (count < 1 || !d || n->attr.nbytes != (size_t)count * esz)
+        return -1;
+    for (int64_t e = 1; e < count; e++)
+        if (memcmp(d, d + (size_t)e * esz, esz) != 0)
+            return -1;
+    switch (n->dtype) {
+    case RF_F32: { float v; memcpy(&v, d, 4); return rfi_kir_const_f(L->k, RF_F32, v); }
+    case RF_F64: { double v; memcpy(&v, d, 8); return rfi_kir_const_f(L->k, RF_F64, v); }
+    case RF_I32: { int32_t v; memcpy(&v, d, 4); return rfi_kir_const_i(L->k, RF_I32, v); }
+    case RF_I64: { int64_t v; memcpy(&v, d, 8); return rfi_kir_const_i(L->k, RF_I64, v); }
+    case RF_U8: return rfi_kir_const_i(L->k, RF_U8, d[0]);
+    case RF_BOOL: return rfi_kir_const_i(L->k, RF_BOOL, d[0] != 0);
+    default: return -1;
+    }
+}
+
+static rf_status unsupported(lower *L, const rfi_node *n, const char *why)
+{
+    return rfi_error(RF_E_INTERNAL, "kir: step %d: %%%d = %s %s", L->k->step, n->id,
+                     rfi_op_table[n->op].name, why);
+}
+
+/* ---- Values ------------------------------------------------------------------------ */
+static rf_status emit(lower *L, const rfi_node *n, kidx *ix, bool compute, int *out);
+
+/* Operand k of n at index ix (the operand has n's shape, or is a scalar). */
+static rf_status operand_same(lower *L, const rfi_node *n, int k, kidx *ix, int *out)
+{
+    const rfi_node *x = n->in[k];
+    if (x->rank == 0 && n->rank > 0) {
+        kidx s = idx_scalar(L);
+        return emit(L, x, &s, false, out);
+    }
+    kidx xi = *ix;
+    return emit(L, x, &xi, false, out);
+}
+
+static rf_status operand_at(lower *L, const rfi_node *x, const int *m, int *out)
+{
+    kidx xi = idx_multi_of(x, m);
+    if (x->rank == 0)
+        xi = idx_scalar(L);
+    return emit(L, x, &xi, false, out);
+}
+
+/* min(max(q, 0), hi): an index clamped into [0, hi]. */
+static int clamp_index(lower *L, int q, int64_t hi)
+{
+    return iop(L, RFI_KIR_IMAX, iop(L, RFI_KIR_IMIN, q, cst(L, hi)), cst(L, 0));
+}
+
+static rf_status emit_elementwise(lower *L, const rfi_node *n, kidx *ix, int *out)
+{
+    int v[3] = {-1, -1, -1};
+    for (int k = 0; k < n->n_in && k < 3; k++) {
+        rf_status st = operand_same(L, n, k, ix, &v[k]);
+        if (st != RF_OK)
+            return st;
+    }
+    rfi_kir_kernel *K = L->k;
+    unsigned flags = rfi_op_table[n->op].flags;
+    if (n->op == RFI_OP_STOP_GRADIENT)
+        *out = v[0];
+    else if (flags & RFI_UNARY)
+        *out = rfi_kir_unary(K, n->op, n->dtype, v[0], n->id);
+    else if (flags & RFI_BINARY)
+        *out = rfi_kir_binary(K, n->op, n->dtype, v[0], v[1], n->id);
+    else if (n->op == RFI_OP_COMPARE)
+        *out = rfi_kir_compare(K, (rf_cmp)n->attr.i[0], v[0], v[1], n->id);
+    else if (n->op == RFI_OP_SELECT)
+        *out = rfi_kir_select(K, v[0], v[1], v[2], n->id);
+    else if (n->op == RFI_OP_CLAMP) /* min(max(x, lo), hi), NaN propagating */
+        *out = rfi_kir_binary(K, RFI_OP_MIN, n->dtype,
+                              rfi_kir_binary(K, RFI_OP_MAX, n->dtype, v[1], v[0], -1), v[2],
+                              n->id);
+    else /* CONVERT */
+        *out = rfi_kir_convert(K, n->dtype, v[0], n->id);
+    return RF_OK;
+}
+
+static rf_status emit_broadcast(lower *L, const rfi_node *n, kidx *ix, int *out)
+{
+    const rfi_node *x = n->in[0];
+    const int64_t *map = n->attr.l[0];
+    bool increasing = true;
+    for (int i = 1; i < x->rank; i++)
+        increasing &= map[i] > map[i - 1];
+    if (x->rank == 0) {
+        kidx s = idx_scalar(L);
+        return emit(L, x, &s, false, out);
+    }
+    if (increasing && rfi_node_numel(x) == rfi_node_numel(n)) { /* only size-1 dims added */
+        kidx xi = idx_lin_of(L, x, idx_lin(L, ix));
+        return emit(L, x, &xi, false, out);
+    }
+    const int *m = idx_multi(L, ix);
+    int xm[RF_MAX_RANK];
+    for (int i = 0; i < x->rank; i++)
+        xm[i] = x->dims[i] == 1 ? cst(L, 0) : m[map[i]];
+    return operand_at(L, x, xm, out);
+}
+
+/* Transpose, slice, reverse: each operand coordinate is an affine map of one result one. */
+static rf_status emit_permuted(lower *L, const rfi_node *n, kidx *ix, int *out)
+{
+    const rfi_node *x = n->in[0];
+    const rfi_attrs *at = &n->attr;
+    const int *m = idx_multi(L, ix);
+    int xm[RF_MAX_RANK];
+    for (int d = 0; d < x->rank; d++)
+        xm[d] = m[d];
+    if (n->op == RFI_OP_TRANSPOSE)
+        for (int d = 0; d < n->rank; d++)
+            xm[at->l[0][d]] = m[d];
+    else if (n->op == RFI_OP_SLICE)
+        for (int d = 0; d < n->rank; d++)
+            xm[d] = iop(L, RFI_KIR_IADD, cst(L, at->l[0][d]),
+                        iop(L, RFI_KIR_IMUL, m[d], cst(L, at->l[2][d])));
+    else /* REVERSE */
+        for (int k = 0; k < at->nl[0]; k++) {
+            int d = (int)at->l[0][k];
+            xm[d] = iop(L, RFI_KIR_IADD, cst(L, n->dims[d] - 1),
+                        iop(L, RFI_KIR_IMUL, m[d], cst(L, -1)));
+        }
+    return operand_at(L, x, xm, out);
+}
+
+static rf_status emit_reshape(lower *L, const rfi_node *n, kidx *ix, int *out)
+{
+    const rfi_node *x = n->in[0];
+    kidx xi = idx_lin_of(L, x, idx_lin(L, ix));
+    return emit(L, x, &xi, false, out);
+}
+
+/* Result element o takes operand element (o - low) / (interior + 1) where that divides
+ * exactly and lands inside, else the padding value. */
+static rf_status emit_pad(lower *L, const rfi_node *n, kidx *ix, int *out)
+{
+    const rfi_node *x = n->in[0];
+    const rfi_attrs *at = &n->attr;
+    kidx s = idx_scalar(L);
+    int padv = -1;
+    rf_status st = emit(L, n->in[1], &s, false, &padv);
+    if (st != RF_OK || rfi_node_numel(x) == 0) {
+        *out = padv;
+        return st;
+    }
+    const int *m = idx_multi(L, ix);
+    int xm[RF_MAX_RANK], inside = rfi_kir_const_i(L->k, RF_BOOL, 1);
+    for (int d = 0; d < x->rank; d++) {
+        int64_t low = at->l[0][d], high = at->l[1][d], step = at->l[2][d] + 1;
+        if (low == 0 && high == 0 && step == 1) {
+            xm[d] = m[d];
+            continue;
+        }
+        int p = iop(L, RFI_KIR_IADD, m[d], cst(L, -low));
+        int q = iop(L, RFI_KIR_IDIV, p, cst(L, step));
+        int ok = rfi_kir_land(L->k, rfi_kir_icmp(L->k, RF_GE, p, cst(L, 0)),
+                              rfi_kir_icmp(L->k, RF_LT, q, cst(L, x->dims[d])));
+        if (step > 1)
+            ok = rfi_kir_land(L->k, ok, rfi_kir_icmp(L->k, RF_EQ, iop(L, RFI_KIR_IREM, p, cst(L, step)),
+                                                     cst(L, 0)));
+        inside = rfi_kir_land(L->k, inside, ok);
+        xm[d] = clamp_index(L, q, x->dims[d] - 1);
+    }
+    int v = -1;
+    st = operand_at(L, x, xm, &v);
+    *out = rfi_kir_select(L->k, inside, v, padv, n->id);
+    return st;
+}
+
+/* The operand whose range along the axis holds the index, by a chain of selects
+ * from the last operand backwards. */
+static rf_status emit_concatenate(lower *L, const rfi_node *n, kidx *ix, int *out)
+{
+    int axis = (int)n->attr.i[0];
+    const int *m = idx_multi(L, ix);
+    int64_t end = n->dims[axis]; /* where operand k ends along the axis */
+    int v = -1;
+    for (int k = n->n_in - 1; k >= 0; k--) {
+        const rfi_node *x = n->in[k];
+        int64_t start = end - x->dims[axis];
+        if (x->dims[axis] == 0)
+            continue;
+        int xm[RF_MAX_RANK];
+        memcpy(xm, m, sizeof(int) * (size_t)n->rank);
+        xm[axis] = clamp_index(L, iop(L, RFI_KIR_IADD, m[axis], cst(L, -start)), x->dims[axis] - 1);
+        int xv = -1;
+        rf_status st = operand_at(L, x, xm, &xv);
+        if (st != RF_OK)
+            return st;
+        v = v < 0 ? xv
+                  : rfi_kir_select(L->k, rfi_kir_icmp(L->k, RF_LT, m[axis], cst(L, end)), xv, v,
+                                   n->id);
+        end = start;
+    }
+    *out = v;
+    return v >= 0 || rfi_kir_failed(L->k) ? RF_OK : unsupported(L, n, "has no elements");
+}
+
+/* x[..., clamp(indices[j...]), ...] along the axis (NumPy take, clamped). */
+static rf_status emit_gather(lower *L, const rfi_node *n, kidx *ix, int *out)
+{
+    const rfi_node *x = n->in[0], *ind = n->in[1];
+    int axis = (int)n->attr.i[0];
+    if (x->dims[axis] == 0) {
+        *out = rfi_kir_const_i(L->k, n->dtype, 0);
+        return RF_OK;
+    }
+    const int *m = idx_multi(L, ix);
+    int j = -1;
+    rf_status st = operand_at(L, ind, m + axis, &j);
+    if (st != RF_OK)
+        return st;
+    int xm[RF_MAX_RANK];
+    for (int d = 0; d < axis; d++)
+        xm[d] = m[d];
+    xm[axis] = clamp_index(L, rfi_kir_convert(L->k, RF_I64, j, -1), x->dims[axis] - 1);
+    for (int d = axis + 1; d < x->rank; d++)
+        xm[d] = m[d - 1 + ind->rank];
+    return operand_at(L, x, xm, out);
+}
+
+static rf_status emit_op(lower *L, const rfi_node *n, kidx *ix, int *out)
+{
+    unsigned flags = rfi_op_table[n->op].flags;
+    if (flags & (RFI_UNARY | RFI_BINARY))
+        return emit_elementwise(L, n, ix, out);
+    switch (n->op) {
+    case RFI_OP_COMPARE:
+    case RFI_OP_SELECT:
+    case RFI_OP_CLAMP:
+    case RFI_OP_CONVERT: return emit_elementwise(L, n, ix, out);
+    case RFI_OP_IOTA:
+        *out = rfi_kir_convert(L->k, n->dtype, idx_multi(L, ix)[n->attr.i[0]], n->id);
+        return RF_OK;
+    case RFI_OP_BROADCAST_IN_DIM: return emit_broadcast(L, n, ix, out);
+    case RFI_OP_TRANSPOSE:
+    case RFI_OP_SLICE:
+    case RFI_OP_REVERSE: return emit_permuted(L, n, ix, out);
+    case RFI_OP_RESHAPE: return emit_reshape(L, n, ix, out);
+    case RFI_OP_PAD: return emit_pad(L, n, ix, out);
+    case RFI_OP_CONCATENATE: return emit_concatenate(L, n, ix, out);
+    case RFI_OP_GATHER: return emit_gather(L, n, ix, out);
+    default: return unsupported(L, n, "has no loop form (it must be materialised)");
+    }
+}
+
+/* n's value at ix: a load if n is materialised (unless `compute`: a root being
+ * computed, or another root of this step, computed rather than read back). */
+static rf_status emit(lower *L, const rfi_node *n, kidx *ix, bool compute, int *out)
+{
+    *out = -1;
+    if (rfi_kir_failed(L->k))
+        return RF_E_NOMEM;
+    int known = memo_get(L, n->id, ix);
+    if (known >= 0) {
+        *out = known;
+        return RF_OK;
+    }
+    rf_status st = RF_OK;
+    rfi_loc_kind loc = L->p->loc[n->id].kind;
+    if (n->op == RFI_OP_CONSTANT && (*out = splat_constant(L, n)) >= 0)
+        st = RF_OK;
+    else if (loc != RFI_LOC_INLINE && !compute && !L->is_root[n->id])
+        *out = load_node(L, n, ix);
+    else if (n->op == RFI_OP_CONSTANT || n->op == RFI_OP_ARGUMENT || n->op == RFI_OP_CAPTURE)
+        st = unsupported(L, n, "is inline but its elements are data: it must be materialised");
+    else
+        st = emit_op(L, n, ix, out);
+    if (st == RF_OK && rfi_kir_failed(L->k))
+        st = RF_E_NOMEM;
+    if (st == RF_OK)
+        memo_put(L, n->id, ix, *out);
+    return st;
+}
+
+/* ---- Comments -------------------------------------------------------------------- */
+static void describe_node(rfi_strbuf *sb, const rfi_node *n)
+{
+    rfi_sb_printf(sb, "%%%d = %s(", n->id, rfi_op_table[n->op].name);
+    for (int k = 0; k < n->n_in; k++)
+        rfi_sb_printf(sb, k ? ", %%%d" : "%%%d", n->in[k]->id);
+    rfi_sb_printf(sb, ") ");
+    rfi_sb_type(sb, n->dtype, n->dims, n->rank);
+}
+
+#define MAX_FUSED_LISTED 48
+
+static char *describe_step(const rfi_plan *p, int s, const char *what)
+{
+    const rfi_step *st = &p->steps[s];
+    rfi_strbuf sb = {0};
+    rfi_sb_printf(&sb, "step %d: %s", s, what);
+    for (int r = 0; r < st->n_roots; r++) {
+        rfi_sb_printf(&sb, "\n  ");
+        describe_node(&sb, p->g->nodes[st->roots[r]]);
+    }
+    for (int f = 0; f < st->n_fused && f < MAX_FUSED_LISTED; f++) {
+        rfi_sb_printf(&sb, f ? "\n    " : "\n  fused:\n    ");
+        describe_node(&sb, p->g->nodes[st->fused[f]]);
+    }
+    if (st->n_fused > MAX_FUSED_LISTED)
+        rfi_sb_printf(&sb, "\n    ... and %d more", st->n_fused - MAX_FUSED_LISTED);
+    if (sb.failed) {
+        rfi_sb_free(&sb);
+        return NULL;
+    }
+    return sb.data;
+}
+
+/* ---- Steps -------------------------------------------------------------------------- */
+/* The index along a dim of the given extent: constant 0 for extent 1 (no loop), else a
+ * new outer or inner loop variable. Outer variables must all exist before inner ones. */
+static int loop_var(lower *L, int64_t extent, bool inner)
+{
+    rfi_kir_kernel *k = L->k;
+    if (extent == 1)
+        return cst(L, 0);
+    if (inner) {
+        k->red_dims[k->red_rank] = extent;
+        return rfi_kir_var(k, k->rank + k->red_rank++);
+    }
+    k->dims[k->rank++] = extent;
+    return rfi_kir_var(k, k->rank - 1);
+}
+
+static void kernel_name(rfi_kir_kernel *k, const rfi_node *root)
+{
+    snprintf(k->name, sizeof k->name, "%s", rfi_op_table[root->op].name);
+}
+
+static rf_status store_root(lower *L, const rfi_node *r, kidx *ix, int value)
+{
+    int index = rfi_node_numel(r) == 1 ? cst(L, 0) : idx_lin(L, ix);
+    int base = base_of(L, r, true);
+    if (base < 0)
+        return L->status != RF_OK ? L->status : RF_E_NOMEM;
+    return rfi_kir_add_store(L->k, base, index, value, r->id);
+}
+
+static void reset_kernel(lower *L, int step)
+{
+    rfi_kir_kernel_free(L->k);
+    L->k = rfi_kir_kernel_new(step);
+    memset(L->memo, 0, sizeof(memo_entry) * (size_t)L->memo_cap);
+    L->memo_n = 0;
+    L->wants_multi = false;
+}
+
+/* One attempt at a LOOP kernel: flat (one loop over all elements) or over the shape. */
+static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
+{
+    const rfi_node *r0 = L->g->nodes[st->roots[0]];
+    rfi_kir_kernel *k = L->k;
+    L->flat = flat;
+    int vars[RF_MAX_RANK];
+    if (flat)
+        vars[0] = loop_var(L, rfi_node_numel(r0), false);
+    else
+        for (int d = 0; d < r0->rank; d++)
+            vars[d] = loop_var(L, r0->dims[d], false);
+    for (int r = 0; r < st->n_roots; r++) {
+        const rfi_node *root = L->g->nodes[st->roots[r]];
+        if (root->rank != r0->rank || rfi_node_numel(root) != rfi_node_numel(r0) ||
+            memcmp(root->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) != 0)
+            return rfi_error(RF_E_INTERNAL, "kir: step %d: roots %%%d and %%%d differ in shape",
+                             k->step, r0->id, root->id);
+        kidx ix = flat ? idx_lin_of(L, root, vars[0]) : idx_multi_of(root, vars);
+        if (root->rank == 0)
+            ix = idx_scalar(L);
+        int v = -1;
+        rf_status s = emit(L, root, &ix, true, &v);
+        if (s == RF_OK)
+            s = store_root(L, root, &ix, v);
+        if (s != RF_OK)
+            return s;
+    }
+    return RF_OK;
+}
+
+static rf_status lower_loop(lower *L, const rfi_step *st)
+{
+    const rfi_node *r0 = L->g->nodes[st->roots[0]];
+    kernel_name(L->k, r0);
+    rf_status s = lower_loop_as(L, st, r0->rank >= 2);
+    if (s == RF_OK && r0->rank >= 2 && L->wants_multi) { /* flat needs div/mod: use the shape */
+        reset_kernel(L, L->k ? L->k->step : 0);
+        if (!L->k)
+            return RF_E_NOMEM;
+        kernel_name(L->k, r0);
+        s = lower_loop_as(L, st, false);
+    }
+    return s;
+}
+
+/* Identity of a reduction in the accumulator (interpreter: reduce.c). */
+static void set_identity(rfi_kir_kernel *k, rf_reduce_kind kind, rf_dtype xt)
+{
+    k->red_kind = kind;
+    k->acc_dtype = rfi_dtype_is_float(xt) ? RF_F64 : RF_I64;
+    switch (kind) {
+    case RF_REDUCE_PROD: k->red_identity_f = 1; k->red_identity_i = 1; break;
+    case RF_REDUCE_MAX:
+        k->red_identity_f = -INFINITY;
+        k->red_identity_i = xt == RF_I32 ? INT32_MIN : xt == RF_I64 ? INT64_MIN : 0;
+        break;
+    case RF_REDUCE_MIN:
+        k->red_identity_f = INFINITY;
+        k->red_identity_i = xt == RF_I32 ? INT32_MAX : xt == RF_I64 ? INT64_MAX
+                            : xt == RF_U8  ? 255 : 1;
+        break;
+    case RF_REDUCE_AND: k->red_identity_f = 1; k->red_identity_i = xt == RF_BOOL ? 1 : -1; break;
+    default: k->red_identity_f = 0; k->red_identity_i = 0; break;
+    }
+}
+
+static rf_status reduce_value(lower *L, const rfi_node *n, const int *m, int *value)
+{
+    const rfi_node *x = n->in[0];
+    rfi_kir_kernel *k = L->k;
+    bool reduced[RF_MAX_RANK] = {false};
+    for (int a = 0; a < n->attr.nl[0]; a++)
+        reduced[n->attr.l[0][a]] = true;
+    int xm[RF_MAX_RANK];
+    for (int d = 0, r = 0; d < x->rank; d++)
+        xm[d] = reduced[d] ? loop_var(L, x->dims[d], true) : m[r++];
+    set_identity(k, (rf_reduce_kind)n->attr.i[0], x->dtype);
+    return operand_at(L, x, xm, value);
+}
+
+static rf_status window_value(lower *L, const rfi_node *n, const int *m, int *value)
+{
+    const rfi_node *x = n->in[0];
+    const rfi_attrs *at = &n->attr;
+    rfi_kir_kernel *k = L->k;
+    set_identity(k, (rf_reduce_kind)at->i[0], x->dtype);
+    if (rfi_node_numel(x) == 0) { /* all padding: the identity everywhere */
+        *value = rfi_kir_const_i(k, x->dtype, 0);
+        k->red_guard = rfi_kir_const_i(k, RF_BOOL, 0);
+        return RF_OK;
+    }
+    int xm[RF_MAX_RANK], w[RF_MAX_RANK], inside = rfi_kir_const_i(k, RF_BOOL, 1);
+    for (int d = 0; d < x->rank; d++)
+        w[d] = loop_var(L, at->l[0][d], true);
+    for (int d = 0; d < x->rank; d++) {
+        int64_t stride = at->l[1][d], lo = at->l[2][d];
+        int p = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[d], cst(L, stride)),
+                    iop(L, RFI_KIR_IADD, w[d], cst(L, -lo)));
+        int64_t pmin = -lo, pmax = (n->dims[d] - 1) * stride + at->l[0][d] - 1 - lo;
+        if (pmin >= 0 && pmax < x->dims[d]) {
+            xm[d] = p;
+            continue;
+        }
+        inside = rfi_kir_land(k, inside, rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)),
+                                                      rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d]))));
+        xm[d] = clamp_index(L, p, x->dims[d] - 1);
+    }
+    int64_t c;
+    k->red_guard = rfi_kir_is_const(k, inside, &c) && c ? -1 : inside;
+    return operand_at(L, x, xm, value);
+}
+
+/* sum over the contracting dims of a[...] * b[...], products in the accumulator type. */
+static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value)
+{
+    const rfi_node *a = n->in[0], *b = n->in[1];
+    const rfi_attrs *at = &n->attr;
+    rfi_kir_kernel *k = L->k;
+    set_identity(k, RF_REDUCE_SUM, a->dtype);
+    int nb = at->nl[0], nc = at->nl[2];
+    int am[RF_MAX_RANK], bm[RF_MAX_RANK];
+    for (int d = 0; d < RF_MAX_RANK; d++)
+        am[d] = bm[d] = -2;
+    for (int i = 0; i < nb; i++) {
+        am[at->l[0][i]] = m[i];
+        bm[at->l[1][i]] = m[i];
+    }
+    for (int i = 0; i < nc; i++) {
+        int v = loop_var(L, a->dims[at->l[2][i]], true);
+        am[at->l[2][i]] = v;
+        bm[at->l[3][i]] = v;
+    }
+    int r = nb;
+    for (int d = 0; d < a->rank; d++)
+        if (am[d] == -2)
+            am[d] = m[r++];
+    for (int d = 0; d < b->rank; d++)
+        if (bm[d] == -2)
+            bm[d] = m[r++];
+    int va = -1, vb = -1;
+    rf_status st = operand_at(L, a, am, &va);
+    if (st == RF_OK)
+        st = operand_at(L, b, bm, &vb);
+    *value = rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype, rfi_kir_convert(k, k->acc_dtype, va, -1),
+                            rfi_kir_convert(k, k->acc_dtype, vb, -1), -1);
+    return st;
+}
+
+static rf_status lower_reduce(lower *L, const rfi_step *st)
+{
+    const rfi_node *n = L->g->nodes[st->roots[0]];
+    rfi_kir_kernel *k = L->k;
+    kernel_name(k, n);
+    k->is_reduce = true;
+    int m[RF_MAX_RANK];
+    for (int d = 0; d < n->rank; d++)
+        m[d] = loop_var(L, n->dims[d], false);
+    int v = -1;
+    rf_status s;
+    if (n->op == RFI_OP_REDUCE)
+        s = reduce_value(L, n, m, &v);
+    else if (n->op == RFI_OP_REDUCE_WINDOW)
+        s = window_value(L, n, m, &v);
+    else if (n->op == RFI_OP_DOT_GENERAL)
+        s = dot_value(L, n, m, &v);
+    else
+        return unsupported(L, n, "is no reduction (a REDUCE step needs reduce, reduce_window "
+                                 "or dot_general)");
+    if (s != RF_OK)
+        return s;
+    k->red_value = rfi_kir_convert(k, k->acc_dtype, v, -1);
+    int result = rfi_kir_convert(k, n->dtype, rfi_kir_acc(k), n->id);
+    kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
+    return store_root(L, n, &ix, result);
+}
+
+/* ---- The module ---------------------------------------------------------------- */
+static rfi_kir_step *add_step(rfi_kir_module *m, rfi_kir_step_kind kind, int step)
+{
+    if (m->n_steps == m->cap_steps) {
+        int ncap = m->cap_steps ? m->cap_steps * 2 : 16;
+        rfi_kir_step *s = rfi_realloc(m->steps, (size_t)ncap * sizeof *s);
+        if (!s)
+            return NULL;
+        m->steps = s;
+        m->cap_steps = ncap;
+    }
+    rfi_kir_step *s = &m->steps[m->n_steps++];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->step = step;
+    return s;
+}
+
+static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
+{
+    const rfi_step *st = &L->p->steps[s];
+    if (st->n_roots < 1)
+        return rfi_error(RF_E_INTERNAL, "kir: step %d has no roots", s);
+    if (rfi_node_numel(L->g->nodes[st->roots[0]]) == 0)
+        return RF_OK; /* nothing to compute */
+    bool *is_root = (bool *)L->is_root;
+    for (int r = 0; r < st->n_roots; r++)
+        is_root[st->roots[r]] = true;
+    reset_kernel(L, s);
+    rf_status rc = !L->k ? RF_E_NOMEM
+                   : st->kind == RFI_STEP_LOOP ? lower_loop(L, st) : lower_reduce(L, st);
+    for (int r = 0; r < st->n_roots; r++)
+        is_root[st->roots[r]] = false;
+    if (L->status != RF_OK)
+        rc = L->status;
+    if (rc == RF_OK && rfi_kir_failed(L->k))
+        rc = RF_E_NOMEM;
+    if (rc != RF_OK)
+        return rc;
+    rfi_kir_mark_aliasing(L->k);
+    L->k->comment = describe_step(L->p, s, st->kind == RFI_STEP_LOOP ? "loop" : "reduce");
+    rfi_kir_step *ks = add_step(m, RFI_KIR_STEP_KERNEL, s);
+    if (!ks || !L->k->comment)
+        return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
+    ks->kernel = L->k;
+    L->k = NULL;
+    return RF_OK;
+}
+
+static rf_status lower_call_step(const rfi_plan *p, rfi_kir_module *m, int s)
+{
+    const rfi_step *st = &p->steps[s];
+    const char *what = st->call == RFI_CALL_MATMUL ? "matmul call"
+                       : st->call == RFI_CALL_CONV ? "convolution call"
+                                                   : "reference kernel call";
+    rfi_kir_step *ks = add_step(m, RFI_KIR_STEP_CALL, s);
+    if (!ks || !(ks->comment = describe_step(p, s, what)))
+        return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
+    return RF_OK;
+}
+
+static rf_status lower_copy_step(const rfi_plan *p, rfi_kir_module *m, int s)
+{
+    const rfi_step *st = &p->steps[s];
+    const rfi_graph *g = p->g;
+    if (st->n_roots < 1)
+        return rfi_error(RF_E_INTERNAL, "kir: copy step %d has no value", s);
+    const rfi_node *n = g->nodes[st->roots[0]];
+    int src = 0, dst = 0;
+    size_t src_off = 0;
+    rfi_plan_buffer(p, n->id, &src, &src_off);
+    if (st->copy_to_output >= 0 && st->copy_to_output < g->n_outputs)
+        dst = g->n_args + g->n_captures + st->copy_to_output;
+    else if (st->copy_to_capture >= 0 && st->copy_to_capture < g->n_captures)
+        dst = g->n_args + st->copy_to_capture;
+    else
+        return rfi_error(RF_E_INTERNAL, "kir: copy step %d of %%%d has no valid destination "
+                         "(output %d, capture %d)", s, n->id, st->copy_to_output,
+                         st->copy_to_capture);
+    size_t nbytes = rfi_node_nbytes(n);
+    if (nbytes == 0 || (dst == src && src_off == 0))
+        return RF_OK;
+    rfi_kir_step *ks = add_step(m, RFI_KIR_STEP_COPY, s);
+    if (!ks || !(ks->comment = describe_step(p, s, "copy")))
+        return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
+    ks->src_buffer = src;
+    ks->src_offset = src_off;
+    ks->dst_buffer = dst;
+    ks->nbytes = nbytes;
+    return RF_OK;
+}
+
+rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
+{
+    *out = NULL;
+    rfi_kir_module *m = rfi_calloc(1, sizeof *m);
+    lower L;
+    memset(&L, 0, sizeof L);
+    L.p = p;
+    L.g = p->g;
+    L.is_root = rfi_calloc((size_t)(p->g->n_nodes > 0 ? p->g->n_nodes : 1), sizeof(bool));
+    if (!m || !L.is_root || !memo_grow(&L)) {
+        rfi_free(m);
+        rfi_free((void *)L.is_root);
+        rfi_free(L.memo);
+        return rfi_error(RF_E_NOMEM, "kir: out of memory");
+    }
+    m->n_buffers = rfi_plan_n_buffers(p);
+    rf_status st = RF_OK;
+    for (int s = 0; s < p->n_steps && st == RF_OK; s++) {
+        switch (p->steps[s].kind) {
+        case RFI_STEP_LOOP:
+        case RFI_STEP_REDUCE: st = lower_kernel_step(&L, m, s); break;
+        case RFI_STEP_CALL: st = lower_call_step(p, m, s); break;
+        case RFI_STEP_COPY: st = lower_copy_step(p, m, s); break;
+        default: st = rfi_error(RF_E_INTERNAL, "kir: step %d has unknown kind %d", s,
+                                (int)p->steps[s].kind);
+        }
+    }
+    rfi_kir_kernel_free(L.k);
+    rfi_free((void *)L.is_root);
+    rfi_free(L.memo);
+    if (st != RF_OK) {
+        rfi_kir_free(m);
+        return st;
+    }
+    *out = m;
+    return RF_OK;
+}

@@ -1,0 +1,170 @@
+/* memplan.c: memory planning of the execution plan: the lifetime of every
+ * arena buffer in step order and its offset in the one arena.
+ *
+ * A buffer lives from the step that produces it to the last step that reads
+ * it (step inputs already resolve aliases to their target, so a read through
+ * an alias extends the target's life; a buffer nobody reads lives for its
+ * own step). Before the buffers of step s are placed, every buffer whose last
+ * read came before s is freed: a step's results never share bytes with its
+ * own inputs. Offsets come from a greedy best fit over a free list
+ * (coalescing neighbours, the arena's top growing when nothing fits), every
+ * size rounded up to RFI_PLAN_ALIGN bytes; arena_bytes is the peak top.
+ *
+ * Arguments, captures, constants, outputs and in-place updates are not in the
+ * arena. Not here: deciding which nodes are materialised (fuse.c).
+ */
+#include <string.h>
+
+#include "plan_internal.h"
+
+typedef struct mem_block {
+    size_t off, size;
+} mem_block;
+
+/* Free blocks sorted by offset, below `top`; `peak` is the highest top. */
+typedef struct free_list {
+    mem_block *v;
+    int n, cap;
+    size_t top, peak;
+} free_list;
+
+static size_t aligned(size_t n) { return (n + RFI_PLAN_ALIGN - 1) / RFI_PLAN_ALIGN * RFI_PLAN_ALIGN; }
+
+static void remove_block(free_list *fl, int i)
+{
+    memmove(fl->v + i, fl->v + i + 1, (size_t)(fl->n - 1 - i) * sizeof *fl->v);
+    fl->n--;
+}
+
+/* Best fit (smallest block that holds size), else the top grows. */
+static size_t alloc_block(free_list *fl, size_t size)
+{
+    int best = -1;
+    for (int i = 0; i < fl->n; i++)
+        if (fl->v[i].size >= size && (best < 0 || fl->v[i].size < fl->v[best].size))
+            best = i;
+    if (best < 0) {
+        size_t off = fl->top;
+        fl->top += size;
+        fl->peak = fl->top > fl->peak ? fl->top : fl->peak;
+        return off;
+    }
+    size_t off = fl->v[best].off;
+    fl->v[best].off += size;
+    fl->v[best].size -= size;
+    if (fl->v[best].size == 0)
+        remove_block(fl, best);
+    return off;
+}
+
+/* Returns [off, off+size) to the list, merging neighbours; a block that
+ * reaches the top lowers the top instead. false on OOM. */
+static bool free_block(free_list *fl, size_t off, size_t size)
+{
+    int i = 0;
+    while (i < fl->n && fl->v[i].off < off)
+        i++;
+    if (i > 0 && fl->v[i - 1].off + fl->v[i - 1].size == off) {
+        i--;
+        fl->v[i].size += size;
+    } else {
+        if (fl->n == fl->cap) {
+            int cap = fl->cap ? 2 * fl->cap : 16;
+            mem_block *v = rfi_realloc(fl->v, (size_t)cap * sizeof *v);
+            if (!v)
+                return false;
+            fl->v = v;
+            fl->cap = cap;
+        }
+        memmove(fl->v + i + 1, fl->v + i, (size_t)(fl->n - i) * sizeof *fl->v);
+        fl->v[i] = (mem_block){off, size};
+        fl->n++;
+    }
+    if (i + 1 < fl->n && fl->v[i].off + fl->v[i].size == fl->v[i + 1].off) {
+        fl->v[i].size += fl->v[i + 1].size;
+        remove_block(fl, i + 1);
+    }
+    if (fl->v[i].off + fl->v[i].size == fl->top) {
+        fl->top = fl->v[i].off;
+        remove_block(fl, i);
+    }
+    return true;
+}
+
+/* def/last positions of every arena node (-1 for others). */
+static void lifetimes(const rfi_plan_builder *b, int *def, int *last)
+{
+    for (int x = 0; x < b->n; x++) {
+        def[x] = last[x] = -1;
+        if (b->p->loc[x].kind == RFI_LOC_ARENA && b->step_of[x] >= 0)
+            def[x] = last[x] = rfi_plan_step_pos(b, b->step_of[x]);
+    }
+    for (int q = 0; q < b->n_steps; q++) {
+        const rfi_intlist *in = &b->steps[b->order[q]].inputs;
+        for (int i = 0; i < in->n; i++) {
+            int t = in->v[i];
+            if (def[t] >= 0 && q > last[t])
+                last[t] = q;
+        }
+    }
+}
+
+/* Node lists bucketed by step position: ids of bucket q are
+ * ids[start[q] .. start[q+1]). */
+static void bucket(const int *key, int n, int n_buckets, int *start, int *ids)
+{
+    memset(start, 0, (size_t)(n_buckets + 1) * sizeof *start);
+    for (int x = 0; x < n; x++)
+        if (key[x] >= 0)
+            start[key[x] + 1]++;
+    for (int q = 0; q < n_buckets; q++)
+        start[q + 1] += start[q];
+    int *fill = start + n_buckets + 1; /* scratch after the starts */
+    memcpy(fill, start, (size_t)n_buckets * sizeof *fill);
+    for (int x = 0; x < n; x++)
+        if (key[x] >= 0)
+            ids[fill[key[x]]++] = x;
+}
+
+static bool place_buffers(rfi_plan_builder *b, const int *def, const int *last, int *scratch)
+{
+    int S = b->n_steps, n = b->n;
+    int *def_start = scratch, *def_ids = def_start + 2 * S + 2;
+    int *last_start = def_ids + n, *last_ids = last_start + 2 * S + 2;
+    bucket(def, n, S, def_start, def_ids);
+    bucket(last, n, S, last_start, last_ids);
+    free_list fl = {0};
+    bool ok = true;
+    for (int q = 0; ok && q < S; q++) {
+        for (int i = q > 0 ? last_start[q - 1] : 0; ok && q > 0 && i < last_start[q]; i++) {
+            int x = last_ids[i];
+            size_t size = aligned(rfi_node_nbytes(b->g->nodes[x]));
+            ok = size == 0 || free_block(&fl, b->p->loc[x].offset, size);
+        }
+        for (int i = def_start[q]; i < def_start[q + 1]; i++) {
+            int x = def_ids[i];
+            size_t size = aligned(rfi_node_nbytes(b->g->nodes[x]));
+            b->p->loc[x].offset = size ? alloc_block(&fl, size) : 0;
+        }
+    }
+    b->p->arena_bytes = fl.peak;
+    rfi_free(fl.v);
+    return ok;
+}
+
+rf_status rfi_memplan(rfi_plan_builder *b)
+{
+    size_t n = (size_t)b->n + 1, S = (size_t)b->n_steps + 1;
+    int *def = rfi_malloc(n * sizeof *def);
+    int *last = rfi_malloc(n * sizeof *last);
+    int *scratch = rfi_malloc((2 * n + 4 * S + 4) * sizeof *scratch);
+    bool ok = def && last && scratch;
+    if (ok) {
+        lifetimes(b, def, last);
+        ok = place_buffers(b, def, last, scratch);
+    }
+    rfi_free(def);
+    rfi_free(last);
+    rfi_free(scratch);
+    return ok ? RF_OK : rfi_error(RF_E_NOMEM, "plan: out of memory placing buffers");
+}

@@ -1,0 +1,360 @@
+/* plan.c: the execution plan's entry points: default options, building
+ * (fusion in fuse.c, memory planning in memplan.c, then the final arrays in
+ * the plan's arena), the buffer table, counts and the readable dump.
+ *
+ * It does not decide fusion or offsets itself, and knows nothing about how
+ * a backend turns steps into code.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan_internal.h"
+
+/* ---- Small shared helpers ------------------------------------------------------------- */
+
+bool rfi_intlist_push(rfi_intlist *l, int x)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        int *v = rfi_realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v)
+            return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = x;
+    return true;
+}
+
+bool rfi_intlist_has(const rfi_intlist *l, int x)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->v[i] == x)
+            return true;
+    return false;
+}
+
+void rfi_intlist_free(rfi_intlist *l)
+{
+    rfi_free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+int rfi_plan_resolve(const rfi_plan_builder *b, int x)
+{
+    while (b->p->loc[x].kind == RFI_LOC_ALIAS)
+        x = b->p->loc[x].alias;
+    return x;
+}
+
+int rfi_plan_step_pos(const rfi_plan_builder *b, int s) { return b->pos_of[s]; }
+
+rfi_plan_opts rfi_plan_opts_default(void)
+{
+    rfi_plan_opts o;
+    o.matmul_call_min_flops = 32768;
+    o.in_place_updates = true;
+    return o;
+}
+
+/* ---- Building --------------------------------------------------------------------------- */
+
+/* Distinct users of every node (CSR) and the output/update-value flags. */
+static bool index_users(rfi_plan_builder *b)
+{
+    const rfi_graph *g = b->g;
+    int n = b->n, total = 0;
+    for (int i = 0; i < n; i++)
+        total += g->nodes[i]->n_in;
+    b->user_start = rfi_calloc((size_t)n + 2, sizeof *b->user_start);
+    b->users = rfi_malloc(((size_t)total + 1) * sizeof *b->users);
+    int *fill = rfi_calloc((size_t)n + 1, sizeof *fill);
+    bool ok = b->user_start && b->users && fill;
+    for (int i = 0; ok && i < n; i++) {
+        const rfi_node *x = g->nodes[i];
+        for (int k = 0; k < x->n_in; k++) {
+            bool repeat = false;
+            for (int j = 0; j < k; j++)
+                repeat = repeat || x->in[j] == x->in[k];
+            if (!repeat)
+                b->user_start[x->in[k]->id + 1]++;
+        }
+    }
+    for (int i = 0; ok && i < n; i++)
+        b->user_start[i + 1] += b->user_start[i];
+    for (int i = 0; ok && i < n; i++) {
+        const rfi_node *x = g->nodes[i];
+        for (int k = 0; k < x->n_in; k++) {
+            bool repeat = false;
+            for (int j = 0; j < k; j++)
+                repeat = repeat || x->in[j] == x->in[k];
+            int y = x->in[k]->id;
+            if (!repeat)
+                b->users[b->user_start[y] + fill[y]++] = i;
+        }
+    }
+    rfi_free(fill);
+    for (int i = 0; ok && i < g->n_outputs; i++)
+        b->is_output[g->outputs[i]->id] = true;
+    for (int i = 0; ok && i < g->n_updates; i++)
+        b->is_update_value[g->updates[i].value->id] = true;
+    return ok;
+}
+
+static bool builder_init(rfi_plan_builder *b, const rfi_graph *g, const rfi_plan_opts *opts,
+                         rfi_plan *p)
+{
+    memset(b, 0, sizeof *b);
+    b->g = g;
+    b->opts = opts ? *opts : rfi_plan_opts_default();
+    b->p = p;
+    b->n = g->n_nodes;
+    size_t n = (size_t)g->n_nodes + 1;
+    b->is_output = rfi_calloc(n, sizeof *b->is_output);
+    b->is_update_value = rfi_calloc(n, sizeof *b->is_update_value);
+    b->mat = rfi_calloc(n, sizeof *b->mat);
+    b->placed = rfi_calloc(n, sizeof *b->placed);
+    b->step_of = rfi_malloc(n * sizeof *b->step_of);
+    b->stamp = rfi_calloc(n, sizeof *b->stamp);
+    if (!b->is_output || !b->is_update_value || !b->mat || !b->placed || !b->step_of ||
+        !b->stamp)
+        return false;
+    for (int i = 0; i < g->n_nodes; i++)
+        b->step_of[i] = -1;
+    return index_users(b);
+}
+
+static void builder_free(rfi_plan_builder *b)
+{
+    for (int s = 0; s < b->n_steps; s++) {
+        rfi_intlist_free(&b->steps[s].roots);
+        rfi_intlist_free(&b->steps[s].inputs);
+    }
+    rfi_free(b->steps);
+    rfi_free(b->order);
+    rfi_free(b->pos_of);
+    rfi_free(b->user_start);
+    rfi_free(b->users);
+    rfi_free(b->is_output);
+    rfi_free(b->is_update_value);
+    rfi_free(b->mat);
+    rfi_free(b->placed);
+    rfi_free(b->step_of);
+    rfi_free(b->stamp);
+}
+
+/* A copy of list l in the plan's arena (NULL only on OOM; empty lists get a
+ * valid pointer). */
+static int *arena_ints(rfi_plan *p, const rfi_intlist *l)
+{
+    int *v = rfi_arena_alloc(&p->mem, (size_t)(l->n > 0 ? l->n : 1) * sizeof *v);
+    if (v && l->n > 0)
+        memcpy(v, l->v, (size_t)l->n * sizeof *v);
+    return v;
+}
+
+static int cmp_int(const void *a, const void *c)
+{
+    int x = *(const int *)a, y = *(const int *)c;
+    return (x > y) - (x < y);
+}
+
+/* The builder's steps, in execution order, as the plan's arrays. */
+static rf_status finish_steps(rfi_plan_builder *b)
+{
+    rfi_plan *p = b->p;
+    p->steps = rfi_arena_alloc(&p->mem, (size_t)(b->n_steps > 0 ? b->n_steps : 1) *
+                                            sizeof *p->steps);
+    if (!p->steps)
+        return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    for (int q = 0; q < b->n_steps; q++) {
+        const rfi_bstep *bs = &b->steps[b->order[q]];
+        rfi_step *s = &p->steps[q];
+        rfi_intlist fused = {0};
+        bool ok = rfi_fuse_step_fused(b, b->order[q], &fused);
+        if (ok && fused.n > 1)
+            qsort(fused.v, (size_t)fused.n, sizeof *fused.v, cmp_int);
+        s->kind = bs->kind;
+        s->call = bs->call;
+        s->roots = arena_ints(p, &bs->roots);
+        s->n_roots = bs->roots.n;
+        s->fused = ok ? arena_ints(p, &fused) : NULL;
+        s->n_fused = fused.n;
+        s->copy_to_output = bs->copy_to_output;
+        s->copy_to_capture = bs->copy_to_capture;
+        rfi_intlist_free(&fused);
+        if (!s->roots || !s->fused)
+            return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    }
+    p->n_steps = b->n_steps;
+    return RF_OK;
+}
+
+rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan **out)
+{
+    if (!out)
+        return rfi_error(RF_E_INVALID, "rfi_plan_build: out is NULL");
+    *out = NULL;
+    if (!g)
+        return rfi_error(RF_E_INVALID, "rfi_plan_build: the program is NULL");
+    if (g->status != RF_OK)
+        return rfi_error(RF_E_INVALID, "rfi_plan_build: the program %s failed to trace",
+                         g->name ? g->name : "program");
+    rfi_plan *p = rfi_calloc(1, sizeof *p);
+    if (!p)
+        return rfi_error(RF_E_NOMEM, "rfi_plan_build: out of memory");
+    p->g = g;
+    p->loc = rfi_arena_alloc(&p->mem, ((size_t)g->n_nodes + 1) * sizeof *p->loc);
+    rfi_plan_builder b;
+    rf_status st = RF_OK;
+    if (!p->loc || !builder_init(&b, g, opts, p))
+        st = rfi_error(RF_E_NOMEM, "rfi_plan_build: out of memory");
+    if (p->loc)
+        for (int i = 0; i < g->n_nodes; i++)
+            p->loc[i].alias = -1;
+    if (st == RF_OK)
+        st = rfi_fuse_decide(&b);
+    if (st == RF_OK)
+        st = rfi_fuse_schedule(&b);
+    if (st == RF_OK)
+        st = rfi_fuse_place_results(&b);
+    if (st == RF_OK)
+        st = rfi_memplan(&b);
+    if (st == RF_OK)
+        st = finish_steps(&b);
+    if (p->loc)
+        builder_free(&b);
+    if (st != RF_OK) {
+        rfi_plan_free(p);
+        return st;
+    }
+    *out = p;
+    return RF_OK;
+}
+
+void rfi_plan_free(rfi_plan *p)
+{
+    if (!p)
+        return;
+    rfi_arena_free(&p->mem);
+    rfi_free(p);
+}
+
+/* ---- Buffer table ------------------------------------------------------------------------- */
+
+int rfi_plan_arena_buffer(const rfi_plan *p)
+{
+    return p->g->n_args + p->g->n_captures + p->g->n_outputs;
+}
+
+int rfi_plan_n_buffers(const rfi_plan *p) { return rfi_plan_arena_buffer(p) + 1 + p->n_consts; }
+
+void rfi_plan_buffer(const rfi_plan *p, int node, int *buffer, size_t *offset)
+{
+    *buffer = -1;
+    *offset = 0;
+    if (!p || node < 0 || node >= p->g->n_nodes)
+        return;
+    while (p->loc[node].kind == RFI_LOC_ALIAS)
+        node = p->loc[node].alias;
+    const rfi_loc *l = &p->loc[node];
+    const rfi_graph *g = p->g;
+    switch (l->kind) {
+    case RFI_LOC_ARG: *buffer = l->index; break;
+    case RFI_LOC_CAPTURE:
+    case RFI_LOC_IN_PLACE: *buffer = g->n_args + l->index; break;
+    case RFI_LOC_OUTPUT: *buffer = g->n_args + g->n_captures + l->index; break;
+    case RFI_LOC_ARENA:
+        *buffer = rfi_plan_arena_buffer(p);
+        *offset = l->offset;
+        break;
+    case RFI_LOC_CONST: *buffer = rfi_plan_arena_buffer(p) + 1 + l->index; break;
+    default: break;
+    }
+}
+
+int rfi_plan_count(const rfi_plan *p, rfi_step_kind kind)
+{
+    int n = 0;
+    for (int i = 0; p && i < p->n_steps; i++)
+        n += p->steps[i].kind == kind;
+    return n;
+}
+
+/* ---- Printing ------------------------------------------------------------------------------ */
+
+static const char *const step_names[RFI_STEP_KIND_COUNT] = {"LOOP", "REDUCE", "CALL", "COPY"};
+static const char *const call_names[] = {"", "MATMUL", "CONV", "FALLBACK"};
+
+static void print_ids(rfi_strbuf *sb, const char *label, const int *ids, int n)
+{
+    rfi_sb_printf(sb, " %s=[", label);
+    for (int i = 0; i < n; i++)
+        rfi_sb_printf(sb, "%s%%%d", i ? "," : "", ids[i]);
+    rfi_sb_printf(sb, "]");
+}
+
+static void print_step(rfi_strbuf *sb, const rfi_plan *p, int q)
+{
+    const rfi_step *s = &p->steps[q];
+    rfi_sb_printf(sb, "step %d %s", q, step_names[s->kind]);
+    if (s->kind == RFI_STEP_CALL)
+        rfi_sb_printf(sb, " %s", call_names[s->call]);
+    if (s->kind == RFI_STEP_COPY) {
+        rfi_sb_printf(sb, " %%%d -> ", s->roots[0]);
+        if (s->copy_to_output >= 0)
+            rfi_sb_printf(sb, "output %d\n", s->copy_to_output);
+        else
+            rfi_sb_printf(sb, "capture %d\n", s->copy_to_capture);
+        return;
+    }
+    print_ids(sb, "roots", s->roots, s->n_roots);
+    if (s->n_fused > 0)
+        print_ids(sb, "fused", s->fused, s->n_fused);
+    const rfi_node *r = p->g->nodes[s->roots[0]];
+    rfi_sb_printf(sb, " shape=");
+    rfi_sb_type(sb, r->dtype, r->dims, r->rank);
+    rfi_sb_printf(sb, "\n");
+}
+
+static void print_loc(rfi_strbuf *sb, const rfi_plan *p, int x)
+{
+    const rfi_loc *l = &p->loc[x];
+    size_t bytes = rfi_node_nbytes(p->g->nodes[x]);
+    rfi_sb_printf(sb, "%%%d ", x);
+    switch (l->kind) {
+    case RFI_LOC_ARG: rfi_sb_printf(sb, "arg %d", l->index); break;
+    case RFI_LOC_CAPTURE: rfi_sb_printf(sb, "capture %d", l->index); break;
+    case RFI_LOC_CONST: rfi_sb_printf(sb, "const %d", l->index); break;
+    case RFI_LOC_ARENA: rfi_sb_printf(sb, "arena+%zu", l->offset); break;
+    case RFI_LOC_OUTPUT: rfi_sb_printf(sb, "output %d", l->index); break;
+    case RFI_LOC_IN_PLACE: rfi_sb_printf(sb, "in_place capture %d", l->index); break;
+    case RFI_LOC_ALIAS: rfi_sb_printf(sb, "alias %%%d", l->alias); break;
+    default: break;
+    }
+    rfi_sb_printf(sb, " (%zu bytes)\n", bytes);
+}
+
+char *rfi_plan_print(const rfi_plan *p)
+{
+    if (!p)
+        return NULL;
+    rfi_strbuf sb = {0};
+    rfi_sb_printf(&sb, "plan %s: %d steps (%d LOOP, %d REDUCE, %d CALL, %d COPY), arena %zu "
+                  "bytes\n", p->g->name ? p->g->name : "program", p->n_steps,
+                  rfi_plan_count(p, RFI_STEP_LOOP), rfi_plan_count(p, RFI_STEP_REDUCE),
+                  rfi_plan_count(p, RFI_STEP_CALL), rfi_plan_count(p, RFI_STEP_COPY),
+                  p->arena_bytes);
+    for (int q = 0; q < p->n_steps; q++)
+        print_step(&sb, p, q);
+    rfi_sb_printf(&sb, "locations:\n");
+    for (int x = 0; x < p->g->n_nodes; x++)
+        if (p->loc[x].kind != RFI_LOC_INLINE)
+            print_loc(&sb, p, x);
+    if (sb.failed) {
+        rfi_sb_free(&sb);
+        rfi_error(RF_E_NOMEM, "rfi_plan_print: out of memory");
+        return NULL;
+    }
+    return sb.data;
+}

@@ -1,0 +1,31 @@
+/* threadpool.h: the runtime's thread pool, used by compiled modules (through
+ * rf_module_services.parallel_for) and by the CPU backend's own packing loops.
+ *
+ * There is ONE pool per process, created lazily on first use (pthread_once)
+ * and joined at exit: it is the runtime's documented process-wide cache of
+ * worker threads, shared by every executable. Its size is RF_NUM_THREADS if
+ * set to a positive integer, else the number of online CPUs; the calling
+ * thread counts as one of them, so size - 1 workers are started.
+ *
+ * Calls never allocate. One parallel_for runs at a time: a call made while
+ * the pool is busy (a nested call from inside a body, or another thread's
+ * concurrent call) runs its whole range inline on the calling thread.
+ */
+#ifndef RF_RUNTIME_THREADPOOL_H
+#define RF_RUNTIME_THREADPOOL_H
+
+#include "../core/core.h"
+
+typedef void (*rfi_range_fn)(void *ctx, int64_t lo, int64_t hi);
+
+/* The number of threads a parallel_for may use (>= 1, the caller included). */
+RFI_FUNC int rfi_threadpool_size(void);
+
+/* Runs body(ctx, lo, hi) over disjoint ranges covering [0, n) and returns when
+ * all are done. The range is split statically into at most size() chunks of at
+ * least `grain` iterations (grain < 1 counts as 1), as equal as possible; the
+ * calling thread runs chunks too. With one chunk (n < 2 * grain, a pool of one,
+ * or a busy pool) body(ctx, 0, n) runs inline. n <= 0 does nothing. */
+RFI_FUNC void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx);
+
+#endif

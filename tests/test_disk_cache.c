@@ -1,0 +1,465 @@
+/* test_disk_cache.c: the compiler driver and the on-disk module cache.
+ *
+ * Runs with a private RF_CACHE_DIR under a fresh temporary directory. Checks:
+ * a small module compiles, loads and runs (including vector libm through
+ * -fopenmp-simd); a second load, and a second process, call no compiler; two
+ * processes racing on a new key compile exactly once; a truncated object or a
+ * group/other-writable object is deleted and rebuilt; an untrusted cache
+ * directory falls back to a private temporary one; a syntax error, a missing
+ * compiler and an unloadable object give RF_E_COMPILE with the command line,
+ * the compiler's output and the kept source; the compiler inherits no stray
+ * file descriptors; the directory is created 0700.
+ *
+ * Child mode (`test_disk_cache child VARIANT`, RF_CACHE_DIR inherited) loads
+ * one module and prints "compiles=N hits=N value=V" on stdout.
+ */
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend/cpu/cc.h"
+#include "test_util.h"
+
+static char root[256];      /* the test's temporary directory */
+static char cache_dir[512]; /* RF_CACHE_DIR */
+
+/* A module that writes 42 + variant into buffer 0 and expf(0) (= 1) into the
+ * 16 floats of buffer 1 through a vectorised libm call. */
+static void module_source(char *buf, size_t n, int variant)
+{
+    snprintf(buf, n,
+             "#include <stdint.h>\n"
+             "#include <math.h>\n"
+             "typedef struct rf_module_services rf_module_services;\n"
+             "#pragma omp declare simd notinbranch\n"
+             "float expf(float);\n"
+             "int rf_module_run_v1(const rf_module_services *s, void *const *buffers)\n"
+             "{\n"
+             "    (void)s;\n"
+             "    float *restrict y = buffers[1];\n"
+             "    *(float *)buffers[0] = 42.0f + %d.0f;\n"
+             "#pragma omp simd\n"
+             "    for (int i = 0; i < 16; i++)\n"
+             "        y[i] = expf(y[i] - (float)i * 0.0f);\n"
+             "    return 0;\n"
+             "}\n",
+             variant);
+}
+
+/* Loads variant, runs it, returns the value it wrote (or -1). */
+static float load_and_run(int variant, rfi_module **out, rf_status *st)
+{
+    char src[2048];
+    module_source(src, sizeof src, variant);
+    *st = rfi_cc_load_module(src, "test", out);
+    if (*st != RF_OK)
+        return -1;
+    float v = 0, y[16] = {0};
+    void *bufs[2] = {&v, y};
+    rf_module_entry entry = rfi_module_entry_fn(*out);
+    if (!entry || entry(NULL, bufs) != 0)
+        return -1;
+    for (int i = 0; i < 16; i++)
+        if (y[i] != 1.0f)
+            return -2;
+    return v;
+}
+
+static int child_main(int variant)
+{
+    rfi_module *m = NULL;
+    rf_status st;
+    float v = load_and_run(variant, &m, &st);
+    printf("compiles=%llu hits=%llu value=%g\n", (unsigned long long)rfi_cc_n_compiles(),
+           (unsigned long long)rfi_cc_n_disk_hits(), (double)v);
+    if (st != RF_OK)
+        fprintf(stderr, "child: %s\n", rf_errmsg());
+    rfi_module_free(m);
+    return st == RF_OK ? 0 : 1;
+}
+
+/* ---- Child processes ------------------------------------------------------------------ */
+
+typedef struct child {
+    pid_t pid;
+    int out; /* read end of its stdout */
+} child;
+
+/* Starts this binary in child mode. If gate >= 0 the child's stdin is that fd
+ * and it waits for EOF on it before loading (a start barrier); gate_w, the
+ * barrier's write end, is closed in the child. */
+static child spawn_child(int variant, int gate, int gate_w)
+{
+    child c = {-1, -1};
+    int p[2];
+    if (pipe(p) != 0)
+        return c;
+    char var[16];
+    snprintf(var, sizeof var, "%d", variant);
+    c.pid = fork();
+    if (c.pid == 0) {
+        dup2(p[1], 1);
+        close(p[0]);
+        close(p[1]);
+        if (gate >= 0) {
+            dup2(gate, 0);
+            close(gate);
+            close(gate_w);
+        }
+        char *argv[] = {"test_disk_cache", "child", var, gate >= 0 ? "gate" : NULL, NULL};
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    close(p[1]);
+    c.out = p[0];
+    return c;
+}
+
+/* Waits for a child; parses its report. Returns its exit code (or -1). */
+static int finish_child(child c, unsigned *compiles, unsigned *hits, float *value)
+{
+    char buf[256] = {0};
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof buf - 1 && (r = read(c.out, buf + got, sizeof buf - 1 - got)) > 0)
+        got += (size_t)r;
+    close(c.out);
+    int ws = 0;
+    if (c.pid < 0 || waitpid(c.pid, &ws, 0) != c.pid)
+        return -1;
+    *compiles = *hits = 999;
+    *value = -1;
+    if (sscanf(buf, "compiles=%u hits=%u value=%f", compiles, hits, value) != 3)
+        fprintf(stderr, "child report: \"%s\"\n", buf);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+/* ---- Helpers ------------------------------------------------------------------------- */
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static unsigned mode_of(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (unsigned)(st.st_mode & 07777) : 0xffff;
+}
+
+/* Replaces path with its first half under a new inode (what a torn write leaves). */
+static void truncate_by_rename(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    static char data[1 << 20];
+    size_t n = fread(data, 1, sizeof data, f);
+    fclose(f);
+    char tmp[700];
+    snprintf(tmp, sizeof tmp, "%s.cut", path);
+    FILE *g = fopen(tmp, "wb");
+    CHECK(g != NULL);
+    if (!g)
+        return;
+    fwrite(data, 1, n / 2, g);
+    fclose(g);
+    chmod(tmp, 0700);
+    CHECK(rename(tmp, path) == 0);
+}
+
+static void remove_tree(const char *path)
+{
+    char *argv[] = {"rm", "-rf", (char *)path, NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp("rm", argv);
+        _exit(127);
+    }
+    int ws;
+    waitpid(pid, &ws, 0);
+}
+
+/* ---- Tests ------------------------------------------------------------------------------ */
+
+static void test_first_load_and_hit(void)
+{
+    uint64_t c0 = rfi_cc_n_compiles(), h0 = rfi_cc_n_disk_hits();
+    rfi_module *a = NULL, *b = NULL;
+    rf_status st;
+    CHECK_NEAR(load_and_run(0, &a, &st), 42.0, 0, 0);
+    CHECK_OK(st);
+    CHECK(a && a->compiled && a->cached);
+    CHECK(rfi_cc_n_compiles() == c0 + 1);
+    /* The directory and its missing parent were created 0700. */
+    CHECK(mode_of(cache_dir) == 0700);
+    char parent[600];
+    snprintf(parent, sizeof parent, "%s/cache", root);
+    CHECK(mode_of(parent) == 0700);
+    if (a) {
+        CHECK(exists(a->so_path) && exists(a->src_path));
+        CHECK(strncmp(a->so_path, cache_dir, strlen(cache_dir)) == 0);
+        CHECK(mode_of(a->so_path) == 0700);
+        CHECK(mode_of(a->src_path) == 0600);
+    }
+    /* Same process, same source: a hit, no compiler. */
+    CHECK_NEAR(load_and_run(0, &b, &st), 42.0, 0, 0);
+    CHECK_OK(st);
+    CHECK(b && !b->compiled);
+    CHECK(rfi_cc_n_compiles() == c0 + 1);
+    CHECK(rfi_cc_n_disk_hits() == h0 + 1);
+    rfi_module_free(a);
+    rfi_module_free(b);
+}
+
+static void test_second_process_calls_no_compiler(void)
+{
+    unsigned compiles, hits;
+    float v;
+    CHECK(finish_child(spawn_child(0, -1, -1), &compiles, &hits, &v) == 0);
+    CHECK(compiles == 0);
+    CHECK(hits == 1);
+    CHECK_NEAR(v, 42.0, 0, 0);
+}
+
+static void test_concurrent_processes_compile_once(void)
+{
+    int gate[2];
+    CHECK(pipe(gate) == 0);
+    child a = spawn_child(1, gate[0], gate[1]);
+    child b = spawn_child(1, gate[0], gate[1]);
+    close(gate[0]);
+    close(gate[1]); /* both start loading now */
+    unsigned ca, ha, cb, hb;
+    float va, vb;
+    CHECK(finish_child(a, &ca, &ha, &va) == 0);
+    CHECK(finish_child(b, &cb, &hb, &vb) == 0);
+    CHECK(ca + cb == 1);
+    CHECK(ha + hb == 1);
+    CHECK_NEAR(va, 43.0, 0, 0);
+    CHECK_NEAR(vb, 43.0, 0, 0);
+}
+
+static void test_corrupt_entry_is_rebuilt(void)
+{
+    rfi_module *m = NULL;
+    rf_status st;
+    CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+    char so[600];
+    snprintf(so, sizeof so, "%s", m ? m->so_path : "");
+    rfi_module_free(m); /* nothing of it stays mapped */
+    truncate_by_rename(so);
+    uint64_t c0 = rfi_cc_n_compiles();
+    CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+    CHECK_OK(st);
+    CHECK(m && m->compiled);
+    CHECK(rfi_cc_n_compiles() == c0 + 1);
+    rfi_module_free(m);
+    /* The rebuilt entry is whole again: the next load is a hit. */
+    CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+    CHECK(m && !m->compiled);
+    rfi_module_free(m);
+}
+
+/* Policy: an entry file writable by group or others is never loaded; the
+ * entry is deleted and rebuilt. */
+static void test_writable_file_is_never_loaded(void)
+{
+    rfi_module *m = NULL;
+    rf_status st;
+    CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+    char so[600];
+    snprintf(so, sizeof so, "%s", m ? m->so_path : "");
+    rfi_module_free(m);
+    CHECK(chmod(so, 0666) == 0);
+    uint64_t c0 = rfi_cc_n_compiles();
+    CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+    CHECK(m && m->compiled);
+    CHECK(rfi_cc_n_compiles() == c0 + 1);
+    CHECK(mode_of(so) == 0700);
+    rfi_module_free(m);
+}
+
+/* Loads variant 0 with RF_CACHE_DIR=dir, which must be refused. */
+static void check_falls_back(const char *dir)
+{
+    setenv("RF_CACHE_DIR", dir, 1);
+    rfi_module *m = NULL;
+    rf_status st;
+    CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+    CHECK_OK(st);
+    CHECK(m && m->compiled && !m->cached);
+    if (m) {
+        CHECK(strncmp(m->so_path, dir, strlen(dir)) != 0);
+        CHECK(!exists(m->so_path)); /* private files are removed once loaded */
+        char key_so[700];
+        snprintf(key_so, sizeof key_so, "%s/%s.so", dir, m->key);
+        CHECK(!exists(key_so));
+    }
+    rfi_module_free(m);
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+}
+
+static void test_untrusted_dir_falls_back(void)
+{
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/open", root);
+    CHECK(mkdir(bad, 0700) == 0);
+    CHECK(chmod(bad, 0777) == 0);
+    check_falls_back(bad);
+    char *dir = NULL;
+    setenv("RF_CACHE_DIR", bad, 1);
+    CHECK_STATUS(rfi_disk_cache_dir(&dir), RF_E_INVALID);
+    CHECK_MSG("writable by group or others");
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+    rfi_free(dir);
+    if (geteuid() == 0) { /* root can give the directory away */
+        snprintf(bad, sizeof bad, "%s/foreign", root);
+        CHECK(mkdir(bad, 0700) == 0);
+        CHECK(chown(bad, 65534, 65534) == 0);
+        check_falls_back(bad);
+        setenv("RF_CACHE_DIR", bad, 1);
+        CHECK_STATUS(rfi_disk_cache_dir(&dir), RF_E_INVALID);
+        CHECK_MSG("not owned by the current user");
+        setenv("RF_CACHE_DIR", cache_dir, 1);
+    }
+}
+
+static void test_dir_from_xdg_and_home(void)
+{
+    char want[700], env[600];
+    char *dir = NULL;
+    unsetenv("RF_CACHE_DIR");
+    snprintf(env, sizeof env, "%s/xdg", root);
+    setenv("XDG_CACHE_HOME", env, 1);
+    CHECK_OK(rfi_disk_cache_dir(&dir));
+    snprintf(want, sizeof want, "%s/xdg/reflux", root);
+    CHECK(dir && strcmp(dir, want) == 0);
+    rfi_free(dir);
+    unsetenv("XDG_CACHE_HOME");
+    snprintf(env, sizeof env, "%s/home", root);
+    setenv("HOME", env, 1);
+    CHECK_OK(rfi_disk_cache_dir(&dir));
+    snprintf(want, sizeof want, "%s/home/.cache/reflux", root);
+    CHECK(dir && strcmp(dir, want) == 0);
+    CHECK(mode_of(want) == 0700);
+    rfi_free(dir);
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+}
+
+static void test_syntax_error_reports(void)
+{
+    const char *src = "int rf_module_run_v1(void *s, void **b) { return oops; }\n";
+    rfi_module *m = NULL;
+    CHECK_STATUS(rfi_cc_load_module(src, "broken", &m), RF_E_COMPILE);
+    CHECK(m == NULL);
+    CHECK_MSG("compiling module broken failed (exit status 1)");
+    CHECK_MSG("-O2 -std=c11 -fPIC -shared -fopenmp-simd -fno-math-errno -fno-trapping-math "
+              "-march=native -o ");
+    CHECK_MSG("-lm");
+    CHECK_MSG("oops"); /* the compiler's diagnostic */
+    CHECK_MSG("error");
+    char *context = NULL, key[RFI_CACHE_KEY_HEX], kept[700];
+    CHECK_OK(rfi_cc_context(&context));
+    rfi_disk_cache_key(src, context ? context : "", key);
+    rfi_free(context);
+    snprintf(kept, sizeof kept, "source kept at: %s/%s.c", cache_dir, key);
+    CHECK_MSG(kept);
+    CHECK(exists(kept + strlen("source kept at: ")));
+}
+
+static void test_unloadable_object_reports(void)
+{
+    const char *src = "void rf_no_such_function_anywhere(void);\n"
+                      "int rf_module_run_v1(void *s, void **b)\n"
+                      "{ (void)s; (void)b; rf_no_such_function_anywhere(); return 0; }\n";
+    rfi_module *m = NULL;
+    CHECK_STATUS(rfi_cc_load_module(src, "unloadable", &m), RF_E_COMPILE);
+    CHECK_MSG("rf_no_such_function_anywhere");
+    const char *missing_entry = "int not_the_entry(void) { return 0; }\n";
+    CHECK_STATUS(rfi_cc_load_module(missing_entry, "noentry", &m), RF_E_COMPILE);
+    CHECK_MSG("no entry point rf_module_run_v1");
+    CHECK(m == NULL);
+}
+
+static void test_compiler_override_and_fds(void)
+{
+    const char *saved = getenv("CC");
+    char *saved_cc = saved ? strdup(saved) : NULL;
+    /* A missing compiler. */
+    setenv("CC", "/nonexistent/reflux-cc", 1);
+    rfi_module *m = NULL;
+    CHECK_STATUS(rfi_cc_load_module("int x;", "nocc", &m), RF_E_COMPILE);
+    CHECK_MSG("/nonexistent/reflux-cc");
+    /* A fake compiler that reports whether fd 100 (open in this process, not
+     * close-on-exec) reached it, then fails. */
+    char script[600];
+    snprintf(script, sizeof script, "%s/fake-cc", root);
+    FILE *f = fopen(script, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("#!/bin/sh\n"
+              "if [ \"$1\" = --version ]; then echo 'fake-cc 1.0'; exit 0; fi\n"
+              "if [ -e /proc/$$/fd/100 ]; then echo FD-LEAKED; else echo FDS-CLEAN; fi\n"
+              "exit 3\n",
+              f);
+        fclose(f);
+    }
+    chmod(script, 0700);
+    int marker = fcntl(0, F_DUPFD, 100);
+    CHECK(marker == 100);
+    setenv("CC", script, 1);
+    CHECK_STATUS(rfi_cc_load_module("int y;", "fake", &m), RF_E_COMPILE);
+    CHECK_MSG("(exit status 3)");
+    CHECK_MSG("FDS-CLEAN");
+    CHECK_MSG("fake-cc -O2");
+    char *context = NULL;
+    CHECK_OK(rfi_cc_context(&context));
+    CHECK(context && strstr(context, "compiler_version=fake-cc 1.0"));
+    rfi_free(context);
+    close(marker);
+    if (saved_cc)
+        setenv("CC", saved_cc, 1);
+    else
+        unsetenv("CC");
+    free(saved_cc);
+    CHECK_OK(rfi_cc_context(&context));
+    CHECK(context && !strstr(context, "fake-cc"));
+    rfi_free(context);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && strcmp(argv[1], "child") == 0) {
+        if (argc >= 4) { /* wait at the start barrier */
+            char c;
+            while (read(0, &c, 1) > 0) {
+            }
+        }
+        return child_main(atoi(argv[2]));
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(root, sizeof root, "%s/rf-disk-cache-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(cache_dir, sizeof cache_dir, "%s/cache/reflux", root);
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+    test_first_load_and_hit();
+    test_second_process_calls_no_compiler();
+    test_concurrent_processes_compile_once();
+    test_corrupt_entry_is_rebuilt();
+    test_writable_file_is_never_loaded();
+    test_untrusted_dir_falls_back();
+    test_dir_from_xdg_and_home();
+    test_syntax_error_reports();
+    test_unloadable_object_reports();
+    test_compiler_override_and_fds();
+    remove_tree(root);
+    return tu_finish("test_disk_cache");
+}

@@ -1,0 +1,1283 @@
+/* test_kir.c: the kernel IR lowering (kir_lower.c) and the C renderer
+ * (cpu/render_c.c) against the reference interpreter.
+ *
+ * Plans are built by hand here (the rfi_plan struct is public): every
+ * argument, capture, output and chosen intermediate is materialised, every
+ * other node is inline, one LOOP or REDUCE step per materialised node unless
+ * a test merges steps; several programs also go through the planner
+ * (rfi_plan_build), end to end. Each program is lowered, rendered, compiled with the
+ * system C compiler (cc -O2 -fopenmp-simd -fno-math-errno -std=c11 -Wall
+ * -Wextra -Werror, linked with -lm), loaded with dlopen and run with
+ * services whose parallel_for runs the chunks serially and whose call
+ * fails; its outputs and updated captures are compared with the
+ * interpreter's: bit-exact for integer and non-transcendental float ops,
+ * within a few ulps for vectorised libm functions (the largest error per op
+ * is printed), and within 1e-6 relative for reductions.
+ */
+#include <dlfcn.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/cpu/module_abi.h"
+#include "backend/kir.h"
+#include "ir/ir.h"
+#include "runtime/runtime.h"
+#include "test_util.h"
+
+/* ---- Building graphs ------------------------------------------------------------ */
+typedef struct targ {
+    rf_dtype dt;
+    int rank;
+    int64_t dims[RF_MAX_RANK];
+} targ;
+
+static rfi_graph *g_new(const targ *args, int n)
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "test_kir");
+    CHECK(g != NULL);
+    rf_dtype dt[16];
+    int rank[16];
+    int64_t dims[16][RF_MAX_RANK];
+    for (int i = 0; i < n; i++) {
+        dt[i] = args[i].dt;
+        rank[i] = args[i].rank;
+        memcpy(dims[i], args[i].dims, sizeof dims[i]);
+    }
+    if (n > 0)
+        CHECK_OK(rfi_graph_set_args(g, n, dt, rank, (const int64_t(*)[RF_MAX_RANK])dims));
+    return g;
+}
+
+static rfi_node *mk(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in, const rfi_attrs *a,
+                    rf_dtype dt, const int64_t *dims, int rank)
+{
+    rfi_node *x = rfi_node_new(g, op, in, n_in, a, dt, dims, rank);
+    if (!x)
+        fprintf(stderr, "  %s: %s\n", rfi_op_table[op].name, rf_errmsg());
+    CHECK(x != NULL);
+    return x;
+}
+
+static rfi_node *g_arg(rfi_graph *g, int i)
+{
+    rfi_attrs a = {0};
+    a.i[0] = i;
+    return mk(g, RFI_OP_ARGUMENT, NULL, 0, &a, g->arg_dtypes[i], g->arg_dims[i], g->arg_ranks[i]);
+}
+
+static rfi_node *g_capture(rfi_graph *g, rf_dtype dt, const int64_t *dims, int rank,
+                           const void *data)
+{
+    rf_array *arr = rfi_array_alloc(rf_device_cpu(), dt, dims, rank);
+    CHECK(arr != NULL);
+    memcpy(arr->data, data, arr->nbytes);
+    int index = rfi_graph_capture_index(g, arr);
+    rfi_array_release(arr);
+    rfi_attrs a = {0};
+    a.i[0] = index;
+    return mk(g, RFI_OP_CAPTURE, NULL, 0, &a, dt, dims, rank);
+}
+
+static rfi_node *un(rfi_graph *g, rfi_op op, rfi_node *x)
+{
+    return mk(g, op, &x, 1, NULL, x->dtype, x->dims, x->rank);
+}
+
+static rfi_node *bin(rfi_graph *g, rfi_op op, rfi_node *a, rfi_node *b)
+{
+    rfi_node *in[2] = {a, b};
+    return mk(g, op, in, 2, NULL, a->dtype, a->dims, a->rank);
+}
+
+static rfi_node *cmp(rfi_graph *g, rf_cmp dir, rfi_node *a, rfi_node *b)
+{
+    rfi_node *in[2] = {a, b};
+    rfi_attrs at = {0};
+    at.i[0] = dir;
+    return mk(g, RFI_OP_COMPARE, in, 2, &at, RF_BOOL, a->dims, a->rank);
+}
+
+static rfi_node *cvt(rfi_graph *g, rfi_node *x, rf_dtype dt)
+{
+    return mk(g, RFI_OP_CONVERT, &x, 1, NULL, dt, x->dims, x->rank);
+}
+
+static rfi_node *scalar(rfi_graph *g, rf_dtype dt, double v)
+{
+    union { float f; double d; int32_t i; int64_t l; uint8_t b; } u;
+    switch (dt) {
+    case RF_F32: u.f = (float)v; break;
+    case RF_F64: u.d = v; break;
+    case RF_I32: u.i = (int32_t)v; break;
+    case RF_I64: u.l = (int64_t)v; break;
+    default: u.b = (uint8_t)v; break;
+    }
+    void *copy = rfi_arena_alloc(&g->arena, 8);
+    memcpy(copy, &u, 8);
+    rfi_attrs a = {0};
+    a.data = copy;
+    a.nbytes = rf_dtype_size(dt);
+    return mk(g, RFI_OP_CONSTANT, NULL, 0, &a, dt, NULL, 0);
+}
+
+static rfi_node *constant(rfi_graph *g, rf_dtype dt, const int64_t *dims, int rank,
+                          const void *data)
+{
+    rfi_attrs a = {0};
+    a.nbytes = (size_t)rfi_numel(dims, rank) * rf_dtype_size(dt);
+    void *copy = rfi_arena_alloc(&g->arena, a.nbytes);
+    memcpy(copy, data, a.nbytes);
+    a.data = copy;
+    return mk(g, RFI_OP_CONSTANT, NULL, 0, &a, dt, dims, rank);
+}
+
+static void set_list(rfi_attrs *a, int k, const int64_t *v, int n)
+{
+    a->nl[k] = n;
+    for (int i = 0; i < n; i++)
+        a->l[k][i] = v[i];
+}
+
+static rfi_node *bcast(rfi_graph *g, rfi_node *x, const int64_t *map, const int64_t *dims,
+                       int rank)
+{
+    rfi_attrs a = {0};
+    set_list(&a, 0, map, x->rank);
+    return mk(g, RFI_OP_BROADCAST_IN_DIM, &x, 1, &a, x->dtype, dims, rank);
+}
+
+static rfi_node *reduce(rfi_graph *g, rfi_node *x, rf_reduce_kind kind, const int64_t *axes,
+                        int n)
+{
+    rfi_attrs a = {0};
+    a.i[0] = kind;
+    set_list(&a, 0, axes, n);
+    int64_t dims[RF_MAX_RANK];
+    int rank = 0;
+    for (int d = 0; d < x->rank; d++) {
+        bool r = false;
+        for (int k = 0; k < n; k++)
+            r |= axes[k] == d;
+        if (!r)
+            dims[rank++] = x->dims[d];
+    }
+    return mk(g, RFI_OP_REDUCE, &x, 1, &a, x->dtype, dims, rank);
+}
+
+/* ---- Hand-made plans -------------------------------------------------------------- */
+typedef struct plan_opts {
+    const int *extra; /* node ids materialised in the arena besides the obvious ones */
+    int n_extra;
+    bool in_place;    /* updates written into their captures */
+} plan_opts;
+
+static bool is_reduction(const rfi_node *n)
+{
+    return n->op == RFI_OP_REDUCE || n->op == RFI_OP_REDUCE_WINDOW || n->op == RFI_OP_DOT_GENERAL;
+}
+
+static bool splat(const rfi_node *n)
+{
+    size_t esz = rf_dtype_size(n->dtype);
+    const unsigned char *d = n->attr.data;
+    for (int64_t e = 1; e < rfi_node_numel(n); e++)
+        if (memcmp(d, d + (size_t)e * esz, esz) != 0)
+            return false;
+    return true;
+}
+
+/* Inline nodes reachable from `root` through inline nodes (for the comments). */
+static void collect_fused(rfi_plan *p, const rfi_node *n, bool *seen, int *fused, int *count)
+{
+    for (int k = 0; k < n->n_in; k++) {
+        const rfi_node *x = n->in[k];
+        if (seen[x->id] || p->loc[x->id].kind != RFI_LOC_INLINE)
+            continue;
+        seen[x->id] = true;
+        collect_fused(p, x, seen, fused, count);
+        fused[(*count)++] = x->id;
+    }
+}
+
+static void add_step(rfi_plan *p, rfi_step_kind kind, int root, int copy_out, int copy_cap)
+{
+    const rfi_graph *g = p->g;
+    rfi_step *s = &p->steps[p->n_steps++];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->roots = rfi_arena_alloc(&p->mem, sizeof(int) * 8);
+    s->roots[0] = root;
+    s->n_roots = 1;
+    s->copy_to_output = copy_out;
+    s->copy_to_capture = copy_cap;
+    if (kind == RFI_STEP_LOOP || kind == RFI_STEP_REDUCE) {
+        bool *seen = rfi_calloc((size_t)g->n_nodes, sizeof(bool));
+        s->fused = rfi_arena_alloc(&p->mem, sizeof(int) * (size_t)g->n_nodes);
+        collect_fused(p, g->nodes[root], seen, s->fused, &s->n_fused);
+        rfi_free(seen);
+    }
+}
+
+static rfi_plan *hand_plan(const rfi_graph *g, const plan_opts *o)
+{
+    rfi_plan *p = rfi_calloc(1, sizeof *p);
+    p->g = g;
+    p->loc = rfi_arena_alloc(&p->mem, sizeof(rfi_loc) * (size_t)g->n_nodes);
+    p->steps = rfi_arena_alloc(&p->mem, sizeof(rfi_step) * (size_t)(g->n_nodes + 16));
+    p->consts = rfi_arena_alloc(&p->mem, sizeof(int) * (size_t)g->n_nodes);
+    bool *copy_out = rfi_calloc((size_t)g->n_outputs + 1, sizeof(bool));
+    bool *copy_upd = rfi_calloc((size_t)g->n_updates + 1, sizeof(bool));
+    for (int i = 0; i < g->n_nodes; i++) {
+        const rfi_node *n = g->nodes[i];
+        rfi_loc *l = &p->loc[i];
+        if (n->op == RFI_OP_ARGUMENT) {
+            l->kind = RFI_LOC_ARG;
+            l->index = (int)n->attr.i[0];
+        } else if (n->op == RFI_OP_CAPTURE) {
+            l->kind = RFI_LOC_CAPTURE;
+            l->index = (int)n->attr.i[0];
+        } else if (n->op == RFI_OP_CONSTANT && !splat(n)) {
+            l->kind = RFI_LOC_CONST;
+            l->index = p->n_consts;
+            p->consts[p->n_consts++] = i;
+        }
+    }
+    for (int o2 = 0; o2 < g->n_outputs; o2++) {
+        rfi_loc *l = &p->loc[g->outputs[o2]->id];
+        if (l->kind == RFI_LOC_INLINE && g->outputs[o2]->op != RFI_OP_CONSTANT) {
+            l->kind = RFI_LOC_OUTPUT;
+            l->index = o2;
+        } else {
+            copy_out[o2] = true;
+        }
+    }
+    size_t arena = 0;
+    for (int u = 0; u < g->n_updates; u++) {
+        rfi_loc *l = &p->loc[g->updates[u].value->id];
+        if (l->kind == RFI_LOC_INLINE && o->in_place) {
+            l->kind = RFI_LOC_IN_PLACE;
+            l->index = g->updates[u].capture;
+        } else {
+            copy_upd[u] = true;
+        }
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        const rfi_node *n = g->nodes[i];
+        bool want = is_reduction(n);
+        for (int e = 0; e < o->n_extra; e++)
+            want |= o->extra[e] == i;
+        for (int u = 0; u < g->n_updates; u++)
+            want |= g->updates[u].value->id == i;
+        if (want && p->loc[i].kind == RFI_LOC_INLINE) {
+            p->loc[i].kind = RFI_LOC_ARENA;
+            p->loc[i].offset = arena;
+            arena += (rfi_node_nbytes(n) + 63) / 64 * 64;
+        }
+    }
+    p->arena_bytes = arena;
+    for (int i = 0; i < g->n_nodes; i++) {
+        rfi_loc_kind k = p->loc[i].kind;
+        if (k == RFI_LOC_ARENA || k == RFI_LOC_OUTPUT || k == RFI_LOC_IN_PLACE)
+            add_step(p, is_reduction(g->nodes[i]) ? RFI_STEP_REDUCE : RFI_STEP_LOOP, i, -1, -1);
+    }
+    for (int o2 = 0; o2 < g->n_outputs; o2++)
+        if (copy_out[o2])
+            add_step(p, RFI_STEP_COPY, g->outputs[o2]->id, o2, -1);
+    for (int u = 0; u < g->n_updates; u++)
+        if (copy_upd[u])
+            add_step(p, RFI_STEP_COPY, g->updates[u].value->id, -1, g->updates[u].capture);
+    rfi_free(copy_out);
+    rfi_free(copy_upd);
+    return p;
+}
+
+static void hand_plan_free(rfi_plan *p)
+{
+    if (!p)
+        return;
+    rfi_arena_free(&p->mem);
+    rfi_free(p);
+}
+
+/* Moves the roots of step `from` into step `into` and deletes `from`. */
+static void merge_steps(rfi_plan *p, int into, int from)
+{
+    rfi_step *a = &p->steps[into], *b = &p->steps[from];
+    for (int r = 0; r < b->n_roots; r++)
+        a->roots[a->n_roots++] = b->roots[r];
+    memmove(b, b + 1, sizeof(rfi_step) * (size_t)(p->n_steps - from - 1));
+    p->n_steps--;
+}
+
+/* ---- Compiling and running ---------------------------------------------------------- */
+static char tmpdir[64];
+static int n_modules;
+
+typedef struct module {
+    void *so;
+    rf_module_entry entry;
+    char *source;
+} module;
+
+static bool compile_module(const char *source, module *m)
+{
+    char c_path[128], so_path[128], log_path[128], cmd[768];
+    int id = n_modules++;
+    snprintf(c_path, sizeof c_path, "%s/m%d.c", tmpdir, id);
+    snprintf(so_path, sizeof so_path, "%s/m%d.so", tmpdir, id);
+    snprintf(log_path, sizeof log_path, "%s/m%d.log", tmpdir, id);
+    FILE *f = fopen(c_path, "w");
+    if (!f)
+        return false;
+    fputs(source, f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "cc -O2 -fopenmp-simd -fno-math-errno -std=c11 -fPIC -shared -Wall -Wextra "
+             "-Werror -o %s %s -lm > %s 2>&1",
+             so_path, c_path, log_path);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "compiling %s failed:\n", c_path);
+        snprintf(cmd, sizeof cmd, "head -c 4000 %s >&2", log_path);
+        if (system(cmd) != 0)
+            fprintf(stderr, "(no log)\n");
+        return false;
+    }
+    m->so = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+    if (!m->so) {
+        fprintf(stderr, "dlopen %s: %s\n", so_path, dlerror());
+        return false;
+    }
+    m->entry = (rf_module_entry)(uintptr_t)dlsym(m->so, RF_MODULE_ENTRY_NAME);
+    if (getenv("TEST_KIR_KEEP")) /* keep the sources for reading */
+        return m->entry != NULL;
+    unlink(c_path);
+    unlink(so_path);
+    unlink(log_path);
+    return m->entry != NULL;
+}
+
+static void serial_for(void *rt, int64_t n, int64_t grain,
+                       void (*body)(void *ctx, int64_t lo, int64_t hi), void *ctx)
+{
+    (void)rt;
+    CHECK(grain >= 1);
+    for (int64_t lo = 0; lo < n; lo += grain)
+        body(ctx, lo, lo + grain < n ? lo + grain : n);
+}
+
+static int failing_call(void *rt, int step, void *const *buffers)
+{
+    (void)rt;
+    (void)step;
+    (void)buffers;
+    return 1;
+}
+
+/* Lowers, renders, compiles and loads p; NULL source on failure. */
+static bool build(const rfi_plan *p, module *m, rfi_kir_module **km_out)
+{
+    memset(m, 0, sizeof *m);
+    rfi_kir_module *km = NULL;
+    rf_status st = rfi_kir_lower(p, &km);
+    CHECK_OK(st);
+    if (st != RF_OK)
+        return false;
+    st = rfi_render_c(km, &m->source);
+    CHECK_OK(st);
+    if (km_out)
+        *km_out = km;
+    else
+        rfi_kir_free(km);
+    if (st != RF_OK)
+        return false;
+    bool ok = compile_module(m->source, m);
+    CHECK(ok);
+    return ok;
+}
+
+static void module_free(module *m)
+{
+    if (m->so)
+        dlclose(m->so);
+    rfi_free(m->source);
+}
+
+/* ---- Comparing ------------------------------------------------------------------------- */
+typedef enum tol { EXACT, ULPS, SUM } tol;
+
+/* Largest error seen per op label. */
+typedef struct err_row {
+    char label[48];
+    double ulps, rel;
+} err_row;
+static err_row err_table[1024];
+static int n_err_rows;
+
+static void note_error(const char *label, double ulps, double rel)
+{
+    for (int i = 0; i < n_err_rows; i++)
+        if (strcmp(err_table[i].label, label) == 0) {
+            err_table[i].ulps = fmax(err_table[i].ulps, ulps);
+            err_table[i].rel = fmax(err_table[i].rel, rel);
+            return;
+        }
+    if (n_err_rows < 1024) {
+        snprintf(err_table[n_err_rows].label, sizeof err_table[0].label, "%s", label);
+        err_table[n_err_rows].ulps = ulps;
+        err_table[n_err_rows].rel = rel;
+        n_err_rows++;
+    }
+}
+
+static int64_t ordered_f32(float v)
+{
+    int32_t b;
+    memcpy(&b, &v, 4);
+    return b < 0 ? (int64_t)INT32_MIN - b : b;
+}
+
+static int64_t ordered_f64(double v)
+{
+    int64_t b;
+    memcpy(&b, &v, 8);
+    return b < 0 ? INT64_MIN - b : b;
+}
+
+static double load_f(const void *p, rf_dtype dt, int64_t i)
+{
+    return dt == RF_F32 ? ((const float *)p)[i] : ((const double *)p)[i];
+}
+
+/* got vs want, n elements of dt; returns the number of mismatches. */
+static int compare(const char *label, rf_dtype dt, const void *got, const void *want, int64_t n,
+                   tol t)
+{
+    int bad = 0;
+    size_t esz = rf_dtype_size(dt);
+    double max_ulps = 0, max_rel = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bool ok;
+        if (!rfi_dtype_is_float(dt)) {
+            ok = memcmp((const char *)got + i * (int64_t)esz, (const char *)want + i * (int64_t)esz,
+                        esz) == 0;
+        } else {
+            double a = load_f(got, dt, i), b = load_f(want, dt, i);
+            if (isnan(a) || isnan(b)) {
+                ok = isnan(a) && isnan(b);
+            } else {
+                double ulps = (double)llabs(dt == RF_F32 ? ordered_f32((float)a) - ordered_f32((float)b)
+                                                         : ordered_f64(a) - ordered_f64(b));
+                double rel = a == b ? 0 : fabs(a - b) / fmax(fabs(b), dt == RF_F32 ? FLT_MIN : DBL_MIN);
+                if (isinf(a) || isinf(b))
+                    rel = a == b ? 0 : INFINITY;
+                if (t == SUM) { /* reordered sums: error against max(|want|, 1) */
+                    ulps = 0;
+                    rel = fabs(a - b) / fmax(fabs(b), 1.0);
+                }
+                max_ulps = fmax(max_ulps, ulps);
+                max_rel = fmax(max_rel, rel);
+                if (t == EXACT)
+                    ok = ulps == 0;
+                else if (t == ULPS)
+                    ok = ulps <= 4 || rel <= 1e-6 || (dt == RF_F64 && rel <= 1e-14);
+                else
+                    ok = rel <= 1e-6;
+            }
+        }
+        tu_checks++;
+        if (!ok) {
+            tu_failures++;
+            if (bad++ < 6) {
+                if (rfi_dtype_is_float(dt))
+                    fprintf(stderr, "%s[%lld]: got %.17g, want %.17g\n", label, (long long)i,
+                            load_f(got, dt, i), load_f(want, dt, i));
+                else
+                    fprintf(stderr, "%s[%lld]: bytes differ (dtype %s)\n", label, (long long)i,
+                            rf_dtype_name(dt));
+            }
+        }
+    }
+    note_error(label, max_ulps, max_rel);
+    return bad;
+}
+
+/* Runs g on the interpreter and the compiled plan p and compares every output and
+ * update. labels[i] names output i (then update i - n_outputs); tols likewise. */
+static void check_program(rfi_graph *g, rfi_plan *p, const void *const *args,
+                          const char *const *labels, const tol *tols)
+{
+    CHECK_OK(rfi_verify(g));
+    int no = g->n_outputs, nu = g->n_updates, nc = g->n_captures;
+    void *want[64], *got[64], *staged[64], *caps[64], *caps_ro[64];
+    for (int i = 0; i < no; i++) {
+        want[i] = rfi_calloc(1, rfi_node_nbytes(g->outputs[i]) + 8);
+        got[i] = rfi_calloc(1, rfi_node_nbytes(g->outputs[i]) + 8);
+    }
+    for (int u = 0; u < nu; u++)
+        staged[u] = rfi_calloc(1, rfi_node_nbytes(g->updates[u].value) + 8);
+    for (int c = 0; c < nc; c++) {
+        caps_ro[c] = g->captures[c]->data;
+        caps[c] = rfi_malloc(g->captures[c]->nbytes + 8);
+        memcpy(caps[c], g->captures[c]->data, g->captures[c]->nbytes);
+    }
+    void *state = NULL;
+    CHECK_OK(rfi_interp_backend.prepare(g, &state));
+    rfi_run_io io = {(void *const *)args, caps_ro, want, staged};
+    CHECK_OK(rfi_interp_backend.run(state, g, &io));
+    rfi_interp_backend.release(state);
+
+    module m;
+    if (build(p, &m, NULL)) {
+        int nb = rfi_plan_n_buffers(p);
+        void **bufs = rfi_calloc((size_t)nb, sizeof(void *));
+        void *arena = rfi_calloc(1, p->arena_bytes + 64);
+        int b = 0;
+        for (int i = 0; i < g->n_args; i++)
+            bufs[b++] = (void *)args[i];
+        for (int c = 0; c < nc; c++)
+            bufs[b++] = caps[c];
+        for (int i = 0; i < no; i++)
+            bufs[b++] = got[i];
+        bufs[b++] = arena;
+        for (int k = 0; k < p->n_consts; k++)
+            bufs[b++] = (void *)g->nodes[p->consts[k]]->attr.data;
+        rf_module_services s = {RF_MODULE_ABI, NULL, serial_for, failing_call};
+        int rc = m.entry(&s, bufs);
+        CHECK(rc == 0);
+        for (int i = 0; i < no; i++)
+            compare(labels[i], g->outputs[i]->dtype, got[i], want[i],
+                    rfi_node_numel(g->outputs[i]), tols[i]);
+        for (int u = 0; u < nu; u++)
+            compare(labels[no + u], g->updates[u].value->dtype, caps[g->updates[u].capture],
+                    staged[u], rfi_node_numel(g->updates[u].value), tols[no + u]);
+        rfi_free(bufs);
+        rfi_free(arena);
+    }
+    module_free(&m);
+    for (int i = 0; i < no; i++) {
+        rfi_free(want[i]);
+        rfi_free(got[i]);
+    }
+    for (int u = 0; u < nu; u++)
+        rfi_free(staged[u]);
+    for (int c = 0; c < nc; c++)
+        rfi_free(caps[c]);
+}
+
+/* g through the planner (fusion and memory planning by rfi_plan_build), then as above. */
+static void check_planned(rfi_graph *g, const void *const *args, const char *const *labels,
+                          const tol *tols)
+{
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.matmul_call_min_flops = INT64_MAX; /* dots as loops: this test's services have no calls */
+    rfi_plan *p = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (!p)
+        return;
+    CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 0);
+    char planned[64][64];
+    const char *pl[64];
+    for (int i = 0; i < g->n_outputs + g->n_updates && i < 64; i++) {
+        snprintf(planned[i], sizeof planned[i], "%s (planned)", labels[i]);
+        pl[i] = planned[i];
+    }
+    check_program(g, p, args, pl, tols);
+    rfi_plan_free(p);
+}
+
+/* One output per node in ys, each its own step; labels prefixed. */
+static bool also_planned; /* check_outputs also runs the planner's plan */
+
+static void check_outputs(rfi_graph *g, rfi_node *const *ys, int n, const void *const *args,
+                          const char *const *labels, const tol *tols)
+{
+    for (int i = 0; i < n; i++)
+        CHECK_OK(rfi_graph_add_output(g, ys[i]));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    if (also_planned)
+        check_planned(g, args, labels, tols);
+}
+
+/* ---- Inputs ------------------------------------------------------------------------------- */
+static const double special[] = {
+    0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.7, -3.7, 1e-3, -1e-3, 100.0, -100.0,
+    88.5, 89.0, -87.0, -104.0, 710.0, 1e30, -1e30, INFINITY, -INFINITY, NAN, 1e-40, 0.49999997,
+    3.14159265, 20.0, -20.0, 7.0, 0.1, 2.0, 1e-8, 0.75, -0.25,
+};
+#define N_SPECIAL ((int)(sizeof special / sizeof special[0]))
+
+static void fill_float(void *p, rf_dtype dt, int64_t n, const double *v, int nv)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == RF_F32)
+            ((float *)p)[i] = (float)v[i % nv];
+        else
+            ((double *)p)[i] = v[i % nv];
+    }
+}
+
+/* ---- Tests -------------------------------------------------------------------------------- */
+static const rfi_op float_unary[] = {
+    RFI_OP_NEG, RFI_OP_ABS, RFI_OP_SIGN, RFI_OP_EXP, RFI_OP_EXPM1, RFI_OP_LOG, RFI_OP_LOG1P,
+    RFI_OP_SQRT, RFI_OP_RSQRT, RFI_OP_TANH, RFI_OP_LOGISTIC, RFI_OP_SIN, RFI_OP_COS,
+    RFI_OP_FLOOR, RFI_OP_CEIL, RFI_OP_ROUND, RFI_OP_IS_FINITE, RFI_OP_STOP_GRADIENT,
+};
+#define N_FLOAT_UNARY ((int)(sizeof float_unary / sizeof float_unary[0]))
+
+static bool transcendental(rfi_op op)
+{
+    return op == RFI_OP_EXP || op == RFI_OP_EXPM1 || op == RFI_OP_LOG || op == RFI_OP_LOG1P ||
+           op == RFI_OP_TANH || op == RFI_OP_LOGISTIC || op == RFI_OP_SIN || op == RFI_OP_COS ||
+           op == RFI_OP_POW;
+}
+
+/* Every unary float op, one output each, over the special values (a few times, so the
+ * vectorised loop bodies run too). */
+static void test_float_unary(rf_dtype dt)
+{
+    enum { N = N_SPECIAL * 4 };
+    targ a = {dt, 1, {N}};
+    rfi_graph *g = g_new(&a, 1);
+    rfi_node *x = g_arg(g, 0);
+    rfi_node *ys[N_FLOAT_UNARY];
+    char names[N_FLOAT_UNARY][48];
+    const char *labels[N_FLOAT_UNARY];
+    tol tols[N_FLOAT_UNARY];
+    for (int i = 0; i < N_FLOAT_UNARY; i++) {
+        rfi_op op = float_unary[i];
+        ys[i] = op == RFI_OP_IS_FINITE ? mk(g, op, &x, 1, NULL, RF_BOOL, x->dims, 1) : un(g, op, x);
+        snprintf(names[i], sizeof names[i], "%s %s", rfi_op_table[op].name, rf_dtype_name(dt));
+        labels[i] = names[i];
+        tols[i] = transcendental(op) ? ULPS : EXACT;
+    }
+    void *data = rfi_malloc(N * 8);
+    double vals[N];
+    for (int i = 0; i < N; i++) /* the specials, then scaled copies */
+        vals[i] = special[i % N_SPECIAL] * (i < N_SPECIAL ? 1.0 : 0.37 * (i / N_SPECIAL));
+    fill_float(data, dt, N, vals, N);
+    const void *args[1] = {data};
+    check_outputs(g, ys, N_FLOAT_UNARY, args, labels, tols);
+    rfi_graph_free(g);
+    rfi_free(data);
+}
+
+static const rfi_op float_binary[] = {RFI_OP_ADD, RFI_OP_SUB, RFI_OP_MUL, RFI_OP_DIV,
+                                      RFI_OP_POW, RFI_OP_MAX, RFI_OP_MIN, RFI_OP_REM};
+static const rfi_op int_binary[] = {RFI_OP_ADD, RFI_OP_SUB, RFI_OP_MUL, RFI_OP_DIV,
+                                    RFI_OP_MAX, RFI_OP_MIN, RFI_OP_REM, RFI_OP_AND, RFI_OP_OR};
+
+static const double int_values[] = {0, 1, -1, 2, -2, 3, 7, -7, 13, 100, -100, 255, 256, 65537,
+                                    2147483647.0, -2147483648.0, 31, 63, -64, 1000003};
+#define N_INT_VALUES ((int)(sizeof int_values / sizeof int_values[0]))
+
+static void fill_int(void *p, rf_dtype dt, int64_t i, double v)
+{
+    switch (dt) {
+    case RF_I32: ((int32_t *)p)[i] = (int32_t)(int64_t)v; break;
+    case RF_I64:
+        ((int64_t *)p)[i] = v == -2147483648.0 ? INT64_MIN : v == 2147483647.0 ? INT64_MAX
+                                                                               : (int64_t)v;
+        break;
+    case RF_U8: ((uint8_t *)p)[i] = (uint8_t)(int64_t)v; break;
+    default: ((uint8_t *)p)[i] = v != 0; break;
+    }
+}
+
+/* Every binary op and every comparison on all pairs of special values, then select,
+ * clamp and converts into every dtype. */
+static void test_binary(rf_dtype dt)
+{
+    bool fl = rfi_dtype_is_float(dt);
+    int nv = fl ? N_SPECIAL : N_INT_VALUES;
+    int64_t n = (int64_t)nv * nv;
+    targ a[2] = {{dt, 1, {n}}, {dt, 1, {n}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *y = g_arg(g, 1);
+    rfi_node *ys[64];
+    char names[64][48];
+    const char *labels[64];
+    tol tols[64];
+    int count = 0;
+    const rfi_op *ops = fl ? float_binary : int_binary;
+    int nops = fl ? 8 : 9;
+    if (dt == RF_BOOL)
+        nops = 0;
+    for (int i = 0; i < nops; i++) {
+        ys[count] = bin(g, ops[i], x, y);
+        snprintf(names[count], 48, "%s %s", rfi_op_table[ops[i]].name, rf_dtype_name(dt));
+        tols[count] = transcendental(ops[i]) ? ULPS : EXACT;
+        count++;
+    }
+    if (dt == RF_BOOL) {
+        rfi_op lops[] = {RFI_OP_AND, RFI_OP_OR};
+        for (int i = 0; i < 2; i++) {
+            ys[count] = bin(g, lops[i], x, y);
+            snprintf(names[count], 48, "%s bool", rfi_op_table[lops[i]].name);
+            tols[count++] = EXACT;
+        }
+    }
+    for (int c = 0; c < RF_CMP_COUNT; c++) {
+        ys[count] = cmp(g, (rf_cmp)c, x, y);
+        snprintf(names[count], 48, "compare%d %s", c, rf_dtype_name(dt));
+        tols[count++] = EXACT;
+    }
+    rfi_node *sel_in[3] = {cmp(g, RF_LT, x, y), x, y};
+    ys[count] = mk(g, RFI_OP_SELECT, sel_in, 3, NULL, dt, x->dims, 1);
+    snprintf(names[count], 48, "select %s", rf_dtype_name(dt));
+    tols[count++] = EXACT;
+    if (dt != RF_BOOL) {
+        rfi_node *cl_in[3] = {scalar(g, dt, fl ? -1.5 : 2), x, y};
+        ys[count] = mk(g, RFI_OP_CLAMP, cl_in, 3, NULL, dt, x->dims, 1);
+        snprintf(names[count], 48, "clamp %s", rf_dtype_name(dt));
+        tols[count++] = EXACT;
+    }
+    for (int t = 0; t < RF_DTYPE_COUNT; t++) {
+        if (t == (int)dt)
+            continue;
+        ys[count] = cvt(g, x, (rf_dtype)t);
+        snprintf(names[count], 48, "convert %s->%s", rf_dtype_name(dt), rf_dtype_name((rf_dtype)t));
+        tols[count++] = EXACT;
+    }
+    if (!fl) {
+        rfi_op uops[] = {RFI_OP_NEG, RFI_OP_ABS, RFI_OP_SIGN, RFI_OP_NOT};
+        for (int i = dt == RF_BOOL ? 3 : 0; i < 4; i++) {
+            ys[count] = un(g, uops[i], x);
+            snprintf(names[count], 48, "%s %s", rfi_op_table[uops[i]].name, rf_dtype_name(dt));
+            tols[count++] = EXACT;
+        }
+    }
+    for (int i = 0; i < count; i++)
+        labels[i] = names[i];
+    void *xa = rfi_malloc((size_t)n * 8), *ya = rfi_malloc((size_t)n * 8);
+    for (int i = 0; i < nv; i++)
+        for (int j = 0; j < nv; j++) {
+            int64_t k = (int64_t)i * nv + j;
+            if (fl) {
+                fill_float(xa, dt, 1, &special[i], 1);
+                if (dt == RF_F32) {
+                    ((float *)xa)[k] = (float)special[i];
+                    ((float *)ya)[k] = (float)special[j];
+                } else {
+                    ((double *)xa)[k] = special[i];
+                    ((double *)ya)[k] = special[j];
+                }
+            } else {
+                fill_int(xa, dt, k, int_values[i]);
+                fill_int(ya, dt, k, int_values[j]);
+            }
+        }
+    const void *args[2] = {xa, ya};
+    check_outputs(g, ys, count, args, labels, tols);
+    rfi_graph_free(g);
+    rfi_free(xa);
+    rfi_free(ya);
+}
+
+/* A chain of data movement ops fused into one loop: transpose, broadcast, iota, reverse,
+ * slice, reshape, pad (negative low, interior), concatenate, plus elementwise math;
+ * `materialise` also puts the transpose in the arena (loads with index maps). */
+static void test_shape_chain(bool materialise)
+{
+    targ a[2] = {{RF_F32, 3, {2, 3, 4}}, {RF_F32, 1, {4}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *b = g_arg(g, 1);
+    rfi_attrs at = {0};
+    int64_t perm[] = {2, 0, 1}, tdims[] = {4, 2, 3};
+    set_list(&at, 0, perm, 3);
+    rfi_node *t = mk(g, RFI_OP_TRANSPOSE, &x, 1, &at, RF_F32, tdims, 3);
+    int64_t map0[] = {0};
+    rfi_node *bb = bcast(g, b, map0, tdims, 3);
+    rfi_attrs ia = {0};
+    ia.i[0] = 2;
+    rfi_node *io = mk(g, RFI_OP_IOTA, NULL, 0, &ia, RF_F32, tdims, 3);
+    rfi_node *s = bin(g, RFI_OP_ADD, bin(g, RFI_OP_MUL, t, bb), io);
+    rfi_attrs ra = {0};
+    int64_t raxes[] = {1};
+    set_list(&ra, 0, raxes, 1);
+    rfi_node *r = mk(g, RFI_OP_REVERSE, &s, 1, &ra, RF_F32, tdims, 3);
+    rfi_attrs sa = {0};
+    int64_t start[] = {1, 0, 0}, limit[] = {4, 2, 3}, stride[] = {2, 1, 2}, sdims[] = {2, 2, 2};
+    set_list(&sa, 0, start, 3);
+    set_list(&sa, 1, limit, 3);
+    set_list(&sa, 2, stride, 3);
+    rfi_node *sl = mk(g, RFI_OP_SLICE, &r, 1, &sa, RF_F32, sdims, 3);
+    int64_t rdims[] = {4, 2};
+    rfi_node *rs = mk(g, RFI_OP_RESHAPE, &sl, 1, NULL, RF_F32, rdims, 2);
+    rfi_attrs pa = {0};
+    int64_t lo[] = {1, -1}, hi[] = {0, 2}, interior[] = {1, 0}, pdims[] = {8, 3};
+    set_list(&pa, 0, lo, 2);
+    set_list(&pa, 1, hi, 2);
+    set_list(&pa, 2, interior, 2);
+    rfi_node *pin[2] = {rs, scalar(g, RF_F32, 0.5)};
+    rfi_node *pd = mk(g, RFI_OP_PAD, pin, 2, &pa, RF_F32, pdims, 2);
+    rfi_node *th = un(g, RFI_OP_TANH, pd);
+    rfi_attrs ca = {0};
+    ca.i[0] = 0;
+    rfi_node *cin[3] = {pd, th, un(g, RFI_OP_NEG, pd)};
+    int64_t cdims[] = {24, 3};
+    rfi_node *cc = mk(g, RFI_OP_CONCATENATE, cin, 3, &ca, RF_F32, cdims, 2);
+    /* a second concatenation along the last axis, operands of different widths */
+    int64_t w1[] = {24, 1};
+    rfi_attrs s2 = {0};
+    int64_t st2[] = {0, 1}, li2[] = {24, 2}, sd2[] = {1, 1};
+    set_list(&s2, 0, st2, 2);
+    set_list(&s2, 1, li2, 2);
+    set_list(&s2, 2, sd2, 2);
+    rfi_node *col = mk(g, RFI_OP_SLICE, &cc, 1, &s2, RF_F32, w1, 2);
+    rfi_attrs ca2 = {0};
+    ca2.i[0] = 1;
+    int64_t c2dims[] = {24, 4};
+    /* scalar * tensor needs an explicit broadcast */
+    int64_t nomap[1] = {0};
+    rfi_node *three = bcast(g, scalar(g, RF_F32, 3), nomap, w1, 2);
+    rfi_node *cin3[2] = {cc, bin(g, RFI_OP_MUL, col, three)};
+    rfi_node *c2 = mk(g, RFI_OP_CONCATENATE, cin3, 2, &ca2, RF_F32, c2dims, 2);
+    CHECK_OK(rfi_graph_add_output(g, c2));
+    int extra[] = {t->id};
+    plan_opts o = {materialise ? extra : NULL, materialise ? 1 : 0, false};
+    rfi_plan *p = hand_plan(g, &o);
+    CHECK(p->n_steps == (materialise ? 2 : 1));
+    float xd[24], bd[4] = {0.5f, -2.0f, 3.0f, 1.25f};
+    for (int i = 0; i < 24; i++)
+        xd[i] = (float)(i * 0.7 - 5.0);
+    const void *args[2] = {xd, bd};
+    const char *labels[] = {materialise ? "shape chain (materialised transpose)" : "shape chain"};
+    tol tols[] = {ULPS};
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    if (!materialise)
+        check_planned(g, args, labels, tols);
+    rfi_graph_free(g);
+}
+
+/* Reductions of every kind over several axis sets, with a fused producer. */
+static void test_reductions(rf_dtype dt)
+{
+    targ a = {dt, 3, {3, 4, 5}};
+    rfi_graph *g = g_new(&a, 1);
+    rfi_node *x = g_arg(g, 0);
+    bool fl = rfi_dtype_is_float(dt);
+    rfi_node *prod_in = dt == RF_BOOL ? x : bin(g, RFI_OP_ADD, x, x); /* fused producer */
+    static const int64_t axes_sets[][3] = {{1}, {0, 2}, {0, 1, 2}, {2}};
+    static const int n_axes[] = {1, 2, 3, 1};
+    rfi_node *ys[32];
+    char names[32][48];
+    const char *labels[32];
+    tol tols[32];
+    int count = 0;
+    for (int kind = 0; kind < RF_REDUCE_KIND_COUNT; kind++) {
+        bool logic = kind == RF_REDUCE_AND || kind == RF_REDUCE_OR;
+        if (logic && fl)
+            continue;
+        if (dt == RF_BOOL && !logic && kind != RF_REDUCE_MAX && kind != RF_REDUCE_MIN)
+            continue;
+        for (int s = 0; s < 4; s++) {
+            ys[count] = reduce(g, prod_in, (rf_reduce_kind)kind, axes_sets[s], n_axes[s]);
+            snprintf(names[count], 48, "reduce%d %s axes%d", kind, rf_dtype_name(dt), s);
+            labels[count] = names[count];
+            tols[count++] = fl && (kind == RF_REDUCE_SUM || kind == RF_REDUCE_PROD) ? SUM : EXACT;
+        }
+    }
+    void *data = rfi_malloc(60 * 8);
+    for (int i = 0; i < 60; i++) {
+        double v = fl ? (i % 7 - 3) * 0.37 + (i == 17 && dt == RF_F64 ? NAN : 0) : (i * 37 % 11) - 5;
+        if (dt == RF_F32 || dt == RF_F64)
+            fill_float((char *)data + (size_t)i * rf_dtype_size(dt), dt, 1, &v, 1);
+        else
+            fill_int(data, dt, i, dt == RF_BOOL ? (i % 5 != 0) : v);
+    }
+    const void *args[1] = {data};
+    check_outputs(g, ys, count, args, labels, tols);
+    rfi_graph_free(g);
+    rfi_free(data);
+}
+
+static rfi_node *reduce_window(rfi_graph *g, rfi_node *x, rf_reduce_kind kind,
+                               const int64_t *win, const int64_t *strides, const int64_t *lo,
+                               const int64_t *hi)
+{
+    rfi_attrs a = {0};
+    a.i[0] = kind;
+    set_list(&a, 0, win, x->rank);
+    set_list(&a, 1, strides, x->rank);
+    set_list(&a, 2, lo, x->rank);
+    set_list(&a, 3, hi, x->rank);
+    int64_t dims[RF_MAX_RANK];
+    for (int d = 0; d < x->rank; d++)
+        dims[d] = (x->dims[d] + lo[d] + hi[d] - win[d]) / strides[d] + 1;
+    return mk(g, RFI_OP_REDUCE_WINDOW, &x, 1, &a, x->dtype, dims, x->rank);
+}
+
+static void test_reduce_window(void)
+{
+    targ a = {RF_F32, 4, {2, 1, 6, 7}};
+    rfi_graph *g = g_new(&a, 1);
+    rfi_node *x = g_arg(g, 0);
+    int64_t win[] = {1, 1, 3, 3}, st[] = {1, 1, 2, 2}, lo[] = {0, 0, 1, 1}, hi[] = {0, 0, 1, 1};
+    int64_t win2[] = {1, 1, 2, 2}, st2[] = {1, 1, 2, 2}, z[] = {0, 0, 0, 0};
+    rfi_node *ys[4] = {
+        reduce_window(g, x, RF_REDUCE_MAX, win, st, lo, hi),
+        reduce_window(g, un(g, RFI_OP_NEG, x), RF_REDUCE_SUM, win, st, lo, hi),
+        reduce_window(g, x, RF_REDUCE_MAX, win2, st2, z, z), /* no padding: no guard */
+        reduce_window(g, x, RF_REDUCE_MIN, win, st, lo, hi),
+    };
+    const char *labels[] = {"reduce_window max pad", "reduce_window sum pad",
+                            "reduce_window max 2x2", "reduce_window min pad"};
+    tol tols[] = {EXACT, SUM, EXACT, EXACT};
+    float d[84];
+    for (int i = 0; i < 84; i++)
+        d[i] = (float)(-(i * 13 % 17) * 0.5 - 1.0); /* all negative: padding must not win */
+    const void *args[1] = {d};
+    check_outputs(g, ys, 4, args, labels, tols);
+    rfi_graph_free(g);
+}
+
+static void test_dot(rf_dtype dt)
+{
+    targ a[2] = {{dt, 3, {2, 3, 4}}, {dt, 3, {4, 2, 5}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *y = g_arg(g, 1);
+    rfi_attrs at = {0};
+    int64_t lb[] = {0}, rb[] = {1}, lc[] = {2}, rc[] = {0};
+    set_list(&at, 0, lb, 1);
+    set_list(&at, 1, rb, 1);
+    set_list(&at, 2, lc, 1);
+    set_list(&at, 3, rc, 1);
+    int64_t dims[] = {2, 3, 5};
+    rfi_node *in[2] = {un(g, RFI_OP_ABS, x), y};
+    rfi_node *d1 = mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, dt, dims, 3);
+    /* two contracting dims, no batch: [2,3,4] x [4,2,5] over (0,2)/(1,0) -> [3,5] */
+    rfi_attrs at2 = {0};
+    int64_t lc2[] = {0, 2}, rc2[] = {1, 0};
+    set_list(&at2, 2, lc2, 2);
+    set_list(&at2, 3, rc2, 2);
+    int64_t dims2[] = {3, 5};
+    rfi_node *in2[2] = {x, y};
+    rfi_node *d2 = mk(g, RFI_OP_DOT_GENERAL, in2, 2, &at2, dt, dims2, 2);
+    rfi_node *ys[2] = {d1, d2};
+    char n1[48], n2[48];
+    snprintf(n1, 48, "dot_general batch %s", rf_dtype_name(dt));
+    snprintf(n2, 48, "dot_general 2 contract %s", rf_dtype_name(dt));
+    const char *labels[] = {n1, n2};
+    tol tols[] = {rfi_dtype_is_float(dt) ? SUM : EXACT, rfi_dtype_is_float(dt) ? SUM : EXACT};
+    char xd[24 * 8], yd[40 * 8];
+    for (int i = 0; i < 40; i++) {
+        double v = (i * 7 % 9) - 4 + (rfi_dtype_is_float(dt) ? 0.25 : 0);
+        if (rfi_dtype_is_float(dt)) {
+            if (i < 24)
+                fill_float(xd + i * (int)rf_dtype_size(dt), dt, 1, &v, 1);
+            double w = v * 0.5 - 1;
+            fill_float(yd + i * (int)rf_dtype_size(dt), dt, 1, &w, 1);
+        } else {
+            if (i < 24)
+                fill_int(xd, dt, i, v);
+            fill_int(yd, dt, i, v * 3 + 1);
+        }
+    }
+    const void *args[2] = {xd, yd};
+    check_outputs(g, ys, 2, args, labels, tols);
+    rfi_graph_free(g);
+}
+
+/* Two roots in one step, the second using the first: the first is computed, not read
+ * back; a large shape so parallel_for splits it. */
+static void test_multi_root(void)
+{
+    targ a[2] = {{RF_F32, 2, {300, 200}}, {RF_F32, 1, {200}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *b = g_arg(g, 1);
+    int64_t map[] = {1};
+    rfi_node *bb = bcast(g, b, map, x->dims, 2);
+    rfi_node *y1 = bin(g, RFI_OP_MUL, x, bb);
+    rfi_node *y2 = bin(g, RFI_OP_MUL, y1, un(g, RFI_OP_EXP, x));
+    CHECK_OK(rfi_graph_add_output(g, y1));
+    CHECK_OK(rfi_graph_add_output(g, y2));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    CHECK(p->n_steps == 2);
+    merge_steps(p, 0, 1);
+    float *xd = rfi_malloc(60000 * sizeof(float)), bd[200];
+    for (int i = 0; i < 60000; i++)
+        xd[i] = (float)((i % 101) * 0.03 - 1.5);
+    for (int i = 0; i < 200; i++)
+        bd[i] = (float)(i * 0.01);
+    const void *args[2] = {xd, bd};
+    const char *labels[] = {"multi-root mul", "multi-root mul(exp)"};
+    tol tols[] = {EXACT, ULPS};
+    check_program(g, p, args, labels, tols);
+    check_planned(g, args, labels, tols);
+
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km)) {
+        CHECK(km->n_steps == 1 && km->steps[0].kernel->n_stores == 2);
+        CHECK(strstr(m.source, "s->parallel_for(s->rt, 300,") != NULL);
+        CHECK(strstr(m.source, "#pragma omp declare simd notinbranch\nfloat expf(float);") != NULL);
+    }
+    module_free(&m);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+    rfi_free(xd);
+}
+
+/* Updates: SGD written in place into its capture, Adam-style moments in one step (in place),
+ * and the same program with updates computed into the arena and copied. */
+static void test_updates(bool in_place)
+{
+    enum { N = 1000 };
+    targ a = {RF_F32, 1, {N}};
+    rfi_graph *g = g_new(&a, 1);
+    float w0[N], m0[N], gd[N];
+    for (int i = 0; i < N; i++) {
+        w0[i] = (float)(i * 0.001);
+        m0[i] = (float)((i % 13) * 0.1);
+        gd[i] = (float)((i % 7) - 3) * 0.5f;
+    }
+    int64_t dims[] = {N};
+    rfi_node *w = g_capture(g, RF_F32, dims, 1, w0);
+    rfi_node *m = g_capture(g, RF_F32, dims, 1, m0);
+    rfi_node *gr = g_arg(g, 0);
+    int64_t nomap[1] = {0};
+    rfi_node *lr = bcast(g, scalar(g, RF_F32, 0.1), nomap, dims, 1);
+    rfi_node *beta = bcast(g, scalar(g, RF_F32, 0.9), nomap, dims, 1);
+    rfi_node *m_new = bin(g, RFI_OP_ADD, bin(g, RFI_OP_MUL, beta, m), gr);
+    rfi_node *w_new = bin(g, RFI_OP_SUB, w, bin(g, RFI_OP_MUL, lr, m_new));
+    int64_t axes[] = {0};
+    rfi_node *loss = reduce(g, bin(g, RFI_OP_MUL, gr, gr), RF_REDUCE_SUM, axes, 1);
+    CHECK_OK(rfi_graph_add_output(g, loss));
+    CHECK_OK(rfi_graph_add_update(g, 0, w_new));
+    CHECK_OK(rfi_graph_add_update(g, 1, m_new));
+    plan_opts o = {NULL, 0, in_place};
+    rfi_plan *p = hand_plan(g, &o);
+    if (in_place) { /* m_new and w_new in one step: w_new recomputes m_new */
+        int sm = -1, sw = -1;
+        for (int s = 0; s < p->n_steps; s++) {
+            if (p->steps[s].roots[0] == m_new->id)
+                sm = s;
+            if (p->steps[s].roots[0] == w_new->id)
+                sw = s;
+        }
+        CHECK(sm >= 0 && sw > sm);
+        if (sm >= 0 && sw > sm)
+            merge_steps(p, sm, sw);
+    }
+    const void *args[1] = {gd};
+    const char *labels[] = {in_place ? "loss (in place)" : "loss (copied)",
+                            in_place ? "sgd update in place" : "sgd update copied",
+                            in_place ? "momentum in place" : "momentum copied"};
+    tol tols[] = {SUM, EXACT, EXACT};
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    if (in_place)
+        check_planned(g, args, labels, tols);
+    rfi_graph_free(g);
+}
+
+/* Gather inline (clamped indices), fused with an add; a non-splat constant operand. */
+static void test_gather(void)
+{
+    targ a[2] = {{RF_F32, 2, {5, 3}}, {RF_I32, 1, {6}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *ind = g_arg(g, 1);
+    rfi_attrs at = {0};
+    at.i[0] = 0;
+    int64_t dims[] = {6, 3};
+    rfi_node *in[2] = {x, ind};
+    rfi_node *ga = mk(g, RFI_OP_GATHER, in, 2, &at, RF_F32, dims, 2);
+    float cd[18];
+    for (int i = 0; i < 18; i++)
+        cd[i] = (float)i * 0.25f;
+    rfi_node *c = constant(g, RF_F32, dims, 2, cd);
+    rfi_node *y = bin(g, RFI_OP_ADD, ga, c);
+    float xd[15];
+    for (int i = 0; i < 15; i++)
+        xd[i] = (float)(i * i) - 7.0f;
+    int32_t id[6] = {4, 0, -3, 9, 2, 2};
+    const void *args[2] = {xd, id};
+    const char *labels[] = {"gather + constant"};
+    tol tols[] = {EXACT};
+    check_outputs(g, &y, 1, args, labels, tols);
+    rfi_graph_free(g);
+}
+
+/* Structure: CSE, flat loops, comments, names, pragmas, the call step's failure code. */
+static void test_structure(void)
+{
+    targ a[2] = {{RF_F32, 2, {16, 8}}, {RF_F32, 1, {8}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *b = g_arg(g, 1);
+    rfi_node *e = un(g, RFI_OP_EXP, x);
+    rfi_node *y = bin(g, RFI_OP_ADD, bin(g, RFI_OP_MUL, e, e), e); /* exp shared */
+    int64_t map[] = {1};
+    rfi_node *z = bin(g, RFI_OP_ADD, x, bcast(g, b, map, x->dims, 2));
+    rfi_node *w = un(g, RFI_OP_NEG, x);
+    CHECK_OK(rfi_graph_add_output(g, y));
+    CHECK_OK(rfi_graph_add_output(g, z));
+    CHECK_OK(rfi_graph_add_output(g, w));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    p->steps[2].kind = RFI_STEP_CALL; /* the neg through the runtime */
+    p->steps[2].call = RFI_CALL_FALLBACK;
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km)) {
+        CHECK(km->n_steps == 3);
+        const rfi_kir_kernel *k0 = km->steps[0].kernel, *k1 = km->steps[1].kernel;
+        CHECK(k0->rank == 1 && k0->dims[0] == 128); /* flat */
+        CHECK(k1->rank == 2);                         /* broadcast needs the shape */
+        int n_exp = 0;
+        for (int i = 0; i < k0->n_ins; i++)
+            n_exp += k0->ins[i].op == RFI_KIR_UNARY && k0->ins[i].ir_op == RFI_OP_EXP;
+        CHECK(n_exp == 1);
+        CHECK(km->steps[2].kind == RFI_KIR_STEP_CALL);
+        char want[64];
+        snprintf(want, sizeof want, "/* step 0: loop\n *   %%%d = add(%%", y->id);
+        CHECK(strstr(m.source, want) != NULL);
+        snprintf(want, sizeof want, "const float x_%d = expf(", e->id);
+        CHECK(strstr(m.source, want) != NULL);
+        CHECK(strstr(m.source, "static void k0_add(void *ctx, int64_t lo, int64_t hi)") != NULL);
+        CHECK(strstr(m.source, "#pragma omp simd\n") != NULL);
+        CHECK(strstr(m.source, "if (s->call(s->rt, 2, bufs))\n        return 3;") != NULL);
+        CHECK(strstr(m.source, "const float *restrict p_") != NULL);
+        char *text = rfi_kir_print(km);
+        CHECK(text && strstr(text, "step 0: kernel add over [128]") != NULL);
+        rfi_free(text);
+        float xd[128], bd[8] = {0}, o0[128], o1[128], o2[128];
+        for (int i = 0; i < 128; i++)
+            xd[i] = (float)i * 0.01f;
+        void *bufs[6] = {xd, bd, o0, o1, o2, NULL};
+        rf_module_services s = {RF_MODULE_ABI, NULL, serial_for, failing_call};
+        CHECK(m.entry(&s, bufs) == 3); /* the failing call reports step 2 + 1 */
+        CHECK(o1[5] == xd[5]);
+    }
+    module_free(&m);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+}
+
+/* Inline nodes without a loop form are reported, naming the node. */
+static void test_errors(void)
+{
+    targ a[2] = {{RF_F32, 2, {2, 3}}, {RF_F32, 2, {3, 2}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *y = g_arg(g, 1);
+    rfi_attrs at = {0};
+    int64_t lc[] = {1}, rc[] = {0};
+    set_list(&at, 2, lc, 1);
+    set_list(&at, 3, rc, 1);
+    int64_t dims[] = {2, 2};
+    rfi_node *in[2] = {x, y};
+    rfi_node *d = mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, dims, 2);
+    rfi_node *z = un(g, RFI_OP_NEG, d);
+    CHECK_OK(rfi_graph_add_output(g, z));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    p->loc[d->id].kind = RFI_LOC_INLINE; /* a dot that is not materialised */
+    p->n_steps = 0;
+    add_step(p, RFI_STEP_LOOP, z->id, -1, -1);
+    rfi_kir_module *km = NULL;
+    CHECK_STATUS(rfi_kir_lower(p, &km), RF_E_INTERNAL);
+    CHECK_MSG("dot_general");
+    CHECK(km == NULL);
+    /* a step root without a buffer */
+    p->loc[z->id].kind = RFI_LOC_INLINE;
+    p->loc[d->id].kind = RFI_LOC_ARENA;
+    p->steps[0].kind = RFI_STEP_REDUCE;
+    p->steps[0].roots[0] = d->id;
+    add_step(p, RFI_STEP_LOOP, z->id, -1, -1);
+    CHECK_STATUS(rfi_kir_lower(p, &km), RF_E_INTERNAL);
+    CHECK_MSG("has no buffer");
+    hand_plan_free(p);
+    rfi_graph_free(g);
+
+    /* an inline constant with distinct elements */
+    g = g_new(a, 1);
+    x = g_arg(g, 0);
+    float cd[6] = {1, 2, 3, 4, 5, 6};
+    rfi_node *c = constant(g, RF_F32, x->dims, 2, cd);
+    rfi_node *s = bin(g, RFI_OP_ADD, x, c);
+    CHECK_OK(rfi_graph_add_output(g, s));
+    p = hand_plan(g, &o);
+    p->loc[c->id].kind = RFI_LOC_INLINE;
+    CHECK_STATUS(rfi_kir_lower(p, &km), RF_E_INTERNAL);
+    CHECK_MSG("constant");
+    hand_plan_free(p);
+    rfi_graph_free(g);
+}
+
+static void test_abi_block(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/src/backend/cpu/module_abi.h", RF_SOURCE_DIR);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    static char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char *begin = strstr(text, "/* BEGIN MODULE ABI */");
+    char *end = strstr(text, "/* END MODULE ABI */");
+    CHECK(begin && end);
+    if (begin && end) {
+        end += strlen("/* END MODULE ABI */\n");
+        *end = 0;
+        CHECK(strcmp(begin, rfi_render_c_abi_block()) == 0);
+    }
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/test_kir_XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_abi_block();
+    test_structure();
+    test_errors();
+    test_float_unary(RF_F32);
+    test_float_unary(RF_F64);
+    test_binary(RF_F64);
+    test_binary(RF_I32);
+    test_binary(RF_I64);
+    test_binary(RF_U8);
+    test_binary(RF_BOOL);
+    test_shape_chain(false);
+    test_shape_chain(true);
+    also_planned = true;
+    test_reductions(RF_F32);
+    also_planned = false;
+    test_reductions(RF_F64);
+    test_reductions(RF_I32);
+    test_reductions(RF_BOOL);
+    also_planned = true;
+    test_reduce_window();
+    test_dot(RF_F32);
+    test_binary(RF_F32);
+    also_planned = false;
+    test_dot(RF_I32);
+    test_multi_root();
+    test_updates(true);
+    test_updates(false);
+    test_gather();
+    rmdir(tmpdir);
+    printf("largest error per op (compiled vs interpreter; ulps, relative):\n");
+    for (int i = 0; i < n_err_rows; i++)
+        if (err_table[i].ulps > 0 || err_table[i].rel > 0)
+            printf("  %-40s %6.0f ulp  %.3g\n", err_table[i].label, err_table[i].ulps,
+                   err_table[i].rel);
+    printf("  (every other op: exact; %d modules compiled)\n", n_modules);
+    return tu_finish("test_kir");
+}

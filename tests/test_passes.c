@@ -1,0 +1,977 @@
+/* test_passes.c: the optimisation passes rfi_simplify and rfi_cse.
+ *
+ * Each rewrite is checked on the printed IR (rfi_print) of a small graph
+ * built with the internal API, and semantically: the original and the
+ * optimised graph run on the reference interpreter with inputs full of
+ * corner values (-0.0, NaN, infinities, integer extremes) and must give
+ * bitwise equal outputs and updates. Rules that would not be exact (x + 0.0,
+ * float x * 0, float operand reordering in CSE) are checked to stay put.
+ * Randomised: chains of ops drawn from the rewrite menu, gradient programs
+ * from rf_grad, and an MLP training step (forward, backward, Adam update)
+ * compiled through the public API, each run through simplify, cse and dce:
+ * bitwise equal results and no more nodes (the training step's counts are
+ * printed; TP_SHOW=1 also prints its program before and after).
+ */
+#include "backend/interp/interp.h"
+#include "ir/ir.h"
+#include "passes/passes.h"
+#include "runtime/runtime.h"
+#include "test_util.h"
+
+/* ---- Building graphs ---------------------------------------------------------------- */
+
+static rfi_attrs attrs0(void)
+{
+    rfi_attrs a;
+    memset(&a, 0, sizeof a);
+    return a;
+}
+
+static rfi_attrs list_attr(const int64_t *v, int n)
+{
+    rfi_attrs a = attrs0();
+    a.nl[0] = n;
+    for (int i = 0; i < n; i++)
+        a.l[0][i] = v[i];
+    return a;
+}
+
+/* A graph with one argument of each given type (all of rank `rank`, dims `dims`). */
+static rfi_graph *graph_with_args(int n, const rf_dtype *dts, const int64_t *dims, int rank)
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
+    int ranks[8];
+    int64_t d[8][RF_MAX_RANK];
+    for (int i = 0; i < n; i++) {
+        ranks[i] = rank;
+        for (int k = 0; k < rank; k++)
+            d[i][k] = dims[k];
+    }
+    CHECK_OK(rfi_graph_set_args(g, n, dts, ranks, (const int64_t(*)[RF_MAX_RANK])d));
+    return g;
+}
+
+static rfi_node *node(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in, const rfi_attrs *a,
+                      rf_dtype dt, const int64_t *dims, int rank)
+{
+    rfi_node *x = rfi_node_new(g, op, in, n_in, a, dt, dims, rank);
+    if (!x)
+        fprintf(stderr, "  building %s: %s\n", rfi_op_table[op].name, rf_errmsg());
+    CHECK(x != NULL);
+    return x;
+}
+
+static rfi_node *arg(rfi_graph *g, int i)
+{
+    rfi_attrs a = attrs0();
+    a.i[0] = i;
+    return node(g, RFI_OP_ARGUMENT, NULL, 0, &a, g->arg_dtypes[i], g->arg_dims[i],
+                g->arg_ranks[i]);
+}
+
+static rfi_node *un(rfi_graph *g, rfi_op op, rfi_node *x)
+{
+    return node(g, op, &x, 1, NULL, x->dtype, NULL, 0);
+}
+
+static rfi_node *bin(rfi_graph *g, rfi_op op, rfi_node *x, rfi_node *y)
+{
+    rfi_node *in[2] = {x, y};
+    return node(g, op, in, 2, NULL, x->dtype, NULL, 0);
+}
+
+static rfi_node *konst(rfi_graph *g, rf_dtype dt, const int64_t *dims, int rank,
+                       const void *data)
+{
+    rfi_attrs a = attrs0();
+    a.data = data;
+    a.nbytes = (size_t)rfi_numel(dims, rank) * rf_dtype_size(dt);
+    return node(g, RFI_OP_CONSTANT, NULL, 0, &a, dt, dims, rank);
+}
+
+/* A constant of x's type whose every element is v (a full constant: the pass
+ * turns it into its splat form). */
+static rfi_node *filled_like(rfi_graph *g, const rfi_node *x, double v)
+{
+    int64_t n = rfi_node_numel(x);
+    unsigned char *buf = calloc((size_t)(n > 0 ? n : 1), 8);
+    for (int64_t i = 0; i < n; i++)
+        rfi_st_f(buf, x->dtype, i, v);
+    rfi_node *c = konst(g, x->dtype, x->dims, x->rank, buf);
+    free(buf);
+    return c;
+}
+
+/* The same, as broadcast_in_dim of a rank-0 constant (already in splat form). */
+static rfi_node *splat_like(rfi_graph *g, const rfi_node *x, double v)
+{
+    unsigned char buf[8] = {0};
+    rfi_st_f(buf, x->dtype, 0, v);
+    rfi_node *s = konst(g, x->dtype, NULL, 0, buf);
+    if (x->rank == 0)
+        return s;
+    rfi_attrs a = attrs0();
+    return node(g, RFI_OP_BROADCAST_IN_DIM, &s, 1, &a, x->dtype, x->dims, x->rank);
+}
+
+static rfi_node *reshape(rfi_graph *g, rfi_node *x, const int64_t *dims, int rank)
+{
+    return node(g, RFI_OP_RESHAPE, &x, 1, NULL, x->dtype, dims, rank);
+}
+
+static rfi_node *transpose(rfi_graph *g, rfi_node *x, const int64_t *perm)
+{
+    rfi_attrs a = list_attr(perm, x->rank);
+    return node(g, RFI_OP_TRANSPOSE, &x, 1, &a, x->dtype, NULL, 0);
+}
+
+static rfi_node *broadcast(rfi_graph *g, rfi_node *x, const int64_t *map, const int64_t *dims,
+                           int rank)
+{
+    rfi_attrs a = list_attr(map, x->rank);
+    return node(g, RFI_OP_BROADCAST_IN_DIM, &x, 1, &a, x->dtype, dims, rank);
+}
+
+static rfi_node *convert(rfi_graph *g, rfi_node *x, rf_dtype dt)
+{
+    return node(g, RFI_OP_CONVERT, &x, 1, NULL, dt, NULL, 0);
+}
+
+static rfi_node *select3(rfi_graph *g, rfi_node *p, rfi_node *a, rfi_node *b)
+{
+    rfi_node *in[3] = {p, a, b};
+    return node(g, RFI_OP_SELECT, in, 3, NULL, a->dtype, NULL, 0);
+}
+
+/* ---- Running on the interpreter ---------------------------------------------------- */
+
+typedef struct results {
+    int n;
+    void **buf;
+    size_t *nbytes;
+} results;
+
+static void results_free(results *r)
+{
+    for (int i = 0; i < r->n; i++)
+        free(r->buf[i]);
+    free(r->buf);
+    free(r->nbytes);
+    memset(r, 0, sizeof *r);
+}
+
+/* Runs g (captures read from their arrays) and returns its outputs then updates. */
+static rf_status run_graph(const rfi_graph *g, void *const *args, results *r)
+{
+    r->n = g->n_outputs + g->n_updates;
+    r->buf = calloc((size_t)r->n + 1, sizeof *r->buf);
+    r->nbytes = calloc((size_t)r->n + 1, sizeof *r->nbytes);
+    for (int i = 0; i < r->n; i++) {
+        const rfi_node *x = i < g->n_outputs ? g->outputs[i] : g->updates[i - g->n_outputs].value;
+        r->nbytes[i] = rfi_node_nbytes(x);
+        r->buf[i] = calloc(r->nbytes[i] + 1, 1);
+    }
+    void *caps[64] = {0};
+    for (int i = 0; i < g->n_captures && i < 64; i++)
+        caps[i] = g->captures[i]->data;
+    void *state = NULL;
+    rf_status st = rfi_verify(g);
+    if (st == RF_OK)
+        st = rfi_interp_backend.prepare(g, &state);
+    if (st == RF_OK) {
+        rfi_run_io io = {args, caps, r->buf, r->buf + g->n_outputs};
+        st = rfi_interp_backend.run(state, g, &io);
+        rfi_interp_backend.release(state);
+    }
+    return st;
+}
+
+/* a and b give bitwise equal outputs and updates on args. */
+static bool same_results(const rfi_graph *a, const rfi_graph *b, void *const *args)
+{
+    results ra = {0}, rb = {0};
+    rf_status sa = run_graph(a, args, &ra), sb = run_graph(b, args, &rb);
+    CHECK_OK(sa);
+    CHECK_OK(sb);
+    bool same = sa == RF_OK && sb == RF_OK && ra.n == rb.n;
+    for (int i = 0; same && i < ra.n; i++) {
+        same = ra.nbytes[i] == rb.nbytes[i] && memcmp(ra.buf[i], rb.buf[i], ra.nbytes[i]) == 0;
+        if (!same)
+            fprintf(stderr, "  result %d differs\n", i);
+    }
+    results_free(&ra);
+    results_free(&rb);
+    return same;
+}
+
+/* ---- Running the passes ------------------------------------------------------------ */
+
+typedef rf_status (*pass_fn)(const rfi_graph *, rfi_graph **);
+
+/* pass(g), verified (NULL on failure, reported). */
+static rfi_graph *apply(pass_fn pass, const rfi_graph *g)
+{
+    rfi_graph *out = NULL;
+    rf_status st = pass(g, &out);
+    CHECK_OK(st);
+    if (st != RF_OK)
+        return NULL;
+    CHECK_OK(rfi_verify(out));
+    return out;
+}
+
+/* simplify, cse, dce in the pipeline's order. */
+static rfi_graph *optimise(const rfi_graph *g)
+{
+    rfi_graph *s = apply(rfi_simplify, g);
+    rfi_graph *c = s ? apply(rfi_cse, s) : NULL;
+    rfi_graph *d = c ? apply(rfi_dce, c) : NULL;
+    rfi_graph_free(s);
+    rfi_graph_free(c);
+    return d;
+}
+
+/* The printed nodes, outputs and updates of g, without the header lines. */
+static char *body(const rfi_graph *g)
+{
+    char *text = rfi_print(g);
+    char *start = text ? strstr(text, "\n%") : NULL;
+    char *copy = strdup(start ? start + 1 : "");
+    rfi_free(text);
+    return copy;
+}
+
+/* Runs pass over g (whose outputs are set), checks the printed body of the
+ * result against want and the results bitwise on args; frees g. */
+static void expect(const char *what, pass_fn pass, rfi_graph *g, const char *want,
+                   void *const *args)
+{
+    CHECK_OK(rfi_verify(g));
+    rfi_graph *out = apply(pass, g);
+    if (out) {
+        char *got = body(out);
+        tu_checks++;
+        if (strcmp(got, want) != 0) {
+            tu_failures++;
+            fprintf(stderr, "%s: printed IR differs.\n--- got:\n%s--- want:\n%s", what, got, want);
+        }
+        free(got);
+        if (!same_results(g, out, args)) {
+            tu_failures++;
+            fprintf(stderr, "%s: results differ\n", what);
+        }
+    }
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+}
+
+/* ---- Inputs ------------------------------------------------------------------------ */
+
+static float f32_in[6];
+static double f64_in[6];
+static int32_t i32_in[6] = {0, 1, -1, INT32_MAX, INT32_MIN, 7};
+static void *const f32_args[] = {f32_in, f32_in, f32_in};
+static void *const f64_args[] = {f64_in, f64_in};
+static void *const i32_args[] = {i32_in, i32_in};
+
+static void init_inputs(void)
+{
+    const double v[6] = {-0.0, 0.0, NAN, INFINITY, -1.5, 3.25};
+    for (int i = 0; i < 6; i++) {
+        f32_in[i] = (float)v[i];
+        f64_in[i] = v[i];
+    }
+    f32_in[2] = -NAN; /* a NaN with the sign bit set: its bits must survive */
+}
+
+static const int64_t D23[2] = {2, 3};
+static const rf_dtype F32x3[3] = {RF_F32, RF_F32, RF_F32};
+
+/* A graph with f32[2,3] arguments, x = argument 0. */
+static rfi_graph *g_f32(int nargs, rfi_node **x)
+{
+    rfi_graph *g = graph_with_args(nargs, F32x3, D23, 2);
+    *x = arg(g, 0);
+    return g;
+}
+
+/* ---- Identities -------------------------------------------------------------------- */
+
+static void test_add_sub_zero_floats(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(1, &x);
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, x, filled_like(g, x, 0.0)));   /* kept */
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, x, filled_like(g, x, -0.0)));  /* x */
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, splat_like(g, x, -0.0), x));   /* x */
+    rfi_graph_add_output(g, bin(g, RFI_OP_SUB, x, splat_like(g, x, 0.0)));    /* x */
+    rfi_graph_add_output(g, bin(g, RFI_OP_SUB, x, splat_like(g, x, -0.0)));   /* kept */
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, splat_like(g, x, 0.0), x));    /* kept */
+    expect("add/sub zero (f32)", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = constant {value=0} : f32[]\n"
+           "%2 = broadcast_in_dim(%1) {map=[]} : f32[2,3]\n"
+           "%3 = add(%0, %2) : f32[2,3]\n"
+           "%4 = constant {value=-0} : f32[]\n"
+           "%5 = broadcast_in_dim(%4) {map=[]} : f32[2,3]\n"
+           "%6 = sub(%0, %5) : f32[2,3]\n"
+           "%7 = constant {value=0} : f32[]\n"
+           "%8 = broadcast_in_dim(%7) {map=[]} : f32[2,3]\n"
+           "%9 = add(%8, %0) : f32[2,3]\n"
+           "outputs: %3, %0, %0, %0, %6, %9\n",
+           f32_args);
+}
+
+static void test_int_identities(void)
+{
+    rfi_graph *g = graph_with_args(1, (const rf_dtype[]){RF_I32}, D23, 2);
+    rfi_node *x = arg(g, 0);
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, x, filled_like(g, x, 0)));
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, splat_like(g, x, 0), x));
+    rfi_graph_add_output(g, bin(g, RFI_OP_SUB, x, splat_like(g, x, 0)));
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, x, splat_like(g, x, 1)));
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, splat_like(g, x, 1), x));
+    rfi_graph_add_output(g, bin(g, RFI_OP_DIV, x, splat_like(g, x, 1)));
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, x, filled_like(g, x, 0))); /* int: 0 */
+    rfi_graph_add_output(g, bin(g, RFI_OP_SUB, splat_like(g, x, 0), x));  /* kept */
+    expect("integer identities", rfi_simplify, g,
+           "%0 = argument {index=0} : i32[2,3]\n"
+           "%1 = constant {value=0} : i32[]\n"
+           "%2 = broadcast_in_dim(%1) {map=[]} : i32[2,3]\n"
+           "%3 = constant {value=0} : i32[]\n"
+           "%4 = broadcast_in_dim(%3) {map=[]} : i32[2,3]\n"
+           "%5 = sub(%4, %0) : i32[2,3]\n"
+           "outputs: %0, %0, %0, %0, %0, %0, %2, %5\n",
+           i32_args);
+}
+
+static void test_mul_div_floats(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(1, &x);
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, x, splat_like(g, x, 1)));  /* x */
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, filled_like(g, x, 1), x)); /* x */
+    rfi_graph_add_output(g, bin(g, RFI_OP_DIV, x, splat_like(g, x, 1)));  /* x */
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, x, splat_like(g, x, 0)));  /* kept: NaN, -0 */
+    rfi_graph_add_output(g, bin(g, RFI_OP_DIV, splat_like(g, x, 1), x));  /* kept */
+    expect("mul/div (f32)", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = constant {value=0} : f32[]\n"
+           "%2 = broadcast_in_dim(%1) {map=[]} : f32[2,3]\n"
+           "%3 = mul(%0, %2) : f32[2,3]\n"
+           "%4 = constant {value=1} : f32[]\n"
+           "%5 = broadcast_in_dim(%4) {map=[]} : f32[2,3]\n"
+           "%6 = div(%5, %0) : f32[2,3]\n"
+           "outputs: %0, %0, %0, %3, %6\n",
+           f32_args);
+}
+
+static void test_unary_identities(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(1, &x);
+    rfi_graph_add_output(g, un(g, RFI_OP_NEG, un(g, RFI_OP_NEG, x)));                 /* x */
+    rfi_graph_add_output(g, un(g, RFI_OP_EXP, un(g, RFI_OP_STOP_GRADIENT, x)));       /* exp x */
+    rfi_graph_add_output(g, convert(g, x, RF_F32));                                   /* x */
+    rfi_graph_add_output(g, convert(g, convert(g, x, RF_F64), RF_F32));               /* x */
+    rfi_graph_add_output(g, un(g, RFI_OP_NEG, x));                                    /* kept */
+    expect("neg neg, stop_gradient, convert", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = exp(%0) : f32[2,3]\n"
+           "%2 = neg(%0) : f32[2,3]\n"
+           "outputs: %0, %1, %0, %0, %2\n",
+           f32_args);
+
+    /* f64 -> f32 -> f64 loses bits: kept */
+    rfi_graph *h = graph_with_args(1, (const rf_dtype[]){RF_F64}, D23, 2);
+    rfi_node *y = arg(h, 0);
+    rfi_graph_add_output(h, convert(h, convert(h, y, RF_F32), RF_F64));
+    expect("lossy convert chain", rfi_simplify, h,
+           "%0 = argument {index=0} : f64[2,3]\n"
+           "%1 = convert(%0) : f32[2,3]\n"
+           "%2 = convert(%1) : f64[2,3]\n"
+           "outputs: %2\n",
+           f64_args);
+
+    /* i32 -> f64 -> i32 and i32 -> i64 -> i32 are lossless; i32 -> f32 -> i32 is not */
+    rfi_graph *k = graph_with_args(1, (const rf_dtype[]){RF_I32}, D23, 2);
+    rfi_node *z = arg(k, 0);
+    rfi_graph_add_output(k, convert(k, convert(k, z, RF_F64), RF_I32));
+    rfi_graph_add_output(k, convert(k, convert(k, z, RF_I64), RF_I32));
+    rfi_graph_add_output(k, convert(k, convert(k, z, RF_F32), RF_I32));
+    expect("integer convert chains", rfi_simplify, k,
+           "%0 = argument {index=0} : i32[2,3]\n"
+           "%1 = convert(%0) : f32[2,3]\n"
+           "%2 = convert(%1) : i32[2,3]\n"
+           "outputs: %0, %0, %2\n",
+           i32_args);
+}
+
+static void test_select_constant_predicate(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(2, &x);
+    rfi_node *y = arg(g, 1);
+    uint8_t t = 1, f[6] = {0, 0, 0, 0, 0, 0}, mixed[6] = {1, 0, 1, 0, 1, 0};
+    rfi_node *pt = konst(g, RF_BOOL, NULL, 0, &t);
+    rfi_graph_add_output(g, select3(g, pt, x, y));                                /* x */
+    rfi_graph_add_output(g, select3(g, konst(g, RF_BOOL, D23, 2, f), x, y));      /* y */
+    rfi_graph_add_output(g, select3(g, konst(g, RF_BOOL, D23, 2, mixed), x, y));  /* kept */
+    expect("select with a constant predicate", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = argument {index=1} : f32[2,3]\n"
+           "%2 = constant {values=[true, false, true, false, true, false]} : bool[2,3]\n"
+           "%3 = select(%2, %0, %1) : f32[2,3]\n"
+           "outputs: %0, %1, %3\n",
+           f32_args);
+}
+
+/* ---- Shape chains -------------------------------------------------------------------- */
+
+static void test_shape_chains(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(1, &x);
+    /* reshape chains */
+    rfi_node *r = reshape(g, reshape(g, x, (const int64_t[]){6}, 1), (const int64_t[]){3, 2}, 2);
+    rfi_graph_add_output(g, r);
+    rfi_graph_add_output(g, reshape(g, reshape(g, x, (const int64_t[]){6}, 1), D23, 2));
+    rfi_graph_add_output(g, reshape(g, x, D23, 2));
+    /* transposes: [2,3] -> perm [1,0] twice is the identity */
+    rfi_graph_add_output(g, transpose(g, transpose(g, x, (const int64_t[]){1, 0}),
+                                      (const int64_t[]){1, 0}));
+    rfi_graph_add_output(g, transpose(g, x, (const int64_t[]){0, 1}));
+    /* broadcasts: [2,3] -> [2,1,3] (map [0,2]) -> [4,2,5,3] (map [1,2,3]) = map [1,3] */
+    rfi_node *b1 = broadcast(g, x, (const int64_t[]){0, 2}, (const int64_t[]){2, 1, 3}, 3);
+    rfi_graph_add_output(g, broadcast(g, b1, (const int64_t[]){1, 2, 3},
+                                      (const int64_t[]){4, 2, 5, 3}, 4));
+    rfi_graph_add_output(g, broadcast(g, x, (const int64_t[]){0, 1}, D23, 2));
+    expect("reshape/transpose/broadcast chains", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = reshape(%0) : f32[3,2]\n"
+           "%2 = broadcast_in_dim(%0) {map=[1, 3]} : f32[4,2,5,3]\n"
+           "outputs: %1, %0, %0, %0, %0, %2, %0\n",
+           f32_args);
+
+    /* rank-3 transposes compose: perm [1,2,0] then [2,0,1]... */
+    rfi_graph *h = graph_with_args(1, F32x3, (const int64_t[]){1, 2, 3}, 3);
+    rfi_node *y = arg(h, 0);
+    rfi_node *t1 = transpose(h, y, (const int64_t[]){1, 2, 0}); /* [2,3,1] */
+    rfi_node *t2 = transpose(h, t1, (const int64_t[]){0, 2, 1}); /* [2,1,3] */
+    rfi_graph_add_output(h, t2);
+    rfi_graph_add_output(h, transpose(h, t1, (const int64_t[]){2, 0, 1})); /* identity */
+    expect("transpose composition", rfi_simplify, h,
+           "%0 = argument {index=0} : f32[1,2,3]\n"
+           "%1 = transpose(%0) {perm=[1, 0, 2]} : f32[2,1,3]\n"
+           "outputs: %1, %0\n",
+           f32_args);
+}
+
+/* ---- Constants ------------------------------------------------------------------------ */
+
+static void test_constants(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(1, &x);
+    float a[6] = {1, 2, 3, 4, 5, 6}, mixed_zero[6] = {0, 0, 0, -0.0f, 0, 0};
+    rfi_node *ca = konst(g, RF_F32, D23, 2, a);
+    /* folded: ca + ca, exp(ca), and a sum over ca */
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, ca, ca));
+    rfi_node *s = node(g, RFI_OP_REDUCE, &ca, 1, &(rfi_attrs){.nl = {1}, .l = {{1}}}, RF_F32,
+                       NULL, 0);
+    rfi_graph_add_output(g, s);
+    /* a splat constant becomes its splat form; +0/-0 mixed is no splat */
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, x, filled_like(g, x, 2.5)));
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, x, konst(g, RF_F32, D23, 2, mixed_zero)));
+    /* elementwise over splats folds to a splat */
+    rfi_node *e = un(g, RFI_OP_EXP, filled_like(g, x, 0.0));
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, x, bin(g, RFI_OP_SUB, e, splat_like(g, x, 1))));
+    expect("folding and splats", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = constant {values=[2, 4, 6, 8, 10, 12]} : f32[2,3]\n"
+           "%2 = constant {values=[6, 15]} : f32[2]\n"
+           "%3 = constant {value=2.5} : f32[]\n"
+           "%4 = broadcast_in_dim(%3) {map=[]} : f32[2,3]\n"
+           "%5 = mul(%0, %4) : f32[2,3]\n"
+           "%6 = constant {values=[0, 0, 0, -0, 0, 0]} : f32[2,3]\n"
+           "%7 = mul(%0, %6) : f32[2,3]\n"
+           "%8 = constant {value=0} : f32[]\n"
+           "%9 = broadcast_in_dim(%8) {map=[]} : f32[2,3]\n"
+           "%10 = add(%0, %9) : f32[2,3]\n"
+           "outputs: %1, %2, %5, %7, %10\n",
+           f32_args);
+}
+
+/* Large splats stay splats through elementwise ops and shape ops; large
+ * non-splat constants are not folded. */
+static void test_large_constants(void)
+{
+    rfi_graph *g = graph_with_args(0, NULL, NULL, 0);
+    const int64_t big[2] = {1000, 1000};
+    unsigned char one[4];
+    rfi_st_f(one, RF_F32, 0, 1.0);
+    rfi_node *s = konst(g, RF_F32, NULL, 0, one);
+    rfi_node *b = node(g, RFI_OP_BROADCAST_IN_DIM, &s, 1, NULL, RF_F32, big, 2);
+    rfi_node *e = un(g, RFI_OP_EXP, b);
+    rfi_node *t = transpose(g, e, (const int64_t[]){1, 0});
+    rfi_graph_add_output(g, reshape(g, t, (const int64_t[]){1000000}, 1));
+    rfi_node *io = node(g, RFI_OP_IOTA, NULL, 0, NULL, RF_F32, (const int64_t[]){5000}, 1);
+    rfi_graph_add_output(g, un(g, RFI_OP_NEG, io));
+    float *ramp = malloc(5000 * sizeof *ramp);
+    for (int i = 0; i < 5000; i++)
+        ramp[i] = (float)i;
+    rfi_graph_add_output(g, un(g, RFI_OP_NEG, konst(g, RF_F32, (const int64_t[]){5000}, 1, ramp)));
+    free(ramp);
+    rfi_graph *out = apply(rfi_simplify, g);
+    if (out) {
+        char *got = body(out);
+        CHECK(strstr(got, "%0 = constant {value=2.71828175} : f32[]\n"
+                          "%1 = broadcast_in_dim(%0) {map=[]} : f32[1000000]\n") != NULL);
+        CHECK(strstr(got, "neg(") != NULL); /* neither 5000-element neg is folded */
+        CHECK(out->n_nodes == 6);
+        if (out->n_nodes != 6 || !strstr(got, "broadcast_in_dim(%0) {map=[]} : f32[1000000]"))
+            fprintf(stderr, "%s", got);
+        free(got);
+        CHECK(same_results(g, out, NULL));
+    }
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+}
+
+/* ---- CSE -------------------------------------------------------------------------------- */
+
+static void test_cse(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(2, &x);
+    rfi_node *y = arg(g, 1);
+    rfi_node *x2 = arg(g, 0); /* a second node of argument 0: merged */
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, un(g, RFI_OP_EXP, x), un(g, RFI_OP_EXP, x2)));
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, x, y));
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, y, x)); /* float: operand order kept */
+    rfi_graph_add_output(g, un(g, RFI_OP_NEG, y));      /* argument 1 is not argument 0 */
+    rfi_graph_add_output(g, un(g, RFI_OP_NEG, x));
+    rfi_graph_add_output(g, bin(g, RFI_OP_MUL, filled_like(g, x, 2), filled_like(g, x, 2)));
+    expect("cse (f32)", rfi_cse, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = argument {index=1} : f32[2,3]\n"
+           "%2 = exp(%0) : f32[2,3]\n"
+           "%3 = add(%2, %2) : f32[2,3]\n"
+           "%4 = add(%0, %1) : f32[2,3]\n"
+           "%5 = add(%1, %0) : f32[2,3]\n"
+           "%6 = neg(%1) : f32[2,3]\n"
+           "%7 = neg(%0) : f32[2,3]\n"
+           "%8 = constant {values=[2, 2, 2, 2, 2, 2]} : f32[2,3]\n"
+           "%9 = mul(%8, %8) : f32[2,3]\n"
+           "outputs: %3, %4, %5, %6, %7, %9\n",
+           f32_args);
+
+    /* integers: commutative ops merge across operand order */
+    rfi_graph *h = graph_with_args(2, (const rf_dtype[]){RF_I32, RF_I32}, D23, 2);
+    rfi_node *a = arg(h, 0), *b = arg(h, 1);
+    rfi_graph_add_output(h, bin(h, RFI_OP_ADD, a, b));
+    rfi_graph_add_output(h, bin(h, RFI_OP_ADD, b, a));
+    rfi_graph_add_output(h, bin(h, RFI_OP_SUB, a, b));
+    rfi_graph_add_output(h, bin(h, RFI_OP_SUB, b, a));
+    rfi_graph_add_output(h, bin(h, RFI_OP_MAX, b, a));
+    rfi_graph_add_output(h, bin(h, RFI_OP_MAX, a, b));
+    expect("cse (i32)", rfi_cse, h,
+           "%0 = argument {index=0} : i32[2,3]\n"
+           "%1 = argument {index=1} : i32[2,3]\n"
+           "%2 = add(%0, %1) : i32[2,3]\n"
+           "%3 = sub(%0, %1) : i32[2,3]\n"
+           "%4 = sub(%1, %0) : i32[2,3]\n"
+           "%5 = max(%1, %0) : i32[2,3]\n"
+           "outputs: %2, %2, %3, %4, %5, %5\n",
+           i32_args);
+
+    /* constants merge on their bytes, weak (traced rf_scalar) or not */
+    rfi_graph *w = graph_with_args(0, NULL, NULL, 0);
+    float one = 1.0f;
+    rfi_node *c1 = konst(w, RF_F32, NULL, 0, &one), *c2 = konst(w, RF_F32, NULL, 0, &one);
+    c2->weak = true;
+    c2->attr.i[0] = 42;
+    rfi_graph_add_output(w, bin(w, RFI_OP_SUB, c1, c2));
+    expect("cse (weak constants)", rfi_cse, w,
+           "%0 = constant {value=1} : f32[]\n"
+           "%1 = sub(%0, %0) : f32[]\n"
+           "outputs: %1\n",
+           NULL);
+
+    /* RNG: same key and stream merge, different streams do not */
+    rfi_graph *k = graph_with_args(0, NULL, NULL, 0);
+    int64_t key[2] = {1, 2};
+    rfi_node *kn = konst(k, RF_I64, (const int64_t[]){2}, 1, key);
+    rfi_attrs s0 = attrs0(), s1 = attrs0();
+    s1.i[1] = 1;
+    rfi_node *r0 = node(k, RFI_OP_RNG, &kn, 1, &s0, RF_F32, D23, 2);
+    rfi_node *r0b = node(k, RFI_OP_RNG, &kn, 1, &s0, RF_F32, D23, 2);
+    rfi_node *r1 = node(k, RFI_OP_RNG, &kn, 1, &s1, RF_F32, D23, 2);
+    rfi_graph_add_output(k, bin(k, RFI_OP_SUB, r0, r0b));
+    rfi_graph_add_output(k, bin(k, RFI_OP_SUB, r0, r1));
+    expect("cse (rng)", rfi_cse, k,
+           "%0 = constant {values=[1, 2]} : i64[2]\n"
+           "%1 = rng(%0) {dist=uniform, stream=0} : f32[2,3]\n"
+           "%2 = rng(%0) {dist=uniform, stream=1} : f32[2,3]\n"
+           "%3 = sub(%1, %1) : f32[2,3]\n"
+           "%4 = sub(%1, %2) : f32[2,3]\n"
+           "outputs: %3, %4\n",
+           NULL);
+}
+
+/* Captures, updates and unused arguments keep their indices and order. */
+static void test_captures_and_updates(void)
+{
+    rf_array *w = rf_array_from(RF_F32, D23, 2, f32_in);
+    rf_array *v = rf_array_from(RF_F32, D23, 2, f32_in);
+    rfi_graph *g = graph_with_args(2, F32x3, D23, 2);
+    int cw = rfi_graph_capture_index(g, w), cv = rfi_graph_capture_index(g, v);
+    rfi_attrs a = attrs0();
+    a.i[0] = cv;
+    rfi_node *vn = node(g, RFI_OP_CAPTURE, NULL, 0, &a, RF_F32, D23, 2);
+    a.i[0] = cw;
+    rfi_node *wn = node(g, RFI_OP_CAPTURE, NULL, 0, &a, RF_F32, D23, 2);
+    rfi_node *x = arg(g, 1);
+    rfi_node *sum = bin(g, RFI_OP_ADD, wn, bin(g, RFI_OP_MUL, x, splat_like(g, x, 1)));
+    rfi_graph_add_output(g, un(g, RFI_OP_STOP_GRADIENT, sum));
+    rfi_graph_add_update(g, cv, bin(g, RFI_OP_ADD, vn, splat_like(g, x, -0.0))); /* = v */
+    rfi_graph_add_update(g, cw, sum);
+    rfi_graph_add_output(g, x);
+    rfi_graph *out = optimise(g);
+    if (out) {
+        CHECK(out->n_args == 2 && out->n_captures == 2);
+        CHECK(out->captures[0] == w && out->captures[1] == v);
+        CHECK(out->n_outputs == 2 && out->n_updates == 2);
+        CHECK(out->updates[0].capture == cv && out->updates[1].capture == cw);
+        char *got = body(out);
+        const char *want = "%0 = capture {index=1} : f32[2,3]\n"
+                           "%1 = capture {index=0} : f32[2,3]\n"
+                           "%2 = argument {index=1} : f32[2,3]\n"
+                           "%3 = add(%1, %2) : f32[2,3]\n"
+                           "outputs: %3, %2\n"
+                           "update capture1 <- %0\n"
+                           "update capture0 <- %3\n";
+        CHECK(strcmp(got, want) == 0);
+        if (strcmp(got, want) != 0)
+            fprintf(stderr, "--- got:\n%s--- want:\n%s", got, want);
+        free(got);
+        CHECK(same_results(g, out, f32_args));
+    }
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    rf_array_free(w);
+    rf_array_free(v);
+}
+
+static void test_bad_input(void)
+{
+    rfi_graph *out = (rfi_graph *)1;
+    CHECK_STATUS(rfi_simplify(NULL, &out), RF_E_INVALID);
+    CHECK(out == NULL);
+    CHECK_STATUS(rfi_cse(NULL, &out), RF_E_INVALID);
+    CHECK_STATUS(rfi_simplify(NULL, NULL), RF_E_INVALID);
+    CHECK_STATUS(rfi_cse(NULL, NULL), RF_E_INVALID);
+}
+
+/* ---- Randomised chains -------------------------------------------------------------- */
+
+static uint64_t rng_state;
+static unsigned rnd(unsigned n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (unsigned)(rng_state % n);
+}
+
+/* Reshape targets of six elements. */
+static const int64_t shapes6[][3] = {{6}, {2, 3}, {3, 2}, {1, 6}, {6, 1}, {2, 3, 1}, {1, 2, 3}};
+static const int ranks6[] = {1, 2, 2, 2, 2, 3, 3};
+
+static bool same_shape(const rfi_node *a, const rfi_node *b)
+{
+    return a->rank == b->rank && memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
+}
+
+/* One random step on cur (f32 or f64 with six elements), from the rewrite menu. */
+static rfi_node *random_step(rfi_graph *g, rfi_node *cur, rfi_node *other)
+{
+    static const double consts[] = {0.0, -0.0, 1.0, 2.5, NAN, -1.0};
+    double c = consts[rnd(6)];
+    rfi_node *k = rnd(2) ? splat_like(g, cur, c) : filled_like(g, cur, c);
+    switch (rnd(16)) {
+    case 0: return bin(g, RFI_OP_ADD, cur, k);
+    case 1: return bin(g, RFI_OP_ADD, k, cur);
+    case 2: return bin(g, RFI_OP_SUB, cur, k);
+    case 3: return bin(g, RFI_OP_MUL, cur, k);
+    case 4: return bin(g, RFI_OP_MUL, k, cur);
+    case 5: return bin(g, RFI_OP_DIV, cur, k);
+    case 6: return un(g, RFI_OP_NEG, cur);
+    case 7: {
+        int s = (int)rnd(7);
+        return reshape(g, cur, shapes6[s], ranks6[s]);
+    }
+    case 8: {
+        int64_t perm[3] = {0, 1, 2};
+        for (int i = cur->rank - 1; i > 0; i--) {
+            int j = (int)rnd((unsigned)i + 1);
+            int64_t t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        return transpose(g, cur, perm);
+    }
+    case 9: { /* a leading dim of 1 keeps six elements */
+        if (cur->rank >= 3)
+            return un(g, RFI_OP_STOP_GRADIENT, cur);
+        int64_t map[3], dims[4] = {1};
+        for (int i = 0; i < cur->rank; i++) {
+            map[i] = i + 1;
+            dims[i + 1] = cur->dims[i];
+        }
+        return broadcast(g, cur, map, dims, cur->rank + 1);
+    }
+    case 10:
+        return cur->dtype == RF_F32 ? convert(g, convert(g, cur, RF_F64), RF_F32)
+                                    : convert(g, cur, RF_F32);
+    case 11: return convert(g, cur, RF_F64);
+    case 12: {
+        uint8_t p = (uint8_t)rnd(2);
+        rfi_node *pn = konst(g, RF_BOOL, NULL, 0, &p);
+        return select3(g, pn, cur, un(g, RFI_OP_NEG, cur));
+    }
+    case 13: return bin(g, RFI_OP_ADD, un(g, RFI_OP_TANH, cur), un(g, RFI_OP_TANH, cur));
+    case 14: { /* mix in another value of the same type */
+        if (other->dtype != cur->dtype || !same_shape(other, cur))
+            return un(g, RFI_OP_EXP, cur);
+        return bin(g, RFI_OP_MAX, cur, other);
+    }
+    default: return bin(g, RFI_OP_MUL, un(g, RFI_OP_NEG, k), cur);
+    }
+}
+
+/* Nodes that cost anything: all but rank-0 constants (scalars the fusion
+ * stage folds into kernels; the splat form adds one per distinct value). */
+static int cost(const rfi_graph *g)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        n += !(g->nodes[i]->op == RFI_OP_CONSTANT && g->nodes[i]->rank == 0);
+    return n;
+}
+
+/* Random chains over two f32[2,3] arguments: same bits, no more costly nodes. */
+static void test_random_chains(void)
+{
+    int worse = 0, total_before = 0, total_after = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        rng_state = 0x9e3779b97f4a7c15ull + (uint64_t)trial * 7919u;
+        rfi_node *x;
+        rfi_graph *g = g_f32(2, &x);
+        rfi_node *other = arg(g, 1), *cur = x;
+        int steps = 1 + (int)rnd(12);
+        for (int i = 0; i < steps && cur; i++) {
+            rfi_node *next = random_step(g, cur, other);
+            if (rnd(3) == 0)
+                other = cur;
+            cur = next;
+        }
+        if (!cur) {
+            rfi_graph_free(g);
+            continue;
+        }
+        rfi_graph_add_output(g, cur);
+        if (rnd(2))
+            rfi_graph_add_output(g, other);
+        rfi_graph *before = apply(rfi_dce, g);
+        rfi_graph *after = optimise(g);
+        if (before && after) {
+            total_before += before->n_nodes;
+            total_after += after->n_nodes;
+            if (cost(after) > cost(before)) {
+                worse++;
+                char *a = rfi_print(before), *b = rfi_print(after);
+                fprintf(stderr, "random chain %d grew:\n%s---\n%s", trial, a, b);
+                rfi_free(a);
+                rfi_free(b);
+            }
+            if (!same_results(g, after, f32_args)) {
+                tu_failures++;
+                char *a = rfi_print(g), *b = rfi_print(after);
+                fprintf(stderr, "random chain %d differs:\n%s---\n%s", trial, a, b);
+                rfi_free(a);
+                rfi_free(b);
+            }
+        }
+        rfi_graph_free(before);
+        rfi_graph_free(after);
+        rfi_graph_free(g);
+    }
+    CHECK(worse == 0);
+    CHECK(total_after < total_before);
+    printf("random chains: %d nodes -> %d after simplify+cse+dce\n", total_before, total_after);
+}
+
+/* ---- Compiled programs: gradients and a training step --------------------------------- */
+
+/* Fills n floats: mostly normal values from the seed, some corner values. */
+static void fill_random(float *p, int64_t n, uint64_t seed, bool corners)
+{
+    rng_state = seed * 2654435761u + 1;
+    static const float special[] = {0.0f, -0.0f, 1.0f, -1.0f};
+    for (int64_t i = 0; i < n; i++) {
+        unsigned r = rnd(1000);
+        p[i] = corners && r < 40 ? special[r % 4] : ((float)r - 500.0f) / 250.0f;
+    }
+}
+
+/* Optimises e's program and runs both on random arguments (several seeds):
+ * bitwise equal, no more nodes. *before / *after receive the node counts. */
+static void check_program(const char *what, const rfi_graph *prog, int *before, int *after)
+{
+    rfi_graph *opt = optimise(prog);
+    if (!opt)
+        return;
+    *before = prog->n_nodes;
+    *after = opt->n_nodes;
+    if (getenv("TP_SHOW")) {
+        char *a = rfi_print(prog), *b = rfi_print(opt);
+        fprintf(stderr, "%s\n--- optimised:\n%s", a, b);
+        rfi_free(a);
+        rfi_free(b);
+    }
+    CHECK(opt->n_nodes <= prog->n_nodes);
+    for (uint64_t seed = 1; seed <= 4; seed++) {
+        void *args[8] = {0};
+        for (int i = 0; i < prog->n_args && i < 8; i++) {
+            int64_t n = rfi_numel(prog->arg_dims[i], prog->arg_ranks[i]);
+            args[i] = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+            fill_random(args[i], n, seed * 31 + (uint64_t)i, seed > 2);
+        }
+        if (!same_results(prog, opt, args)) {
+            tu_failures++;
+            fprintf(stderr, "%s: optimised program differs (seed %d)\n", what, (int)seed);
+        }
+        for (int i = 0; i < 8; i++)
+            free(args[i]);
+    }
+    rfi_graph_free(opt);
+}
+
+/* x f32[4,3], w f32[3,5], b f32[5]; a loss of variant v and its gradients. */
+static void grad_program(rf_trace *t, void *ctx)
+{
+    int v = *(const int *)ctx;
+    rf_tensor *x = rf_arg(t, 0), *w = rf_arg(t, 1), *b = rf_arg(t, 2);
+    rf_tensor *h = rf_add(rf_matmul(x, w), b);
+    rf_tensor *act = v == 0   ? rf_tanh(h)
+                     : v == 1 ? rf_logistic(h)
+                     : v == 2 ? rf_relu(h)
+                     : v == 3 ? rf_softmax(h, 1)
+                              : rf_mul(rf_exp(rf_neg(h)), rf_stop_gradient(rf_sqrt(rf_abs(h))));
+    rf_tensor *loss = rf_mean_all(rf_mul(act, act));
+    rf_tensor *wrt[3] = {x, w, b}, *grads[3] = {0};
+    rf_grad(t, loss, wrt, 3, grads);
+    rf_return(t, loss);
+    for (int i = 0; i < 3; i++)
+        rf_return(t, grads[i]);
+}
+
+static rf_array *cpu_array(const int64_t *dims, int rank, uint64_t seed)
+{
+    rf_array *h = rf_randn(RF_F32, dims, rank, seed);
+    rf_array *d = rf_array_to(h, rf_device_cpu());
+    rf_array_free(h);
+    return d;
+}
+
+static void test_gradient_programs(void)
+{
+    rf_array *args[3] = {cpu_array((const int64_t[]){4, 3}, 2, 1),
+                         cpu_array((const int64_t[]){3, 5}, 2, 2),
+                         cpu_array((const int64_t[]){5}, 1, 3)};
+    for (int v = 0; v < 5; v++) {
+        rf_compile_opts o = {.device = rf_device_cpu(), .name = "grad"};
+        rf_exec *e = NULL;
+        CHECK_OK(rf_compile_with(grad_program, &v, args, 3, &o, &e));
+        if (!e)
+            continue;
+        int before = 0, after = 0;
+        check_program("gradient program", e->prog, &before, &after);
+        printf("gradient program %d: %d nodes -> %d\n", v, before, after);
+        rf_exec_free(e);
+    }
+    for (int i = 0; i < 3; i++)
+        rf_array_free(args[i]);
+}
+
+static rf_tensor *ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)aux;
+    (void)ctx;
+    return rf_logitcrossentropy(rf_apply(m, b[0]), b[1]);
+}
+
+typedef struct step_ctx {
+    rf_model *m;
+    rf_opt *opt;
+} step_ctx;
+
+static void train_step(rf_trace *t, void *ctx)
+{
+    step_ctx *s = ctx;
+    rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
+    rf_grads *g = NULL;
+    rf_tensor *l = rf_withgradient(t, ce_loss, NULL, s->m, batch, 2, NULL, &g);
+    rf_update(t, s->opt, s->m, g);
+    rf_return(t, l);
+}
+
+/* An MLP training step (forward, backward, Adam update): node counts and bits. */
+static void test_training_step(void)
+{
+    rf_nn_seed(3);
+    rf_model *host = rf_chain(rf_dense(8, 32, RF_ACT_TANH), rf_dense(32, 16, RF_ACT_RELU),
+                              rf_dense(16, 4, RF_ACT_IDENTITY));
+    rf_model *m = rf_model_to(host, rf_device_cpu());
+    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
+    rf_array *args[2] = {cpu_array((const int64_t[]){16, 8}, 2, 5),
+                         cpu_array((const int64_t[]){16, 4}, 2, 6)};
+    step_ctx s = {m, opt};
+    rf_exec *e = NULL;
+    CHECK_OK(rf_compile(train_step, &s, args, 2, &e));
+    if (e) {
+        int before = 0, after = 0;
+        check_program("training step", e->prog, &before, &after);
+        CHECK(after < before);
+        printf("MLP training step (3 dense layers, Adam): %d nodes -> %d after "
+               "simplify+cse+dce\n", before, after);
+        rf_exec_free(e);
+    }
+    for (int i = 0; i < 2; i++)
+        rf_array_free(args[i]);
+    rf_opt_free(opt);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
+int main(void)
+{
+    init_inputs();
+    test_add_sub_zero_floats();
+    test_int_identities();
+    test_mul_div_floats();
+    test_unary_identities();
+    test_select_constant_predicate();
+    test_shape_chains();
+    test_constants();
+    test_large_constants();
+    test_cse();
+    test_captures_and_updates();
+    test_bad_input();
+    test_random_chains();
+    test_gradient_programs();
+    test_training_step();
+    return tu_finish("test_passes");
+}

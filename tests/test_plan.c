@@ -1,0 +1,652 @@
+/* test_plan.c: the execution plan (src/backend/plan.h): fusion decisions
+ * (step counts by kind, written out per program), locations, in-place
+ * updates and memory planning.
+ *
+ * Programs are traced with the public API into a graph and taken through
+ * autodiff and DCE (the program a backend receives, before the backend's own
+ * simplification passes), so the counts below do not move when those passes
+ * change. Every plan is also checked against invariants recomputed here from
+ * the plan alone (an independent liveness analysis): every step reads only
+ * values produced before it, no two arena buffers live at once share bytes,
+ * every output and update is written, copies to captures come last, and an
+ * in-place update is followed by no read of its capture.
+ *
+ * PLAN_SHOW=1 prints every plan, PLAN_SHOW_IR=1 every program (debugging).
+ */
+#include "backend/plan.h"
+#include "test_util.h"
+
+static rf_device *cpu;
+
+/* ---- Tracing a program as the backend sees it ------------------------------------------- */
+
+static rfi_graph *trace_program(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs)
+{
+    rfi_graph *g = rfi_graph_new(cpu, "test_plan");
+    rf_dtype dt[8];
+    int rk[8];
+    int64_t dims[8][RF_MAX_RANK];
+    for (int i = 0; i < nargs; i++) {
+        dt[i] = args[i]->dtype;
+        rk[i] = args[i]->rank;
+        memcpy(dims[i], args[i]->dims, sizeof dims[i]);
+    }
+    CHECK_OK(rfi_graph_set_args(g, nargs, dt, rk, (const int64_t(*)[RF_MAX_RANK])dims));
+    fn(g, ctx);
+    CHECK_OK(g->status);
+    rfi_graph *ad = NULL, *out = NULL;
+    CHECK_OK(rfi_autodiff(g, &ad));
+    rfi_graph_free(g);
+    CHECK_OK(rfi_dce(ad, &out));
+    rfi_graph_free(ad);
+    CHECK_OK(rfi_verify(out));
+    if (getenv("PLAN_SHOW_IR")) {
+        char *s = rfi_print(out);
+        printf("%s", s ? s : "");
+        rfi_free(s);
+    }
+    return out;
+}
+
+static rf_array *dev_zeros(const int64_t *dims, int rank)
+{
+    return rf_array_new(cpu, RF_F32, dims, rank, NULL);
+}
+
+/* ---- Invariants recomputed from the plan ------------------------------------------------ */
+
+static int resolve(const rfi_plan *p, int x)
+{
+    while (p->loc[x].kind == RFI_LOC_ALIAS)
+        x = p->loc[x].alias;
+    return x;
+}
+
+/* Marks read[x] = 1 for every non-inline node step q reads (aliases resolved). */
+static void step_reads(const rfi_plan *p, int q, char *read, char *seen)
+{
+    const rfi_graph *g = p->g;
+    memset(read, 0, (size_t)g->n_nodes);
+    memset(seen, 0, (size_t)g->n_nodes);
+    const rfi_step *s = &p->steps[q];
+    if (s->kind == RFI_STEP_COPY) {
+        read[resolve(p, s->roots[0])] = 1;
+        return;
+    }
+    int *stack = malloc((size_t)g->n_nodes * sizeof *stack);
+    int n = 0;
+    for (int r = 0; r < s->n_roots; r++)
+        stack[n++] = s->roots[r];
+    while (n > 0) {
+        const rfi_node *u = g->nodes[stack[--n]];
+        for (int k = 0; k < u->n_in; k++) {
+            int y = u->in[k]->id;
+            if (seen[y])
+                continue;
+            seen[y] = 1;
+            if (p->loc[y].kind == RFI_LOC_INLINE)
+                stack[n++] = y;
+            else
+                read[resolve(p, y)] = 1;
+        }
+    }
+    free(stack);
+}
+
+typedef struct plan_facts {
+    int n_arena;
+    size_t sum_arena; /* bytes of all arena buffers together (no reuse) */
+} plan_facts;
+
+static plan_facts check_invariants(const rfi_plan *p)
+{
+    const rfi_graph *g = p->g;
+    int n = g->n_nodes;
+    int *def = malloc((size_t)n * sizeof *def), *last = malloc((size_t)n * sizeof *last);
+    char *read = malloc((size_t)n), *seen = malloc((size_t)n);
+    plan_facts f = {0, 0};
+    for (int x = 0; x < n; x++)
+        def[x] = last[x] = -1;
+    /* roots have a location; fused nodes are inline; each root is computed once */
+    bool roots_ok = true, fused_ok = true, copies_last = true;
+    int first_capture_copy = p->n_steps;
+    for (int q = 0; q < p->n_steps; q++) {
+        const rfi_step *s = &p->steps[q];
+        for (int r = 0; r < s->n_roots && s->kind != RFI_STEP_COPY; r++) {
+            int x = s->roots[r];
+            roots_ok = roots_ok && p->loc[x].kind != RFI_LOC_INLINE &&
+                       p->loc[x].kind != RFI_LOC_ALIAS && def[x] < 0;
+            def[x] = q;
+        }
+        for (int i = 0; i < s->n_fused; i++)
+            fused_ok = fused_ok && p->loc[s->fused[i]].kind == RFI_LOC_INLINE;
+        if (s->kind == RFI_STEP_COPY && s->copy_to_capture >= 0 && q < first_capture_copy)
+            first_capture_copy = q;
+        if (q > first_capture_copy && s->kind != RFI_STEP_COPY)
+            copies_last = false;
+        if (s->kind == RFI_STEP_LOOP)
+            for (int r = 1; r < s->n_roots; r++) {
+                const rfi_node *a = g->nodes[s->roots[0]], *b = g->nodes[s->roots[r]];
+                roots_ok = roots_ok && a->rank == b->rank &&
+                           memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
+            }
+    }
+    CHECK(roots_ok);
+    CHECK(fused_ok);
+    CHECK(copies_last);
+    /* every step reads only leaves and values of earlier steps */
+    bool topo = true;
+    for (int q = 0; q < p->n_steps; q++) {
+        step_reads(p, q, read, seen);
+        for (int x = 0; x < n; x++) {
+            if (!read[x])
+                continue;
+            rfi_loc_kind k = p->loc[x].kind;
+            bool leaf = k == RFI_LOC_ARG || k == RFI_LOC_CAPTURE || k == RFI_LOC_CONST;
+            topo = topo && (leaf || (def[x] >= 0 && def[x] < q));
+            if (def[x] >= 0 && q > last[x])
+                last[x] = q;
+        }
+    }
+    CHECK(topo);
+    /* arena buffers: aligned, inside the arena, disjoint while both live */
+    bool inside = true, disjoint = true;
+    for (int x = 0; x < n; x++) {
+        if (p->loc[x].kind != RFI_LOC_ARENA)
+            continue;
+        size_t bx = rfi_node_nbytes(g->nodes[x]);
+        f.n_arena++;
+        f.sum_arena += bx;
+        int lx = last[x] > def[x] ? last[x] : def[x];
+        inside = inside && p->loc[x].offset % 64 == 0 && p->loc[x].offset + bx <= p->arena_bytes;
+        for (int y = x + 1; y < n; y++) {
+            if (p->loc[y].kind != RFI_LOC_ARENA)
+                continue;
+            size_t by = rfi_node_nbytes(g->nodes[y]);
+            int ly = last[y] > def[y] ? last[y] : def[y];
+            bool live_together = def[x] <= ly && def[y] <= lx;
+            bool bytes_meet = p->loc[x].offset < p->loc[y].offset + by &&
+                              p->loc[y].offset < p->loc[x].offset + bx && bx > 0 && by > 0;
+            if (live_together && bytes_meet) {
+                disjoint = false;
+                fprintf(stderr, "overlap: %%%d [%d,%d] and %%%d [%d,%d]\n", x, def[x], lx, y,
+                        def[y], ly);
+            }
+        }
+    }
+    CHECK(inside);
+    CHECK(disjoint);
+    /* every output and update is written */
+    for (int i = 0; i < g->n_outputs; i++) {
+        int x = g->outputs[i]->id;
+        bool written = p->loc[x].kind == RFI_LOC_OUTPUT && p->loc[x].index == i;
+        for (int q = 0; q < p->n_steps; q++)
+            written = written || (p->steps[q].kind == RFI_STEP_COPY &&
+                                  p->steps[q].copy_to_output == i && p->steps[q].roots[0] == x);
+        CHECK(written);
+    }
+    for (int i = 0; i < g->n_updates; i++) {
+        int v = g->updates[i].value->id, c = g->updates[i].capture;
+        bool in_place = p->loc[v].kind == RFI_LOC_IN_PLACE && p->loc[v].index == c;
+        bool written = in_place;
+        for (int q = 0; q < p->n_steps; q++)
+            written = written || (p->steps[q].kind == RFI_STEP_COPY &&
+                                  p->steps[q].copy_to_capture == c && p->steps[q].roots[0] == v);
+        CHECK(written);
+        const rfi_node *cn = g->capture_nodes[c];
+        for (int q = def[v] + 1; in_place && cn && q < p->n_steps; q++) {
+            step_reads(p, q, read, seen);
+            CHECK(!read[cn->id]); /* nothing reads the old value after it is overwritten */
+        }
+    }
+    /* every located node maps to a buffer of the table */
+    bool buffers_ok = true;
+    for (int x = 0; x < n; x++) {
+        if (p->loc[x].kind == RFI_LOC_INLINE)
+            continue;
+        int b;
+        size_t off;
+        rfi_plan_buffer(p, x, &b, &off);
+        buffers_ok = buffers_ok && b >= 0 && b < rfi_plan_n_buffers(p);
+    }
+    CHECK(buffers_ok);
+    char *text = rfi_plan_print(p);
+    CHECK(text && strstr(text, "step 0 ") && strstr(text, "locations:"));
+    rfi_free(text);
+    free(def);
+    free(last);
+    free(read);
+    free(seen);
+    return f;
+}
+
+static rfi_plan *plan_of(const rfi_graph *g, bool show)
+{
+    rfi_plan *p = NULL;
+    rfi_plan_opts o = rfi_plan_opts_default();
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (p && show) {
+        char *text = rfi_plan_print(p);
+        printf("%s", text ? text : "(no text)\n");
+        rfi_free(text);
+    }
+    return p;
+}
+
+static int count_loc(const rfi_plan *p, rfi_loc_kind k)
+{
+    int n = 0;
+    for (int x = 0; x < p->g->n_nodes; x++)
+        n += p->loc[x].kind == k;
+    return n;
+}
+
+/* Exactly one LOOP step runs over the flat parameter vector [total]; it
+ * computes both Adam moments in place. */
+static void check_flat_update(const rfi_plan *p, int64_t total)
+{
+    int n_flat = 0, moments_in_place = 0;
+    for (int q = 0; q < p->n_steps; q++) {
+        const rfi_step *s = &p->steps[q];
+        const rfi_node *r = p->g->nodes[s->roots[0]];
+        if (s->kind != RFI_STEP_LOOP || r->rank != 1 || r->dims[0] != total)
+            continue;
+        n_flat++;
+        for (int i = 0; i < s->n_roots; i++)
+            moments_in_place += p->loc[s->roots[i]].kind == RFI_LOC_IN_PLACE;
+    }
+    CHECK(n_flat == 1);
+    CHECK(moments_in_place == 2);
+}
+
+/* ---- (a) an elementwise chain: one loop ---------------------------------------------------- */
+
+static void chain_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0), *y = rf_arg(t, 1);
+    rf_tensor *z = rf_tanh(rf_add_s(rf_mul(x, y), 1.0));
+    rf_return(t, rf_sub(z, rf_exp(x)));
+}
+
+static void test_elementwise_chain(void)
+{
+    rf_array *x = dev_zeros(RF_SHAPE(16, 32)), *y = dev_zeros(RF_SHAPE(16, 32));
+    rf_array *args[2] = {x, y};
+    rfi_graph *g = trace_program(chain_fn, NULL, args, 2);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        CHECK(p->n_steps == 1);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 1);
+        CHECK(p->steps[0].n_roots == 1 && p->steps[0].n_fused >= 4);
+        CHECK(p->loc[g->outputs[0]->id].kind == RFI_LOC_OUTPUT);
+        CHECK(p->arena_bytes == 0);
+        CHECK(rfi_plan_n_buffers(p) == 2 + 0 + 1 + 1);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_array_free(y);
+}
+
+/* ---- (b) softmax: two reductions around loops -------------------------------------------- */
+
+static void softmax_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_return(t, rf_softmax(rf_arg(t, 0), 1));
+}
+
+static void test_softmax(void)
+{
+    rf_array *x = dev_zeros(RF_SHAPE(8, 100));
+    rfi_graph *g = trace_program(softmax_fn, NULL, &x, 1);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        /* REDUCE max; LOOP e = exp(x - max) (read by the sum and the division, so
+         * materialised); REDUCE sum; LOOP e / sum written to the output. */
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 2);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 2);
+        CHECK(p->n_steps == 4);
+        CHECK(p->steps[0].kind == RFI_STEP_REDUCE && p->steps[1].kind == RFI_STEP_LOOP &&
+              p->steps[2].kind == RFI_STEP_REDUCE && p->steps[3].kind == RFI_STEP_LOOP);
+        CHECK(p->loc[g->outputs[0]->id].kind == RFI_LOC_OUTPUT);
+        /* the max is dead once e exists: the sum reuses its bytes */
+        CHECK(p->loc[p->steps[0].roots[0]].offset == p->loc[p->steps[2].roots[0]].offset);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+}
+
+/* ---- Outputs, copies, constants, aliases, unsafe updates ------------------------------- */
+
+typedef struct results_ctx {
+    rf_array *a, *b;
+} results_ctx;
+
+static void results_fn(rf_trace *t, void *vctx)
+{
+    results_ctx *c = vctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *a = rf_capture(t, c->a), *b = rf_capture(t, c->b);
+    rf_tensor *e = rf_exp(x);
+    rf_return(t, x);                     /* 0: an argument: COPY */
+    rf_return(t, e);                     /* 1: written by its loop */
+    rf_return(t, e);                     /* 2: the same node again: COPY */
+    rf_return(t, b);                     /* 3: a capture (its old value): COPY */
+    float k[4] = {1, 2, 3, 4};
+    rf_tensor *kc = rf_constant(t, RF_F32, RF_SHAPE(4), k);
+    rf_return(t, rf_reshape(rf_add(x, kc), RF_SHAPE(2, 2))); /* 4: a loop writes it */
+    /* a <- a + reverse(a): reads a at another index: arena + COPY */
+    int64_t ax = 0;
+    rf_assign(t, c->a, rf_add(a, rf_reverse(a, &ax, 1)));
+    /* b <- b * 2: safe by itself, but output 3 copies b's old value at the end */
+    rf_assign(t, c->b, rf_mul_s(b, 2.0));
+}
+
+static void test_results(void)
+{
+    rf_array *x = dev_zeros(RF_SHAPE(4));
+    results_ctx c = {dev_zeros(RF_SHAPE(4)), dev_zeros(RF_SHAPE(4))};
+    rfi_graph *g = trace_program(results_fn, &c, &x, 1);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        CHECK(p->loc[g->outputs[1]->id].kind == RFI_LOC_OUTPUT &&
+              p->loc[g->outputs[1]->id].index == 1);
+        CHECK(p->loc[g->outputs[4]->id].kind == RFI_LOC_OUTPUT);
+        CHECK(p->n_consts == 1 && p->loc[p->consts[0]].kind == RFI_LOC_CONST);
+        CHECK(count_loc(p, RFI_LOC_IN_PLACE) == 0);
+        /* copies: outputs 0, 2, 3 then the two captures, in that order */
+        int q = p->n_steps - 5;
+        CHECK(q >= 0);
+        if (q >= 0) {
+            CHECK(p->steps[q].copy_to_output == 0 && p->steps[q + 1].copy_to_output == 2 &&
+                  p->steps[q + 2].copy_to_output == 3);
+            CHECK(p->steps[q + 3].copy_to_capture >= 0 && p->steps[q + 4].copy_to_capture >= 0);
+            for (int i = 0; i < 5; i++)
+                CHECK(p->steps[q + i].kind == RFI_STEP_COPY);
+        }
+        CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 5);
+        int buf;
+        size_t off;
+        rfi_plan_buffer(p, p->consts[0], &buf, &off);
+        CHECK(buf == rfi_plan_arena_buffer(p) + 1 && off == 0);
+        rfi_plan_buffer(p, g->outputs[1]->id, &buf, &off);
+        CHECK(buf == g->n_args + g->n_captures + 1);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_array_free(c.a);
+    rf_array_free(c.b);
+}
+
+/* A reshape of a materialised value is an alias; an update from another
+ * capture is a copy; a swap of two captures is refused with a message. */
+static void alias_fn(rf_trace *t, void *vctx)
+{
+    results_ctx *c = vctx;
+    rf_tensor *s = rf_sum(rf_arg(t, 0), (const int64_t[]){1}, 1, false); /* [4] */
+    rf_tensor *r = rf_reshape(s, RF_SHAPE(2, 2));
+    rf_return(t, rf_matmul(r, r));
+    rf_assign(t, c->a, rf_capture(t, c->b));
+}
+
+static void swap_fn(rf_trace *t, void *vctx)
+{
+    results_ctx *c = vctx;
+    rf_tensor *a = rf_capture(t, c->a), *b = rf_capture(t, c->b);
+    rf_assign(t, c->a, b);
+    rf_assign(t, c->b, a);
+}
+
+static void test_alias_and_swap(void)
+{
+    rf_array *x = dev_zeros(RF_SHAPE(4, 3));
+    results_ctx c = {dev_zeros(RF_SHAPE(4)), dev_zeros(RF_SHAPE(4))};
+    rfi_graph *g = trace_program(alias_fn, &c, &x, 1);
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.matmul_call_min_flops = 1; /* the 2x2 dot becomes a MATMUL call */
+    rfi_plan *p = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (p) {
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 1);
+        int aliases = count_loc(p, RFI_LOC_ALIAS);
+        CHECK(aliases == 1);
+        for (int x2 = 0; x2 < g->n_nodes; x2++)
+            if (p->loc[x2].kind == RFI_LOC_ALIAS)
+                CHECK(p->loc[p->loc[x2].alias].kind == RFI_LOC_ARENA);
+        CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 1);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+
+    g = trace_program(swap_fn, &c, &x, 1);
+    p = NULL;
+    CHECK_STATUS(rfi_plan_build(g, NULL, &p), RF_E_UNSUPPORTED);
+    CHECK_MSG("capture");
+    CHECK(p == NULL);
+    rfi_graph_free(g);
+    CHECK_STATUS(rfi_plan_build(NULL, NULL, &p), RF_E_INVALID);
+    rf_array_free(x);
+    rf_array_free(c.a);
+    rf_array_free(c.b);
+}
+
+/* ---- Training steps as rf_trainstep traces them -------------------------------------------- */
+
+typedef struct train_ctx {
+    rf_model *m;
+    rf_opt *opt;
+    bool xent;
+} train_ctx;
+
+static rf_tensor *mse_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)aux;
+    (void)ctx;
+    return rf_mse(rf_apply(m, b[0]), b[1]);
+}
+
+static rf_tensor *xent_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)aux;
+    (void)ctx;
+    return rf_logitcrossentropy(rf_apply(m, b[0]), b[1]);
+}
+
+/* withgradient + optimiser update + the finite-loss guard + loss output:
+ * the program rf_trainstep compiles. */
+static void train_fn(rf_trace *t, void *vctx)
+{
+    train_ctx *c = vctx;
+    rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
+    rf_grads *gr = NULL;
+    rf_tensor *loss = rf_withgradient(t, c->xent ? xent_loss : mse_loss, NULL, c->m, batch, 2,
+                                      NULL, &gr);
+    rf_update(t, c->opt, c->m, gr);
+    rf_tensor *ok = rf_is_finite(loss);
+    for (int i = 0; i < t->n_updates; i++) {
+        rfi_update *u = &t->updates[i];
+        u->value = rf_select(ok, u->value, t->capture_nodes[u->capture]);
+    }
+    rf_return(t, loss);
+}
+
+static void test_tiny_train_step(void)
+{
+    rf_nn_seed(42);
+    rf_model *host = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY));
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_adam(1e-2), m);
+    rf_array *x = dev_zeros(RF_SHAPE(16, 4)), *y = dev_zeros(RF_SHAPE(16, 2));
+    rf_array *args[2] = {x, y};
+    train_ctx c = {m, opt, false};
+    rfi_graph *g = trace_program(train_fn, &c, args, 2);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        /* REDUCE (8): the forward dots x.W1 [16,8] and h.W2 [16,2] (512 and 256
+         * multiply-adds: below the matmul threshold), the mse sum, and in the
+         * backward pass db2 (sum over the batch), dh = dy.W2', dW2, db1, dW1.
+         * LOOP (10): h = tanh(x.W1 + b1) (read by a dot and by the backward
+         * pass); the loss = sum / N (output 0); dy = d mse / d yhat [16,2]
+         * (read by three reductions); dz = dh * (1 - h^2) [16,8]; ONE flat Adam
+         * loop over the 58 parameters computing the new moments (in place)
+         * and the new flat parameters; one scalar loop for the updated beta
+         * powers and step counter (in place); four loops slicing the new flat
+         * parameters back into W1, b1, W2, b2 (in place).
+         * CALL 0, COPY 0: every update is in place. */
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 8);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 10);
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 0);
+        CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 0);
+        CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
+        CHECK(g->n_updates == 9);
+        CHECK(p->loc[g->outputs[0]->id].kind == RFI_LOC_OUTPUT);
+        check_flat_update(p, 58);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    /* without in-place updates: the same steps, then one COPY per update */
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.in_place_updates = false;
+    p = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (p) {
+        CHECK(rfi_plan_count(p, RFI_STEP_COPY) == g->n_updates);
+        CHECK(count_loc(p, RFI_LOC_IN_PLACE) == 0);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    /* every dot as a library call: the 5 dots become CALLs, 3 sums stay REDUCE,
+     * and the operands of every call are materialised */
+    o = rfi_plan_opts_default();
+    o.matmul_call_min_flops = 1;
+    p = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (p) {
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 5);
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 3);
+        for (int q = 0; q < p->n_steps; q++) {
+            const rfi_step *s = &p->steps[q];
+            if (s->kind != RFI_STEP_CALL)
+                continue;
+            const rfi_node *r = g->nodes[s->roots[0]];
+            CHECK(s->n_fused == 0);
+            for (int k = 0; k < r->n_in; k++)
+                CHECK(p->loc[r->in[k]->id].kind != RFI_LOC_INLINE);
+        }
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_opt_free(opt);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
+static void test_mlp_train_step(void)
+{
+    rf_nn_seed(1);
+    rf_model *host = rf_chain(rf_dense(784, 512, RF_ACT_RELU), rf_dense(512, 256, RF_ACT_RELU),
+                              rf_dense(256, 10, RF_ACT_IDENTITY));
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
+    rf_array *x = dev_zeros(RF_SHAPE(128, 784)), *y = dev_zeros(RF_SHAPE(128, 10));
+    rf_array *args[2] = {x, y};
+    train_ctx c = {m, opt, true};
+    rfi_graph *g = trace_program(train_fn, &c, args, 2);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        /* CALL MATMUL (8): three forward dots, and in the backward pass dX and
+         * dW of the last two layers and dW of the first (its dX is dead). */
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 8);
+        for (int q = 0; q < p->n_steps; q++)
+            if (p->steps[q].kind == RFI_STEP_CALL)
+                CHECK(p->steps[q].call == RFI_CALL_MATMUL);
+        /* REDUCE (10): the logsoftmax max and sum, the loss's two sums, the
+         * backward row sums of the logsoftmax (3) and the bias gradients (3). */
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 10);
+        /* LOOP (19): bias+relu x2, the logits, exp(z - max), log(sum), the
+         * loss, two [128,1]/[128] backward row scalars, dlogits, two relu
+         * backward masks; ONE flat Adam loop over all 535818 parameters, one
+         * scalar loop (beta powers, step counter), six slice-back loops. */
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 19);
+        CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 0);
+        CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
+        CHECK(g->n_updates == 11);
+        check_flat_update(p, 535818);
+        plan_facts f = check_invariants(p);
+        CHECK(p->arena_bytes < f.sum_arena);
+        printf("mlp: %d steps, %d arena buffers, peak %zu bytes (%zu without reuse)\n",
+               p->n_steps, f.n_arena, p->arena_bytes, f.sum_arena);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_opt_free(opt);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
+/* (e) the CNN of the benchmarks at a small batch: convolutions go to CONV
+ * calls, max-pool backward to a FALLBACK call, the plan stays consistent and
+ * every update is still in place. */
+static void test_cnn_train_step(void)
+{
+    rf_nn_seed(3);
+    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                              rf_flatten_layer(), rf_dense(8 * 13 * 13, 10, RF_ACT_IDENTITY));
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
+    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(4, 1, 28, 28), NULL);
+    rf_array *y = dev_zeros(RF_SHAPE(4, 10));
+    rf_array *args[2] = {x, y};
+    train_ctx c = {m, opt, true};
+    rfi_graph *g = trace_program(train_fn, &c, args, 2);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        int conv = 0, fallback = 0;
+        for (int q = 0; q < p->n_steps; q++) {
+            conv += p->steps[q].kind == RFI_STEP_CALL && p->steps[q].call == RFI_CALL_CONV;
+            fallback += p->steps[q].kind == RFI_STEP_CALL && p->steps[q].call == RFI_CALL_FALLBACK;
+        }
+        CHECK(conv >= 2);     /* forward and weight gradient (no input gradient needed) */
+        CHECK(fallback >= 1); /* select_and_scatter of the max-pool backward */
+        CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
+        check_invariants(p);
+        printf("cnn: %d steps (%d LOOP, %d REDUCE, %d CALL), arena %zu bytes\n", p->n_steps,
+               rfi_plan_count(p, RFI_STEP_LOOP), rfi_plan_count(p, RFI_STEP_REDUCE),
+               rfi_plan_count(p, RFI_STEP_CALL), p->arena_bytes);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_opt_free(opt);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
+int main(void)
+{
+    cpu = rf_device_cpu();
+    test_elementwise_chain();
+    test_softmax();
+    test_results();
+    test_alias_and_swap();
+    test_tiny_train_step();
+    test_mlp_train_step();
+    test_cnn_train_step();
+    return tu_finish("test_plan");
+}

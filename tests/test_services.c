@@ -1,0 +1,610 @@
+/* test_services.c: the CPU backend's runtime services against the reference
+ * interpreter: every MATMUL form (batch dims, transposed operands, several
+ * free/contracting dims, vectors, empty) and every CONV form (stride, padding
+ * incl. negative, lhs and rhs dilation, feature and batch groups, 1-D, 2-D,
+ * 3-D, chunked batches) through oneDNN, with relative error <= 1e-5 of the
+ * sum of |terms| (the same op evaluated on |operands|); FALLBACK steps and
+ * non-f32 contractions bitwise; no allocation per call; and the thread pool
+ * (coverage, chunking, inline runs, nesting, repeated and concurrent calls).
+ *
+ * Plans are built by hand: one graph per case whose ARGUMENT operands feed
+ * one node computed by a single CALL step into the arena (at an offset) or an
+ * output buffer.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cpu/services.h"
+#include "backend/interp/interp.h"
+#include "runtime/threadpool.h"
+#include "test_util.h"
+
+/* ---- Random data ------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double uniform(void) /* [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+}
+
+static void fill(void *p, rf_dtype dt, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v = uniform();
+        switch (dt) {
+        case RF_F32: ((float *)p)[i] = (float)v; break;
+        case RF_F64: ((double *)p)[i] = v; break;
+        case RF_I32: ((int32_t *)p)[i] = (int32_t)(v * 50); break;
+        case RF_I64: ((int64_t *)p)[i] = (int64_t)(v * 50); break;
+        default: ((uint8_t *)p)[i] = (uint8_t)(v * 100 + 100); break;
+        }
+    }
+}
+
+/* ---- One-op programs ------------------------------------------------------------------ */
+
+#define MAX_IN 3
+
+typedef struct operand_spec {
+    rf_dtype dt;
+    int rank;
+    int64_t dims[RF_MAX_RANK];
+} operand_spec;
+
+/* A graph of n_in arguments (types in spec) and one node of op over them. */
+static rfi_graph *one_op_graph(rfi_op op, const operand_spec *spec, int n_in, const rfi_attrs *a,
+                               rf_dtype dt, const int64_t *dims, int rank, rfi_node **y)
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "test_services");
+    rf_dtype dts[MAX_IN];
+    int ranks[MAX_IN];
+    int64_t ds[MAX_IN][RF_MAX_RANK];
+    for (int k = 0; k < n_in; k++) {
+        dts[k] = spec[k].dt;
+        ranks[k] = spec[k].rank;
+        memcpy(ds[k], spec[k].dims, sizeof ds[k]);
+    }
+    CHECK_OK(rfi_graph_set_args(g, n_in, dts, ranks, (const int64_t(*)[RF_MAX_RANK])ds));
+    rfi_node *in[MAX_IN];
+    for (int k = 0; k < n_in; k++) {
+        rfi_attrs ai = {0};
+        ai.i[0] = k;
+        in[k] = rfi_node_new(g, RFI_OP_ARGUMENT, NULL, 0, &ai, dts[k], ds[k], ranks[k]);
+    }
+    *y = rfi_node_new(g, op, in, n_in, a, dt, dims, rank);
+    if (!*y)
+        fprintf(stderr, "  %s: %s\n", rfi_op_table[op].name, g->errmsg ? g->errmsg : rf_errmsg());
+    CHECK(*y != NULL);
+    if (*y)
+        CHECK_OK(rfi_graph_add_output(g, *y));
+    return g;
+}
+
+/* A hand-built plan: arguments in place, y computed by one CALL step into the
+ * arena at offset 128 (in_arena) or into output 0. */
+typedef struct hand_plan {
+    rfi_plan plan;
+    rfi_loc *loc;
+    rfi_step step;
+    int root;
+} hand_plan;
+
+static void hand_plan_init(hand_plan *h, const rfi_graph *g, const rfi_node *y, bool in_arena)
+{
+    memset(h, 0, sizeof *h);
+    h->loc = calloc((size_t)g->n_nodes, sizeof *h->loc);
+    for (int k = 0; k < g->n_nodes; k++)
+        if (g->nodes[k]->op == RFI_OP_ARGUMENT) {
+            h->loc[k].kind = RFI_LOC_ARG;
+            h->loc[k].index = (int)g->nodes[k]->attr.i[0];
+        }
+    h->loc[y->id].kind = in_arena ? RFI_LOC_ARENA : RFI_LOC_OUTPUT;
+    h->loc[y->id].offset = in_arena ? 128 : 0;
+    h->root = y->id;
+    h->step.kind = RFI_STEP_CALL;
+    h->step.call = y->op == RFI_OP_DOT_GENERAL   ? RFI_CALL_MATMUL
+                   : y->op == RFI_OP_CONVOLUTION ? RFI_CALL_CONV
+                                                 : RFI_CALL_FALLBACK;
+    h->step.roots = &h->root;
+    h->step.n_roots = 1;
+    h->step.copy_to_output = -1;
+    h->step.copy_to_capture = -1;
+    h->plan.g = g;
+    h->plan.loc = h->loc;
+    h->plan.steps = &h->step;
+    h->plan.n_steps = 1;
+    h->plan.arena_bytes = in_arena ? 128 + rfi_node_nbytes(y) : 0;
+}
+
+/* |x| of a float buffer (for the sum-of-|terms| bound). */
+static void *abs_copy(const void *p, rf_dtype dt, int64_t n)
+{
+    void *q = malloc((size_t)(n > 0 ? n : 1) * rf_dtype_size(dt));
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == RF_F32)
+            ((float *)q)[i] = fabsf(((const float *)p)[i]);
+        else
+            ((double *)q)[i] = fabs(((const double *)p)[i]);
+    }
+    return q;
+}
+
+typedef struct case_result {
+    rfi_call_kind kind;
+    double worst; /* max |got - ref| / sum|terms| */
+    bool bitwise;
+} case_result;
+
+static int cases_run;
+
+/* Runs y through the services (step 0) and through the reference kernel;
+ * compares as described at the top. */
+static case_result run_case(const rfi_graph *g, const rfi_node *y, bool in_arena, const char *name)
+{
+    case_result res = {RFI_CALL_NONE, 0, true};
+    int n_in = y->n_in;
+    void *in[MAX_IN] = {0};
+    for (int k = 0; k < n_in; k++) {
+        int64_t cnt = rfi_node_numel(y->in[k]);
+        in[k] = malloc((size_t)(cnt > 0 ? cnt : 1) * rf_dtype_size(y->in[k]->dtype));
+        fill(in[k], y->in[k]->dtype, cnt);
+    }
+    if (y->op == RFI_OP_RNG) { /* a key of two small ints */
+        ((int64_t *)in[0])[0] = 42;
+        ((int64_t *)in[0])[1] = 7;
+    }
+    size_t nbytes = rfi_node_nbytes(y);
+    void *ref = malloc(nbytes + 1), *scale = malloc(nbytes + 1);
+    void *arena = malloc(128 + nbytes + 1), *outbuf = malloc(nbytes + 1);
+    memset(arena, 0xcd, 128 + nbytes + 1);
+    memset(outbuf, 0xcd, nbytes + 1);
+    CHECK_OK(rfi_interp_eval_node(y, (const void *const *)in, ref));
+
+    hand_plan h;
+    hand_plan_init(&h, g, y, in_arena);
+    rfi_cpu_services *s = NULL;
+    CHECK_OK(rfi_cpu_services_prepare(&h.plan, &s));
+    if (!s) {
+        fprintf(stderr, "  case %s: prepare failed\n", name);
+        goto done;
+    }
+    rf_module_services table;
+    rfi_cpu_services_table(s, &table);
+    CHECK(table.abi == RF_MODULE_ABI);
+    res.kind = rfi_cpu_services_step_kind(s, 0);
+    /* buffers: args, (no captures), output 0, arena, (no consts) */
+    void *buffers[MAX_IN + 2];
+    for (int k = 0; k < n_in; k++)
+        buffers[k] = in[k];
+    buffers[n_in] = outbuf;
+    buffers[n_in + 1] = arena;
+    void *got = in_arena ? (char *)arena + 128 : outbuf;
+    CHECK(table.call(table.rt, 0, buffers) == 0); /* first call: OpenMP threads start */
+    memset(got, 0xcd, nbytes);
+    uint64_t allocs = rfi_alloc_count();
+    int rc = table.call(table.rt, 0, buffers);
+    if (res.kind != RFI_CALL_FALLBACK)
+        CHECK(rfi_alloc_count() == allocs); /* library paths allocate nothing per call */
+    CHECK(rc == 0);
+    if (rc != 0)
+        fprintf(stderr, "  case %s: %s\n", name, rf_errmsg());
+    CHECK(((unsigned char *)got)[nbytes] == 0xcd); /* nothing written past the result */
+
+    bool is_float = y->dtype == RF_F32 || y->dtype == RF_F64;
+    bool contraction = y->op == RFI_OP_DOT_GENERAL || y->op == RFI_OP_CONVOLUTION;
+    if (res.kind == RFI_CALL_FALLBACK || !is_float || !contraction) {
+        res.bitwise = memcmp(got, ref, nbytes) == 0;
+        CHECK(res.bitwise);
+        if (!res.bitwise)
+            fprintf(stderr, "  case %s: not bitwise equal to the reference\n", name);
+    } else {
+        void *absin[2] = {abs_copy(in[0], y->in[0]->dtype, rfi_node_numel(y->in[0])),
+                          abs_copy(in[1], y->in[1]->dtype, rfi_node_numel(y->in[1]))};
+        CHECK_OK(rfi_interp_eval_node(y, (const void *const *)absin, scale));
+        int64_t count = rfi_node_numel(y);
+        for (int64_t i = 0; i < count; i++) {
+            double a = y->dtype == RF_F32 ? ((float *)got)[i] : ((double *)got)[i];
+            double b = y->dtype == RF_F32 ? ((float *)ref)[i] : ((double *)ref)[i];
+            double sc = y->dtype == RF_F32 ? ((float *)scale)[i] : ((double *)scale)[i];
+            double err = fabs(a - b) / (sc > 1e-30 ? sc : 1e-30);
+            if (!(err <= res.worst)) /* NaN-safe */
+                res.worst = err == err ? err : INFINITY;
+        }
+        CHECK(res.worst <= 1e-5);
+        if (!(res.worst <= 1e-5))
+            fprintf(stderr, "  case %s: relative error %.3g\n", name, res.worst);
+        free(absin[0]);
+        free(absin[1]);
+    }
+    cases_run++;
+done:
+    rfi_cpu_services_free(s);
+    free(h.loc);
+    for (int k = 0; k < n_in; k++)
+        free(in[k]);
+    free(ref);
+    free(scale);
+    free(arena);
+    free(outbuf);
+    return res;
+}
+
+/* ---- MATMUL ---------------------------------------------------------------------------- */
+
+typedef struct dot_case {
+    const char *name;
+    int ra, rb;
+    int64_t a[RF_MAX_RANK], b[RF_MAX_RANK];
+    int nbatch, ncontract;
+    int64_t lb[RF_MAX_RANK], rbat[RF_MAX_RANK], lc[RF_MAX_RANK], rc[RF_MAX_RANK];
+} dot_case;
+
+static case_result run_dot(const dot_case *c, rf_dtype dt, bool in_arena)
+{
+    operand_spec spec[2] = {{dt, c->ra, {0}}, {dt, c->rb, {0}}};
+    memcpy(spec[0].dims, c->a, sizeof c->a);
+    memcpy(spec[1].dims, c->b, sizeof c->b);
+    rfi_attrs at = {0};
+    at.nl[0] = at.nl[1] = c->nbatch;
+    at.nl[2] = at.nl[3] = c->ncontract;
+    for (int k = 0; k < c->nbatch; k++) {
+        at.l[0][k] = c->lb[k];
+        at.l[1][k] = c->rbat[k];
+    }
+    for (int k = 0; k < c->ncontract; k++) {
+        at.l[2][k] = c->lc[k];
+        at.l[3][k] = c->rc[k];
+    }
+    rfi_node *y = NULL;
+    rfi_graph *g = one_op_graph(RFI_OP_DOT_GENERAL, spec, 2, &at, dt, NULL, 0, &y);
+    case_result r = {RFI_CALL_NONE, 0, false};
+    if (y)
+        r = run_case(g, y, in_arena, c->name);
+    rfi_graph_free(g);
+    return r;
+}
+
+static void test_matmul(void)
+{
+    static const dot_case cases[] = {
+        {"plain", 2, 2, {5, 7}, {7, 3}, 0, 1, {0}, {0}, {1}, {0}},
+        {"lhs transposed", 2, 2, {7, 5}, {7, 3}, 0, 1, {0}, {0}, {0}, {0}},
+        {"rhs transposed", 2, 2, {5, 7}, {3, 7}, 0, 1, {0}, {0}, {1}, {1}},
+        {"both transposed", 2, 2, {7, 5}, {3, 7}, 0, 1, {0}, {0}, {0}, {1}},
+        {"batch", 3, 3, {4, 5, 7}, {4, 7, 3}, 1, 1, {0}, {0}, {2}, {1}},
+        {"batch transposed", 3, 3, {4, 7, 5}, {4, 3, 7}, 1, 1, {0}, {0}, {1}, {2}},
+        {"batch in the middle", 3, 3, {5, 4, 7}, {7, 4, 3}, 1, 1, {1}, {1}, {2}, {0}},
+        {"batch last", 3, 3, {5, 7, 4}, {7, 3, 4}, 1, 1, {2}, {2}, {1}, {0}},
+        {"two batch dims", 4, 4, {2, 3, 5, 6}, {2, 3, 6, 4}, 2, 1, {0, 1}, {0, 1}, {3}, {2}},
+        {"swapped batch dims", 4, 4, {2, 3, 5, 6}, {3, 2, 6, 4}, 2, 1, {0, 1}, {1, 0}, {3}, {2}},
+        {"vector-matrix", 1, 2, {7}, {7, 3}, 0, 1, {0}, {0}, {0}, {0}},
+        {"matrix-vector", 2, 1, {5, 7}, {7}, 0, 1, {0}, {0}, {1}, {0}},
+        {"transposed matrix-vector", 2, 1, {7, 5}, {7}, 0, 1, {0}, {0}, {0}, {0}},
+        {"dot", 1, 1, {9}, {9}, 0, 1, {0}, {0}, {0}, {0}},
+        {"outer", 1, 1, {5}, {3}, 0, 0, {0}, {0}, {0}, {0}},
+        {"batched dot", 2, 2, {4, 9}, {4, 9}, 1, 1, {0}, {0}, {1}, {1}},
+        {"two contract dims", 3, 3, {5, 3, 4}, {3, 4, 6}, 0, 2, {0}, {0}, {1, 2}, {0, 1}},
+        {"contract dims reordered", 3, 3, {5, 3, 4}, {4, 3, 6}, 0, 2, {0}, {0}, {1, 2}, {1, 0}},
+        {"two free dims", 3, 3, {2, 5, 7}, {7, 3, 2}, 0, 1, {0}, {0}, {2}, {0}},
+        {"interleaved free dims", 3, 3, {2, 7, 5}, {3, 7, 2}, 0, 1, {0}, {0}, {1}, {1}},
+        {"unit dims", 3, 3, {1, 5, 7}, {7, 1, 3}, 0, 1, {0}, {0}, {2}, {0}},
+        {"mlp forward", 2, 2, {128, 784}, {784, 64}, 0, 1, {0}, {0}, {1}, {0}},
+        {"mlp weight grad", 2, 2, {128, 96}, {128, 64}, 0, 1, {0}, {0}, {0}, {0}},
+        {"mlp input grad", 2, 2, {128, 64}, {96, 64}, 0, 1, {0}, {0}, {1}, {1}},
+        {"empty M", 2, 2, {0, 7}, {7, 3}, 0, 1, {0}, {0}, {1}, {0}},
+        {"empty K", 2, 2, {5, 0}, {0, 3}, 0, 1, {0}, {0}, {1}, {0}},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    double worst = 0;
+    for (int k = 0; k < n; k++) {
+        case_result r = run_dot(&cases[k], RF_F32, k % 2 == 0);
+        CHECK(r.kind == RFI_CALL_MATMUL);
+        worst = r.worst > worst ? r.worst : worst;
+    }
+    printf("matmul: %d f32 forms, worst relative error %.3g\n", n, worst);
+    /* Other dtypes run the reference kernel: bitwise. */
+    case_result r = run_dot(&cases[4], RF_F64, true);
+    CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
+    r = run_dot(&cases[1], RF_I32, false);
+    CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
+}
+
+/* ---- CONV ------------------------------------------------------------------------------- */
+
+typedef struct conv_case {
+    const char *name;
+    int rank;
+    int64_t x[RF_MAX_RANK], w[RF_MAX_RANK];
+    int64_t stride[3], lo[3], hi[3], lhs_dil[3], rhs_dil[3];
+    int64_t fgc, bgc;
+} conv_case;
+
+static case_result run_conv(const conv_case *c, rf_dtype dt, bool in_arena)
+{
+    operand_spec spec[2] = {{dt, c->rank, {0}}, {dt, c->rank, {0}}};
+    memcpy(spec[0].dims, c->x, sizeof c->x);
+    memcpy(spec[1].dims, c->w, sizeof c->w);
+    int nsp = c->rank - 2;
+    rfi_attrs at = {0};
+    for (int k = 0; k < 5; k++)
+        at.nl[k] = nsp;
+    for (int d = 0; d < nsp; d++) {
+        at.l[0][d] = c->stride[d] ? c->stride[d] : 1;
+        at.l[1][d] = c->lo[d];
+        at.l[2][d] = c->hi[d];
+        at.l[3][d] = c->lhs_dil[d] ? c->lhs_dil[d] : 1;
+        at.l[4][d] = c->rhs_dil[d] ? c->rhs_dil[d] : 1;
+    }
+    at.i[0] = c->fgc ? c->fgc : 1;
+    at.i[1] = c->bgc ? c->bgc : 1;
+    rfi_node *y = NULL;
+    rfi_graph *g = one_op_graph(RFI_OP_CONVOLUTION, spec, 2, &at, dt, NULL, 0, &y);
+    case_result r = {RFI_CALL_NONE, 0, false};
+    if (y)
+        r = run_case(g, y, in_arena, c->name);
+    rfi_graph_free(g);
+    return r;
+}
+
+/* Every form twice: oneDNN's convolution where the direct rule takes it, then
+ * im2col for all (forced through the environment, read at prepare). */
+static void test_conv(bool force_im2col)
+{
+    if (force_im2col)
+        setenv("RF_CONV_IM2COL", "1", 1);
+    static const conv_case cases[] = {
+        {"3x3 pad 1", 4, {2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
+        {"no padding", 4, {2, 3, 8, 7}, {4, 3, 3, 2}, {0}, {0}, {0}, {0}, {0}, 1, 1},
+        {"stride 2", 4, {2, 3, 9, 9}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
+        {"stride 3x2 asymmetric pad", 4, {2, 2, 10, 9}, {3, 2, 3, 2}, {3, 2}, {2, 0}, {0, 3},
+         {0}, {0}, 1, 1},
+        {"negative pad", 4, {2, 3, 9, 8}, {4, 3, 3, 3}, {1, 1}, {-1, 0}, {0, -2}, {0}, {0}, 1, 1},
+        {"lhs dilation 2", 4, {2, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {2, 2}, {0}, 1,
+         1},
+        {"lhs dilation + stride", 4, {2, 2, 5, 6}, {3, 2, 3, 2}, {2, 3}, {1, 2}, {0, 1}, {2, 3},
+         {0}, 1, 1},
+        {"rhs dilation 2", 4, {2, 3, 9, 9}, {4, 3, 3, 3}, {1, 1}, {1, 2}, {1, 0}, {0}, {2, 2}, 1,
+         1},
+        {"groups 2", 4, {2, 4, 6, 6}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 2, 1},
+        {"depthwise", 4, {2, 4, 6, 6}, {8, 1, 3, 3}, {2, 1}, {1, 1}, {1, 1}, {0}, {0}, 4, 1},
+        {"batch groups 2", 4, {4, 3, 6, 6}, {6, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 2},
+        {"1-D", 3, {3, 2, 10}, {4, 2, 3}, {2}, {1}, {2}, {0}, {2}, 1, 1},
+        {"1-D lhs dilation", 3, {2, 2, 7}, {3, 2, 3}, {2}, {3}, {-1}, {3}, {2}, 1, 1},
+        {"3-D", 5, {1, 2, 4, 5, 6}, {3, 2, 2, 3, 2}, {1, 2, 1}, {0, 1, 1}, {1, 0, -1}, {0}, {0},
+         1, 1},
+        {"1x1", 4, {3, 5, 4, 4}, {7, 5, 1, 1}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+        {"kernel grad form", 4, {1, 8, 28, 28}, {32, 8, 26, 26}, {1, 1}, {0}, {0}, {0}, {0}, 1,
+         1},
+        {"input grad form", 4, {8, 32, 26, 26}, {1, 32, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0},
+         1, 1},
+        {"all padding", 4, {1, 2, 2, 2}, {2, 2, 2, 2}, {1, 1}, {3, 3}, {3, 3}, {0}, {0}, 1, 1},
+        {"chunked batch", 4, {3, 64, 74, 74}, {4, 64, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+        {"empty batch", 4, {0, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+        {"empty channels", 4, {2, 0, 5, 5}, {4, 0, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    double worst = 0;
+    for (int k = 0; k < n; k++) {
+        case_result r = run_conv(&cases[k], RF_F32, k % 2 == 1);
+        CHECK(r.kind == RFI_CALL_CONV);
+        if (r.kind != RFI_CALL_CONV)
+            fprintf(stderr, "  conv case %s runs as %d\n", cases[k].name, (int)r.kind);
+        worst = r.worst > worst ? r.worst : worst;
+    }
+    printf("conv (%s): %d f32 forms, worst relative error %.3g\n",
+           force_im2col ? "im2col" : "rule", n, worst);
+    case_result r = run_conv(&cases[2], RF_F64, false);
+    CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
+    unsetenv("RF_CONV_IM2COL");
+}
+
+/* ---- FALLBACK ---------------------------------------------------------------------------- */
+
+static void test_fallback(void)
+{
+    rfi_node *y = NULL;
+    /* gather rows of a matrix */
+    operand_spec gs[2] = {{RF_F32, 2, {6, 4}}, {RF_I32, 1, {5}}};
+    rfi_attrs ga = {0};
+    rfi_graph *g = one_op_graph(RFI_OP_GATHER, gs, 2, &ga, RF_F32, NULL, 0, &y);
+    if (y)
+        CHECK(run_case(g, y, true, "gather").kind == RFI_CALL_FALLBACK);
+    rfi_graph_free(g);
+    /* argmax over axis 1 */
+    operand_spec as[1] = {{RF_F32, 2, {5, 9}}};
+    rfi_attrs aa = {0};
+    aa.i[0] = 1;
+    g = one_op_graph(RFI_OP_ARGMAX, as, 1, &aa, RF_I64, NULL, 0, &y);
+    if (y)
+        CHECK(run_case(g, y, false, "argmax").kind == RFI_CALL_FALLBACK);
+    rfi_graph_free(g);
+    /* rng normal */
+    operand_spec rs[1] = {{RF_I64, 1, {2}}};
+    rfi_attrs ra = {0};
+    ra.i[0] = 1;
+    g = one_op_graph(RFI_OP_RNG, rs, 1, &ra, RF_F32, RF_SHAPE(1000), &y);
+    if (y)
+        CHECK(run_case(g, y, true, "rng").kind == RFI_CALL_FALLBACK);
+    rfi_graph_free(g);
+    /* a reduce */
+    rfi_attrs sa = {0};
+    sa.i[0] = RF_REDUCE_SUM;
+    sa.nl[0] = 1;
+    sa.l[0][0] = 0;
+    g = one_op_graph(RFI_OP_REDUCE, as, 1, &sa, RF_F32, NULL, 0, &y);
+    if (y)
+        CHECK(run_case(g, y, false, "reduce").kind == RFI_CALL_FALLBACK);
+    rfi_graph_free(g);
+    printf("fallback: gather, argmax, rng, reduce bitwise\n");
+}
+
+/* A step that is not a CALL step and a call out of range fail with a message. */
+static void test_bad_calls(void)
+{
+    rfi_node *y = NULL;
+    operand_spec as[1] = {{RF_F32, 2, {5, 9}}};
+    rfi_attrs aa = {0};
+    aa.i[0] = 1;
+    rfi_graph *g = one_op_graph(RFI_OP_ARGMAX, as, 1, &aa, RF_I64, NULL, 0, &y);
+    if (!y) {
+        rfi_graph_free(g);
+        return;
+    }
+    hand_plan h;
+    hand_plan_init(&h, g, y, false);
+    h.step.kind = RFI_STEP_LOOP;
+    rfi_cpu_services *s = NULL;
+    CHECK_OK(rfi_cpu_services_prepare(&h.plan, &s));
+    void *buffers[3] = {NULL, NULL, NULL};
+    CHECK(rfi_cpu_services_call(s, 0, buffers) != 0);
+    CHECK_MSG("not a call step");
+    CHECK(rfi_cpu_services_call(s, 5, buffers) != 0);
+    rfi_cpu_services_free(s);
+    /* an operand without a buffer */
+    h.step.kind = RFI_STEP_CALL;
+    h.loc[y->in[0]->id].kind = RFI_LOC_INLINE;
+    CHECK_STATUS(rfi_cpu_services_prepare(&h.plan, &s), RF_E_INTERNAL);
+    CHECK_MSG("has no buffer");
+    CHECK(s == NULL);
+    free(h.loc);
+    rfi_graph_free(g);
+}
+
+/* ---- Thread pool ---------------------------------------------------------------------- */
+
+typedef struct sum_job {
+    const int32_t *data;
+    uint8_t *visits;
+    atomic_llong sum;
+    atomic_int chunks;
+    atomic_llong min_chunk;
+} sum_job;
+
+static void sum_body(void *ctx, int64_t lo, int64_t hi)
+{
+    sum_job *j = ctx;
+    int64_t s = 0;
+    for (int64_t i = lo; i < hi; i++) {
+        s += j->data[i];
+        j->visits[i]++;
+    }
+    atomic_fetch_add(&j->sum, s);
+    atomic_fetch_add(&j->chunks, 1);
+    long long len = hi - lo, cur = atomic_load(&j->min_chunk);
+    while (len < cur && !atomic_compare_exchange_weak(&j->min_chunk, &cur, len)) {
+    }
+}
+
+static void test_pool_sum(void)
+{
+    enum { N = 10 * 1000 * 1000 };
+    int32_t *data = malloc(N * sizeof *data);
+    uint8_t *visits = calloc(N, 1);
+    int64_t serial = 0;
+    for (int64_t i = 0; i < N; i++) {
+        data[i] = (int32_t)((i * 2654435761u) % 2001) - 1000;
+        serial += data[i];
+    }
+    sum_job j = {data, visits, 0, 0, INT64_MAX};
+    rfi_parallel_for(N, 1000, sum_body, &j);
+    CHECK(atomic_load(&j.sum) == serial);
+    CHECK(atomic_load(&j.chunks) >= 1 && atomic_load(&j.chunks) <= rfi_threadpool_size());
+    CHECK(atomic_load(&j.min_chunk) >= 1000);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < N; i++)
+        bad += visits[i] != 1;
+    CHECK(bad == 0);
+    printf("pool: %d threads, 10M-element sum in %d chunks matches\n", rfi_threadpool_size(),
+           atomic_load(&j.chunks));
+    free(data);
+    free(visits);
+}
+
+typedef struct inline_job {
+    pthread_t caller;
+    int calls;
+    bool on_caller;
+    int64_t lo, hi;
+    int inner_calls;
+} inline_job;
+
+static void inline_body(void *ctx, int64_t lo, int64_t hi)
+{
+    inline_job *j = ctx;
+    j->calls++;
+    j->on_caller = pthread_equal(pthread_self(), j->caller);
+    j->lo = lo;
+    j->hi = hi;
+}
+
+static void nested_outer(void *ctx, int64_t lo, int64_t hi)
+{
+    sum_job *j = ctx;
+    (void)lo;
+    (void)hi;
+    /* a nested call runs inline: its one chunk covers everything */
+    inline_job inner = {pthread_self(), 0, false, -1, -1, 0};
+    rfi_parallel_for(100000, 1, inline_body, &inner);
+    if (inner.calls == 1 && inner.on_caller && inner.lo == 0 && inner.hi == 100000)
+        atomic_fetch_add(&j->chunks, 1);
+    atomic_fetch_add(&j->sum, 1);
+}
+
+static void *many_calls(void *arg)
+{
+    int *failures = arg;
+    int32_t ones[256];
+    uint8_t visits[256];
+    for (int k = 0; k < 256; k++)
+        ones[k] = 1;
+    for (int k = 0; k < 3000; k++) {
+        memset(visits, 0, sizeof visits);
+        sum_job j = {ones, visits, 0, 0, INT64_MAX};
+        int64_t n = 1 + k % 256;
+        rfi_parallel_for(n, 1 + k % 7, sum_body, &j);
+        if (atomic_load(&j.sum) != n)
+            (*failures)++;
+    }
+    return NULL;
+}
+
+static void test_pool_inline_and_nested(void)
+{
+    inline_job j = {pthread_self(), 0, false, -1, -1, 0};
+    rfi_parallel_for(10, 100, inline_body, &j); /* n < grain: inline */
+    CHECK(j.calls == 1 && j.on_caller && j.lo == 0 && j.hi == 10);
+    j.calls = 0;
+    rfi_parallel_for(0, 1, inline_body, &j); /* nothing */
+    CHECK(j.calls == 0);
+
+    sum_job nest = {NULL, NULL, 0, 0, INT64_MAX};
+    rfi_parallel_for(rfi_threadpool_size(), 1, nested_outer, &nest);
+    CHECK(atomic_load(&nest.sum) >= 1);
+    CHECK(atomic_load(&nest.chunks) == atomic_load(&nest.sum));
+
+    /* many calls in a row, and two threads calling at once (one runs inline) */
+    int fail_a = 0, fail_b = 0;
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, many_calls, &fail_b) == 0);
+    many_calls(&fail_a);
+    pthread_join(t, NULL);
+    CHECK(fail_a == 0 && fail_b == 0);
+}
+
+int main(void)
+{
+    test_pool_sum();
+    test_pool_inline_and_nested();
+    test_matmul();
+    test_conv(false);
+    test_conv(true);
+    test_fallback();
+    test_bad_calls();
+    printf("%d cases against the reference\n", cases_run);
+    return tu_finish("test_services");
+}
