@@ -230,8 +230,9 @@ rf_tensor *rf_model_state(rf_model *m, rf_trace *t, int i) { return capture_name
 /* The walk keeps the current path in one growable buffer: each level appends
  * its component and truncates back when done. */
 typedef struct walk {
-    char *path;
+    char *path;       /* `inline_path` until a path outgrows it, then rfi_malloc'd */
     size_t len, cap;
+    char inline_path[256]; /* so a walk (run every trainstep) allocates nothing */
     bool failed; /* out of memory: the walk stopped early */
     /* Called for every array with its layer (for messages). */
     void (*fn)(struct walk *w, const rf_model *layer, const char *name, rf_array *a,
@@ -247,11 +248,14 @@ static bool path_push(walk *w, const char *component)
         size_t ncap = w->cap ? w->cap * 2 : 64;
         while (ncap < w->len + add + 1)
             ncap *= 2;
-        char *p = rfi_realloc(w->path, ncap);
+        bool on_heap = w->path && w->path != w->inline_path;
+        char *p = rfi_realloc(on_heap ? w->path : NULL, ncap);
         if (!p) {
             w->failed = true;
             return false;
         }
+        if (!on_heap && w->len)
+            memcpy(p, w->path, w->len + 1);
         w->path = p;
         w->cap = ncap;
     }
@@ -294,9 +298,14 @@ static void walk_tree(walk *w, const rf_model *m)
 /* Runs the walk and frees its buffer; false if it ran out of memory. */
 static bool walk_run(walk *w, const rf_model *m)
 {
+    w->path = w->inline_path;
+    w->path[0] = '\0';
+    w->len = 0;
+    w->cap = sizeof w->inline_path;
     if (m)
         walk_tree(w, m);
-    rfi_free(w->path);
+    if (w->path != w->inline_path)
+        rfi_free(w->path);
     w->path = NULL;
     return !w->failed;
 }
