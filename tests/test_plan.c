@@ -124,12 +124,21 @@ static plan_facts check_invariants(const rfi_plan *p)
             first_capture_copy = q;
         if (q > first_capture_copy && s->kind != RFI_STEP_COPY)
             copies_last = false;
-        if (s->kind == RFI_STEP_LOOP)
+        bool segmented = p->seg_extent && p->seg_extent[q] > 0;
+        if (s->kind == RFI_STEP_LOOP && !segmented)
             for (int r = 1; r < s->n_roots; r++) {
                 const rfi_node *a = g->nodes[s->roots[0]], *b = g->nodes[s->roots[r]];
                 roots_ok = roots_ok && a->rank == b->rank &&
                            memcmp(a->dims, b->dims, (size_t)a->rank * sizeof a->dims[0]) == 0;
             }
+        /* segmented: segment roots lie inside the flat extent, the others span it */
+        for (int r = 0; segmented && r < s->n_roots; r++) {
+            const rfi_node *b = g->nodes[s->roots[r]];
+            int64_t off = p->seg_offset[s->roots[r]];
+            roots_ok = roots_ok && s->kind == RFI_STEP_LOOP &&
+                       (off >= 0 ? off + rfi_node_numel(b) <= p->seg_extent[q]
+                                 : b->rank == 1 && b->dims[0] == p->seg_extent[q]);
+        }
     }
     CHECK(roots_ok);
     CHECK(fused_ok);
@@ -241,22 +250,33 @@ static int count_loc(const rfi_plan *p, rfi_loc_kind k)
     return n;
 }
 
-/* Exactly one LOOP step runs over the flat parameter vector [total]; it
- * computes both Adam moments in place. */
-static void check_flat_update(const rfi_plan *p, int64_t total)
+/* Exactly one LOOP step runs over the flat parameter vector [total], segmented:
+ * it computes both Adam moments in place and stores every one of the n_params
+ * new parameters straight into its capture (a segment root, in place), so no
+ * value of [total] elements is materialised for the new parameters. */
+static void check_flat_update(const rfi_plan *p, int64_t total, int n_params)
 {
-    int n_flat = 0, moments_in_place = 0;
+    int n_flat = 0, moments_in_place = 0, params_in_place = 0;
     for (int q = 0; q < p->n_steps; q++) {
         const rfi_step *s = &p->steps[q];
-        const rfi_node *r = p->g->nodes[s->roots[0]];
-        if (s->kind != RFI_STEP_LOOP || r->rank != 1 || r->dims[0] != total)
+        if (s->kind != RFI_STEP_LOOP || !p->seg_extent || p->seg_extent[q] != total)
             continue;
         n_flat++;
-        for (int i = 0; i < s->n_roots; i++)
-            moments_in_place += p->loc[s->roots[i]].kind == RFI_LOC_IN_PLACE;
+        for (int i = 0; i < s->n_roots; i++) {
+            bool in_place = p->loc[s->roots[i]].kind == RFI_LOC_IN_PLACE;
+            if (p->seg_offset[s->roots[i]] >= 0)
+                params_in_place += in_place;
+            else
+                moments_in_place += in_place;
+        }
     }
     CHECK(n_flat == 1);
     CHECK(moments_in_place == 2);
+    CHECK(params_in_place == n_params);
+    int arena_flat = 0;
+    for (int x = 0; x < p->g->n_nodes; x++)
+        arena_flat += p->loc[x].kind == RFI_LOC_ARENA && rfi_node_numel(p->g->nodes[x]) == total;
+    CHECK(arena_flat == 0);
 }
 
 /* ---- (a) an elementwise chain: one loop ---------------------------------------------------- */
@@ -495,22 +515,22 @@ static void test_tiny_train_step(void)
         /* REDUCE (8): the forward dots x.W1 [16,8] and h.W2 [16,2] (512 and 256
          * multiply-adds: below the matmul threshold), the mse sum, and in the
          * backward pass db2 (sum over the batch), dh = dy.W2', dW2, db1, dW1.
-         * LOOP (10): h = tanh(x.W1 + b1) (read by a dot and by the backward
+         * LOOP (6): h = tanh(x.W1 + b1) (read by a dot and by the backward
          * pass); the loss = sum / N (output 0); dy = d mse / d yhat [16,2]
          * (read by three reductions); dz = dh * (1 - h^2) [16,8]; ONE flat Adam
-         * loop over the 58 parameters computing the new moments (in place)
-         * and the new flat parameters; one scalar loop for the updated beta
-         * powers and step counter (in place); four loops slicing the new flat
-         * parameters back into W1, b1, W2, b2 (in place).
+         * loop over the 58 parameters, segmented: it computes the new moments
+         * (in place) and stores the new W1, b1, W2, b2 straight into their
+         * captures (in place; no flat new-parameter vector); one scalar loop
+         * for the updated beta powers and step counter (in place).
          * CALL 0, COPY 0: every update is in place. */
         CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 8);
-        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 10);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 6);
         CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 0);
         CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 0);
         CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
         CHECK(g->n_updates == 9);
         CHECK(p->loc[g->outputs[0]->id].kind == RFI_LOC_OUTPUT);
-        check_flat_update(p, 58);
+        check_flat_update(p, 58, 4);
         check_invariants(p);
     }
     rfi_plan_free(p);
@@ -576,15 +596,16 @@ static void test_mlp_train_step(void)
         /* REDUCE (10): the logsoftmax max and sum, the loss's two sums, the
          * backward row sums of the logsoftmax (3) and the bias gradients (3). */
         CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 10);
-        /* LOOP (19): bias+relu x2, the logits, exp(z - max), log(sum), the
+        /* LOOP (13): bias+relu x2, the logits, exp(z - max), log(sum), the
          * loss, two [128,1]/[128] backward row scalars, dlogits, two relu
-         * backward masks; ONE flat Adam loop over all 535818 parameters, one
-         * scalar loop (beta powers, step counter), six slice-back loops. */
-        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 19);
+         * backward masks; ONE flat Adam loop over all 535818 parameters
+         * (segmented: it also stores the six new parameters in place), one
+         * scalar loop (beta powers, step counter). */
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 13);
         CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 0);
         CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
         CHECK(g->n_updates == 11);
-        check_flat_update(p, 535818);
+        check_flat_update(p, 535818, 6);
         plan_facts f = check_invariants(p);
         CHECK(p->arena_bytes < f.sum_arena);
         printf("mlp: %d steps, %d arena buffers, peak %zu bytes (%zu without reuse)\n",

@@ -17,6 +17,15 @@ static rf_tensor *mse_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
     return rf_mse(yhat, b[1]);
 }
 
+/* A random f32 array on the CPU device (the host copy is freed). */
+static rf_array *cpu_randn(const int64_t *dims, int rank, uint64_t seed)
+{
+    rf_array *h = rf_randn(RF_F32, dims, rank, seed);
+    rf_array *d = h ? rf_array_to(h, rf_device_cpu()) : NULL;
+    rf_array_free(h);
+    return d;
+}
+
 static void forward(rf_trace *t, void *ctx) { rf_return(t, rf_apply(ctx, rf_arg(t, 0))); }
 
 static rf_model *seed_model(void)
@@ -33,8 +42,8 @@ static void test_trainstep_allocates_nothing(void)
 {
     rf_model *m = seed_model();
     rf_opt *opt = m ? rf_setup(rf_adam(1e-2), m) : NULL;
-    rf_array *x = rf_array_to(rf_randn(RF_F32, RF_SHAPE(16, 4), 1), rf_device_cpu());
-    rf_array *y = rf_array_to(rf_randn(RF_F32, RF_SHAPE(16, 2), 2), rf_device_cpu());
+    rf_array *x = cpu_randn(RF_SHAPE(16, 4), 1);
+    rf_array *y = cpu_randn(RF_SHAPE(16, 2), 2);
     CHECK(m && opt && x && y);
     rf_array *batch[2] = {x, y};
     double loss = 0;
@@ -62,7 +71,7 @@ static void test_trainstep_allocates_nothing(void)
 static void test_memory_known_before_first_run(void)
 {
     rf_model *m = seed_model();
-    rf_array *x = rf_array_to(rf_randn(RF_F32, RF_SHAPE(64, 4), 4), rf_device_cpu());
+    rf_array *x = cpu_randn(RF_SHAPE(64, 4), 4);
     rf_exec *e = NULL;
     CHECK_OK(rf_compile(forward, m, &x, 1, &e));
     if (e) {
@@ -80,7 +89,7 @@ static void test_memory_known_before_first_run(void)
 static void test_second_compile_hits_the_disk_cache(void)
 {
     rf_model *m = seed_model();
-    rf_array *x = rf_array_to(rf_randn(RF_F32, RF_SHAPE(7, 4), 5), rf_device_cpu());
+    rf_array *x = cpu_randn(RF_SHAPE(7, 4), 5);
     rf_exec *a = NULL, *b = NULL;
     CHECK_OK(rf_compile(forward, m, &x, 1, &a));
     uint64_t compiles = rfi_cc_n_compiles(), hits = rfi_cc_n_disk_hits();

@@ -35,6 +35,17 @@
  *     those roots share a LOOP step and recomputed otherwise). Else it is
  *     materialised. Its sites are then 1.
  *
+ * Segment sources. A rank-1 node F that these rules materialise becomes
+ *   inline when every materialised node it reaches through inline users is
+ *   a SEGMENT root of F: a root v = f(reshape(slice(F, off))) whose every
+ *   path to F is one stride-1 slice under elementwise ops and reshapes of v's
+ *   element count (scalars and broadcast scalars aside), so v's element j is
+ *   computed from F's element off + j. Such roots join a LOOP over F's shape
+ *   (plan.h: segmented steps), stored at their own indices: the optimiser's
+ *   per-parameter select(ok, reshape(slice(x_new)), p) then needs no [total]
+ *   x_new and no loop of its own, and goes in place (rule (2) below follows
+ *   the flat offsets).
+ *
  * Aliases. A RESHAPE or STOP_GRADIENT whose operand is materialised and
  *   that is not an output becomes LOC_ALIAS of the operand's bytes (no step).
  *
@@ -49,8 +60,9 @@
  *   there: the step comes after every step producing the root's inputs, or
  *   else the step can be moved to the end (no later step reads its roots and
  *   the new root reads none of them).
- *   This puts the flat optimiser update of all parameters and moments (one
- *   shape, [total]) into one loop.
+ *   A segment root compares by its flat vector's shape. This puts the flat
+ *   optimiser update of all parameters and moments (one shape, [total]) into
+ *   one loop, parameters included.
  *
  * Outputs. A root that is output i and not an update value, and not already
  *   placed, is LOC_OUTPUT i. Every other output (extra outputs of one node,
@@ -58,9 +70,11 @@
  *
  * Updates. Value v of the update of capture c is LOC_IN_PLACE c when
  *   opts.in_place_updates and: (1) v is a LOOP root with c's dims; (2) in v's
- *   step, every inline path from c's CAPTURE node to any root of the step
- *   goes through elementwise ops of one shape only (identity indexing) and
- *   the step reads no alias of c; (3) no later step and no final copy reads
+ *   step, every inline path from c's CAPTURE node (or an alias of it) to any
+ *   root of the step reads c at the position v writes: through elementwise
+ *   ops of one shape and reshapes (identity linear index), and in a
+ *   segmented step also through rank-1 slices and concatenations of the
+ *   flat extent, whose offsets must add up to v's own segment offset; (3) no later step and no final copy reads
  *   c; (4) v is not an output, not read by a later step, and the value of
  *   no other update. Otherwise v lives in the arena (or where it already is)
  *   and a COPY step writes it into c at the end.
@@ -299,6 +313,99 @@ static rf_status number_consts(rfi_plan_builder *b)
     return RF_OK;
 }
 
+/* ---- Segment roots ----------------------------------------------------------------------- */
+
+/* Bounds the node visits of one segment-root walk (shared subexpressions may be
+ * seen more than once); a walk over budget just finds no segment. */
+#define SEGMENT_WALK_BUDGET 4096
+
+/* Whether root v reads a rank-1 node only through one stride-1 slice, at v's
+ * own row-major linear index: v = f(reshape(slice(F, off))) where every other
+ * inline node on the way is elementwise or a reshape of v's element count,
+ * a broadcast of a scalar or a scalar, and every materialised input has v's
+ * element count or is a scalar. Then *flat = F, *off = the slice's start. */
+static bool segment_source(const rfi_plan_builder *b, int v, int *flat, int64_t *off)
+{
+    const rfi_node *vn = b->g->nodes[v];
+    int64_t numel = rfi_node_numel(vn);
+    if (is_leaf(vn) || !is_fusible(vn->op))
+        return false;
+    rfi_intlist stack = {0};
+    bool ok = rfi_intlist_push(&stack, v);
+    int visits = 0;
+    *flat = -1;
+    while (ok && stack.n > 0) {
+        const rfi_node *u = b->g->nodes[stack.v[--stack.n]];
+        if (++visits > SEGMENT_WALK_BUDGET) {
+            ok = false;
+            break;
+        }
+        if (u->op == RFI_OP_SLICE) {
+            const rfi_node *f = u->in[0];
+            int64_t start = u->attr.l[0][0];
+            ok = u->rank == 1 && f->rank == 1 && u->attr.l[2][0] == 1 &&
+                 (*flat < 0 || (*flat == f->id && *off == start));
+            *flat = f->id;
+            *off = start;
+            continue;
+        }
+        if (u->op == RFI_OP_BROADCAST_IN_DIM) {
+            ok = u->in[0]->rank == 0;
+            continue;
+        }
+        ok = is_elementwise(u->op) || u->op == RFI_OP_RESHAPE;
+        for (int k = 0; ok && k < u->n_in; k++) {
+            const rfi_node *y = u->in[k];
+            if (y->rank == 0)
+                continue;
+            ok = rfi_node_numel(y) == numel && y->op != RFI_OP_IOTA;
+            if (ok && !b->mat[y->id] && !is_leaf(y)) /* leaves: buffers (decided later) */
+                ok = rfi_intlist_push(&stack, y->id);
+        }
+    }
+    rfi_intlist_free(&stack);
+    return ok && *flat >= 0;
+}
+
+/* A rank-1 node f just materialised by the usual rules becomes inline when every
+ * materialised node it reaches through inline users is a segment root of f (the
+ * per-parameter pieces of a flat optimiser update): those roots compute f's
+ * elements inside one segmented loop over f's shape, and f needs no buffer. */
+static bool make_segment_source(rfi_plan_builder *b, int f)
+{
+    const rfi_node *fn = b->g->nodes[f];
+    if (fn->rank != 1 || fn->dims[0] < 1 || is_leaf(fn))
+        return false;
+    int gen = ++b->stamp_gen;
+    rfi_intlist stack = {0}, roots = {0};
+    bool ok = rfi_intlist_push(&stack, f);
+    while (ok && stack.n > 0) {
+        int u = stack.v[--stack.n];
+        for (int j = b->user_start[u]; ok && j < b->user_start[u + 1]; j++) {
+            int w = b->users[j];
+            if (b->stamp[w] == gen)
+                continue;
+            b->stamp[w] = gen;
+            int flat = -1;
+            int64_t off = 0;
+            if (!b->mat[w])
+                ok = rfi_intlist_push(&stack, w);
+            else
+                ok = segment_source(b, w, &flat, &off) && flat == f &&
+                     rfi_intlist_push(&roots, w);
+        }
+    }
+    ok = ok && roots.n > 0;
+    for (int r = 0; ok && r < roots.n; r++) {
+        int flat = -1;
+        segment_source(b, roots.v[r], &flat, &b->seg_off[roots.v[r]]);
+        b->seg_flat[roots.v[r]] = f;
+    }
+    rfi_intlist_free(&stack);
+    rfi_intlist_free(&roots);
+    return ok;
+}
+
 rf_status rfi_fuse_decide(rfi_plan_builder *b)
 {
     bool *forced = rfi_calloc((size_t)b->n + 1, sizeof *forced);
@@ -319,6 +426,10 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
                 b->mat[x] = true;
             else
                 decide_fusible(b, sites, x);
+            if (!forced[x] && b->mat[x] && !is_leaf(node) && make_segment_source(b, x)) {
+                b->mat[x] = false;
+                sites[x] = 1;
+            }
         }
         make_aliases(b);
         st = number_consts(b);
@@ -418,6 +529,13 @@ static bool roots_read_later(const rfi_plan_builder *b, int s, int pos)
     return false;
 }
 
+/* The node whose shape a LOOP root's loop runs over: its flat vector for a
+ * segment root, else itself. */
+static const rfi_node *loop_shape(const rfi_plan_builder *b, int x)
+{
+    return b->g->nodes[b->seg_flat[x] >= 0 ? b->seg_flat[x] : x];
+}
+
 /* How far back (in steps) a LOOP root looks for a step to join: bounds the
  * planner's time on long programs. */
 #define JOIN_WINDOW 256
@@ -433,12 +551,12 @@ static int find_loop_to_join(const rfi_plan_builder *b, int x, const rfi_intlist
         int pos = s >= 0 ? rfi_plan_step_pos(b, s) : -1;
         ready = pos > ready ? pos : ready;
     }
-    const rfi_node *node = b->g->nodes[x];
+    const rfi_node *node = loop_shape(b, x);
     int stop = b->n_steps > JOIN_WINDOW ? b->n_steps - JOIN_WINDOW : 0;
     for (int pos = b->n_steps - 1; pos >= stop; pos--) {
         int s = b->order[pos];
         const rfi_bstep *st = &b->steps[s];
-        if (st->kind != RFI_STEP_LOOP || !same_dims(b->g->nodes[st->roots.v[0]], node) ||
+        if (st->kind != RFI_STEP_LOOP || !same_dims(loop_shape(b, st->roots.v[0]), node) ||
             !lists_meet(inputs, &st->inputs))
             continue;
         if (pos > ready) {
@@ -525,35 +643,97 @@ static bool copy_reads(const rfi_plan_builder *b, int cnode)
     return false;
 }
 
-/* Rule (2): every inline path from cnode to a root of step s indexes
- * identically, and s reads no alias of cnode. seen: scratch per node. */
-static bool reads_capture_at_identity(const rfi_plan_builder *b, int s, int cnode,
+/* A read position during the rule (2) walk: node `node` is read, per loop
+ * iteration i (the flat index of a segmented step, else the root's linear
+ * index), at its own linear index i - t; lin = false: at some other index. */
+typedef struct read_pos {
+    int node;
+    int64_t t;
+    bool lin;
+} read_pos;
+
+/* Where operand k of u is read, given that u is read at `at`. Elementwise ops
+ * and reshapes keep the linear index; in a segmented step over [extent], rank-1
+ * stride-1 slices and concatenations of that extent shift it (the lowering
+ * splits such a step where they change operand, so each read there is direct). */
+static read_pos operand_pos(const rfi_node *u, int k, read_pos at, int64_t extent)
+{
+    const rfi_node *y = u->in[k];
+    read_pos r = {y->id, at.t, false};
+    if (!at.lin || (y->rank == 0 && u->rank > 0))
+        return r;
+    if ((is_elementwise(u->op) && same_dims(u, y)) || u->op == RFI_OP_RESHAPE ||
+        u->op == RFI_OP_STOP_GRADIENT) {
+        r.lin = true;
+    } else if (u->op == RFI_OP_SLICE && extent > 0 && u->rank == 1 && y->dims[0] == extent &&
+               u->attr.l[2][0] == 1) {
+        r.lin = true;
+        r.t = at.t - u->attr.l[0][0];
+    } else if (u->op == RFI_OP_CONCATENATE && extent > 0 && u->rank == 1 &&
+               u->dims[0] == extent) {
+        int64_t start = 0;
+        for (int j = 0; j < k; j++)
+            start += u->in[j]->dims[0];
+        r.lin = true;
+        r.t = at.t + start;
+    }
+    return r;
+}
+
+static bool push_pos(read_pos **stack, int *n, int *cap, read_pos x)
+{
+    if (*n == *cap) {
+        int ncap = *cap ? 2 * *cap : 64;
+        read_pos *v = rfi_realloc(*stack, (size_t)ncap * sizeof *v);
+        if (!v)
+            return false;
+        *stack = v;
+        *cap = ncap;
+    }
+    (*stack)[(*n)++] = x;
+    return true;
+}
+
+/* Rule (2): in step s, every read of capture node cnode (directly or through an
+ * alias) that reaches a root is at the position update value v writes: the
+ * same linear index (for a segment root, the same flat position). seen:
+ * scratch per node (1: visited at offset 0, 2: at a non-linear position). */
+static bool reads_capture_at_identity(const rfi_plan_builder *b, int s, int cnode, int v,
                                       unsigned char *seen)
 {
     const rfi_bstep *st = &b->steps[s];
-    rfi_intlist stack = {0}; /* pairs: node, identity flag */
-    bool ok = true;
-    for (int r = 0; ok && r < st->roots.n; r++)
-        ok = rfi_intlist_push(&stack, st->roots.v[r]) && rfi_intlist_push(&stack, 1);
-    bool safe = ok;
-    while (safe && stack.n > 0) {
-        int ident = stack.v[--stack.n];
-        const rfi_node *u = b->g->nodes[stack.v[--stack.n]];
+    int64_t extent = 0, target = b->seg_flat[v] >= 0 ? b->seg_off[v] : 0;
+    for (int r = 0; r < st->roots.n; r++)
+        if (b->seg_flat[st->roots.v[r]] >= 0)
+            extent = b->g->nodes[b->seg_flat[st->roots.v[r]]]->dims[0];
+    read_pos *stack = NULL;
+    int n = 0, cap = 0, visits = 0;
+    bool safe = true;
+    for (int r = 0; safe && r < st->roots.n; r++) {
+        int x = st->roots.v[r];
+        read_pos at = {x, b->seg_flat[x] >= 0 ? b->seg_off[x] : 0, true};
+        safe = push_pos(&stack, &n, &cap, at);
+    }
+    while (safe && n > 0) {
+        read_pos at = stack[--n];
+        const rfi_node *u = b->g->nodes[at.node];
+        safe = ++visits <= 16 * SEGMENT_WALK_BUDGET;
         for (int k = 0; safe && k < u->n_in; k++) {
-            const rfi_node *y = u->in[k];
-            int fy = ident && is_elementwise(u->op) && same_dims(u, y);
-            if (y->id == cnode) {
-                safe = fy != 0;
-            } else if (b->mat[y->id]) {
-                safe = !(b->p->loc[y->id].kind == RFI_LOC_ALIAS &&
-                         b->p->loc[y->id].alias == cnode);
-            } else if (!(seen[y->id] & (fy ? 1 : 2))) {
-                seen[y->id] |= (unsigned char)(fy ? 1 : 2);
-                safe = rfi_intlist_push(&stack, y->id) && rfi_intlist_push(&stack, fy);
+            read_pos y = operand_pos(u, k, at, extent);
+            const rfi_loc *loc = &b->p->loc[y.node];
+            if (y.node == cnode || (b->mat[y.node] && loc->kind == RFI_LOC_ALIAS &&
+                                    loc->alias == cnode)) {
+                safe = y.lin && y.t == target;
+            } else if (!b->mat[y.node]) {
+                unsigned char mark = !y.lin ? 2 : y.t == 0 ? 1 : 0;
+                if (!mark || !(seen[y.node] & mark)) {
+                    seen[y.node] |= mark;
+                    safe = push_pos(&stack, &n, &cap, y);
+                }
             }
         }
     }
-    rfi_intlist_free(&stack);
+    rfi_free(stack);
     return safe;
 }
 
@@ -594,7 +774,7 @@ static bool can_update_in_place(const rfi_plan_builder *b, int c, int v, rf_stat
         *st = rfi_error(RF_E_NOMEM, "plan: out of memory");
         return false;
     }
-    bool ok = reads_capture_at_identity(b, s, cn->id, seen);
+    bool ok = reads_capture_at_identity(b, s, cn->id, v, seen);
     rfi_free(seen);
     return ok;
 }

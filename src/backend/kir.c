@@ -105,6 +105,98 @@ static int level_of(const rfi_kir_kernel *k, int id)
     return id >= 0 ? k->ins[id].level : 0;
 }
 
+/* ---- Value ranges of index instructions ------------------------------------------------ */
+static bool range_known(const rfi_kir_ins *x)
+{
+    return x->lo != INT64_MIN || x->hi != INT64_MAX;
+}
+
+/* The extent of loop variable var, or 0 when not (yet) known. */
+static int64_t var_extent(const rfi_kir_kernel *k, int var)
+{
+    if (var < 0)
+        return 0;
+    if (var < k->rank)
+        return k->dims[var];
+    return var - k->rank < k->red_rank ? k->red_dims[var - k->rank] : 0;
+}
+
+/* [lo, hi] of a op b from the operands' ranges (products of the corners). */
+static void arith_range(rfi_kir_op op, const rfi_kir_ins *a, const rfi_kir_ins *b, int64_t *lo,
+                        int64_t *hi)
+{
+    *lo = INT64_MIN;
+    *hi = INT64_MAX;
+    if (!range_known(a) || !range_known(b))
+        return;
+    int64_t c[4];
+    switch (op) {
+    case RFI_KIR_IADD:
+        if (__builtin_add_overflow(a->lo, b->lo, lo) || __builtin_add_overflow(a->hi, b->hi, hi))
+            *lo = INT64_MIN, *hi = INT64_MAX;
+        return;
+    case RFI_KIR_IMUL:
+        if (__builtin_mul_overflow(a->lo, b->lo, &c[0]) || __builtin_mul_overflow(a->lo, b->hi, &c[1]) ||
+            __builtin_mul_overflow(a->hi, b->lo, &c[2]) || __builtin_mul_overflow(a->hi, b->hi, &c[3]))
+            return;
+        *lo = *hi = c[0];
+        for (int i = 1; i < 4; i++) {
+            *lo = c[i] < *lo ? c[i] : *lo;
+            *hi = c[i] > *hi ? c[i] : *hi;
+        }
+        return;
+    case RFI_KIR_IDIV:
+        if (b->lo == b->hi && b->lo > 0 && a->lo >= 0) {
+            *lo = a->lo / b->lo;
+            *hi = a->hi / b->lo;
+        }
+        return;
+    case RFI_KIR_IREM:
+        if (b->lo == b->hi && b->lo > 0 && a->lo >= 0) {
+            *lo = a->hi < b->lo ? a->lo : 0;
+            *hi = a->hi < b->lo ? a->hi : b->lo - 1;
+        }
+        return;
+    case RFI_KIR_IMIN:
+        *lo = a->lo < b->lo ? a->lo : b->lo;
+        *hi = a->hi < b->hi ? a->hi : b->hi;
+        return;
+    case RFI_KIR_IMAX:
+        *lo = a->lo > b->lo ? a->lo : b->lo;
+        *hi = a->hi > b->hi ? a->hi : b->hi;
+        return;
+    default: return;
+    }
+}
+
+static void set_range(const rfi_kir_kernel *k, rfi_kir_ins *x)
+{
+    x->lo = INT64_MIN;
+    x->hi = INT64_MAX;
+    switch (x->op) {
+    case RFI_KIR_VAR: {
+        int64_t n = var_extent(k, x->var);
+        if (n > 0)
+            x->lo = 0, x->hi = n - 1;
+        break;
+    }
+    case RFI_KIR_CONST:
+        if (!rfi_dtype_is_float(x->dtype))
+            x->lo = x->hi = x->i;
+        break;
+    case RFI_KIR_IADD:
+    case RFI_KIR_IMUL:
+    case RFI_KIR_IDIV:
+    case RFI_KIR_IREM:
+    case RFI_KIR_IMIN:
+    case RFI_KIR_IMAX: arith_range(x->op, &k->ins[x->a], &k->ins[x->b], &x->lo, &x->hi); break;
+    default:
+        if (x->dtype == RF_BOOL)
+            x->lo = 0, x->hi = 1;
+        break;
+    }
+}
+
 /* The id of an instruction equal to *x, appending it if new. */
 static int intern(rfi_kir_kernel *k, rfi_kir_ins x)
 {
@@ -140,6 +232,7 @@ static int intern(rfi_kir_kernel *k, rfi_kir_ins x)
         x.level = l;
     }
     }
+    set_range(k, &x);
     int id = k->n_ins++;
     k->ins[id] = x;
     k->table[slot] = id + 1;
@@ -219,6 +312,11 @@ int rfi_kir_index(rfi_kir_kernel *k, rfi_kir_op op, int a, int b)
         int64_t tc = ca; ca = cb; cb = tc;
         bool tk = ka; ka = kb; kb = tk;
     }
+    int64_t cinner = 0;
+    if (op == RFI_KIR_IADD && kb && k->ins[a].op == RFI_KIR_IADD &&
+        rfi_kir_is_const(k, k->ins[a].b, &cinner)) /* (x + c1) + c2 = x + (c1 + c2) */
+        return rfi_kir_index(k, RFI_KIR_IADD, k->ins[a].a,
+                             rfi_kir_const_i(k, RF_I64, cinner + cb));
     if (kb) {
         if ((op == RFI_KIR_IADD && cb == 0) || (op == RFI_KIR_IMUL && cb == 1) ||
             (op == RFI_KIR_IDIV && cb == 1))
@@ -230,6 +328,13 @@ int rfi_kir_index(rfi_kir_kernel *k, rfi_kir_op op, int a, int b)
         return a;
     if (a == b && (op == RFI_KIR_IMIN || op == RFI_KIR_IMAX))
         return a;
+    const rfi_kir_ins *ra = &k->ins[a], *rb = &k->ins[b];
+    if (range_known(ra) && range_known(rb)) { /* min/max the ranges decide */
+        if (op == RFI_KIR_IMIN && (ra->hi <= rb->lo || rb->hi <= ra->lo))
+            return ra->hi <= rb->lo ? a : b;
+        if (op == RFI_KIR_IMAX && (ra->lo >= rb->hi || rb->lo >= ra->hi))
+            return ra->lo >= rb->hi ? a : b;
+    }
     rfi_kir_ins x = blank(op, RF_I64);
     x.a = a;
     x.b = b;
@@ -249,6 +354,23 @@ static bool cmp_holds(rf_cmp cmp, int64_t a, int64_t b)
     }
 }
 
+/* 1 or 0 when a cmp b holds or fails for every value in the ranges, else -1. */
+static int icmp_by_range(rf_cmp cmp, const rfi_kir_ins *a, const rfi_kir_ins *b)
+{
+    if (!range_known(a) || !range_known(b))
+        return -1;
+    bool lt = a->hi < b->lo, gt = a->lo > b->hi, le = a->hi <= b->lo, ge = a->lo >= b->hi;
+    switch (cmp) {
+    case RF_LT: return lt ? 1 : ge ? 0 : -1;
+    case RF_LE: return le ? 1 : gt ? 0 : -1;
+    case RF_GT: return gt ? 1 : le ? 0 : -1;
+    case RF_GE: return ge ? 1 : lt ? 0 : -1;
+    case RF_EQ: return (lt || gt) ? 0 : -1;
+    case RF_NE: return (lt || gt) ? 1 : -1;
+    default: return -1;
+    }
+}
+
 int rfi_kir_icmp(rfi_kir_kernel *k, rf_cmp cmp, int a, int b)
 {
     if (a < 0 || b < 0)
@@ -256,6 +378,9 @@ int rfi_kir_icmp(rfi_kir_kernel *k, rf_cmp cmp, int a, int b)
     int64_t ca, cb;
     if (rfi_kir_is_const(k, a, &ca) && rfi_kir_is_const(k, b, &cb))
         return rfi_kir_const_i(k, RF_BOOL, cmp_holds(cmp, ca, cb));
+    int decided = icmp_by_range(cmp, &k->ins[a], &k->ins[b]);
+    if (decided >= 0)
+        return rfi_kir_const_i(k, RF_BOOL, decided);
     rfi_kir_ins x = blank(RFI_KIR_ICMP, RF_BOOL);
     x.cmp = cmp;
     x.a = a;

@@ -26,6 +26,11 @@
  * stores (renderers emit every store after the values it needs, and an
  * in-place root reads its capture only at the index it writes: plan.h).
  *
+ * Index instructions carry a value range (loop variables: [0, extent - 1],
+ * derived through the index arithmetic), and comparisons, min and max that
+ * the ranges decide fold away: a kernel over a known part of a concatenation
+ * reads its operand directly.
+ *
  * Deliberately no control flow besides the loop nest and the guard: guarded
  * values (pad, concatenate, windows) are computed at clamped, in-bounds
  * indices and chosen by select, so every kernel is straight-line code.
@@ -70,6 +75,7 @@ typedef struct rfi_kir_ins {
     int64_t i;      /* CONST of the other dtypes */
     int node;       /* the IR node whose value this is, or -1 */
     int level;      /* see above */
+    int64_t lo, hi; /* index values (i64, bool): every value lies in [lo, hi] */
 } rfi_kir_ins;
 
 /* A typed pointer a kernel addresses: buffer `buffer` of the table plus `offset`

@@ -12,6 +12,12 @@
  * multi-index or both, converted only on demand: an elementwise LOOP kernel
  * whose accesses need no multi-index runs as one flat loop.
  *
+ * A segmented LOOP step (plan.h) becomes one flat kernel per piece between
+ * the ends of its segment roots and of the flat concatenations and slices it
+ * fuses: the index ranges then decide every concatenation's operand choice
+ * and clamp (kir.h), so each piece reads gradients and parameters directly
+ * and stores each parameter update into its own buffer.
+ *
  * CALL and COPY steps become module steps the renderer emits as calls and
  * copies. Deliberately no loop transformations (tiling, interchange) and no
  * C: renderers print the result.
@@ -20,6 +26,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- Index vectors ------------------------------------------------------------- */
@@ -613,6 +620,97 @@ static rf_status lower_loop(lower *L, const rfi_step *st)
     return s;
 }
 
+/* ---- Segmented loops -------------------------------------------------------------- */
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static bool add_cut(int64_t **cuts, int *n, int *cap, int64_t at)
+{
+    if (*n == *cap) {
+        int ncap = *cap ? 2 * *cap : 32;
+        int64_t *v = rfi_realloc(*cuts, (size_t)ncap * sizeof *v);
+        if (!v)
+            return false;
+        *cuts = v;
+        *cap = ncap;
+    }
+    (*cuts)[(*n)++] = at;
+    return true;
+}
+
+/* Where a segmented step's flat loop splits (sorted, distinct, 0 and the extent
+ * included): the ends of its segment roots and of the operands of the
+ * concatenations and slices over the flat extent it fuses, so that inside a
+ * piece every such op reads one operand at a direct index. */
+static rf_status segment_cuts(const rfi_plan *p, const rfi_step *st, int64_t ext, int64_t **cuts,
+                              int *n)
+{
+    int cap = 0;
+    const int64_t *off = p->seg_offset;
+    bool ok = add_cut(cuts, n, &cap, 0) && add_cut(cuts, n, &cap, ext);
+    for (int r = 0; ok && r < st->n_roots; r++)
+        if (off[st->roots[r]] >= 0)
+            ok = add_cut(cuts, n, &cap, off[st->roots[r]]) &&
+                 add_cut(cuts, n, &cap, off[st->roots[r]] +
+                                            rfi_node_numel(p->g->nodes[st->roots[r]]));
+    for (int f = 0; ok && f < st->n_fused; f++) {
+        const rfi_node *x = p->g->nodes[st->fused[f]];
+        if (x->op == RFI_OP_CONCATENATE && x->rank == 1 && x->dims[0] == ext) {
+            int64_t at = 0;
+            for (int k = 0; ok && k < x->n_in; k++)
+                ok = add_cut(cuts, n, &cap, at += x->in[k]->dims[0]);
+        } else if (x->op == RFI_OP_SLICE && x->rank == 1 && x->in[0]->dims[0] == ext &&
+                   x->in[0]->rank == 1) {
+            ok = add_cut(cuts, n, &cap, x->attr.l[0][0]) &&
+                 add_cut(cuts, n, &cap, x->attr.l[1][0]);
+        }
+    }
+    if (!ok)
+        return rfi_error(RF_E_NOMEM, "kir: out of memory");
+    qsort(*cuts, (size_t)*n, sizeof **cuts, cmp_i64);
+    int m = 0;
+    for (int i = 0; i < *n; i++)
+        if ((m == 0 || (*cuts)[i] != (*cuts)[m - 1]) && (*cuts)[i] >= 0 && (*cuts)[i] <= ext)
+            (*cuts)[m++] = (*cuts)[i];
+    *n = m;
+    return RF_OK;
+}
+
+/* One piece [a, b) of a segmented step: a flat loop whose index is var + a; every
+ * root covering the piece is computed at its own linear index and stored. */
+static rf_status lower_segment(lower *L, const rfi_step *st, int64_t ext, int64_t a, int64_t b,
+                               int piece)
+{
+    rfi_kir_kernel *k = L->k;
+    const rfi_node *r0 = L->g->nodes[st->roots[0]];
+    snprintf(k->name, sizeof k->name, "%s_seg%d", rfi_op_table[r0->op].name, piece);
+    L->flat = true;
+    int flat = iop(L, RFI_KIR_IADD, loop_var(L, b - a, false), cst(L, a));
+    for (int r = 0; r < st->n_roots; r++) {
+        const rfi_node *root = L->g->nodes[st->roots[r]];
+        int64_t seg = L->p->seg_offset[root->id];
+        int64_t off = seg >= 0 ? seg : 0;
+        int64_t numel = rfi_node_numel(root);
+        if (off > a || off + numel < b)
+            continue; /* the piece lies outside this root */
+        if (seg < 0 && (root->rank != 1 || numel != ext))
+            return rfi_error(RF_E_INTERNAL, "kir: step %d: root %%%d is neither a segment nor "
+                             "of the flat extent %lld", k->step, root->id, (long long)ext);
+        kidx ix = root->rank == 0 ? idx_scalar(L)
+                                  : idx_lin_of(L, root, iop(L, RFI_KIR_IADD, flat, cst(L, -off)));
+        int v = -1;
+        rf_status s = emit(L, root, &ix, true, &v);
+        if (s == RF_OK)
+            s = store_root(L, root, &ix, v);
+        if (s != RF_OK)
+            return s;
+    }
+    return RF_OK;
+}
+
 /* Identity of a reduction in the accumulator (interpreter: reduce.c). */
 static void set_identity(rfi_kir_kernel *k, rf_reduce_kind kind, rf_dtype xt)
 {
@@ -762,11 +860,53 @@ static rfi_kir_step *add_step(rfi_kir_module *m, rfi_kir_step_kind kind, int ste
     return s;
 }
 
+/* Appends the finished kernel L->k as a module step (the module owns it). */
+static rf_status add_kernel(lower *L, rfi_kir_module *m, int s, const char *what)
+{
+    rfi_kir_mark_aliasing(L->k);
+    L->k->comment = describe_step(L->p, s, what);
+    rfi_kir_step *ks = add_step(m, RFI_KIR_STEP_KERNEL, s);
+    if (!ks || !L->k->comment)
+        return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
+    ks->kernel = L->k;
+    L->k = NULL;
+    return RF_OK;
+}
+
+/* A segmented LOOP step: one kernel per piece between its cuts. */
+static rf_status lower_segmented_step(lower *L, rfi_kir_module *m, int s)
+{
+    const rfi_step *st = &L->p->steps[s];
+    int64_t *cuts = NULL;
+    int n = 0;
+    int64_t ext = L->p->seg_extent[s];
+    rf_status rc = segment_cuts(L->p, st, ext, &cuts, &n);
+    bool *is_root = (bool *)L->is_root;
+    for (int r = 0; r < st->n_roots; r++)
+        is_root[st->roots[r]] = true;
+    for (int i = 0; rc == RF_OK && i + 1 < n; i++) {
+        reset_kernel(L, s);
+        rc = !L->k ? RF_E_NOMEM : lower_segment(L, st, ext, cuts[i], cuts[i + 1], i);
+        if (rc == RF_OK && L->status != RF_OK)
+            rc = L->status;
+        if (rc == RF_OK && rfi_kir_failed(L->k))
+            rc = RF_E_NOMEM;
+        if (rc == RF_OK && L->k->n_stores > 0)
+            rc = add_kernel(L, m, s, "loop (one piece of a segmented loop)");
+    }
+    for (int r = 0; r < st->n_roots; r++)
+        is_root[st->roots[r]] = false;
+    rfi_free(cuts);
+    return rc;
+}
+
 static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
 {
     const rfi_step *st = &L->p->steps[s];
     if (st->n_roots < 1)
         return rfi_error(RF_E_INTERNAL, "kir: step %d has no roots", s);
+    if (st->kind == RFI_STEP_LOOP && L->p->seg_extent && L->p->seg_extent[s] > 0)
+        return lower_segmented_step(L, m, s);
     if (rfi_node_numel(L->g->nodes[st->roots[0]]) == 0)
         return RF_OK; /* nothing to compute */
     bool *is_root = (bool *)L->is_root;
@@ -783,14 +923,7 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
         rc = RF_E_NOMEM;
     if (rc != RF_OK)
         return rc;
-    rfi_kir_mark_aliasing(L->k);
-    L->k->comment = describe_step(L->p, s, st->kind == RFI_STEP_LOOP ? "loop" : "reduce");
-    rfi_kir_step *ks = add_step(m, RFI_KIR_STEP_KERNEL, s);
-    if (!ks || !L->k->comment)
-        return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
-    ks->kernel = L->k;
-    L->k = NULL;
-    return RF_OK;
+    return add_kernel(L, m, s, st->kind == RFI_STEP_LOOP ? "loop" : "reduce");
 }
 
 static rf_status lower_call_step(const rfi_plan *p, rfi_kir_module *m, int s)

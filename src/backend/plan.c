@@ -116,11 +116,13 @@ static bool builder_init(rfi_plan_builder *b, const rfi_graph *g, const rfi_plan
     b->placed = rfi_calloc(n, sizeof *b->placed);
     b->step_of = rfi_malloc(n * sizeof *b->step_of);
     b->stamp = rfi_calloc(n, sizeof *b->stamp);
+    b->seg_flat = rfi_malloc(n * sizeof *b->seg_flat);
+    b->seg_off = rfi_calloc(n, sizeof *b->seg_off);
     if (!b->is_output || !b->is_update_value || !b->mat || !b->placed || !b->step_of ||
-        !b->stamp)
+        !b->stamp || !b->seg_flat || !b->seg_off)
         return false;
     for (int i = 0; i < g->n_nodes; i++)
-        b->step_of[i] = -1;
+        b->step_of[i] = b->seg_flat[i] = -1;
     return index_users(b);
 }
 
@@ -141,6 +143,8 @@ static void builder_free(rfi_plan_builder *b)
     rfi_free(b->placed);
     rfi_free(b->step_of);
     rfi_free(b->stamp);
+    rfi_free(b->seg_flat);
+    rfi_free(b->seg_off);
 }
 
 /* A copy of list l in the plan's arena (NULL only on OOM; empty lists get a
@@ -157,6 +161,32 @@ static int cmp_int(const void *a, const void *c)
 {
     int x = *(const int *)a, y = *(const int *)c;
     return (x > y) - (x < y);
+}
+
+/* p->seg_extent and p->seg_offset when some LOOP step has segment roots. */
+static rf_status segment_arrays(rfi_plan_builder *b)
+{
+    rfi_plan *p = b->p;
+    bool any = false;
+    for (int x = 0; x < b->n; x++)
+        any = any || b->seg_flat[x] >= 0;
+    if (!any)
+        return RF_OK;
+    p->seg_extent = rfi_arena_alloc(&p->mem, (size_t)(p->n_steps > 0 ? p->n_steps : 1) *
+                                                 sizeof *p->seg_extent);
+    p->seg_offset = rfi_arena_alloc(&p->mem, (size_t)(b->n > 0 ? b->n : 1) * sizeof *p->seg_offset);
+    if (!p->seg_extent || !p->seg_offset)
+        return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    for (int x = 0; x < b->n; x++)
+        p->seg_offset[x] = b->seg_flat[x] >= 0 ? b->seg_off[x] : -1;
+    for (int q = 0; q < p->n_steps; q++) {
+        const rfi_step *s = &p->steps[q];
+        p->seg_extent[q] = 0;
+        for (int r = 0; s->kind == RFI_STEP_LOOP && r < s->n_roots; r++)
+            if (b->seg_flat[s->roots[r]] >= 0)
+                p->seg_extent[q] = b->g->nodes[b->seg_flat[s->roots[r]]]->dims[0];
+    }
+    return RF_OK;
 }
 
 /* The builder's steps, in execution order, as the plan's arrays. */
@@ -187,7 +217,7 @@ static rf_status finish_steps(rfi_plan_builder *b)
             return rfi_error(RF_E_NOMEM, "plan: out of memory");
     }
     p->n_steps = b->n_steps;
-    return RF_OK;
+    return segment_arrays(b);
 }
 
 rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan **out)
@@ -314,6 +344,11 @@ static void print_step(rfi_strbuf *sb, const rfi_plan *p, int q)
     const rfi_node *r = p->g->nodes[s->roots[0]];
     rfi_sb_printf(sb, " shape=");
     rfi_sb_type(sb, r->dtype, r->dims, r->rank);
+    if (p->seg_extent && p->seg_extent[q] > 0) {
+        rfi_sb_printf(sb, " segmented over [%lld] at", (long long)p->seg_extent[q]);
+        for (int i = 0; i < s->n_roots; i++)
+            rfi_sb_printf(sb, " %lld", (long long)p->seg_offset[s->roots[i]]);
+    }
     rfi_sb_printf(sb, "\n");
 }
 

@@ -6,7 +6,8 @@
  * Fusion model. A node is either materialised (it has a buffer) or INLINE:
  * recomputed inside every step that uses it, at the indices that step needs.
  * A LOOP step computes one or more materialised roots of identical shape in
- * one loop nest; every inline producer of a root (elementwise ops,
+ * one loop nest (or, segmented, roots that are contiguous pieces of one flat
+ * loop: see rfi_plan.seg_extent); every inline producer of a root (elementwise ops,
  * broadcast_in_dim, transpose, slice, reverse, reshape, iota, pad,
  * concatenate, convert, select, compare, scalar constants) is fused into that
  * loop. A REDUCE step computes one REDUCE / REDUCE_WINDOW / small DOT_GENERAL
@@ -90,6 +91,14 @@ typedef struct rfi_plan {
     int *consts;         /* node ids of materialised CONSTANT nodes */
     int n_consts;
     size_t arena_bytes;  /* the arena's size: the planned peak of intermediates */
+    /* Segmented LOOP steps (NULL arrays: none). seg_extent[q] > 0: step q's loop
+     * runs over a flat [seg_extent[q]] vector; its root x with seg_offset[x] >= 0
+     * is a SEGMENT root: x's elements, in row-major order, are the flat elements
+     * [seg_offset[x], + numel(x)), computed and stored there (the parameter
+     * updates of a flat optimiser vector); the other roots have shape
+     * [seg_extent[q]]. seg_offset is per node (-1: no segment root). */
+    int64_t *seg_extent;
+    int64_t *seg_offset;
     rfi_arena mem;       /* owns the arrays above */
 } rfi_plan;
 

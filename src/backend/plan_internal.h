@@ -48,6 +48,11 @@ typedef struct rfi_plan_builder {
     int *pos_of;          /* position of each step id in `order` */
     int *stamp;           /* scratch marks for graph walks, per node */
     int stamp_gen;
+    /* Segment roots (fuse.c): seg_flat[x] is the rank-1 node F that root x is a
+     * stride-1 slice of (x = f(reshape(slice(F))), read at x's linear index), or
+     * -1; seg_off[x] is the slice's start in F. x's step loops over F's shape. */
+    int *seg_flat;
+    int64_t *seg_off;
 } rfi_plan_builder;
 
 /* The materialised node whose bytes x uses (follows aliases). */

@@ -10,6 +10,11 @@
  * the steps in order: kernels directly or through the runtime's parallel_for
  * when they are large, calls through the runtime's `call`, copies by memcpy.
  *
+ * A reduction whose loads are contiguous along its last kept axis but not
+ * along its innermost reduced axis (a bias gradient: [N, C] -> [C]) runs with
+ * the kept axis innermost over a block of accumulators (vectorised, each
+ * element folded in the same order as the plain form).
+ *
  * Values are SSA constants named after their IR node (x_12 for %12), index
  * temporaries j<k>, predicates ok<k>. Float ops stay in the value's type (one
  * rounding per op, as the interpreter); reductions accumulate in double or
@@ -568,10 +573,181 @@ static void reduction_loops(render *R, const bool *live, int depth)
     statements(R, live, 3, depth);
 }
 
+/* ---- Reductions over leading axes: the kept axis innermost ---------------------------- */
+/* Kept points per accumulator block of an interchanged reduction. */
+#define ROW_BLOCK 64
+#define COEF_UNKNOWN INT64_MIN
+
+/* The coefficient of loop variable `var` in index instruction id (affine in the
+ * loop variables), 0 if it does not depend on it, or COEF_UNKNOWN. */
+static int64_t var_coef(const rfi_kir_kernel *k, int id, int var)
+{
+    const rfi_kir_ins *x = &k->ins[id];
+    if (x->op == RFI_KIR_VAR)
+        return x->var == var;
+    if (x->op == RFI_KIR_CONST || x->level == 0)
+        return 0;
+    int64_t a = x->a >= 0 ? var_coef(k, x->a, var) : 0;
+    int64_t b = x->b >= 0 ? var_coef(k, x->b, var) : 0;
+    if (a == COEF_UNKNOWN || b == COEF_UNKNOWN)
+        return COEF_UNKNOWN;
+    int64_t c;
+    switch (x->op) {
+    case RFI_KIR_IADD: return a + b;
+    case RFI_KIR_IMUL:
+        if (rfi_kir_is_const(k, x->b, &c))
+            return a * c;
+        if (rfi_kir_is_const(k, x->a, &c))
+            return b * c;
+        return a == 0 && b == 0 ? 0 : COEF_UNKNOWN;
+    default: return a == 0 && b == 0 && x->c < 0 ? 0 : COEF_UNKNOWN;
+    }
+}
+
+/* Whether a REDUCE kernel reads memory contiguously along its last kept axis but
+ * not along its innermost reduced one (a sum over leading axes, like a bias
+ * gradient over the batch): then it runs with the kept axis innermost, over a
+ * block of accumulators, each folded in the same order as before. */
+static bool interchange_reduction(const rfi_kir_kernel *k, const bool *live)
+{
+    if (!k->is_reduce || k->rank < 1 || k->red_rank < 1)
+        return false;
+    int kept = k->rank - 1, inner = k->rank + k->red_rank - 1;
+    bool kept_unit = false;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        if (!live[id] || x->op != RFI_KIR_LOAD)
+            continue;
+        int64_t ci = var_coef(k, x->a, inner), ck = var_coef(k, x->a, kept);
+        if (ci == 1)
+            return false; /* already contiguous along the reduction */
+        kept_unit = kept_unit || ck == 1;
+    }
+    return kept_unit;
+}
+
+/* for (i<kept> ...) over the block [b, e) */
+static void block_loop(render *R, int kept, int depth, bool simd)
+{
+    if (simd) {
+        indent(R, depth);
+        rfi_sb_printf(R->sb, "#pragma omp simd\n");
+    }
+    indent(R, depth);
+    rfi_sb_printf(R->sb, "for (int64_t i%d = b%d; i%d < e%d; i%d++) {\n", kept, kept, kept, kept,
+                  kept);
+}
+
+/* Marks instruction id and everything it reads in m. */
+static void reach(const rfi_kir_kernel *k, int id, bool *m)
+{
+    if (id < 0 || m[id])
+        return;
+    m[id] = true;
+    reach(k, k->ins[id].a, m);
+    reach(k, k->ins[id].b, m);
+    reach(k, k->ins[id].c, m);
+}
+
+/* The interchanged form: per block of the last kept axis, accumulators in an
+ * array, the reduced loops outside, the kept axis innermost (vectorised). Each
+ * of the two inner bodies declares only the per-point values it uses. */
+static void interchanged_body(render *R, const bool *all_live)
+{
+    const rfi_kir_kernel *k = R->k;
+    bool *live = rfi_calloc((size_t)k->n_ins + 1, sizeof *live);
+    bool *out = rfi_calloc((size_t)k->n_ins + 1, sizeof *out);
+    if (!live || !out) {
+        rfi_free(live);
+        rfi_free(out);
+        R->sb->failed = true;
+        return;
+    }
+    (void)all_live;
+    reach(k, k->red_value, live);
+    reach(k, k->red_guard, live);
+    for (int st = 0; st < k->n_stores; st++) {
+        reach(k, k->stores[st].index, out);
+        reach(k, k->stores[st].value, out);
+    }
+    int kept = k->rank - 1, depth = 1 + kept;
+    for (int d = 0; d < kept; d++) {
+        indent(R, 1 + d);
+        if (d == 0)
+            rfi_sb_printf(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
+        else
+            rfi_sb_printf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
+                          (long long)k->dims[d], d);
+    }
+    indent(R, depth);
+    if (kept == 0)
+        rfi_sb_printf(R->sb, "for (int64_t b0 = lo; b0 < hi; b0 += %d) {\n", ROW_BLOCK);
+    else
+        rfi_sb_printf(R->sb, "for (int64_t b%d = 0; b%d < %lld; b%d += %d) {\n", kept, kept,
+                      (long long)k->dims[kept], kept, ROW_BLOCK);
+    indent(R, depth + 1);
+    char end[32];
+    snprintf(end, sizeof end, kept == 0 ? "hi" : "%lld", (long long)k->dims[kept]);
+    rfi_sb_printf(R->sb, "const int64_t e%d = b%d + %d < %s ? b%d + %d : %s;\n", kept, kept,
+                  ROW_BLOCK, end, kept, ROW_BLOCK, end);
+    indent(R, depth + 1);
+    rfi_sb_printf(R->sb, "%s accs[%d];\n", ctype(k->acc_dtype), ROW_BLOCK);
+    block_loop(R, kept, depth + 1, false);
+    indent(R, depth + 2);
+    rfi_sb_printf(R->sb, "accs[i%d - b%d] = ", kept, kept);
+    if (k->acc_dtype == RF_F64)
+        float_literal(R->sb, k->red_identity_f, RF_F64);
+    else
+        int_literal(R->sb, k->red_identity_i, RF_I64);
+    rfi_sb_printf(R->sb, ";\n");
+    indent(R, depth + 1);
+    rfi_sb_printf(R->sb, "}\n");
+    for (int d = 0; d < k->red_rank; d++) {
+        indent(R, depth + 1 + d);
+        rfi_sb_printf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+                      (long long)k->red_dims[d], d);
+    }
+    int in = depth + 1 + k->red_rank;
+    block_loop(R, kept, in, true);
+    indent(R, in + 1);
+    rfi_sb_printf(R->sb, "%s acc = accs[i%d - b%d];\n", ctype(k->acc_dtype), kept, kept);
+    statements(R, live, 1, in + 1);
+    statements(R, live, 2, in + 1);
+    fold(R, in + 1);
+    indent(R, in + 1);
+    rfi_sb_printf(R->sb, "accs[i%d - b%d] = acc;\n", kept, kept);
+    indent(R, in);
+    rfi_sb_printf(R->sb, "}\n");
+    for (int d = k->red_rank - 1; d >= 0; d--) {
+        indent(R, depth + 1 + d);
+        rfi_sb_printf(R->sb, "}\n");
+    }
+    block_loop(R, kept, depth + 1, false);
+    indent(R, depth + 2);
+    rfi_sb_printf(R->sb, "const %s acc = accs[i%d - b%d];\n", ctype(k->acc_dtype), kept, kept);
+    statements(R, out, 1, depth + 2);
+    statements(R, out, 3, depth + 2);
+    stores(R, depth + 2);
+    rfi_free(live);
+    rfi_free(out);
+    indent(R, depth + 1);
+    rfi_sb_printf(R->sb, "}\n");
+    indent(R, depth);
+    rfi_sb_printf(R->sb, "}\n");
+    for (int d = kept - 1; d >= 0; d--) {
+        indent(R, 1 + d);
+        rfi_sb_printf(R->sb, "}\n");
+    }
+}
+
 static void kernel_body(render *R, const bool *live)
 {
     const rfi_kir_kernel *k = R->k;
     statements(R, live, 0, 1);
+    if (interchange_reduction(k, live)) {
+        interchanged_body(R, live);
+        return;
+    }
     if (k->rank == 0)
         rfi_sb_printf(R->sb, "    (void)lo;\n    (void)hi;\n");
     for (int d = 0; d < k->rank; d++) {
