@@ -4,7 +4,8 @@
 #                the Fashion-MNIST classifier for 3 epochs (learning curve in build/)
 #   make test    install missing build packages, then build and test twice (build/ and a
 #                sanitizer build in build-asan/); prints "N passed, N failed"
-#   make bench   build and run the benchmark (bench/rf_bench.c), if there is one
+#   make bench   build and run bench/rf_bench, then the side-by-side comparison with PyTorch
+#                and JAX (bench/compare.sh; peers skipped when not installed)
 #   make clean   remove the build directories
 
 JOBS  ?= 2
@@ -25,14 +26,11 @@ demo: deps
 test: deps
 	JOBS=$(JOBS) scripts/run-tests.sh
 
-bench:
-	@if [ -f bench/rf_bench.c ]; then \
-		$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=Release && \
-		$(CMAKE) --build build -j $(JOBS) --target rf_bench && \
-		./build/rf_bench; \
-	else \
-		echo "no benchmark yet: bench/rf_bench.c does not exist"; \
-	fi
+bench: deps
+	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=Release
+	$(CMAKE) --build build -j $(JOBS) --target rf_bench
+	./build/rf_bench
+	bench/compare.sh --bench build/rf_bench
 
 clean:
 	rm -rf build build-asan

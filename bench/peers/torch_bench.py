@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""torch_bench.py: the reflux benchmark workloads in PyTorch, printing rf_bench's line format
+(workload=W us_per_step=MEDIAN compile_ms=FIRST peak_rss_mb=M), one line per workload.
+
+Same models, batch sizes, initialisation (Glorot-uniform weights, zero biases; BatchNorm
+scale 1, shift 0), optimiser (Adam, betas 0.9/0.999, eps 1e-8), losses and threads
+(torch.set_num_threads(N), N = RF_NUM_THREADS or every core) as bench/rf_bench.c; random
+but fixed data. A training step is zero_grad + forward + loss + backward + Adam step +
+loss.item() (reflux also returns the loss to the host every step).
+
+Modes (--mode): eager; compile (torch.compile of the whole step function: Inductor, which
+works offline); script (TorchScript model, eager autograd and optimiser); best (default: runs
+eager and compile, each in its own process, and reports the faster; script replaces compile
+where torch.compile fails in a workload). The chosen mode is written to stderr. compile_* workloads use
+torch.compile with a fresh TORCHINDUCTOR_CACHE_DIR (cold) or the cold run's one (warm).
+
+Prints "# skip: ..." and exits 0 when PyTorch is not installed. For benchmarking only: reflux
+never depends on it.
+"""
+import importlib.metadata
+import importlib.util
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+MODES = ["best", "eager", "compile", "script"]
+
+
+def build_model(nn, name):
+    if name == "tiny":
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                             nn.Linear(256, 10))
+    if name == "cnn":
+        return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
+    return resnet(nn, common.RESNET_WIDTH)
+
+
+def resnet(nn, c):
+    """examples/resnet.c's model."""
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+            self.proj = None
+            if stride != 1 or cin != cout:
+                self.proj = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, 0, bias=False),
+                                          nn.BatchNorm2d(cout))
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            skip = x if self.proj is None else self.proj(x)
+            return self.relu(self.body(x) + skip)
+
+    return nn.Sequential(nn.Conv2d(1, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                         Block(c, c, 1), Block(c, 2 * c, 2), Block(2 * c, 4 * c, 2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * c, 10))
+
+
+def glorot(nn, model):
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "resnet": 128}
+
+
+def model_of(workload):
+    if workload.startswith("compile_"):
+        return workload.split("_")[1]
+    return "mlp" if workload.startswith("infer") else workload
+
+
+def training(torch, workload, mode):
+    """(first_call, step) of a training workload."""
+    nn, F = torch.nn, torch.nn.functional
+    name = model_of(workload)
+    model = build_model(nn, name)
+    glorot(nn, model)
+    model.train()
+    n = BATCH[name]
+    if name == "tiny":
+        x, y, loss_fn, lr = torch.randn(n, 4), torch.randn(n, 2), F.mse_loss, 1e-2
+    else:
+        shape = (n, 784) if name == "mlp" else (n, 1, 28, 28)
+        x, y, loss_fn, lr = torch.randn(*shape), torch.randint(0, 10, (n,)), F.cross_entropy, 1e-3
+    if mode == "script":
+        model = torch.jit.script(model)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = torch.compile(step) if mode == "compile" else step
+
+    def call():
+        return fn(x, y).item()
+
+    return call, call
+
+
+def inference(torch, workload, mode):
+    nn = torch.nn
+    model = build_model(nn, "mlp")
+    glorot(nn, model)
+    model.eval()
+    x = torch.randn(1 if workload == "infer1" else 1024, 784)
+    if mode == "script":
+        model = torch.jit.freeze(torch.jit.script(model))
+    fn = torch.compile(model) if mode == "compile" else model
+
+    def call():
+        with torch.no_grad():
+            return fn(x)
+
+    return call, call
+
+
+def child(args):
+    workload, mode = args.names[0], args.mode
+    if args.cache_dir:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.cache_dir  # before importing torch
+    import torch
+    torch.set_num_threads(common.num_threads())
+    torch.manual_seed(0)
+    make = inference if workload.startswith("infer") else training
+    first, step = make(torch, workload, mode)
+    us, compile_ms = common.measure(first, step, workload, args.steps, args.time)
+    print(common.result_line(workload, us, compile_ms), flush=True)
+    return 0
+
+
+def main():
+    args = common.parse_args("torch_bench", MODES)
+    if importlib.util.find_spec("torch") is None:
+        print("# skip: torch_bench: PyTorch is not installed (pip install torch)", flush=True)
+        return 0
+    if args.child:
+        return child(args)
+    sys.stderr.write("# torch_bench: torch %s, %d threads\n"
+                     % (importlib.metadata.version("torch"), common.num_threads()))
+    if args.mode != "best":
+        return common.drive(__file__, "torch", args, lambda w: [args.mode])
+    # torch.compile needs a C++ compiler, not a network; where it fails, TorchScript.
+    return common.drive(__file__, "torch", args,
+                        lambda w: ["compile"] if w.startswith("compile_") else ["eager", "compile"],
+                        fallback={"compile": "script"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
