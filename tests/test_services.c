@@ -32,10 +32,21 @@ static double uniform(void) /* [-1, 1) */
     return (double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
 }
 
+/* When set, float data is drawn from {-1, -0, 0, 0.5, 1, NaN}: ties, signed
+ * zeros and NaNs for the selection kernels. */
+static bool special_values;
+
+static double special(void)
+{
+    static const double values[] = {-1.0, -0.0, 0.0, 0.5, 1.0, 1.0, NAN, 0.5};
+    int k = (int)((uniform() + 1.0) * 4.0);
+    return values[k < 0 ? 0 : k > 7 ? 7 : k];
+}
+
 static void fill(void *p, rf_dtype dt, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
-        double v = uniform();
+        double v = special_values && (dt == RF_F32 || dt == RF_F64) ? special() : uniform();
         switch (dt) {
         case RF_F32: ((float *)p)[i] = (float)v; break;
         case RF_F64: ((double *)p)[i] = v; break;
@@ -136,6 +147,7 @@ static void *abs_copy(const void *p, rf_dtype dt, int64_t n)
 
 typedef struct case_result {
     rfi_call_kind kind;
+    const char *path; /* rfi_cpu_services_step_path */
     double worst; /* max |got - ref| / sum|terms| */
     bool bitwise;
 } case_result;
@@ -146,7 +158,7 @@ static int cases_run;
  * compares as described at the top. */
 static case_result run_case(const rfi_graph *g, const rfi_node *y, bool in_arena, const char *name)
 {
-    case_result res = {RFI_CALL_NONE, 0, true};
+    case_result res = {RFI_CALL_NONE, "none", 0, true};
     int n_in = y->n_in;
     void *in[MAX_IN] = {0};
     for (int k = 0; k < n_in; k++) {
@@ -177,6 +189,8 @@ static case_result run_case(const rfi_graph *g, const rfi_node *y, bool in_arena
     rfi_cpu_services_table(s, &table);
     CHECK(table.abi == RF_MODULE_ABI);
     res.kind = rfi_cpu_services_step_kind(s, 0);
+    res.path = rfi_cpu_services_step_path(s, 0);
+    bool native = strncmp(res.path, "native", 6) == 0;
     /* buffers: args, (no captures), output 0, arena, (no consts) */
     void *buffers[MAX_IN + 2];
     for (int k = 0; k < n_in; k++)
@@ -188,8 +202,8 @@ static case_result run_case(const rfi_graph *g, const rfi_node *y, bool in_arena
     memset(got, 0xcd, nbytes);
     uint64_t allocs = rfi_alloc_count();
     int rc = table.call(table.rt, 0, buffers);
-    if (res.kind != RFI_CALL_FALLBACK)
-        CHECK(rfi_alloc_count() == allocs); /* library paths allocate nothing per call */
+    if (res.kind != RFI_CALL_FALLBACK || native)
+        CHECK(rfi_alloc_count() == allocs); /* library and native paths allocate nothing per call */
     CHECK(rc == 0);
     if (rc != 0)
         fprintf(stderr, "  case %s: %s\n", name, rf_errmsg());
@@ -262,7 +276,7 @@ static case_result run_dot(const dot_case *c, rf_dtype dt, bool in_arena)
     }
     rfi_node *y = NULL;
     rfi_graph *g = one_op_graph(RFI_OP_DOT_GENERAL, spec, 2, &at, dt, NULL, 0, &y);
-    case_result r = {RFI_CALL_NONE, 0, false};
+    case_result r = {RFI_CALL_NONE, "none", 0, false};
     if (y)
         r = run_case(g, y, in_arena, c->name);
     rfi_graph_free(g);
@@ -344,19 +358,20 @@ static case_result run_conv(const conv_case *c, rf_dtype dt, bool in_arena)
     at.i[1] = c->bgc ? c->bgc : 1;
     rfi_node *y = NULL;
     rfi_graph *g = one_op_graph(RFI_OP_CONVOLUTION, spec, 2, &at, dt, NULL, 0, &y);
-    case_result r = {RFI_CALL_NONE, 0, false};
+    case_result r = {RFI_CALL_NONE, "none", 0, false};
     if (y)
         r = run_case(g, y, in_arena, c->name);
     rfi_graph_free(g);
     return r;
 }
 
-/* Every form twice: oneDNN's convolution where the direct rule takes it, then
- * im2col for all (forced through the environment, read at prepare). */
-static void test_conv(bool force_im2col)
+/* Every form under the path rule (path NULL), then with each path forced
+ * through the environment (read at prepare; a form the path cannot compute
+ * exactly runs im2col); counts the forms that took the forced path. */
+static void test_conv(const char *path)
 {
-    if (force_im2col)
-        setenv("RF_CONV_IM2COL", "1", 1);
+    if (path)
+        setenv("RF_CONV_PATH", path, 1);
     static const conv_case cases[] = {
         {"3x3 pad 1", 4, {2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
         {"no padding", 4, {2, 3, 8, 7}, {4, 3, 3, 2}, {0}, {0}, {0}, {0}, {0}, 1, 1},
@@ -386,21 +401,146 @@ static void test_conv(bool force_im2col)
         {"chunked batch", 4, {3, 64, 74, 74}, {4, 64, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
         {"empty batch", 4, {0, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
         {"empty channels", 4, {2, 0, 5, 5}, {4, 0, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+        /* the autodiff's weight-gradient form of a stride-2 conv (rhs dilation 2),
+         * of a dilation-2 conv (stride 2), and with enough channels for blocked layouts */
+        {"kernel grad of stride 2", 4, {4, 3, 9, 9}, {5, 3, 4, 4}, {1, 1}, {1, 1}, {0, 1}, {0},
+         {2, 2}, 1, 1},
+        {"kernel grad of dilation 2", 4, {4, 3, 10, 10}, {5, 3, 6, 6}, {2, 2}, {0}, {0}, {0}, {0},
+         1, 1},
+        {"wide kernel grad", 4, {16, 4, 9, 9}, {8, 4, 7, 7}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+        {"wide 3x3", 4, {2, 16, 7, 7}, {8, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
+        /* the input-gradient form of strided convs: lhs dilation, stride 1 */
+        {"input grad of stride 2", 4, {2, 4, 5, 5}, {3, 4, 3, 3}, {1, 1}, {2, 2}, {2, 1}, {2, 2},
+         {0}, 1, 1},
+        {"input grad of stride 2 dil 2", 4, {2, 4, 5, 5}, {3, 4, 3, 3}, {1, 1}, {4, 4}, {3, 4},
+         {2, 2}, {2, 2}, 1, 1},
+        {"wide input grad of stride 2", 4, {2, 8, 4, 4}, {16, 8, 3, 3}, {1, 1}, {2, 1}, {2, 1},
+         {2, 2}, {0}, 1, 1},
+        {"1-D input grad of stride 3", 3, {2, 3, 5}, {2, 3, 4}, {1}, {3}, {3}, {3}, {0}, 1, 1},
     };
     int n = (int)(sizeof cases / sizeof cases[0]);
     double worst = 0;
+    int took = 0, dnnl = 0;
     for (int k = 0; k < n; k++) {
         case_result r = run_conv(&cases[k], RF_F32, k % 2 == 1);
         CHECK(r.kind == RFI_CALL_CONV);
         if (r.kind != RFI_CALL_CONV)
             fprintf(stderr, "  conv case %s runs as %d\n", cases[k].name, (int)r.kind);
         worst = r.worst > worst ? r.worst : worst;
+        took += path && !strcmp(r.path, path);
+        if (path && strcmp(r.path, path) != 0 && getenv("RF_TEST_VERBOSE"))
+            printf("  %s: %s\n", cases[k].name, r.path);
+        dnnl += strcmp(r.path, "im2col") != 0;
     }
-    printf("conv (%s): %d f32 forms, worst relative error %.3g\n",
-           force_im2col ? "im2col" : "rule", n, worst);
+    printf("conv (%s): %d f32 forms (%d took that path, %d a oneDNN convolution), worst "
+           "relative error %.3g\n",
+           path ? path : "rule", n, took, dnnl, worst);
+    if (path && strcmp(path, "im2col") != 0)
+        CHECK(took >= 3); /* each oneDNN path covers several forms */
+    if (path && !strcmp(path, "im2col"))
+        CHECK(took == n);
     case_result r = run_conv(&cases[2], RF_F64, false);
     CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
-    unsetenv("RF_CONV_IM2COL");
+    unsetenv("RF_CONV_PATH");
+}
+
+/* ---- Native FALLBACK kernels (pool.c) ------------------------------------------------------ */
+
+typedef struct window_case {
+    const char *name;
+    int rank;
+    int64_t x[RF_MAX_RANK], win[RF_MAX_RANK], stride[RF_MAX_RANK], lo[RF_MAX_RANK],
+        hi[RF_MAX_RANK];
+    const char *path;
+} window_case;
+
+/* select_and_scatter(x, source) with the source shape the window rule gives. */
+static void run_scatter(const window_case *c, rf_dtype dt)
+{
+    operand_spec spec[2] = {{dt, c->rank, {0}}, {dt, c->rank, {0}}};
+    memcpy(spec[0].dims, c->x, sizeof c->x);
+    rfi_attrs at = {0};
+    for (int k = 0; k < 4; k++)
+        at.nl[k] = c->rank;
+    for (int d = 0; d < c->rank; d++) {
+        at.l[0][d] = c->win[d];
+        at.l[1][d] = c->stride[d];
+        at.l[2][d] = c->lo[d];
+        at.l[3][d] = c->hi[d];
+        int64_t span = c->x[d] + c->lo[d] + c->hi[d] - c->win[d];
+        spec[1].dims[d] = span < 0 ? 0 : span / c->stride[d] + 1;
+    }
+    rfi_node *y = NULL;
+    rfi_graph *g = one_op_graph(RFI_OP_SELECT_AND_SCATTER, spec, 2, &at, dt, c->x, c->rank, &y);
+    if (y) {
+        case_result r = run_case(g, y, dt == RF_F64, c->name);
+        CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise && !strcmp(r.path, c->path));
+        if (strcmp(r.path, c->path) != 0)
+            fprintf(stderr, "  case %s runs %s, expected %s\n", c->name, r.path, c->path);
+    }
+    rfi_graph_free(g);
+}
+
+static void run_arg(rfi_op op, rf_dtype dt, rf_dtype out, int rank, const int64_t *dims,
+                    int axis, const char *name)
+{
+    operand_spec spec[1] = {{dt, rank, {0}}};
+    memcpy(spec[0].dims, dims, (size_t)rank * sizeof(int64_t));
+    rfi_attrs at = {0};
+    at.i[0] = axis;
+    rfi_node *y = NULL;
+    rfi_graph *g = one_op_graph(op, spec, 1, &at, out, NULL, 0, &y);
+    if (y) {
+        case_result r = run_case(g, y, axis % 2 == 0, name);
+        CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise && !strcmp(r.path, "native-arg"));
+    }
+    rfi_graph_free(g);
+}
+
+/* Native kernels against the reference bitwise, on random data and on data
+ * full of ties, signed zeros and NaNs (first max, NaN ranks highest). */
+static void test_native(void)
+{
+    static const window_case cases[] = {
+        {"pool 2x2", 4, {3, 4, 8, 6}, {1, 1, 2, 2}, {1, 1, 2, 2}, {0}, {0},
+         "native-scatter-fast"},
+        {"pool 2x2 odd sizes", 4, {2, 3, 7, 5}, {1, 1, 2, 2}, {1, 1, 2, 2}, {0}, {0},
+         "native-scatter-fast"},
+        {"pool 3x2 stride 3x2", 4, {2, 2, 9, 8}, {1, 1, 3, 2}, {1, 1, 3, 2}, {0}, {0},
+         "native-scatter-fast"},
+        {"1-D pool", 3, {2, 3, 11}, {1, 1, 3}, {1, 1, 3}, {0}, {0}, "native-scatter-fast"},
+        {"overlapping 3x3 stride 2 pad 1", 4, {2, 3, 9, 8}, {1, 1, 3, 3}, {1, 1, 2, 2},
+         {0, 0, 1, 1}, {0, 0, 1, 0}, "native-scatter"},
+        {"stride 1 windows", 4, {2, 2, 6, 6}, {1, 1, 2, 3}, {1, 1, 1, 1}, {0}, {0},
+         "native-scatter"},
+        {"window over the batch", 4, {4, 2, 5, 5}, {2, 1, 2, 2}, {2, 1, 2, 2}, {0}, {0},
+         "native-scatter-fast"},
+        {"padding only windows", 3, {2, 2, 3}, {1, 1, 2}, {1, 1, 2}, {0, 0, 3}, {0, 0, 2},
+         "native-scatter"},
+        {"pad hi pooling", 4, {2, 3, 7, 7}, {1, 1, 2, 2}, {1, 1, 2, 2}, {0}, {0, 0, 1, 1},
+         "native-scatter"},
+        {"big planes", 4, {8, 16, 26, 26}, {1, 1, 2, 2}, {1, 1, 2, 2}, {0}, {0},
+         "native-scatter-fast"},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    for (int pass = 0; pass < 2; pass++) {
+        special_values = pass == 1;
+        for (int k = 0; k < n; k++) {
+            run_scatter(&cases[k], RF_F32);
+            run_scatter(&cases[k], RF_F64);
+        }
+        run_arg(RFI_OP_ARGMAX, RF_F32, RF_I64, 2, (int64_t[]){64, 10}, 1, "argmax rows");
+        run_arg(RFI_OP_ARGMAX, RF_F32, RF_I32, 3, (int64_t[]){7, 4, 3}, 0, "argmax axis 0");
+        run_arg(RFI_OP_ARGMIN, RF_F32, RF_I64, 3, (int64_t[]){5, 6, 4}, 1, "argmin middle");
+        run_arg(RFI_OP_ARGMAX, RF_F64, RF_I64, 2, (int64_t[]){9, 2}, 1, "argmax f64 pairs");
+        run_arg(RFI_OP_ARGMIN, RF_F64, RF_I32, 2, (int64_t[]){2, 3}, 1, "argmin f64");
+        run_arg(RFI_OP_ARGMAX, RF_F32, RF_I64, 2, (int64_t[]){3, 0}, 0, "argmax empty rows");
+        run_arg(RFI_OP_ARGMAX, RF_F32, RF_I64, 2, (int64_t[]){3000, 40}, 1, "argmax parallel");
+    }
+    special_values = false;
+    printf("native: select_and_scatter %d forms and argmax/argmin 7 forms x f32/f64 x random/"
+           "special values, bitwise\n",
+           n);
 }
 
 /* ---- FALLBACK ---------------------------------------------------------------------------- */
@@ -601,8 +741,12 @@ int main(void)
     test_pool_sum();
     test_pool_inline_and_nested();
     test_matmul();
-    test_conv(false);
-    test_conv(true);
+    test_conv(NULL);
+    test_conv("im2col");
+    test_conv("forward");
+    test_conv("bwd-weights");
+    test_conv("bwd-data");
+    test_native();
     test_fallback();
     test_bad_calls();
     printf("%d cases against the reference\n", cases_run);

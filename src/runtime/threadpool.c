@@ -1,42 +1,196 @@
-/* threadpool.c: the runtime's parallel_for, on OpenMP.
+/* threadpool.c: the runtime's process-wide thread pool (see threadpool.h).
  *
- * Why OpenMP and not a pool of our own: Debian's oneDNN runs on OpenMP
- * (libgomp). Two pools on one machine oversubscribe it: after every library
- * call libgomp's workers spin waiting for more work while our workers run the
- * next generated loop, and on a 2-core machine they steal each other's cores
- * (measured: a third of a CNN step spent spinning in libgomp). Running our
- * loops on the same OpenMP team means one set of threads serves both.
+ * A job is published by writing its fields and then one atomic word, `claim`
+ * = generation << 32 | chunks not yet claimed. Threads (workers and the
+ * caller) claim chunks by compare-and-swap on that word, so a thread that
+ * wakes late for an old generation can never take a chunk of a newer job; a
+ * successful claim also proves the job is still live (its submitter waits
+ * for every chunk), so its fields are stable while the chunk runs. The
+ * submitter counts finished chunks in `done` and returns when all are done.
  *
- * The team size is RF_NUM_THREADS when set to a positive integer, else the
- * number of online CPUs, read once (pthread_once): the runtime's documented
- * process-wide setting. Calls never allocate. A call from inside a parallel
- * region (a nested call) runs inline on the calling thread.
+ * Idle workers spin briefly (so back-to-back loops of one step do not pay a
+ * futex wake-up) and then sleep on a condition variable; the generation is
+ * changed under the mutex, so no wake-up is lost. The spin is short because
+ * the math library's own threads (oneDNN runs on OpenMP here) take over the
+ * cores during library calls, while this pool is idle; those threads are told
+ * to sleep when idle in turn (OMP_WAIT_POLICY=passive, set by the CPU
+ * backend's oneDNN loader), so neither pool spins while the other works.
+ *
+ * Deliberately no work stealing, priorities, per-call allocation, or
+ * nested parallelism: a call made while the pool is busy runs inline.
  */
 #include "threadpool.h"
 
-#include <omp.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
-static pthread_once_t size_once = PTHREAD_ONCE_INIT;
-static int team_size = 1;
+#define MAX_THREADS 256
+#define SPIN_NS 50000 /* how long an idle worker spins before sleeping */
 
-static void read_size(void)
+typedef struct pool {
+    int size;      /* threads a job may use, the caller included */
+    int n_workers; /* workers actually started (size - 1 unless creation failed) */
+    pthread_t workers[MAX_THREADS];
+
+    pthread_mutex_t submit; /* held by the one running parallel_for (trylock) */
+    pthread_mutex_t lock;   /* guards sleepers, stop and generation changes */
+    pthread_cond_t wake;
+    int sleepers;
+    atomic_bool stop;
+
+    _Atomic uint64_t claim; /* generation << 32 | chunks left to claim */
+    atomic_llong done;      /* chunks finished in the current job */
+    uint32_t generation;    /* of the current job (submitter only) */
+
+    /* The current job: written before `claim` is published. */
+    rfi_range_fn body;
+    void *ctx;
+    int64_t n, chunks;
+} pool;
+
+static pool *the_pool;
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static uint32_t generation_of(uint64_t claim) { return (uint32_t)(claim >> 32); }
+
+/* Claims and runs chunks of generation gen until none is left. */
+static void run_chunks(pool *p, uint32_t gen)
+{
+    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    while (generation_of(c) == gen && (uint32_t)c != 0) {
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c - 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue; /* c was reloaded */
+        int64_t idx = p->chunks - (int64_t)(uint32_t)c;
+        int64_t base = p->n / p->chunks, extra = p->n % p->chunks;
+        int64_t lo = idx * base + (idx < extra ? idx : extra);
+        int64_t hi = lo + base + (idx < extra ? 1 : 0);
+        p->body(p->ctx, lo, hi);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    }
+}
+
+/* Waits until the generation differs from seen (or stop); returns it. */
+static uint32_t wait_for_job(pool *p, uint32_t seen)
+{
+    int64_t start = now_ns();
+    for (int spins = 0;; spins++) {
+        uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+        if (generation_of(c) != seen || atomic_load(&p->stop))
+            return generation_of(c);
+        cpu_relax();
+        if ((spins & 63) == 63 && now_ns() - start > SPIN_NS)
+            break;
+    }
+    pthread_mutex_lock(&p->lock);
+    uint32_t gen;
+    while ((gen = generation_of(atomic_load(&p->claim))) == seen && !atomic_load(&p->stop)) {
+        p->sleepers++;
+        pthread_cond_wait(&p->wake, &p->lock);
+        p->sleepers--;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return gen;
+}
+
+static void *worker_main(void *arg)
+{
+    pool *p = arg;
+    uint32_t seen = 0;
+    for (;;) {
+        seen = wait_for_job(p, seen);
+        if (atomic_load(&p->stop))
+            return NULL;
+        run_chunks(p, seen);
+    }
+}
+
+static int size_from_env(void)
 {
     const char *env = getenv("RF_NUM_THREADS");
-    long n = env ? strtol(env, NULL, 10) : 0;
-    if (n <= 0)
-        n = sysconf(_SC_NPROCESSORS_ONLN);
-    if (n <= 0)
-        n = 1;
-    team_size = n > 256 ? 256 : (int)n;
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v > 0)
+            return v > MAX_THREADS ? MAX_THREADS : (int)v;
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus < 1)
+        return 1;
+    return cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
+}
+
+static void pool_shutdown(void)
+{
+    pool *p = the_pool;
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->lock);
+    atomic_store(&p->stop, true);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+    for (int i = 0; i < p->n_workers; i++)
+        pthread_join(p->workers[i], NULL);
+    pthread_cond_destroy(&p->wake);
+    pthread_mutex_destroy(&p->lock);
+    pthread_mutex_destroy(&p->submit);
+    the_pool = NULL;
+    rfi_free(p);
+}
+
+/* Creates the pool; on any failure the pool has fewer workers (or is NULL:
+ * every call then runs inline). */
+static void pool_init(void)
+{
+    pool *p = rfi_calloc(1, sizeof *p);
+    if (!p)
+        return;
+    p->size = size_from_env();
+    atomic_init(&p->claim, 0);
+    atomic_init(&p->done, 0);
+    atomic_init(&p->stop, false);
+    pthread_mutex_init(&p->submit, NULL);
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    for (int i = 0; i < p->size - 1; i++) {
+        if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0)
+            break;
+        p->n_workers++;
+    }
+    p->size = p->n_workers + 1;
+    the_pool = p;
+    atexit(pool_shutdown);
+}
+
+static pool *get_pool(void)
+{
+    pthread_once(&pool_once, pool_init);
+    return the_pool;
 }
 
 int rfi_threadpool_size(void)
 {
-    pthread_once(&size_once, read_size);
-    return team_size;
+    pool *p = get_pool();
+    return p ? p->size : 1;
 }
 
 void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
@@ -45,16 +199,34 @@ void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
         return;
     if (grain < 1)
         grain = 1;
+    pool *p = get_pool();
     int64_t chunks = n / grain;
-    int threads = rfi_threadpool_size();
-    if (chunks > threads)
-        chunks = threads;
-    if (chunks <= 1 || omp_in_parallel()) {
+    if (p && chunks > p->size)
+        chunks = p->size;
+    if (!p || chunks <= 1 || pthread_mutex_trylock(&p->submit) != 0) {
         body(ctx, 0, n);
         return;
     }
-    /* Static, equal chunks: chunk c covers [c*n/chunks, (c+1)*n/chunks). */
-#pragma omp parallel for num_threads((int)chunks) schedule(static, 1)
-    for (int64_t c = 0; c < chunks; c++)
-        body(ctx, c * n / chunks, (c + 1) * n / chunks);
+    p->body = body;
+    p->ctx = ctx;
+    p->n = n;
+    p->chunks = chunks;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    uint32_t gen = ++p->generation;
+    if (gen == 0) /* workers start having seen generation 0 */
+        gen = ++p->generation;
+    pthread_mutex_lock(&p->lock);
+    atomic_store_explicit(&p->claim, (uint64_t)gen << 32 | (uint64_t)chunks,
+                          memory_order_release);
+    if (p->sleepers > 0)
+        pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+
+    run_chunks(p, gen);
+    for (int spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) < chunks; spins++) {
+        cpu_relax();
+        if (spins > 4096)
+            sched_yield();
+    }
+    pthread_mutex_unlock(&p->submit);
 }

@@ -1,11 +1,15 @@
 /* threadpool.h: the runtime's thread pool, used by compiled modules (through
  * rf_module_services.parallel_for) and by the CPU backend's own packing loops.
  *
- * Implemented on OpenMP, the runtime oneDNN uses, so one team of threads
- * serves generated loops and library calls (threadpool.c says why). Its size
- * is RF_NUM_THREADS if set to a positive integer, else the number of online
- * CPUs. Calls never allocate. A call from inside a parallel region runs its
- * whole range inline on the calling thread.
+ * There is ONE pool per process, created lazily on first use (pthread_once)
+ * and joined at exit: it is the runtime's documented process-wide cache of
+ * worker threads, shared by every executable. Its size is RF_NUM_THREADS if
+ * set to a positive integer, else the number of online CPUs; the calling
+ * thread counts as one of them, so size - 1 workers are started.
+ *
+ * Calls never allocate. One parallel_for runs at a time: a call made while
+ * the pool is busy (a nested call from inside a body, or another thread's
+ * concurrent call) runs its whole range inline on the calling thread.
  */
 #ifndef RF_RUNTIME_THREADPOOL_H
 #define RF_RUNTIME_THREADPOOL_H

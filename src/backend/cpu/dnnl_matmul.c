@@ -30,7 +30,7 @@ rf_status rfi_dnnl_error(dnnl_status_t st, const char *what, const char *call)
 
 static dnnl_status_t tensor_md(dnnl_memory_desc_t *md, const rfi_dnnl_tensor *t)
 {
-    return dnnl_memory_desc_init_by_strides(md, t->ndims, t->dims, dnnl_f32, t->strides);
+    return rfi_dnnl.memory_desc_init_by_strides(md, t->ndims, t->dims, dnnl_f32, t->strides);
 }
 
 /* Creates the primitive (user scratchpad) and its memory objects (no data). */
@@ -48,36 +48,36 @@ static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnn
         (st = tensor_md(&d_md, dst)) != dnnl_success)
         return st;
     *failed = "matmul_desc_init";
-    if ((st = dnnl_matmul_desc_init(&desc, &s_md, &w_md, NULL, &d_md)) != dnnl_success)
+    if ((st = rfi_dnnl.matmul_desc_init(&desc, &s_md, &w_md, NULL, &d_md)) != dnnl_success)
         return st;
     *failed = "primitive_attr";
-    if ((st = dnnl_primitive_attr_create(&attr)) != dnnl_success)
+    if ((st = rfi_dnnl.primitive_attr_create(&attr)) != dnnl_success)
         return st;
-    st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    st = rfi_dnnl.primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     if (st == dnnl_success) {
         *failed = "primitive_desc_create (matmul)";
-        st = dnnl_primitive_desc_create(&pd, &desc, attr, eng, NULL);
+        st = rfi_dnnl.primitive_desc_create(&pd, &desc, attr, eng, NULL);
     }
-    dnnl_primitive_attr_destroy(attr);
+    rfi_dnnl.primitive_attr_destroy(attr);
     if (st != dnnl_success)
         return st;
     const char *impl = NULL;
-    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+    if (rfi_dnnl.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
         mm->is_ref = strncmp(impl, "ref", 3) == 0;
-    const dnnl_memory_desc_t *sp_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-    mm->scratch_bytes = sp_md ? dnnl_memory_desc_get_size(sp_md) : 0;
+    const dnnl_memory_desc_t *sp_md = rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    mm->scratch_bytes = sp_md ? rfi_dnnl.memory_desc_get_size(sp_md) : 0;
     *failed = "primitive_create";
-    st = dnnl_primitive_create(&mm->prim, pd);
+    st = rfi_dnnl.primitive_create(&mm->prim, pd);
     *failed = "memory_create";
     if (st == dnnl_success)
-        st = dnnl_memory_create(&mm->src, &s_md, eng, DNNL_MEMORY_NONE);
+        st = rfi_dnnl.memory_create(&mm->src, &s_md, eng, DNNL_MEMORY_NONE);
     if (st == dnnl_success)
-        st = dnnl_memory_create(&mm->wei, &w_md, eng, DNNL_MEMORY_NONE);
+        st = rfi_dnnl.memory_create(&mm->wei, &w_md, eng, DNNL_MEMORY_NONE);
     if (st == dnnl_success)
-        st = dnnl_memory_create(&mm->dst, &d_md, eng, DNNL_MEMORY_NONE);
+        st = rfi_dnnl.memory_create(&mm->dst, &d_md, eng, DNNL_MEMORY_NONE);
     if (st == dnnl_success && mm->scratch_bytes > 0)
-        st = dnnl_memory_create(&mm->scratch, sp_md, eng, DNNL_MEMORY_NONE);
-    dnnl_primitive_desc_destroy(pd);
+        st = rfi_dnnl.memory_create(&mm->scratch, sp_md, eng, DNNL_MEMORY_NONE);
+    rfi_dnnl.primitive_desc_destroy(pd);
     return st;
 }
 
@@ -98,13 +98,13 @@ rf_status rfi_dnnl_mm_init(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_te
 rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float *src, const float *wei,
                           float *dst, void *scratch, const char *what)
 {
-    dnnl_status_t st = dnnl_memory_set_data_handle(mm->src, (void *)src);
+    dnnl_status_t st = rfi_dnnl.memory_set_data_handle(mm->src, (void *)src);
     if (st == dnnl_success)
-        st = dnnl_memory_set_data_handle(mm->wei, (void *)wei);
+        st = rfi_dnnl.memory_set_data_handle(mm->wei, (void *)wei);
     if (st == dnnl_success)
-        st = dnnl_memory_set_data_handle(mm->dst, dst);
+        st = rfi_dnnl.memory_set_data_handle(mm->dst, dst);
     if (st == dnnl_success && mm->scratch)
-        st = dnnl_memory_set_data_handle(mm->scratch, scratch);
+        st = rfi_dnnl.memory_set_data_handle(mm->scratch, scratch);
     if (st != dnnl_success)
         return rfi_dnnl_error(st, what, "memory_set_data_handle");
     dnnl_exec_arg_t args[4] = {
@@ -113,24 +113,24 @@ rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float *src, co
         {DNNL_ARG_DST, mm->dst},
         {DNNL_ARG_SCRATCHPAD, mm->scratch},
     };
-    st = dnnl_primitive_execute(mm->prim, s, mm->scratch ? 4 : 3, args);
+    st = rfi_dnnl.primitive_execute(mm->prim, s, mm->scratch ? 4 : 3, args);
     if (st == dnnl_success)
-        st = dnnl_stream_wait(s);
+        st = rfi_dnnl.stream_wait(s);
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, what, "matmul execute");
 }
 
 void rfi_dnnl_mm_destroy(rfi_dnnl_mm *mm)
 {
     if (mm->prim)
-        dnnl_primitive_destroy(mm->prim);
+        rfi_dnnl.primitive_destroy(mm->prim);
     if (mm->src)
-        dnnl_memory_destroy(mm->src);
+        rfi_dnnl.memory_destroy(mm->src);
     if (mm->wei)
-        dnnl_memory_destroy(mm->wei);
+        rfi_dnnl.memory_destroy(mm->wei);
     if (mm->dst)
-        dnnl_memory_destroy(mm->dst);
+        rfi_dnnl.memory_destroy(mm->dst);
     if (mm->scratch)
-        dnnl_memory_destroy(mm->scratch);
+        rfi_dnnl.memory_destroy(mm->scratch);
     memset(mm, 0, sizeof *mm);
 }
 

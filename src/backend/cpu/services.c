@@ -6,7 +6,9 @@
  * live (buffer index + byte offset, from the plan) and how it runs:
  *   MATMUL (f32)   oneDNN matmul (dnnl_matmul.c)
  *   CONV (f32)     im2col + oneDNN matmul (conv.c)
- *   FALLBACK       the reference kernel (rfi_interp_eval_node) writing straight
+ *   FALLBACK       SELECT_AND_SCATTER and ARGMAX/ARGMIN on f32/f64: native
+ *                  kernels (pool.c); anything else:
+ *                  the reference kernel (rfi_interp_eval_node) writing straight
  *                  into the result buffer: exact (double accumulation), slow,
  *                  and it may allocate its own scratch (contractions pack
  *                  operands); used for FALLBACK steps and for MATMUL / CONV
@@ -21,7 +23,6 @@
  */
 #include "services.h"
 
-#include <dlfcn.h>
 #include <string.h>
 
 #include "../../runtime/threadpool.h"
@@ -42,6 +43,7 @@ typedef struct call_state {
     const void **operands; /* scratch for the operand pointers of one call */
     rfi_cpu_matmul *matmul;
     rfi_cpu_conv *conv;
+    rfi_cpu_native *native; /* a FALLBACK step with a native kernel (pool.c) */
 } call_state;
 
 struct rfi_cpu_services {
@@ -53,7 +55,7 @@ struct rfi_cpu_services {
     void *workspace_block; /* allocation; workspace is it aligned to 64 */
     void *workspace;
     size_t workspace_bytes;
-    void (*omp_set_num_threads)(int); /* OpenMP's, if oneDNN's runtime is OpenMP */
+    bool have_library; /* oneDNN loaded: engine and stream exist */
     int threads;
     rfi_arena mem; /* the per-step arrays */
 };
@@ -69,8 +71,8 @@ void rfi_cpu_services_parallel_for(void *rt, int64_t n, int64_t grain,
  * setting is per thread in libgomp, so it is repeated before each library call. */
 static void set_library_threads(const rfi_cpu_services *s)
 {
-    if (s->omp_set_num_threads)
-        s->omp_set_num_threads(s->threads);
+    if (s->have_library && rfi_dnnl.omp_set_num_threads)
+        rfi_dnnl.omp_set_num_threads(s->threads);
 }
 
 static rf_status locate(const rfi_plan *p, const rfi_node *x, value_ref *ref, int step)
@@ -132,6 +134,8 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
         return rfi_error(RF_E_INTERNAL, "cpu: call step %d computes %s node %%%d", k,
                          rfi_op_table[n->op].name, (int)n->id);
     cs->kind = RFI_CALL_FALLBACK;
+    if ((step->call == RFI_CALL_MATMUL || step->call == RFI_CALL_CONV) && !s->have_library)
+        return RF_OK; /* no oneDNN: the reference kernel */
     if (step->call == RFI_CALL_MATMUL && n->op == RFI_OP_DOT_GENERAL) {
         st = rfi_cpu_matmul_prepare(n, s->engine, &cs->matmul, workspace);
         if (st == RF_OK)
@@ -140,19 +144,26 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
         st = rfi_cpu_conv_prepare(n, s->engine, &cs->conv, workspace);
         if (st == RF_OK)
             cs->kind = RFI_CALL_CONV;
-    } else if (step->call != RFI_CALL_FALLBACK) {
+    } else if (step->call == RFI_CALL_FALLBACK) {
+        st = rfi_cpu_native_prepare(n, &cs->native, workspace);
+    } else {
         return rfi_error(RF_E_INTERNAL, "cpu: call step %d asks for call kind %d on a %s node",
                          k, (int)step->call, rfi_op_table[n->op].name);
     }
     return st == RF_E_UNSUPPORTED ? RF_OK : st;
 }
 
+/* Loads oneDNN and makes the engine and stream; without the library (the
+ * loader's error stays set for whoever wants to know why) steps fall back. */
 static rf_status create_library(rfi_cpu_services *s)
 {
-    dnnl_status_t st = dnnl_engine_create(&s->engine, dnnl_cpu, 0);
+    if (rfi_dnnl_load() != RF_OK)
+        return RF_OK;
+    s->have_library = true;
+    dnnl_status_t st = rfi_dnnl.engine_create(&s->engine, dnnl_cpu, 0);
     if (st != dnnl_success)
         return rfi_dnnl_error(st, "services", "engine_create");
-    st = dnnl_stream_create(&s->stream, s->engine, dnnl_stream_default_flags);
+    st = rfi_dnnl.stream_create(&s->stream, s->engine, dnnl_stream_default_flags);
     if (st != dnnl_success)
         return rfi_dnnl_error(st, "services", "stream_create");
     return RF_OK;
@@ -167,13 +178,10 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     s->plan = p;
     s->n_steps = p->n_steps;
     s->threads = rfi_threadpool_size();
-    void *omp_set = dlsym(RTLD_DEFAULT, "omp_set_num_threads");
-    if (omp_set) /* POSIX: a dlsym result converts to a function pointer by copying */
-        memcpy(&s->omp_set_num_threads, &omp_set, sizeof omp_set);
-    set_library_threads(s);
     s->steps = rfi_arena_alloc(&s->mem, ((size_t)p->n_steps + 1) * sizeof *s->steps);
     rf_status st = s->steps ? create_library(s)
                             : rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
+    set_library_threads(s);
     size_t most = 0;
     for (int k = 0; k < p->n_steps && st == RF_OK; k++) {
         size_t need = 0;
@@ -224,7 +232,10 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
         st = rfi_cpu_conv_run(cs->conv, s->stream, cs->operands[0], cs->operands[1], out,
                               s->workspace);
         break;
-    default: st = rfi_interp_eval_node(cs->node, cs->operands, out); break;
+    default:
+        st = cs->native ? rfi_cpu_native_run(cs->native, cs->operands, out, s->workspace)
+                        : rfi_interp_eval_node(cs->node, cs->operands, out);
+        break;
     }
     return st == RF_OK ? 0 : 1;
 }
@@ -242,6 +253,18 @@ rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step)
     return s && step >= 0 && step < s->n_steps ? s->steps[step].kind : RFI_CALL_NONE;
 }
 
+const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step)
+{
+    if (!s || step < 0 || step >= s->n_steps || s->steps[step].kind == RFI_CALL_NONE)
+        return "none";
+    const call_state *cs = &s->steps[step];
+    switch (cs->kind) {
+    case RFI_CALL_MATMUL: return "matmul";
+    case RFI_CALL_CONV: return rfi_cpu_conv_path(cs->conv);
+    default: return cs->native ? rfi_cpu_native_path(cs->native) : "reference";
+    }
+}
+
 size_t rfi_cpu_services_workspace(const rfi_cpu_services *s) { return s ? s->workspace_bytes : 0; }
 
 void rfi_cpu_services_free(rfi_cpu_services *s)
@@ -251,11 +274,12 @@ void rfi_cpu_services_free(rfi_cpu_services *s)
     for (int k = 0; s->steps && k < s->n_steps; k++) {
         rfi_cpu_matmul_free(s->steps[k].matmul);
         rfi_cpu_conv_free(s->steps[k].conv);
+        rfi_cpu_native_free(s->steps[k].native);
     }
     if (s->stream)
-        dnnl_stream_destroy(s->stream);
+        rfi_dnnl.stream_destroy(s->stream);
     if (s->engine)
-        dnnl_engine_destroy(s->engine);
+        rfi_dnnl.engine_destroy(s->engine);
     rfi_free(s->workspace_block);
     rfi_arena_free(&s->mem);
     rfi_free(s);

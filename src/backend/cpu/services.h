@@ -11,10 +11,14 @@
  * executable's arena and workspace are shared), so an executable must not be
  * run on two threads at once.
  *
+ * oneDNN is loaded at run time on the first prepare (dnnl_loader.h); if it
+ * cannot be loaded, matmul and convolution steps run the reference kernels.
+ *
  * Threads: oneDNN (Debian's build) runs on OpenMP. Library calls run from the
  * calling thread while the runtime's pool is idle, and OpenMP's thread count
- * is set to the pool's size (omp_set_num_threads, looked up with dlsym), so
- * the two never run at once and never oversubscribe the cores.
+ * is set to the pool's size (omp_set_num_threads from the OpenMP runtime
+ * oneDNN loaded), so the two never run at once and never oversubscribe the
+ * cores; the loader makes idle OpenMP workers sleep rather than spin.
  *
  * Precision: f32 matmul and convolution accumulate in f32 in oneDNN's order;
  * the reference kernels (and so the FALLBACK path) accumulate in double.
@@ -22,7 +26,7 @@
 #ifndef RF_BACKEND_CPU_SERVICES_H
 #define RF_BACKEND_CPU_SERVICES_H
 
-#include <oneapi/dnnl/dnnl.h>
+#include "dnnl_loader.h"
 
 #include "../plan.h"
 #include "module_abi.h"
@@ -45,6 +49,10 @@ RFI_FUNC void rfi_cpu_services_free(rfi_cpu_services *s);
  * path does not take: non-f32 dtypes, unsupported forms), NONE if not a CALL
  * step. For tests and dumps. */
 RFI_FUNC rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step);
+/* Which implementation CALL step `step` runs, for tests and benches: "matmul",
+ * a convolution path (rfi_cpu_conv_path), a native kernel (rfi_cpu_native_path),
+ * "reference", or "none" (not a CALL step). Static strings. */
+RFI_FUNC const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step);
 /* The shared workspace size (bytes) allocated at prepare. */
 RFI_FUNC size_t rfi_cpu_services_workspace(const rfi_cpu_services *s);
 
@@ -94,5 +102,16 @@ RFI_FUNC rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void
 RFI_FUNC void rfi_cpu_conv_free(rfi_cpu_conv *c);
 /* Which path a prepared convolution takes: "im2col" or "direct" (for benches). */
 RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
+
+/* Native kernels for FALLBACK steps (pool.c): SELECT_AND_SCATTER and
+ * ARGMAX/ARGMIN on f32/f64, same conventions (RF_E_UNSUPPORTED: not taken). */
+typedef struct rfi_cpu_native rfi_cpu_native;
+RFI_FUNC rf_status rfi_cpu_native_prepare(const rfi_node *n, rfi_cpu_native **out,
+                                          size_t *workspace_bytes);
+RFI_FUNC rf_status rfi_cpu_native_run(rfi_cpu_native *k, const void *const *in, void *out,
+                                      void *workspace);
+RFI_FUNC void rfi_cpu_native_free(rfi_cpu_native *k);
+/* "native-scatter-fast", "native-scatter" or "native-arg". */
+RFI_FUNC const char *rfi_cpu_native_path(const rfi_cpu_native *k);
 
 #endif

@@ -1,0 +1,168 @@
+/* bench_services.c: GFLOP/s of the CPU backend's library calls (services.c)
+ * on the shapes of the mlp and cnn workloads: the mlp's matmuls (forward,
+ * weight and input gradients at batch 128) and the cnn's convolutions
+ * (forward, and the backward-data and backward-weights convolutions the
+ * autodiff emits, at batch 64). One line per shape:
+ *   name path us_per_call=MEDIAN gflops=G
+ * Each shape is one hand-built plan with one CALL step; inputs are random.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/services.h"
+#include "runtime/threadpool.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Times step 0 of a one-node plan computing y from two f32 arguments. */
+static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double flops)
+{
+    if (!y) {
+        printf("%s: graph failed: %s\n", name, g->errmsg ? g->errmsg : rf_errmsg());
+        return;
+    }
+    rfi_loc *loc = calloc((size_t)g->n_nodes, sizeof *loc);
+    for (int k = 0; k < g->n_nodes; k++)
+        if (g->nodes[k]->op == RFI_OP_ARGUMENT) {
+            loc[k].kind = RFI_LOC_ARG;
+            loc[k].index = (int)g->nodes[k]->attr.i[0];
+        }
+    loc[y->id].kind = RFI_LOC_OUTPUT;
+    int root = y->id;
+    rfi_step step = {RFI_STEP_CALL,
+                     y->op == RFI_OP_DOT_GENERAL ? RFI_CALL_MATMUL : RFI_CALL_CONV,
+                     &root, 1, NULL, 0, -1, -1};
+    rfi_plan plan = {0};
+    plan.g = g;
+    plan.loc = loc;
+    plan.steps = &step;
+    plan.n_steps = 1;
+    void *buffers[4];
+    for (int k = 0; k < 2; k++) {
+        int64_t n = rfi_node_numel(y->in[k]);
+        float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            p[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+        buffers[k] = p;
+    }
+    buffers[2] = malloc(rfi_node_nbytes(y) + 1);
+    buffers[3] = NULL;
+    rfi_cpu_services *s = NULL;
+    if (rfi_cpu_services_prepare(&plan, &s) != RF_OK) {
+        printf("%s: prepare failed: %s\n", name, rf_errmsg());
+    } else {
+        enum { TRIALS = 31 };
+        double t[TRIALS];
+        for (int w = 0; w < 3; w++)
+            rfi_cpu_services_call(s, 0, buffers);
+        double t0 = now_s();
+        rfi_cpu_services_call(s, 0, buffers);
+        double once = now_s() - t0;
+        int inner = once > 0.002 ? 1 : (int)(0.002 / (once > 1e-7 ? once : 1e-7)) + 1;
+        for (int k = 0; k < TRIALS; k++) {
+            t0 = now_s();
+            for (int r = 0; r < inner; r++)
+                rfi_cpu_services_call(s, 0, buffers);
+            t[k] = (now_s() - t0) / inner;
+        }
+        qsort(t, TRIALS, sizeof t[0], cmp_double);
+        double med = t[TRIALS / 2];
+        printf("%-28s %-12s us_per_call=%9.1f gflops=%6.1f\n", name,
+               rfi_cpu_services_step_path(s, 0), med * 1e6, flops / med * 1e-9);
+    }
+    rfi_cpu_services_free(s);
+    for (int k = 0; k < 3; k++)
+        free(buffers[k]);
+    free(loc);
+}
+
+/* A graph of two f32 arguments a, b. */
+static rfi_graph *two_args(const int64_t *ad, int ar, const int64_t *bd, int br, rfi_node **a,
+                           rfi_node **b)
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "bench_services");
+    rf_dtype dts[2] = {RF_F32, RF_F32};
+    int ranks[2] = {ar, br};
+    int64_t dims[2][RF_MAX_RANK] = {{0}};
+    memcpy(dims[0], ad, (size_t)ar * sizeof(int64_t));
+    memcpy(dims[1], bd, (size_t)br * sizeof(int64_t));
+    rfi_graph_set_args(g, 2, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims);
+    rfi_attrs a0 = {0}, a1 = {0};
+    a1.i[0] = 1;
+    *a = rfi_node_new(g, RFI_OP_ARGUMENT, NULL, 0, &a0, RF_F32, ad, ar);
+    *b = rfi_node_new(g, RFI_OP_ARGUMENT, NULL, 0, &a1, RF_F32, bd, br);
+    return g;
+}
+
+/* a [.., .] x b contracting a's dim ca with b's dim cb. */
+static void bench_matmul(const char *name, int64_t a0, int64_t a1, int64_t b0, int64_t b1,
+                         int ca, int cb)
+{
+    rfi_node *a, *b;
+    rfi_graph *g = two_args((int64_t[]){a0, a1}, 2, (int64_t[]){b0, b1}, 2, &a, &b);
+    rfi_attrs at = {0};
+    at.nl[2] = at.nl[3] = 1;
+    at.l[2][0] = ca;
+    at.l[3][0] = cb;
+    rfi_node *in[2] = {a, b};
+    rfi_node *y = rfi_node_new(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, NULL, 0);
+    int64_t k = ca == 0 ? a0 : a1;
+    double flops = y ? 2.0 * (double)rfi_node_numel(y) * (double)k : 0;
+    bench_node(name, g, y, flops);
+    rfi_graph_free(g);
+}
+
+/* 2-D convolution x [N,C,H,W] * w [O,I,kh,kw], stride 1, padding p. */
+static void bench_conv(const char *name, const int64_t *x, const int64_t *w, int64_t pad)
+{
+    rfi_node *a, *b;
+    rfi_graph *g = two_args(x, 4, w, 4, &a, &b);
+    rfi_attrs at = {0};
+    for (int k = 0; k < 5; k++)
+        at.nl[k] = 2;
+    for (int d = 0; d < 2; d++) {
+        at.l[0][d] = at.l[3][d] = at.l[4][d] = 1;
+        at.l[1][d] = at.l[2][d] = pad;
+    }
+    at.i[0] = at.i[1] = 1;
+    rfi_node *in[2] = {a, b};
+    rfi_node *y = rfi_node_new(g, RFI_OP_CONVOLUTION, in, 2, &at, RF_F32, NULL, 0);
+    double flops = y ? 2.0 * (double)rfi_node_numel(y) * (double)(w[1] * w[2] * w[3]) : 0;
+    bench_node(name, g, y, flops);
+    rfi_graph_free(g);
+}
+
+int main(void)
+{
+    printf("threads=%d\n", rfi_threadpool_size());
+    /* mlp 784-512-256-10, batch 128 */
+    bench_matmul("mlp fwd 128x784 @ 784x512", 128, 784, 784, 512, 1, 0);
+    bench_matmul("mlp fwd 128x512 @ 512x256", 128, 512, 512, 256, 1, 0);
+    bench_matmul("mlp fwd 128x256 @ 256x10", 128, 256, 256, 10, 1, 0);
+    bench_matmul("mlp dW1 784x128 @ 128x512", 128, 784, 128, 512, 0, 0);
+    bench_matmul("mlp dW2 512x128 @ 128x256", 128, 512, 128, 256, 0, 0);
+    bench_matmul("mlp dx2 128x256 @ 256x512", 128, 256, 512, 256, 1, 1);
+    bench_matmul("mlp dx1 128x512 @ 512x784", 128, 512, 784, 512, 1, 1);
+    /* cnn, batch 64 */
+    bench_conv("cnn conv1 fwd", (int64_t[]){64, 1, 28, 28}, (int64_t[]){32, 1, 3, 3}, 0);
+    bench_conv("cnn conv2 fwd", (int64_t[]){64, 32, 13, 13}, (int64_t[]){64, 32, 3, 3}, 0);
+    bench_conv("cnn conv2 bwd-data", (int64_t[]){64, 64, 11, 11}, (int64_t[]){32, 64, 3, 3}, 2);
+    bench_conv("cnn conv1 bwd-weights", (int64_t[]){1, 64, 28, 28}, (int64_t[]){32, 64, 26, 26},
+               0);
+    bench_conv("cnn conv2 bwd-weights", (int64_t[]){32, 64, 13, 13},
+               (int64_t[]){64, 64, 11, 11}, 0);
+    return 0;
+}

@@ -1,0 +1,75 @@
+/* dnnl_loader.c: loads oneDNN with dlopen on first use and resolves the
+ * backend's table of its entry points (dnnl_loader.h says why at run time).
+ *
+ * Before the dlopen, OMP_WAIT_POLICY is set to "passive" unless the user set
+ * it: libgomp, which oneDNN pulls in, reads it once when it initialises
+ * (during this dlopen), and with the default (active) its idle workers spin
+ * on the cores the runtime's thread pool needs between library calls. The
+ * setenv happens once, inside pthread_once; like any setenv it is not safe
+ * against another thread reading the environment at that very moment, which
+ * is why it happens before any of the backend's threads exist.
+ *
+ * Deliberately not here: unloading (the handle is kept for the process's
+ * life), other threading runtimes' settings.
+ */
+#include "dnnl_loader.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+rfi_dnnl_api rfi_dnnl;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static rf_status load_status = RF_E_UNSUPPORTED;
+static char load_failure[256]; /* why loading failed, for every later caller */
+
+/* POSIX: a dlsym result converts to a function pointer by copying it. */
+static bool resolve(void *lib, const char *symbol, void *fn_slot, size_t size)
+{
+    void *p = dlsym(lib, symbol);
+    if (!p)
+        return false;
+    memcpy(fn_slot, &p, size);
+    return true;
+}
+
+static void load_library(void)
+{
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    void *lib = dlopen(RFI_DNNL_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *why = dlerror();
+        snprintf(load_failure, sizeof load_failure, "cannot load %s (%s)", RFI_DNNL_LIBRARY,
+                 why ? why : "unknown reason");
+        return;
+    }
+    rfi_dnnl_api api;
+    memset(&api, 0, sizeof api);
+#define RFI_DNNL_RESOLVE(name)                                                              \
+    if (!resolve(lib, "dnnl_" #name, &api.name, sizeof api.name)) {                         \
+        snprintf(load_failure, sizeof load_failure, "%s has no symbol dnnl_" #name,        \
+                 RFI_DNNL_LIBRARY);                                                         \
+        dlclose(lib);                                                                       \
+        return;                                                                             \
+    }
+    RFI_DNNL_FUNCTIONS(RFI_DNNL_RESOLVE)
+#undef RFI_DNNL_RESOLVE
+    /* dlsym on the handle searches oneDNN's dependencies too: its OpenMP. */
+    resolve(lib, "omp_set_num_threads", &api.omp_set_num_threads, sizeof api.omp_set_num_threads);
+    rfi_dnnl = api;
+    load_status = RF_OK;
+}
+
+rf_status rfi_dnnl_load(void)
+{
+    pthread_once(&load_once, load_library);
+    if (load_status != RF_OK)
+        return rfi_error(RF_E_UNSUPPORTED,
+                         "cpu: oneDNN unavailable: %s; matmul and convolution run on the "
+                         "reference kernels (install libdnnl2)",
+                         load_failure);
+    return RF_OK;
+}

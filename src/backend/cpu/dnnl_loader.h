@@ -1,0 +1,80 @@
+/* dnnl_loader.h: oneDNN, loaded at run time (dlopen of libdnnl.so.2) on the
+ * first use, so that libreflux links neither oneDNN nor its OpenMP runtime.
+ *
+ * Why at run time: Debian's oneDNN runs on OpenMP (libgomp), whose idle
+ * workers spin by default (OMP_WAIT_POLICY unset = active). libgomp reads
+ * that setting once, when it initialises, which for a linked library is at
+ * program start, before any code of ours runs. Spinning OpenMP workers and
+ * the runtime's own thread pool then fight for the cores (measured on a
+ * 2-core machine: a CNN training step 3-4x slower on 2 threads than on 1).
+ * Loading oneDNN ourselves lets the loader set OMP_WAIT_POLICY=passive first
+ * (only if the user has not set it), so OpenMP workers sleep when idle.
+ *
+ * The table of entry points is filled once (pthread_once) and never changes
+ * afterwards: the backend's documented process-wide cache of the library.
+ * Only the functions the CPU backend calls are resolved. Code calls them as
+ * rfi_dnnl.<name without the dnnl_ prefix> after rfi_dnnl_load() returned
+ * RF_OK (an engine can only exist then).
+ *
+ * Deliberately not here: choosing a oneDNN version other than 2.x (the ABI of
+ * the header at build time), unloading the library.
+ */
+#ifndef RF_BACKEND_CPU_DNNL_LOADER_H
+#define RF_BACKEND_CPU_DNNL_LOADER_H
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "../../core/core.h"
+
+#ifndef RFI_DNNL_LIBRARY /* overridable at build time, e.g. to test a missing library */
+#define RFI_DNNL_LIBRARY "libdnnl.so.2"
+#endif
+
+/* The oneDNN functions the backend calls. Each entry's type is the header's
+ * own declaration (__typeof__), so the table cannot drift from the ABI. */
+#define RFI_DNNL_FUNCTIONS(X)                                                              \
+    X(engine_create)                                                                       \
+    X(engine_destroy)                                                                      \
+    X(stream_create)                                                                       \
+    X(stream_destroy)                                                                      \
+    X(stream_wait)                                                                         \
+    X(memory_desc_init_by_strides)                                                         \
+    X(memory_desc_get_size)                                                                \
+    X(memory_desc_init_by_tag)                                                             \
+    X(memory_desc_equal)                                                                   \
+    X(memory_create)                                                                       \
+    X(memory_destroy)                                                                      \
+    X(memory_set_data_handle)                                                              \
+    X(matmul_desc_init)                                                                    \
+    X(dilated_convolution_forward_desc_init)                                               \
+    X(dilated_convolution_backward_data_desc_init)                                         \
+    X(dilated_convolution_backward_weights_desc_init)                                      \
+    X(primitive_attr_create)                                                               \
+    X(primitive_attr_destroy)                                                              \
+    X(primitive_attr_set_scratchpad_mode)                                                  \
+    X(primitive_desc_create)                                                               \
+    X(reorder_primitive_desc_create)                                                       \
+    X(primitive_desc_destroy)                                                              \
+    X(primitive_desc_query)                                                                \
+    X(primitive_desc_query_md)                                                             \
+    X(primitive_create)                                                                    \
+    X(primitive_destroy)                                                                   \
+    X(primitive_execute)
+
+#define RFI_DNNL_MEMBER(name) __typeof__(dnnl_##name) *name;
+typedef struct rfi_dnnl_api {
+    RFI_DNNL_FUNCTIONS(RFI_DNNL_MEMBER)
+    /* OpenMP's, from the runtime oneDNN loaded; NULL if it has none. */
+    void (*omp_set_num_threads)(int);
+} rfi_dnnl_api;
+
+/* The entry points; valid once rfi_dnnl_load() returned RF_OK. */
+extern rfi_dnnl_api rfi_dnnl;
+
+/* Loads oneDNN once per process (later calls return the first result). On
+ * failure returns RF_E_UNSUPPORTED with rfi_error naming the library and the
+ * reason (missing file, missing symbol); the backend then runs matmul and
+ * convolution on the reference kernels. */
+RFI_FUNC rf_status rfi_dnnl_load(void);
+
+#endif

@@ -1,0 +1,358 @@
+/* pool.c: native f32/f64 kernels for the CALL FALLBACK steps that matter in
+ * training: SELECT_AND_SCATTER (the max-pool gradient) and ARGMAX / ARGMIN
+ * along one axis (accuracy metrics), replacing the reference kernels
+ * (src/backend/interp/reduce.c) whose semantics they reproduce exactly:
+ *
+ *   SELECT_AND_SCATTER: each window (attr l[0] window, l[1] strides, l[2]
+ *     pad_lo, l[3] pad_hi) selects its first maximum in row-major window
+ *     order (NaN ranks above every number, so the first NaN wins; padding is
+ *     never selected; a window of padding only selects nothing) and adds its
+ *     source value there; unselected positions are 0. Sums are formed in
+ *     double in source order and rounded once, as the reference does.
+ *   ARGMAX / ARGMIN: first index of the extreme along attr i[0]; NaN ranks
+ *     above every number (argmax: the first NaN; argmin: NaNs ignored unless
+ *     all are NaN, then index 0).
+ *
+ * Leading dims that a select_and_scatter window does not span (window 1,
+ * stride 1, no padding: batch and channels of a pooling) are collapsed into
+ * independent planes that run in parallel on the runtime's pool. Windows that
+ * do not overlap and have no padding (stride == window, the usual pooling)
+ * take a fast path writing each selected value once (0 + v, so -0 becomes +0
+ * as in the reference) into a zeroed plane; other forms accumulate in double
+ * (f32: in the workspace).
+ *
+ * Deliberately not here: integer dtypes, mixed dtypes (the services keep the
+ * reference kernel for them), other FALLBACK ops.
+ */
+#include <string.h>
+
+#include "../../runtime/threadpool.h"
+#include "services.h"
+
+#define PLANE_GRAIN_ELEMENTS 16384 /* elements a parallel chunk should at least cover */
+
+typedef enum native_kind { NATIVE_SCATTER_FAST, NATIVE_SCATTER_GENERAL, NATIVE_ARG } native_kind;
+
+struct rfi_cpu_native {
+    const rfi_node *node;
+    native_kind kind;
+    bool f64;      /* operands are f64 (else f32) */
+    /* select_and_scatter: planes of x (and of the source) in front, then the
+     * window dims: rank wr, per dim x extent, source extent, window, stride, pad_lo */
+    int64_t planes, x_plane, src_plane;
+    int wr;
+    int64_t xd[RF_MAX_RANK], sd[RF_MAX_RANK], win[RF_MAX_RANK], stride[RF_MAX_RANK];
+    int64_t lo[RF_MAX_RANK], xstep[RF_MAX_RANK];
+    int64_t window_count;
+    int64_t *woff;  /* fast path: x offset of each window element from the window origin */
+    int64_t *wpos;  /* general path: per window element, its index in each window dim */
+    /* argmax / argmin */
+    int64_t outer, len, inner;
+    bool want_max, out_i64;
+};
+
+const char *rfi_cpu_native_path(const rfi_cpu_native *k)
+{
+    switch (k->kind) {
+    case NATIVE_SCATTER_FAST: return "native-scatter-fast";
+    case NATIVE_SCATTER_GENERAL: return "native-scatter";
+    default: return "native-arg";
+    }
+}
+
+/* a ranks above b: NaN above every number (the reference's rfi_gt_nan_max). */
+static inline bool above_f(float a, float b) { return a != a ? b == b : (b == b && a > b); }
+static inline bool above_d(double a, double b) { return a != a ? b == b : (b == b && a > b); }
+
+/* ---- SELECT_AND_SCATTER ------------------------------------------------------------- */
+
+typedef struct scatter_job {
+    const rfi_cpu_native *k;
+    const void *x, *src;
+    void *out;
+    double *acc; /* general path, f32: one double per x element */
+} scatter_job;
+
+/* Fast path, one plane: non-overlapping in-bounds windows. */
+#define SCATTER_FAST(T, ABOVE)                                                               \
+    static void scatter_fast_##T(const rfi_cpu_native *k, const T *x, const T *src, T *out) \
+    {                                                                                        \
+        memset(out, 0, (size_t)k->x_plane * sizeof(T));                                      \
+        int64_t o[RF_MAX_RANK] = {0}, origin = 0;                                            \
+        const int64_t *woff = k->woff;                                                       \
+        for (int64_t s = 0; s < k->src_plane; s++) {                                         \
+            int64_t best = origin + woff[0];                                                 \
+            T top = x[best];                                                                 \
+            for (int64_t j = 1; j < k->window_count; j++) {                                  \
+                T v = x[origin + woff[j]];                                                   \
+                if (ABOVE(v, top)) {                                                         \
+                    top = v;                                                                 \
+                    best = origin + woff[j];                                                 \
+                }                                                                            \
+            }                                                                                \
+            out[best] = (T)0 + src[s];                                                       \
+            for (int d = k->wr - 1; d >= 0; d--) {                                           \
+                origin += k->stride[d] * k->xstep[d];                                        \
+                if (++o[d] < k->sd[d])                                                       \
+                    break;                                                                   \
+                origin -= k->stride[d] * k->xstep[d] * k->sd[d];                             \
+                o[d] = 0;                                                                    \
+            }                                                                                \
+        }                                                                                    \
+    }
+SCATTER_FAST(float, above_f)
+SCATTER_FAST(double, above_d)
+
+/* General path, one plane: padding skipped, sums in double into acc. */
+#define SCATTER_GENERAL(T, ABOVE)                                                            \
+    static void scatter_general_##T(const rfi_cpu_native *k, const T *x, const T *src,      \
+                                    double *acc)                                             \
+    {                                                                                        \
+        memset(acc, 0, (size_t)k->x_plane * sizeof(double));                                 \
+        int64_t o[RF_MAX_RANK] = {0};                                                        \
+        for (int64_t s = 0; s < k->src_plane; s++) {                                         \
+            int64_t selected = -1;                                                           \
+            for (int64_t j = 0; j < k->window_count; j++) {                                  \
+                const int64_t *w = k->wpos + j * k->wr;                                      \
+                int64_t at = 0;                                                              \
+                bool inside = true;                                                          \
+                for (int d = 0; d < k->wr && inside; d++) {                                  \
+                    int64_t p = o[d] * k->stride[d] + w[d] - k->lo[d];                       \
+                    inside = p >= 0 && p < k->xd[d];                                         \
+                    at += p * k->xstep[d];                                                   \
+                }                                                                            \
+                if (inside && (selected < 0 || ABOVE(x[at], x[selected])))                   \
+                    selected = at;                                                           \
+            }                                                                                \
+            if (selected >= 0)                                                               \
+                acc[selected] += (double)src[s];                                             \
+            for (int d = k->wr - 1; d >= 0; d--) {                                           \
+                if (++o[d] < k->sd[d])                                                       \
+                    break;                                                                   \
+                o[d] = 0;                                                                    \
+            }                                                                                \
+        }                                                                                    \
+    }
+SCATTER_GENERAL(float, above_f)
+SCATTER_GENERAL(double, above_d)
+
+static void scatter_planes(void *ctx, int64_t lo, int64_t hi)
+{
+    const scatter_job *job = ctx;
+    const rfi_cpu_native *k = job->k;
+    for (int64_t p = lo; p < hi; p++) {
+        int64_t xo = p * k->x_plane, so = p * k->src_plane;
+        if (k->f64) {
+            const double *x = (const double *)job->x + xo, *src = (const double *)job->src + so;
+            double *out = (double *)job->out + xo;
+            if (k->kind == NATIVE_SCATTER_FAST)
+                scatter_fast_double(k, x, src, out);
+            else
+                scatter_general_double(k, x, src, out);
+        } else {
+            const float *x = (const float *)job->x + xo, *src = (const float *)job->src + so;
+            float *out = (float *)job->out + xo;
+            if (k->kind == NATIVE_SCATTER_FAST) {
+                scatter_fast_float(k, x, src, out);
+            } else {
+                double *acc = job->acc + xo;
+                scatter_general_float(k, x, src, acc);
+                for (int64_t i = 0; i < k->x_plane; i++)
+                    out[i] = (float)acc[i];
+            }
+        }
+    }
+}
+
+/* Splits x's dims into leading planes (dims no window spans) and window dims. */
+static bool scatter_shape(rfi_cpu_native *k, const rfi_node *n)
+{
+    const rfi_node *x = n->in[0], *src = n->in[1];
+    const rfi_attrs *at = &n->attr;
+    if (src->rank != x->rank || n->rank != x->rank)
+        return false;
+    int lead = 0;
+    while (lead < x->rank && at->l[0][lead] == 1 && at->l[1][lead] == 1 && at->l[2][lead] == 0 &&
+           at->l[3][lead] == 0 && src->dims[lead] == x->dims[lead])
+        lead++;
+    k->planes = rfi_numel(x->dims, lead);
+    k->wr = x->rank - lead;
+    bool fast = true;
+    int64_t step = 1;
+    for (int d = k->wr - 1; d >= 0; d--) {
+        int xd = lead + d;
+        k->xd[d] = x->dims[xd];
+        k->sd[d] = src->dims[xd];
+        k->win[d] = at->l[0][xd];
+        k->stride[d] = at->l[1][xd];
+        k->lo[d] = at->l[2][xd];
+        k->xstep[d] = step;
+        step *= x->dims[xd];
+        if (k->win[d] < 1 || k->stride[d] < 1)
+            return false;
+        fast &= k->stride[d] == k->win[d] && at->l[2][xd] == 0 && at->l[3][xd] == 0 &&
+                k->sd[d] * k->stride[d] <= k->xd[d];
+    }
+    k->x_plane = step;
+    k->src_plane = rfi_numel(k->sd, k->wr);
+    k->window_count = rfi_numel(k->win, k->wr);
+    k->kind = fast && k->window_count > 0 ? NATIVE_SCATTER_FAST : NATIVE_SCATTER_GENERAL;
+    return true;
+}
+
+/* The window element tables: offsets (fast) or per-dim indices (general). */
+static bool scatter_tables(rfi_cpu_native *k)
+{
+    int64_t count = k->window_count > 0 ? k->window_count : 1;
+    k->woff = rfi_calloc((size_t)count, sizeof(int64_t));
+    k->wpos = rfi_calloc((size_t)count * (size_t)(k->wr > 0 ? k->wr : 1), sizeof(int64_t));
+    if (!k->woff || !k->wpos)
+        return false;
+    int64_t w[RF_MAX_RANK] = {0};
+    for (int64_t j = 0; j < k->window_count; j++) {
+        int64_t off = 0;
+        for (int d = 0; d < k->wr; d++) {
+            off += w[d] * k->xstep[d];
+            k->wpos[j * k->wr + d] = w[d];
+        }
+        k->woff[j] = off;
+        for (int d = k->wr - 1; d >= 0; d--) {
+            if (++w[d] < k->win[d])
+                break;
+            w[d] = 0;
+        }
+    }
+    return true;
+}
+
+/* ---- ARGMAX / ARGMIN ------------------------------------------------------------------ */
+
+typedef struct arg_job {
+    const rfi_cpu_native *k;
+    const void *x;
+    void *out;
+} arg_job;
+
+#define ARG_EXTREME(T, ABOVE)                                                                \
+    static int64_t arg_##T(const rfi_cpu_native *k, const T *x)                              \
+    {                                                                                        \
+        int64_t best = 0;                                                                    \
+        T top = x[0];                                                                        \
+        for (int64_t i = 1; i < k->len; i++) {                                               \
+            T v = x[i * k->inner];                                                           \
+            if (k->want_max ? ABOVE(v, top) : ABOVE(top, v)) {                               \
+                top = v;                                                                     \
+                best = i;                                                                    \
+            }                                                                                \
+        }                                                                                    \
+        return best;                                                                         \
+    }
+ARG_EXTREME(float, above_f)
+ARG_EXTREME(double, above_d)
+
+/* Results [lo, hi) in (outer, inner) order. */
+static void arg_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const arg_job *job = ctx;
+    const rfi_cpu_native *k = job->k;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t base = (r / k->inner) * k->len * k->inner + r % k->inner;
+        int64_t best = k->f64 ? arg_double(k, (const double *)job->x + base)
+                              : arg_float(k, (const float *)job->x + base);
+        if (k->out_i64)
+            ((int64_t *)job->out)[r] = best;
+        else
+            ((int32_t *)job->out)[r] = (int32_t)best;
+    }
+}
+
+/* ---- prepare / run ------------------------------------------------------------------- */
+
+static bool float_dtype(rf_dtype dt) { return dt == RF_F32 || dt == RF_F64; }
+
+rf_status rfi_cpu_native_prepare(const rfi_node *n, rfi_cpu_native **out, size_t *workspace_bytes)
+{
+    *out = NULL;
+    *workspace_bytes = 0;
+    bool scatter = n->op == RFI_OP_SELECT_AND_SCATTER && n->n_in == 2 &&
+                   float_dtype(n->dtype) && n->in[0]->dtype == n->dtype &&
+                   n->in[1]->dtype == n->dtype;
+    bool arg = (n->op == RFI_OP_ARGMAX || n->op == RFI_OP_ARGMIN) && n->n_in == 1 &&
+               float_dtype(n->in[0]->dtype) && (n->dtype == RF_I64 || n->dtype == RF_I32);
+    if (!scatter && !arg)
+        return RF_E_UNSUPPORTED;
+    rfi_cpu_native *k = rfi_calloc(1, sizeof *k);
+    if (!k)
+        return rfi_error(RF_E_NOMEM, "cpu: %s: out of memory", rfi_op_table[n->op].name);
+    k->node = n;
+    if (arg) {
+        const rfi_node *x = n->in[0];
+        int axis = (int)n->attr.i[0];
+        if (axis < 0 || axis >= x->rank) {
+            rfi_free(k);
+            return RF_E_UNSUPPORTED;
+        }
+        k->kind = NATIVE_ARG;
+        k->f64 = x->dtype == RF_F64;
+        k->outer = rfi_numel(x->dims, axis);
+        k->len = x->dims[axis];
+        k->inner = rfi_numel(x->dims + axis + 1, x->rank - axis - 1);
+        k->want_max = n->op == RFI_OP_ARGMAX;
+        k->out_i64 = n->dtype == RF_I64;
+        *out = k;
+        return RF_OK;
+    }
+    k->f64 = n->dtype == RF_F64;
+    if (!scatter_shape(k, n)) {
+        rfi_free(k);
+        return RF_E_UNSUPPORTED;
+    }
+    if (!scatter_tables(k)) {
+        rfi_cpu_native_free(k);
+        return rfi_error(RF_E_NOMEM, "cpu: select_and_scatter: out of memory");
+    }
+    if (k->kind == NATIVE_SCATTER_GENERAL && !k->f64)
+        *workspace_bytes = rfi_ws_align((size_t)(k->planes * k->x_plane) * sizeof(double));
+    *out = k;
+    return RF_OK;
+}
+
+static int64_t grain_for(int64_t per_item)
+{
+    return PLANE_GRAIN_ELEMENTS / (per_item > 0 ? per_item : 1) + 1;
+}
+
+rf_status rfi_cpu_native_run(rfi_cpu_native *k, const void *const *in, void *out, void *workspace)
+{
+    if (k->kind == NATIVE_ARG) {
+        arg_job job = {k, in[0], out};
+        int64_t results = k->outer * k->inner;
+        if (k->len == 0) { /* the reference's index 0 */
+            memset(out, 0, (size_t)results * (k->out_i64 ? sizeof(int64_t) : sizeof(int32_t)));
+            return RF_OK;
+        }
+        rfi_parallel_for(results, grain_for(k->len), arg_range, &job);
+        return RF_OK;
+    }
+    if (k->planes * k->x_plane == 0)
+        return RF_OK;
+    if (k->src_plane == 0 || k->window_count == 0) {
+        memset(out, 0, (size_t)(k->planes * k->x_plane) * (k->f64 ? 8 : 4));
+        return RF_OK;
+    }
+    scatter_job job = {k, in[0], in[1], out, workspace};
+    if (k->f64 && k->kind == NATIVE_SCATTER_GENERAL)
+        job.acc = NULL; /* f64 accumulates in place */
+    rfi_parallel_for(k->planes, grain_for(k->x_plane + k->src_plane * k->window_count),
+                     scatter_planes, &job);
+    return RF_OK;
+}
+
+void rfi_cpu_native_free(rfi_cpu_native *k)
+{
+    if (!k)
+        return;
+    rfi_free(k->woff);
+    rfi_free(k->wpos);
+    rfi_free(k);
+}
