@@ -1,7 +1,7 @@
 # reflux: convenience targets over CMake. The build itself lives in CMakeLists.txt.
 #
 #   make demo    install missing packages, configure + build (Release) in build/, then train
-#                the Fashion-MNIST classifier for 3 epochs (learning curve in build/)
+#                the Fashion-MNIST CNN for 5 epochs (learning curve in build/)
 #   make test    install missing build packages, then build and test twice (build/ and a
 #                sanitizer build in build-asan/); prints "N passed, N failed"
 #   make bench   build and run bench/rf_bench, then the side-by-side comparison with PyTorch
@@ -21,7 +21,7 @@ deps:
 demo: deps
 	$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=Release
 	$(CMAKE) --build build -j $(JOBS)
-	./build/fashion_mnist --epochs 3 --csv build/fashion_mnist.csv --svg build/fashion_mnist.svg
+	./build/fashion_mnist --model cnn --epochs 5 --batch 64 --csv build/fashion_mnist.csv --svg build/fashion_mnist.svg
 
 test: deps
 	JOBS=$(JOBS) scripts/run-tests.sh

@@ -1,11 +1,14 @@
 /* fashion_mnist.c: trains a classifier on Fashion-MNIST with rf_train and
  * evaluates it with a compiled evaluation executable, one line per epoch:
  *
- *     epoch=1 train_loss=0.5213 test_acc=0.8412 seconds=41.3
+ *     epoch=1 train_loss=0.4891 test_acc=0.8598 seconds=12.9
  *
- * and writes the learning curve to a CSV file and an SVG plot.
+ * and writes the learning curve to a CSV file and an SVG plot. The default
+ * model is the CNN (conv3x3 32 relu, maxpool 2, conv3x3 64 relu, maxpool 2,
+ * dense 1600 => 128 relu, dense 128 => 10), batch 64, Adam(1e-3), 5 epochs;
+ * --model mlp trains a 784-256-10 MLP instead.
  *
- * Usage: fashion_mnist [--model mlp|cnn] [--epochs N] [--batch N] [--lr X]
+ * Usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]
  *                      [--limit N] [--csv PATH] [--svg PATH] [--data DIR]
  *
  * The data comes from the Debian package dataset-fashion-mnist
@@ -163,7 +166,7 @@ static void parse(int argc, char **argv, struct options *o)
 
 int main(int argc, char **argv)
 {
-    struct options o = {"mlp", "fashion_mnist.csv", "fashion_mnist.svg", NULL, 3, 128, 0, 1e-3};
+    struct options o = {"cnn", "fashion_mnist.csv", "fashion_mnist.svg", NULL, 5, 64, 0, 1e-3};
     parse(argc, argv, &o);
     rf_device *dev = rf_device_default();
 
