@@ -1165,6 +1165,48 @@ static void test_structure(void)
     rfi_graph_free(g);
 }
 
+/* Coalescing: a per-channel expression over [4,6,5,7] loops over [4,6,35] (the
+ * two spatial loops merge; the channel loop cannot), and its sum over axes
+ * 0, 2, 3 reduces over [4,35]; the values match the interpreter. */
+static void test_coalesce(void)
+{
+    targ a[2] = {{RF_F32, 4, {4, 6, 5, 7}}, {RF_F32, 1, {6}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *b = g_arg(g, 1);
+    int64_t map[] = {1};
+    rfi_node *z = bin(g, RFI_OP_MUL, x, bcast(g, b, map, x->dims, 4));
+    static const int64_t axes[] = {0, 2, 3};
+    rfi_node *r = reduce(g, z, RF_REDUCE_SUM, axes, 3);
+    CHECK_OK(rfi_graph_add_output(g, z));
+    CHECK_OK(rfi_graph_add_output(g, r));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km)) {
+        CHECK(km->n_steps == 2);
+        const rfi_kir_kernel *k0 = km->steps[0].kernel, *k1 = km->steps[1].kernel;
+        CHECK(k0->rank == 3 && k0->dims[0] == 4 && k0->dims[1] == 6 && k0->dims[2] == 35);
+        CHECK(k1->rank == 1 && k1->dims[0] == 6);
+        CHECK(k1->red_rank == 2 && k1->red_dims[0] == 4 && k1->red_dims[1] == 35);
+    }
+    module_free(&m);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    float xd[840], bd[6];
+    for (int i = 0; i < 840; i++)
+        xd[i] = (float)((i * 13 % 17) - 8) * 0.125f;
+    for (int i = 0; i < 6; i++)
+        bd[i] = 0.5f + (float)i;
+    rfi_node *ys[2] = {z, r}; /* outputs 2 and 3, after the two above */
+    const void *args[2] = {xd, bd};
+    const char *labels[] = {"coalesced loop", "coalesced reduce", "coalesced loop",
+                            "coalesced reduce"};
+    tol tols[] = {EXACT, SUM, EXACT, SUM};
+    check_outputs(g, ys, 2, args, labels, tols);
+    rfi_graph_free(g);
+}
+
 /* Inline nodes without a loop form are reported, naming the node. */
 static void test_errors(void)
 {
@@ -1246,6 +1288,7 @@ int main(void)
     }
     test_abi_block();
     test_structure();
+    test_coalesce();
     test_errors();
     test_float_unary(RF_F32);
     test_float_unary(RF_F64);

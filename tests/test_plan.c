@@ -431,6 +431,7 @@ static void test_alias_and_swap(void)
     rfi_graph *g = trace_program(alias_fn, &c, &x, 1);
     rfi_plan_opts o = rfi_plan_opts_default();
     o.matmul_call_min_flops = 1; /* the 2x2 dot becomes a MATMUL call */
+    o.dot_loop_max_rows = 0;
     rfi_plan *p = NULL;
     CHECK_OK(rfi_plan_build(g, &o, &p));
     if (p) {
@@ -549,6 +550,7 @@ static void test_tiny_train_step(void)
      * and the operands of every call are materialised */
     o = rfi_plan_opts_default();
     o.matmul_call_min_flops = 1;
+    o.dot_loop_max_rows = 0;
     p = NULL;
     CHECK_OK(rfi_plan_build(g, &o, &p));
     if (p) {
@@ -572,6 +574,43 @@ static void test_tiny_train_step(void)
     rf_opt_free(opt);
     rf_model_free(m);
     rf_model_free(host);
+}
+
+/* A matrix-vector product (inference at batch 1) is a REDUCE step whatever its
+ * size: 1x784 . 784x512 has 401408 multiply-adds, over the matmul threshold. */
+static void matvec_fn(rf_trace *t, void *ctx)
+{
+    rf_array *w = ctx;
+    rf_return(t, rf_matmul(rf_arg(t, 0), rf_transpose(rf_capture(t, w), (const int64_t[]){1, 0})));
+}
+
+static void test_matvec(void)
+{
+    rf_array *x = dev_zeros(RF_SHAPE(1, 784)), *w = dev_zeros(RF_SHAPE(512, 784));
+    rfi_graph *g = trace_program(matvec_fn, w, &x, 1);
+    rfi_plan *p = plan_of(g, false);
+    if (p) {
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 1);
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 0);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.dot_loop_max_rows = 0; /* no exception: the library call */
+    p = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (p) {
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 1);
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 0);
+        for (int q = 0; q < p->n_steps; q++)
+            if (p->steps[q].kind == RFI_STEP_CALL)
+                CHECK(p->steps[q].call == RFI_CALL_MATMUL);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_array_free(w);
 }
 
 static void test_mlp_train_step(void)
@@ -667,6 +706,7 @@ int main(void)
     test_results();
     test_alias_and_swap();
     test_tiny_train_step();
+    test_matvec();
     test_mlp_train_step();
     test_cnn_train_step();
     return tu_finish("test_plan");

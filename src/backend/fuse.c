@@ -51,9 +51,10 @@
  *
  * Steps, in topological (id) order of their roots: each materialised
  *   non-leaf, non-alias node is a root. DOT_GENERAL with at least
- *   opts.matmul_call_min_flops multiply-adds -> CALL MATMUL; CONVOLUTION ->
- *   CALL CONV; ARGMAX, ARGMIN, GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG
- *   -> CALL FALLBACK; REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a
+ *   opts.matmul_call_min_flops multiply-adds -> CALL MATMUL, unless its lhs
+ *   has at most opts.dot_loop_max_rows rows (a matrix-vector product: a
+ *   REDUCE step whatever its size); CONVOLUTION -> CALL CONV; ARGMAX, ARGMIN,
+ *   GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG -> CALL FALLBACK; REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a
  *   REDUCE step; everything else -> LOOP. A new LOOP root joins an existing
  *   LOOP step of identical dims that reads at least one of the same inputs
  *   (the latest such step among the last JOIN_WINDOW steps) when it can run
@@ -158,10 +159,23 @@ static int64_t dot_flops(const rfi_node *x)
     return rfi_node_numel(x) * k;
 }
 
+/* Rows of a DOT_GENERAL's lhs: its elements per contracted point (batch
+ * elements times free elements). */
+static int64_t dot_rows(const rfi_node *x)
+{
+    const rfi_node *lhs = x->in[0];
+    int64_t k = 1;
+    for (int i = 0; i < x->attr.nl[2]; i++)
+        k *= lhs->dims[x->attr.l[2][i]];
+    return k > 0 ? rfi_node_numel(lhs) / k : 0;
+}
+
 static rfi_call_kind call_kind(const rfi_plan_builder *b, const rfi_node *x)
 {
     switch (x->op) {
     case RFI_OP_DOT_GENERAL:
+        if (dot_rows(x) <= b->opts.dot_loop_max_rows)
+            return RFI_CALL_NONE;
         return dot_flops(x) >= b->opts.matmul_call_min_flops ? RFI_CALL_MATMUL : RFI_CALL_NONE;
     case RFI_OP_CONVOLUTION:
         return RFI_CALL_CONV;

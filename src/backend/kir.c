@@ -563,6 +563,198 @@ void rfi_kir_liveness(const rfi_kir_kernel *k, bool *live)
     }
 }
 
+/* ---- Coalescing loops -------------------------------------------------------------- *
+ * Two adjacent loops d (outer) and e = d + 1 (inner), both outer or both reduced,
+ * merge into one loop w over D_d * D_e points (w = i_d * D_e + i_e: the same
+ * points in the same order) when every value the kernel needs depends on i_d
+ * and i_e only through w. Forward over the instructions (operands come first),
+ * each one's dependence on (i_d, i_e) is classified: AFFINE with coefficients
+ * (cd, ce) through index additions and constant products, FUNC_W (a function of
+ * w alone: an op whose index operands are affine with cd = D_e * ce, or
+ * themselves FUNC_W), or BAD. The merge holds when no store, fold or guard is
+ * BAD (or affine with other coefficients). The kernel is then rebuilt with i_d
+ * replaced by 0 and i_e by w, through the emitters (folding again). */
+enum { DEP_AFFINE, DEP_FUNC_W, DEP_BAD };
+
+typedef struct loop_dep {
+    int kind;
+    int64_t cd, ce;
+} loop_dep;
+
+static bool dep_merges(loop_dep x, int64_t de)
+{
+    return x.kind == DEP_FUNC_W || (x.kind == DEP_AFFINE && x.cd == de * x.ce);
+}
+
+static loop_dep dep_of_op(const loop_dep *dep, const rfi_kir_ins *x, int64_t de)
+{
+    loop_dep r = {DEP_AFFINE, 0, 0};
+    int ops[3] = {x->a, x->b, x->c};
+    for (int i = 0; i < 3; i++) {
+        if (ops[i] < 0)
+            continue;
+        loop_dep o = dep[ops[i]];
+        if (o.kind == DEP_AFFINE && o.cd == 0 && o.ce == 0)
+            continue;
+        if (!dep_merges(o, de))
+            return (loop_dep){DEP_BAD, 0, 0};
+        r.kind = DEP_FUNC_W;
+    }
+    return r;
+}
+
+static loop_dep dep_of(const rfi_kir_kernel *k, const loop_dep *dep, int id, int d, int64_t de)
+{
+    const rfi_kir_ins *x = &k->ins[id];
+    int64_t c;
+    switch (x->op) {
+    case RFI_KIR_VAR: return (loop_dep){DEP_AFFINE, x->var == d, x->var == d + 1};
+    case RFI_KIR_CONST:
+    case RFI_KIR_ACC: return (loop_dep){DEP_AFFINE, 0, 0};
+    case RFI_KIR_IADD: {
+        loop_dep a = dep[x->a], b = dep[x->b];
+        if (a.kind == DEP_AFFINE && b.kind == DEP_AFFINE)
+            return (loop_dep){DEP_AFFINE, a.cd + b.cd, a.ce + b.ce};
+        return dep_of_op(dep, x, de);
+    }
+    case RFI_KIR_IMUL: {
+        int other = rfi_kir_is_const(k, x->b, &c) ? x->a
+                    : rfi_kir_is_const(k, x->a, &c) ? x->b : -1;
+        if (other >= 0 && dep[other].kind == DEP_AFFINE)
+            return (loop_dep){DEP_AFFINE, dep[other].cd * c, dep[other].ce * c};
+        return dep_of_op(dep, x, de);
+    }
+    default: return dep_of_op(dep, x, de);
+    }
+}
+
+/* Whether loops d and d + 1 merge (see above); dep: scratch per instruction. */
+static bool loops_merge(const rfi_kir_kernel *k, int d, loop_dep *dep)
+{
+    int64_t de = var_extent(k, d + 1);
+    if (de <= 0 || var_extent(k, d) <= 0 || (d < k->rank) != (d + 1 < k->rank))
+        return false;
+    for (int id = 0; id < k->n_ins; id++)
+        dep[id] = dep_of(k, dep, id, d, de);
+    for (int s = 0; s < k->n_stores; s++)
+        if (!dep_merges(dep[k->stores[s].index], de) || !dep_merges(dep[k->stores[s].value], de))
+            return false;
+    return (k->red_value < 0 || dep_merges(dep[k->red_value], de)) &&
+           (k->red_guard < 0 || dep_merges(dep[k->red_guard], de));
+}
+
+/* Instruction x of the old kernel rebuilt in n (operands already mapped by map). */
+static int replay_ins(rfi_kir_kernel *n, const rfi_kir_ins *x, const int *map, int d)
+{
+    int a = x->a >= 0 ? map[x->a] : -1, b = x->b >= 0 ? map[x->b] : -1;
+    int c = x->c >= 0 ? map[x->c] : -1;
+    switch (x->op) {
+    case RFI_KIR_VAR:
+        return x->var == d ? rfi_kir_const_i(n, RF_I64, 0)
+                           : rfi_kir_var(n, x->var > d ? x->var - 1 : x->var);
+    case RFI_KIR_CONST:
+        return rfi_dtype_is_float(x->dtype) ? rfi_kir_const_f(n, x->dtype, x->f)
+                                            : rfi_kir_const_i(n, x->dtype, x->i);
+    case RFI_KIR_ICMP: return rfi_kir_icmp(n, x->cmp, a, b);
+    case RFI_KIR_LAND: return rfi_kir_land(n, a, b);
+    case RFI_KIR_LOAD: return rfi_kir_load(n, x->base, a, x->node);
+    case RFI_KIR_UNARY: return rfi_kir_unary(n, x->ir_op, x->dtype, a, x->node);
+    case RFI_KIR_BINARY: return rfi_kir_binary(n, x->ir_op, x->dtype, a, b, x->node);
+    case RFI_KIR_COMPARE: return rfi_kir_compare(n, x->cmp, a, b, x->node);
+    case RFI_KIR_SELECT: return rfi_kir_select(n, a, b, c, x->node);
+    case RFI_KIR_CONVERT: return rfi_kir_convert(n, x->dtype, a, x->node);
+    case RFI_KIR_ACC: return rfi_kir_acc(n);
+    default: return rfi_kir_index(n, x->op, a, b);
+    }
+}
+
+/* k with loops d and d + 1 merged, or NULL (out of memory). */
+static rfi_kir_kernel *merge_loops(const rfi_kir_kernel *k, int d)
+{
+    rfi_kir_kernel *n = rfi_kir_kernel_new(k->step);
+    int *map = rfi_malloc(((size_t)k->n_ins + 1) * sizeof *map);
+    rfi_kir_base *bases = rfi_malloc(((size_t)k->n_bases + 1) * sizeof *bases);
+    if (!n || !map || !bases) {
+        rfi_kir_kernel_free(n);
+        rfi_free(map);
+        rfi_free(bases);
+        return NULL;
+    }
+    memcpy(n->name, k->name, sizeof n->name);
+    memcpy(bases, k->bases, (size_t)k->n_bases * sizeof *bases);
+    n->bases = bases;
+    n->n_bases = n->cap_bases = k->n_bases;
+    int64_t ext[2 * RF_MAX_RANK];
+    int nv = k->rank + k->red_rank;
+    for (int v = 0; v < nv; v++)
+        ext[v] = var_extent(k, v);
+    ext[d + 1] *= ext[d];
+    n->rank = d < k->rank ? k->rank - 1 : k->rank;
+    n->red_rank = d < k->rank ? k->red_rank : k->red_rank - 1;
+    for (int v = 0, w = 0; v < nv; v++) {
+        if (v == d)
+            continue;
+        if (w < n->rank)
+            n->dims[w] = ext[v];
+        else
+            n->red_dims[w - n->rank] = ext[v];
+        w++;
+    }
+    n->is_reduce = k->is_reduce;
+    n->red_kind = k->red_kind;
+    n->acc_dtype = k->acc_dtype;
+    n->red_identity_f = k->red_identity_f;
+    n->red_identity_i = k->red_identity_i;
+    for (int id = 0; id < k->n_ins; id++)
+        map[id] = replay_ins(n, &k->ins[id], map, d);
+    n->red_value = k->red_value >= 0 ? map[k->red_value] : -1;
+    n->red_guard = k->red_guard >= 0 ? map[k->red_guard] : -1;
+    int64_t always;
+    if (n->red_guard >= 0 && rfi_kir_is_const(n, n->red_guard, &always) && always)
+        n->red_guard = -1;
+    rf_status st = RF_OK;
+    for (int s = 0; s < k->n_stores && st == RF_OK; s++)
+        st = rfi_kir_add_store(n, k->stores[s].base, map[k->stores[s].index],
+                               map[k->stores[s].value], k->stores[s].node);
+    rfi_free(map);
+    if (st != RF_OK || rfi_kir_failed(n)) {
+        rfi_kir_kernel_free(n);
+        return NULL;
+    }
+    return n;
+}
+
+rf_status rfi_kir_coalesce(rfi_kir_kernel **kp)
+{
+    rfi_kir_kernel *k = *kp;
+    loop_dep *dep = rfi_malloc(((size_t)k->n_ins + 1) * sizeof *dep);
+    if (!dep)
+        return rfi_error(RF_E_NOMEM, "kir: out of memory coalescing step %d", k->step);
+    bool merged = true;
+    while (merged) {
+        merged = false;
+        for (int d = k->rank + k->red_rank - 2; d >= 0 && !merged; d--) {
+            if (!loops_merge(k, d, dep))
+                continue;
+            rfi_kir_kernel *n = merge_loops(k, d);
+            loop_dep *grown = n ? rfi_realloc(dep, ((size_t)n->n_ins + 1) * sizeof *dep) : NULL;
+            if (!grown) {
+                rfi_kir_kernel_free(n);
+                rfi_free(dep);
+                return rfi_error(RF_E_NOMEM, "kir: out of memory coalescing step %d", k->step);
+            }
+            dep = grown;
+            n->comment = k->comment;
+            k->comment = NULL;
+            rfi_kir_kernel_free(k);
+            *kp = k = n;
+            merged = true;
+        }
+    }
+    rfi_free(dep);
+    return RF_OK;
+}
+
 /* ---- Modules ---------------------------------------------------------------------- */
 void rfi_kir_free(rfi_kir_module *m)
 {

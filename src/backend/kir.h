@@ -20,7 +20,9 @@
  *   2  per inner (reduction) iteration point,
  *   3  after the inner loops (depends on the accumulator).
  * A REDUCE kernel folds `red_value` (in the accumulator dtype: f64 for float
- * data, i64 for integer data) into one accumulator per outer point, only
+ * sums and products, but f32 for an f32 dot_general, as a math library's
+ * matmul; the data's own type for float max and min, which are exact; i64 for
+ * integer data) into one accumulator per outer point, only
  * where `red_guard` holds, starting from the identity; RFI_KIR_ACC reads the
  * result after the inner loops. Loads see the values before the kernel's
  * stores (renderers emit every store after the values it needs, and an
@@ -106,7 +108,7 @@ typedef struct rfi_kir_kernel {
     int64_t red_dims[RF_MAX_RANK];
     bool is_reduce;
     rf_reduce_kind red_kind;
-    rf_dtype acc_dtype; /* RF_F64 or RF_I64 */
+    rf_dtype acc_dtype; /* RF_F64, RF_I64, or RF_F32 (f32 dots, f32 max/min) */
     double red_identity_f;
     int64_t red_identity_i;
     int red_value;     /* instruction folded per inner point */
@@ -168,6 +170,12 @@ RFI_FUNC int rfi_kir_acc(rfi_kir_kernel *k);
 RFI_FUNC int rfi_kir_base_get(rfi_kir_kernel *k, int buffer, size_t offset, rf_dtype dt,
                               size_t nbytes, bool written, int node);
 RFI_FUNC rf_status rfi_kir_add_store(rfi_kir_kernel *k, int base, int index, int value, int node);
+/* Merges adjacent loops (both outer or both reduced) that every stored, folded
+ * or guarding value reads only through their combined row-major index: a loop
+ * over [.., 28, 28] of an elementwise or per-channel expression becomes one
+ * over [.., 784]. The points and the fold order stay the same. *k may be
+ * replaced (the old kernel is freed). */
+RFI_FUNC rf_status rfi_kir_coalesce(rfi_kir_kernel **k);
 /* Sets every base's noalias flag from the byte ranges (call once, when complete). */
 RFI_FUNC void rfi_kir_mark_aliasing(rfi_kir_kernel *k);
 /* Whether instruction `id` is an integer or bool constant, and its value. */

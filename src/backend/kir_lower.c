@@ -716,6 +716,8 @@ static void set_identity(rfi_kir_kernel *k, rf_reduce_kind kind, rf_dtype xt)
 {
     k->red_kind = kind;
     k->acc_dtype = rfi_dtype_is_float(xt) ? RF_F64 : RF_I64;
+    if (rfi_dtype_is_float(xt) && (kind == RF_REDUCE_MAX || kind == RF_REDUCE_MIN))
+        k->acc_dtype = xt; /* exact in the data's type: no conversions */
     switch (kind) {
     case RF_REDUCE_PROD: k->red_identity_f = 1; k->red_identity_i = 1; break;
     case RF_REDUCE_MAX:
@@ -778,7 +780,12 @@ static rf_status window_value(lower *L, const rfi_node *n, const int *m, int *va
     return operand_at(L, x, xm, value);
 }
 
-/* sum over the contracting dims of a[...] * b[...], products in the accumulator type. */
+/* sum over the contracting dims of a[...] * b[...]. An f32 dot multiplies and
+ * accumulates in f32, as the math library's matmul does (the interpreter works
+ * in double: the difference stays inside the equivalence tolerance), which a
+ * vectorised loop runs without conversions (measured on a 512x784 matrix-vector
+ * product: 2.5x faster than double); other float dots round each product once
+ * and accumulate in double; integer products wrap in the int64 accumulator. */
 static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value)
 {
     const rfi_node *a = n->in[0], *b = n->in[1];
@@ -809,8 +816,17 @@ static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value
     rf_status st = operand_at(L, a, am, &va);
     if (st == RF_OK)
         st = operand_at(L, b, bm, &vb);
-    *value = rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype, rfi_kir_convert(k, k->acc_dtype, va, -1),
-                            rfi_kir_convert(k, k->acc_dtype, vb, -1), -1);
+    if (a->dtype == RF_F32 && b->dtype == RF_F32) {
+        k->acc_dtype = RF_F32;
+        *value = rfi_kir_binary(k, RFI_OP_MUL, RF_F32, va, vb, -1);
+    } else if (rfi_dtype_is_float(a->dtype)) {
+        *value = rfi_kir_convert(k, k->acc_dtype,
+                                 rfi_kir_binary(k, RFI_OP_MUL, a->dtype, va, vb, -1), -1);
+    } else { /* integers: the product wraps in the accumulator, as the interpreter's */
+        *value = rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype,
+                                rfi_kir_convert(k, k->acc_dtype, va, -1),
+                                rfi_kir_convert(k, k->acc_dtype, vb, -1), -1);
+    }
     return st;
 }
 
@@ -863,6 +879,9 @@ static rfi_kir_step *add_step(rfi_kir_module *m, rfi_kir_step_kind kind, int ste
 /* Appends the finished kernel L->k as a module step (the module owns it). */
 static rf_status add_kernel(lower *L, rfi_kir_module *m, int s, const char *what)
 {
+    rf_status st = rfi_kir_coalesce(&L->k);
+    if (st != RF_OK)
+        return st;
     rfi_kir_mark_aliasing(L->k);
     L->k->comment = describe_step(L->p, s, what);
     rfi_kir_step *ks = add_step(m, RFI_KIR_STEP_KERNEL, s);

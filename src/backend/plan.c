@@ -53,6 +53,7 @@ rfi_plan_opts rfi_plan_opts_default(void)
 {
     rfi_plan_opts o;
     o.matmul_call_min_flops = 32768;
+    o.dot_loop_max_rows = 4;
     o.in_place_updates = true;
     return o;
 }

@@ -106,6 +106,12 @@ typedef struct rfi_plan_opts {
     /* DOT_GENERAL with fewer multiply-adds than this becomes a REDUCE step
      * (generated loops); larger ones become MATMUL calls. */
     int64_t matmul_call_min_flops;
+    /* ... except a DOT_GENERAL whose lhs has at most this many rows (batch
+     * elements times lhs free elements: a matrix-vector product, inference at
+     * batch 1), which is always a REDUCE step: a library call's fixed cost
+     * dominates there, and the generated loop reads each weight once,
+     * contiguously. 0: no exception. */
+    int64_t dot_loop_max_rows;
     bool in_place_updates; /* plan update values into their captures when safe */
 } rfi_plan_opts;
 

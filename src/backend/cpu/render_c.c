@@ -17,8 +17,9 @@
  *
  * Values are SSA constants named after their IR node (x_12 for %12), index
  * temporaries j<k>, predicates ok<k>. Float ops stay in the value's type (one
- * rounding per op, as the interpreter); reductions accumulate in double or
- * wrapping int64. Deliberately no compiling or loading here (the compiler
+ * rounding per op, as the interpreter); reductions accumulate in the
+ * kernel's accumulator type (kir.h: double, f32 for f32 dots and max/min,
+ * wrapping int64). Deliberately no compiling or loading here (the compiler
  * driver does that) and no fast-math assumptions: NaN and signed zeros follow
  * the interpreter.
  */
@@ -476,8 +477,9 @@ static void stores(render *R, int depth)
     }
 }
 
-/* The accumulator update of a REDUCE kernel, with the interpreter's arithmetic. */
-static void fold(render *R, int depth)
+/* The accumulator update of a REDUCE kernel, with the interpreter's arithmetic,
+ * into the accumulator lvalue `acc` (a C expression). */
+static void fold_into(render *R, int depth, const char *acc)
 {
     const rfi_kir_kernel *k = R->k;
     indent(R, depth);
@@ -487,26 +489,48 @@ static void fold(render *R, int depth)
         rfi_sb_printf(R->sb, ")\n");
         indent(R, depth + 1);
     }
-    bool f = k->acc_dtype == RF_F64;
+    bool f = rfi_dtype_is_float(k->acc_dtype);
     rfi_kir_ins x = k->ins[k->red_value]; /* %a: the folded value */
     x.a = k->red_value;
-    const char *fmt = "acc = %a;\n";
+    const char *fmt = "@ = %a;\n";
     switch (k->red_kind) {
     case RF_REDUCE_SUM:
-        fmt = f ? "acc += %a;\n" : "acc = (int64_t)((uint64_t)acc + (uint64_t)%a);\n";
+        fmt = f ? "@ += %a;\n" : "@ = (int64_t)((uint64_t)@ + (uint64_t)%a);\n";
         break;
     case RF_REDUCE_PROD:
-        fmt = f ? "acc *= %a;\n" : "acc = (int64_t)((uint64_t)acc * (uint64_t)%a);\n";
+        fmt = f ? "@ *= %a;\n" : "@ = (int64_t)((uint64_t)@ * (uint64_t)%a);\n";
         break;
-    case RF_REDUCE_MAX: fmt = f ? "acc = rf_max_f64(acc, %a);\n" : "acc = %a > acc ? %a : acc;\n"; break;
-    case RF_REDUCE_MIN: fmt = f ? "acc = rf_min_f64(acc, %a);\n" : "acc = %a < acc ? %a : acc;\n"; break;
-    case RF_REDUCE_AND: fmt = f ? "acc = (double)((acc != 0) && (%a != 0));\n" : "acc &= %a;\n"; break;
-    case RF_REDUCE_OR: fmt = f ? "acc = (double)((acc != 0) || (%a != 0));\n" : "acc |= %a;\n"; break;
+    case RF_REDUCE_MAX:
+        fmt = !f ? "@ = %a > @ ? %a : @;\n"
+              : k->acc_dtype == RF_F64 ? "@ = rf_max_f64(@, %a);\n" : "@ = rf_max_f32(@, %a);\n";
+        break;
+    case RF_REDUCE_MIN:
+        fmt = !f ? "@ = %a < @ ? %a : @;\n"
+              : k->acc_dtype == RF_F64 ? "@ = rf_min_f64(@, %a);\n" : "@ = rf_min_f32(@, %a);\n";
+        break;
+    case RF_REDUCE_AND: fmt = f ? "@ = (double)((@ != 0) && (%a != 0));\n" : "@ &= %a;\n"; break;
+    case RF_REDUCE_OR: fmt = f ? "@ = (double)((@ != 0) || (%a != 0));\n" : "@ |= %a;\n"; break;
     default: break;
     }
     if (f && (k->red_kind == RF_REDUCE_MAX || k->red_kind == RF_REDUCE_MIN))
-        R->need |= NEED_MAXMIN_F64;
-    emit_fmt(R, &x, fmt);
+        R->need |= k->acc_dtype == RF_F64 ? NEED_MAXMIN_F64 : NEED_MAXMIN_F32;
+    char buf[256];
+    size_t n = 0, len = strlen(acc);
+    for (const char *c = fmt; *c && n + len + 1 < sizeof buf; c++) { /* @: the accumulator */
+        if (*c == '@') {
+            memcpy(buf + n, acc, len);
+            n += len;
+        } else {
+            buf[n++] = *c;
+        }
+    }
+    buf[n] = 0;
+    emit_fmt(R, &x, buf);
+}
+
+static void fold(render *R, int depth)
+{
+    fold_into(R, depth, "acc");
 }
 
 /* text as a block comment at the given depth, one line per line. */
@@ -550,13 +574,14 @@ static void reduction_loops(render *R, const bool *live, int depth)
     const rfi_kir_kernel *k = R->k;
     indent(R, depth);
     rfi_sb_printf(R->sb, "%s acc = ", ctype(k->acc_dtype));
-    if (k->acc_dtype == RF_F64)
-        float_literal(R->sb, k->red_identity_f, RF_F64);
+    if (rfi_dtype_is_float(k->acc_dtype))
+        float_literal(R->sb, k->red_identity_f, k->acc_dtype);
     else
         int_literal(R->sb, k->red_identity_i, RF_I64);
     rfi_sb_printf(R->sb, ";\n");
     for (int d = 0; d < k->red_rank; d++) {
-        if (d == k->red_rank - 1 && k->red_kind == RF_REDUCE_SUM && k->acc_dtype == RF_F64) {
+        if (d == k->red_rank - 1 && k->red_kind == RF_REDUCE_SUM &&
+            rfi_dtype_is_float(k->acc_dtype)) {
             indent(R, depth + d);
             rfi_sb_printf(R->sb, "#pragma omp simd reduction(+:acc)\n");
         }
@@ -695,8 +720,8 @@ static void interchanged_body(render *R, const bool *all_live)
     block_loop(R, kept, depth + 1, false);
     indent(R, depth + 2);
     rfi_sb_printf(R->sb, "accs[i%d - b%d] = ", kept, kept);
-    if (k->acc_dtype == RF_F64)
-        float_literal(R->sb, k->red_identity_f, RF_F64);
+    if (rfi_dtype_is_float(k->acc_dtype))
+        float_literal(R->sb, k->red_identity_f, k->acc_dtype);
     else
         int_literal(R->sb, k->red_identity_i, RF_I64);
     rfi_sb_printf(R->sb, ";\n");
