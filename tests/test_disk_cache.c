@@ -8,7 +8,8 @@
  * directory falls back to a private temporary one; a syntax error, a missing
  * compiler and an unloadable object give RF_E_COMPILE with the command line,
  * the compiler's output and the kept source; the compiler inherits no stray
- * file descriptors; the directory is created 0700.
+ * file descriptors; the directory is created 0700; memoised values (the
+ * compiler's version line) round-trip and untrusted ones are ignored.
  *
  * Child mode (`test_disk_cache child VARIANT`, RF_CACHE_DIR inherited) loads
  * one module and prints "compiles=N hits=N value=V" on stdout.
@@ -284,6 +285,33 @@ static void test_writable_file_is_never_loaded(void)
     rfi_module_free(m);
 }
 
+/* Memoised values (the compiler's version line): round trip, a memo of the
+ * compiler was written by the loads above, names are checked, an untrusted or
+ * multi-line memo is ignored. */
+static void test_memo(void)
+{
+    char *v = NULL;
+    rfi_disk_cache_memo_put("test-memo_1", "value one");
+    CHECK(rfi_disk_cache_memo_get("test-memo_1", &v) && v && strcmp(v, "value one") == 0);
+    rfi_free(v);
+    rfi_disk_cache_memo_put("test-memo_1", "two\nlines"); /* refused: keeps the old value */
+    CHECK(rfi_disk_cache_memo_get("test-memo_1", &v) && v && strcmp(v, "value one") == 0);
+    rfi_free(v);
+    rfi_disk_cache_memo_put("../escape", "x");
+    CHECK(!rfi_disk_cache_memo_get("../escape", &v) && v == NULL);
+    char path[700];
+    snprintf(path, sizeof path, "%s/../escape.memo", cache_dir);
+    CHECK(!exists(path));
+    CHECK(!rfi_disk_cache_memo_get("missing", &v) && v == NULL);
+    snprintf(path, sizeof path, "%s/test-memo_1.memo", cache_dir);
+    CHECK(chmod(path, 0666) == 0);
+    CHECK(!rfi_disk_cache_memo_get("test-memo_1", &v) && v == NULL);
+    /* the compiler's version line was memoised by the first load */
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -q '^cc-version-.*\\.memo$'", cache_dir);
+    CHECK(system(cmd) == 0);
+}
+
 /* Loads variant 0 with RF_CACHE_DIR=dir, which must be refused. */
 static void check_falls_back(const char *dir)
 {
@@ -455,6 +483,7 @@ int main(int argc, char **argv)
     test_concurrent_processes_compile_once();
     test_corrupt_entry_is_rebuilt();
     test_writable_file_is_never_loaded();
+    test_memo();
     test_untrusted_dir_falls_back();
     test_dir_from_xdg_and_home();
     test_syntax_error_reports();

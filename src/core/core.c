@@ -88,26 +88,31 @@ void rfi_sb_printf(rfi_strbuf *sb, const char *fmt, ...)
 {
     if (sb->failed)
         return;
+    /* Format straight into the free space; only when it does not fit, grow
+     * and format again (printers call this a lot: one vsnprintf usually). */
+    size_t room = sb->cap - sb->len;
     va_list ap;
     va_start(ap, fmt);
-    int need = vsnprintf(NULL, 0, fmt, ap);
+    int need = vsnprintf(room ? sb->data + sb->len : NULL, room, fmt, ap);
     va_end(ap);
     if (need < 0) {
         sb->failed = true;
         return;
     }
-    if (sb->len + (size_t)need + 1 > sb->cap) {
-        size_t cap = sb->cap ? sb->cap : 256;
-        while (cap < sb->len + (size_t)need + 1)
-            cap *= 2;
-        char *d = rfi_realloc(sb->data, cap);
-        if (!d) {
-            sb->failed = true;
-            return;
-        }
-        sb->data = d;
-        sb->cap = cap;
+    if ((size_t)need < room) {
+        sb->len += (size_t)need;
+        return;
     }
+    size_t cap = sb->cap ? sb->cap : 256;
+    while (cap < sb->len + (size_t)need + 1)
+        cap *= 2;
+    char *d = rfi_realloc(sb->data, cap);
+    if (!d) {
+        sb->failed = true;
+        return;
+    }
+    sb->data = d;
+    sb->cap = cap;
     va_start(ap, fmt);
     vsnprintf(sb->data + sb->len, sb->cap - sb->len, fmt, ap);
     va_end(ap);

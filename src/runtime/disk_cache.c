@@ -35,19 +35,31 @@ static uint64_t fmix64(uint64_t x)
     return x ^ (x >> 33);
 }
 
-/* A word-at-a-time multiply-rotate hash, unrelated to FNV-1a. */
-static uint64_t hash2_bytes(uint64_t h, const void *p, size_t n)
+/* A word-at-a-time multiply-rotate hash; `rot` and `mul` pick one of two
+ * independent members of the family (sources are hundreds of KB, so a
+ * byte-at-a-time hash would cost a millisecond per warm compile). */
+static uint64_t mix_bytes(uint64_t h, const void *p, size_t n, int rot, uint64_t mul)
 {
     const unsigned char *b = p;
     for (; n >= 8; b += 8, n -= 8) {
         uint64_t w;
         memcpy(&w, b, 8);
-        h = rotl64(h ^ fmix64(w), 29) * 0x9e3779b97f4a7c15ull + 0x52dce729u;
+        h = rotl64(h ^ fmix64(w), rot) * mul + 0x52dce729u;
     }
     uint64_t w = 0;
     memcpy(&w, b, n); /* the n < 8 tail bytes, plus their count in the top byte */
     w ^= (uint64_t)n << 56;
-    return rotl64(h ^ fmix64(w), 29) * 0x9e3779b97f4a7c15ull + 0x52dce729u;
+    return rotl64(h ^ fmix64(w), rot) * mul + 0x52dce729u;
+}
+
+static uint64_t hash1_bytes(uint64_t h, const void *p, size_t n)
+{
+    return mix_bytes(h, p, n, 31, 0xc2b2ae3d27d4eb4full);
+}
+
+static uint64_t hash2_bytes(uint64_t h, const void *p, size_t n)
+{
+    return mix_bytes(h, p, n, 29, 0x9e3779b97f4a7c15ull);
 }
 
 typedef struct hash128 {
@@ -58,7 +70,7 @@ typedef struct hash128 {
 static void hash128_part(hash128 *h, const void *p, size_t n)
 {
     uint64_t len = n;
-    h->a = rfi_hash_bytes(rfi_hash_bytes(h->a, &len, sizeof len), p, n);
+    h->a = hash1_bytes(hash1_bytes(h->a, &len, sizeof len), p, n);
     h->b = hash2_bytes(hash2_bytes(h->b, &len, sizeof len), p, n);
 }
 
@@ -477,6 +489,50 @@ rf_status rfi_disk_cache_get(const char *source, const char *context,
     if (st != RF_OK)
         rfi_disk_cache_result_free(res);
     return st;
+}
+
+/* ---- Memoised values ------------------------------------------------------------------- */
+
+/* The memo file's path for name into buf, when the configured directory exists
+ * and is private (never created or reported here: that is rfi_disk_cache_get's job). */
+static bool memo_path(const char *name, char *buf, size_t n)
+{
+    size_t len = strlen(name);
+    if (len == 0 || len > 64 || strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                             "0123456789-_") != len)
+        return false;
+    char dir[PATH_MAX];
+    struct stat st;
+    if (!configured_dir(dir, sizeof dir - 80) || stat(dir, &st) != 0 ||
+        untrusted_dir_reason(&st) != NULL)
+        return false;
+    return (size_t)snprintf(buf, n, "%s/%s.memo", dir, name) < n;
+}
+
+bool rfi_disk_cache_memo_get(const char *name, char **value)
+{
+    *value = NULL;
+    char path[PATH_MAX];
+    char *data = NULL;
+    size_t len = 0;
+    if (!memo_path(name, path, sizeof path) || read_trusted(path, &data, &len) != FILE_OK)
+        return false;
+    if (len == 0 || strlen(data) != len || strchr(data, '\n')) {
+        rfi_free(data);
+        return false;
+    }
+    *value = data;
+    return true;
+}
+
+void rfi_disk_cache_memo_put(const char *name, const char *value)
+{
+    char path[PATH_MAX];
+    if (value && *value && !strchr(value, '\n') && memo_path(name, path, sizeof path)) {
+        int saved = errno;
+        (void)write_atomic(path, value, strlen(value));
+        errno = saved;
+    }
 }
 
 void rfi_disk_cache_result_free(rfi_disk_cache_result *res)

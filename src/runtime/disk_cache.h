@@ -83,4 +83,14 @@ RFI_FUNC rf_status rfi_disk_cache_get(const char *source, const char *context,
                                       rfi_disk_cache_result *res);
 RFI_FUNC void rfi_disk_cache_result_free(rfi_disk_cache_result *res);
 
+/* Small one-line values memoised in the cache directory as <name>.memo (the
+ * C compiler's `--version` line, keyed by the compiler binary's identity, so a
+ * warm process runs no program at all). name: letters, digits, '-', '_', at
+ * most 64 characters. get: true with *value (rfi_malloc'd) when the file
+ * exists, is trusted (regular, owned by the user, writable by no one else) and
+ * holds one line; false otherwise, silently (the caller recomputes). put: best
+ * effort, atomic, silent on failure. Neither touches the thread's error message. */
+RFI_FUNC bool rfi_disk_cache_memo_get(const char *name, char **value);
+RFI_FUNC void rfi_disk_cache_memo_put(const char *name, const char *value);
+
 #endif

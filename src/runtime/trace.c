@@ -380,7 +380,9 @@ static rf_status lower(rfi_graph *g, rfi_graph **out)
     *out = NULL;
     char name[256];
     snprintf(name, sizeof name, "%s", g->name ? g->name : "program");
-    uint64_t hash = rfi_hash(g); /* one prefix for the three dumps of this compile */
+    /* One prefix for the three dumps of this compile (hashed only when dumping). */
+    const char *dump_dir = getenv("RF_DUMP");
+    uint64_t hash = dump_dir && *dump_dir ? rfi_hash(g) : 0;
     dump_stage(g, name, hash, "traced");
     rf_status st = run_pass(rfi_autodiff, &g);
     if (st == RF_OK) {

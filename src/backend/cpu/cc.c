@@ -273,18 +273,59 @@ static uint64_t compiler_env_hash(const char *cc)
     return path ? rfi_hash_bytes(h, path, strlen(path)) : h;
 }
 
+/* The memo name for the version line of the compiler binary `resolved` run as
+ * argv[0] = ci->name (gcc prints its argv[0]): a hash of both and of the
+ * binary's identity (device, inode, size, modification and change times), so
+ * a replaced or upgraded compiler is asked again. False when it cannot be stat'ed. */
+static bool version_memo_name(const compiler_info *ci, const char *resolved, char *out,
+                              size_t n)
+{
+    struct stat st;
+    if (stat(resolved, &st) != 0)
+        return false;
+    int64_t id[] = {(int64_t)st.st_dev, (int64_t)st.st_ino, (int64_t)st.st_size,
+                    (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec,
+                    (int64_t)st.st_ctim.tv_sec, (int64_t)st.st_ctim.tv_nsec};
+    uint64_t h = rfi_hash_bytes(RFI_HASH_INIT, ci->name, strlen(ci->name) + 1);
+    h = rfi_hash_bytes(h, resolved, strlen(resolved) + 1);
+    uint64_t a = rfi_hash_u64(h, rfi_hash_bytes(h, id, sizeof id));
+    uint64_t b = rfi_hash_u64(a, RF_MODULE_ABI);
+    snprintf(out, n, "cc-version-%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+    return true;
+}
+
+/* The compiler's version line: from the cache directory's memo when the same
+ * binary was asked before (saves starting the compiler, ~2 ms), else by
+ * running `--version` (and memoising the answer). */
+static rf_status compiler_version_memo(const compiler_info *ci, const char *resolved,
+                                       char *buf, size_t n)
+{
+    char memo[96];
+    bool named = version_memo_name(ci, resolved, memo, sizeof memo);
+    char *value = NULL;
+    if (named && rfi_disk_cache_memo_get(memo, &value)) {
+        snprintf(buf, n, "%s", value);
+        rfi_free(value);
+        return RF_OK;
+    }
+    rf_status st = compiler_version(ci, buf, n);
+    if (st == RF_OK && named)
+        rfi_disk_cache_memo_put(memo, buf);
+    return st;
+}
+
 static rf_status build_identity(const char *cc, compiler_info *ci, char **context)
 {
     snprintf(ci->name, sizeof ci->name, "%s", cc);
     rf_status st = find_program(cc, ci->exec_path, sizeof ci->exec_path);
     if (st != RF_OK)
         return st;
-    char version[512];
-    if ((st = compiler_version(ci, version, sizeof version)) != RF_OK)
-        return st;
     char resolved[PATH_MAX];
     if (!realpath(ci->exec_path, resolved))
         snprintf(resolved, sizeof resolved, "%s", ci->exec_path);
+    char version[512];
+    if ((st = compiler_version_memo(ci, resolved, version, sizeof version)) != RF_OK)
+        return st;
     rfi_strbuf sb = {0};
     rfi_sb_printf(&sb, "compiler=%s\ncompiler_version=%s\nflags=", resolved, version);
     for (size_t i = 0; i < N_COMPILE_FLAGS; i++)

@@ -91,6 +91,14 @@ static rf_status make_arena(cpu_state *s)
     return RF_OK;
 }
 
+/* Whether RF_DUMP asks for the stage dumps (rfi_dump checks it too; this only
+ * avoids printing programs and plans nobody reads: they cost milliseconds). */
+static bool dumping(void)
+{
+    const char *dir = getenv("RF_DUMP");
+    return dir && *dir;
+}
+
 /* Lowers, renders, compiles and loads the module; dumps the plan and the C. */
 static rf_status build_module(cpu_state *s, const char *name, uint64_t hash)
 {
@@ -100,11 +108,13 @@ static rf_status build_module(cpu_state *s, const char *name, uint64_t hash)
     if (st == RF_OK)
         st = rfi_render_c(kir, &source);
     if (st == RF_OK) {
-        char *plan_text = rfi_plan_print(s->plan);
-        if (plan_text)
-            rfi_dump(name, hash, "plan", plan_text);
-        rfi_free(plan_text);
-        rfi_dump(name, hash, "c", source);
+        if (dumping()) {
+            char *plan_text = rfi_plan_print(s->plan);
+            if (plan_text)
+                rfi_dump(name, hash, "plan", plan_text);
+            rfi_free(plan_text);
+            rfi_dump(name, hash, "c", source);
+        }
         st = rfi_cc_load_module(source, name, &s->module);
     }
     if (st == RF_OK)
@@ -128,11 +138,13 @@ static rf_status cpu_prepare(const rfi_graph *g, void **state)
     const char *name = g->name ? g->name : "program";
     rf_status st = optimise(g, &s->opt);
     if (st == RF_OK) {
-        uint64_t hash = rfi_hash(s->opt);
-        char *text = rfi_print(s->opt);
-        if (text)
-            rfi_dump(name, hash, "optimised", text);
-        rfi_free(text);
+        uint64_t hash = dumping() ? rfi_hash(s->opt) : 0; /* names the dumps only */
+        if (dumping()) {
+            char *text = rfi_print(s->opt);
+            if (text)
+                rfi_dump(name, hash, "optimised", text);
+            rfi_free(text);
+        }
         rfi_plan_opts opts = rfi_plan_opts_default();
         st = rfi_plan_build(s->opt, &opts, &s->plan);
         if (st == RF_OK)

@@ -24,12 +24,81 @@
  * the interpreter.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../kir.h"
 #include "module_abi.h"
+
+/* ---- Output ------------------------------------------------------------------------- *
+ * Appenders into an rfi_strbuf (same invariants: NUL-terminated, `failed` drops
+ * further text). The generated file is large (hundreds of KB for a ResNet step),
+ * so plain text is copied without a printf and putf formats once in place,
+ * formatting a second time only when the text does not fit. */
+static bool reserve(rfi_strbuf *sb, size_t extra)
+{
+    if (sb->failed)
+        return false;
+    if (sb->len + extra + 1 <= sb->cap)
+        return true;
+    size_t cap = sb->cap ? sb->cap : 4096;
+    while (cap < sb->len + extra + 1)
+        cap *= 2;
+    char *d = rfi_realloc(sb->data, cap);
+    if (!d) {
+        sb->failed = true;
+        return false;
+    }
+    sb->data = d;
+    sb->cap = cap;
+    return true;
+}
+
+static void put_n(rfi_strbuf *sb, const char *s, size_t n)
+{
+    if (!reserve(sb, n))
+        return;
+    memcpy(sb->data + sb->len, s, n);
+    sb->len += n;
+    sb->data[sb->len] = '\0';
+}
+
+static void put(rfi_strbuf *sb, const char *s)
+{
+    put_n(sb, s, strlen(s));
+}
+
+static void put_char(rfi_strbuf *sb, char c)
+{
+    put_n(sb, &c, 1);
+}
+
+static void putf(rfi_strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void putf(rfi_strbuf *sb, const char *fmt, ...)
+{
+    if (!reserve(sb, 64))
+        return;
+    size_t room = sb->cap - sb->len;
+    va_list ap;
+    va_start(ap, fmt);
+    int need = vsnprintf(sb->data + sb->len, room, fmt, ap);
+    va_end(ap);
+    if (need >= 0 && (size_t)need >= room && reserve(sb, (size_t)need)) {
+        va_start(ap, fmt);
+        vsnprintf(sb->data + sb->len, sb->cap - sb->len, fmt, ap);
+        va_end(ap);
+    }
+    if (need < 0)
+        sb->failed = true;
+    if (sb->failed) {
+        sb->data[sb->len] = '\0';
+        return;
+    }
+    sb->len += (size_t)need;
+}
 
 static const char abi_block[] =
     "/* BEGIN MODULE ABI */\n"
@@ -111,11 +180,11 @@ static void use_math(render *R, const char *func, rf_dtype dt)
 static void float_literal(rfi_strbuf *sb, double v, rf_dtype dt)
 {
     if (v != v) {
-        rfi_sb_printf(sb, dt == RF_F32 ? "NAN" : "(double)NAN");
+        put(sb, dt == RF_F32 ? "NAN" : "(double)NAN");
         return;
     }
     if (isinf(v)) {
-        rfi_sb_printf(sb, "%s%s", v < 0 ? "-" : "", dt == RF_F32 ? "INFINITY" : "(double)INFINITY");
+        putf(sb, "%s%s", v < 0 ? "-" : "", dt == RF_F32 ? "INFINITY" : "(double)INFINITY");
         return;
     }
     char buf[64];
@@ -126,7 +195,7 @@ static void float_literal(rfi_strbuf *sb, double v, rf_dtype dt)
             break;
     }
     bool has_point = strpbrk(buf, ".en") != NULL;
-    rfi_sb_printf(sb, "%s%s%s%s%s", v < 0 || signbit(v) ? "(" : "", buf, has_point ? "" : ".0",
+    putf(sb, "%s%s%s%s%s", v < 0 || signbit(v) ? "(" : "", buf, has_point ? "" : ".0",
                   dt == RF_F32 ? "f" : "", v < 0 || signbit(v) ? ")" : "");
 }
 
@@ -135,23 +204,53 @@ static void int_literal(rfi_strbuf *sb, int64_t v, rf_dtype dt)
     switch (dt) {
     case RF_I32:
         if (v == INT32_MIN)
-            rfi_sb_printf(sb, "INT32_MIN");
+            put(sb, "INT32_MIN");
         else
-            rfi_sb_printf(sb, v < 0 ? "(%lld)" : "%lld", (long long)v);
+            putf(sb, v < 0 ? "(%lld)" : "%lld", (long long)v);
         return;
     case RF_I64:
         if (v == INT64_MIN)
-            rfi_sb_printf(sb, "INT64_MIN");
+            put(sb, "INT64_MIN");
         else if (v >= INT32_MIN && v <= INT32_MAX)
-            rfi_sb_printf(sb, v < 0 ? "(%lld)" : "%lld", (long long)v);
+            putf(sb, v < 0 ? "(%lld)" : "%lld", (long long)v);
         else
-            rfi_sb_printf(sb, "INT64_C(%lld)", (long long)v);
+            putf(sb, "INT64_C(%lld)", (long long)v);
         return;
-    default: rfi_sb_printf(sb, "(uint8_t)%lld", (long long)v); return;
+    default: putf(sb, "(uint8_t)%lld", (long long)v); return;
     }
 }
 
 /* ---- Names ---------------------------------------------------------------------- */
+/* Writes v in decimal at out; returns the end. */
+static char *decimal(char *out, long long v)
+{
+    char digits[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do
+        digits[n++] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        *out++ = '-';
+    while (n > 0)
+        *out++ = digits[--n];
+    return out;
+}
+
+/* name = prefix a, or prefix a "_" b when b is given (the names are at most
+ * 2 + 2 * 21 characters, within the 32-byte slots for the int values used). */
+static void make_name(char name[32], const char *prefix, int a, bool with_b, int b)
+{
+    size_t n = strlen(prefix);
+    memcpy(name, prefix, n);
+    char *end = decimal(name + n, a);
+    if (with_b) {
+        *end++ = '_';
+        end = decimal(end, b);
+    }
+    *end = '\0';
+}
+
 static void name_values(render *R, const bool *live)
 {
     const rfi_kir_kernel *k = R->k;
@@ -160,26 +259,23 @@ static void name_values(render *R, const bool *live)
         char *name = R->names[id];
         if (x->op == RFI_KIR_VAR) {
             if (x->var < k->rank)
-                snprintf(name, 32, "i%d", x->var);
+                make_name(name, "i", x->var, false, 0);
             else
-                snprintf(name, 32, "r%d", x->var - k->rank);
+                make_name(name, "r", x->var - k->rank, false, 0);
         } else if (x->op == RFI_KIR_ACC) {
-            snprintf(name, 32, "acc");
+            memcpy(name, "acc", 4);
         } else if (x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND) {
-            snprintf(name, 32, "ok%d", id);
+            make_name(name, "ok", id, false, 0);
         } else if (x->op >= RFI_KIR_IADD && x->op <= RFI_KIR_IMAX) {
-            snprintf(name, 32, "j%d", id);
+            make_name(name, "j", id, false, 0);
         } else if (x->node >= 0 && live[id]) {
             int seen = 0; /* earlier live values of the same node (at other indices) */
             for (int p = 0; p < id; p++)
                 seen += live[p] && k->ins[p].node == x->node && k->ins[p].op != RFI_KIR_CONST &&
                         k->ins[p].op >= RFI_KIR_LOAD;
-            if (seen)
-                snprintf(name, 32, "x_%d_%d", x->node, seen + 1);
-            else
-                snprintf(name, 32, "x_%d", x->node);
+            make_name(name, "x_", x->node, seen != 0, seen + 1);
         } else {
-            snprintf(name, 32, "t%d", id);
+            make_name(name, "t", id, false, 0);
         }
     }
     for (int b = 0; b < k->n_bases; b++) {
@@ -187,9 +283,9 @@ static void name_values(render *R, const bool *live)
         for (int p = 0; p < b; p++)
             same += k->bases[p].node == k->bases[b].node;
         if (same)
-            snprintf(R->base_names[b], 32, "p%d_%d", b, k->bases[b].node);
+            make_name(R->base_names[b], "p", b, true, k->bases[b].node);
         else
-            snprintf(R->base_names[b], 32, "p_%d", k->bases[b].node);
+            make_name(R->base_names[b], "p_", k->bases[b].node, false, 0);
     }
 }
 
@@ -198,7 +294,7 @@ static void operand(render *R, int id)
 {
     const rfi_kir_ins *x = &R->k->ins[id];
     if (x->op != RFI_KIR_CONST)
-        rfi_sb_printf(R->sb, "%s", R->names[id]);
+        put(R->sb, R->names[id]);
     else if (rfi_dtype_is_float(x->dtype))
         float_literal(R->sb, x->f, x->dtype);
     else
@@ -213,7 +309,9 @@ static void emit_fmt(render *R, const rfi_kir_ins *x, const char *fmt)
     rf_dtype at = x->a >= 0 ? R->k->ins[x->a].dtype : x->dtype;
     for (const char *c = fmt; *c; c++) {
         if (*c != '%' || !c[1]) {
-            rfi_sb_printf(R->sb, "%c", *c);
+            size_t run = strcspn(c + 1, "%") + 1; /* this character and the text up to a % */
+            put_n(R->sb, c, run);
+            c += run - 1;
             continue;
         }
         c++;
@@ -221,9 +319,9 @@ static void emit_fmt(render *R, const rfi_kir_ins *x, const char *fmt)
         case 'a': operand(R, x->a); break;
         case 'b': operand(R, x->b); break;
         case 'c': operand(R, x->c); break;
-        case 'T': rfi_sb_printf(R->sb, "%s", ctype(x->dtype)); break;
-        case 'f': rfi_sb_printf(R->sb, "%s", at == RF_F32 ? "f" : ""); break;
-        default: rfi_sb_printf(R->sb, "%c", *c); break;
+        case 'T': put(R->sb, ctype(x->dtype)); break;
+        case 'f': put(R->sb, at == RF_F32 ? "f" : ""); break;
+        default: put_char(R->sb, *c); break;
         }
     }
 }
@@ -233,22 +331,22 @@ static void narrow(render *R, const rfi_kir_ins *x, rf_dtype dt, const char *exp
 {
     const char *open = dt == RF_I32 ? "(int32_t)(uint32_t)(" : dt == RF_I64 ? "(int64_t)("
                        : dt == RF_U8 ? "(uint8_t)(" : "(uint8_t)((";
-    rfi_sb_printf(R->sb, "%s", open);
+    put(R->sb, open);
     emit_fmt(R, x, expr);
-    rfi_sb_printf(R->sb, "%s", dt == RF_BOOL ? ") != 0)" : ")");
+    put(R->sb, dt == RF_BOOL ? ") != 0)" : ")");
 }
 
 static void emit_math(render *R, const rfi_kir_ins *x, const char *func)
 {
     rf_dtype at = R->k->ins[x->a].dtype;
     use_math(R, func, at);
-    rfi_sb_printf(R->sb, "%s%s(", func, at == RF_F32 ? "f" : "");
+    putf(R->sb, "%s%s(", func, at == RF_F32 ? "f" : "");
     operand(R, x->a);
     if (x->b >= 0) {
-        rfi_sb_printf(R->sb, ", ");
+        put(R->sb, ", ");
         operand(R, x->b);
     }
-    rfi_sb_printf(R->sb, ")");
+    put(R->sb, ")");
 }
 
 static void unary_float(render *R, const rfi_kir_ins *x)
@@ -328,7 +426,7 @@ static void binary_float(render *R, const rfi_kir_ins *x)
     case RFI_OP_MAX:
     case RFI_OP_MIN:
         R->need |= f32 ? NEED_MAXMIN_F32 : NEED_MAXMIN_F64;
-        rfi_sb_printf(R->sb, "rf_%s_%s(", x->ir_op == RFI_OP_MAX ? "max" : "min",
+        putf(R->sb, "rf_%s_%s(", x->ir_op == RFI_OP_MAX ? "max" : "min",
                       f32 ? "f32" : "f64");
         emit_fmt(R, x, "%a, %b)");
         return;
@@ -391,7 +489,7 @@ static void expression(render *R, const rfi_kir_ins *x)
         if (R->k->ins[x->b].op == RFI_KIR_CONST && R->k->ins[x->b].i < 0 &&
             R->k->ins[x->b].i > INT32_MIN) {
             operand(R, x->a);
-            rfi_sb_printf(R->sb, " - %lld", -(long long)R->k->ins[x->b].i);
+            putf(R->sb, " - %lld", -(long long)R->k->ins[x->b].i);
             return;
         }
         emit_fmt(R, x, "%a + %b");
@@ -406,15 +504,19 @@ static void expression(render *R, const rfi_kir_ins *x)
     case RFI_KIR_IMAX: emit_fmt(R, x, "(%a > %b ? %a : %b)"); return;
     case RFI_KIR_ICMP:
         operand(R, x->a);
-        rfi_sb_printf(R->sb, " %s ", c_cmp[x->cmp]);
+        put_char(R->sb, ' ');
+        put(R->sb, c_cmp[x->cmp]);
+        put_char(R->sb, ' ');
         operand(R, x->b);
         return;
     case RFI_KIR_LAND: emit_fmt(R, x, "%a && %b"); return;
     case RFI_KIR_LOAD:
-        rfi_sb_printf(R->sb, x->dtype == RF_BOOL ? "(uint8_t)(%s[" : "%s[",
-                      R->base_names[x->base]);
+        if (x->dtype == RF_BOOL)
+            put(R->sb, "(uint8_t)(");
+        put(R->sb, R->base_names[x->base]);
+        put_char(R->sb, '[');
         operand(R, x->a);
-        rfi_sb_printf(R->sb, x->dtype == RF_BOOL ? "] != 0)" : "]");
+        put(R->sb, x->dtype == RF_BOOL ? "] != 0)" : "]");
         return;
     case RFI_KIR_UNARY:
         if (is_float_a)
@@ -429,23 +531,30 @@ static void expression(render *R, const rfi_kir_ins *x)
             binary_int(R, x);
         return;
     case RFI_KIR_COMPARE:
-        rfi_sb_printf(R->sb, "(uint8_t)(");
+        put(R->sb, "(uint8_t)(");
         operand(R, x->a);
-        rfi_sb_printf(R->sb, " %s ", c_cmp[x->cmp]);
+        put_char(R->sb, ' ');
+        put(R->sb, c_cmp[x->cmp]);
+        put_char(R->sb, ' ');
         operand(R, x->b);
-        rfi_sb_printf(R->sb, ")");
+        put(R->sb, ")");
         return;
     case RFI_KIR_SELECT: emit_fmt(R, x, "%a ? %b : %c"); return;
     case RFI_KIR_CONVERT: convert(R, x); return;
-    case RFI_KIR_ACC: rfi_sb_printf(R->sb, "acc"); return;
-    default: rfi_sb_printf(R->sb, "0"); return;
+    case RFI_KIR_ACC: put(R->sb, "acc"); return;
+    default: put(R->sb, "0"); return;
     }
 }
 
 /* ---- Kernels ------------------------------------------------------------------------ */
 static void indent(render *R, int depth)
 {
-    rfi_sb_printf(R->sb, "%*s", 4 * depth, "");
+    static const char spaces[] = "                                                  "
+                                 "                                                  ";
+    size_t n = 4 * (size_t)(depth > 0 ? depth : 0);
+    for (; n > sizeof spaces - 1; n -= sizeof spaces - 1)
+        put_n(R->sb, spaces, sizeof spaces - 1);
+    put_n(R->sb, spaces, n);
 }
 
 static void statements(render *R, const bool *live, int level, int depth)
@@ -458,9 +567,13 @@ static void statements(render *R, const bool *live, int level, int depth)
             continue;
         indent(R, depth);
         bool pred = x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND;
-        rfi_sb_printf(R->sb, "const %s %s = ", pred ? "int" : ctype(x->dtype), R->names[id]);
+        put(R->sb, "const ");
+        put(R->sb, pred ? "int" : ctype(x->dtype));
+        put_char(R->sb, ' ');
+        put(R->sb, R->names[id]);
+        put(R->sb, " = ");
         expression(R, x);
-        rfi_sb_printf(R->sb, ";\n");
+        put(R->sb, ";\n");
     }
 }
 
@@ -469,11 +582,12 @@ static void stores(render *R, int depth)
     const rfi_kir_kernel *k = R->k;
     for (int s = 0; s < k->n_stores; s++) {
         indent(R, depth);
-        rfi_sb_printf(R->sb, "%s[", R->base_names[k->stores[s].base]);
+        put(R->sb, R->base_names[k->stores[s].base]);
+        put_char(R->sb, '[');
         operand(R, k->stores[s].index);
-        rfi_sb_printf(R->sb, "] = ");
+        put(R->sb, "] = ");
         operand(R, k->stores[s].value);
-        rfi_sb_printf(R->sb, ";\n");
+        put(R->sb, ";\n");
     }
 }
 
@@ -484,9 +598,9 @@ static void fold_into(render *R, int depth, const char *acc)
     const rfi_kir_kernel *k = R->k;
     indent(R, depth);
     if (k->red_guard >= 0) {
-        rfi_sb_printf(R->sb, "if (");
+        put(R->sb, "if (");
         operand(R, k->red_guard);
-        rfi_sb_printf(R->sb, ")\n");
+        put(R->sb, ")\n");
         indent(R, depth + 1);
     }
     bool f = rfi_dtype_is_float(k->acc_dtype);
@@ -537,19 +651,22 @@ static void fold(render *R, int depth)
 static void comment(render *R, const char *text, int depth)
 {
     indent(R, depth);
-    rfi_sb_printf(R->sb, "/* ");
-    for (const char *c = text; c && *c; c++) {
+    put(R->sb, "/* ");
+    for (const char *c = text; c && *c;) {
+        size_t run = strcspn(c, "\n*"); /* plain text up to the next line or star */
+        put_n(R->sb, c, run);
+        c += run;
         if (*c == '\n') {
-            rfi_sb_printf(R->sb, "\n");
+            put_char(R->sb, '\n');
             indent(R, depth);
-            rfi_sb_printf(R->sb, " * ");
+            put(R->sb, " * ");
+            c++;
+        } else if (*c == '*') {
+            put(R->sb, c[1] == '/' ? "* " : "*"); /* never close the comment early */
+            c++;
         }
-        else if (c[0] == '*' && c[1] == '/')
-            rfi_sb_printf(R->sb, "* "); /* never close the comment early */
-        else
-            rfi_sb_printf(R->sb, "%c", *c);
     }
-    rfi_sb_printf(R->sb, " */\n");
+    put(R->sb, " */\n");
 }
 
 static void kernel_name(const rfi_kir_kernel *k, char *buf, size_t n)
@@ -560,40 +677,40 @@ static void kernel_name(const rfi_kir_kernel *k, char *buf, size_t n)
 static void ctx_struct(render *R, const bool *base_used, const char *kname)
 {
     const rfi_kir_kernel *k = R->k;
-    rfi_sb_printf(R->sb, "struct %s_ctx {\n", kname);
+    putf(R->sb, "struct %s_ctx {\n", kname);
     for (int b = 0; b < k->n_bases; b++)
         if (base_used[b])
-            rfi_sb_printf(R->sb, "    %s%s *%s%s;\n", k->bases[b].written ? "" : "const ",
+            putf(R->sb, "    %s%s *%s%s;\n", k->bases[b].written ? "" : "const ",
                           ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
                           R->base_names[b]);
-    rfi_sb_printf(R->sb, "};\n\n");
+    put(R->sb, "};\n\n");
 }
 
 static void reduction_loops(render *R, const bool *live, int depth)
 {
     const rfi_kir_kernel *k = R->k;
     indent(R, depth);
-    rfi_sb_printf(R->sb, "%s acc = ", ctype(k->acc_dtype));
+    putf(R->sb, "%s acc = ", ctype(k->acc_dtype));
     if (rfi_dtype_is_float(k->acc_dtype))
         float_literal(R->sb, k->red_identity_f, k->acc_dtype);
     else
         int_literal(R->sb, k->red_identity_i, RF_I64);
-    rfi_sb_printf(R->sb, ";\n");
+    put(R->sb, ";\n");
     for (int d = 0; d < k->red_rank; d++) {
         if (d == k->red_rank - 1 && k->red_kind == RF_REDUCE_SUM &&
             rfi_dtype_is_float(k->acc_dtype)) {
             indent(R, depth + d);
-            rfi_sb_printf(R->sb, "#pragma omp simd reduction(+:acc)\n");
+            put(R->sb, "#pragma omp simd reduction(+:acc)\n");
         }
         indent(R, depth + d);
-        rfi_sb_printf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
                       (long long)k->red_dims[d], d);
     }
     statements(R, live, 2, depth + k->red_rank);
     fold(R, depth + k->red_rank);
     for (int d = k->red_rank - 1; d >= 0; d--) {
         indent(R, depth + d);
-        rfi_sb_printf(R->sb, "}\n");
+        put(R->sb, "}\n");
     }
     statements(R, live, 3, depth);
 }
@@ -656,10 +773,10 @@ static void block_loop(render *R, int kept, int depth, bool simd)
 {
     if (simd) {
         indent(R, depth);
-        rfi_sb_printf(R->sb, "#pragma omp simd\n");
+        put(R->sb, "#pragma omp simd\n");
     }
     indent(R, depth);
-    rfi_sb_printf(R->sb, "for (int64_t i%d = b%d; i%d < e%d; i%d++) {\n", kept, kept, kept, kept,
+    putf(R->sb, "for (int64_t i%d = b%d; i%d < e%d; i%d++) {\n", kept, kept, kept, kept,
                   kept);
 }
 
@@ -699,69 +816,69 @@ static void interchanged_body(render *R, const bool *all_live)
     for (int d = 0; d < kept; d++) {
         indent(R, 1 + d);
         if (d == 0)
-            rfi_sb_printf(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
+            put(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
         else
-            rfi_sb_printf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
+            putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
                           (long long)k->dims[d], d);
     }
     indent(R, depth);
     if (kept == 0)
-        rfi_sb_printf(R->sb, "for (int64_t b0 = lo; b0 < hi; b0 += %d) {\n", ROW_BLOCK);
+        putf(R->sb, "for (int64_t b0 = lo; b0 < hi; b0 += %d) {\n", ROW_BLOCK);
     else
-        rfi_sb_printf(R->sb, "for (int64_t b%d = 0; b%d < %lld; b%d += %d) {\n", kept, kept,
+        putf(R->sb, "for (int64_t b%d = 0; b%d < %lld; b%d += %d) {\n", kept, kept,
                       (long long)k->dims[kept], kept, ROW_BLOCK);
     indent(R, depth + 1);
     char end[32];
     snprintf(end, sizeof end, kept == 0 ? "hi" : "%lld", (long long)k->dims[kept]);
-    rfi_sb_printf(R->sb, "const int64_t e%d = b%d + %d < %s ? b%d + %d : %s;\n", kept, kept,
+    putf(R->sb, "const int64_t e%d = b%d + %d < %s ? b%d + %d : %s;\n", kept, kept,
                   ROW_BLOCK, end, kept, ROW_BLOCK, end);
     indent(R, depth + 1);
-    rfi_sb_printf(R->sb, "%s accs[%d];\n", ctype(k->acc_dtype), ROW_BLOCK);
+    putf(R->sb, "%s accs[%d];\n", ctype(k->acc_dtype), ROW_BLOCK);
     block_loop(R, kept, depth + 1, false);
     indent(R, depth + 2);
-    rfi_sb_printf(R->sb, "accs[i%d - b%d] = ", kept, kept);
+    putf(R->sb, "accs[i%d - b%d] = ", kept, kept);
     if (rfi_dtype_is_float(k->acc_dtype))
         float_literal(R->sb, k->red_identity_f, k->acc_dtype);
     else
         int_literal(R->sb, k->red_identity_i, RF_I64);
-    rfi_sb_printf(R->sb, ";\n");
+    put(R->sb, ";\n");
     indent(R, depth + 1);
-    rfi_sb_printf(R->sb, "}\n");
+    put(R->sb, "}\n");
     for (int d = 0; d < k->red_rank; d++) {
         indent(R, depth + 1 + d);
-        rfi_sb_printf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
                       (long long)k->red_dims[d], d);
     }
     int in = depth + 1 + k->red_rank;
     block_loop(R, kept, in, true);
     indent(R, in + 1);
-    rfi_sb_printf(R->sb, "%s acc = accs[i%d - b%d];\n", ctype(k->acc_dtype), kept, kept);
+    putf(R->sb, "%s acc = accs[i%d - b%d];\n", ctype(k->acc_dtype), kept, kept);
     statements(R, live, 1, in + 1);
     statements(R, live, 2, in + 1);
     fold(R, in + 1);
     indent(R, in + 1);
-    rfi_sb_printf(R->sb, "accs[i%d - b%d] = acc;\n", kept, kept);
+    putf(R->sb, "accs[i%d - b%d] = acc;\n", kept, kept);
     indent(R, in);
-    rfi_sb_printf(R->sb, "}\n");
+    put(R->sb, "}\n");
     for (int d = k->red_rank - 1; d >= 0; d--) {
         indent(R, depth + 1 + d);
-        rfi_sb_printf(R->sb, "}\n");
+        put(R->sb, "}\n");
     }
     block_loop(R, kept, depth + 1, false);
     indent(R, depth + 2);
-    rfi_sb_printf(R->sb, "const %s acc = accs[i%d - b%d];\n", ctype(k->acc_dtype), kept, kept);
+    putf(R->sb, "const %s acc = accs[i%d - b%d];\n", ctype(k->acc_dtype), kept, kept);
     statements(R, out, 1, depth + 2);
     statements(R, out, 3, depth + 2);
     stores(R, depth + 2);
     rfi_free(live);
     rfi_free(out);
     indent(R, depth + 1);
-    rfi_sb_printf(R->sb, "}\n");
+    put(R->sb, "}\n");
     indent(R, depth);
-    rfi_sb_printf(R->sb, "}\n");
+    put(R->sb, "}\n");
     for (int d = kept - 1; d >= 0; d--) {
         indent(R, 1 + d);
-        rfi_sb_printf(R->sb, "}\n");
+        put(R->sb, "}\n");
     }
 }
 
@@ -774,17 +891,17 @@ static void kernel_body(render *R, const bool *live)
         return;
     }
     if (k->rank == 0)
-        rfi_sb_printf(R->sb, "    (void)lo;\n    (void)hi;\n");
+        put(R->sb, "    (void)lo;\n    (void)hi;\n");
     for (int d = 0; d < k->rank; d++) {
         if (d == k->rank - 1 && !k->is_reduce) {
             indent(R, 1 + d);
-            rfi_sb_printf(R->sb, "#pragma omp simd\n");
+            put(R->sb, "#pragma omp simd\n");
         }
         indent(R, 1 + d);
         if (d == 0)
-            rfi_sb_printf(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
+            put(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
         else
-            rfi_sb_printf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
+            putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
                           (long long)k->dims[d], d);
     }
     int depth = 1 + k->rank;
@@ -794,7 +911,7 @@ static void kernel_body(render *R, const bool *live)
     stores(R, depth);
     for (int d = k->rank - 1; d >= 0; d--) {
         indent(R, 1 + d);
-        rfi_sb_printf(R->sb, "}\n");
+        put(R->sb, "}\n");
     }
 }
 
@@ -824,15 +941,15 @@ static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
     kernel_name(k, kname, sizeof kname);
     comment(R, k->comment ? k->comment : kname, 0);
     ctx_struct(R, base_used, kname);
-    rfi_sb_printf(R->sb, "static void %s(void *ctx, int64_t lo, int64_t hi)\n{\n", kname);
-    rfi_sb_printf(R->sb, "    const struct %s_ctx *c = ctx;\n", kname);
+    putf(R->sb, "static void %s(void *ctx, int64_t lo, int64_t hi)\n{\n", kname);
+    putf(R->sb, "    const struct %s_ctx *c = ctx;\n", kname);
     for (int b = 0; b < k->n_bases; b++)
         if (base_used[b])
-            rfi_sb_printf(R->sb, "    %s%s *%s%s = c->%s;\n", k->bases[b].written ? "" : "const ",
+            putf(R->sb, "    %s%s *%s%s = c->%s;\n", k->bases[b].written ? "" : "const ",
                           ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
                           R->base_names[b], R->base_names[b]);
     kernel_body(R, live);
-    rfi_sb_printf(R->sb, "}\n\n");
+    put(R->sb, "}\n\n");
     rfi_free(live);
     rfi_free(base_used);
     rfi_free(R->names);
@@ -847,9 +964,9 @@ static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
 static void pointer(render *R, const char *type, int buffer, size_t offset)
 {
     if (offset)
-        rfi_sb_printf(R->sb, "(%s *)(void *)((char *)bufs[%d] + %zu)", type, buffer, offset);
+        putf(R->sb, "(%s *)(void *)((char *)bufs[%d] + %zu)", type, buffer, offset);
     else
-        rfi_sb_printf(R->sb, "(%s *)bufs[%d]", type, buffer);
+        putf(R->sb, "(%s *)bufs[%d]", type, buffer);
 }
 
 static void call_kernel(render *R, const rfi_kir_kernel *k)
@@ -870,59 +987,59 @@ static void call_kernel(render *R, const rfi_kir_kernel *k)
             base_used[k->ins[id].base] = true;
     for (int s = 0; s < k->n_stores; s++)
         base_used[k->stores[s].base] = true;
-    rfi_sb_printf(R->sb, "    {\n        struct %s_ctx c = {", kname);
+    putf(R->sb, "    {\n        struct %s_ctx c = {", kname);
     bool first = true;
     for (int b = 0; b < k->n_bases; b++) {
         if (!base_used[b])
             continue;
         const rfi_kir_base *x = &k->bases[b];
-        rfi_sb_printf(R->sb, "%s", first ? "" : ", ");
+        put(R->sb, first ? "" : ", ");
         pointer(R, ctype(x->dtype), x->buffer, x->offset);
         first = false;
     }
-    rfi_sb_printf(R->sb, "};\n");
+    put(R->sb, "};\n");
     int64_t outer = k->rank ? k->dims[0] : 1;
     int64_t total = rfi_numel(k->dims, k->rank) * rfi_numel(k->red_dims, k->red_rank);
     if (total > PARALLEL_MIN && outer > 1) {
         int64_t per_row = total / outer > 0 ? total / outer : 1;
         int64_t grain = (PARALLEL_CHUNK + per_row - 1) / per_row;
-        rfi_sb_printf(R->sb, "        s->parallel_for(s->rt, %lld, %lld, %s, &c);\n",
+        putf(R->sb, "        s->parallel_for(s->rt, %lld, %lld, %s, &c);\n",
                       (long long)outer, (long long)(grain > 0 ? grain : 1), kname);
     } else {
-        rfi_sb_printf(R->sb, "        %s(&c, 0, %lld);\n", kname, (long long)outer);
+        putf(R->sb, "        %s(&c, 0, %lld);\n", kname, (long long)outer);
     }
-    rfi_sb_printf(R->sb, "    }\n");
+    put(R->sb, "    }\n");
     rfi_free(base_used);
     rfi_free(live);
 }
 
 static void entry(render *R, const rfi_kir_module *m)
 {
-    rfi_sb_printf(R->sb, "/* Runs the %d steps on the buffer table (%d buffers). */\n", m->n_steps,
+    putf(R->sb, "/* Runs the %d steps on the buffer table (%d buffers). */\n", m->n_steps,
                   m->n_buffers);
-    rfi_sb_printf(R->sb, "__attribute__((visibility(\"default\")))\n");
-    rfi_sb_printf(R->sb, "int rf_module_run_v1(const rf_module_services *s, void *const *bufs)\n{\n");
-    rfi_sb_printf(R->sb, "    (void)s;\n    (void)bufs;\n");
+    put(R->sb, "__attribute__((visibility(\"default\")))\n");
+    put(R->sb, "int rf_module_run_v1(const rf_module_services *s, void *const *bufs)\n{\n");
+    put(R->sb, "    (void)s;\n    (void)bufs;\n");
     for (int i = 0; i < m->n_steps; i++) {
         const rfi_kir_step *st = &m->steps[i];
         switch (st->kind) {
         case RFI_KIR_STEP_KERNEL: call_kernel(R, st->kernel); break;
         case RFI_KIR_STEP_CALL:
             comment(R, st->comment, 1);
-            rfi_sb_printf(R->sb, "    if (s->call(s->rt, %d, bufs))\n        return %d;\n",
+            putf(R->sb, "    if (s->call(s->rt, %d, bufs))\n        return %d;\n",
                           st->step, st->step + 1);
             break;
         case RFI_KIR_STEP_COPY:
             comment(R, st->comment, 1);
-            rfi_sb_printf(R->sb, "    memcpy(");
+            put(R->sb, "    memcpy(");
             pointer(R, "char", st->dst_buffer, st->dst_offset);
-            rfi_sb_printf(R->sb, ", ");
+            put(R->sb, ", ");
             pointer(R, "char", st->src_buffer, st->src_offset);
-            rfi_sb_printf(R->sb, ", %zu);\n", st->nbytes);
+            putf(R->sb, ", %zu);\n", st->nbytes);
             break;
         }
     }
-    rfi_sb_printf(R->sb, "    return 0;\n}\n");
+    put(R->sb, "    return 0;\n}\n");
 }
 
 /* ---- Prelude -------------------------------------------------------------------------- */
@@ -934,13 +1051,13 @@ static void prelude(rfi_strbuf *sb, const render *R)
                 continue;
             const char *t = d ? "double" : "float";
             bool two = strcmp(simd_funcs[f], "pow") == 0;
-            rfi_sb_printf(sb, "#pragma omp declare simd notinbranch\n%s %s%s(%s%s%s);\n", t,
+            putf(sb, "#pragma omp declare simd notinbranch\n%s %s%s(%s%s%s);\n", t,
                           simd_funcs[f], d ? "" : "f", t, two ? ", " : "", two ? t : "");
         }
-    rfi_sb_printf(sb, "\n");
+    put(sb, "\n");
     unsigned need = R->need;
     if (need & NEED_SAT)
-        rfi_sb_printf(sb,
+        putf(sb,
             "/* float -> integer: truncate toward zero, saturate, NaN -> 0 */\n"
             "static inline int32_t rf_f2i32(double v)\n{\n"
             "    return v != v ? 0 : v <= -2147483648.0 ? INT32_MIN\n"
@@ -951,19 +1068,19 @@ static void prelude(rfi_strbuf *sb, const render *R)
             "static inline uint8_t rf_f2u8(double v)\n{\n"
             "    return v != v ? 0 : v <= 0.0 ? 0 : v >= 255.0 ? 255 : (uint8_t)(int32_t)v;\n}\n\n");
     if (need & NEED_DIV)
-        rfi_sb_printf(sb,
+        putf(sb,
             "/* integer division: x / 0 = 0, INT_MIN / -1 wraps */\n"
             "static inline int64_t rf_div_i64(int64_t a, int64_t b)\n{\n"
             "    if (b == 0)\n        return 0;\n"
             "    if (b == -1)\n        return (int64_t)(0 - (uint64_t)a);\n"
             "    return a / b;\n}\n\n");
     if (need & NEED_REM)
-        rfi_sb_printf(sb,
+        putf(sb,
             "/* integer remainder: x %% 0 = 0, x %% -1 = 0 */\n"
             "static inline int64_t rf_rem_i64(int64_t a, int64_t b)\n{\n"
             "    return (b == 0 || b == -1) ? 0 : a %% b;\n}\n\n");
     if (need & NEED_POW)
-        rfi_sb_printf(sb,
+        putf(sb,
             "/* integer power by squaring (wrapping); negative exponents give 0 but for +-1 */\n"
             "static inline int64_t rf_pow_i64(int64_t a, int64_t b)\n{\n"
             "    if (b < 0)\n        return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;\n"
@@ -974,7 +1091,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
     for (int d = 0; d < 2; d++) {
         const char *t = d ? "double" : "float", *n = d ? "f64" : "f32";
         if (need & (d ? NEED_MAXMIN_F64 : NEED_MAXMIN_F32))
-            rfi_sb_printf(sb,
+            putf(sb,
                 "/* max/min propagating NaN (either operand's); written as two selects so\n"
                 " * gcc vectorises them */\n"
                 "static inline %s rf_max_%s(%s a, %s b)\n{\n"
@@ -983,7 +1100,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
                 "    %s m = a < b ? a : b;\n    return a != a ? a : m;\n}\n\n",
                 t, n, t, t, t, t, n, t, t, t);
         if (need & (d ? NEED_LOGISTIC_F64 : NEED_LOGISTIC_F32))
-            rfi_sb_printf(sb,
+            putf(sb,
                 "/* logistic, never exp of a large positive number */\n"
                 "static inline %s rf_logistic_%s(%s x)\n{\n"
                 "    %s e = exp%s(-fabs%s(x));\n"
@@ -1005,14 +1122,15 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
             st = render_kernel(&R, m->steps[i].kernel);
     if (st == RF_OK)
         entry(&R, m);
-    if (st == RF_OK) {
-        rfi_sb_printf(&out, "/* Generated by reflux: %d steps. Compile with -O2 -fopenmp-simd "
+    if (st == RF_OK && reserve(&out, body.len + sizeof abi_block + 8192)) {
+        putf(&out, "/* Generated by reflux: %d steps. Compile with -O2 -fopenmp-simd "
                             "-fno-math-errno -std=c11 -fPIC -shared, link with -lm. */\n",
                       m->n_steps);
-        rfi_sb_printf(&out, "%s", abi_block);
-        rfi_sb_printf(&out, "#include <float.h>\n#include <math.h>\n#include <string.h>\n\n");
+        put_n(&out, abi_block, sizeof abi_block - 1);
+        put(&out, "#include <float.h>\n#include <math.h>\n#include <string.h>\n\n");
         prelude(&out, &R);
-        rfi_sb_printf(&out, "%s", body.data ? body.data : "");
+        if (body.data)
+            put_n(&out, body.data, body.len);
     }
     bool failed = body.failed || out.failed;
     rfi_sb_free(&body);
