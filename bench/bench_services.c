@@ -44,7 +44,7 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double flops
     int root = y->id;
     rfi_step step = {RFI_STEP_CALL,
                      y->op == RFI_OP_DOT_GENERAL ? RFI_CALL_MATMUL : RFI_CALL_CONV,
-                     &root, 1, NULL, 0, -1, -1};
+                     &root, 1, NULL, 0, -1, -1, root, NULL, 0};
     rfi_plan plan = {0};
     plan.g = g;
     plan.loc = loc;

@@ -560,8 +560,8 @@ static void test_tiny_train_step(void)
             const rfi_step *s = &p->steps[q];
             if (s->kind != RFI_STEP_CALL)
                 continue;
-            const rfi_node *r = g->nodes[s->roots[0]];
-            CHECK(s->n_fused == 0);
+            const rfi_node *r = g->nodes[s->core];
+            CHECK(s->n_epilogue > 0 || s->n_fused == 0);
             for (int k = 0; k < r->n_in; k++)
                 CHECK(p->loc[r->in[k]->id].kind != RFI_LOC_INLINE);
         }
@@ -635,12 +635,18 @@ static void test_mlp_train_step(void)
         /* REDUCE (10): the logsoftmax max and sum, the loss's two sums, the
          * backward row sums of the logsoftmax (3) and the bias gradients (3). */
         CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 10);
-        /* LOOP (13): bias+relu x2, the logits, exp(z - max), log(sum), the
-         * loss, two [128,1]/[128] backward row scalars, dlogits, two relu
-         * backward masks; ONE flat Adam loop over all 535818 parameters
-         * (segmented: it also stores the six new parameters in place), one
-         * scalar loop (beta powers, step counter). */
-        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 13);
+        /* LOOP (12): relu x2 (the biases are epilogues of the forward
+         * calls; the relu stays a loop because its backward mask reads the
+         * pre-activation), exp(z - max), log(sum), the loss, two [128,1]/[128]
+         * backward row scalars, dlogits, two relu backward masks; ONE flat
+         * Adam loop over all 535818 parameters (segmented: it also stores the
+         * six new parameters in place), one scalar loop (beta powers, step
+         * counter). */
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 12);
+        for (int q = 0; q < p->n_steps; q++)
+            if (p->steps[q].kind == RFI_STEP_CALL && p->steps[q].n_epilogue > 0)
+                CHECK(p->steps[q].n_epilogue == 1 &&
+                      p->steps[q].epilogue[0].kind == RFI_EPI_BIAS);
         CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 0);
         CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
         CHECK(g->n_updates == 11);
@@ -698,6 +704,157 @@ static void test_cnn_train_step(void)
     rf_model_free(host);
 }
 
+/* ---- CALL epilogues -------------------------------------------------------------------- */
+
+static void forward_fn(rf_trace *t, void *ctx)
+{
+    rf_return(t, rf_apply(ctx, rf_arg(t, 0)));
+}
+
+/* The epilogue kinds of CALL step q match `kinds` (n of them). */
+static bool epilogue_is(const rfi_plan *p, int q, const rfi_epi_kind *kinds, int n)
+{
+    const rfi_step *s = &p->steps[q];
+    if (s->kind != RFI_STEP_CALL || s->n_epilogue != n)
+        return false;
+    for (int k = 0; k < n; k++)
+        if (s->epilogue[k].kind != kinds[k])
+            return false;
+    return s->epilogue[n - 1].node == s->roots[0];
+}
+
+/* The MLP forward: each dense layer is ONE matmul call whose epilogue adds the
+ * bias and applies the activation; nothing is left for a loop. */
+static void test_mlp_forward_epilogues(void)
+{
+    rf_nn_seed(1);
+    rf_model *host = rf_chain(rf_dense(784, 512, RF_ACT_RELU), rf_dense(512, 256, RF_ACT_TANH),
+                              rf_dense(256, 64, RF_ACT_SIGMOID));
+    rf_model *m = rf_model_to(host, cpu);
+    rf_array *x = dev_zeros(RF_SHAPE(128, 784));
+    rfi_graph *g = trace_program(forward_fn, m, &x, 1);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        CHECK(p->n_steps == 3);
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 3);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 0);
+        static const rfi_epi_kind relu[] = {RFI_EPI_BIAS, RFI_EPI_RELU};
+        static const rfi_epi_kind tanh_[] = {RFI_EPI_BIAS, RFI_EPI_TANH};
+        static const rfi_epi_kind sigm[] = {RFI_EPI_BIAS, RFI_EPI_LOGISTIC};
+        CHECK(epilogue_is(p, 0, relu, 2));
+        CHECK(epilogue_is(p, 1, tanh_, 2));
+        CHECK(epilogue_is(p, 2, sigm, 2));
+        for (int q = 0; q < p->n_steps; q++) {
+            const rfi_step *s = &p->steps[q];
+            CHECK(s->call == RFI_CALL_MATMUL);
+            CHECK(g->nodes[s->core]->op == RFI_OP_DOT_GENERAL);
+            CHECK(p->loc[s->core].kind == RFI_LOC_INLINE);
+            CHECK(s->n_epilogue > 0 && s->epilogue[0].axis == 1);
+            CHECK(s->n_epilogue > 0 && g->nodes[s->epilogue[0].operand]->op == RFI_OP_CAPTURE);
+        }
+        CHECK(p->loc[p->steps[2].roots[0]].kind == RFI_LOC_OUTPUT);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    /* switched off: bias and activation are loops again */
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.call_epilogues = false;
+    p = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (p) {
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 3);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 3);
+        for (int q = 0; q < p->n_steps; q++)
+            CHECK(p->steps[q].n_epilogue == 0);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
+/* The CNN forward: relu(conv(x, w) + b) is one CONV call with a per-channel
+ * bias (result dim 1) and relu. */
+static void test_cnn_forward_epilogues(void)
+{
+    rf_nn_seed(3);
+    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                              rf_flatten_layer(), rf_dense(8 * 13 * 13, 10, RF_ACT_IDENTITY));
+    rf_model *m = rf_model_to(host, cpu);
+    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(16, 1, 28, 28), NULL);
+    rfi_graph *g = trace_program(forward_fn, m, &x, 1);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        static const rfi_epi_kind relu[] = {RFI_EPI_BIAS, RFI_EPI_RELU};
+        int conv = 0;
+        for (int q = 0; q < p->n_steps; q++) {
+            if (p->steps[q].kind != RFI_STEP_CALL || p->steps[q].call != RFI_CALL_CONV)
+                continue;
+            conv++;
+            CHECK(epilogue_is(p, q, relu, 2));
+            CHECK(p->steps[q].epilogue[0].axis == 1);
+        }
+        CHECK(conv == 1);
+        /* the first step is the convolution: no loop computes bias or relu */
+        CHECK(p->steps[0].kind == RFI_STEP_CALL && p->steps[0].call == RFI_CALL_CONV);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
+/* relu(x . W + r) with r an argument of the result's shape: a residual ADD and
+ * the relu; with r also an output, still fused (r is only read). A result read
+ * twice (the dot is also returned) fuses nothing. */
+static void residual_fn(rf_trace *t, void *ctx)
+{
+    rf_tensor *d = rf_matmul(rf_arg(t, 0), rf_capture(t, ctx));
+    rf_return(t, rf_relu(rf_add(d, rf_arg(t, 1))));
+}
+
+static void shared_fn(rf_trace *t, void *ctx)
+{
+    rf_tensor *d = rf_matmul(rf_arg(t, 0), rf_capture(t, ctx));
+    rf_return(t, rf_relu(d));
+    rf_return(t, d);
+}
+
+static void test_residual_epilogue(void)
+{
+    rf_array *w = dev_zeros(RF_SHAPE(256, 128));
+    rf_array *args[2] = {dev_zeros(RF_SHAPE(64, 256)), dev_zeros(RF_SHAPE(64, 128))};
+    rfi_graph *g = trace_program(residual_fn, w, args, 2);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        static const rfi_epi_kind res[] = {RFI_EPI_ADD, RFI_EPI_RELU};
+        CHECK(p->n_steps == 1);
+        CHECK(epilogue_is(p, 0, res, 2));
+        CHECK(g->nodes[p->steps[0].epilogue[0].operand]->op == RFI_OP_ARGUMENT);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    g = trace_program(shared_fn, w, args, 1);
+    p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 1);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 1);
+        for (int q = 0; q < p->n_steps; q++)
+            CHECK(p->steps[q].n_epilogue == 0);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(w);
+    rf_array_free(args[0]);
+    rf_array_free(args[1]);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -709,5 +866,8 @@ int main(void)
     test_matvec();
     test_mlp_train_step();
     test_cnn_train_step();
+    test_mlp_forward_epilogues();
+    test_cnn_forward_epilogues();
+    test_residual_epilogue();
     return tu_finish("test_plan");
 }

@@ -6,15 +6,23 @@
  * sum of |terms| (the same op evaluated on |operands|); FALLBACK steps and
  * non-f32 contractions bitwise; no allocation per call; and the thread pool
  * (coverage, chunking, inline runs, nesting, repeated and concurrent calls).
+ * CALL epilogues (bias, residual, relu, tanh, logistic after a matmul or a
+ * convolution) through plans built by rfi_plan_build, against the interpreter
+ * evaluating the whole program, within RF_CHECK's tolerance
+ * (|a - b| <= 1e-6 + 1e-4 |b|) plus 1e-5 of the pre-activation's sum of
+ * |terms| (the product's f32 accumulation), both as oneDNN post-ops and
+ * applied after the call (a forced im2col path).
  *
  * Plans are built by hand: one graph per case whose ARGUMENT operands feed
  * one node computed by a single CALL step into the arena (at an offset) or an
  * output buffer.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/services.h"
@@ -736,6 +744,209 @@ static void test_pool_inline_and_nested(void)
     CHECK(fail_a == 0 && fail_b == 0);
 }
 
+/* ---- CALL epilogues ---------------------------------------------------------------- */
+
+typedef struct epi_prog {
+    const char *name;
+    bool conv;     /* else matmul: x [64, 96], w [80, 96], bias [80], r [64, 80] */
+    int64_t cin;   /* conv: x [8, cin, 12, 12], w [16, cin, 3, 3], bias [16] */
+    bool bias, residual;
+    int act;       /* 0 none, 1 relu, 2 tanh, 3 logistic */
+    double scale;  /* of x: large pre-activations test the activations' tails */
+    int n_epi;     /* the epilogue's expected length */
+    bool post_ops; /* oneDNN takes it as post-ops (when loaded; default path) */
+} epi_prog;
+
+static void epi_fn(rf_trace *t, void *ctx)
+{
+    const epi_prog *e = ctx;
+    rf_tensor *y;
+    if (e->conv) {
+        rf_conv_params cp = rf_conv_params_default(2);
+        cp.pad_lo[0] = cp.pad_lo[1] = cp.pad_hi[0] = cp.pad_hi[1] = 1;
+        y = rf_conv(rf_arg(t, 0), rf_arg(t, 1), &cp);
+        if (e->bias)
+            y = rf_add(y, rf_reshape(rf_arg(t, 2), RF_SHAPE(1, 16, 1, 1)));
+    } else {
+        y = rf_linear(rf_arg(t, 0), rf_arg(t, 1), e->bias ? rf_arg(t, 2) : NULL);
+    }
+    if (e->residual)
+        y = rf_add(y, rf_arg(t, 3));
+    y = e->act == 1 ? rf_relu(y) : e->act == 2 ? rf_tanh(y) : e->act == 3 ? rf_logistic(y) : y;
+    rf_return(t, y);
+}
+
+/* Every node of g on the reference kernels, in id order; returns the value of
+ * node `want` (owned by vals[want]). */
+static void **interp_all(const rfi_graph *g, void *const *args)
+{
+    void **val = calloc((size_t)g->n_nodes, sizeof *val);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const rfi_node *n = g->nodes[i];
+        if (n->op == RFI_OP_ARGUMENT) {
+            val[i] = args[n->attr.i[0]];
+            continue;
+        }
+        const void *in[8];
+        for (int k = 0; k < n->n_in && k < 8; k++)
+            in[k] = val[n->in[k]->id];
+        val[i] = calloc(1, rfi_node_nbytes(n) + 8);
+        CHECK_OK(rfi_interp_eval_node(n, in, val[i]));
+    }
+    return val;
+}
+
+/* The program of e (its four arguments' types in dims/rk), after DCE. */
+static rfi_graph *epi_graph(const epi_prog *e, int64_t dims[4][RF_MAX_RANK], int *rk)
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "epilogue");
+    rf_dtype dt[4] = {RF_F32, RF_F32, RF_F32, RF_F32};
+    int64_t cd[4][4] = {{8, e->cin, 12, 12}, {16, e->cin, 3, 3}, {16}, {8, 16, 12, 12}};
+    int64_t md[4][4] = {{64, 96}, {80, 96}, {80}, {64, 80}};
+    int crk[4] = {4, 4, 1, 4}, mrk[4] = {2, 2, 1, 2};
+    for (int k = 0; k < 4; k++) {
+        rk[k] = e->conv ? crk[k] : mrk[k];
+        memset(dims[k], 0, sizeof dims[k]);
+        memcpy(dims[k], e->conv ? cd[k] : md[k], sizeof cd[k]);
+    }
+    CHECK_OK(rfi_graph_set_args(g, 4, dt, rk, (const int64_t(*)[RF_MAX_RANK])dims));
+    epi_fn(g, (void *)e);
+    CHECK_OK(g->status);
+    rfi_graph *clean = NULL;
+    CHECK_OK(rfi_dce(g, &clean));
+    rfi_graph_free(g);
+    return clean;
+}
+
+static void free_vals(const rfi_graph *g, void **val)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op != RFI_OP_ARGUMENT)
+            free(val[i]);
+    free(val);
+}
+
+/* The error bound of each output element: RF_CHECK's 1e-6 + 1e-4 |b| plus
+ * 1e-5 of the pre-activation's sum of |terms| (the f32 accumulation of the
+ * product; the activations do not magnify errors), computed by the
+ * interpreter on |arguments| with the activation left out. */
+static float *epi_bounds(const epi_prog *e, void *const *args, const int64_t (*dims)[RF_MAX_RANK],
+                         const int *rk)
+{
+    epi_prog pre = *e;
+    pre.act = 0;
+    int64_t d2[4][RF_MAX_RANK];
+    int r2[4];
+    rfi_graph *g = epi_graph(&pre, d2, r2);
+    void *abs_args[4];
+    for (int k = 0; k < 4; k++)
+        abs_args[k] = abs_copy(args[k], RF_F32, rfi_numel(dims[k], rk[k]));
+    void **val = interp_all(g, abs_args);
+    int64_t n = rfi_node_numel(g->outputs[0]);
+    float *bound = malloc((size_t)n * sizeof(float) + 8);
+    memcpy(bound, val[g->outputs[0]->id], (size_t)n * sizeof(float));
+    free_vals(g, val);
+    for (int k = 0; k < 4; k++)
+        free(abs_args[k]);
+    rfi_graph_free(g);
+    return bound;
+}
+
+static void run_epi_prog(const epi_prog *e, const char *conv_path, bool expect_fused)
+{
+    int64_t dims[4][RF_MAX_RANK];
+    int rk[4];
+    rfi_graph *g = epi_graph(e, dims, rk);
+    if (!g)
+        return;
+    /* rfi_dce keeps every argument: all four are in the buffer table */
+    void *args[4];
+    for (int k = 0; k < 4; k++) {
+        int64_t n = rfi_numel(dims[k], rk[k]);
+        float *p = malloc((size_t)n * sizeof(float) + 8);
+        for (int64_t i = 0; i < n; i++)
+            p[i] = (float)(uniform() * (k == 0 ? e->scale : 1.0));
+        args[k] = p;
+    }
+    rfi_plan *plan = NULL;
+    CHECK_OK(rfi_plan_build(g, NULL, &plan));
+    const rfi_node *out = g->outputs[0];
+    if (plan) {
+        CHECK(plan->n_steps == 1 && plan->steps[0].kind == RFI_STEP_CALL);
+        CHECK(plan->steps[0].n_epilogue == e->n_epi);
+        if (conv_path)
+            setenv("RF_CONV_PATH", conv_path, 1);
+        rfi_cpu_services *s = NULL;
+        CHECK_OK(rfi_cpu_services_prepare(plan, &s));
+        if (conv_path)
+            unsetenv("RF_CONV_PATH");
+        if (s) {
+            int nb = rfi_plan_n_buffers(plan);
+            void **bufs = calloc((size_t)nb, sizeof *bufs);
+            for (int k = 0; k < 4 && k < g->n_args; k++)
+                bufs[k] = args[k];
+            bufs[g->n_args + g->n_captures] = calloc(1, rfi_node_nbytes(out));
+            bufs[rfi_plan_arena_buffer(plan)] = calloc(1, plan->arena_bytes + 64);
+            for (int c = 0; c < plan->n_consts; c++)
+                bufs[rfi_plan_arena_buffer(plan) + 1 + c] =
+                    (void *)g->nodes[plan->consts[c]]->attr.data;
+            CHECK(rfi_cpu_services_call(s, 0, bufs) == 0);
+            if (expect_fused)
+                CHECK(rfi_cpu_services_step_fused(s, 0));
+            void **val = interp_all(g, args);
+            float *terms = epi_bounds(e, args, (const int64_t(*)[RF_MAX_RANK])dims, rk);
+            const float *got = bufs[g->n_args + g->n_captures], *want = val[out->id];
+            double worst = 0;
+            int64_t bad = 0, n = rfi_node_numel(out);
+            for (int64_t i = 0; i < n; i++) {
+                double d = fabs((double)got[i] - want[i]);
+                double rel = d / (1e-6 + 1e-4 * fabs(want[i]) + 1e-5 * terms[i]);
+                worst = rel > worst ? rel : worst;
+                bad += !(rel <= 1.0);
+            }
+            CHECK(bad == 0);
+            printf("epilogue %-28s %-8s %-14s: worst error %.3f of the bound\n", e->name,
+                   conv_path ? conv_path : "default",
+                   rfi_cpu_services_step_fused(s, 0) ? "post-ops" : "after the call", worst);
+            free_vals(g, val);
+            free(terms);
+            free(bufs[g->n_args + g->n_captures]);
+            free(bufs[rfi_plan_arena_buffer(plan)]);
+            free(bufs);
+            cases_run++;
+        }
+        rfi_cpu_services_free(s);
+    }
+    rfi_plan_free(plan);
+    for (int k = 0; k < 4; k++)
+        free(args[k]);
+    rfi_graph_free(g);
+}
+
+static void test_epilogues(void)
+{
+    static const epi_prog progs[] = {
+        {"matmul+bias", false, 0, true, false, 0, 1.0, 1, true},
+        {"matmul+bias+relu", false, 0, true, false, 1, 1.0, 2, true},
+        {"matmul+bias+tanh", false, 0, true, false, 2, 1.0, 2, true},
+        {"matmul+bias+logistic", false, 0, true, false, 3, 1.0, 2, true},
+        {"matmul+bias+tanh (wide)", false, 0, true, false, 2, 4.0, 2, true},
+        {"matmul+bias+logistic (wide)", false, 0, true, false, 3, 4.0, 2, true},
+        {"matmul+residual+relu", false, 0, false, true, 1, 1.0, 2, true},
+        {"matmul+bias+residual+tanh", false, 0, true, true, 2, 1.0, 3, true},
+        {"conv+bias+relu", true, 8, true, false, 1, 1.0, 2, true},
+        {"conv+bias+relu (1 channel)", true, 1, true, false, 1, 1.0, 2, false},
+        {"conv+bias+logistic", true, 8, true, false, 3, 2.0, 2, true},
+        {"conv+bias+residual+relu", true, 8, true, true, 1, 1.0, 3, false},
+    };
+    bool lib = rfi_dnnl_load() == RF_OK;
+    for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++) {
+        run_epi_prog(&progs[i], NULL, lib && progs[i].post_ops);
+        if (progs[i].conv)
+            run_epi_prog(&progs[i], "im2col", false);
+    }
+}
+
 int main(void)
 {
     test_pool_sum();
@@ -749,6 +960,7 @@ int main(void)
     test_native();
     test_fallback();
     test_bad_calls();
+    test_epilogues();
     printf("%d cases against the reference\n", cases_run);
     return tu_finish("test_services");
 }

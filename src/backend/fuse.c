@@ -65,6 +65,21 @@
  *   optimiser update of all parameters and moments (one shape, [total]) into
  *   one loop, parameters included.
  *
+ * CALL epilogues (opts.call_epilogues). An f32 MATMUL or CONV call node C
+ *   takes the chain of its elementwise users into the call while each link
+ *   is the sole user of the previous value (which is neither an output nor
+ *   an update value), up to RFI_EPI_MAX ops, each of one of the forms:
+ *   add(v, broadcast_in_dim(b)) with b one vector of length > 1 along one
+ *   result dim (its other dims 1, or a reshape of such a vector: BIAS),
+ *   add(v, y) with y of v's shape and certain to have a buffer (a leaf, an
+ *   output, an update value, a non-fusible op or a call operand: ADD),
+ *   max(v, 0) (RELU), tanh(v), logistic(v), operands in either order. The
+ *   last op's node becomes the CALL step's root; C and the ops before the
+ *   last are inline; b and y are materialised. Because each link must be the
+ *   sole user, a pre-activation the backward pass reads (relu's gradient
+ *   compares it with 0) stops the chain before the activation, which then
+ *   stays a LOOP: training fuses the bias only, inference bias and relu.
+ *
  * Outputs. A root that is output i and not an update value, and not already
  *   placed, is LOC_OUTPUT i. Every other output (extra outputs of one node,
  *   leaves, aliases, update values) gets a COPY step at the end.
@@ -239,6 +254,146 @@ static void mark_forced(const rfi_plan_builder *b, bool *forced)
             for (int k = 0; k < x->n_in; k++)
                 forced[x->in[k]->id] = true;
     }
+}
+
+/* ---- CALL epilogues ---------------------------------------------------------------------- */
+
+/* The sole user of x, or -1 (several users, none, or x is a result). */
+static int sole_user(const rfi_plan_builder *b, int x)
+{
+    if (b->is_output[x] || b->is_update_value[x] || b->user_start[x + 1] - b->user_start[x] != 1)
+        return -1;
+    return b->users[b->user_start[x]];
+}
+
+/* A zero scalar: a rank-0 constant 0, or a broadcast of one. */
+static bool is_zero_scalar(const rfi_node *z)
+{
+    if (z->op == RFI_OP_BROADCAST_IN_DIM)
+        z = z->in[0];
+    if (z->op != RFI_OP_CONSTANT || z->rank != 0 || !z->attr.data)
+        return false;
+    if (z->dtype == RF_F32)
+        return *(const float *)z->attr.data == 0.0f;
+    return z->dtype == RF_F64 && *(const double *)z->attr.data == 0.0;
+}
+
+/* Whether y will certainly have a buffer whatever the fusion decides. */
+static bool surely_materialised(const rfi_plan_builder *b, const bool *forced, int y)
+{
+    const rfi_node *n = b->g->nodes[y];
+    return !b->epi_inline[y] &&
+           (forced[y] || n->op == RFI_OP_ARGUMENT || n->op == RFI_OP_CAPTURE ||
+            (n->op == RFI_OP_CONSTANT && n->rank > 0));
+}
+
+/* If o broadcasts a vector along one result dim (its operand has exactly one
+ * dim of size > 1, possibly as a reshape of a node of that many elements),
+ * the node holding the vector's elements contiguously, and *axis; else -1. */
+static int bias_vector(const rfi_node *o, int *axis)
+{
+    if (o->op != RFI_OP_BROADCAST_IN_DIM)
+        return -1;
+    const rfi_node *src = o->in[0];
+    int64_t len = 0;
+    for (int j = 0; j < src->rank; j++) {
+        if (src->dims[j] == 1)
+            continue;
+        if (len > 0)
+            return -1;
+        len = src->dims[j];
+        *axis = (int)o->attr.l[0][j];
+    }
+    if (len < 2)
+        return -1;
+    if (src->op == RFI_OP_RESHAPE && rfi_node_numel(src->in[0]) == len)
+        src = src->in[0];
+    return src->id;
+}
+
+/* The epilogue op user u applies to value v (operand of u), or false. */
+static bool classify_epilogue(const rfi_plan_builder *b, const bool *forced, int v, int u,
+                              rfi_epi_op *op)
+{
+    const rfi_node *un = b->g->nodes[u], *vn = b->g->nodes[v];
+    if (b->epi_inline[u] || b->epi_of[u] >= 0 || un->dtype != vn->dtype || !same_dims(un, vn))
+        return false;
+    *op = (rfi_epi_op){RFI_EPI_RELU, u, -1, -1};
+    switch (un->op) {
+    case RFI_OP_TANH: op->kind = RFI_EPI_TANH; return true;
+    case RFI_OP_LOGISTIC: op->kind = RFI_EPI_LOGISTIC; return true;
+    case RFI_OP_MAX:
+        return un->in[0] != un->in[1] && is_zero_scalar(un->in[un->in[0]->id == v ? 1 : 0]);
+    case RFI_OP_ADD: break;
+    default: return false;
+    }
+    const rfi_node *o = un->in[un->in[0]->id == v ? 1 : 0];
+    if (o->id == v)
+        return false;
+    int axis = -1, vec = bias_vector(o, &axis);
+    if (vec >= 0 && !b->epi_inline[vec]) {
+        op->kind = RFI_EPI_BIAS;
+        op->operand = vec;
+        op->axis = axis;
+        return true;
+    }
+    if (!same_dims(o, vn) || !surely_materialised(b, forced, o->id))
+        return false;
+    op->kind = RFI_EPI_ADD;
+    op->operand = o->id;
+    return true;
+}
+
+/* Finds the epilogue chain of call node c and records it (forcing its root
+ * and added operands to be materialised). false only on OOM. */
+static bool find_epilogue(rfi_plan_builder *b, bool *forced, int c)
+{
+    rfi_epi_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.core = c;
+    int v = c;
+    for (int u = sole_user(b, v); u >= 0 && ch.n < RFI_EPI_MAX; u = sole_user(b, v)) {
+        if (!classify_epilogue(b, forced, v, u, &ch.ops[ch.n]))
+            break;
+        v = u;
+        ch.n++;
+    }
+    if (ch.n == 0)
+        return true;
+    if (b->n_epis == b->cap_epis) {
+        int cap = b->cap_epis ? 2 * b->cap_epis : 16;
+        rfi_epi_chain *e = rfi_realloc(b->epis, (size_t)cap * sizeof *e);
+        if (!e)
+            return false;
+        b->epis = e;
+        b->cap_epis = cap;
+    }
+    b->epis[b->n_epis] = ch;
+    b->epi_of[v] = b->n_epis++;
+    forced[v] = true;
+    b->epi_inline[c] = true;
+    for (int k = 0; k < ch.n; k++) {
+        if (k + 1 < ch.n)
+            b->epi_inline[ch.ops[k].node] = true;
+        if (ch.ops[k].operand >= 0)
+            forced[ch.ops[k].operand] = true;
+    }
+    return true;
+}
+
+/* Epilogues of every f32 MATMUL / CONV call, in id order. */
+static bool find_epilogues(rfi_plan_builder *b, bool *forced)
+{
+    if (!b->opts.call_epilogues)
+        return true;
+    for (int x = 0; x < b->n; x++) {
+        const rfi_node *n = b->g->nodes[x];
+        rfi_call_kind k = call_kind(b, n);
+        if ((k == RFI_CALL_MATMUL || k == RFI_CALL_CONV) && n->dtype == RF_F32 &&
+            !b->epi_inline[x] && !find_epilogue(b, forced, x))
+            return false;
+    }
+    return true;
 }
 
 /* Decides an unforced fusible non-leaf node (users already decided). */
@@ -432,19 +587,26 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
             st = rfi_error(RF_E_INTERNAL, "plan: node %%%d is a grad (run autodiff first)", x);
     if (st == RF_OK) {
         mark_forced(b, forced);
-        for (int x = b->n - 1; x >= 0; x--) {
+        if (!find_epilogues(b, forced))
+            st = rfi_error(RF_E_NOMEM, "plan: out of memory");
+        for (int x = b->n - 1; st == RF_OK && x >= 0; x--) {
             const rfi_node *node = b->g->nodes[x];
-            if (is_leaf(node))
+            if (b->epi_inline[x])
+                sites[x] = 1; /* computed inside its CALL step */
+            else if (is_leaf(node))
                 decide_leaf(b, forced, x);
             else if (forced[x])
                 b->mat[x] = true;
             else
                 decide_fusible(b, sites, x);
-            if (!forced[x] && b->mat[x] && !is_leaf(node) && make_segment_source(b, x)) {
+            if (!forced[x] && !b->epi_inline[x] && b->mat[x] && !is_leaf(node) &&
+                make_segment_source(b, x)) {
                 b->mat[x] = false;
                 sites[x] = 1;
             }
         }
+    }
+    if (st == RF_OK) {
         make_aliases(b);
         st = number_consts(b);
     }
@@ -521,6 +683,7 @@ static int new_step(rfi_plan_builder *b, rfi_step_kind kind, rfi_call_kind call)
     st->call = call;
     st->copy_to_output = -1;
     st->copy_to_capture = -1;
+    st->epi = -1;
     b->order[id] = id; /* steps are appended at the end of the order */
     b->pos_of[id] = id;
     return id;
@@ -608,7 +771,9 @@ static bool join_step(rfi_plan_builder *b, int s, int x, const rfi_intlist *inpu
 static rf_status schedule_root(rfi_plan_builder *b, int x)
 {
     const rfi_node *node = b->g->nodes[x];
-    rfi_step_kind kind = step_kind(b, node);
+    int epi = b->epi_of[x];
+    const rfi_node *core = epi >= 0 ? b->g->nodes[b->epis[epi].core] : node;
+    rfi_step_kind kind = step_kind(b, core);
     rfi_intlist inputs = {0};
     rf_status st = RF_OK;
     if (!walk_step(b, &x, 1, &inputs, NULL))
@@ -619,8 +784,11 @@ static rf_status schedule_root(rfi_plan_builder *b, int x)
         s = find_loop_to_join(b, x, &inputs, &move);
     if (st == RF_OK && s >= 0 && move)
         move_to_end(b, s);
-    if (st == RF_OK && s < 0)
-        s = new_step(b, kind, call_kind(b, node));
+    if (st == RF_OK && s < 0) {
+        s = new_step(b, kind, call_kind(b, core));
+        if (s >= 0)
+            b->steps[s].epi = epi;
+    }
     if (st == RF_OK && (s < 0 || !join_step(b, s, x, &inputs)))
         st = rfi_error(RF_E_NOMEM, "plan: out of memory");
     rfi_intlist_free(&inputs);

@@ -1,6 +1,7 @@
 /* plan.c: the execution plan's entry points: default options, building
  * (fusion in fuse.c, memory planning in memplan.c, then the final arrays in
- * the plan's arena), the buffer table, counts and the readable dump.
+ * the plan's arena, CALL epilogues included), the buffer table, counts and
+ * the readable dump.
  *
  * It does not decide fusion or offsets itself, and knows nothing about how
  * a backend turns steps into code.
@@ -55,6 +56,9 @@ rfi_plan_opts rfi_plan_opts_default(void)
     o.matmul_call_min_flops = 32768;
     o.dot_loop_max_rows = 4;
     o.in_place_updates = true;
+    /* RF_CALL_EPILOGUES=0 in the environment turns epilogues off (benches). */
+    const char *epi = getenv("RF_CALL_EPILOGUES");
+    o.call_epilogues = !(epi && strcmp(epi, "0") == 0);
     return o;
 }
 
@@ -119,11 +123,13 @@ static bool builder_init(rfi_plan_builder *b, const rfi_graph *g, const rfi_plan
     b->stamp = rfi_calloc(n, sizeof *b->stamp);
     b->seg_flat = rfi_malloc(n * sizeof *b->seg_flat);
     b->seg_off = rfi_calloc(n, sizeof *b->seg_off);
+    b->epi_of = rfi_malloc(n * sizeof *b->epi_of);
+    b->epi_inline = rfi_calloc(n, sizeof *b->epi_inline);
     if (!b->is_output || !b->is_update_value || !b->mat || !b->placed || !b->step_of ||
-        !b->stamp || !b->seg_flat || !b->seg_off)
+        !b->stamp || !b->seg_flat || !b->seg_off || !b->epi_of || !b->epi_inline)
         return false;
     for (int i = 0; i < g->n_nodes; i++)
-        b->step_of[i] = b->seg_flat[i] = -1;
+        b->step_of[i] = b->seg_flat[i] = b->epi_of[i] = -1;
     return index_users(b);
 }
 
@@ -146,6 +152,9 @@ static void builder_free(rfi_plan_builder *b)
     rfi_free(b->stamp);
     rfi_free(b->seg_flat);
     rfi_free(b->seg_off);
+    rfi_free(b->epi_of);
+    rfi_free(b->epi_inline);
+    rfi_free(b->epis);
 }
 
 /* A copy of list l in the plan's arena (NULL only on OOM; empty lists get a
@@ -190,6 +199,27 @@ static rf_status segment_arrays(rfi_plan_builder *b)
     return RF_OK;
 }
 
+/* A CALL step's core node and epilogue (others: core -1, none). */
+static bool finish_epilogue(rfi_plan_builder *b, const rfi_bstep *bs, rfi_step *s)
+{
+    s->core = -1;
+    s->epilogue = NULL;
+    s->n_epilogue = 0;
+    if (bs->kind != RFI_STEP_CALL || bs->roots.n < 1)
+        return true;
+    s->core = bs->roots.v[0];
+    if (bs->epi < 0)
+        return true;
+    const rfi_epi_chain *ch = &b->epis[bs->epi];
+    s->core = ch->core;
+    s->epilogue = rfi_arena_alloc(&b->p->mem, (size_t)ch->n * sizeof *s->epilogue);
+    if (!s->epilogue)
+        return false;
+    memcpy(s->epilogue, ch->ops, (size_t)ch->n * sizeof *s->epilogue);
+    s->n_epilogue = ch->n;
+    return true;
+}
+
 /* The builder's steps, in execution order, as the plan's arrays. */
 static rf_status finish_steps(rfi_plan_builder *b)
 {
@@ -214,7 +244,7 @@ static rf_status finish_steps(rfi_plan_builder *b)
         s->copy_to_output = bs->copy_to_output;
         s->copy_to_capture = bs->copy_to_capture;
         rfi_intlist_free(&fused);
-        if (!s->roots || !s->fused)
+        if (!s->roots || !s->fused || !finish_epilogue(b, bs, s))
             return rfi_error(RF_E_NOMEM, "plan: out of memory");
     }
     p->n_steps = b->n_steps;
@@ -316,6 +346,8 @@ int rfi_plan_count(const rfi_plan *p, rfi_step_kind kind)
 
 static const char *const step_names[RFI_STEP_KIND_COUNT] = {"LOOP", "REDUCE", "CALL", "COPY"};
 static const char *const call_names[] = {"", "MATMUL", "CONV", "FALLBACK"};
+static const char *const epi_names[RFI_EPI_KIND_COUNT] = {"bias", "add", "relu", "tanh",
+                                                           "logistic"};
 
 static void print_ids(rfi_strbuf *sb, const char *label, const int *ids, int n)
 {
@@ -331,6 +363,18 @@ static void print_step(rfi_strbuf *sb, const rfi_plan *p, int q)
     rfi_sb_printf(sb, "step %d %s", q, step_names[s->kind]);
     if (s->kind == RFI_STEP_CALL)
         rfi_sb_printf(sb, " %s", call_names[s->call]);
+    if (s->n_epilogue > 0) {
+        rfi_sb_printf(sb, " core=%%%d epilogue=[", s->core);
+        for (int k = 0; k < s->n_epilogue; k++) {
+            const rfi_epi_op *e = &s->epilogue[k];
+            rfi_sb_printf(sb, "%s%s", k ? "," : "", epi_names[e->kind]);
+            if (e->operand >= 0)
+                rfi_sb_printf(sb, " %%%d", e->operand);
+            if (e->kind == RFI_EPI_BIAS)
+                rfi_sb_printf(sb, " dim %d", e->axis);
+        }
+        rfi_sb_printf(sb, "]");
+    }
     if (s->kind == RFI_STEP_COPY) {
         rfi_sb_printf(sb, " %%%d -> ", s->roots[0]);
         if (s->copy_to_output >= 0)

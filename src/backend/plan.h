@@ -45,6 +45,28 @@ typedef enum rfi_call_kind {
     RFI_CALL_FALLBACK, /* any single node, evaluated by the reference kernels */
 } rfi_call_kind;
 
+/* Epilogue of a CALL step (MATMUL, CONV): elementwise ops applied to the
+ * library's result before it is stored, in order. The step's root is the last
+ * op's node; the library node (rfi_step.core) and every op's node but the last
+ * are inline (computed inside the call, no buffer). */
+typedef enum rfi_epi_kind {
+    RFI_EPI_BIAS,     /* + operand (rank 1) broadcast along result dim `axis` */
+    RFI_EPI_ADD,      /* + operand of the result's own shape (a residual) */
+    RFI_EPI_RELU,     /* max(v, 0), NaN propagating */
+    RFI_EPI_TANH,
+    RFI_EPI_LOGISTIC,
+    RFI_EPI_KIND_COUNT
+} rfi_epi_kind;
+
+#define RFI_EPI_MAX 4 /* the most ops one epilogue holds */
+
+typedef struct rfi_epi_op {
+    rfi_epi_kind kind;
+    int node;    /* the IR node this op computes */
+    int operand; /* BIAS / ADD: the materialised node added; else -1 */
+    int axis;    /* BIAS: the result dim the vector runs along; else -1 */
+} rfi_epi_op;
+
 typedef struct rfi_step {
     rfi_step_kind kind;
     rfi_call_kind call;  /* for RFI_STEP_CALL */
@@ -55,6 +77,11 @@ typedef struct rfi_step {
     /* RFI_STEP_COPY: copy node roots[0] to the output or capture below. */
     int copy_to_output;  /* output index, or -1 */
     int copy_to_capture; /* capture index, or -1 */
+    /* RFI_STEP_CALL: the node the call computes (roots[0] unless an epilogue
+     * follows it) and the epilogue (n_epilogue == 0: none). */
+    int core;
+    rfi_epi_op *epilogue;
+    int n_epilogue;
 } rfi_step;
 
 typedef enum rfi_loc_kind {
@@ -113,6 +140,8 @@ typedef struct rfi_plan_opts {
      * contiguously. 0: no exception. */
     int64_t dot_loop_max_rows;
     bool in_place_updates; /* plan update values into their captures when safe */
+    bool call_epilogues;   /* fuse bias/residual/activation users into CALL steps
+                            * (default on; RF_CALL_EPILOGUES=0 in the environment: off) */
 } rfi_plan_opts;
 
 RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);

@@ -28,7 +28,15 @@ typedef struct rfi_bstep {
     rfi_intlist inputs;  /* materialised nodes read (aliases resolved), leaves included */
     int copy_to_output;
     int copy_to_capture;
+    int epi;             /* CALL with an epilogue: index into builder->epis, else -1 */
 } rfi_bstep;
+
+/* A CALL epilogue found by fuse.c: core node -> ops (last op's node = root). */
+typedef struct rfi_epi_chain {
+    int core;
+    int n;
+    rfi_epi_op ops[RFI_EPI_MAX];
+} rfi_epi_chain;
 
 typedef struct rfi_plan_builder {
     const rfi_graph *g;
@@ -53,6 +61,13 @@ typedef struct rfi_plan_builder {
      * -1; seg_off[x] is the slice's start in F. x's step loops over F's shape. */
     int *seg_flat;
     int64_t *seg_off;
+    /* Epilogues (fuse.c): epi_of[x] indexes epis for the last node x of a
+     * chain (the CALL step's root), else -1; epi_inline[x]: a core or an
+     * intermediate op of a chain (computed inside the call). */
+    int *epi_of;
+    bool *epi_inline;
+    rfi_epi_chain *epis;
+    int n_epis, cap_epis;
 } rfi_plan_builder;
 
 /* The materialised node whose bytes x uses (follows aliases). */

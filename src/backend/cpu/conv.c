@@ -27,6 +27,12 @@
  * bwd-data) in the environment before prepare forces a path (if the form
  * allows it; else im2col): for tests and benchmarks.
  *
+ * A CALL step's epilogue (plan.h) runs as post-ops of oneDNN's forward
+ * convolution (bias as a binary add of a [1, O, 1...] tensor, residual as
+ * a dst-shaped one, relu/tanh/logistic as eltwise) when that path is taken
+ * and accepts them; on every other path the services apply it after the call
+ * (rfi_cpu_conv_fused false).
+ *
  * Deliberately not here: G > 1 together with B > 1 (no gradient produces it;
  * the services run the reference kernel), non-f32 dtypes, zero spatial dims.
  */
@@ -60,6 +66,8 @@ typedef struct dnnl_conv {
     dnnl_primitive_t prim;
     conv_arg args[3]; /* IR operands 0 and 1, then the result */
     dnnl_memory_t scratch;
+    rfi_dnnl_post post;               /* post-ops (forward only; post.n == 0: none) */
+    dnnl_memory_t post_mem[RFI_EPI_MAX];
 } dnnl_conv;
 
 struct rfi_cpu_conv {
@@ -77,6 +85,8 @@ struct rfi_cpu_conv {
     size_t col_at;                  /* workspace offset of col (after the scratchpad) */
     int path;                       /* PATH_*: im2col or one of oneDNN's convolutions */
     dnnl_conv dc;                   /* the oneDNN convolution (path != PATH_IM2COL) */
+    const rfi_epi_op *epi;          /* the step's epilogue (prepare time only) */
+    int n_epi;
     size_t pack_at, dnnl_workspace; /* packed kernel (bwd-data); workspace of dc */
 };
 
@@ -242,7 +252,7 @@ static rf_status make_product(const rfi_cpu_conv *c, rfi_dnnl_mm *mm, dnnl_engin
     rfi_dnnl_tensor src = {4, {1, S, M, R}, {S * M * R, M * R, R, 1}};
     rfi_dnnl_tensor wei = {4, {images, S, R, P}, {S * R * P, R * P, P, 1}};
     rfi_dnnl_tensor dst = {4, {images, S, M, P}, {S * M * P, M * P, P, 1}};
-    return rfi_dnnl_mm_init(mm, eng, &src, &wei, &dst, "convolution");
+    return rfi_dnnl_mm_init(mm, eng, &src, &wei, &dst, NULL, "convolution");
 }
 
 /* ---- oneDNN's convolution primitives --------------------------------------------- *
@@ -453,6 +463,9 @@ static void destroy_dnnl_conv(dnnl_conv *dc)
         if (a->reorder)
             rfi_dnnl.primitive_destroy(a->reorder);
     }
+    for (int k = 0; k < RFI_EPI_MAX; k++)
+        if (dc->post_mem[k])
+            rfi_dnnl.memory_destroy(dc->post_mem[k]);
     memset(dc, 0, sizeof *dc);
 }
 
@@ -487,9 +500,12 @@ static dnnl_status_t init_descs(const dnnl_conv_spec *sp, dnnl_memory_desc_t *an
 }
 
 /* The primitive descriptor (user scratchpad, with its forward hint for the
- * backward kinds); dnnl_unimplemented if oneDNN only has its reference. */
-static dnnl_status_t create_pd(const dnnl_conv_spec *sp, dnnl_engine_t eng,
-                               dnnl_primitive_desc_t *pd)
+ * backward kinds); dnnl_unimplemented if oneDNN only has its reference, or
+ * post-ops on its gemm-based convolution (measured: a 1-channel 3x3 forward
+ * on 64 images, 0.55 ms plain, 42 ms with a per-channel binary add: the
+ * epilogue then runs after the call instead). */
+static dnnl_status_t create_pd(const dnnl_conv_spec *sp, const rfi_dnnl_post *post,
+                               dnnl_engine_t eng, dnnl_primitive_desc_t *pd)
 {
     dnnl_memory_desc_t any[3];
     dnnl_convolution_desc_t fwd, desc;
@@ -503,6 +519,8 @@ static dnnl_status_t create_pd(const dnnl_conv_spec *sp, dnnl_engine_t eng,
     if (st == dnnl_success)
         st = rfi_dnnl.primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
     if (st == dnnl_success)
+        st = rfi_dnnl_post_attr(attr, post);
+    if (st == dnnl_success)
         st = rfi_dnnl.primitive_desc_create(pd, &desc, attr, eng, hint);
     if (attr)
         rfi_dnnl.primitive_attr_destroy(attr);
@@ -511,7 +529,8 @@ static dnnl_status_t create_pd(const dnnl_conv_spec *sp, dnnl_engine_t eng,
     const char *impl = NULL;
     if (st == dnnl_success &&
         rfi_dnnl.primitive_desc_query(*pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-        impl && strncmp(impl, "ref", 3) == 0) {
+        impl && (strncmp(impl, "ref", 3) == 0 ||
+                 (post && post->n > 0 && strstr(impl, "gemm")))) {
         rfi_dnnl.primitive_desc_destroy(*pd);
         *pd = NULL;
         st = dnnl_unimplemented;
@@ -555,9 +574,20 @@ static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool o
 static bool make_dnnl_conv(rfi_cpu_conv *c, const dnnl_conv_spec *sp, dnnl_engine_t eng)
 {
     dnnl_primitive_desc_t pd = NULL;
-    if (create_pd(sp, eng, &pd) != dnnl_success)
-        return false;
     dnnl_conv *dc = &c->dc;
+    memset(&dc->post, 0, sizeof dc->post);
+    /* The epilogue as post-ops (forward only), else the plain primitive. */
+    rfi_dnnl_tensor dst = {sp->t[sp->dst].ndims, {0}, {0}};
+    memcpy(dst.dims, sp->t[sp->dst].dims, sizeof dst.dims);
+    memcpy(dst.strides, sp->t[sp->dst].strides, sizeof dst.strides);
+    if (sp->kind == PATH_FORWARD && c->n_epi > 0 &&
+        rfi_dnnl_post_make(&dc->post, c->epi, c->n_epi, &dst, 1) &&
+        create_pd(sp, &dc->post, eng, &pd) != dnnl_success) {
+        pd = NULL;
+        memset(&dc->post, 0, sizeof dc->post);
+    }
+    if (!pd && create_pd(sp, NULL, eng, &pd) != dnnl_success)
+        return false;
     const dnnl_memory_desc_t *sp_md = rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t ws = rfi_ws_align(sp_md ? rfi_dnnl.memory_desc_get_size(sp_md) : 0);
     dnnl_status_t st = rfi_dnnl.primitive_create(&dc->prim, pd);
@@ -565,6 +595,8 @@ static bool make_dnnl_conv(rfi_cpu_conv *c, const dnnl_conv_spec *sp, dnnl_engin
         st = rfi_dnnl.memory_create(&dc->scratch, sp_md, eng, DNNL_MEMORY_NONE);
     for (int k = 0; k < 3 && st == dnnl_success; k++)
         st = make_arg(&dc->args[k], &sp->t[k], sp->arg[k], k == 2, pd, eng, &ws);
+    if (st == dnnl_success)
+        st = rfi_dnnl_post_memories(&dc->post, eng, dc->post_mem);
     rfi_dnnl.primitive_desc_destroy(pd);
     if (st != dnnl_success) {
         destroy_dnnl_conv(dc);
@@ -594,7 +626,8 @@ static void pack_flipped_kernel(const rfi_cpu_conv *c, const float *rhs, float *
 }
 
 static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0,
-                               const void *in1, void *out, void *workspace)
+                               const void *in1, void *out, const void *const *epi_src,
+                               void *workspace)
 {
     dnnl_conv *dc = &c->dc;
     char *ws = workspace;
@@ -604,7 +637,7 @@ static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0
     }
     void *user[3] = {(void *)in0, (void *)in1, out};
     dnnl_status_t st = dnnl_success;
-    dnnl_exec_arg_t args[4];
+    dnnl_exec_arg_t args[4 + RFI_EPI_MAX];
     int nargs = 0;
     for (int k = 0; k < 3 && st == dnnl_success; k++) {
         conv_arg *a = &dc->args[k];
@@ -616,6 +649,11 @@ static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0
     if (dc->scratch && st == dnnl_success) {
         st = rfi_dnnl.memory_set_data_handle(dc->scratch, ws);
         args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, dc->scratch};
+    }
+    if (st == dnnl_success) {
+        nargs = rfi_dnnl_post_args(&dc->post, dc->post_mem, epi_src, args, nargs);
+        if (nargs < 0)
+            return rfi_error(RF_E_INTERNAL, "cpu: convolution: a post-op has no operand");
     }
     for (int k = 0; k < 2 && st == dnnl_success; k++) {
         conv_arg *a = &dc->args[k];
@@ -695,8 +733,8 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
     try_path(c, PATH_BWD_DATA, false, eng);
 }
 
-rf_status rfi_cpu_conv_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_conv **out,
-                               size_t *workspace_bytes)
+rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
+                               dnnl_engine_t eng, rfi_cpu_conv **out, size_t *workspace_bytes)
 {
     *out = NULL;
     *workspace_bytes = 0;
@@ -707,6 +745,8 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_con
     if (!c)
         return rfi_error(RF_E_NOMEM, "cpu: convolution: out of memory");
     c->node = n;
+    c->epi = epi;
+    c->n_epi = n_epi;
     if (!read_shape(c, n)) {
         rfi_free(c);
         return RF_E_UNSUPPORTED;
@@ -741,7 +781,7 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_con
 }
 
 rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x, const void *w,
-                           void *out, void *workspace)
+                           void *out, const void *const *epi_src, void *workspace)
 {
     if (c->empty) {
         size_t bytes = rfi_node_nbytes(c->node);
@@ -750,7 +790,7 @@ rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x, cons
         return RF_OK;
     }
     if (c->path != PATH_IM2COL)
-        return run_dnnl_conv(c, s, x, w, out, workspace);
+        return run_dnnl_conv(c, s, x, w, out, epi_src, workspace);
     float *col = (float *)((char *)workspace + c->col_at);
     int64_t row_grain = 16384 / (c->p_count > 0 ? c->p_count : 1) + 1;
     for (int64_t first = 0; first < c->out_batch; first += c->chunk) {
@@ -759,7 +799,7 @@ rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x, cons
         rfi_parallel_for(images * c->groups * c->rows, row_grain, im2col_rows, &job);
         rfi_dnnl_mm *mm = images == c->chunk ? &c->full : &c->last;
         float *dst = (float *)out + first * c->out_feat * c->p_count;
-        rf_status st = rfi_dnnl_mm_run(mm, s, w, col, dst, workspace, "convolution");
+        rf_status st = rfi_dnnl_mm_run(mm, s, w, col, dst, workspace, NULL, "convolution");
         if (st != RF_OK)
             return st;
     }
@@ -774,4 +814,9 @@ void rfi_cpu_conv_free(rfi_cpu_conv *c)
     rfi_dnnl_mm_destroy(&c->last);
     destroy_dnnl_conv(&c->dc);
     rfi_free(c);
+}
+
+bool rfi_cpu_conv_fused(const rfi_cpu_conv *c)
+{
+    return c && !c->empty && c->path == PATH_FORWARD && c->dc.post.n > 0;
 }

@@ -52,6 +52,11 @@
     X(primitive_attr_create)                                                               \
     X(primitive_attr_destroy)                                                              \
     X(primitive_attr_set_scratchpad_mode)                                                  \
+    X(primitive_attr_set_post_ops)                                                         \
+    X(post_ops_create)                                                                     \
+    X(post_ops_destroy)                                                                    \
+    X(post_ops_append_eltwise)                                                             \
+    X(post_ops_append_binary)                                                              \
     X(primitive_desc_create)                                                               \
     X(reorder_primitive_desc_create)                                                       \
     X(primitive_desc_destroy)                                                              \

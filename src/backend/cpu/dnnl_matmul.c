@@ -13,8 +13,14 @@
  * plain strided copy with contiguous writes) and described as contiguous.
  * Empty results do nothing; K == 0 writes zeros.
  *
+ * A CALL step's epilogue (plan.h) becomes oneDNN post-ops when the primitive
+ * takes them: relu/tanh/logistic as eltwise, a bias along the result's last
+ * dim as a binary add of a [1, 1, N] tensor, a residual as a binary add of a
+ * dst-shaped tensor. Otherwise the primitive is made without them and the
+ * services apply the epilogue after the call (rfi_cpu_matmul_fused false).
+ *
  * Deliberately not here: non-f32 dtypes (the services run the reference
- * kernel for them), fused epilogues.
+ * kernel for them).
  */
 #include <string.h>
 
@@ -33,10 +39,112 @@ static dnnl_status_t tensor_md(dnnl_memory_desc_t *md, const rfi_dnnl_tensor *t)
     return rfi_dnnl.memory_desc_init_by_strides(md, t->ndims, t->dims, dnnl_f32, t->strides);
 }
 
+/* ---- Post-ops ----------------------------------------------------------------------- */
+
+static void plain_strides(rfi_dnnl_tensor *t)
+{
+    int64_t step = 1;
+    for (int d = t->ndims - 1; d >= 0; d--) {
+        t->strides[d] = step;
+        step *= t->dims[d];
+    }
+}
+
+bool rfi_dnnl_post_make(rfi_dnnl_post *post, const rfi_epi_op *ops, int n,
+                        const rfi_dnnl_tensor *dst, int bias_dim)
+{
+    memset(post, 0, sizeof *post);
+    if (n > RFI_EPI_MAX)
+        return false;
+    for (int k = 0; k < n; k++) {
+        rfi_dnnl_tensor *t = &post->src1[k];
+        post->kind[k] = ops[k].kind;
+        t->ndims = dst->ndims;
+        for (int d = 0; d < dst->ndims; d++)
+            t->dims[d] = ops[k].kind == RFI_EPI_ADD || d == bias_dim ? dst->dims[d] : 1;
+        if (ops[k].kind == RFI_EPI_BIAS && bias_dim < 0)
+            return false;
+        plain_strides(t);
+    }
+    post->n = n;
+    return true;
+}
+
+static bool is_binary(rfi_epi_kind k) { return k == RFI_EPI_BIAS || k == RFI_EPI_ADD; }
+
+dnnl_status_t rfi_dnnl_post_attr(dnnl_primitive_attr_t attr, const rfi_dnnl_post *post)
+{
+    if (!post || post->n == 0)
+        return dnnl_success;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_status_t st = rfi_dnnl.post_ops_create(&ops);
+    for (int k = 0; k < post->n && st == dnnl_success; k++) {
+        dnnl_memory_desc_t md;
+        switch (post->kind[k]) {
+        case RFI_EPI_BIAS:
+        case RFI_EPI_ADD:
+            st = rfi_dnnl.memory_desc_init_by_strides(&md, post->src1[k].ndims, post->src1[k].dims,
+                                                      dnnl_f32, post->src1[k].strides);
+            if (st == dnnl_success)
+                st = rfi_dnnl.post_ops_append_binary(ops, dnnl_binary_add, &md);
+            break;
+        case RFI_EPI_RELU:
+            st = rfi_dnnl.post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+            break;
+        case RFI_EPI_TANH:
+            st = rfi_dnnl.post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_tanh, 0.0f, 0.0f);
+            break;
+        case RFI_EPI_LOGISTIC:
+            st = rfi_dnnl.post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_logistic, 0.0f, 0.0f);
+            break;
+        default: st = dnnl_invalid_arguments; break;
+        }
+    }
+    if (st == dnnl_success)
+        st = rfi_dnnl.primitive_attr_set_post_ops(attr, ops);
+    if (ops)
+        rfi_dnnl.post_ops_destroy(ops);
+    return st;
+}
+
+dnnl_status_t rfi_dnnl_post_memories(const rfi_dnnl_post *post, dnnl_engine_t eng,
+                                     dnnl_memory_t *mem)
+{
+    dnnl_status_t st = dnnl_success;
+    for (int k = 0; post && k < post->n && st == dnnl_success; k++) {
+        mem[k] = NULL;
+        if (!is_binary(post->kind[k]))
+            continue;
+        dnnl_memory_desc_t md;
+        st = rfi_dnnl.memory_desc_init_by_strides(&md, post->src1[k].ndims, post->src1[k].dims,
+                                                  dnnl_f32, post->src1[k].strides);
+        if (st == dnnl_success)
+            st = rfi_dnnl.memory_create(&mem[k], &md, eng, DNNL_MEMORY_NONE);
+    }
+    return st;
+}
+
+int rfi_dnnl_post_args(const rfi_dnnl_post *post, dnnl_memory_t *mem, const void *const *src,
+                       dnnl_exec_arg_t *args, int nargs)
+{
+    for (int k = 0; post && k < post->n; k++) {
+        if (!mem[k])
+            continue;
+        if (!src || !src[k] ||
+            rfi_dnnl.memory_set_data_handle(mem[k], (void *)src[k]) != dnnl_success)
+            return -1;
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(k) | DNNL_ARG_SRC_1,
+                                          mem[k]};
+    }
+    return nargs;
+}
+
+/* ---- rfi_dnnl_mm (continued) ------------------------------------------------------------ */
+
 /* Creates the primitive (user scratchpad) and its memory objects (no data). */
 static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
                                const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,
-                               const char **failed)
+                               const rfi_dnnl_post *post, const char **failed)
 {
     dnnl_memory_desc_t s_md, w_md, d_md;
     dnnl_matmul_desc_t desc;
@@ -54,6 +162,10 @@ static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnn
     if ((st = rfi_dnnl.primitive_attr_create(&attr)) != dnnl_success)
         return st;
     st = rfi_dnnl.primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (st == dnnl_success) {
+        *failed = "post-ops";
+        st = rfi_dnnl_post_attr(attr, post);
+    }
     if (st == dnnl_success) {
         *failed = "primitive_desc_create (matmul)";
         st = rfi_dnnl.primitive_desc_create(&pd, &desc, attr, eng, NULL);
@@ -77,17 +189,21 @@ static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnn
         st = rfi_dnnl.memory_create(&mm->dst, &d_md, eng, DNNL_MEMORY_NONE);
     if (st == dnnl_success && mm->scratch_bytes > 0)
         st = rfi_dnnl.memory_create(&mm->scratch, sp_md, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success && post) {
+        st = rfi_dnnl_post_memories(post, eng, mm->post);
+        mm->n_post = post->n;
+    }
     rfi_dnnl.primitive_desc_destroy(pd);
     return st;
 }
 
 rf_status rfi_dnnl_mm_init(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
                            const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,
-                           const char *what)
+                           const rfi_dnnl_post *post, const char *what)
 {
     memset(mm, 0, sizeof *mm);
     const char *failed = "";
-    dnnl_status_t st = mm_create(mm, eng, src, wei, dst, &failed);
+    dnnl_status_t st = mm_create(mm, eng, src, wei, dst, post, &failed);
     if (st != dnnl_success) {
         rfi_dnnl_mm_destroy(mm);
         return rfi_dnnl_error(st, what, failed);
@@ -96,7 +212,8 @@ rf_status rfi_dnnl_mm_init(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_te
 }
 
 rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float *src, const float *wei,
-                          float *dst, void *scratch, const char *what)
+                          float *dst, void *scratch, const void *const *post_src,
+                          const char *what)
 {
     dnnl_status_t st = rfi_dnnl.memory_set_data_handle(mm->src, (void *)src);
     if (st == dnnl_success)
@@ -107,13 +224,23 @@ rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float *src, co
         st = rfi_dnnl.memory_set_data_handle(mm->scratch, scratch);
     if (st != dnnl_success)
         return rfi_dnnl_error(st, what, "memory_set_data_handle");
-    dnnl_exec_arg_t args[4] = {
+    dnnl_exec_arg_t args[4 + RFI_EPI_MAX] = {
         {DNNL_ARG_SRC, mm->src},
         {DNNL_ARG_WEIGHTS, mm->wei},
         {DNNL_ARG_DST, mm->dst},
         {DNNL_ARG_SCRATCHPAD, mm->scratch},
     };
-    st = rfi_dnnl.primitive_execute(mm->prim, s, mm->scratch ? 4 : 3, args);
+    int nargs = mm->scratch ? 4 : 3;
+    for (int k = 0; k < mm->n_post; k++) {
+        if (!mm->post[k])
+            continue;
+        if (!post_src || !post_src[k] ||
+            rfi_dnnl.memory_set_data_handle(mm->post[k], (void *)post_src[k]) != dnnl_success)
+            return rfi_error(RF_E_INTERNAL, "cpu: %s: post-op %d has no operand", what, k);
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(k) | DNNL_ARG_SRC_1,
+                                          mm->post[k]};
+    }
+    st = rfi_dnnl.primitive_execute(mm->prim, s, nargs, args);
     if (st == dnnl_success)
         st = rfi_dnnl.stream_wait(s);
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, what, "matmul execute");
@@ -131,6 +258,9 @@ void rfi_dnnl_mm_destroy(rfi_dnnl_mm *mm)
         rfi_dnnl.memory_destroy(mm->dst);
     if (mm->scratch)
         rfi_dnnl.memory_destroy(mm->scratch);
+    for (int k = 0; k < RFI_EPI_MAX; k++)
+        if (mm->post[k])
+            rfi_dnnl.memory_destroy(mm->post[k]);
     memset(mm, 0, sizeof *mm);
 }
 
@@ -155,6 +285,8 @@ struct rfi_cpu_matmul {
     operand_view lhs, rhs;
     size_t lhs_at, rhs_at; /* workspace offsets of the packed operands */
     rfi_dnnl_mm mm;
+    rfi_dnnl_post post;    /* the epilogue as post-ops (post.n == 0: none) */
+    bool fused;            /* the primitive applies the whole epilogue */
 };
 
 static void row_major_strides(const int64_t *dims, int rank, int64_t *strides)
@@ -303,24 +435,51 @@ static void make_views(rfi_cpu_matmul *m, const rfi_node *n)
     view_collapse(r);
 }
 
-/* Creates the primitive, strided if possible, else over packed operands. */
-static rf_status make_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng)
+/* Creates the primitive, strided if possible, else over packed operands; with
+ * the post-ops `post` (NULL: none). */
+static rf_status make_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_dnnl_post *post)
 {
     rfi_dnnl_tensor dst = {3, {m->batch, m->m, m->n}, {m->m * m->n, m->n, 1}};
+    m->pack = false;
     if (m->lhs.collapsible && m->rhs.collapsible) {
         rfi_dnnl_tensor src = view_tensor(&m->lhs, false), wei = view_tensor(&m->rhs, false);
-        rf_status st = rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, "dot_general");
+        rf_status st = rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
         if (st == RF_OK && !m->mm.is_ref)
             return RF_OK;
         rfi_dnnl_mm_destroy(&m->mm); /* a strided form oneDNN does not take well: pack */
     }
     m->pack = true;
     rfi_dnnl_tensor src = view_tensor(&m->lhs, true), wei = view_tensor(&m->rhs, true);
-    return rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, "dot_general");
+    rf_status st = rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
+    if (st == RF_OK && post && m->mm.is_ref) {
+        rfi_dnnl_mm_destroy(&m->mm);
+        return RF_E_UNSUPPORTED;
+    }
+    return st;
 }
 
-rf_status rfi_cpu_matmul_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_matmul **out,
-                                 size_t *workspace_bytes)
+/* The epilogue as post-ops if the primitive takes them (a bias only along
+ * the result's last dim, which must be the whole of N), else without. */
+static rf_status make_fused_primitive(rfi_cpu_matmul *m, const rfi_node *n,
+                                      const rfi_epi_op *epi, int n_epi, dnnl_engine_t eng)
+{
+    rfi_dnnl_tensor dst = {3, {m->batch, m->m, m->n}, {m->m * m->n, m->n, 1}};
+    int bias_dim = n->rank >= 1 && n->dims[n->rank - 1] == m->n ? 2 : -1;
+    for (int k = 0; k < n_epi; k++)
+        if (epi[k].kind == RFI_EPI_BIAS && epi[k].axis != n->rank - 1)
+            bias_dim = -1;
+    if (n_epi > 0 && rfi_dnnl_post_make(&m->post, epi, n_epi, &dst, bias_dim)) {
+        if (make_primitive(m, eng, &m->post) == RF_OK) {
+            m->fused = true;
+            return RF_OK;
+        }
+    }
+    memset(&m->post, 0, sizeof m->post);
+    return make_primitive(m, eng, NULL);
+}
+
+rf_status rfi_cpu_matmul_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
+                                 dnnl_engine_t eng, rfi_cpu_matmul **out, size_t *workspace_bytes)
 {
     *out = NULL;
     *workspace_bytes = 0;
@@ -340,7 +499,7 @@ rf_status rfi_cpu_matmul_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_m
         *out = m; /* nothing to multiply: run writes zeros (or nothing) */
         return RF_OK;
     }
-    rf_status st = make_primitive(m, eng);
+    rf_status st = make_fused_primitive(m, n, epi, n_epi, eng);
     if (st != RF_OK) {
         rfi_cpu_matmul_free(m);
         return st;
@@ -358,7 +517,8 @@ rf_status rfi_cpu_matmul_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_m
 }
 
 rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs,
-                             const void *rhs, void *out, void *workspace)
+                             const void *rhs, void *out, const void *const *epi_src,
+                             void *workspace)
 {
     if (m->batch * m->m * m->n == 0)
         return RF_OK;
@@ -375,8 +535,11 @@ rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs
         a = pa;
         b = pb;
     }
-    return rfi_dnnl_mm_run(&m->mm, s, a, b, out, workspace, "dot_general");
+    return rfi_dnnl_mm_run(&m->mm, s, a, b, out, workspace, m->fused ? epi_src : NULL,
+                           "dot_general");
 }
+
+bool rfi_cpu_matmul_fused(const rfi_cpu_matmul *m) { return m && m->fused; }
 
 void rfi_cpu_matmul_free(rfi_cpu_matmul *m)
 {

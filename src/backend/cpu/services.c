@@ -14,6 +14,10 @@
  *                  operands); used for FALLBACK steps and for MATMUL / CONV
  *                  steps the library path does not take (f64, integers,
  *                  G > 1 with B > 1, no spatial dims).
+ * A step with an epilogue (plan.h) computes its core node and then the
+ * epilogue ops into the root's buffer: as oneDNN post-ops when the library
+ * path takes them, else here, after the call, element by element with the
+ * interpreter's arithmetic (each op in double, rounded to the dtype once).
  * One oneDNN engine and stream per executable; one workspace (the largest any
  * step needs: oneDNN scratchpads, packed operands, im2col columns) shared by
  * the steps, which run one at a time.
@@ -23,6 +27,7 @@
  */
 #include "services.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "../../runtime/threadpool.h"
@@ -44,6 +49,12 @@ typedef struct call_state {
     rfi_cpu_matmul *matmul;
     rfi_cpu_conv *conv;
     rfi_cpu_native *native; /* a FALLBACK step with a native kernel (pool.c) */
+    const rfi_epi_op *epi;  /* the step's epilogue (n_epi == 0: none) */
+    int n_epi;
+    value_ref epi_in[RFI_EPI_MAX];  /* operand of each epilogue op */
+    const void *epi_src[RFI_EPI_MAX]; /* its pointer during one call (NULL: none) */
+    int64_t epi_inner[RFI_EPI_MAX];   /* BIAS: elements per step along its dim */
+    bool epi_done;          /* the library applies the epilogue */
 } call_state;
 
 struct rfi_cpu_services {
@@ -98,7 +109,16 @@ static rf_status prepare_locations(rfi_cpu_services *s, int k)
     if (step->n_roots != 1 || step->roots[0] < 0 || step->roots[0] >= p->g->n_nodes)
         return rfi_error(RF_E_INTERNAL, "cpu: call step %d has %d roots (expected 1)", k,
                          step->n_roots);
-    const rfi_node *n = p->g->nodes[step->roots[0]];
+    const rfi_node *root = p->g->nodes[step->roots[0]];
+    const rfi_node *n = root;
+    if (step->n_epilogue > 0) {
+        if (step->n_epilogue > RFI_EPI_MAX || step->core < 0 || step->core >= p->g->n_nodes)
+            return rfi_error(RF_E_INTERNAL, "cpu: call step %d has a bad epilogue (%d ops, core "
+                             "%%%d)", k, step->n_epilogue, step->core);
+        n = p->g->nodes[step->core];
+        cs->epi = step->epilogue;
+        cs->n_epi = step->n_epilogue;
+    }
     cs->node = n;
     cs->n_in = n->n_in;
     cs->in = rfi_arena_alloc(&s->mem, ((size_t)n->n_in + 1) * sizeof *cs->in);
@@ -110,7 +130,26 @@ static rf_status prepare_locations(rfi_cpu_services *s, int k)
         if (st != RF_OK)
             return st;
     }
-    return locate(p, n, &cs->out, k);
+    for (int e = 0; e < cs->n_epi; e++) {
+        const rfi_epi_op *op = &cs->epi[e];
+        cs->epi_in[e].buffer = -1;
+        if (op->operand < 0)
+            continue;
+        if (op->operand >= p->g->n_nodes)
+            return rfi_error(RF_E_INTERNAL, "cpu: call step %d: epilogue operand %%%d", k,
+                             op->operand);
+        rf_status st = locate(p, p->g->nodes[op->operand], &cs->epi_in[e], k);
+        if (st != RF_OK)
+            return st;
+        if (op->kind == RFI_EPI_BIAS) {
+            if (op->axis < 0 || op->axis >= root->rank ||
+                root->dims[op->axis] != rfi_node_numel(p->g->nodes[op->operand]))
+                return rfi_error(RF_E_INTERNAL, "cpu: call step %d: bias %%%d does not run "
+                                 "along dim %d", k, op->operand, op->axis);
+            cs->epi_inner[e] = rfi_numel(root->dims + op->axis + 1, root->rank - op->axis - 1);
+        }
+    }
+    return locate(p, root, &cs->out, k);
 }
 
 static bool is_leaf(const rfi_node *n)
@@ -137,13 +176,18 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
     if ((step->call == RFI_CALL_MATMUL || step->call == RFI_CALL_CONV) && !s->have_library)
         return RF_OK; /* no oneDNN: the reference kernel */
     if (step->call == RFI_CALL_MATMUL && n->op == RFI_OP_DOT_GENERAL) {
-        st = rfi_cpu_matmul_prepare(n, s->engine, &cs->matmul, workspace);
+        st = rfi_cpu_matmul_prepare(n, cs->epi, cs->n_epi, s->engine, &cs->matmul, workspace);
         if (st == RF_OK)
             cs->kind = RFI_CALL_MATMUL;
+        cs->epi_done = st == RF_OK && rfi_cpu_matmul_fused(cs->matmul);
     } else if (step->call == RFI_CALL_CONV && n->op == RFI_OP_CONVOLUTION) {
-        st = rfi_cpu_conv_prepare(n, s->engine, &cs->conv, workspace);
+        st = rfi_cpu_conv_prepare(n, cs->epi, cs->n_epi, s->engine, &cs->conv, workspace);
         if (st == RF_OK)
             cs->kind = RFI_CALL_CONV;
+        cs->epi_done = st == RF_OK && rfi_cpu_conv_fused(cs->conv);
+    } else if (cs->n_epi > 0) {
+        return rfi_error(RF_E_INTERNAL, "cpu: call step %d has an epilogue on a %s node", k,
+                         rfi_op_table[n->op].name);
     } else if (step->call == RFI_CALL_FALLBACK) {
         st = rfi_cpu_native_prepare(n, &cs->native, workspace);
     } else {
@@ -209,6 +253,126 @@ static void *buffer_at(void *const *buffers, value_ref r)
     return (char *)buffers[r.buffer] + r.offset;
 }
 
+/* ---- Epilogues applied here ----------------------------------------------------------- */
+
+typedef struct epilogue_job {
+    const call_state *cs;
+    void *out;
+    int64_t len[RFI_EPI_MAX]; /* BIAS: the vector's length */
+} epilogue_job;
+
+static double load_as_double(const void *p, rf_dtype dt, int64_t i)
+{
+    return dt == RF_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+/* Op e on value v of element i, in double (the interpreter's formulas). */
+static double epilogue_op(const epilogue_job *j, int e, double v, int64_t i, rf_dtype dt)
+{
+    const call_state *cs = j->cs;
+    switch (cs->epi[e].kind) {
+    case RFI_EPI_BIAS:
+        return v + load_as_double(cs->epi_src[e], dt, (i / cs->epi_inner[e]) % j->len[e]);
+    case RFI_EPI_ADD: return v + load_as_double(cs->epi_src[e], dt, i);
+    case RFI_EPI_RELU: return rfi_fmax_nan(v, 0.0);
+    case RFI_EPI_TANH: return tanh(v);
+    case RFI_EPI_LOGISTIC: {
+        if (v >= 0)
+            return 1.0 / (1.0 + exp(-v));
+        double e2 = exp(v);
+        return e2 / (1.0 + e2);
+    }
+    default: return v;
+    }
+}
+
+/* f32: op by op over blocks of out[lo, hi) (a float add of two floats is the
+ * interpreter's double add rounded once, so adds and relu stay in float and
+ * vectorise; tanh and logistic go through double). */
+#define EPILOGUE_BLOCK 4096
+
+static void bias_f32(float *restrict out, const float *restrict b, int64_t lo, int64_t hi,
+                     int64_t inner, int64_t len)
+{
+    if (inner == 1) {
+        int64_t c = lo % len;
+        for (int64_t i = lo; i < hi; i++) {
+            out[i] += b[c];
+            c = c + 1 == len ? 0 : c + 1;
+        }
+        return;
+    }
+    for (int64_t i = lo; i < hi;) {
+        int64_t end = (i / inner + 1) * inner;
+        end = end < hi ? end : hi;
+        float v = b[(i / inner) % len];
+        for (int64_t k = i; k < end; k++)
+            out[k] += v;
+        i = end;
+    }
+}
+
+static void epilogue_block_f32(const epilogue_job *j, float *restrict out, int64_t lo, int64_t hi)
+{
+    const call_state *cs = j->cs;
+    for (int e = 0; e < cs->n_epi; e++) {
+        const float *src = cs->epi_src[e];
+        switch (cs->epi[e].kind) {
+        case RFI_EPI_BIAS: bias_f32(out, src, lo, hi, cs->epi_inner[e], j->len[e]); break;
+        case RFI_EPI_ADD:
+            for (int64_t i = lo; i < hi; i++)
+                out[i] += src[i];
+            break;
+        case RFI_EPI_RELU:
+            for (int64_t i = lo; i < hi; i++)
+                out[i] = out[i] != out[i] ? NAN : out[i] > 0.0f ? out[i] : 0.0f;
+            break;
+        default:
+            for (int64_t i = lo; i < hi; i++)
+                out[i] = (float)epilogue_op(j, e, (double)out[i], i, RF_F32);
+            break;
+        }
+    }
+}
+
+static void epilogue_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const epilogue_job *j = ctx;
+    rf_dtype dt = j->cs->node->dtype;
+    if (dt == RF_F32) {
+        for (int64_t b = lo; b < hi; b += EPILOGUE_BLOCK)
+            epilogue_block_f32(j, j->out, b, hi - b < EPILOGUE_BLOCK ? hi : b + EPILOGUE_BLOCK);
+        return;
+    }
+    for (int64_t i = lo; i < hi; i++) {
+        double v = load_as_double(j->out, dt, i);
+        for (int e = 0; e < j->cs->n_epi; e++) {
+            v = epilogue_op(j, e, v, i, dt);
+            if (dt == RF_F32)
+                v = (double)(float)v; /* each op rounds once, as the interpreter's */
+        }
+        if (dt == RF_F32)
+            ((float *)j->out)[i] = (float)v;
+        else
+            ((double *)j->out)[i] = v;
+    }
+}
+
+/* Applies the epilogue to the core's result in out (f32 / f64 only). */
+static rf_status apply_epilogue(const call_state *cs, void *out)
+{
+    rf_dtype dt = cs->node->dtype;
+    if (dt != RF_F32 && dt != RF_F64)
+        return rfi_error(RF_E_INTERNAL, "cpu: epilogue on a %s %s", rf_dtype_name(dt),
+                         rfi_op_table[cs->node->op].name);
+    epilogue_job job = {cs, out, {0}};
+    for (int e = 0; e < cs->n_epi; e++)
+        if (cs->epi[e].kind == RFI_EPI_BIAS)
+            job.len[e] = rfi_node_numel(cs->node) > 0 ? cs->node->dims[cs->epi[e].axis] : 1;
+    rfi_parallel_for(rfi_node_numel(cs->node), 16384, epilogue_range, &job);
+    return RF_OK;
+}
+
 int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
 {
     rfi_cpu_services *s = rt;
@@ -219,24 +383,28 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
     call_state *cs = &s->steps[step];
     for (int j = 0; j < cs->n_in; j++)
         cs->operands[j] = buffer_at(buffers, cs->in[j]);
+    for (int e = 0; e < cs->n_epi; e++)
+        cs->epi_src[e] = cs->epi_in[e].buffer >= 0 ? buffer_at(buffers, cs->epi_in[e]) : NULL;
     void *out = buffer_at(buffers, cs->out);
     rf_status st;
     switch (cs->kind) {
     case RFI_CALL_MATMUL:
         set_library_threads(s);
         st = rfi_cpu_matmul_run(cs->matmul, s->stream, cs->operands[0], cs->operands[1], out,
-                                s->workspace);
+                                cs->epi_src, s->workspace);
         break;
     case RFI_CALL_CONV:
         set_library_threads(s);
         st = rfi_cpu_conv_run(cs->conv, s->stream, cs->operands[0], cs->operands[1], out,
-                              s->workspace);
+                              cs->epi_src, s->workspace);
         break;
     default:
         st = cs->native ? rfi_cpu_native_run(cs->native, cs->operands, out, s->workspace)
                         : rfi_interp_eval_node(cs->node, cs->operands, out);
         break;
     }
+    if (st == RF_OK && cs->n_epi > 0 && !cs->epi_done)
+        st = apply_epilogue(cs, out);
     return st == RF_OK ? 0 : 1;
 }
 
@@ -263,6 +431,12 @@ const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step)
     case RFI_CALL_CONV: return rfi_cpu_conv_path(cs->conv);
     default: return cs->native ? rfi_cpu_native_path(cs->native) : "reference";
     }
+}
+
+bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step)
+{
+    return s && step >= 0 && step < s->n_steps && s->steps[step].n_epi > 0 &&
+           s->steps[step].epi_done;
 }
 
 size_t rfi_cpu_services_workspace(const rfi_cpu_services *s) { return s ? s->workspace_bytes : 0; }

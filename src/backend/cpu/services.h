@@ -53,6 +53,9 @@ RFI_FUNC rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int
  * a convolution path (rfi_cpu_conv_path), a native kernel (rfi_cpu_native_path),
  * "reference", or "none" (not a CALL step). Static strings. */
 RFI_FUNC const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step);
+/* Whether CALL step `step` has an epilogue that the library applies as post-ops
+ * (false: none, or the services apply it after the call). For tests. */
+RFI_FUNC bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step);
 /* The shared workspace size (bytes) allocated at prepare. */
 RFI_FUNC size_t rfi_cpu_services_workspace(const rfi_cpu_services *s);
 
@@ -67,6 +70,8 @@ static inline size_t rfi_ws_align(size_t n) { return (n + 63) & ~(size_t)63; }
 typedef struct rfi_dnnl_mm {
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst, scratch;
+    dnnl_memory_t post[RFI_EPI_MAX]; /* binary post-op operands (NULL: eltwise op) */
+    int n_post;                      /* post-ops of the primitive */
     size_t scratch_bytes;
     bool is_ref; /* oneDNN picked its slow reference implementation */
 } rfi_dnnl_mm;
@@ -74,31 +79,66 @@ typedef struct rfi_dnnl_tensor {
     int ndims;
     dnnl_dims_t dims, strides; /* ndims <= 4 used */
 } rfi_dnnl_tensor;
+
+/* A plan epilogue (plan.h) as oneDNN post-ops: eltwise relu/tanh/logistic and
+ * binary adds whose second operand (src1) is a plain strided tensor in the
+ * dst's dims (a BIAS: ones except along the bias dim; an ADD: dst's shape). */
+typedef struct rfi_dnnl_post {
+    int n;
+    rfi_epi_kind kind[RFI_EPI_MAX];
+    rfi_dnnl_tensor src1[RFI_EPI_MAX];
+} rfi_dnnl_post;
+/* Describes ops over a plain row-major dst whose bias dim is bias_dim (-1: no
+ * BIAS op can be taken). false: some op has no post-op form here. */
+RFI_FUNC bool rfi_dnnl_post_make(rfi_dnnl_post *post, const rfi_epi_op *ops, int n,
+                                 const rfi_dnnl_tensor *dst, int bias_dim);
+/* Sets post's ops on attr (n == 0: nothing). */
+RFI_FUNC dnnl_status_t rfi_dnnl_post_attr(dnnl_primitive_attr_t attr, const rfi_dnnl_post *post);
+/* Creates the memory objects (no data) of post's binary operands in mem[]. */
+RFI_FUNC dnnl_status_t rfi_dnnl_post_memories(const rfi_dnnl_post *post, dnnl_engine_t eng,
+                                              dnnl_memory_t *mem);
+/* Appends the execution arguments of post's binary operands, pointing them at
+ * src[k] (per epilogue op); returns the new argument count (or -1 on error). */
+RFI_FUNC int rfi_dnnl_post_args(const rfi_dnnl_post *post, dnnl_memory_t *mem,
+                                const void *const *src, dnnl_exec_arg_t *args, int nargs);
+
+/* post may be NULL (no post-ops). */
 RFI_FUNC rf_status rfi_dnnl_mm_init(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
                                     const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,
-                                    const char *what);
+                                    const rfi_dnnl_post *post, const char *what);
+/* post_src: the binary post-op operands, per epilogue op (NULL if none). */
 RFI_FUNC rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float *src,
                                    const float *wei, float *dst, void *scratch,
-                                   const char *what);
+                                   const void *const *post_src, const char *what);
 RFI_FUNC void rfi_dnnl_mm_destroy(rfi_dnnl_mm *mm);
 /* An error message for a failed oneDNN call. */
 RFI_FUNC rf_status rfi_dnnl_error(dnnl_status_t st, const char *what, const char *call);
 
 /* DOT_GENERAL on f32 (dnnl_matmul.c). prepare returns RF_E_UNSUPPORTED for
- * forms it does not take (the caller then uses the reference kernel). */
+ * forms it does not take (the caller then uses the reference kernel). The
+ * epilogue ops (n_epi may be 0) run as oneDNN post-ops when the primitive
+ * takes them (rfi_cpu_matmul_fused); otherwise the caller applies them.
+ * epi_src: the operand of each epilogue op (NULL where none). */
 typedef struct rfi_cpu_matmul rfi_cpu_matmul;
-RFI_FUNC rf_status rfi_cpu_matmul_prepare(const rfi_node *n, dnnl_engine_t eng,
-                                          rfi_cpu_matmul **out, size_t *workspace_bytes);
+RFI_FUNC rf_status rfi_cpu_matmul_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
+                                          dnnl_engine_t eng, rfi_cpu_matmul **out,
+                                          size_t *workspace_bytes);
 RFI_FUNC rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs,
-                                      const void *rhs, void *out, void *workspace);
+                                      const void *rhs, void *out, const void *const *epi_src,
+                                      void *workspace);
+RFI_FUNC bool rfi_cpu_matmul_fused(const rfi_cpu_matmul *m);
 RFI_FUNC void rfi_cpu_matmul_free(rfi_cpu_matmul *m);
 
-/* CONVOLUTION on f32 (conv.c), same conventions. */
+/* CONVOLUTION on f32 (conv.c), same conventions (the epilogue runs as
+ * post-ops of oneDNN's forward convolution only). */
 typedef struct rfi_cpu_conv rfi_cpu_conv;
-RFI_FUNC rf_status rfi_cpu_conv_prepare(const rfi_node *n, dnnl_engine_t eng, rfi_cpu_conv **out,
+RFI_FUNC rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
+                                        dnnl_engine_t eng, rfi_cpu_conv **out,
                                         size_t *workspace_bytes);
 RFI_FUNC rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x,
-                                    const void *w, void *out, void *workspace);
+                                    const void *w, void *out, const void *const *epi_src,
+                                    void *workspace);
+RFI_FUNC bool rfi_cpu_conv_fused(const rfi_cpu_conv *c);
 RFI_FUNC void rfi_cpu_conv_free(rfi_cpu_conv *c);
 /* Which path a prepared convolution takes: "im2col" or "direct" (for benches). */
 RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
