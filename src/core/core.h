@@ -74,6 +74,11 @@ RFI_FUNC bool rfi_dtype_is_float(rf_dtype dt);
 RFI_FUNC bool rfi_dtype_is_int(rf_dtype dt); /* i32, i64, u8 */
 RFI_FUNC bool rfi_dtype_valid(int dt);
 
+/* ---- Files --------------------------------------------------------------------------- */
+/* mkdir -p: creates every missing directory of `path` with mode 0700 and
+ * checks the result is a directory. 0, or -1 with errno set. */
+RFI_FUNC int rfi_make_dirs(const char *path);
+
 /* ---- Counter-based random numbers (Philox4x32-10) ------------------------------------
  * Element i of a draw uses Philox block counter {i lo, i hi, counter lo32,
  * counter hi32 ^ stream << 16} under key {seed lo32, seed hi32}: the same (seed,

@@ -92,27 +92,6 @@ void rfi_disk_cache_key(const char *source, const char *context, char out[RFI_CA
 
 /* ---- The directory --------------------------------------------------------------------- */
 
-/* mkdir -p, every missing component with mode 0700. */
-static int make_dirs(const char *path)
-{
-    char buf[PATH_MAX];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char saved = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return -1;
-        buf[i] = saved;
-    }
-    return 0;
-}
 
 /* The configured directory path into buf; false when no variable names one. */
 static bool configured_dir(char *buf, size_t n)
@@ -148,7 +127,7 @@ rf_status rfi_disk_cache_dir(char **out)
     if (!configured_dir(path, sizeof path - 64))
         return rfi_error(RF_E_INVALID, "module cache: none of RF_CACHE_DIR, XDG_CACHE_HOME, "
                                        "HOME names a usable directory");
-    if (make_dirs(path) != 0)
+    if (rfi_make_dirs(path) != 0)
         return rfi_error(RF_E_IO, "module cache: cannot create directory %s: %s", path,
                          strerror(errno));
     struct stat st;

@@ -14,34 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* mkdir -p: creates every missing directory of `path` with mode 0700. */
-static int make_dirs(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char saved = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return -1;
-        buf[i] = saved;
-    }
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
 
 /* Copies `name` keeping only characters safe in a file name ("program" if empty). */
 static void safe_name(char *dst, size_t n, const char *name)
@@ -63,7 +35,7 @@ void rfi_dump(const char *name, uint64_t hash, const char *stage, const char *te
     const char *dir = getenv("RF_DUMP");
     if (!dir || !*dir || !text)
         return;
-    if (make_dirs(dir) != 0) {
+    if (rfi_make_dirs(dir) != 0) {
         fprintf(stderr, "reflux: warning: RF_DUMP: cannot create directory %s: %s\n", dir,
                 strerror(errno));
         return;
