@@ -4,9 +4,13 @@
  * executable per batch shape (the test set's last batch is smaller, so there
  * are two), reporting time per epoch and test accuracy:
  *
- *     epoch=1 train_loss=0.4521 test_acc=0.8790 seconds=95.2 eval_executables=2
+ *     epoch=5 train_loss=0.1852 test_acc=0.9133 seconds=37.6 eval_executables=2
  *
- * Usage: resnet [--epochs N] [--batch N] [--width C] [--limit N] [--lr X]
+ * Defaults: width 16 (77754 parameters), batch 128, Adam(2e-3) cut to 0.3x for
+ * the last two of 5 epochs (about 40 s per epoch on 2 cores, 0.913 at the end).
+ *
+ * Usage: resnet [--epochs N] [--batch N] [--width C] [--limit N] [--test-limit N]
+ *               [--lr X]
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <reflux.h>
@@ -130,9 +134,9 @@ static int fail(const char *what)
 
 int main(int argc, char **argv)
 {
-    int epochs = 1;
-    int64_t batch = 128, width = 8, limit = 0, test_limit = 0;
-    double lr = 1e-3;
+    int epochs = 5;
+    int64_t batch = 128, width = 16, limit = 0, test_limit = 0;
+    double lr = 2e-3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--batch")) batch = atoll(argv[i + 1]);
@@ -167,6 +171,9 @@ int main(int argc, char **argv)
 
     struct evaluator ev = {0};
     for (int e = 1; e <= epochs; e++) {
+        /* Step decay for the last two epochs: runtime state, no recompilation. */
+        if (epochs > 2 && e == epochs - 1 && rf_adjust(opt, lr * 0.3) != RF_OK)
+            return fail("adjusting the learning rate");
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         double train_loss = 0, acc = 0;
