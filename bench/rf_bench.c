@@ -190,7 +190,7 @@ static rf_model *basic_block(int64_t in, int64_t out, int64_t stride)
     return rf_chain(residual, rf_activation_layer(RF_ACT_RELU));
 }
 
-enum { RESNET_WIDTH = 8 }; /* examples/resnet.c's default --width */
+enum { RESNET_WIDTH = 8 }; /* examples/resnet.c --width 8 (its default is 16) */
 
 static rf_model *resnet_model(void)
 {

@@ -28,7 +28,7 @@ WORKLOADS = [
 ]
 MIN_TIMED_STEPS = 3
 COMPILE_SETTLE_STEPS = 3
-RESNET_WIDTH = 8  # examples/resnet.c's default --width
+RESNET_WIDTH = 8  # examples/resnet.c --width 8 (its default is 16)
 
 
 def num_threads():
