@@ -23,42 +23,26 @@
  */
 #include "model.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 /* ---- Shared helpers --------------------------------------------------------------------- */
 
-/* Records "<Layer(config)>: input <type> <why>" on x's trace; returns NULL. */
-static rf_tensor *input_error(rf_model *m, rf_tensor *x, rf_status st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static rf_tensor *input_error(rf_model *m, rf_tensor *x, rf_status st, const char *fmt, ...)
-{
-    char name[256], type[128], why[256];
-    rfi_model_describe(m, name, sizeof name);
-    rfi_type_str(type, sizeof type, rf_tensor_dtype(x), rf_tensor_dims(x), rf_tensor_rank(x));
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    rf_trace_fail(rf_tensor_trace(x), st, "%s: input %s %s", name, type, why);
-    return NULL;
-}
 
 /* Checks that x is a floating-point NCHW tensor (channels < 0: any count). */
 static bool check_nchw(rf_model *m, rf_tensor *x, int64_t channels)
 {
     if (rf_tensor_rank(x) != 4) {
-        input_error(m, x, RF_E_SHAPE, "must be [N, C, H, W]");
+        rfi_layer_input_error(m, x, RF_E_SHAPE, "must be [N, C, H, W]");
         return false;
     }
     rf_dtype dt = rf_tensor_dtype(x);
     if (dt != RF_F32 && dt != RF_F64) {
-        input_error(m, x, RF_E_DTYPE, "must be floating point");
+        rfi_layer_input_error(m, x, RF_E_DTYPE, "must be floating point");
         return false;
     }
     if (channels >= 0 && rf_tensor_dim(x, 1) != channels) {
-        input_error(m, x, RF_E_SHAPE, "has %lld channels, expected %lld",
+        rfi_layer_input_error(m, x, RF_E_SHAPE, "has %lld channels, expected %lld",
                     (long long)rf_tensor_dim(x, 1), (long long)channels);
         return false;
     }
@@ -189,14 +173,14 @@ static rf_tensor *conv_forward(rf_model *m, rf_tensor *x)
             p.pad_lo[i] = keff - 1 - lo;
             p.pad_hi[i] = keff - 1 - hi;
             if ((size - 1) * c->stride[i] + keff - lo - hi < 1)
-                return input_error(m, x, RF_E_SHAPE, "gives an empty output along axis %d",
+                return rfi_layer_input_error(m, x, RF_E_SHAPE, "gives an empty output along axis %d",
                                    2 + i);
         } else {
             p.stride[i] = c->stride[i];
             p.pad_lo[i] = lo;
             p.pad_hi[i] = hi;
             if (size + lo + hi < keff)
-                return input_error(m, x, RF_E_SHAPE,
+                return rfi_layer_input_error(m, x, RF_E_SHAPE,
                                    "is smaller along axis %d (%lld, padded %lld) than the "
                                    "dilated kernel (%lld)", 2 + i, (long long)size,
                                    (long long)(size + lo + hi), (long long)keff);
@@ -320,7 +304,7 @@ static bool check_window(rf_model *m, rf_tensor *x, const int64_t k[2], const in
     for (int i = 0; i < 2; i++) {
         int64_t size = rf_tensor_dim(x, 2 + i);
         if (size + 2 * pad[i] < k[i]) {
-            input_error(m, x, RF_E_SHAPE, "is smaller along axis %d (%lld, padded %lld) than "
+            rfi_layer_input_error(m, x, RF_E_SHAPE, "is smaller along axis %d (%lld, padded %lld) than "
                         "the window (%lld)", 2 + i, (long long)size,
                         (long long)(size + 2 * pad[i]), (long long)k[i]);
             return false;
@@ -387,9 +371,9 @@ static rf_tensor *global_meanpool_forward(rf_model *m, rf_tensor *x)
     int rank = rf_tensor_rank(x);
     rf_dtype dt = rf_tensor_dtype(x);
     if (rank < 3)
-        return input_error(m, x, RF_E_SHAPE, "must be [N, C, spatial...]");
+        return rfi_layer_input_error(m, x, RF_E_SHAPE, "must be [N, C, spatial...]");
     if (dt != RF_F32 && dt != RF_F64)
-        return input_error(m, x, RF_E_DTYPE, "must be floating point");
+        return rfi_layer_input_error(m, x, RF_E_DTYPE, "must be floating point");
     int64_t axes[RF_MAX_RANK];
     for (int i = 2; i < rank; i++)
         axes[i - 2] = i;
@@ -421,7 +405,7 @@ static rf_tensor *adaptive_meanpool_forward(rf_model *m, rf_tensor *x)
         return NULL;
     int64_t h = rf_tensor_dim(x, 2), w = rf_tensor_dim(x, 3);
     if (h % c->out[0] != 0 || w % c->out[1] != 0)
-        return input_error(m, x, RF_E_UNSUPPORTED,
+        return rfi_layer_input_error(m, x, RF_E_UNSUPPORTED,
                            "has spatial size %lldx%lld, not divisible by the output size "
                            "%lldx%lld (only equal, non-overlapping windows are supported)",
                            (long long)h, (long long)w, (long long)c->out[0],

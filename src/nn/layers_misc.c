@@ -18,15 +18,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Records "<Layer(config)>: input <type> <why>" on x's trace; returns NULL. */
-static rf_tensor *input_error(rf_model *m, rf_tensor *x, rf_status st, const char *why)
-{
-    char name[256], type[128];
-    rfi_model_describe(m, name, sizeof name);
-    rfi_type_str(type, sizeof type, rf_tensor_dtype(x), rf_tensor_dims(x), rf_tensor_rank(x));
-    rf_trace_fail(rf_tensor_trace(x), st, "%s: input %s %s", name, type, why);
-    return NULL;
-}
 
 /* ---- Dropout ---------------------------------------------------------------------------- */
 
@@ -47,7 +38,7 @@ static rf_tensor *dropout_forward(rf_model *m, rf_tensor *x)
         return x;
     rf_dtype dt = rf_tensor_dtype(x);
     if (dt != RF_F32 && dt != RF_F64)
-        return input_error(m, x, RF_E_DTYPE, "must be floating point");
+        return rfi_layer_input_error(m, x, RF_E_DTYPE, "must be floating point");
     rf_trace *t = rf_tensor_trace(x);
     rf_array *key_array = rf_model_state_array(m, 0);
     if (!rf_model_state(m, t, 0)) /* names the layer if the key is on the wrong device */
@@ -97,7 +88,7 @@ static rf_tensor *embedding_forward(rf_model *m, rf_tensor *ids)
 {
     rf_dtype dt = rf_tensor_dtype(ids);
     if (dt != RF_I32 && dt != RF_I64)
-        return input_error(m, ids, RF_E_DTYPE, "must be integer ids (i32 or i64)");
+        return rfi_layer_input_error(m, ids, RF_E_DTYPE, "must be integer ids (i32 or i64)");
     return rf_gather(rf_model_param(m, rf_tensor_trace(ids), 0), ids, 0);
 }
 

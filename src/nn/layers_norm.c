@@ -16,7 +16,6 @@
  */
 #include "model.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,21 +24,6 @@
 
 /* ---- Shared helpers ------------------------------------------------------------------------ */
 
-/* Records "<Layer(config)>: input <type> <why>" on x's trace; returns NULL. */
-static rf_tensor *input_error(rf_model *m, rf_tensor *x, rf_status st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static rf_tensor *input_error(rf_model *m, rf_tensor *x, rf_status st, const char *fmt, ...)
-{
-    char name[256], type[128], why[256];
-    rfi_model_describe(m, name, sizeof name);
-    rfi_type_str(type, sizeof type, rf_tensor_dtype(x), rf_tensor_dims(x), rf_tensor_rank(x));
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    rf_trace_fail(rf_tensor_trace(x), st, "%s: input %s %s", name, type, why);
-    return NULL;
-}
 
 /* Checks that x is floating point, of rank >= min_rank, with `features`
  * entries along `axis`. */
@@ -49,15 +33,15 @@ static bool check_input(rf_model *m, rf_tensor *x, int min_rank, const char *lay
     int rank = rf_tensor_rank(x);
     rf_dtype dt = rf_tensor_dtype(x);
     if (rank < min_rank) {
-        input_error(m, x, RF_E_SHAPE, "must be %s", layout);
+        rfi_layer_input_error(m, x, RF_E_SHAPE, "must be %s", layout);
         return false;
     }
     if (dt != RF_F32 && dt != RF_F64) {
-        input_error(m, x, RF_E_DTYPE, "must be floating point");
+        rfi_layer_input_error(m, x, RF_E_DTYPE, "must be floating point");
         return false;
     }
     if (rf_tensor_dim(x, axis) != features) {
-        input_error(m, x, RF_E_SHAPE, "has %lld %s, expected %lld",
+        rfi_layer_input_error(m, x, RF_E_SHAPE, "has %lld %s, expected %lld",
                     (long long)rf_tensor_dim(x, axis), what, (long long)features);
         return false;
     }
@@ -138,7 +122,7 @@ static rf_tensor *batchnorm_forward(rf_model *m, rf_tensor *x)
         for (int i = 2; i < rank; i++)
             axes[i - 1] = i;
         if (count < 2)
-            return input_error(m, x, RF_E_SHAPE, "has %lld value per channel; train mode needs "
+            return rfi_layer_input_error(m, x, RF_E_SHAPE, "has %lld value per channel; train mode needs "
                                "more than one for the batch variance", (long long)count);
         mean = rf_mean(x, axes, rank - 1, true);
         var = rf_var(x, axes, rank - 1, true);
@@ -244,7 +228,7 @@ static rf_tensor *groupnorm_forward(rf_model *m, rf_tensor *x)
         return NULL;
     int rank = rf_tensor_rank(x);
     if (rank + 1 > RF_MAX_RANK)
-        return input_error(m, x, RF_E_UNSUPPORTED, "has rank %d; at most %d is supported", rank,
+        return rfi_layer_input_error(m, x, RF_E_UNSUPPORTED, "has rank %d; at most %d is supported", rank,
                            RF_MAX_RANK - 1);
     const int64_t *dims = rf_tensor_dims(x);
     int64_t grouped[RF_MAX_RANK], axes[RF_MAX_RANK];

@@ -813,3 +813,16 @@ rf_status rf_jit_model(rf_model *m, rf_array *x, rf_array **y)
     rf_exec_free(e);
     return st;
 }
+
+rf_tensor *rfi_layer_input_error(rf_model *m, rf_tensor *x, rf_status st, const char *fmt, ...)
+{
+    char name[256], type[128], why[256];
+    rfi_model_describe(m, name, sizeof name);
+    rfi_type_str(type, sizeof type, rf_tensor_dtype(x), rf_tensor_dims(x), rf_tensor_rank(x));
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    rf_trace_fail(rf_tensor_trace(x), st, "%s: input %s %s", name, type, why);
+    return NULL;
+}

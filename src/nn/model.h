@@ -59,5 +59,10 @@ RFI_FUNC uint64_t rfi_nn_next_seed(uint64_t seed);
  * ("Chain(Dense(4 => 8, tanh), Dense(8 => 2))"), for error messages. Always
  * NUL-terminated. */
 RFI_FUNC void rfi_model_describe(const rf_model *m, char *buf, size_t n);
+/* For a layer's forward: records "<Layer(config)>: input <type> <why>" on x's
+ * trace (printf-style why) and returns NULL. */
+RFI_FUNC rf_tensor *rfi_layer_input_error(rf_model *m, rf_tensor *x, rf_status st,
+                                          const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif
