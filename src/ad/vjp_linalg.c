@@ -17,25 +17,6 @@
 
 /* ---- dot_general ------------------------------------------------------------------------ */
 
-static bool in_list(int64_t v, const int64_t *l, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (l[i] == v)
-            return true;
-    return false;
-}
-
-/* Dims of a rank-r operand that are neither batch nor contracting, ascending. */
-static int free_dims(int r, const int64_t *batch, const int64_t *contract, int nb, int nc,
-                     int64_t *out)
-{
-    int n = 0;
-    for (int d = 0; d < r; d++)
-        if (!in_list(d, batch, nb) && !in_list(d, contract, nc))
-            out[n++] = d;
-    return n;
-}
-
 /* Rank of v among the n entries of l. */
 static int64_t rank_in(int64_t v, const int64_t *l, int n)
 {
@@ -54,8 +35,8 @@ static rfi_node *dot_side_grad(rfi_graph *g, rfi_node *ct, rfi_node *other, cons
                                const int64_t *oc, int nb, int nc, bool self_is_lhs)
 {
     int64_t sf[RF_MAX_RANK] = {0}, of[RF_MAX_RANK] = {0};
-    int nsf = free_dims(self->rank, sb, sc, nb, nc, sf);
-    int nof = free_dims(other->rank, ob, oc, nb, nc, of);
+    int nsf = rfi_dot_free_dims(self->rank, sb, nb, sc, nc, sf);
+    int nof = rfi_dot_free_dims(other->rank, ob, nb, oc, nc, of);
     int64_t ct_batch[RF_MAX_RANK] = {0}, ct_contract[RF_MAX_RANK] = {0};
     int64_t other_free_at = self_is_lhs ? nb + nsf : nb; /* ct: [batch, lhs free, rhs free] */
     for (int i = 0; i < nb; i++)

@@ -854,3 +854,19 @@ rf_status rfi_infer(rfi_op op, rfi_node *const *in, int n_in, const rfi_attrs *a
         dims[i] = c.dims[i];
     return RF_OK;
 }
+
+int rfi_dot_free_dims(int rank, const int64_t *a, int na, const int64_t *b, int nb,
+                      int64_t *out)
+{
+    int n = 0;
+    for (int d = 0; d < rank; d++) {
+        bool listed = false;
+        for (int k = 0; k < na; k++)
+            listed |= a[k] == d;
+        for (int k = 0; k < nb; k++)
+            listed |= b[k] == d;
+        if (!listed)
+            out[n++] = d;
+    }
+    return n;
+}

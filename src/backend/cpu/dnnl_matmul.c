@@ -308,22 +308,6 @@ static void view_add(operand_view *v, const rfi_node *x, const int64_t *xs, cons
     }
 }
 
-/* The dims of x in neither list a nor list b, in order. */
-static int free_dims(const rfi_node *x, const int64_t *a, int na, const int64_t *b, int nb,
-                     int64_t *out)
-{
-    int n = 0;
-    for (int d = 0; d < x->rank; d++) {
-        bool listed = false;
-        for (int k = 0; k < na; k++)
-            listed |= a[k] == d;
-        for (int k = 0; k < nb; k++)
-            listed |= b[k] == d;
-        if (!listed)
-            out[n++] = d;
-    }
-    return n;
-}
 
 /* Finds each group's size and, if its non-unit dims are nested row-major
  * (stride of each = stride of the next * its size), its stride. */
@@ -412,8 +396,8 @@ static void make_views(rfi_cpu_matmul *m, const rfi_node *n)
     const rfi_attrs *at = &n->attr;
     int nbatch = at->nl[0], ncontract = at->nl[2];
     int64_t a_free[RF_MAX_RANK], b_free[RF_MAX_RANK], as[RF_MAX_RANK], bs[RF_MAX_RANK];
-    int na_free = free_dims(a, at->l[0], nbatch, at->l[2], ncontract, a_free);
-    int nb_free = free_dims(b, at->l[1], nbatch, at->l[3], ncontract, b_free);
+    int na_free = rfi_dot_free_dims(a->rank, at->l[0], nbatch, at->l[2], ncontract, a_free);
+    int nb_free = rfi_dot_free_dims(b->rank, at->l[1], nbatch, at->l[3], ncontract, b_free);
     row_major_strides(a->dims, a->rank, as);
     row_major_strides(b->dims, b->rank, bs);
     operand_view *l = &m->lhs, *r = &m->rhs;

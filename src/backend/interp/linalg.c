@@ -11,22 +11,6 @@
  */
 #include "interp.h"
 
-/* The dims of x in neither list a nor list b, in order. */
-static int free_dims(const rfi_node *x, const int64_t *a, int na, const int64_t *b, int nb,
-                     int *out)
-{
-    int n = 0;
-    for (int d = 0; d < x->rank; d++) {
-        bool listed = false;
-        for (int k = 0; k < na; k++)
-            listed |= a[k] == d;
-        for (int k = 0; k < nb; k++)
-            listed |= b[k] == d;
-        if (!listed)
-            out[n++] = d;
-    }
-    return n;
-}
 
 /* Operand x visited with its dims in a chosen order: the layout pack() makes. */
 typedef struct view {
@@ -53,13 +37,6 @@ static void view_add(view *v, const int64_t *list, int count)
     }
 }
 
-static void view_add_free(view *v, const int *free, int count)
-{
-    for (int k = 0; k < count; k++) {
-        int64_t d = free[k];
-        view_add(v, &d, 1);
-    }
-}
 
 /* Packs data (operand v->x) into d in v's row-major visiting order. */
 static rf_status pack(rfi_dense *d, const view *v, const void *data)
@@ -83,9 +60,9 @@ static rf_status dot_general(const rfi_node *n, const void *a_data, const void *
     const rfi_node *a = n->in[0], *b = n->in[1];
     const rfi_attrs *at = &n->attr;
     int nbatch = at->nl[0], ncontract = at->nl[2];
-    int a_free[RF_MAX_RANK], b_free[RF_MAX_RANK];
-    int na_free = free_dims(a, at->l[0], nbatch, at->l[2], ncontract, a_free);
-    int nb_free = free_dims(b, at->l[1], nbatch, at->l[3], ncontract, b_free);
+    int64_t a_free[RF_MAX_RANK], b_free[RF_MAX_RANK];
+    int na_free = rfi_dot_free_dims(a->rank, at->l[0], nbatch, at->l[2], ncontract, a_free);
+    int nb_free = rfi_dot_free_dims(b->rank, at->l[1], nbatch, at->l[3], ncontract, b_free);
     int64_t batch = rfi_numel(n->dims, nbatch);
     int64_t m = rfi_numel(n->dims + nbatch, na_free);
     int64_t nn = rfi_numel(n->dims + nbatch + na_free, nb_free);
@@ -95,11 +72,11 @@ static rf_status dot_general(const rfi_node *n, const void *a_data, const void *
 
     view lhs_view = view_of(a), rhs_view = view_of(b);
     view_add(&lhs_view, at->l[0], nbatch); /* lhs: [batch, M, K] */
-    view_add_free(&lhs_view, a_free, na_free);
+    view_add(&lhs_view, a_free, na_free);
     view_add(&lhs_view, at->l[2], ncontract);
     view_add(&rhs_view, at->l[1], nbatch); /* rhs: [batch, K, N] */
     view_add(&rhs_view, at->l[3], ncontract);
-    view_add_free(&rhs_view, b_free, nb_free);
+    view_add(&rhs_view, b_free, nb_free);
 
     rfi_dense lhs = {0}, rhs = {0}, res = {0};
     rf_status st = pack(&lhs, &lhs_view, a_data);
