@@ -425,6 +425,12 @@ static void test_conv(const char *path)
         {"wide input grad of stride 2", 4, {2, 8, 4, 4}, {16, 8, 3, 3}, {1, 1}, {2, 1}, {2, 1},
          {2, 2}, {0}, 1, 1},
         {"1-D input grad of stride 3", 3, {2, 3, 5}, {2, 3, 4}, {1}, {3}, {3}, {3}, {0}, 1, 1},
+        /* both gradients of a 1x1 stride-2 projection on an even size, whose
+         * last input row and column the forward never reads */
+        {"input grad of 1x1 stride 2", 4, {2, 16, 4, 4}, {8, 16, 1, 1}, {1, 1}, {0, 0}, {1, 1},
+         {2, 2}, {0}, 1, 1},
+        {"kernel grad of 1x1 stride 2", 4, {8, 2, 8, 8}, {16, 2, 4, 4}, {1, 1}, {0, 0},
+         {-1, -1}, {0}, {2, 2}, 1, 1},
     };
     int n = (int)(sizeof cases / sizeof cases[0]);
     double worst = 0;
@@ -935,7 +941,8 @@ static void test_epilogues(void)
         {"matmul+residual+relu", false, 0, false, true, 1, 1.0, 2, true},
         {"matmul+bias+residual+tanh", false, 0, true, true, 2, 1.0, 3, true},
         {"conv+bias+relu", true, 8, true, false, 1, 1.0, 2, true},
-        {"conv+bias+relu (1 channel)", true, 1, true, false, 1, 1.0, 2, false},
+        {"conv+bias (1 channel)", true, 1, true, false, 0, 1.0, 1, true}, /* bias input alone */
+        {"conv+bias+relu (1 channel)", true, 1, true, false, 1, 1.0, 2, true}, /* + eltwise */
         {"conv+bias+logistic", true, 8, true, false, 3, 2.0, 2, true},
         {"conv+bias+residual+relu", true, 8, true, true, 1, 1.0, 3, false},
     };

@@ -27,11 +27,12 @@
  * bwd-data) in the environment before prepare forces a path (if the form
  * allows it; else im2col): for tests and benchmarks.
  *
- * A CALL step's epilogue (plan.h) runs as post-ops of oneDNN's forward
- * convolution (bias as a binary add of a [1, O, 1...] tensor, residual as
- * a dst-shaped one, relu/tanh/logistic as eltwise) when that path is taken
- * and accepts them; on every other path the services apply it after the call
- * (rfi_cpu_conv_fused false).
+ * A CALL step's epilogue (plan.h) runs inside oneDNN's forward convolution
+ * when that path is taken and accepts it: a leading per-channel bias as the
+ * primitive's bias input, the rest as post-ops (a residual as a binary add of
+ * a dst-shaped tensor, relu/tanh/logistic as eltwise; failing that, the bias
+ * too as a binary add of a [1, O, 1...] tensor). On every other path the
+ * services apply it after the call (rfi_cpu_conv_fused false).
  *
  * Deliberately not here: G > 1 together with B > 1 (no gradient produces it;
  * the services run the reference kernel), non-f32 dtypes, zero spatial dims.
@@ -68,6 +69,9 @@ typedef struct dnnl_conv {
     dnnl_memory_t scratch;
     rfi_dnnl_post post;               /* post-ops (forward only; post.n == 0: none) */
     dnnl_memory_t post_mem[RFI_EPI_MAX];
+    /* Forward only: the epilogue's first op, a per-channel BIAS, is the
+     * primitive's own bias input (bias_mem) and post covers the ops after it. */
+    dnnl_memory_t bias_mem;
 } dnnl_conv;
 
 struct rfi_cpu_conv {
@@ -394,6 +398,12 @@ static bool spec_bwd_weights(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
         sp->dilates[d] = c->stride[d] - 1;
         sp->pad_l[d] = at->l[1][d];
         sp->pad_r[d] = (out - 1) * c->rhs_dil[d] + (k - 1) * c->stride[d] + 1 - in - at->l[1][d];
+        /* Trailing inputs no output reads (the forward convolution's stride
+         * skipped them, e.g. 1x1 stride 2 on an even size) make the exact
+         * right padding negative; oneDNN wants it >= 0, and any value up to
+         * stride - 1 above it describes the same convolution. */
+        if (sp->pad_r[d] < 0 && sp->pad_r[d] + c->rhs_dil[d] - 1 >= 0)
+            sp->pad_r[d] = 0;
         if (sp->pad_r[d] < 0 || out < 1 || k < 1)
             return false;
     }
@@ -439,6 +449,11 @@ static bool spec_bwd_data(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
         sp->dilates[d] = c->rhs_dil[d] - 1;
         sp->pad_l[d] = span - at->l[1][d];
         sp->pad_r[d] = span - at->l[2][d];
+        /* The gradient of inputs the forward stride skipped (negative exact
+         * padding, as in spec_bwd_weights) is zero: oneDNN writes it so with
+         * padding 0, which the shape check below confirms. */
+        if (sp->pad_r[d] < 0 && sp->pad_r[d] + c->lhs_dil[d] - 1 >= 0)
+            sp->pad_r[d] = 0;
         int64_t in = n->dims[2 + d], out = x->dims[2 + d];
         /* oneDNN's shape rule must give back the IR's shapes exactly */
         if (sp->pad_l[d] < 0 || sp->pad_r[d] < 0 ||
@@ -466,11 +481,15 @@ static void destroy_dnnl_conv(dnnl_conv *dc)
     for (int k = 0; k < RFI_EPI_MAX; k++)
         if (dc->post_mem[k])
             rfi_dnnl.memory_destroy(dc->post_mem[k]);
+    if (dc->bias_mem)
+        rfi_dnnl.memory_destroy(dc->bias_mem);
     memset(dc, 0, sizeof *dc);
 }
 
-static dnnl_status_t init_descs(const dnnl_conv_spec *sp, dnnl_memory_desc_t *any,
-                                dnnl_convolution_desc_t *fwd, dnnl_convolution_desc_t *desc)
+/* bias: the forward convolution's bias input (NULL: none). */
+static dnnl_status_t init_descs(const dnnl_conv_spec *sp, const dnnl_memory_desc_t *bias,
+                                dnnl_memory_desc_t *any, dnnl_convolution_desc_t *fwd,
+                                dnnl_convolution_desc_t *desc)
 {
     dnnl_status_t st = dnnl_success;
     for (int k = 0; k < 3 && st == dnnl_success; k++)
@@ -485,7 +504,7 @@ static dnnl_status_t init_descs(const dnnl_conv_spec *sp, dnnl_memory_desc_t *an
     dnnl_prop_kind_t prop =
         sp->kind == PATH_FORWARD ? dnnl_forward_inference : dnnl_forward_training;
     st = rfi_dnnl.dilated_convolution_forward_desc_init(fwd, prop, dnnl_convolution_direct, s, w,
-                                                        NULL, d, sp->strides, sp->dilates,
+                                                        bias, d, sp->strides, sp->dilates,
                                                         sp->pad_l, sp->pad_r);
     if (st != dnnl_success || sp->kind == PATH_FORWARD) {
         *desc = *fwd;
@@ -499,19 +518,29 @@ static dnnl_status_t init_descs(const dnnl_conv_spec *sp, dnnl_memory_desc_t *an
         desc, dnnl_convolution_direct, s, w, d, sp->strides, sp->dilates, sp->pad_l, sp->pad_r);
 }
 
+static bool has_binary(const rfi_dnnl_post *post)
+{
+    for (int k = 0; post && k < post->n; k++)
+        if (post->kind[k] == RFI_EPI_BIAS || post->kind[k] == RFI_EPI_ADD)
+            return true;
+    return false;
+}
+
 /* The primitive descriptor (user scratchpad, with its forward hint for the
  * backward kinds); dnnl_unimplemented if oneDNN only has its reference, or
- * post-ops on its gemm-based convolution (measured: a 1-channel 3x3 forward
- * on 64 images, 0.55 ms plain, 42 ms with a per-channel binary add: the
- * epilogue then runs after the call instead). */
-static dnnl_status_t create_pd(const dnnl_conv_spec *sp, const rfi_dnnl_post *post,
-                               dnnl_engine_t eng, dnnl_primitive_desc_t *pd)
+ * binary post-ops on its gemm-based convolution (measured: a 1-channel 3x3
+ * forward on 64 images, 0.55 ms plain, 42 ms with a per-channel binary add:
+ * the epilogue then runs after the call instead; its bias input and eltwise
+ * post-ops cost next to nothing there). */
+static dnnl_status_t create_pd(const dnnl_conv_spec *sp, const dnnl_memory_desc_t *bias,
+                               const rfi_dnnl_post *post, dnnl_engine_t eng,
+                               dnnl_primitive_desc_t *pd)
 {
     dnnl_memory_desc_t any[3];
     dnnl_convolution_desc_t fwd, desc;
     dnnl_primitive_desc_t hint = NULL;
     dnnl_primitive_attr_t attr = NULL;
-    dnnl_status_t st = init_descs(sp, any, &fwd, &desc);
+    dnnl_status_t st = init_descs(sp, bias, any, &fwd, &desc);
     if (st == dnnl_success && sp->kind != PATH_FORWARD)
         st = rfi_dnnl.primitive_desc_create(&hint, &fwd, NULL, eng, NULL);
     if (st == dnnl_success)
@@ -529,8 +558,7 @@ static dnnl_status_t create_pd(const dnnl_conv_spec *sp, const rfi_dnnl_post *po
     const char *impl = NULL;
     if (st == dnnl_success &&
         rfi_dnnl.primitive_desc_query(*pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-        impl && (strncmp(impl, "ref", 3) == 0 ||
-                 (post && post->n > 0 && strstr(impl, "gemm")))) {
+        impl && (strncmp(impl, "ref", 3) == 0 || (has_binary(post) && strstr(impl, "gemm")))) {
         rfi_dnnl.primitive_desc_destroy(*pd);
         *pd = NULL;
         st = dnnl_unimplemented;
@@ -568,6 +596,38 @@ static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool o
     return st;
 }
 
+/* A forward primitive applying c's whole epilogue, or NULL (then the services
+ * apply it after the call). First choice: a leading per-channel BIAS as the
+ * convolution's own bias input and the ops after it as post-ops (oneDNN's
+ * gemm-based convolution takes a bias input at no cost but no binary
+ * post-op: see create_pd); second: every op as a post-op. Sets c->dc.post
+ * and, when the bias input is used, *bias and *with_bias. */
+static dnnl_primitive_desc_t create_fused_pd(rfi_cpu_conv *c, const dnnl_conv_spec *sp,
+                                             dnnl_memory_desc_t *bias, bool *with_bias,
+                                             dnnl_engine_t eng)
+{
+    dnnl_conv *dc = &c->dc;
+    dnnl_primitive_desc_t pd = NULL;
+    rfi_dnnl_tensor dst = {sp->t[sp->dst].ndims, {0}, {0}};
+    memcpy(dst.dims, sp->t[sp->dst].dims, sizeof dst.dims);
+    memcpy(dst.strides, sp->t[sp->dst].strides, sizeof dst.strides);
+    if (c->epi[0].kind == RFI_EPI_BIAS && c->epi[0].axis == 1) {
+        dnnl_dims_t bias_dims = {dst.dims[1]};
+        if (rfi_dnnl.memory_desc_init_by_tag(bias, 1, bias_dims, dnnl_f32, dnnl_a) ==
+                dnnl_success &&
+            rfi_dnnl_post_make(&dc->post, c->epi + 1, c->n_epi - 1, &dst, 1) &&
+            create_pd(sp, bias, &dc->post, eng, &pd) == dnnl_success) {
+            *with_bias = true;
+            return pd;
+        }
+    }
+    if (rfi_dnnl_post_make(&dc->post, c->epi, c->n_epi, &dst, 1) &&
+        create_pd(sp, NULL, &dc->post, eng, &pd) == dnnl_success)
+        return pd;
+    memset(&dc->post, 0, sizeof dc->post);
+    return NULL;
+}
+
 /* Creates the oneDNN path of spec sp; false (nothing kept) if oneDNN does not
  * take it well. The workspace holds the scratchpad, then the blocked copies,
  * then (backward data) the packed kernel. */
@@ -576,17 +636,11 @@ static bool make_dnnl_conv(rfi_cpu_conv *c, const dnnl_conv_spec *sp, dnnl_engin
     dnnl_primitive_desc_t pd = NULL;
     dnnl_conv *dc = &c->dc;
     memset(&dc->post, 0, sizeof dc->post);
-    /* The epilogue as post-ops (forward only), else the plain primitive. */
-    rfi_dnnl_tensor dst = {sp->t[sp->dst].ndims, {0}, {0}};
-    memcpy(dst.dims, sp->t[sp->dst].dims, sizeof dst.dims);
-    memcpy(dst.strides, sp->t[sp->dst].strides, sizeof dst.strides);
-    if (sp->kind == PATH_FORWARD && c->n_epi > 0 &&
-        rfi_dnnl_post_make(&dc->post, c->epi, c->n_epi, &dst, 1) &&
-        create_pd(sp, &dc->post, eng, &pd) != dnnl_success) {
-        pd = NULL;
-        memset(&dc->post, 0, sizeof dc->post);
-    }
-    if (!pd && create_pd(sp, NULL, eng, &pd) != dnnl_success)
+    dnnl_memory_desc_t bias;
+    bool with_bias = false;
+    if (sp->kind == PATH_FORWARD && c->n_epi > 0)
+        pd = create_fused_pd(c, sp, &bias, &with_bias, eng);
+    if (!pd && create_pd(sp, NULL, NULL, eng, &pd) != dnnl_success)
         return false;
     const dnnl_memory_desc_t *sp_md = rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t ws = rfi_ws_align(sp_md ? rfi_dnnl.memory_desc_get_size(sp_md) : 0);
@@ -597,6 +651,8 @@ static bool make_dnnl_conv(rfi_cpu_conv *c, const dnnl_conv_spec *sp, dnnl_engin
         st = make_arg(&dc->args[k], &sp->t[k], sp->arg[k], k == 2, pd, eng, &ws);
     if (st == dnnl_success)
         st = rfi_dnnl_post_memories(&dc->post, eng, dc->post_mem);
+    if (st == dnnl_success && with_bias)
+        st = rfi_dnnl.memory_create(&dc->bias_mem, &bias, eng, DNNL_MEMORY_NONE);
     rfi_dnnl.primitive_desc_destroy(pd);
     if (st != dnnl_success) {
         destroy_dnnl_conv(dc);
@@ -637,7 +693,7 @@ static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0
     }
     void *user[3] = {(void *)in0, (void *)in1, out};
     dnnl_status_t st = dnnl_success;
-    dnnl_exec_arg_t args[4 + RFI_EPI_MAX];
+    dnnl_exec_arg_t args[5 + RFI_EPI_MAX];
     int nargs = 0;
     for (int k = 0; k < 3 && st == dnnl_success; k++) {
         conv_arg *a = &dc->args[k];
@@ -649,6 +705,11 @@ static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0
     if (dc->scratch && st == dnnl_success) {
         st = rfi_dnnl.memory_set_data_handle(dc->scratch, ws);
         args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, dc->scratch};
+    }
+    if (dc->bias_mem && st == dnnl_success) {
+        st = rfi_dnnl.memory_set_data_handle(dc->bias_mem, (void *)epi_src[0]);
+        args[nargs++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, dc->bias_mem};
+        epi_src++; /* the post-ops are the epilogue's ops after the bias */
     }
     if (st == dnnl_success) {
         nargs = rfi_dnnl_post_args(&dc->post, dc->post_mem, epi_src, args, nargs);
@@ -686,7 +747,7 @@ static int64_t narrowest_channels(const dnnl_conv_spec *sp)
     return in < out ? in : out;
 }
 
-static bool try_path(rfi_cpu_conv *c, int path, bool forced, dnnl_engine_t eng)
+static bool try_path(rfi_cpu_conv *c, int path, dnnl_engine_t eng)
 {
     dnnl_conv_spec sp;
     memset(&sp, 0, sizeof sp);
@@ -697,12 +758,11 @@ static bool try_path(rfi_cpu_conv *c, int path, bool forced, dnnl_engine_t eng)
     if (!ok || c->nsp > 3)
         return false;
     /* Blocked activations pay for their reorders only with enough channels
-     * (measured: a 1-channel forward runs 3x faster on plain layouts). */
-    bool blocked = narrowest_channels(&sp) >= BLOCKED_MIN_CHANNELS;
-    if (!blocked && path == PATH_BWD_WEIGHTS && !forced)
-        return false; /* im2col is faster there */
-    if (path == PATH_BWD_WEIGHTS)
-        blocked = true; /* its operands are transposed views: reordered anyway */
+     * (measured: a 1-channel forward runs 3x faster on plain layouts). The
+     * weight gradient always takes them: its operands are transposed views,
+     * reordered anyway, and even with one input channel it runs 2.6x faster
+     * than im2col (bench/bench_services.c, cnn conv1 bwd-weights). */
+    bool blocked = narrowest_channels(&sp) >= BLOCKED_MIN_CHANNELS || path == PATH_BWD_WEIGHTS;
     for (int k = 0; k < 3; k++)
         sp.any[k] = blocked || sp.arg[k] == DNNL_ARG_WEIGHTS || sp.arg[k] == DNNL_ARG_DIFF_WEIGHTS;
     if (make_dnnl_conv(c, &sp, eng))
@@ -723,14 +783,14 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
                    : !strcmp(forced, "bwd-data")    ? PATH_BWD_DATA
                                                     : PATH_IM2COL;
         if (path != PATH_IM2COL)
-            try_path(c, path, true, eng);
+            try_path(c, path, eng);
         return;
     }
-    if (c->k_count > c->p_count && try_path(c, PATH_BWD_WEIGHTS, false, eng))
+    if (c->k_count > c->p_count && try_path(c, PATH_BWD_WEIGHTS, eng))
         return;
-    if (c->k_count <= DIRECT_MAX_KERNEL && try_path(c, PATH_FORWARD, false, eng))
+    if (c->k_count <= DIRECT_MAX_KERNEL && try_path(c, PATH_FORWARD, eng))
         return;
-    try_path(c, PATH_BWD_DATA, false, eng);
+    try_path(c, PATH_BWD_DATA, eng);
 }
 
 rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
@@ -818,5 +878,5 @@ void rfi_cpu_conv_free(rfi_cpu_conv *c)
 
 bool rfi_cpu_conv_fused(const rfi_cpu_conv *c)
 {
-    return c && !c->empty && c->path == PATH_FORWARD && c->dc.post.n > 0;
+    return c && !c->empty && c->path == PATH_FORWARD && (c->dc.post.n > 0 || c->dc.bias_mem);
 }

@@ -55,6 +55,7 @@ typedef struct call_state {
     const void *epi_src[RFI_EPI_MAX]; /* its pointer during one call (NULL: none) */
     int64_t epi_inner[RFI_EPI_MAX];   /* BIAS: elements per step along its dim */
     bool epi_done;          /* the library applies the epilogue */
+    int lib_threads;        /* OpenMP threads the library call runs on */
 } call_state;
 
 struct rfi_cpu_services {
@@ -78,12 +79,28 @@ void rfi_cpu_services_parallel_for(void *rt, int64_t n, int64_t grain,
     rfi_parallel_for(n, grain, body, ctx);
 }
 
-/* Gives OpenMP (oneDNN's threads) the pool's size on the calling thread: the
- * setting is per thread in libgomp, so it is repeated before each library call. */
-static void set_library_threads(const rfi_cpu_services *s)
+/* Gives OpenMP (oneDNN's threads) `threads` on the calling thread: the
+ * setting is per thread in libgomp, so it is repeated before each library call
+ * and before each primitive is created (oneDNN's matmul fixes its split over
+ * threads then). */
+static void set_library_threads(const rfi_cpu_services *s, int threads)
 {
     if (s->have_library && rfi_dnnl.omp_set_num_threads)
-        rfi_dnnl.omp_set_num_threads(s->threads);
+        rfi_dnnl.omp_set_num_threads(threads);
+}
+
+/* Products smaller than this many multiply-adds run on the calling thread
+ * alone: waking OpenMP's sleeping workers costs more than they save there
+ * (measured with bench/bench_services.c: 128x256 @ 256x10 took 52 us on two
+ * threads). */
+#define SMALL_MATMUL_MACS 2000000
+
+static int matmul_threads(const rfi_cpu_services *s, const rfi_node *n)
+{
+    int64_t macs = rfi_node_numel(n);
+    for (int d = 0; d < n->attr.nl[2]; d++)
+        macs *= n->in[0]->dims[n->attr.l[2][d]];
+    return macs < SMALL_MATMUL_MACS ? 1 : s->threads;
 }
 
 static rf_status locate(const rfi_plan *p, const rfi_node *x, value_ref *ref, int step)
@@ -175,8 +192,12 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
     cs->kind = RFI_CALL_FALLBACK;
     if ((step->call == RFI_CALL_MATMUL || step->call == RFI_CALL_CONV) && !s->have_library)
         return RF_OK; /* no oneDNN: the reference kernel */
+    cs->lib_threads = s->threads;
     if (step->call == RFI_CALL_MATMUL && n->op == RFI_OP_DOT_GENERAL) {
+        cs->lib_threads = matmul_threads(s, n);
+        set_library_threads(s, cs->lib_threads);
         st = rfi_cpu_matmul_prepare(n, cs->epi, cs->n_epi, s->engine, &cs->matmul, workspace);
+        set_library_threads(s, s->threads);
         if (st == RF_OK)
             cs->kind = RFI_CALL_MATMUL;
         cs->epi_done = st == RF_OK && rfi_cpu_matmul_fused(cs->matmul);
@@ -225,7 +246,7 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     s->steps = rfi_arena_alloc(&s->mem, ((size_t)p->n_steps + 1) * sizeof *s->steps);
     rf_status st = s->steps ? create_library(s)
                             : rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
-    set_library_threads(s);
+    set_library_threads(s, s->threads);
     size_t most = 0;
     for (int k = 0; k < p->n_steps && st == RF_OK; k++) {
         size_t need = 0;
@@ -389,12 +410,12 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
     rf_status st;
     switch (cs->kind) {
     case RFI_CALL_MATMUL:
-        set_library_threads(s);
+        set_library_threads(s, cs->lib_threads);
         st = rfi_cpu_matmul_run(cs->matmul, s->stream, cs->operands[0], cs->operands[1], out,
                                 cs->epi_src, s->workspace);
         break;
     case RFI_CALL_CONV:
-        set_library_threads(s);
+        set_library_threads(s, cs->lib_threads);
         st = rfi_cpu_conv_run(cs->conv, s->stream, cs->operands[0], cs->operands[1], out,
                               cs->epi_src, s->workspace);
         break;
