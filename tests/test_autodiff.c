@@ -10,6 +10,7 @@
  * differences in f64. Part 3 checks internals: every op has a rule or is
  * documented as gradient-free, and rfi_dce keeps argument/capture slots.
  */
+#include <math.h>
 #include "test_prog.h"
 
 #include "ad/vjp.h"
@@ -136,6 +137,35 @@ static void build_stop_gradient(rf_trace *t, rf_tensor *const *a, int n, void *u
     rf_grad(t, y2, &a[0], 1, &g2);
     rf_return(t, g1);
     rf_return(t, g2);
+}
+
+/* d/dx sum(relu(x)) and d/dx sum(max(x, 0.5)): relu's gradient is y > 0
+ * (zero at +-0 and NaN), a general max still sends ties to its first operand. */
+static void build_relu_and_max(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n;
+    (void)u;
+    rf_tensor *g[1];
+    rf_grad(t, rf_sum_all(rf_relu(a[0])), a, 1, g);
+    rf_return(t, g[0]);
+    rf_grad(t, rf_sum_all(rf_max(a[0], rf_scalar(t, 0.5))), a, 1, g);
+    rf_return(t, g[0]);
+    rf_grad(t, rf_sum_all(rf_max(rf_scalar(t, 0.0), a[0])), a, 1, g);
+    rf_return(t, g[0]);
+}
+
+static void test_relu_gradient(void)
+{
+    rf_array *x = tp_host(RF_F32, RF_SHAPE(6), (const double[]){-1, -0.0, 0, 0.5, 2, NAN});
+    rf_array *out[3];
+    CHECK_OK(tp_run(build_relu_and_max, NULL, &x, 1, out, 3));
+    tp_expect("relu grad", out[0], RF_F32, RF_SHAPE(6), (const double[]){0, 0, 0, 1, 1, 0}, 0, 0);
+    tp_expect("max(x, 0.5) grad", out[1], RF_F32, RF_SHAPE(6),
+              (const double[]){0, 0, 0, 1, 1, 0}, 0, 0);
+    tp_expect("max(0, x) grad", out[2], RF_F32, RF_SHAPE(6), (const double[]){0, 0, 0, 1, 1, 0},
+              0, 0);
+    tp_free_all(out, 3);
+    rf_array_free(x);
 }
 
 static void test_stop_gradient(void)
@@ -605,6 +635,7 @@ int main(void)
     test_square();
     test_tanh_matmul_capture();
     test_broadcast_and_independent();
+    test_relu_gradient();
     test_stop_gradient();
     test_two_grad_calls();
     test_aux_and_intermediate();

@@ -22,7 +22,10 @@
  *   div                 ct / b, -ct * y / b
  *   pow                 ct * b * a^(b-1);  ct * y * log(a), 0 where a == 0 (JAX's
  *                       choice; negative a gives NaN: no real derivative)
- *   max / min           ct to the selected operand; ties go to a (a >= b / a <= b)
+ *   max / min           ct to the selected operand; ties go to a (a >= b / a <= b);
+ *                       except relu, max(x, 0) with a constant zero: ct where y > 0
+ *                       (NNlib's and PyTorch's rule: 0 at x == 0), read from the
+ *                       result so the pre-activation need not be kept
  *   rem                 ct;  -ct * trunc(a / b)
  *   select              pred: none; a: ct where pred; b: ct where !pred
  *   clamp               x: ct where lo <= x <= hi; lo / hi: ct where they were chosen
@@ -59,6 +62,8 @@
  * Deliberately not here: deciding what to differentiate (autodiff.c).
  */
 #include "ad/vjp.h"
+
+#include <string.h>
 
 #define G (a->g)
 
@@ -218,8 +223,37 @@ static rf_status route_chooser(const rfi_vjp_args *a, rfi_node **gr, int cmp)
     return RF_OK;
 }
 
+/* x is a constant zero, or a broadcast of one (either sign of zero). */
+static bool is_zero_constant(const rfi_node *x)
+{
+    if (x->op == RFI_OP_BROADCAST_IN_DIM)
+        x = x->in[0];
+    if (x->op != RFI_OP_CONSTANT || x->rank != 0 || !x->attr.data)
+        return false;
+    if (x->dtype == RF_F32) {
+        float v;
+        memcpy(&v, x->attr.data, sizeof v);
+        return v == 0.0f;
+    }
+    if (x->dtype == RF_F64) {
+        double v;
+        memcpy(&v, x->attr.data, sizeof v);
+        return v == 0.0;
+    }
+    return false;
+}
+
 static rf_status vjp_max(const rfi_vjp_args *a, rfi_node **gr)
 {
+    for (int k = 0; k < 2; k++) {
+        if (!is_zero_constant(a->in[1 - k]) || is_zero_constant(a->in[k]))
+            continue;
+        /* relu: y > 0 exactly where x > 0 (a NaN x gives a NaN y: no cotangent) */
+        rfi_node *zero = rfi_ad_full_like(G, a->ct, 0.0);
+        if (a->want[k])
+            gr[k] = rfi_ad_select(G, rfi_ad_compare(G, a->out, zero, RF_GT), a->ct, zero);
+        return RF_OK;
+    }
     return route_chooser(a, gr, RF_GE);
 }
 
