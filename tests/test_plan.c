@@ -674,6 +674,16 @@ static void test_mlp_train_step(void)
 /* (e) the CNN of the benchmarks at a small batch: convolutions go to CONV
  * calls, max-pool backward to a FALLBACK call, the plan stays consistent and
  * every update is still in place. */
+/* LOOP steps whose only root is a transpose. */
+static int transpose_loops(const rfi_plan *p)
+{
+    int n = 0;
+    for (int q = 0; q < p->n_steps; q++)
+        n += p->steps[q].kind == RFI_STEP_LOOP && p->steps[q].n_roots == 1 &&
+             p->g->nodes[p->steps[q].roots[0]]->op == RFI_OP_TRANSPOSE;
+    return n;
+}
+
 static void test_cnn_train_step(void)
 {
     rf_nn_seed(3);
@@ -700,7 +710,32 @@ static void test_cnn_train_step(void)
         printf("cnn: %d steps (%d LOOP, %d REDUCE, %d CALL), arena %zu bytes\n", p->n_steps,
                rfi_plan_count(p, RFI_STEP_LOOP), rfi_plan_count(p, RFI_STEP_REDUCE),
                rfi_plan_count(p, RFI_STEP_CALL), p->arena_bytes);
+        CHECK(transpose_loops(p) == 2); /* x and dy transposed for the weight gradient */
     }
+    /* With transposed views the weight-gradient conv reads both from their
+     * sources: the two transposes are inline and no step computes them. */
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    rfi_plan *pv = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &pv));
+    if (p && pv) {
+        CHECK(transpose_loops(pv) == 0);
+        CHECK(rfi_plan_count(pv, RFI_STEP_LOOP) == rfi_plan_count(p, RFI_STEP_LOOP) - 2);
+        int views = 0;
+        for (int q = 0; q < pv->n_steps; q++) {
+            const rfi_step *st = &pv->steps[q];
+            if (st->kind != RFI_STEP_CALL || st->call != RFI_CALL_CONV)
+                continue;
+            const rfi_node *n = pv->g->nodes[st->core >= 0 ? st->core : st->roots[0]];
+            for (int k = 0; k < 2; k++)
+                views += n->in[k]->op == RFI_OP_TRANSPOSE &&
+                         pv->loc[n->in[k]->id].kind == RFI_LOC_INLINE &&
+                         pv->loc[n->in[k]->in[0]->id].kind != RFI_LOC_INLINE;
+        }
+        CHECK(views == 2);
+        check_invariants(pv);
+    }
+    rfi_plan_free(pv);
     rfi_plan_free(p);
     rfi_graph_free(g);
     rf_array_free(x);

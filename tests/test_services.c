@@ -28,6 +28,7 @@
 #include "backend/cpu/services.h"
 #include "backend/interp/interp.h"
 #include "runtime/threadpool.h"
+#include "test_prog.h"
 #include "test_util.h"
 
 /* ---- Random data ------------------------------------------------------------------- */
@@ -954,6 +955,60 @@ static void test_epilogues(void)
     }
 }
 
+/* ---- Transposed operand views (plan.h conv_transposed_views) ------------------------- */
+
+/* d/dx and d/dw of sum(conv(x, w) * c): the weight gradient's convolution
+ * reads x and the output cotangent through swap01 transposes. */
+static void conv_grads_fn(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n;
+    const int64_t *stride = u;
+    rf_conv_params cp = rf_conv_params_default(2);
+    cp.stride[0] = cp.stride[1] = *stride;
+    cp.pad_lo[0] = cp.pad_lo[1] = cp.pad_hi[0] = cp.pad_hi[1] = *stride == 1 ? 1 : 0;
+    rf_tensor *y = rf_mul(rf_conv(a[0], a[1], &cp), a[2]);
+    rf_tensor *g[2];
+    rf_grad(t, rf_sum_all(y), a, 2, g);
+    rf_return(t, g[0]);
+    rf_return(t, g[1]);
+}
+
+/* Compiled with RF_CHECK=1 (each run is compared with the interpreter), on
+ * the default path (backward-weights reads the views) and with im2col forced
+ * (the services transpose them back first). */
+static void test_conv_views(void)
+{
+    static const int64_t strides[2] = {1, 2};
+    uint64_t seed = 7;
+    setenv("RF_CHECK", "1", 1);
+    for (int forced = 0; forced < 2; forced++) {
+        if (forced)
+            setenv("RF_CONV_PATH", "im2col", 1);
+        for (int k = 0; k < 2; k++) {
+            int64_t o = strides[k] == 1 ? 8 : 4;
+            double xv[4 * 16 * 8 * 8], wv[16 * 16 * 9], cv[4 * 16 * 8 * 8];
+            /* positive data: each gradient element sums 64-256 products,
+             * and with mixed signs their cancellation leaves f32 rounding
+             * above the check's relative tolerance */
+            for (size_t i = 0; i < sizeof xv / sizeof xv[0]; i++)
+                xv[i] = tp_rand(&seed, 0, 1), cv[i] = tp_rand(&seed, 0.5, 1);
+            for (size_t i = 0; i < sizeof wv / sizeof wv[0]; i++)
+                wv[i] = tp_rand(&seed, 0, 1);
+            int64_t kw = strides[k] == 1 ? 3 : 1;
+            rf_array *in[3] = {tp_host(RF_F32, RF_SHAPE(4, 16, 8, 8), xv),
+                               tp_host(RF_F32, RF_SHAPE(16, 16, kw, kw), wv),
+                               tp_host(RF_F32, RF_SHAPE(4, 16, o, o), cv)};
+            rf_array *out[2] = {NULL, NULL};
+            CHECK_OK(tp_run(conv_grads_fn, (void *)&strides[k], in, 3, out, 2));
+            tp_free_all(out, 2);
+            tp_free_all(in, 3);
+        }
+    }
+    unsetenv("RF_CONV_PATH");
+    unsetenv("RF_CHECK");
+    printf("conv views: weight gradients checked against the interpreter\n");
+}
+
 int main(void)
 {
     test_pool_sum();
@@ -964,6 +1019,7 @@ int main(void)
     test_conv("forward");
     test_conv("bwd-weights");
     test_conv("bwd-data");
+    test_conv_views();
     test_native();
     test_fallback();
     test_bad_calls();

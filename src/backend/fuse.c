@@ -10,9 +10,11 @@
  *   IOTA is inline unless it must be materialised (then a LOOP root).
  *
  * Always materialised: program outputs and update values; the operands of
- *   CALL steps; every op that is not fusible (REDUCE, REDUCE_WINDOW, ARGMAX,
- *   ARGMIN, DOT_GENERAL, CONVOLUTION, GATHER, SCATTER_ADD,
- *   SELECT_AND_SCATTER, RNG).
+ *   CALL steps (with opts.conv_transposed_views, an f32 ungrouped CONV call's
+ *   operand that transposes dims 0 and 1 stays inline and its own operand is
+ *   materialised instead: the call reads it as a view); every op that is not
+ *   fusible (REDUCE, REDUCE_WINDOW, ARGMAX, ARGMIN, DOT_GENERAL, CONVOLUTION,
+ *   GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG).
  *
  * Fusible ops: unary/binary elementwise (STOP_GRADIENT included), COMPARE,
  *   SELECT, CLAMP, CONVERT, BROADCAST_IN_DIM, RESHAPE, TRANSPOSE, SLICE,
@@ -237,8 +239,26 @@ static int user_sites(const rfi_plan_builder *b, const int *sites, const rfi_nod
     return w > 2 ? 2 : w;
 }
 
+/* Operand k of CONV call x is read as a view (opts.conv_transposed_views): a
+ * TRANSPOSE swapping dims 0 and 1 of an f32 value, in an ungrouped
+ * convolution. */
+static bool conv_view(const rfi_plan_builder *b, const rfi_node *x, int k)
+{
+    const rfi_node *t = x->in[k];
+    if (!b->opts.conv_transposed_views || x->op != RFI_OP_CONVOLUTION ||
+        x->dtype != RF_F32 || x->attr.i[0] != 1 || x->attr.i[1] != 1 ||
+        t->op != RFI_OP_TRANSPOSE || t->rank < 2 || t->attr.l[0][0] != 1 ||
+        t->attr.l[0][1] != 0)
+        return false;
+    for (int d = 2; d < t->rank; d++)
+        if (t->attr.l[0][d] != d)
+            return false;
+    return true;
+}
+
 /* Nodes that must have a buffer whatever their users: outputs, update
- * values, non-fusible ops and the operands of CALL steps. */
+ * values, non-fusible ops and the operands of CALL steps (for a view, the
+ * transpose's operand instead). */
 static void mark_forced(const rfi_plan_builder *b, bool *forced)
 {
     const rfi_graph *g = b->g;
@@ -252,7 +272,7 @@ static void mark_forced(const rfi_plan_builder *b, bool *forced)
             forced[i] = true;
         if (call_kind(b, x) != RFI_CALL_NONE)
             for (int k = 0; k < x->n_in; k++)
-                forced[x->in[k]->id] = true;
+                forced[conv_view(b, x, k) ? x->in[k]->in[0]->id : x->in[k]->id] = true;
     }
 }
 

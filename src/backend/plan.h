@@ -142,6 +142,13 @@ typedef struct rfi_plan_opts {
     bool in_place_updates; /* plan update values into their captures when safe */
     bool call_epilogues;   /* fuse bias/residual/activation users into CALL steps
                             * (default on; RF_CALL_EPILOGUES=0 in the environment: off) */
+    /* CONV calls may read an operand that is a TRANSPOSE swapping dims 0 and 1
+     * (what the autodiff's weight-gradient convolution reads) straight from
+     * the transpose's operand: the transpose stays inline, its operand is
+     * materialised, and the CALL step reads that buffer (the backend's call
+     * sees the operand node's location INLINE and reads operand->in[0]).
+     * Default off: a backend turns it on when its calls handle such views. */
+    bool conv_transposed_views;
 } rfi_plan_opts;
 
 RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);

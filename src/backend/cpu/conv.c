@@ -91,6 +91,7 @@ struct rfi_cpu_conv {
     dnnl_conv dc;                   /* the oneDNN convolution (path != PATH_IM2COL) */
     const rfi_epi_op *epi;          /* the step's epilogue (prepare time only) */
     int n_epi;
+    bool views[2];                  /* operand k's buffer holds it with dims 0, 1 swapped */
     size_t pack_at, dnnl_workspace; /* packed kernel (bwd-data); workspace of dc */
 };
 
@@ -385,8 +386,8 @@ static bool spec_bwd_weights(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
     xd[0] = x->dims[1], xd[1] = x->dims[0];
     wd[0] = w->dims[1], wd[1] = w->dims[0];
     rd[0] = n->dims[1], rd[1] = n->dims[0];
-    sp->t[0] = make_tensor(x->rank, xd, true);
-    sp->t[1] = make_tensor(w->rank, wd, true);
+    sp->t[0] = make_tensor(x->rank, xd, !c->views[0]); /* a view holds [N, C, ...] itself */
+    sp->t[1] = make_tensor(w->rank, wd, !c->views[1]);
     sp->t[2] = make_tensor(n->rank, rd, true);
     sp->arg[0] = DNNL_ARG_SRC;
     sp->arg[1] = DNNL_ARG_DIFF_DST;
@@ -794,7 +795,8 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
 }
 
 rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
-                               dnnl_engine_t eng, rfi_cpu_conv **out, size_t *workspace_bytes)
+                               const bool views[2], dnnl_engine_t eng, rfi_cpu_conv **out,
+                               size_t *workspace_bytes)
 {
     *out = NULL;
     *workspace_bytes = 0;
@@ -807,6 +809,8 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_e
     c->node = n;
     c->epi = epi;
     c->n_epi = n_epi;
+    c->views[0] = views && views[0];
+    c->views[1] = views && views[1];
     if (!read_shape(c, n)) {
         rfi_free(c);
         return RF_E_UNSUPPORTED;
@@ -874,6 +878,11 @@ void rfi_cpu_conv_free(rfi_cpu_conv *c)
     rfi_dnnl_mm_destroy(&c->last);
     destroy_dnnl_conv(&c->dc);
     rfi_free(c);
+}
+
+bool rfi_cpu_conv_takes_views(const rfi_cpu_conv *c)
+{
+    return c && !c->empty && c->path == PATH_BWD_WEIGHTS;
 }
 
 bool rfi_cpu_conv_fused(const rfi_cpu_conv *c)

@@ -146,6 +146,7 @@ static rf_status cpu_prepare(const rfi_graph *g, void **state)
             rfi_free(text);
         }
         rfi_plan_opts opts = rfi_plan_opts_default();
+        opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
         st = rfi_plan_build(s->opt, &opts, &s->plan);
         if (st == RF_OK)
             st = build_module(s, name, hash);

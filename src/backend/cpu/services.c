@@ -14,6 +14,10 @@
  *                  operands); used for FALLBACK steps and for MATMUL / CONV
  *                  steps the library path does not take (f64, integers,
  *                  G > 1 with B > 1, no spatial dims).
+ * A CONV operand the plan left as a transposed view (plan.h) is read from the
+ * transpose's operand: by oneDNN's backward-weights directly (the weight
+ * gradient's form, described by strides), else transposed back into the
+ * workspace before the call.
  * A step with an epilogue (plan.h) computes its core node and then the
  * epilogue ops into the root's buffer: as oneDNN post-ops when the library
  * path takes them, else here, after the call, element by element with the
@@ -56,6 +60,12 @@ typedef struct call_state {
     int64_t epi_inner[RFI_EPI_MAX];   /* BIAS: elements per step along its dim */
     bool epi_done;          /* the library applies the epilogue */
     int lib_threads;        /* OpenMP threads the library call runs on */
+    /* CONV operands read as views (plan.h, conv_transposed_views): in[k] is
+     * the transpose's operand. Unless the convolution takes views itself,
+     * each is transposed back into the workspace at view_at[k] per call. */
+    bool view[2];
+    bool copy_views;
+    size_t view_at[2];
 } call_state;
 
 struct rfi_cpu_services {
@@ -143,7 +153,13 @@ static rf_status prepare_locations(rfi_cpu_services *s, int k)
     if (!cs->in || !cs->operands)
         return rfi_error(RF_E_NOMEM, "cpu: out of memory preparing call step %d", k);
     for (int j = 0; j < n->n_in; j++) {
-        rf_status st = locate(p, n->in[j], &cs->in[j], k);
+        const rfi_node *x = n->in[j];
+        if (p->loc[x->id].kind == RFI_LOC_INLINE && x->op == RFI_OP_TRANSPOSE &&
+            n->op == RFI_OP_CONVOLUTION && j < 2) {
+            cs->view[j] = true; /* the plan checked it swaps dims 0 and 1 */
+            x = x->in[0];
+        }
+        rf_status st = locate(p, x, &cs->in[j], k);
         if (st != RF_OK)
             return st;
     }
@@ -174,6 +190,46 @@ static bool is_leaf(const rfi_node *n)
     return n->op == RFI_OP_ARGUMENT || n->op == RFI_OP_CAPTURE || n->op == RFI_OP_GRAD;
 }
 
+/* Views the call does not take (or the reference kernel, when oneDNN is
+ * missing) are transposed back into the workspace, after the call's own part. */
+static void reserve_view_copies(call_state *cs, size_t *workspace)
+{
+    for (int j = 0; j < 2; j++) {
+        if (!cs->view[j])
+            continue;
+        cs->copy_views = true;
+        *workspace = rfi_ws_align(*workspace);
+        cs->view_at[j] = *workspace;
+        *workspace += rfi_node_nbytes(cs->node->in[j]);
+    }
+}
+
+typedef struct swap_job {
+    const char *src; /* [b, a, row] */
+    char *dst;       /* [a, b, row] */
+    int64_t a, b;
+    size_t row;      /* bytes of one [inner dims] block */
+} swap_job;
+
+static void swap_rows(void *ctx, int64_t lo, int64_t hi)
+{
+    const swap_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++)
+        for (int64_t k = 0; k < j->b; k++)
+            memcpy(j->dst + (size_t)(i * j->b + k) * j->row,
+                   j->src + (size_t)(k * j->a + i) * j->row, j->row);
+}
+
+/* Operand `node` (dims [a, b, ...]) from a buffer holding it as [b, a, ...]. */
+static void copy_view(const rfi_node *node, const void *src, void *dst)
+{
+    swap_job job = {src, dst, node->dims[0], node->dims[1],
+                    (size_t)rfi_numel(node->dims + 2, node->rank - 2) *
+                        rf_dtype_size(node->dtype)};
+    int64_t per_row = (int64_t)(job.row / 4) * job.b + 1;
+    rfi_parallel_for(job.a, 1 + 16384 / per_row, swap_rows, &job);
+}
+
 /* Prepares the library path of step k, or settles on the reference kernel. */
 static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
 {
@@ -202,10 +258,13 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
             cs->kind = RFI_CALL_MATMUL;
         cs->epi_done = st == RF_OK && rfi_cpu_matmul_fused(cs->matmul);
     } else if (step->call == RFI_CALL_CONV && n->op == RFI_OP_CONVOLUTION) {
-        st = rfi_cpu_conv_prepare(n, cs->epi, cs->n_epi, s->engine, &cs->conv, workspace);
+        st = rfi_cpu_conv_prepare(n, cs->epi, cs->n_epi, cs->view, s->engine, &cs->conv,
+                                  workspace);
         if (st == RF_OK)
             cs->kind = RFI_CALL_CONV;
         cs->epi_done = st == RF_OK && rfi_cpu_conv_fused(cs->conv);
+        if (st == RF_OK && rfi_cpu_conv_takes_views(cs->conv))
+            cs->view[0] = cs->view[1] = false;
     } else if (cs->n_epi > 0) {
         return rfi_error(RF_E_INTERNAL, "cpu: call step %d has an epilogue on a %s node", k,
                          rfi_op_table[n->op].name);
@@ -251,6 +310,7 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     for (int k = 0; k < p->n_steps && st == RF_OK; k++) {
         size_t need = 0;
         st = prepare_step(s, k, &need);
+        reserve_view_copies(&s->steps[k], &need);
         most = need > most ? need : most;
     }
     if (st == RF_OK && most > 0) {
@@ -404,6 +464,13 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
     call_state *cs = &s->steps[step];
     for (int j = 0; j < cs->n_in; j++)
         cs->operands[j] = buffer_at(buffers, cs->in[j]);
+    for (int j = 0; cs->copy_views && j < 2; j++) {
+        if (!cs->view[j])
+            continue;
+        void *copy = (char *)s->workspace + cs->view_at[j];
+        copy_view(cs->node->in[j], cs->operands[j], copy);
+        cs->operands[j] = copy;
+    }
     for (int e = 0; e < cs->n_epi; e++)
         cs->epi_src[e] = cs->epi_in[e].buffer >= 0 ? buffer_at(buffers, cs->epi_in[e]) : NULL;
     void *out = buffer_at(buffers, cs->out);

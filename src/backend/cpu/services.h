@@ -129,12 +129,17 @@ RFI_FUNC rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const 
 RFI_FUNC bool rfi_cpu_matmul_fused(const rfi_cpu_matmul *m);
 RFI_FUNC void rfi_cpu_matmul_free(rfi_cpu_matmul *m);
 
-/* CONVOLUTION on f32 (conv.c), same conventions (the epilogue runs as
- * post-ops of oneDNN's forward convolution only). */
+/* CONVOLUTION on f32 (conv.c), same conventions (the epilogue runs inside
+ * oneDNN's forward convolution only). views[k]: operand k is a view
+ * (plan.h, conv_transposed_views): its buffer holds the operand with dims 0
+ * and 1 swapped. Only the backward-weights path reads views as they are
+ * (rfi_cpu_conv_takes_views); on the others the caller passes the operand
+ * itself, transposed back. */
 typedef struct rfi_cpu_conv rfi_cpu_conv;
 RFI_FUNC rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
-                                        dnnl_engine_t eng, rfi_cpu_conv **out,
-                                        size_t *workspace_bytes);
+                                        const bool views[2], dnnl_engine_t eng,
+                                        rfi_cpu_conv **out, size_t *workspace_bytes);
+RFI_FUNC bool rfi_cpu_conv_takes_views(const rfi_cpu_conv *c);
 RFI_FUNC rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x,
                                     const void *w, void *out, const void *const *epi_src,
                                     void *workspace);
