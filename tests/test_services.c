@@ -943,7 +943,7 @@ static void test_epilogues(void)
         {"matmul+bias+residual+tanh", false, 0, true, true, 2, 1.0, 3, true},
         {"conv+bias+relu", true, 8, true, false, 1, 1.0, 2, true},
         {"conv+bias (1 channel)", true, 1, true, false, 0, 1.0, 1, true}, /* bias input alone */
-        {"conv+bias+relu (1 channel)", true, 1, true, false, 1, 1.0, 2, true}, /* + eltwise */
+        {"conv+bias+relu (1 channel)", true, 1, true, false, 1, 1.0, 2, false}, /* relu after */
         {"conv+bias+logistic", true, 8, true, false, 3, 2.0, 2, true},
         {"conv+bias+residual+relu", true, 8, true, true, 1, 1.0, 3, false},
     };

@@ -58,7 +58,7 @@ typedef struct call_state {
     value_ref epi_in[RFI_EPI_MAX];  /* operand of each epilogue op */
     const void *epi_src[RFI_EPI_MAX]; /* its pointer during one call (NULL: none) */
     int64_t epi_inner[RFI_EPI_MAX];   /* BIAS: elements per step along its dim */
-    bool epi_done;          /* the library applies the epilogue */
+    int epi_applied;        /* leading epilogue ops the library applies */
     int lib_threads;        /* OpenMP threads the library call runs on */
     /* CONV operands read as views (plan.h, conv_transposed_views): in[k] is
      * the transpose's operand. Unless the convolution takes views itself,
@@ -256,13 +256,13 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
         set_library_threads(s, s->threads);
         if (st == RF_OK)
             cs->kind = RFI_CALL_MATMUL;
-        cs->epi_done = st == RF_OK && rfi_cpu_matmul_fused(cs->matmul);
+        cs->epi_applied = st == RF_OK && rfi_cpu_matmul_fused(cs->matmul) ? cs->n_epi : 0;
     } else if (step->call == RFI_CALL_CONV && n->op == RFI_OP_CONVOLUTION) {
         st = rfi_cpu_conv_prepare(n, cs->epi, cs->n_epi, cs->view, s->engine, &cs->conv,
                                   workspace);
         if (st == RF_OK)
             cs->kind = RFI_CALL_CONV;
-        cs->epi_done = st == RF_OK && rfi_cpu_conv_fused(cs->conv);
+        cs->epi_applied = st == RF_OK ? rfi_cpu_conv_epilogue_ops(cs->conv) : 0;
         if (st == RF_OK && rfi_cpu_conv_takes_views(cs->conv))
             cs->view[0] = cs->view[1] = false;
     } else if (cs->n_epi > 0) {
@@ -396,7 +396,7 @@ static void bias_f32(float *restrict out, const float *restrict b, int64_t lo, i
 static void epilogue_block_f32(const epilogue_job *j, float *restrict out, int64_t lo, int64_t hi)
 {
     const call_state *cs = j->cs;
-    for (int e = 0; e < cs->n_epi; e++) {
+    for (int e = cs->epi_applied; e < cs->n_epi; e++) {
         const float *src = cs->epi_src[e];
         switch (cs->epi[e].kind) {
         case RFI_EPI_BIAS: bias_f32(out, src, lo, hi, cs->epi_inner[e], j->len[e]); break;
@@ -427,7 +427,7 @@ static void epilogue_range(void *ctx, int64_t lo, int64_t hi)
     }
     for (int64_t i = lo; i < hi; i++) {
         double v = load_as_double(j->out, dt, i);
-        for (int e = 0; e < j->cs->n_epi; e++) {
+        for (int e = j->cs->epi_applied; e < j->cs->n_epi; e++) {
             v = epilogue_op(j, e, v, i, dt);
             if (dt == RF_F32)
                 v = (double)(float)v; /* each op rounds once, as the interpreter's */
@@ -491,7 +491,7 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
                         : rfi_interp_eval_node(cs->node, cs->operands, out);
         break;
     }
-    if (st == RF_OK && cs->n_epi > 0 && !cs->epi_done)
+    if (st == RF_OK && cs->epi_applied < cs->n_epi)
         st = apply_epilogue(cs, out);
     return st == RF_OK ? 0 : 1;
 }
@@ -524,7 +524,7 @@ const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step)
 bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step)
 {
     return s && step >= 0 && step < s->n_steps && s->steps[step].n_epi > 0 &&
-           s->steps[step].epi_done;
+           s->steps[step].epi_applied == s->steps[step].n_epi;
 }
 
 size_t rfi_cpu_services_workspace(const rfi_cpu_services *s) { return s ? s->workspace_bytes : 0; }

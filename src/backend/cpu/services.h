@@ -143,7 +143,9 @@ RFI_FUNC bool rfi_cpu_conv_takes_views(const rfi_cpu_conv *c);
 RFI_FUNC rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x,
                                     const void *w, void *out, const void *const *epi_src,
                                     void *workspace);
-RFI_FUNC bool rfi_cpu_conv_fused(const rfi_cpu_conv *c);
+/* How many leading ops of the epilogue the convolution applies (the caller
+ * applies the rest). */
+RFI_FUNC int rfi_cpu_conv_epilogue_ops(const rfi_cpu_conv *c);
 RFI_FUNC void rfi_cpu_conv_free(rfi_cpu_conv *c);
 /* Which path a prepared convolution takes: "im2col" or "direct" (for benches). */
 RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
