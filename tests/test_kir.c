@@ -546,7 +546,7 @@ static void check_program(rfi_graph *g, rfi_plan *p, const void *const *args,
         bufs[b++] = arena;
         for (int k = 0; k < p->n_consts; k++)
             bufs[b++] = (void *)g->nodes[p->consts[k]]->attr.data;
-        rf_module_services s = {RF_MODULE_ABI, NULL, serial_for, failing_call};
+        rf_module_services s = {RF_MODULE_ABI, NULL, serial_for, failing_call, NULL, NULL};
         int rc = m.entry(&s, bufs);
         CHECK(rc == 0);
         for (int i = 0; i < no; i++)
@@ -1155,7 +1155,7 @@ static void test_structure(void)
         for (int i = 0; i < 128; i++)
             xd[i] = (float)i * 0.01f;
         void *bufs[6] = {xd, bd, o0, o1, o2, NULL};
-        rf_module_services s = {RF_MODULE_ABI, NULL, serial_for, failing_call};
+        rf_module_services s = {RF_MODULE_ABI, NULL, serial_for, failing_call, NULL, NULL};
         CHECK(m.entry(&s, bufs) == 3); /* the failing call reports step 2 + 1 */
         CHECK(o1[5] == xd[5]);
     }

@@ -9,6 +9,8 @@
  * RF_CHECK=1 (read at compile time) makes every run also execute the
  * reference interpreter first and compare outputs and updated captures: the
  * differential mode the test suite uses to check both backends agree.
+ * RF_PROFILE=1 (read at compile time too) times every step of every run and
+ * prints the profile when the executable is freed (profile.c).
  *
  * It does not know about layers or training, and it computes nothing itself.
  */
@@ -16,6 +18,7 @@
 #include "../kir.h"
 #include "../plan.h"
 #include "cc.h"
+#include "profile.h"
 #include "services.h"
 
 #include <math.h>
@@ -34,6 +37,7 @@ typedef struct cpu_state {
     void **buffers;          /* the buffer table, filled per run */
     int n_buffers;
     void *check;             /* interpreter state when RF_CHECK=1, else NULL */
+    rfi_cpu_profile *profile; /* when RF_PROFILE is set, else NULL */
 } cpu_state;
 
 static void cpu_release(void *state);
@@ -156,6 +160,11 @@ static rf_status cpu_prepare(const rfi_graph *g, void **state)
     if (st == RF_OK) {
         rfi_cpu_services_table(s->services, &s->table);
         st = make_arena(s);
+    }
+    if (st == RF_OK && rfi_cpu_profile_wanted()) {
+        s->profile = rfi_cpu_profile_new(s->plan, s->services, name);
+        s->table.mark = s->profile ? rfi_cpu_profile_mark : NULL;
+        s->table.prof = s->profile;
     }
     if (st == RF_OK && check_mode())
         st = rfi_interp_backend.prepare(g, &s->check);
@@ -288,6 +297,7 @@ static void cpu_release(void *state)
         return;
     if (s->check)
         rfi_interp_backend.release(s->check);
+    rfi_cpu_profile_free(s->profile); /* prints it: needs the plan and services */
     rfi_cpu_services_free(s->services);
     rfi_module_free(s->module);
     rfi_plan_free(s->plan);

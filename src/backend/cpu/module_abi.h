@@ -10,7 +10,7 @@
 
 /* BEGIN MODULE ABI */
 #include <stdint.h>
-#define RF_MODULE_ABI 1
+#define RF_MODULE_ABI 2
 typedef struct rf_module_services {
     int abi;  /* RF_MODULE_ABI */
     void *rt; /* the runtime's state for this executable */
@@ -21,6 +21,10 @@ typedef struct rf_module_services {
     /* Executes plan step `step` (a CALL step: matmul, convolution or a
      * reference kernel) on the buffer table. Returns 0 on success. */
     int (*call)(void *rt, int step, void *const *buffers);
+    /* When profiling (NULL otherwise): called with each plan step's index just
+     * before the step runs, and with -1 when the program is done. */
+    void (*mark)(void *prof, int step);
+    void *prof;
 } rf_module_services;
 /* The module's one entry point: runs the whole program on the buffer table
  * (see plan.h for its layout). Returns 0 on success, else the failing step + 1. */

@@ -103,7 +103,7 @@ static void putf(rfi_strbuf *sb, const char *fmt, ...)
 static const char abi_block[] =
     "/* BEGIN MODULE ABI */\n"
     "#include <stdint.h>\n"
-    "#define RF_MODULE_ABI 1\n"
+    "#define RF_MODULE_ABI 2\n"
     "typedef struct rf_module_services {\n"
     "    int abi;  /* RF_MODULE_ABI */\n"
     "    void *rt; /* the runtime's state for this executable */\n"
@@ -114,6 +114,10 @@ static const char abi_block[] =
     "    /* Executes plan step `step` (a CALL step: matmul, convolution or a\n"
     "     * reference kernel) on the buffer table. Returns 0 on success. */\n"
     "    int (*call)(void *rt, int step, void *const *buffers);\n"
+    "    /* When profiling (NULL otherwise): called with each plan step's index just\n"
+    "     * before the step runs, and with -1 when the program is done. */\n"
+    "    void (*mark)(void *prof, int step);\n"
+    "    void *prof;\n"
     "} rf_module_services;\n"
     "/* The module's one entry point: runs the whole program on the buffer table\n"
     " * (see plan.h for its layout). Returns 0 on success, else the failing step + 1. */\n"
@@ -1020,8 +1024,10 @@ static void entry(render *R, const rfi_kir_module *m)
     put(R->sb, "__attribute__((visibility(\"default\")))\n");
     put(R->sb, "int rf_module_run_v1(const rf_module_services *s, void *const *bufs)\n{\n");
     put(R->sb, "    (void)s;\n    (void)bufs;\n");
+    put(R->sb, "    void (*const mark)(void *, int) = s->mark;\n");
     for (int i = 0; i < m->n_steps; i++) {
         const rfi_kir_step *st = &m->steps[i];
+        putf(R->sb, "    if (mark)\n        mark(s->prof, %d);\n", st->step);
         switch (st->kind) {
         case RFI_KIR_STEP_KERNEL: call_kernel(R, st->kernel); break;
         case RFI_KIR_STEP_CALL:
@@ -1039,7 +1045,7 @@ static void entry(render *R, const rfi_kir_module *m)
             break;
         }
     }
-    put(R->sb, "    return 0;\n}\n");
+    put(R->sb, "    if (mark)\n        mark(s->prof, -1);\n    return 0;\n}\n");
 }
 
 /* ---- Prelude -------------------------------------------------------------------------- */

@@ -502,6 +502,8 @@ void rfi_cpu_services_table(rfi_cpu_services *s, rf_module_services *table)
     table->rt = s;
     table->parallel_for = rfi_cpu_services_parallel_for;
     table->call = rfi_cpu_services_call;
+    table->mark = NULL; /* set by the backend when profiling */
+    table->prof = NULL;
 }
 
 rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step)

@@ -1,0 +1,86 @@
+/* test_profile.c: RF_PROFILE on the compiling CPU backend: a program compiled
+ * with it set times its steps, and freeing the executable prints the profile
+ * (per-run time, the steps by cost with what they compute, the share of each
+ * kind). Without it nothing is printed. Runs on the compiling backend only.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+static void program(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_return(t, rf_sum_all(rf_tanh(rf_matmul(x, rf_transpose(x, (const int64_t[]){1, 0})))));
+}
+
+/* Compiles and runs the program `runs` times with RF_PROFILE as given, frees
+ * it, and returns what was written on stderr meanwhile (malloc'd). */
+static char *profiled_output(const char *profile, int runs)
+{
+    if (profile)
+        setenv("RF_PROFILE", profile, 1);
+    else
+        unsetenv("RF_PROFILE");
+    char path[] = "/tmp/rf-profile-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    rf_array *h = rf_randn(RF_F32, RF_SHAPE(64, 48), 1);
+    rf_array *x = rf_array_to(h, rf_device_cpu());
+    rf_exec *e = NULL;
+    CHECK_OK(rf_compile(program, NULL, &x, 1, &e));
+    for (int i = 0; e && i < runs; i++) {
+        rf_array *out = NULL;
+        CHECK_OK(rf_exec_run(e, &x, 1, &out, 1));
+        rf_array_free(out);
+    }
+    rf_exec_free(e);
+    rf_array_free(x);
+    rf_array_free(h);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *text = calloc(1, 65536);
+    FILE *f = fdopen(fd, "r");
+    if (f && text) {
+        rewind(f);
+        size_t n = fread(text, 1, 65535, f);
+        text[n] = '\0';
+    }
+    if (f)
+        fclose(f);
+    unlink(path);
+    unsetenv("RF_PROFILE");
+    return text;
+}
+
+int main(void)
+{
+    char *text = profiled_output("1", 5);
+    CHECK(text && strstr(text, "reflux profile: program"));
+    CHECK(text && strstr(text, "5 runs (the first left out)") == NULL); /* 4 counted */
+    CHECK(text && strstr(text, "4 runs (the first left out)"));
+    CHECK(text && strstr(text, "CALL MATMUL matmul: dot_general"));
+    CHECK(text && strstr(text, "by kind:"));
+    if (text && getenv("RF_TEST_VERBOSE"))
+        fputs(text, stdout);
+    free(text);
+
+    text = profiled_output("1", 1); /* a single run is reported as it is */
+    CHECK(text && strstr(text, "1 runs,"));
+    free(text);
+
+    text = profiled_output(NULL, 3);
+    CHECK(text && strstr(text, "reflux profile") == NULL);
+    free(text);
+    text = profiled_output("0", 3);
+    CHECK(text && strstr(text, "reflux profile") == NULL);
+    free(text);
+    return tu_finish("test_profile");
+}
