@@ -1,10 +1,13 @@
 /* bench_services.c: GFLOP/s of the CPU backend's library calls (services.c)
  * on the shapes of the mlp and cnn workloads: the mlp's matmuls (forward,
- * weight and input gradients at batch 128) and the cnn's convolutions
+ * weight and input gradients at batch 128), the cnn's convolutions
  * (forward, and the backward-data and backward-weights convolutions the
- * autodiff emits, at batch 64). One line per shape:
- *   name path us_per_call=MEDIAN gflops=G
+ * autodiff emits, at batch 64) and its max-pool gradients (the
+ * select_and_scatter FALLBACK calls, native in pool.c; these report GB/s of
+ * x and source read plus the result written). One line per shape:
+ *   name path us_per_call=MEDIAN gflops=G   (or gbytes=G)
  * Each shape is one hand-built plan with one CALL step; inputs are random.
+ * An argument runs only the shapes whose name contains it ("pool", "conv2").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,9 +30,25 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Times step 0 of a one-node plan computing y from two f32 arguments. */
-static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double flops)
+static const char *only; /* name filter from the command line, or NULL */
+
+/* The CALL kind the planner gives y's op. */
+static rfi_call_kind call_kind(const rfi_node *y)
 {
+    switch (y->op) {
+    case RFI_OP_DOT_GENERAL: return RFI_CALL_MATMUL;
+    case RFI_OP_CONVOLUTION: return RFI_CALL_CONV;
+    default: return RFI_CALL_FALLBACK;
+    }
+}
+
+/* Times step 0 of a one-node plan computing y from two f32 arguments; work is
+ * in flops (unit "gflops") or bytes moved (unit "gbytes"), per call. */
+static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
+                       const char *unit)
+{
+    if (only && !strstr(name, only))
+        return;
     if (!y) {
         printf("%s: graph failed: %s\n", name, g->errmsg ? g->errmsg : rf_errmsg());
         return;
@@ -42,20 +61,22 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double flops
         }
     loc[y->id].kind = RFI_LOC_OUTPUT;
     int root = y->id;
-    rfi_step step = {RFI_STEP_CALL,
-                     y->op == RFI_OP_DOT_GENERAL ? RFI_CALL_MATMUL : RFI_CALL_CONV,
-                     &root, 1, NULL, 0, -1, -1, root, NULL, 0};
+    rfi_step step = {RFI_STEP_CALL, call_kind(y), &root, 1, NULL, 0, -1, -1, root, NULL, 0};
     rfi_plan plan = {0};
     plan.g = g;
     plan.loc = loc;
     plan.steps = &step;
     plan.n_steps = 1;
     void *buffers[4];
+    uint64_t state = 0x9e3779b97f4a7c15ull; /* values in [-0.5, 0.5) from an LCG: no
+                                               * pattern that a branch predictor learns */
     for (int k = 0; k < 2; k++) {
         int64_t n = rfi_node_numel(y->in[k]);
         float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-        for (int64_t i = 0; i < n; i++)
-            p[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+        for (int64_t i = 0; i < n; i++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            p[i] = (float)(state >> 40) / (float)(1 << 24) - 0.5f;
+        }
         buffers[k] = p;
     }
     buffers[2] = malloc(rfi_node_nbytes(y) + 1);
@@ -80,8 +101,8 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double flops
         }
         qsort(t, TRIALS, sizeof t[0], cmp_double);
         double med = t[TRIALS / 2];
-        printf("%-28s %-12s us_per_call=%9.1f gflops=%6.1f\n", name,
-               rfi_cpu_services_step_path(s, 0), med * 1e6, flops / med * 1e-9);
+        printf("%-28s %-19s us_per_call=%9.1f %s=%6.1f\n", name,
+               rfi_cpu_services_step_path(s, 0), med * 1e6, unit, work / med * 1e-9);
     }
     rfi_cpu_services_free(s);
     for (int k = 0; k < 3; k++)
@@ -121,7 +142,7 @@ static void bench_matmul(const char *name, int64_t a0, int64_t a1, int64_t b0, i
     rfi_node *y = rfi_node_new(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, NULL, 0);
     int64_t k = ca == 0 ? a0 : a1;
     double flops = y ? 2.0 * (double)rfi_node_numel(y) * (double)k : 0;
-    bench_node(name, g, y, flops);
+    bench_node(name, g, y, flops, "gflops");
     rfi_graph_free(g);
 }
 
@@ -141,12 +162,32 @@ static void bench_conv(const char *name, const int64_t *x, const int64_t *w, int
     rfi_node *in[2] = {a, b};
     rfi_node *y = rfi_node_new(g, RFI_OP_CONVOLUTION, in, 2, &at, RF_F32, NULL, 0);
     double flops = y ? 2.0 * (double)rfi_node_numel(y) * (double)(w[1] * w[2] * w[3]) : 0;
-    bench_node(name, g, y, flops);
+    bench_node(name, g, y, flops, "gflops");
     rfi_graph_free(g);
 }
 
-int main(void)
+/* The max-pool gradient of x [N,C,H,W] under kh x kw windows, stride = window,
+ * no padding: select_and_scatter(x, source) as the autodiff emits it. */
+static void bench_maxpool_grad(const char *name, const int64_t *x, int64_t kh, int64_t kw)
 {
+    int64_t src[4] = {x[0], x[1], x[2] / kh, x[3] / kw};
+    rfi_node *a, *b;
+    rfi_graph *g = two_args(x, 4, src, 4, &a, &b);
+    rfi_attrs at = {0};
+    for (int d = 0; d < 4; d++) {
+        at.nl[d] = 4;
+        at.l[0][d] = at.l[1][d] = d < 2 ? 1 : d == 2 ? kh : kw;
+    }
+    rfi_node *in[2] = {a, b};
+    rfi_node *y = rfi_node_new(g, RFI_OP_SELECT_AND_SCATTER, in, 2, &at, RF_F32, NULL, 0);
+    double bytes = y ? 4.0 * (double)(2 * rfi_node_numel(y) + rfi_node_numel(b)) : 0;
+    bench_node(name, g, y, bytes, "gbytes");
+    rfi_graph_free(g);
+}
+
+int main(int argc, char **argv)
+{
+    only = argc > 1 ? argv[1] : NULL;
     printf("threads=%d\n", rfi_threadpool_size());
     /* mlp 784-512-256-10, batch 128 */
     bench_matmul("mlp fwd 128x784 @ 784x512", 128, 784, 784, 512, 1, 0);
@@ -164,5 +205,7 @@ int main(void)
                0);
     bench_conv("cnn conv2 bwd-weights", (int64_t[]){32, 64, 13, 13},
                (int64_t[]){64, 64, 11, 11}, 0);
+    bench_maxpool_grad("cnn pool1 grad 2x2", (int64_t[]){64, 32, 26, 26}, 2, 2);
+    bench_maxpool_grad("cnn pool2 grad 2x2", (int64_t[]){64, 64, 11, 11}, 2, 2);
     return 0;
 }

@@ -18,8 +18,15 @@
  * independent planes that run in parallel on the runtime's pool. Windows that
  * do not overlap and have no padding (stride == window, the usual pooling)
  * take a fast path writing each selected value once (0 + v, so -0 becomes +0
- * as in the reference) into a zeroed plane; other forms accumulate in double
- * (f32: in the workspace).
+ * as in the reference; one window gets one value, so no sum is formed). For
+ * f32 2x2 windows over the last two dims (the usual max pooling) it works by
+ * bands (one row of windows of one plane), in parallel over bands: it
+ * selects for a group of windows at once, branch-free on integer keys, lanes
+ * across windows so that the compiler vectorises, and writes each element
+ * of the band itself (the selected value or 0; a row and a column no window
+ * covers get 0) instead of zeroing the plane first. Other sizes and f64
+ * select window by window into a zeroed plane; the remaining forms
+ * accumulate in double (f32: in the workspace).
  *
  * Deliberately not here: integer dtypes, mixed dtypes (the services keep the
  * reference kernel for them), other FALLBACK ops.
@@ -44,6 +51,10 @@ struct rfi_cpu_native {
     int64_t xd[RF_MAX_RANK], sd[RF_MAX_RANK], win[RF_MAX_RANK], stride[RF_MAX_RANK];
     int64_t lo[RF_MAX_RANK], xstep[RF_MAX_RANK];
     int64_t window_count;
+    /* fast path by bands (f32, 2x2 windows): the plane's columns, the source
+     * plane's rows x columns */
+    bool banded;
+    int64_t cols, src_rows, src_cols;
     int64_t *woff;  /* fast path: x offset of each window element from the window origin */
     int64_t *wpos;  /* general path: per window element, its index in each window dim */
     /* argmax / argmin */
@@ -136,6 +147,125 @@ SCATTER_FAST(double, above_d)
 SCATTER_GENERAL(float, above_f)
 SCATTER_GENERAL(double, above_d)
 
+/* Fast path by bands, for 2x2 windows on f32. A band is two rows of one
+ * plane: one row of windows. A loop over its windows (the compiler's vector
+ * lanes go across windows) finds each window's selected element: it visits
+ * the four in row-major order and replaces its best key only by a greater
+ * one, so the first maximum stays; then the window writes each of its
+ * elements: the selected one 0 + source, the others 0 (the value's bits
+ * under a mask). Keys, indices and bits are 32-bit integers like the values,
+ * so that all lanes line up. The loop runs in groups of BAND_GROUP windows
+ * with a pointer per row: a loop of known trip count whose stores provably
+ * do not overlap, which compilers vectorise even at -O2. A band's last group
+ * ends at its last window, redoing a few windows (same values) rather than
+ * running a scalar remainder. The result never overlaps x or the source (a
+ * step's results never share bytes with its inputs), hence restrict.
+ *
+ * Other window sizes and f64 stay window by window (SCATTER_FAST): written
+ * this way they do not vectorise (strided loads of three or more; 64-bit
+ * integer compares) and measured slower than that branch-free scalar code. */
+#define BAND_GROUP 4 /* a multiple of the f32 vector lanes */
+
+/* The reference's order as an integer key of the bits, without branches or
+ * float compares, so that loops over it vectorise: numbers map monotonically
+ * from their sign-magnitude bits (-0 and +0 both to 0, so they tie as in the
+ * reference), every NaN to the largest key. */
+static inline int32_t rank_key(const float *p)
+{
+    uint32_t bits;
+    memcpy(&bits, p, sizeof bits);
+    int32_t magnitude = (int32_t)(bits & 0x7fffffffu);
+    int32_t negative = -(int32_t)(bits >> 31); /* all ones or 0 */
+    int32_t key = (magnitude ^ negative) - negative;
+    return magnitude > 0x7f800000 ? INT32_MAX : key;
+}
+
+/* *top, *sel = key, e where key > *top: masks rather than conditionals, which
+ * compilers may turn into branches that random data mispredicts. */
+static inline void raise_to(int32_t *top, int32_t *sel, int32_t key, int32_t e)
+{
+    int32_t up = -(int32_t)(key > *top); /* all ones or 0 */
+    *top = (key & up) | (*top & ~up);
+    *sel = (e & up) | (*sel & ~up);
+}
+
+/* *p = bits where element e is the selected one, else 0. */
+static inline void put_selected(float *p, uint32_t bits, int32_t sel, int32_t e)
+{
+    bits &= 0u - (uint32_t)(sel == e); /* all ones or 0 */
+    memcpy(p, &bits, sizeof bits);
+}
+
+/* n 2x2 windows: rows x0, x1 of x and o0, o1 of the result. */
+static inline void windows_2x2(const float *restrict x0, const float *restrict x1,
+                               const float *restrict src, float *restrict o0,
+                               float *restrict o1, int64_t n)
+{
+    for (int64_t c = 0; c < n; c++) {
+        int32_t top = rank_key(&x0[2 * c]), sel = 0;
+        raise_to(&top, &sel, rank_key(&x0[2 * c + 1]), 1);
+        raise_to(&top, &sel, rank_key(&x1[2 * c]), 2);
+        raise_to(&top, &sel, rank_key(&x1[2 * c + 1]), 3);
+        float v = 0.0f + src[c];
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        put_selected(&o0[2 * c], bits, sel, 0);
+        put_selected(&o0[2 * c + 1], bits, sel, 1);
+        put_selected(&o1[2 * c], bits, sel, 2);
+        put_selected(&o1[2 * c + 1], bits, sel, 3);
+    }
+}
+
+static inline void group_2x2(const float *x, const float *src, float *out, int64_t cols)
+{
+    windows_2x2(x, x + cols, src, out, out + cols, BAND_GROUP);
+}
+
+/* One band: x, src, out at its first row; the column right of its last
+ * window, if any, gets 0. */
+static void band_2x2(const float *x, const float *src, float *out, int64_t cols, int64_t src_cols)
+{
+    if (src_cols < BAND_GROUP) {
+        windows_2x2(x, x + cols, src, out, out + cols, src_cols);
+    } else {
+        int64_t c = 0;
+        for (; c + BAND_GROUP <= src_cols; c += BAND_GROUP)
+            group_2x2(x + 2 * c, src + c, out + 2 * c, cols);
+        if (c < src_cols) {
+            c = src_cols - BAND_GROUP;
+            group_2x2(x + 2 * c, src + c, out + 2 * c, cols);
+        }
+    }
+    if (2 * src_cols < cols) {
+        out[cols - 1] = 0.0f;
+        out[2 * cols - 1] = 0.0f;
+    }
+}
+
+/* Bands [lo, hi) of all planes, plane-major; the last band of a plane also
+ * zeroes the row below it, if any. */
+static void scatter_band_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const scatter_job *job = ctx;
+    const rfi_cpu_native *k = job->k;
+    const float *x = job->x, *src = job->src;
+    float *out = job->out;
+    int64_t band_x = 2 * k->cols, covered = k->src_rows * band_x;
+    int64_t p = lo / k->src_rows, r = lo % k->src_rows;
+    for (int64_t b = lo; b < hi; b++) {
+        int64_t xo = p * k->x_plane + r * band_x;
+        band_2x2(x + xo, src + p * k->src_plane + r * k->src_cols, out + xo, k->cols,
+                 k->src_cols);
+        if (++r == k->src_rows) {
+            if (covered < k->x_plane)
+                memset(out + p * k->x_plane + covered, 0,
+                       (size_t)(k->x_plane - covered) * sizeof(float));
+            r = 0;
+            p++;
+        }
+    }
+}
+
 static void scatter_planes(void *ctx, int64_t lo, int64_t hi)
 {
     const scatter_job *job = ctx;
@@ -162,6 +292,20 @@ static void scatter_planes(void *ctx, int64_t lo, int64_t hi)
             }
         }
     }
+}
+
+/* The banded path takes f32 2x2 windows over the last two dims, with at
+ * most one uncovered row and column (what the shape rule gives for stride 2;
+ * anything else keeps the window-by-window path). */
+static void band_shape(rfi_cpu_native *k)
+{
+    k->banded = !k->f64 && k->wr == 2 && k->win[0] == 2 && k->win[1] == 2 &&
+                k->xd[0] - 2 * k->sd[0] < 2 && k->xd[1] - 2 * k->sd[1] < 2;
+    if (!k->banded)
+        return;
+    k->cols = k->xd[1];
+    k->src_rows = k->sd[0];
+    k->src_cols = k->sd[1];
 }
 
 /* Splits x's dims into leading planes (dims no window spans) and window dims. */
@@ -197,6 +341,8 @@ static bool scatter_shape(rfi_cpu_native *k, const rfi_node *n)
     k->src_plane = rfi_numel(k->sd, k->wr);
     k->window_count = rfi_numel(k->win, k->wr);
     k->kind = fast && k->window_count > 0 ? NATIVE_SCATTER_FAST : NATIVE_SCATTER_GENERAL;
+    if (k->kind == NATIVE_SCATTER_FAST)
+        band_shape(k);
     return true;
 }
 
@@ -341,6 +487,11 @@ rf_status rfi_cpu_native_run(rfi_cpu_native *k, const void *const *in, void *out
         return RF_OK;
     }
     scatter_job job = {k, in[0], in[1], out, workspace};
+    if (k->banded) {
+        rfi_parallel_for(k->planes * k->src_rows, grain_for(4 * k->cols),
+                         scatter_band_range, &job);
+        return RF_OK;
+    }
     if (k->f64 && k->kind == NATIVE_SCATTER_GENERAL)
         job.acc = NULL; /* f64 accumulates in place */
     rfi_parallel_for(k->planes, grain_for(k->x_plane + k->src_plane * k->window_count),
