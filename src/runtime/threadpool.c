@@ -10,11 +10,14 @@
  *
  * Idle workers spin briefly (so back-to-back loops of one step do not pay a
  * futex wake-up) and then sleep on a condition variable; the generation is
- * changed under the mutex, so no wake-up is lost. The spin is short because
- * the math library's own threads (oneDNN runs on OpenMP here) take over the
- * cores during library calls, while this pool is idle; those threads are told
- * to sleep when idle in turn (OMP_WAIT_POLICY=passive, set by the CPU
- * backend's oneDNN loader), so neither pool spins while the other works.
+ * changed under the mutex, so no wake-up is lost. These workers serve only
+ * while no OpenMP runtime is adopted (below).
+ *
+ * When an OpenMP runtime has been adopted (the CPU backend's oneDNN brings
+ * libgomp), parallel_for hands the same static chunks to GOMP_parallel
+ * instead, and the pool's workers are never started (or, started earlier,
+ * sleep for good). OpenMP's idle threads then spin briefly between regions
+ * (the loader sets GOMP_SPINCOUNT), which plays the role of the spin above.
  *
  * Deliberately no work stealing, priorities, per-call allocation, or
  * nested parallelism: a call made while the pool is busy runs inline.
@@ -54,6 +57,9 @@ typedef struct pool {
 
 static pool *the_pool;
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+static int configured_size; /* RF_NUM_THREADS or the CPU count, read once */
+static pthread_once_t size_once = PTHREAD_ONCE_INIT;
+static _Atomic(const rfi_openmp_api *) openmp; /* adopted OpenMP runtime, or NULL */
 
 static inline void cpu_relax(void)
 {
@@ -71,6 +77,14 @@ static int64_t now_ns(void)
 
 static uint32_t generation_of(uint64_t claim) { return (uint32_t)(claim >> 32); }
 
+/* Chunk idx of n iterations split into `chunks` nearly equal ranges. */
+static void chunk_range(int64_t n, int64_t chunks, int64_t idx, int64_t *lo, int64_t *hi)
+{
+    int64_t base = n / chunks, extra = n % chunks;
+    *lo = idx * base + (idx < extra ? idx : extra);
+    *hi = *lo + base + (idx < extra ? 1 : 0);
+}
+
 /* Claims and runs chunks of generation gen until none is left. */
 static void run_chunks(pool *p, uint32_t gen)
 {
@@ -79,10 +93,8 @@ static void run_chunks(pool *p, uint32_t gen)
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c - 1, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue; /* c was reloaded */
-        int64_t idx = p->chunks - (int64_t)(uint32_t)c;
-        int64_t base = p->n / p->chunks, extra = p->n % p->chunks;
-        int64_t lo = idx * base + (idx < extra ? idx : extra);
-        int64_t hi = lo + base + (idx < extra ? 1 : 0);
+        int64_t lo, hi;
+        chunk_range(p->n, p->chunks, p->chunks - (int64_t)(uint32_t)c, &lo, &hi);
         p->body(p->ctx, lo, hi);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
         c = atomic_load_explicit(&p->claim, memory_order_acquire);
@@ -139,6 +151,8 @@ static int size_from_env(void)
     return cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
 }
 
+static void read_size(void) { configured_size = size_from_env(); }
+
 static void pool_shutdown(void)
 {
     pool *p = the_pool;
@@ -164,7 +178,7 @@ static void pool_init(void)
     pool *p = rfi_calloc(1, sizeof *p);
     if (!p)
         return;
-    p->size = size_from_env();
+    p->size = rfi_threadpool_size();
     atomic_init(&p->claim, 0);
     atomic_init(&p->done, 0);
     atomic_init(&p->stop, false);
@@ -189,8 +203,33 @@ static pool *get_pool(void)
 
 int rfi_threadpool_size(void)
 {
-    pool *p = get_pool();
-    return p ? p->size : 1;
+    pthread_once(&size_once, read_size);
+    return configured_size;
+}
+
+void rfi_threadpool_use_openmp(const rfi_openmp_api *api)
+{
+    atomic_store_explicit(&openmp, api, memory_order_release);
+}
+
+typedef struct openmp_job {
+    const rfi_openmp_api *api;
+    rfi_range_fn body;
+    void *ctx;
+    int64_t n, chunks;
+} openmp_job;
+
+/* One OpenMP thread's share: chunks t, t + T, ... (T may be below the
+ * chunk count when OpenMP gives fewer threads than asked). */
+static void openmp_body(void *arg)
+{
+    const openmp_job *job = arg;
+    int64_t t = job->api->thread_num(), threads = job->api->num_threads();
+    for (int64_t idx = t; idx < job->chunks; idx += threads) {
+        int64_t lo, hi;
+        chunk_range(job->n, job->chunks, idx, &lo, &hi);
+        job->body(job->ctx, lo, hi);
+    }
 }
 
 void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
@@ -199,8 +238,20 @@ void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
         return;
     if (grain < 1)
         grain = 1;
-    pool *p = get_pool();
     int64_t chunks = n / grain;
+    if (chunks > rfi_threadpool_size())
+        chunks = rfi_threadpool_size();
+    if (chunks <= 1) {
+        body(ctx, 0, n);
+        return;
+    }
+    const rfi_openmp_api *api = atomic_load_explicit(&openmp, memory_order_acquire);
+    if (api) {
+        openmp_job job = {api, body, ctx, n, chunks};
+        api->parallel(openmp_body, &job, (unsigned)chunks, 0);
+        return;
+    }
+    pool *p = get_pool();
     if (p && chunks > p->size)
         chunks = p->size;
     if (!p || chunks <= 1 || pthread_mutex_trylock(&p->submit) != 0) {

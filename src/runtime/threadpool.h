@@ -5,7 +5,10 @@
  * and joined at exit: it is the runtime's documented process-wide cache of
  * worker threads, shared by every executable. Its size is RF_NUM_THREADS if
  * set to a positive integer, else the number of online CPUs; the calling
- * thread counts as one of them, so size - 1 workers are started.
+ * thread counts as one of them, so size - 1 workers are started, on the first
+ * parallel_for that needs them. Once an OpenMP runtime is adopted
+ * (rfi_threadpool_use_openmp), parallel_for runs on its threads instead,
+ * with the same size and the same static split.
  *
  * Calls never allocate. One parallel_for runs at a time: a call made while
  * the pool is busy (a nested call from inside a body, or another thread's
@@ -17,6 +20,22 @@
 #include "../core/core.h"
 
 typedef void (*rfi_range_fn)(void *ctx, int64_t lo, int64_t hi);
+
+/* OpenMP's entry points (libgomp's ABI), from the OpenMP runtime a math
+ * library brought into the process. */
+typedef struct rfi_openmp_api {
+    void (*parallel)(void (*fn)(void *), void *data, unsigned num_threads,
+                     unsigned flags); /* GOMP_parallel */
+    int (*thread_num)(void);          /* omp_get_thread_num */
+    int (*num_threads)(void);         /* omp_get_num_threads */
+} rfi_openmp_api;
+
+/* From now on, parallel_for runs on that OpenMP runtime's threads instead of
+ * the pool's own workers (which are then never started, or go to sleep): one
+ * set of threads serves both the generated loops and the library's calls, so
+ * neither waits for the other's threads to wake or to go idle. Called once,
+ * by the CPU backend's library loader; `api` must stay valid for the process. */
+RFI_FUNC void rfi_threadpool_use_openmp(const rfi_openmp_api *api);
 
 /* The number of threads a parallel_for may use (>= 1, the caller included). */
 RFI_FUNC int rfi_threadpool_size(void);

@@ -2,13 +2,13 @@
  * first use, so that libreflux links neither oneDNN nor its OpenMP runtime.
  *
  * Why at run time: Debian's oneDNN runs on OpenMP (libgomp), whose idle
- * workers spin by default (OMP_WAIT_POLICY unset = active). libgomp reads
- * that setting once, when it initialises, which for a linked library is at
- * program start, before any code of ours runs. Spinning OpenMP workers and
- * the runtime's own thread pool then fight for the cores (measured on a
- * 2-core machine: a CNN training step 3-4x slower on 2 threads than on 1).
- * Loading oneDNN ourselves lets the loader set OMP_WAIT_POLICY=passive first
- * (only if the user has not set it), so OpenMP workers sleep when idle.
+ * workers spin for a long time by default. libgomp reads its settings once,
+ * when it initialises, which for a linked library is at program start,
+ * before any code of ours runs. Loading oneDNN ourselves lets the loader
+ * choose a short spin first (GOMP_SPINCOUNT, only if the user has set
+ * neither it nor OMP_WAIT_POLICY) and hand libgomp's threads to the
+ * runtime's thread pool, so that one set of threads runs both the generated
+ * loops and the library calls (dnnl_loader.c has the measurements).
  *
  * The table of entry points is filled once (pthread_once) and never changes
  * afterwards: the backend's documented process-wide cache of the library.

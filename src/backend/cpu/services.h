@@ -14,11 +14,11 @@
  * oneDNN is loaded at run time on the first prepare (dnnl_loader.h); if it
  * cannot be loaded, matmul and convolution steps run the reference kernels.
  *
- * Threads: oneDNN (Debian's build) runs on OpenMP. Library calls run from the
- * calling thread while the runtime's pool is idle, and OpenMP's thread count
- * is set to the pool's size (omp_set_num_threads from the OpenMP runtime
- * oneDNN loaded), so the two never run at once and never oversubscribe the
- * cores; the loader makes idle OpenMP workers sleep rather than spin.
+ * Threads: oneDNN (Debian's build) runs on OpenMP, and once it is loaded the
+ * runtime's pool runs its loops on the same OpenMP threads
+ * (rfi_threadpool_use_openmp). Library calls run from the calling thread
+ * with OpenMP's thread count set to the pool's size (omp_set_num_threads),
+ * or to one for small products, so nothing oversubscribes the cores.
  *
  * Precision: f32 matmul and convolution accumulate in f32 in oneDNN's order;
  * the reference kernels (and so the FALLBACK path) accumulate in double.
