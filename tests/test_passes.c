@@ -467,6 +467,52 @@ static void test_shape_chains(void)
            f32_args);
 }
 
+/* dot_general(lhs, rhs) with the given contracting dims (no batch dims). */
+static rfi_node *dot(rfi_graph *g, rfi_node *l, rfi_node *r, int64_t lc, int64_t rc)
+{
+    rfi_attrs a = attrs0();
+    a.nl[2] = a.nl[3] = 1;
+    a.l[2][0] = lc;
+    a.l[3][0] = rc;
+    rfi_node *in[2] = {l, r};
+    return node(g, RFI_OP_DOT_GENERAL, in, 2, &a, l->dtype, NULL, 0);
+}
+
+static void test_transposed_dot_operands(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(2, &x);
+    rfi_node *y = arg(g, 1);
+    /* x @ y^T and x^T @ y: the transposes fold into the contracting dims */
+    rfi_graph_add_output(g, dot(g, x, transpose(g, y, (const int64_t[]){1, 0}), 1, 0));
+    rfi_graph_add_output(g, dot(g, transpose(g, x, (const int64_t[]){1, 0}), y, 1, 0));
+    expect("transposed dot operands", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = argument {index=1} : f32[2,3]\n"
+           "%2 = dot_general(%0, %1) {lhs_batch=[], rhs_batch=[], lhs_contract=[1], "
+           "rhs_contract=[1]} : f32[2,2]\n"
+           "%3 = dot_general(%0, %1) {lhs_batch=[], rhs_batch=[], lhs_contract=[0], "
+           "rhs_contract=[0]} : f32[3,3]\n"
+           "outputs: %2, %3\n",
+           f32_args);
+
+    /* a transpose that reorders the free dims stays: [1,2,3] -> perm [2,1,0]
+     * contracting its dim 1 leaves free dims 3, 1 (reversed in the source) */
+    rfi_graph *h = graph_with_args(2, F32x3, (const int64_t[]){1, 2, 3}, 3);
+    rfi_node *t = transpose(h, arg(h, 0), (const int64_t[]){2, 1, 0}); /* [3,2,1] */
+    rfi_node *w = reshape(h, arg(h, 1), (const int64_t[]){2, 3}, 2);
+    rfi_graph_add_output(h, dot(h, t, w, 1, 0)); /* [3,1,3] */
+    expect("transposed dot operand that reorders free dims", rfi_simplify, h,
+           "%0 = argument {index=0} : f32[1,2,3]\n"
+           "%1 = transpose(%0) {perm=[2, 1, 0]} : f32[3,2,1]\n"
+           "%2 = argument {index=1} : f32[1,2,3]\n"
+           "%3 = reshape(%2) : f32[2,3]\n"
+           "%4 = dot_general(%1, %3) {lhs_batch=[], rhs_batch=[], lhs_contract=[1], "
+           "rhs_contract=[0]} : f32[3,1,3]\n"
+           "outputs: %4\n",
+           f32_args);
+}
+
 /* ---- Constants ------------------------------------------------------------------------ */
 
 static void test_constants(void)
@@ -965,6 +1011,7 @@ int main(void)
     test_unary_identities();
     test_select_constant_predicate();
     test_shape_chains();
+    test_transposed_dot_operands();
     test_constants();
     test_large_constants();
     test_cse();

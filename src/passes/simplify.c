@@ -16,7 +16,9 @@
  *     every value; reshape(reshape), transpose(transpose) (composed perm) and
  *     broadcast(broadcast) (composed map) collapse to one op;
  *   - convert(convert(x: A) -> B) -> A folds to x only when A -> B is lossless
- *     (bool -> any, u8 -> i32/i64/f32/f64, i32 -> i64/f64, f32 -> f64).
+ *     (bool -> any, u8 -> i32/i64/f32/f64, i32 -> i64/f64, f32 -> f64);
+ *   - a transposed dot_general operand folds into the dot's dimension lists
+ *     when that keeps the result's dim order (simplify_dot).
  * Values outside the claim: signalling NaNs (every float kernel of the
  * interpreter quiets them, so removing an operation may keep one
  * signalling) and bool buffers holding bytes other than 0 and 1.
@@ -382,6 +384,49 @@ static rfi_node *simplify_broadcast(simp *s, const rfi_node *n, rfi_node *const 
     return rfi_node_new(s->c, RFI_OP_BROADCAST_IN_DIM, &x, 1, &a, n->dtype, n->dims, n->rank);
 }
 
+/* dot_general(transpose(a, p), b) = dot_general(a, b) with the transposed
+ * operand's batch and contracting dims renamed through p, when a's free dims
+ * come in the same order as the transpose's (so the result's dim order does
+ * not change); likewise for the rhs. Exact: the lists keep their order, so
+ * the interpreter visits the same products in the same order. */
+static bool fold_transposed_operand(const rfi_node *n, rfi_node **in, rfi_attrs *a, int k)
+{
+    const rfi_node *t = in[k];
+    if (t->op != RFI_OP_TRANSPOSE)
+        return false;
+    const int64_t *perm = t->attr.l[0];
+    bool listed[RF_MAX_RANK] = {false};
+    for (int j = 0; j < n->attr.nl[k]; j++)
+        listed[n->attr.l[k][j]] = true;
+    for (int j = 0; j < n->attr.nl[2 + k]; j++)
+        listed[n->attr.l[2 + k][j]] = true;
+    int64_t last = -1;
+    for (int d = 0; d < t->rank; d++) {
+        if (listed[d])
+            continue;
+        if (perm[d] < last)
+            return false; /* the free dims would come out in another order */
+        last = perm[d];
+    }
+    for (int j = 0; j < n->attr.nl[k]; j++)
+        a->l[k][j] = perm[n->attr.l[k][j]];
+    for (int j = 0; j < n->attr.nl[2 + k]; j++)
+        a->l[2 + k][j] = perm[n->attr.l[2 + k][j]];
+    in[k] = t->in[0];
+    return true;
+}
+
+static rfi_node *simplify_dot(simp *s, const rfi_node *n, rfi_node *const *in)
+{
+    rfi_node *ops[2] = {in[0], in[1]};
+    rfi_attrs a = n->attr;
+    bool changed = fold_transposed_operand(n, ops, &a, 0);
+    changed |= fold_transposed_operand(n, ops, &a, 1);
+    if (!changed)
+        return NULL;
+    return rfi_node_new(s->c, RFI_OP_DOT_GENERAL, ops, 2, &a, n->dtype, n->dims, n->rank);
+}
+
 /* select with a constant predicate (a splat: any shape) is one of its operands. */
 static rfi_node *simplify_select(const rfi_node *n, rfi_node *const *in)
 {
@@ -406,6 +451,7 @@ static rfi_node *simplify_identity(simp *s, const rfi_node *n, rfi_node *const *
     case RFI_OP_TRANSPOSE: return simplify_transpose(s, n, in);
     case RFI_OP_BROADCAST_IN_DIM: return simplify_broadcast(s, n, in);
     case RFI_OP_SELECT: return simplify_select(n, in);
+    case RFI_OP_DOT_GENERAL: return simplify_dot(s, n, in);
     default: return NULL;
     }
 }
