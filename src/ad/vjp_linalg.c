@@ -91,16 +91,20 @@ static conv_attrs conv_attrs_of(const rfi_node *n)
     return c;
 }
 
-/* A convolution node. Negative padding is done by an explicit PAD (which
- * crops), together with the lhs dilation, so the convolution sees only
- * non-negative padding. */
+/* A convolution node. Negative low padding, and negative high padding of an
+ * lhs-dilated dim, are done by an explicit PAD (which crops), together with
+ * the lhs dilation, so the convolution sees only non-negative padding there.
+ * A negative high padding alone stays in the convolution: it only drops
+ * trailing inputs no output reads (the weight gradient of a strided
+ * convolution that skipped its last rows), and a copy would cost a pass
+ * over x; the backends read such a convolution's operand in place. */
 static rfi_node *conv(rfi_graph *g, rfi_node *x, rfi_node *w, conv_attrs c)
 {
     if (!x || !w)
         return NULL;
     bool negative = false;
     for (int i = 0; i < c.nsp; i++)
-        negative = negative || c.lo[i] < 0 || c.hi[i] < 0;
+        negative = negative || c.lo[i] < 0 || (c.hi[i] < 0 && c.lhs_dil[i] > 1);
     if (negative) {
         int64_t lo[RF_MAX_RANK] = {0}, hi[RF_MAX_RANK] = {0}, interior[RF_MAX_RANK] = {0};
         for (int i = 0; i < c.nsp; i++) {
