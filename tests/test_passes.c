@@ -513,6 +513,69 @@ static void test_transposed_dot_operands(void)
            f32_args);
 }
 
+/* select(x > 0, select_and_scatter(x, s), +0) with windows `win`, strides
+ * `st` and padding `pad` over x [2,1,4,6]; returns whether simplify moved the
+ * mask onto s (no select of x's shape is left), after checking the results
+ * bitwise on x full of ties, signed zeros, NaNs and negatives. */
+static bool pooled_mask_moved(const int64_t *win, const int64_t *st, int64_t pad)
+{
+    const int64_t xd[4] = {2, 1, 4, 6};
+    int64_t sd[4];
+    for (int d = 0; d < 4; d++)
+        sd[d] = (xd[d] + (d >= 2 ? 2 * pad : 0) - win[d]) / st[d] + 1;
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
+    const rf_dtype dts[2] = {RF_F32, RF_F32};
+    const int ranks[2] = {4, 4};
+    int64_t dims[2][RF_MAX_RANK] = {{2, 1, 4, 6}, {sd[0], sd[1], sd[2], sd[3]}};
+    CHECK_OK(rfi_graph_set_args(g, 2, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims));
+    rfi_node *x = arg(g, 0), *src = arg(g, 1);
+    rfi_attrs a = attrs0();
+    for (int k = 0; k < 4; k++)
+        a.nl[k] = 4;
+    for (int d = 0; d < 4; d++) {
+        a.l[0][d] = win[d];
+        a.l[1][d] = st[d];
+        a.l[2][d] = a.l[3][d] = d >= 2 ? pad : 0;
+    }
+    rfi_node *sas_in[2] = {x, src};
+    rfi_node *sas = node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, RF_F32, NULL, 0);
+    rfi_attrs gt = attrs0();
+    gt.i[0] = RF_GT;
+    rfi_node *cmp_in[2] = {x, splat_like(g, x, 0.0)};
+    rfi_node *p = node(g, RFI_OP_COMPARE, cmp_in, 2, &gt, RF_BOOL, NULL, 0);
+    rfi_node *sel_in[3] = {p, sas, splat_like(g, x, 0.0)};
+    rfi_graph_add_output(g, node(g, RFI_OP_SELECT, sel_in, 3, NULL, RF_F32, NULL, 0));
+    float xv[48], sv[48];
+    const float pattern[8] = {0.0f, -0.0f, 1.0f, 1.0f, NAN, -2.0f, 3.0f, -0.0f};
+    for (int i = 0; i < 48; i++) {
+        xv[i] = i % 11 == 3 ? 1.0f : pattern[(i * 5) % 8];
+        sv[i] = (float)(i % 7) - 2.5f;
+    }
+    void *args[2] = {xv, sv};
+    rfi_graph *out = apply(rfi_simplify, g);
+    bool moved = false;
+    if (out) {
+        CHECK(same_results(g, out, args));
+        moved = true;
+        for (int i = 0; i < out->n_nodes; i++)
+            if (out->nodes[i]->op == RFI_OP_SELECT && out->nodes[i]->rank == 4 &&
+                out->nodes[i]->dims[3] == 6)
+                moved = false;
+    }
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    return moved;
+}
+
+static void test_pooled_gradient_mask(void)
+{
+    const int64_t w22[4] = {1, 1, 2, 2}, w23[4] = {1, 1, 2, 3}, s11[4] = {1, 1, 1, 1};
+    CHECK(pooled_mask_moved(w22, w22, 0)); /* the usual 2x2 pooling */
+    CHECK(pooled_mask_moved(w23, w23, 0));
+    CHECK(pooled_mask_moved(w22, s11, 0)); /* overlapping windows */
+    CHECK(!pooled_mask_moved(w22, w22, 1)); /* padded: left alone */
+}
+
 /* ---- Constants ------------------------------------------------------------------------ */
 
 static void test_constants(void)
@@ -1012,6 +1075,7 @@ int main(void)
     test_select_constant_predicate();
     test_shape_chains();
     test_transposed_dot_operands();
+    test_pooled_gradient_mask();
     test_constants();
     test_large_constants();
     test_cse();

@@ -18,7 +18,9 @@
  *   - convert(convert(x: A) -> B) -> A folds to x only when A -> B is lossless
  *     (bool -> any, u8 -> i32/i64/f32/f64, i32 -> i64/f64, f32 -> f64);
  *   - a transposed dot_general operand folds into the dot's dimension lists
- *     when that keeps the result's dim order (simplify_dot).
+ *     when that keeps the result's dim order (simplify_dot);
+ *   - relu's mask on a max-pool gradient moves onto the pooled cotangent
+ *     (mask_pooled_gradient).
  * Values outside the claim: signalling NaNs (every float kernel of the
  * interpreter quiets them, so removing an operation may keep one
  * signalling) and bool buffers holding bytes other than 0 and 1.
@@ -427,13 +429,62 @@ static rfi_node *simplify_dot(simp *s, const rfi_node *n, rfi_node *const *in)
     return rfi_node_new(s->c, RFI_OP_DOT_GENERAL, ops, 2, &a, n->dtype, n->dims, n->rank);
 }
 
-/* select with a constant predicate (a splat: any shape) is one of its operands. */
-static rfi_node *simplify_select(const rfi_node *n, rfi_node *const *in)
+/* x > 0 for a float x: compare(x, zero splat, gt) (either sign of zero). */
+static bool is_positive_test(const rfi_node *p, const rfi_node *x)
 {
-    (void)n;
+    return p->op == RFI_OP_COMPARE && p->attr.i[0] == RF_GT && p->in[0] == x &&
+           (splat_is(p->in[1], 0.0) || splat_is(p->in[1], -0.0));
+}
+
+/* The relu gradient of a max-pool gradient,
+ *   select(x > 0, select_and_scatter(x, s), +0)
+ * with non-overlapping or overlapping windows and no padding, is
+ *   select_and_scatter(x, select(reduce_window_max(x) > 0, s, +0)):
+ * every position a window selects holds that window's maximum, so testing the
+ * pooled maximum (the forward pass already computed it: CSE merges the two)
+ * masks the same terms, in the same order, on the 1/window-size smaller
+ * cotangent; unselected positions are +0 either way, and a NaN maximum fails
+ * both tests. The full-size masking pass disappears. */
+static rfi_node *mask_pooled_gradient(simp *s, const rfi_node *n, rfi_node *const *in)
+{
+    const rfi_node *sas = in[1];
+    if (sas->op != RFI_OP_SELECT_AND_SCATTER || !rfi_dtype_is_float(n->dtype) ||
+        !splat_is(in[2], 0.0) || !is_positive_test(in[0], sas->in[0]))
+        return NULL;
+    rfi_node *x = sas->in[0], *src = sas->in[1];
+    for (int d = 0; d < x->rank; d++)
+        if (sas->attr.l[2][d] != 0 || sas->attr.l[3][d] != 0)
+            return NULL;
+    rfi_attrs pool = sas->attr;
+    pool.i[0] = RF_REDUCE_MAX;
+    rf_dtype dt = x->dtype;
+    int rank = 0;
+    int64_t dims[RF_MAX_RANK];
+    char msg[RFI_ERRMSG_MAX];
+    if (rfi_infer(RFI_OP_REDUCE_WINDOW, &x, 1, &pool, &dt, dims, &rank, msg, sizeof msg) !=
+            RF_OK ||
+        rank != src->rank || !same_dims(src, dims, rank))
+        return NULL; /* checked first: a failed node would fail the whole pass */
+    rfi_node *pooled = rfi_node_new(s->c, RFI_OP_REDUCE_WINDOW, &x, 1, &pool, dt, NULL, 0);
+    rfi_node *zero = (rfi_node *)splat_scalar(in[2]);
+    rfi_attrs gt;
+    memset(&gt, 0, sizeof gt);
+    gt.i[0] = RF_GT;
+    rfi_node *cmp_in[2] = {pooled, new_splat(s->c, zero, pooled->dims, pooled->rank)};
+    rfi_node *keep = rfi_node_new(s->c, RFI_OP_COMPARE, cmp_in, 2, &gt, RF_BOOL, NULL, 0);
+    rfi_node *sel_in[3] = {keep, src, new_splat(s->c, zero, src->dims, src->rank)};
+    rfi_node *masked = rfi_node_new(s->c, RFI_OP_SELECT, sel_in, 3, NULL, src->dtype, NULL, 0);
+    rfi_node *sas_in[2] = {x, masked};
+    return rfi_node_new(s->c, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &sas->attr, n->dtype, NULL,
+                        0);
+}
+
+/* select with a constant predicate (a splat: any shape) is one of its operands. */
+static rfi_node *simplify_select(simp *s, const rfi_node *n, rfi_node *const *in)
+{
     const rfi_node *p = splat_scalar(in[0]);
     if (!p || !p->attr.data)
-        return NULL;
+        return mask_pooled_gradient(s, n, in);
     return *(const unsigned char *)p->attr.data ? in[1] : in[2];
 }
 
@@ -450,7 +501,7 @@ static rfi_node *simplify_identity(simp *s, const rfi_node *n, rfi_node *const *
     case RFI_OP_RESHAPE: return simplify_reshape(s, n, in);
     case RFI_OP_TRANSPOSE: return simplify_transpose(s, n, in);
     case RFI_OP_BROADCAST_IN_DIM: return simplify_broadcast(s, n, in);
-    case RFI_OP_SELECT: return simplify_select(n, in);
+    case RFI_OP_SELECT: return simplify_select(s, n, in);
     case RFI_OP_DOT_GENERAL: return simplify_dot(s, n, in);
     default: return NULL;
     }
