@@ -11,9 +11,19 @@
  * file descriptors; the directory is created 0700; memoised values (the
  * compiler's version line) round-trip and untrusted ones are ignored.
  *
+ * The program index (rfi_cc_load_program): a second load of a described
+ * program, and a second process, generate no source; a truncated, garbled,
+ * group/other-writable or foreign-owned index file is ignored and rewritten;
+ * an index file that names a missing module, or holds another description,
+ * falls back to generating the source; no index is kept in a fallback
+ * directory; the build-id is found for the running binary and for no heap
+ * address.
+ *
  * Child mode (`test_disk_cache child VARIANT`, RF_CACHE_DIR inherited) loads
- * one module and prints "compiles=N hits=N value=V" on stdout.
+ * one module and prints "compiles=N hits=N value=V sources=N index_hits=N" on
+ * stdout; `childidx VARIANT` does the same loading it as a described program.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/stat.h>
@@ -68,13 +78,58 @@ static float load_and_run(int variant, rfi_module **out, rf_status *st)
     return v;
 }
 
-static int child_main(int variant)
+/* ---- Described programs (the index) ---------------------------------------------------- */
+
+typedef struct generator {
+    int variant;
+    int calls;
+} generator;
+
+static rf_status generate(void *ctx, char **source)
+{
+    generator *g = ctx;
+    g->calls++;
+    char src[2048];
+    module_source(src, sizeof src, g->variant);
+    *source = rfi_strdup(src);
+    return *source ? RF_OK : RF_E_NOMEM;
+}
+
+/* The description of variant's program (any bytes do; a NUL inside shows they
+ * are compared as bytes). */
+static size_t describe_variant(int variant, char *buf, size_t n)
+{
+    int len = snprintf(buf, n, "test program%cvariant %d", '\0', variant);
+    return (size_t)len;
+}
+
+/* Loads variant as a described program and runs it; *gen_calls: how often its
+ * source was generated. */
+static float load_described(int variant, rfi_module **out, rf_status *st, int *gen_calls)
+{
+    char desc[64];
+    size_t len = describe_variant(variant, desc, sizeof desc);
+    generator g = {variant, 0};
+    *st = rfi_cc_load_program(desc, len, generate, &g, "described", out);
+    *gen_calls = g.calls;
+    if (*st != RF_OK)
+        return -1;
+    float v = 0, y[16] = {0};
+    void *bufs[2] = {&v, y};
+    rf_module_entry entry = rfi_module_entry_fn(*out);
+    return entry && entry(NULL, bufs) == 0 ? v : -1;
+}
+
+static int child_main(int variant, bool described)
 {
     rfi_module *m = NULL;
     rf_status st;
-    float v = load_and_run(variant, &m, &st);
-    printf("compiles=%llu hits=%llu value=%g\n", (unsigned long long)rfi_cc_n_compiles(),
-           (unsigned long long)rfi_cc_n_disk_hits(), (double)v);
+    int calls = 0;
+    float v = described ? load_described(variant, &m, &st, &calls) : load_and_run(variant, &m, &st);
+    printf("compiles=%llu hits=%llu value=%g sources=%llu index_hits=%llu\n",
+           (unsigned long long)rfi_cc_n_compiles(), (unsigned long long)rfi_cc_n_disk_hits(),
+           (double)v, (unsigned long long)rfi_cc_n_sources(),
+           (unsigned long long)rfi_cc_n_index_hits());
     if (st != RF_OK)
         fprintf(stderr, "child: %s\n", rf_errmsg());
     rfi_module_free(m);
@@ -91,7 +146,7 @@ typedef struct child {
 /* Starts this binary in child mode. If gate >= 0 the child's stdin is that fd
  * and it waits for EOF on it before loading (a start barrier); gate_w, the
  * barrier's write end, is closed in the child. */
-static child spawn_child(int variant, int gate, int gate_w)
+static child spawn_child_mode(const char *mode, int variant, int gate, int gate_w)
 {
     child c = {-1, -1};
     int p[2];
@@ -109,7 +164,7 @@ static child spawn_child(int variant, int gate, int gate_w)
             close(gate);
             close(gate_w);
         }
-        char *argv[] = {"test_disk_cache", "child", var, gate >= 0 ? "gate" : NULL, NULL};
+        char *argv[] = {"test_disk_cache", (char *)mode, var, gate >= 0 ? "gate" : NULL, NULL};
         execv("/proc/self/exe", argv);
         _exit(127);
     }
@@ -118,23 +173,44 @@ static child spawn_child(int variant, int gate, int gate_w)
     return c;
 }
 
+static child spawn_child(int variant, int gate, int gate_w)
+{
+    return spawn_child_mode("child", variant, gate, gate_w);
+}
+
+typedef struct child_report {
+    unsigned compiles, hits, sources, index_hits;
+    float value;
+} child_report;
+
 /* Waits for a child; parses its report. Returns its exit code (or -1). */
-static int finish_child(child c, unsigned *compiles, unsigned *hits, float *value)
+static int finish_child_report(child c, child_report *r)
 {
     char buf[256] = {0};
     size_t got = 0;
-    ssize_t r;
-    while (got < sizeof buf - 1 && (r = read(c.out, buf + got, sizeof buf - 1 - got)) > 0)
-        got += (size_t)r;
+    ssize_t n;
+    while (got < sizeof buf - 1 && (n = read(c.out, buf + got, sizeof buf - 1 - got)) > 0)
+        got += (size_t)n;
     close(c.out);
     int ws = 0;
     if (c.pid < 0 || waitpid(c.pid, &ws, 0) != c.pid)
         return -1;
-    *compiles = *hits = 999;
-    *value = -1;
-    if (sscanf(buf, "compiles=%u hits=%u value=%f", compiles, hits, value) != 3)
+    r->compiles = r->hits = r->sources = r->index_hits = 999;
+    r->value = -1;
+    if (sscanf(buf, "compiles=%u hits=%u value=%f sources=%u index_hits=%u", &r->compiles,
+               &r->hits, &r->value, &r->sources, &r->index_hits) != 5)
         fprintf(stderr, "child report: \"%s\"\n", buf);
     return WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+}
+
+static int finish_child(child c, unsigned *compiles, unsigned *hits, float *value)
+{
+    child_report r;
+    int rc = finish_child_report(c, &r);
+    *compiles = r.compiles;
+    *hits = r.hits;
+    *value = r.value;
+    return rc;
 }
 
 /* ---- Helpers ------------------------------------------------------------------------- */
@@ -460,6 +536,244 @@ static void test_compiler_override_and_fds(void)
     rfi_free(context);
 }
 
+/* ---- The program index ------------------------------------------------------------------ */
+
+#define MAX_INDEX_FILES 16
+
+/* The index files (*.idx) in dir, by name; returns how many (at most max). */
+static int index_files(const char *dir, char names[][128], int max)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < max;) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && len < 128 && strcmp(e->d_name + len - 4, ".idx") == 0)
+            memcpy(names[n++], e->d_name, len + 1);
+    }
+    closedir(d);
+    return n;
+}
+
+/* The path of the index file that appeared for variant: the one in the
+ * directory that is not in before[0..n_before). */
+static bool new_index_file(char before[][128], int n_before, char *path, size_t n)
+{
+    char now[MAX_INDEX_FILES][128];
+    int k = index_files(cache_dir, now, MAX_INDEX_FILES);
+    for (int i = 0; i < k; i++) {
+        bool seen = false;
+        for (int j = 0; j < n_before; j++)
+            seen = seen || strcmp(now[i], before[j]) == 0;
+        if (!seen)
+            return (size_t)snprintf(path, n, "%s/%s", cache_dir, now[i]) < n;
+    }
+    return false;
+}
+
+/* Loads variant as a described program and checks its value, whether its
+ * source was generated and whether the compiler ran. */
+static void check_described(int variant, bool generated, bool compiled)
+{
+    uint64_t c0 = rfi_cc_n_compiles(), s0 = rfi_cc_n_sources(), i0 = rfi_cc_n_index_hits();
+    rfi_module *m = NULL;
+    rf_status st;
+    int calls = 0;
+    CHECK_NEAR(load_described(variant, &m, &st, &calls), 42.0 + variant, 0, 0);
+    CHECK_OK(st);
+    CHECK(calls == (generated ? 1 : 0));
+    CHECK(rfi_cc_n_sources() == s0 + (generated ? 1 : 0));
+    CHECK(rfi_cc_n_index_hits() == i0 + (generated ? 0 : 1));
+    CHECK(rfi_cc_n_compiles() == c0 + (compiled ? 1 : 0));
+    CHECK(m && m->compiled == compiled && m->cached);
+    rfi_module_free(m);
+}
+
+/* Loads a new variant as a described program (generated and compiled) and
+ * finds the index file that load recorded. */
+static bool first_described_load(int variant, char *path, size_t n)
+{
+    char before[MAX_INDEX_FILES][128];
+    int k = index_files(cache_dir, before, MAX_INDEX_FILES);
+    check_described(variant, true, true);
+    return new_index_file(before, k, path, n);
+}
+
+static void test_index_skips_generation(void)
+{
+    char idx[700];
+    /* Variant 2 is new: generated and compiled once; its index file is 0600. */
+    CHECK(first_described_load(2, idx, sizeof idx));
+    CHECK(mode_of(idx) == 0600);
+    /* Then: no source, no compiler, in this process and in another. */
+    check_described(2, false, false);
+    child_report r;
+    CHECK(finish_child_report(spawn_child_mode("childidx", 2, -1, -1), &r) == 0);
+    CHECK(r.sources == 0 && r.index_hits == 1 && r.compiles == 0 && r.hits == 1);
+    CHECK_NEAR(r.value, 44.0, 0, 0);
+    /* An undescribed load of the same source still works as before. */
+    rfi_module *m = NULL;
+    rf_status st;
+    CHECK_NEAR(load_and_run(2, &m, &st), 44.0, 0, 0);
+    CHECK(m && !m->compiled);
+    rfi_module_free(m);
+}
+
+/* Replaces path's contents (same name, a new file) with data. */
+static void replace_file(const char *path, const char *data, size_t len, unsigned mode)
+{
+    char tmp[800];
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    FILE *f = fopen(tmp, "wb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fwrite(data, 1, len, f);
+    fclose(f);
+    chmod(tmp, mode);
+    CHECK(rename(tmp, path) == 0);
+}
+
+/* An index file that is cut short, garbled, writable by others or owned by
+ * someone else is ignored (the source is generated; the entry itself is a
+ * disk hit) and rewritten, after which the index serves again. */
+static void test_bad_index_files_are_rebuilt(void)
+{
+    char idx[700];
+    CHECK(first_described_load(3, idx, sizeof idx));
+    check_described(3, false, false);
+
+    truncate_by_rename(idx);
+    check_described(3, true, false);
+    check_described(3, false, false);
+
+    FILE *f = fopen(idx, "r+b"); /* one byte of the stored description flipped */
+    CHECK(f != NULL);
+    if (f) {
+        CHECK(fseek(f, -1, SEEK_END) == 0);
+        int c = fgetc(f);
+        CHECK(fseek(f, -1, SEEK_END) == 0);
+        fputc(c ^ 0x20, f);
+        fclose(f);
+    }
+    check_described(3, true, false);
+    check_described(3, false, false);
+
+    replace_file(idx, "reflux program index v1\nentry=zz\n", 33, 0600); /* malformed */
+    check_described(3, true, false);
+    check_described(3, false, false);
+
+    CHECK(chmod(idx, 0666) == 0); /* writable by others: never trusted */
+    check_described(3, true, false);
+    CHECK(mode_of(idx) == 0600);
+    check_described(3, false, false);
+
+    CHECK(chmod(idx, 0620) == 0); /* writable by the group */
+    check_described(3, true, false);
+    check_described(3, false, false);
+
+    if (geteuid() == 0) { /* root can give the file away */
+        CHECK(chown(idx, 65534, 65534) == 0);
+        check_described(3, true, false);
+        struct stat st;
+        CHECK(stat(idx, &st) == 0 && st.st_uid == 0);
+        check_described(3, false, false);
+    }
+}
+
+/* An index file whose entry lost its object, or its manifest, falls back to
+ * the full path: the source is generated and compiled again, the index
+ * rewritten. */
+static void test_index_to_missing_module_falls_back(void)
+{
+    char so[700], ok[700];
+    rfi_module *m = NULL;
+    rf_status st;
+    CHECK_NEAR(load_and_run(4, &m, &st), 46.0, 0, 0); /* the entry, before any index */
+    snprintf(so, sizeof so, "%s", m ? m->so_path : "");
+    snprintf(ok, sizeof ok, "%s/%s.ok", cache_dir, m ? m->key : "");
+    rfi_module_free(m);
+    check_described(4, true, false); /* records the index */
+    check_described(4, false, false);
+
+    CHECK(unlink(so) == 0);
+    check_described(4, true, true);
+    check_described(4, false, false);
+
+    CHECK(unlink(ok) == 0);
+    check_described(4, true, true);
+    check_described(4, false, false);
+}
+
+/* An index file holding another program's description (here: variant 5's file
+ * copied over variant 6's name) is never taken for variant 6. */
+static void test_index_compares_the_description(void)
+{
+    char idx5[700], idx6[700];
+    CHECK(first_described_load(5, idx5, sizeof idx5));
+    CHECK(first_described_load(6, idx6, sizeof idx6));
+    static char data5[1 << 16];
+    FILE *f = fopen(idx5, "rb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    size_t len = fread(data5, 1, sizeof data5, f);
+    fclose(f);
+    replace_file(idx6, data5, len, 0600);
+    check_described(6, true, false); /* 6's own source (value 48), not 5's module */
+    check_described(6, false, false);
+}
+
+/* The build-id of the object holding an address: this test binary's for one
+ * of its functions (what `readelf -n` prints), none for a heap address. */
+static void test_build_id(void)
+{
+    char id[160], heap_id[160];
+    CHECK(rfi_cc_build_id((uintptr_t)test_build_id, id, sizeof id));
+    CHECK(strlen(id) >= 16 && strlen(id) % 2 == 0 && strspn(id, "0123456789abcdef") == strlen(id));
+    char *heap = malloc(16);
+    CHECK(!rfi_cc_build_id((uintptr_t)heap, heap_id, sizeof heap_id) && heap_id[0] == '\0');
+    free(heap);
+    CHECK(!rfi_cc_build_id((uintptr_t)test_build_id, id, 8)); /* no room: none */
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "readelf -n /proc/%ld/exe 2>/dev/null", (long)getpid());
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return;
+    char line[512];
+    bool seen = false, readelf_ran = false;
+    CHECK(rfi_cc_build_id((uintptr_t)test_build_id, id, sizeof id));
+    while (fgets(line, sizeof line, p)) {
+        readelf_ran = true;
+        seen = seen || (strstr(line, "Build ID") && strstr(line, id));
+    }
+    pclose(p);
+    CHECK(seen || !readelf_ran);
+}
+
+/* A private fallback directory keeps no index: every load generates. */
+static void test_no_index_in_fallback_dir(void)
+{
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/open2", root);
+    CHECK(mkdir(bad, 0700) == 0);
+    CHECK(chmod(bad, 0777) == 0);
+    setenv("RF_CACHE_DIR", bad, 1);
+    rfi_module *m = NULL;
+    rf_status st;
+    int calls = 0;
+    for (int i = 0; i < 2; i++) {
+        CHECK_NEAR(load_described(7, &m, &st, &calls), 49.0, 0, 0);
+        CHECK(calls == 1 && m && !m->cached);
+        rfi_module_free(m);
+        m = NULL;
+    }
+    char names[MAX_INDEX_FILES][128];
+    CHECK(index_files(bad, names, MAX_INDEX_FILES) == 0);
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) {
@@ -468,7 +782,10 @@ int main(int argc, char **argv)
             while (read(0, &c, 1) > 0) {
             }
         }
-        return child_main(atoi(argv[2]));
+        return child_main(atoi(argv[2]), false);
+    }
+    if (argc >= 3 && strcmp(argv[1], "childidx") == 0) {
+        return child_main(atoi(argv[2]), true);
     }
     const char *tmp = getenv("TMPDIR");
     snprintf(root, sizeof root, "%s/rf-disk-cache-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -489,6 +806,12 @@ int main(int argc, char **argv)
     test_syntax_error_reports();
     test_unloadable_object_reports();
     test_compiler_override_and_fds();
+    test_index_skips_generation();
+    test_bad_index_files_are_rebuilt();
+    test_index_to_missing_module_falls_back();
+    test_index_compares_the_description();
+    test_no_index_in_fallback_dir();
+    test_build_id();
     remove_tree(root);
     return tu_finish("test_disk_cache");
 }

@@ -3,9 +3,11 @@
  *
  * This file finds the cache directory, computes keys, validates entries
  * (ownership, permissions, manifest, source and object hashes), serialises
- * builds of one key across processes with flock, and writes every file under
- * a temporary name before renaming it into place. It does not compile or load
- * anything itself (the caller's callbacks do) and never evicts entries.
+ * builds of one key across processes with flock, keeps the program index
+ * (description -> entry, checked byte for byte and pinned to the entry's
+ * manifest), and writes every file under a temporary name before renaming it
+ * into place. It does not compile or load anything itself (the caller's
+ * callbacks do) and never evicts entries.
  */
 #include "disk_cache.h"
 
@@ -173,8 +175,15 @@ static void warn_fallback(const char *why)
 
 typedef enum file_state { FILE_OK, FILE_MISSING, FILE_BAD } file_state;
 
-/* Reads a whole file that this user may trust (regular, owned by the user,
- * writable by no one else) into *data (rfi_malloc'd, NUL-terminated). */
+/* Whether a file may be trusted: regular, owned by the user, writable by no one else. */
+static bool trusted_file(const struct stat *st)
+{
+    return S_ISREG(st->st_mode) && st->st_uid == geteuid() &&
+           !(st->st_mode & (S_IWGRP | S_IWOTH)) && st->st_size >= 0;
+}
+
+/* Reads a whole file that this user may trust (trusted_file) into *data
+ * (rfi_malloc'd, NUL-terminated). */
 static file_state read_trusted(const char *path, char **data, size_t *len)
 {
     *data = NULL;
@@ -184,8 +193,7 @@ static file_state read_trusted(const char *path, char **data, size_t *len)
         return errno == ENOENT ? FILE_MISSING : FILE_BAD;
     struct stat st;
     file_state s = FILE_BAD;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-        (st.st_mode & (S_IWGRP | S_IWOTH)) || st.st_size < 0)
+    if (fstat(fd, &st) != 0 || !trusted_file(&st))
         goto done;
     size_t n = (size_t)st.st_size;
     char *d = rfi_malloc(n + 1);
@@ -257,14 +265,18 @@ typedef struct entry_paths {
     char src[PATH_MAX], obj[PATH_MAX], ok[PATH_MAX], lock[PATH_MAX];
 } entry_paths;
 
-static void set_paths(entry_paths *p, const char *dir, const char *key,
+/* false when a path does not fit (never for a directory from rfi_disk_cache_dir
+ * or mkdtemp, which leave 64 characters to spare). */
+static bool set_paths(entry_paths *p, const char *dir, const char *key,
                       const rfi_disk_cache_ops *ops)
 {
-    snprintf(p->dir, sizeof p->dir, "%s", dir);
-    snprintf(p->src, sizeof p->src, "%s/%s%s", dir, key, ops->source_ext);
-    snprintf(p->obj, sizeof p->obj, "%s/%s%s", dir, key, ops->object_ext);
-    snprintf(p->ok, sizeof p->ok, "%s/%s.ok", dir, key);
-    snprintf(p->lock, sizeof p->lock, "%s/%s.lock", dir, key);
+    return (size_t)snprintf(p->dir, sizeof p->dir, "%s", dir) < sizeof p->dir &&
+           (size_t)snprintf(p->src, sizeof p->src, "%s/%s%s", dir, key, ops->source_ext) <
+               sizeof p->src &&
+           (size_t)snprintf(p->obj, sizeof p->obj, "%s/%s%s", dir, key, ops->object_ext) <
+               sizeof p->obj &&
+           (size_t)snprintf(p->ok, sizeof p->ok, "%s/%s.ok", dir, key) < sizeof p->ok &&
+           (size_t)snprintf(p->lock, sizeof p->lock, "%s/%s.lock", dir, key) < sizeof p->lock;
 }
 
 static void remove_entry(const entry_paths *p, bool keep_source)
@@ -283,11 +295,16 @@ static void manifest_text(rfi_strbuf *sb, const char *context, size_t obj_len,
                   obj_len, obj_hash);
 }
 
-static void content_hash(const char *data, size_t len, char out[RFI_CACHE_KEY_HEX])
+static void content_hash(const void *data, size_t len, char out[RFI_CACHE_KEY_HEX])
 {
     hash128 h = hash128_init();
     hash128_part(&h, data, len);
     hash128_hex(h, out);
+}
+
+void rfi_disk_cache_digest(const void *data, size_t len, char out[RFI_CACHE_KEY_HEX])
+{
+    content_hash(data, len, out);
 }
 
 /* Whether the entry's manifest, source and object are all present, trusted and
@@ -402,19 +419,26 @@ static rf_status get_locked(const entry_paths *p, const char *source, const char
     return st;
 }
 
+static void index_record(const entry_paths *p, const char *key, const char *context,
+                         const rfi_disk_cache_index *index);
+
+/* Finds or builds the entry in dir; with an index description (never for a
+ * private fallback directory), records it for the entry, under the entry's lock. */
 static rf_status get_in_dir(const char *dir, const char *source, const char *context,
-                            const rfi_disk_cache_ops *ops, rfi_disk_cache_result *res)
+                            const rfi_disk_cache_index *index, const rfi_disk_cache_ops *ops,
+                            rfi_disk_cache_result *res)
 {
     entry_paths *p = rfi_malloc(sizeof *p);
     if (!p)
         return rfi_error(RF_E_NOMEM, "module cache: out of memory");
-    set_paths(p, dir, res->key, ops);
     rf_status st;
-    int fd = lock_entry(p);
+    int fd = set_paths(p, dir, res->key, ops) ? lock_entry(p) : (errno = ENAMETOOLONG, -1);
     if (fd < 0) {
         st = rfi_error(RF_E_IO, "module cache: cannot lock %s: %s", p->lock, strerror(errno));
     } else {
         st = get_locked(p, source, context, ops, &res->compiled);
+        if (st == RF_OK && index)
+            index_record(p, res->key, context, index);
         close(fd); /* releases the lock */
     }
     if (st == RF_OK) {
@@ -434,7 +458,10 @@ static void clean_private_dir(const char *dir, const char *key, const rfi_disk_c
     entry_paths *p = rfi_malloc(sizeof *p);
     if (!p)
         return;
-    set_paths(p, dir, key, ops);
+    if (!set_paths(p, dir, key, ops)) {
+        rfi_free(p);
+        return;
+    }
     remove_entry(p, keep_source);
     unlink(p->lock);
     if (!keep_source)
@@ -445,6 +472,13 @@ static void clean_private_dir(const char *dir, const char *key, const rfi_disk_c
 rf_status rfi_disk_cache_get(const char *source, const char *context,
                              const rfi_disk_cache_ops *ops, rfi_disk_cache_result *res)
 {
+    return rfi_disk_cache_get_indexed(source, context, NULL, ops, res);
+}
+
+rf_status rfi_disk_cache_get_indexed(const char *source, const char *context,
+                                     const rfi_disk_cache_index *index,
+                                     const rfi_disk_cache_ops *ops, rfi_disk_cache_result *res)
+{
     memset(res, 0, sizeof *res);
     if (!source || !context || !ops || !ops->compile || !ops->load || !ops->object_ext ||
         !ops->source_ext)
@@ -454,13 +488,13 @@ rf_status rfi_disk_cache_get(const char *source, const char *context,
     rf_status st = rfi_disk_cache_dir(&dir);
     if (st == RF_OK) {
         res->persistent = true;
-        st = get_in_dir(dir, source, context, ops, res);
+        st = get_in_dir(dir, source, context, index && index->len ? index : NULL, ops, res);
         rfi_free(dir);
     } else if (st != RF_E_NOMEM) {
         warn_fallback(rf_errmsg());
         st = make_private_dir(&dir);
         if (st == RF_OK) {
-            st = get_in_dir(dir, source, context, ops, res);
+            st = get_in_dir(dir, source, context, NULL, ops, res);
             clean_private_dir(dir, res->key, ops, st != RF_OK);
             rfi_free(dir);
         }
@@ -468,6 +502,193 @@ rf_status rfi_disk_cache_get(const char *source, const char *context,
     if (st != RF_OK)
         rfi_disk_cache_result_free(res);
     return st;
+}
+
+/* ---- The program index ------------------------------------------------------------------- */
+
+#define INDEX_MAGIC "reflux program index v1\n"
+
+/* The index file of (description, context) in dir. The magic enters the name's
+ * hash, so an index name never equals an entry key. */
+static bool index_file(const char *dir, const rfi_disk_cache_index *index, const char *context,
+                       char *buf, size_t n)
+{
+    hash128 h = hash128_init();
+    hash128_part(&h, INDEX_MAGIC, strlen(INDEX_MAGIC));
+    hash128_part(&h, index->data, index->len);
+    hash128_part(&h, context, strlen(context));
+    char name[RFI_CACHE_KEY_HEX];
+    hash128_hex(h, name);
+    return (size_t)snprintf(buf, n, "%s/%s.idx", dir, name) < n;
+}
+
+/* Writes the index file: the magic, the entry's key, its manifest as it is
+ * now (read under the entry's lock: what was just validated or written), then
+ * the description. Best effort: a failure only costs the next compile the
+ * full path. errno is preserved. */
+static void index_record(const entry_paths *p, const char *key, const char *context,
+                         const rfi_disk_cache_index *index)
+{
+    int saved = errno;
+    char path[PATH_MAX];
+    char *man = NULL;
+    size_t man_len = 0;
+    rfi_strbuf head = {0};
+    char *file = NULL;
+    if (!index_file(p->dir, index, context, path, sizeof path) ||
+        read_trusted(p->ok, &man, &man_len) != FILE_OK)
+        goto done;
+    rfi_sb_printf(&head, "%sentry=%s\nmanifest=%zu\n", INDEX_MAGIC, key, man_len);
+    size_t total = head.len + man_len + index->len;
+    if (head.failed || !(file = rfi_malloc(total)))
+        goto done;
+    memcpy(file, head.data, head.len);
+    memcpy(file + head.len, man, man_len);
+    memcpy(file + head.len + man_len, index->data, index->len);
+    (void)write_atomic(path, file, total);
+done:
+    rfi_free(file);
+    rfi_sb_free(&head);
+    rfi_free(man);
+    errno = saved;
+}
+
+/* What an index file says: the entry's key and the manifest it was recorded with. */
+typedef struct index_entry {
+    char key[RFI_CACHE_KEY_HEX];
+    const char *manifest; /* into the file's data */
+    size_t manifest_len;
+} index_entry;
+
+/* Parses an index file and checks that it holds exactly this description for
+ * this context (byte for byte, as a source is on an entry hit). */
+static bool parse_index(const char *data, size_t len, const rfi_disk_cache_index *index,
+                        const char *context, index_entry *e)
+{
+    const char *p = data, *end = data + len;
+    size_t magic = strlen(INDEX_MAGIC);
+    if (len < magic || memcmp(p, INDEX_MAGIC, magic) != 0)
+        return false;
+    p += magic;
+    if ((size_t)(end - p) < 6 + 32 + 1 || memcmp(p, "entry=", 6) != 0)
+        return false;
+    p += 6;
+    if (strspn(p, "0123456789abcdef") < 32 || p[32] != '\n')
+        return false;
+    memcpy(e->key, p, 32);
+    e->key[32] = '\0';
+    p += 33;
+    if ((size_t)(end - p) < 9 || memcmp(p, "manifest=", 9) != 0)
+        return false;
+    p += 9;
+    size_t n = 0, digits = 0;
+    for (; p < end && *p >= '0' && *p <= '9' && digits < 12; p++, digits++)
+        n = n * 10 + (size_t)(*p - '0');
+    if (digits == 0 || p >= end || *p != '\n')
+        return false;
+    p++;
+    if ((size_t)(end - p) < n || (size_t)(end - p) - n != index->len ||
+        memcmp(p + n, index->data, index->len) != 0)
+        return false;
+    e->manifest = p;
+    e->manifest_len = n;
+    /* The manifest names the context it was built for: it must be this one. */
+    size_t mm = strlen(MANIFEST_MAGIC), cl = strlen(context);
+    return n > mm + cl && memcmp(p, MANIFEST_MAGIC, mm) == 0 &&
+           memcmp(p + mm, context, cl) == 0 && p[mm + cl] == '\n';
+}
+
+/* Whether path is a file this user may trust (no read). */
+static bool trusted_present(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    struct stat st;
+    bool ok = fstat(fd, &st) == 0 && trusted_file(&st);
+    close(fd);
+    return ok;
+}
+
+/* Under the entry's lock: its manifest is the one the index recorded, and its
+ * object (trusted) matches that manifest's size and hash; its source is there
+ * and trusted. The source is not read: the description that produced it was
+ * compared instead, and the recorded manifest pins the object built from it
+ * (an entry rebuilt since, for any reason, no longer matches). */
+static bool pinned_entry_valid(const entry_paths *p, const index_entry *e, const char *context)
+{
+    char *man = NULL, *obj = NULL;
+    size_t man_len, obj_len;
+    bool ok = false;
+    if (read_trusted(p->ok, &man, &man_len) != FILE_OK || man_len != e->manifest_len ||
+        memcmp(man, e->manifest, man_len) != 0 || !trusted_present(p->src) ||
+        read_trusted(p->obj, &obj, &obj_len) != FILE_OK)
+        goto done;
+    char hash[RFI_CACHE_KEY_HEX];
+    content_hash(obj, obj_len, hash);
+    rfi_strbuf want = {0};
+    manifest_text(&want, context, obj_len, hash);
+    ok = !want.failed && want.len == man_len && memcmp(want.data, man, man_len) == 0;
+    rfi_sb_free(&want);
+done:
+    rfi_free(man);
+    rfi_free(obj);
+    return ok;
+}
+
+/* The configured directory into buf when it exists and is private (never
+ * created or reported here: rfi_disk_cache_get does that). */
+static bool existing_private_dir(char *buf, size_t n)
+{
+    struct stat st;
+    return configured_dir(buf, n) && stat(buf, &st) == 0 && untrusted_dir_reason(&st) == NULL;
+}
+
+/* Loads the entry the index names, under its lock. */
+static bool load_pinned(const char *dir, const index_entry *e, const char *context,
+                        const rfi_disk_cache_ops *ops, rfi_disk_cache_result *res)
+{
+    entry_paths *p = rfi_malloc(sizeof *p);
+    if (!p)
+        return false;
+    bool ok = false;
+    int fd = set_paths(p, dir, e->key, ops) ? lock_entry(p) : -1;
+    if (fd >= 0) {
+        ok = pinned_entry_valid(p, e, context) && ops->load(ops->ctx, p->obj) == RF_OK;
+        close(fd);
+    }
+    if (ok) {
+        memcpy(res->key, e->key, sizeof res->key);
+        res->object_path = rfi_strdup(p->obj);
+        res->source_path = rfi_strdup(p->src);
+        res->persistent = true;
+        ok = res->object_path && res->source_path;
+    }
+    rfi_free(p);
+    return ok;
+}
+
+bool rfi_disk_cache_find_indexed(const rfi_disk_cache_index *index, const char *context,
+                                 const rfi_disk_cache_ops *ops, rfi_disk_cache_result *res)
+{
+    memset(res, 0, sizeof *res);
+    if (!index || !index->data || index->len == 0 || !context || !ops || !ops->load ||
+        !ops->object_ext || !ops->source_ext)
+        return false;
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    if (!existing_private_dir(dir, sizeof dir - 64) ||
+        !index_file(dir, index, context, path, sizeof path))
+        return false;
+    char *data = NULL;
+    size_t len = 0;
+    index_entry e;
+    bool ok = read_trusted(path, &data, &len) == FILE_OK &&
+              parse_index(data, len, index, context, &e) &&
+              load_pinned(dir, &e, context, ops, res);
+    rfi_free(data);
+    if (!ok)
+        rfi_disk_cache_result_free(res);
+    return ok;
 }
 
 /* ---- Memoised values ------------------------------------------------------------------- */
@@ -481,9 +702,7 @@ static bool memo_path(const char *name, char *buf, size_t n)
                                              "0123456789-_") != len)
         return false;
     char dir[PATH_MAX];
-    struct stat st;
-    if (!configured_dir(dir, sizeof dir - 80) || stat(dir, &st) != 0 ||
-        untrusted_dir_reason(&st) != NULL)
+    if (!existing_private_dir(dir, sizeof dir - 80))
         return false;
     return (size_t)snprintf(buf, n, "%s/%s.memo", dir, name) < n;
 }

@@ -24,6 +24,7 @@
  *   K.lock  the per-key lock file (flock LOCK_EX around check-compile-rename,
  *           so concurrent processes compile once; a waiter then finds the
  *           entry). Lock files are left in place: removing them would race.
+ *   I.idx   an index entry (see "The program index" below)
  * Every file is written under a temporary name and renamed into place.
  *
  * Security: an entry file that is not a regular file owned by the effective
@@ -34,9 +35,32 @@
  * Corruption: an entry whose object or source does not match its manifest, or
  * whose load callback answers RF_E_CORRUPT, is deleted and rebuilt once.
  *
- * This file does not compile anything, does not evict old entries (delete the
- * directory to clear it), and keeps no global state beyond the once-per-process
- * fallback warning.
+ * The program index: a second map, from a caller's *description* of what
+ * produced a source (bytes: for the CPU backend the optimised program, the
+ * plan options and the identity of the build that generates the code) to the
+ * entry built from that source, so a warm compile can load the module without
+ * generating its source at all. I is the 128-bit hash of the description and
+ * the context; I.idx holds a magic line, the entry's key, the entry's
+ * manifest as it was when recorded (read under the entry's lock, right after
+ * the entry was validated or built), and the whole description. A lookup
+ * trusts I.idx only under the entry-file rules above (regular, owned by the
+ * user, writable by no one else, in the private directory), compares the
+ * stored description and context with the caller's byte for byte (so a hash
+ * collision never maps to the wrong entry, as the source compare guarantees
+ * for entries), and loads the entry, under its lock, only when its manifest
+ * is still the recorded one and its object matches it (size and hash) and
+ * its source is present and trusted. The source itself is not read: the
+ * description that generated it was compared instead, and the pinned
+ * manifest rejects an entry rebuilt since. Anything else (missing, foreign,
+ * writable, truncated or stale index file; missing or changed entry; a load
+ * failure) is a miss: the caller takes the full path, which rewrites I.idx.
+ * Index files are written atomically like every other file; no index is
+ * kept in a private fallback directory.
+ *
+ * This file does not compile anything, does not know what a description
+ * means, does not evict old entries or index files (delete the directory to
+ * clear it), and keeps no global state beyond the once-per-process fallback
+ * warning.
  */
 #ifndef RF_RUNTIME_DISK_CACHE_H
 #define RF_RUNTIME_DISK_CACHE_H
@@ -82,6 +106,31 @@ RFI_FUNC rf_status rfi_disk_cache_get(const char *source, const char *context,
                                       const rfi_disk_cache_ops *ops,
                                       rfi_disk_cache_result *res);
 RFI_FUNC void rfi_disk_cache_result_free(rfi_disk_cache_result *res);
+
+/* A description for the program index (see above); len 0: none. */
+typedef struct rfi_disk_cache_index {
+    const void *data;
+    size_t len;
+} rfi_disk_cache_index;
+
+/* rfi_disk_cache_get, and on success (in the persistent directory only)
+ * records index -> this entry. index NULL: rfi_disk_cache_get. */
+RFI_FUNC rf_status rfi_disk_cache_get_indexed(const char *source, const char *context,
+                                              const rfi_disk_cache_index *index,
+                                              const rfi_disk_cache_ops *ops,
+                                              rfi_disk_cache_result *res);
+/* Loads the entry recorded for (index, context) through ops->load, when the
+ * index has one and it is still valid (see above). true: loaded, the caller
+ * owns res (compiled is false). false: nothing loaded and nothing to free;
+ * the caller takes the full path (the thread's error message may have
+ * changed). Never creates the directory and never compiles. */
+RFI_FUNC bool rfi_disk_cache_find_indexed(const rfi_disk_cache_index *index,
+                                          const char *context, const rfi_disk_cache_ops *ops,
+                                          rfi_disk_cache_result *res);
+
+/* The 128-bit content hash the manifests use (32 hex digits): for callers
+ * that put a digest of large data into a description. */
+RFI_FUNC void rfi_disk_cache_digest(const void *data, size_t len, char out[RFI_CACHE_KEY_HEX]);
 
 /* Small one-line values memoised in the cache directory as <name>.memo (the
  * C compiler's `--version` line, keyed by the compiler binary's identity, so a

@@ -2,17 +2,24 @@
  * identity, runs it without a shell, and loads the resulting module through
  * the disk cache with dlopen.
  *
- * It does not generate source (the renderer does), decide where objects live
- * or when they are reused (disk_cache.c does), or call the module (the CPU
- * backend does). Process-wide state: the compiler-identity cache (one entry,
- * under a mutex) and two statistics counters.
+ * It also finds the build-id of the running build (the identity a backend
+ * puts in a program description, cc.h) and, for rfi_cc_load_program, asks the
+ * disk cache's index before generating a source at all.
+ *
+ * It does not generate source (the renderer does, through the backend's
+ * callback), decide where objects live or when they are reused (disk_cache.c
+ * does), or call the module (the CPU backend does). Process-wide state: the
+ * compiler-identity cache (one entry, under a mutex) and four statistics
+ * counters.
  */
 #include "cc.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <link.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -33,10 +40,12 @@ static const char *const compile_flags[] = {
 #define OUTPUT_KEEP (64 * 1024)  /* compiler output kept in memory; the rest is drained */
 #define MSG_OUTPUT_MAX 1200      /* compiler output quoted in an error message */
 
-static atomic_uint_fast64_t n_compiles, n_disk_hits;
+static atomic_uint_fast64_t n_compiles, n_disk_hits, n_sources, n_index_hits;
 
 uint64_t rfi_cc_n_compiles(void) { return atomic_load(&n_compiles); }
 uint64_t rfi_cc_n_disk_hits(void) { return atomic_load(&n_disk_hits); }
+uint64_t rfi_cc_n_sources(void) { return atomic_load(&n_sources); }
+uint64_t rfi_cc_n_index_hits(void) { return atomic_load(&n_index_hits); }
 
 /* ---- Running a program ------------------------------------------------------------------ */
 
@@ -484,24 +493,73 @@ static rf_status load_cb(void *ctx, const char *path)
     return RF_OK;
 }
 
-rf_status rfi_cc_load_module(const char *source, const char *name, rfi_module **out)
+/* The program's source: given, or generated on demand. */
+typedef struct source_request {
+    const char *given;
+    rfi_cc_source_fn gen;
+    void *gen_ctx;
+} source_request;
+
+static void take_result(rfi_module *m, rfi_disk_cache_result *r)
 {
-    if (!out)
-        return rfi_error(RF_E_INVALID, "rfi_cc_load_module: NULL out");
+    m->so_path = r->object_path;
+    m->src_path = r->source_path;
+    r->object_path = r->source_path = NULL;
+    memcpy(m->key, r->key, sizeof m->key);
+    m->compiled = r->compiled;
+    m->cached = r->persistent;
+    if (!m->compiled)
+        atomic_fetch_add(&n_disk_hits, 1);
+}
+
+/* Index first (when there is a description), else the source through the
+ * disk cache, recording the description for it. */
+static rf_status load_through_cache(const source_request *req, const rfi_disk_cache_index *index,
+                                    const char *context, load_ctx *lc)
+{
+    rfi_disk_cache_ops ops = {compile_cb, load_cb, lc, ".so", ".c"};
+    rfi_disk_cache_result r;
+    if (index && rfi_disk_cache_find_indexed(index, context, &ops, &r)) {
+        take_result(lc->m, &r);
+        atomic_fetch_add(&n_index_hits, 1);
+        return RF_OK;
+    }
+    if (lc->m->handle) { /* loaded, then failed on memory: the full path loads again */
+        dlclose(lc->m->handle);
+        lc->m->handle = NULL;
+        lc->m->entry = NULL;
+    }
+    char *generated = NULL;
+    const char *source = req->given;
+    if (!source) {
+        atomic_fetch_add(&n_sources, 1);
+        rf_status st = req->gen(req->gen_ctx, &generated);
+        if (st != RF_OK) {
+            rfi_free(generated);
+            return st;
+        }
+        source = generated;
+    }
+    rf_status st = rfi_disk_cache_get_indexed(source, context, index, &ops, &r);
+    rfi_free(generated);
+    if (st == RF_OK)
+        take_result(lc->m, &r);
+    return st;
+}
+
+static rf_status load_module(const source_request *req, const rfi_disk_cache_index *index,
+                             const char *name, rfi_module **out)
+{
     *out = NULL;
-    if (!source)
-        return rfi_error(RF_E_INVALID, "rfi_cc_load_module: NULL source");
     name = name ? name : "module";
     compiler_info *ci = rfi_malloc(sizeof *ci);
     rfi_module *m = rfi_calloc(1, sizeof *m);
     char *context = NULL;
     rf_status st = ci && m ? compiler_lookup(ci, &context)
                            : rfi_error(RF_E_NOMEM, "module %s: out of memory", name);
-    rfi_disk_cache_result r;
     if (st == RF_OK) {
         load_ctx lc = {m, name, ci};
-        rfi_disk_cache_ops ops = {compile_cb, load_cb, &lc, ".so", ".c"};
-        st = rfi_disk_cache_get(source, context, &ops, &r);
+        st = load_through_cache(req, index, context, &lc);
     }
     rfi_free(context);
     rfi_free(ci);
@@ -509,15 +567,105 @@ rf_status rfi_cc_load_module(const char *source, const char *name, rfi_module **
         rfi_module_free(m);
         return st;
     }
-    m->so_path = r.object_path;
-    m->src_path = r.source_path;
-    memcpy(m->key, r.key, sizeof m->key);
-    m->compiled = r.compiled;
-    m->cached = r.persistent;
-    if (!m->compiled)
-        atomic_fetch_add(&n_disk_hits, 1);
     *out = m;
     return RF_OK;
+}
+
+rf_status rfi_cc_load_module(const char *source, const char *name, rfi_module **out)
+{
+    if (!out)
+        return rfi_error(RF_E_INVALID, "rfi_cc_load_module: NULL out");
+    *out = NULL;
+    if (!source)
+        return rfi_error(RF_E_INVALID, "rfi_cc_load_module: NULL source");
+    source_request req = {source, NULL, NULL};
+    return load_module(&req, NULL, name, out);
+}
+
+rf_status rfi_cc_load_program(const void *desc, size_t desc_len, rfi_cc_source_fn gen,
+                              void *gen_ctx, const char *name, rfi_module **out)
+{
+    if (!out)
+        return rfi_error(RF_E_INVALID, "rfi_cc_load_program: NULL out");
+    *out = NULL;
+    if (!gen)
+        return rfi_error(RF_E_INVALID, "rfi_cc_load_program: NULL generator");
+    source_request req = {NULL, gen, gen_ctx};
+    rfi_disk_cache_index index = {desc, desc ? desc_len : 0};
+    return load_module(&req, index.len ? &index : NULL, name, out);
+}
+
+/* ---- The build's identity ------------------------------------------------------------- */
+
+typedef struct build_id_search {
+    uintptr_t addr;
+    char *out;
+    size_t n;
+    bool found;
+} build_id_search;
+
+static bool object_contains(const struct dl_phdr_info *info, uintptr_t addr)
+{
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = (uintptr_t)info->dlpi_addr + (uintptr_t)ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && addr >= lo && addr - lo < (uintptr_t)ph->p_memsz)
+            return true;
+    }
+    return false;
+}
+
+/* The NT_GNU_BUILD_ID note of one PT_NOTE segment, as hex, into s->out. */
+static bool note_build_id(const unsigned char *p, size_t size, size_t align, build_id_search *s)
+{
+    size_t at = 0;
+    while (size - at >= sizeof(ElfW(Nhdr))) {
+        ElfW(Nhdr) nh;
+        memcpy(&nh, p + at, sizeof nh);
+        size_t name_at = at + sizeof nh;
+        size_t desc_at = name_at + ((nh.n_namesz + align - 1) & ~(align - 1));
+        size_t next = desc_at + ((nh.n_descsz + align - 1) & ~(align - 1));
+        if (desc_at > size || next > size || next <= at)
+            return false;
+        if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+            memcmp(p + name_at, "GNU", 4) == 0 && nh.n_descsz > 0 &&
+            2 * (size_t)nh.n_descsz < s->n) {
+            for (size_t i = 0; i < nh.n_descsz; i++)
+                snprintf(s->out + 2 * i, 3, "%02x", p[desc_at + i]);
+            return true;
+        }
+        at = next;
+    }
+    return false;
+}
+
+static int find_build_id(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    build_id_search *s = data;
+    if (!object_contains(info, s->addr))
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum && !s->found; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_NOTE)
+            continue;
+        size_t align = ph->p_align == 8 ? 8 : 4;
+        s->found = note_build_id((const unsigned char *)(info->dlpi_addr + ph->p_vaddr),
+                                 (size_t)ph->p_filesz, align, s);
+    }
+    return 1; /* the object holding addr: stop either way */
+}
+
+bool rfi_cc_build_id(uintptr_t code_addr, char *out, size_t n)
+{
+    if (!out || n == 0)
+        return false;
+    out[0] = '\0';
+    build_id_search s = {code_addr, out, n, false};
+    dl_iterate_phdr(find_build_id, &s);
+    if (!s.found)
+        out[0] = '\0';
+    return s.found;
 }
 
 void rfi_module_free(rfi_module *m)

@@ -1,10 +1,28 @@
 /* cpu_backend.c: the compiling CPU backend: ties the pipeline together.
  *
  * prepare: optimise the program (simplify, CSE, DCE), plan it (fusion and
- * memory planning), lower the plan to kernel IR, render C, compile and load
- * the module through the disk cache, and set up the runtime services (thread
- * pool, math-library calls) and the arena, all once. run: fill the buffer
- * table and call the module's one entry point. Nothing is allocated per run.
+ * memory planning), get the module, and set up the runtime services (thread
+ * pool, math-library calls) and the arena, all once. The module comes from
+ * the disk cache's program index when the optimised program was compiled
+ * before by this build (no C is generated: see "The program description"
+ * below), else the plan is lowered to kernel IR, rendered to C, and compiled
+ * and loaded through the disk cache. run: fill the buffer table and call the
+ * module's one entry point. Nothing is allocated per run.
+ *
+ * A warm compile of a ResNet training step (bench/rf_bench compile_resnet_warm)
+ * is then, roughly: trace and autodiff 1.5 ms, optimise 1 ms, plan 0.35 ms,
+ * description 0.07 ms, module from the index 0.45 ms, services 6.5 ms
+ * (loading oneDNN 1.8 ms, creating its primitives 4.5 ms). Preparing the
+ * services' steps on two threads, and loading the module on a second thread
+ * while the services are prepared, were measured and left out: on the 2-core
+ * machine the benchmarks run on, shared with other jobs, both were slower
+ * (median of 20 warm compiles: 10.2 ms with the steps on two threads, 9.8 ms
+ * on one), although each thread's CPU time showed no extra work: starting
+ * and warming a thread costs more than the second core gives when it is
+ * busy. Loading oneDNN on a second thread during optimise and plan would
+ * overlap more, but the loader sets an environment variable once
+ * (dnnl_loader.c), which is only safe while no other thread reads the
+ * environment.
  *
  * RF_CHECK=1 (read at compile time) makes every run also execute the
  * reference interpreter first and compare outputs and updated captures: the
@@ -103,28 +121,238 @@ static bool dumping(void)
     return dir && *dir;
 }
 
-/* Lowers, renders, compiles and loads the module; dumps the plan and the C. */
-static rf_status build_module(cpu_state *s, const char *name, uint64_t hash)
+/* ---- The program description (the disk cache's index key) ------------------------ *
+ * A warm compile used to lower and render the whole program (~6 ms of the
+ * ~16 ms a ResNet step's warm compile took) only to find that the disk cache
+ * already held the module. The description below determines the generated
+ * source exactly, so the cache's index (disk_cache.h) maps it to the module
+ * instead.
+ *
+ * The source is a function of the optimised program, the plan options and
+ * the code that generates it (no thread count, no CPU features: the CPU and
+ * the compiler are in the cache's context). So the description holds:
+ *   - the build-id of the object that holds the generator (the same object as
+ *     this file, libreflux.so or an executable it is linked into statically):
+ *     any change to the generator's code changes it, so nothing is ever
+ *     hand-bumped; no build-id, no description, no index;
+ *   - RF_MODULE_ABI and every plan option;
+ *   - the program node by node in SSA order, with operands by node id. Not
+ *     rfi_hash: that is 64 bits and ignores the order of independent nodes,
+ *     which the plan's steps and buffer offsets follow, so two programs with
+ *     one hash may have different modules. Constants up to DESC_INLINE_BYTES
+ *     are copied (the renderer may inline them), larger ones as a 128-bit
+ *     digest (they reach the module as buffers, never as code);
+ *   - the program's name (the generator does not read it today; it is cheap).
+ * Plan options are described field by field (the assertion below catches a
+ * new field that changes the struct's size). The plan, the lowering and the
+ * renderer read nothing but the program and these options (the environment
+ * only through rfi_plan_opts_default): one that starts reading anything else
+ * must put it in the description too.
+ * The index stores the whole description and compares it byte for byte;
+ * varints keep it small (18 KB for the ResNet step). */
+
+#define DESC_MAGIC "reflux cpu program description v1"
+#define DESC_INLINE_BYTES 256
+
+typedef struct desc_buf {
+    unsigned char *data;
+    size_t len, cap;
+    bool failed;
+} desc_buf;
+
+static void desc_put(desc_buf *b, const void *p, size_t n)
 {
-    rfi_kir_module *kir = NULL;
-    char *source = NULL;
-    rf_status st = rfi_kir_lower(s->plan, &kir);
-    if (st == RF_OK)
-        st = rfi_render_c(kir, &source);
-    if (st == RF_OK) {
-        if (dumping()) {
-            char *plan_text = rfi_plan_print(s->plan);
-            if (plan_text)
-                rfi_dump(name, hash, "plan", plan_text);
-            rfi_free(plan_text);
-            rfi_dump(name, hash, "c", source);
+    if (b->failed)
+        return;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 16384;
+        while (cap < b->len + n)
+            cap *= 2;
+        unsigned char *d = rfi_realloc(b->data, cap);
+        if (!d) {
+            b->failed = true;
+            return;
         }
-        st = rfi_cc_load_module(source, name, &s->module);
+        b->data = d;
+        b->cap = cap;
     }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+
+/* LEB128 of a zigzag-encoded signed value. */
+static void desc_int(desc_buf *b, int64_t v)
+{
+    uint64_t u = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    unsigned char out[10];
+    size_t n = 0;
+    do {
+        out[n] = (unsigned char)(u & 0x7f);
+        u >>= 7;
+        out[n] |= u ? 0x80 : 0;
+        n++;
+    } while (u);
+    desc_put(b, out, n);
+}
+
+static void desc_str(desc_buf *b, const char *s)
+{
+    size_t n = strlen(s);
+    desc_int(b, (int64_t)n);
+    desc_put(b, s, n);
+}
+
+static void desc_type(desc_buf *b, rf_dtype dt, const int64_t *dims, int rank)
+{
+    desc_int(b, dt);
+    desc_int(b, rank);
+    for (int i = 0; i < rank && i < RF_MAX_RANK; i++)
+        desc_int(b, dims[i]);
+}
+
+/* Every field of rfi_plan_opts (see above for what the assertion catches). */
+_Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 8,
+               "rfi_plan_opts changed: describe the new option in desc_plan_opts");
+
+static void desc_plan_opts(desc_buf *b, const rfi_plan_opts *o)
+{
+    desc_int(b, o->matmul_call_min_flops);
+    desc_int(b, o->dot_loop_max_rows);
+    desc_int(b, o->in_place_updates);
+    desc_int(b, o->call_epilogues);
+    desc_int(b, o->conv_transposed_views);
+}
+
+static void desc_constant(desc_buf *b, const rfi_node *x)
+{
+    desc_int(b, (int64_t)x->attr.nbytes);
+    if (!x->attr.data || x->attr.nbytes <= DESC_INLINE_BYTES) {
+        desc_int(b, 0);
+        if (x->attr.data)
+            desc_put(b, x->attr.data, x->attr.nbytes);
+        return;
+    }
+    char digest[RFI_CACHE_KEY_HEX];
+    rfi_disk_cache_digest(x->attr.data, x->attr.nbytes, digest);
+    desc_int(b, 1);
+    desc_put(b, digest, 32);
+}
+
+static void desc_node(desc_buf *b, const rfi_node *x)
+{
+    desc_int(b, x->op);
+    desc_type(b, x->dtype, x->dims, x->rank);
+    desc_int(b, x->weak);
+    for (int k = 0; k < RFI_N_INTS; k++)
+        desc_int(b, x->attr.i[k]);
+    for (int k = 0; k < RFI_N_LISTS; k++) {
+        int n = x->attr.nl[k] >= 0 && x->attr.nl[k] <= RF_MAX_RANK ? x->attr.nl[k] : 0;
+        desc_int(b, x->attr.nl[k]);
+        for (int j = 0; j < n; j++)
+            desc_int(b, x->attr.l[k][j]);
+    }
+    if (x->op == RFI_OP_CONSTANT)
+        desc_constant(b, x);
+    desc_int(b, x->n_in);
+    for (int k = 0; k < x->n_in; k++)
+        desc_int(b, x->id - x->in[k]->id); /* small: operands are usually near */
+}
+
+static void desc_program(desc_buf *b, const rfi_graph *g)
+{
+    desc_str(b, g->name ? g->name : "");
+    desc_int(b, g->n_args);
+    for (int k = 0; k < g->n_args; k++)
+        desc_type(b, g->arg_dtypes[k], g->arg_dims[k], g->arg_ranks[k]);
+    desc_int(b, g->n_captures);
+    for (int k = 0; k < g->n_captures; k++) {
+        const rf_array *a = g->captures[k];
+        if (a)
+            desc_type(b, a->dtype, a->dims, a->rank);
+        else
+            desc_int(b, -1);
+    }
+    desc_int(b, g->n_nodes);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->id != i) { /* never in a verified program; no index then */
+            b->failed = true;
+            return;
+        }
+        desc_node(b, g->nodes[i]);
+    }
+    desc_int(b, g->n_outputs);
+    for (int k = 0; k < g->n_outputs; k++)
+        desc_int(b, g->outputs[k]->id);
+    desc_int(b, g->n_updates);
+    for (int k = 0; k < g->n_updates; k++) {
+        desc_int(b, g->updates[k].capture);
+        desc_int(b, g->updates[k].value->id);
+    }
+}
+
+/* The description of (program, options) into b; false (b empty) when there is
+ * no build-id or memory ran out: the compile then takes the full path. */
+static bool describe(const rfi_graph *g, const rfi_plan_opts *opts, desc_buf *b)
+{
+    char build_id[160];
+    if (!rfi_cc_build_id((uintptr_t)rfi_render_c, build_id, sizeof build_id))
+        return false;
+    desc_str(b, DESC_MAGIC);
+    desc_str(b, build_id);
+    desc_int(b, RF_MODULE_ABI);
+    desc_plan_opts(b, opts);
+    desc_program(b, g);
+    if (b->failed) {
+        rfi_free(b->data);
+        memset(b, 0, sizeof *b);
+        return false;
+    }
+    return true;
+}
+
+/* ---- The module ------------------------------------------------------------------ */
+
+typedef struct source_job {
+    const rfi_plan *plan;
+    const char *name;
+    uint64_t hash;
+} source_job;
+
+/* Lowers and renders the plan (rfi_cc_source_fn); dumps the plan and the C. */
+static rf_status generate_source(void *ctx, char **source)
+{
+    const source_job *job = ctx;
+    rfi_kir_module *kir = NULL;
+    *source = NULL;
+    rf_status st = rfi_kir_lower(job->plan, &kir);
+    if (st == RF_OK)
+        st = rfi_render_c(kir, source);
+    if (st == RF_OK && dumping()) {
+        char *plan_text = rfi_plan_print(job->plan);
+        if (plan_text)
+            rfi_dump(job->name, job->hash, "plan", plan_text);
+        rfi_free(plan_text);
+        rfi_dump(job->name, job->hash, "c", *source);
+    }
+    rfi_kir_free(kir);
+    return st;
+}
+
+/* Loads the module: through the disk cache's index when the program can be
+ * described, else by generating its source. RF_DUMP wants the plan and the C
+ * text, so a dumping compile always generates them. */
+static rf_status build_module(cpu_state *s, const rfi_plan_opts *opts, const char *name,
+                              uint64_t hash)
+{
+    desc_buf desc = {0};
+    if (!dumping())
+        (void)describe(s->opt, opts, &desc);
+    source_job job = {s->plan, name, hash};
+    rf_status st = rfi_cc_load_program(desc.data, desc.len, generate_source, &job, name,
+                                       &s->module);
+    rfi_free(desc.data);
     if (st == RF_OK)
         s->entry = rfi_module_entry_fn(s->module);
-    rfi_free(source);
-    rfi_kir_free(kir);
     return st;
 }
 
@@ -153,7 +381,7 @@ static rf_status cpu_prepare(const rfi_graph *g, void **state)
         opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
         st = rfi_plan_build(s->opt, &opts, &s->plan);
         if (st == RF_OK)
-            st = build_module(s, name, hash);
+            st = build_module(s, &opts, name, hash);
     }
     if (st == RF_OK)
         st = rfi_cpu_services_prepare(s->plan, &s->services);
