@@ -12,7 +12,9 @@
  * fails; its outputs and updated captures are compared with the
  * interpreter's: bit-exact for integer and non-transcendental float ops,
  * within a few ulps for vectorised libm functions (the largest error per op
- * is printed), and within 1e-6 relative for reductions.
+ * is printed), and within 1e-6 relative for reductions. Reduction tests also
+ * check which loop form each kernel got (plain, interchanged, split into
+ * partial folds, or an unrolled window), so every form is compared.
  */
 #include <dlfcn.h>
 #include <float.h>
@@ -408,7 +410,9 @@ static void module_free(module *m)
 }
 
 /* ---- Comparing ------------------------------------------------------------------------- */
-typedef enum tol { EXACT, ULPS, SUM } tol;
+/* EXACT: equal values (either zero matches either, any NaN any NaN); BITS: equal
+ * bits (any NaN matches any NaN): which zero a max or min keeps. */
+typedef enum tol { EXACT, BITS, ULPS, SUM } tol;
 
 /* Largest error seen per op label. */
 typedef struct err_row {
@@ -469,6 +473,9 @@ static int compare(const char *label, rf_dtype dt, const void *got, const void *
             double a = load_f(got, dt, i), b = load_f(want, dt, i);
             if (isnan(a) || isnan(b)) {
                 ok = isnan(a) && isnan(b);
+            } else if (t == BITS) {
+                ok = memcmp((const char *)got + i * (int64_t)esz,
+                            (const char *)want + i * (int64_t)esz, esz) == 0;
             } else {
                 double ulps = (double)llabs(dt == RF_F32 ? ordered_f32((float)a) - ordered_f32((float)b)
                                                          : ordered_f64(a) - ordered_f64(b));
@@ -1207,6 +1214,201 @@ static void test_coalesce(void)
     rfi_graph_free(g);
 }
 
+/* Whether kernel k's function in the module source contains `needle`. */
+static bool kernel_has(const char *source, const rfi_kir_kernel *k, const char *needle)
+{
+    char head[96];
+    snprintf(head, sizeof head, "static void k%d_%s(void *ctx", k->step, k->name);
+    const char *at = strstr(source, head);
+    const char *end = at ? strstr(at, "\n}\n") : NULL;
+    const char *hit = at ? strstr(at, needle) : NULL;
+    return hit && (!end || hit < end);
+}
+
+/* The kernel of km that stores node `root` (the last one: the interior or the
+ * upper edge of a padded window), or NULL. */
+static const rfi_kir_kernel *kernel_of(const rfi_kir_module *km, const rfi_node *root)
+{
+    const rfi_kir_kernel *found = NULL;
+    for (int s = 0; s < km->n_steps; s++) {
+        const rfi_kir_kernel *k = km->steps[s].kernel;
+        if (k && k->n_stores > 0 && k->stores[0].node == root->id &&
+            (!found || !strstr(found->name, "_interior")))
+            found = k;
+    }
+    return found;
+}
+
+/* The number of kernels of km that store node `root`. */
+static int kernels_of(const rfi_kir_module *km, const rfi_node *root)
+{
+    int n = 0;
+    for (int s = 0; s < km->n_steps; s++) {
+        const rfi_kir_kernel *k = km->steps[s].kernel;
+        n += k && k->n_stores > 0 && k->stores[0].node == root->id;
+    }
+    return n;
+}
+
+typedef enum form { PLAIN, INTERCHANGED, SPLIT, UNROLLED } form;
+
+/* Checks which loop form the renderer chose for each root (in a hand plan):
+ * for a padded window, its interior's; pieces[i]: the kernels root i takes
+ * (NULL: one each). */
+static void check_forms(rfi_graph *g, rfi_node *const *ys, const form *forms, const int *pieces,
+                        int n)
+{
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km)) {
+        for (int i = 0; i < n; i++) {
+            const rfi_kir_kernel *k = kernel_of(km, ys[i]);
+            CHECK(k != NULL);
+            if (!k)
+                continue;
+            CHECK(kernels_of(km, ys[i]) == (pieces ? pieces[i] : 1));
+            bool split = kernel_has(m.source, k, "c->part");
+            bool interchanged = !split && kernel_has(m.source, k, "accs[");
+            form got = !k->is_reduce ? UNROLLED : split ? SPLIT : interchanged ? INTERCHANGED
+                                                                             : PLAIN;
+            if (got != forms[i])
+                fprintf(stderr, "root %%%d (k%d_%s): form %d, want %d\n", ys[i]->id, k->step,
+                        k->name, (int)got, (int)forms[i]);
+            CHECK(got == forms[i]);
+        }
+    }
+    module_free(&m);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+}
+
+/* Split reductions: reductions whose outermost reduced loop is outermost in
+ * memory (BatchNorm statistics, a bias gradient, sums to a scalar) fold chunks
+ * of it into partial accumulators, combined in chunk order. Every form of the
+ * split body (kept loops around the inner reduced loops, the kept axis
+ * innermost, no kept loop; two kept loops; chunks that do not divide the loop)
+ * against the interpreter: sums within the sum tolerance, max and min bit for
+ * bit (NaN, and which of -0 and +0 is kept), integer sums and products exactly.
+ * Float products are never split. */
+static void test_split_reductions(void)
+{
+    targ a[4] = {{RF_F32, 4, {24, 3, 20, 25}}, {RF_F32, 1, {3}}, {RF_F32, 2, {2000, 20}},
+                 {RF_I32, 4, {24, 3, 20, 25}}};
+    rfi_graph *g = g_new(a, 4);
+    rfi_node *x = g_arg(g, 0), *mean = g_arg(g, 1), *rows = g_arg(g, 2), *xi = g_arg(g, 3);
+    int64_t map[] = {1};
+    rfi_node *d = bin(g, RFI_OP_SUB, x, bcast(g, mean, map, x->dims, 4));
+    rfi_node *sq = bin(g, RFI_OP_MUL, d, d);
+    static const int64_t nchw[] = {0, 2, 3}, nh[] = {0, 2}, all[] = {0, 1, 2, 3}, n[] = {0};
+    rfi_node *milli = bcast(g, scalar(g, RF_F32, 1e-3), NULL, x->dims, 4);
+    rfi_node *one = bcast(g, scalar(g, RF_F32, 1.0), NULL, x->dims, 4);
+    rfi_node *near_one = bin(g, RFI_OP_ADD, bin(g, RFI_OP_MUL, x, milli), one);
+    rfi_node *ys[] = {
+        reduce(g, sq, RF_REDUCE_SUM, nchw, 3),          /* kept outer, chunks of 24 / 16 */
+        reduce(g, x, RF_REDUCE_MAX, nchw, 3),
+        reduce(g, x, RF_REDUCE_MIN, nchw, 3),
+        reduce(g, x, RF_REDUCE_SUM, nh, 2),             /* two kept loops [3, 25] */
+        reduce(g, x, RF_REDUCE_SUM, all, 4),            /* a scalar */
+        reduce(g, rows, RF_REDUCE_SUM, n, 1),           /* a bias gradient: kept innermost */
+        reduce(g, rows, RF_REDUCE_MAX, n, 1),
+        reduce(g, xi, RF_REDUCE_SUM, nchw, 3),          /* wrapping integers */
+        reduce(g, xi, RF_REDUCE_PROD, nchw, 3),
+        reduce(g, near_one, RF_REDUCE_PROD, nchw, 3),   /* float product: not split */
+    };
+    enum { N = sizeof ys / sizeof ys[0] };
+    const form forms[N] = {SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, PLAIN};
+    const char *labels[N] = {"split sum of squares", "split max", "split min",
+                             "split sum two kept", "split sum scalar", "split bias sum",
+                             "split bias max", "split i32 sum", "split i32 prod",
+                             "unsplit f32 prod"};
+    const tol tols[N] = {SUM, BITS, BITS, SUM, SUM, SUM, BITS, EXACT, EXACT, SUM};
+    check_forms(g, ys, forms, NULL, N);
+    float *xd = rfi_malloc(36000 * sizeof *xd), md[3] = {0.25f, -0.5f, 0.0f};
+    float *rd = rfi_malloc(40000 * sizeof *rd);
+    int32_t *id = rfi_malloc(36000 * sizeof *id);
+    for (int i = 0; i < 36000; i++) {
+        int c = i / 500 % 3;
+        float v = (float)((i * 7919 % 2001) - 1000) * 1e-3f;
+        if (c == 2) /* channel 2: at most zero, zeros of both signs reach the max */
+            v = i % 7 == 0 ? (i % 14 == 0 ? -0.0f : 0.0f) : -fabsf(v) - 1e-3f;
+        xd[i] = c == 1 && i % 4999 == 17 ? NAN : v;
+        id[i] = (int32_t)(((uint32_t)i * 2654435761u) >> 1) | 1; /* odd: products never 0 */
+    }
+    for (int i = 0; i < 40000; i++)
+        rd[i] = i % 20 == 3 ? (i % 40 == 3 ? 0.0f : -0.0f) : (float)((i * 31 % 97) - 48) * 0.01f;
+    rd[12345] = NAN;
+    const void *args[4] = {xd, md, rd, id};
+    also_planned = true;
+    check_outputs(g, ys, N, args, labels, tols);
+    also_planned = false;
+    rfi_graph_free(g);
+    rfi_free(xd);
+    rfi_free(rd);
+    rfi_free(id);
+}
+
+/* Windows (pooling): small ones (up to 16 points) are unrolled into a loop
+ * without reduced loops, vectorised along the last axis; larger ones run
+ * interchanged (the kept axis innermost and vectorised, loads stepping by the
+ * window's stride). A window padded along its last axis runs as edge pieces
+ * plus an interior without guards or clamps (the form checked is the
+ * interior's). Max and min bit for bit (NaNs and zeros of both signs inside
+ * windows), sums within the sum tolerance; overlapping windows, padding on
+ * both or one side, a kept axis longer than one block of accumulators. */
+static void test_windows(void)
+{
+    targ a[3] = {{RF_F32, 4, {2, 3, 12, 26}}, {RF_F32, 4, {1, 2, 6, 140}},
+                 {RF_F32, 4, {1, 2, 7, 25}}};
+    rfi_graph *g = g_new(a, 3);
+    rfi_node *x = g_arg(g, 0), *wide = g_arg(g, 1), *odd = g_arg(g, 2);
+    int64_t w2[] = {1, 1, 2, 2}, s2[] = {1, 1, 2, 2}, w3[] = {1, 1, 3, 3}, s1[] = {1, 1, 1, 1};
+    int64_t w5[] = {1, 1, 5, 5}, z[] = {0, 0, 0, 0}, p1[] = {0, 0, 1, 1}, p2[] = {0, 0, 2, 2};
+    rfi_node *ys[] = {
+        reduce_window(g, x, RF_REDUCE_MAX, w2, s2, z, z),
+        reduce_window(g, x, RF_REDUCE_MIN, w2, s2, z, z),
+        reduce_window(g, un(g, RFI_OP_NEG, x), RF_REDUCE_SUM, w2, s2, z, z),
+        reduce_window(g, x, RF_REDUCE_MAX, w3, s1, z, z),    /* overlapping, stride 1 */
+        reduce_window(g, x, RF_REDUCE_MAX, w3, s2, p1, p1),  /* padded: edge + interior */
+        reduce_window(g, x, RF_REDUCE_SUM, w3, s2, p1, p1),
+        reduce_window(g, x, RF_REDUCE_MAX, w5, s1, z, z),    /* 25 points */
+        reduce_window(g, x, RF_REDUCE_SUM, w5, s1, z, z),
+        reduce_window(g, wide, RF_REDUCE_MIN, w5, s1, z, z), /* 136 points: three blocks */
+        reduce_window(g, x, RF_REDUCE_MAX, w5, s2, p2, p2),  /* padded: five pieces */
+        reduce_window(g, odd, RF_REDUCE_MAX, w2, s2, z, p1), /* padded above only */
+        reduce_window(g, odd, RF_REDUCE_MIN, w3, s1, p1, z), /* padded below only */
+    };
+    enum { N = sizeof ys / sizeof ys[0] };
+    const form forms[N] = {UNROLLED, UNROLLED,     UNROLLED,     UNROLLED,
+                           UNROLLED, UNROLLED,     INTERCHANGED, INTERCHANGED,
+                           INTERCHANGED, INTERCHANGED, UNROLLED, UNROLLED};
+    const int pieces[N] = {1, 1, 1, 1, 3, 3, 1, 1, 1, 5, 3, 3};
+    const char *labels[N] = {"window max 2x2", "window min 2x2", "window sum 2x2",
+                             "window max 3x3 stride 1", "window max 3x3 padded",
+                             "window sum 3x3 padded", "window max 5x5", "window sum 5x5",
+                             "window min 5x5 wide", "window max 5x5 padded",
+                             "window max 2x2 padded above", "window min 3x3 padded below"};
+    const tol tols[N] = {BITS, BITS, SUM, BITS, BITS, SUM, BITS, SUM, BITS, BITS, BITS, BITS};
+    check_forms(g, ys, forms, pieces, N);
+    float xd[1872], wd[1680], od[350];
+    for (int i = 0; i < 1872; i++)
+        xd[i] = i % 5 == 0 ? (i % 10 == 0 ? 0.0f : -0.0f) : (float)((i * 37 % 23) - 11) * 0.5f;
+    xd[100] = NAN;
+    xd[777] = NAN;
+    for (int i = 0; i < 1680; i++)
+        wd[i] = i % 3 == 0 ? (i % 6 == 0 ? -0.0f : 0.0f) : (float)(i * 13 % 29);
+    wd[301] = NAN;
+    for (int i = 0; i < 350; i++) /* all negative but zeros: padding must not win */
+        od[i] = i % 4 == 0 ? (i % 8 == 0 ? -0.0f : 0.0f) : -(float)(i * 7 % 19) - 1.0f;
+    od[49] = NAN;
+    const void *args[3] = {xd, wd, od};
+    also_planned = true;
+    check_outputs(g, ys, N, args, labels, tols);
+    also_planned = false;
+    rfi_graph_free(g);
+}
+
 /* Inline nodes without a loop form are reported, naming the node. */
 static void test_errors(void)
 {
@@ -1289,6 +1491,8 @@ int main(void)
     test_abi_block();
     test_structure();
     test_coalesce();
+    test_split_reductions();
+    test_windows();
     test_errors();
     test_float_unary(RF_F32);
     test_float_unary(RF_F64);

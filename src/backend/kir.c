@@ -1,6 +1,7 @@
 /* kir.c: building kernel IR (hash-consed instructions with constant folding of
- * index arithmetic, typed bases, stores), the liveness and aliasing facts the
- * renderers need, freeing modules, and the text form for RF_DUMP.
+ * index arithmetic, typed bases, stores), the liveness, aliasing and stride
+ * (affine coefficient) facts the renderers need, freeing modules, and the
+ * text form for RF_DUMP.
  *
  * Deliberately no lowering (kir_lower.c) and no C (cpu/render_c.c) here.
  */
@@ -258,6 +259,47 @@ bool rfi_kir_is_const(const rfi_kir_kernel *k, int id, int64_t *value)
         return false;
     *value = k->ins[id].i;
     return true;
+}
+
+/* ---- Affine coefficients ------------------------------------------------------------- */
+/* rfi_kir_var_coef with a budget of instructions to visit (the operands form a
+ * DAG walked without memo: the budget bounds the walk; exhausted means false). */
+static bool var_coef(const rfi_kir_kernel *k, int id, int var, int64_t *coef, int *budget)
+{
+    const rfi_kir_ins *x = &k->ins[id];
+    *coef = 0;
+    if (x->op == RFI_KIR_VAR) {
+        *coef = x->var == var;
+        return true;
+    }
+    if (x->op == RFI_KIR_CONST || x->op == RFI_KIR_ACC || x->level == 0)
+        return true;
+    if (--*budget < 0)
+        return false;
+    int64_t c[3] = {0, 0, 0};
+    int ops[3] = {x->a, x->b, x->c};
+    for (int i = 0; i < 3; i++)
+        if (ops[i] >= 0 && !var_coef(k, ops[i], var, &c[i], budget))
+            return false;
+    int64_t m;
+    switch (x->op) {
+    case RFI_KIR_IADD: *coef = c[0] + c[1]; return true;
+    case RFI_KIR_IMUL:
+        if (rfi_kir_is_const(k, x->b, &m))
+            *coef = c[0] * m;
+        else if (rfi_kir_is_const(k, x->a, &m))
+            *coef = c[1] * m;
+        else
+            return c[0] == 0 && c[1] == 0;
+        return true;
+    default: return c[0] == 0 && c[1] == 0 && c[2] == 0; /* independent of var */
+    }
+}
+
+bool rfi_kir_var_coef(const rfi_kir_kernel *k, int id, int var, int64_t *coef)
+{
+    int budget = 4096;
+    return var_coef(k, id, var, coef, &budget);
 }
 
 /* ---- Emitters ------------------------------------------------------------------------ */

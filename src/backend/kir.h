@@ -24,9 +24,13 @@
  * matmul; the data's own type for float max and min, which are exact; i64 for
  * integer data) into one accumulator per outer point, only
  * where `red_guard` holds, starting from the identity; RFI_KIR_ACC reads the
- * result after the inner loops. Loads see the values before the kernel's
- * stores (renderers emit every store after the values it needs, and an
- * in-place root reads its capture only at the index it writes: plan.h).
+ * result after the inner loops. Renderers choose the loop order and may
+ * split the fold into partial folds combined in order where that keeps the
+ * result within the rules (cpu/render_c.c). A REDUCE step may also lower to
+ * a kernel without inner loops: a small reduce_window folds its points by
+ * explicit instructions. Loads see the values before the kernel's stores
+ * (renderers emit every store after the values it needs, and an in-place
+ * root reads its capture only at the index it writes: plan.h).
  *
  * Index instructions carry a value range (loop variables: [0, extent - 1],
  * derived through the index arithmetic), and comparisons, min and max that
@@ -178,6 +182,13 @@ RFI_FUNC rf_status rfi_kir_add_store(rfi_kir_kernel *k, int base, int index, int
 RFI_FUNC rf_status rfi_kir_coalesce(rfi_kir_kernel **k);
 /* Sets every base's noalias flag from the byte ranges (call once, when complete). */
 RFI_FUNC void rfi_kir_mark_aliasing(rfi_kir_kernel *k);
+/* Whether index instruction `id` is affine in loop variable `var`: true with
+ * *coef its coefficient (0: it does not depend on var) when it is built from
+ * var by additions and constant products, added to values that do not depend
+ * on var; false when var reaches it otherwise (a division, a clamp, a load).
+ * Renderers read memory strides from it (which loop walks memory
+ * contiguously). */
+RFI_FUNC bool rfi_kir_var_coef(const rfi_kir_kernel *k, int id, int var, int64_t *coef);
 /* Whether instruction `id` is an integer or bool constant, and its value. */
 RFI_FUNC bool rfi_kir_is_const(const rfi_kir_kernel *k, int id, int64_t *value);
 /* live[i] = instruction i is needed by a store, the fold or the guard (n_ins bools). */

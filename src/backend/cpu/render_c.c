@@ -10,10 +10,14 @@
  * the steps in order: kernels directly or through the runtime's parallel_for
  * when they are large, calls through the runtime's `call`, copies by memcpy.
  *
- * A reduction whose loads are contiguous along its last kept axis but not
- * along its innermost reduced axis (a bias gradient: [N, C] -> [C]) runs with
- * the kept axis innermost over a block of accumulators (vectorised, each
- * element folded in the same order as the plain form).
+ * REDUCE kernels get one of three loop schedules (see "Reduction schedules"),
+ * chosen from the memory strides of their loads: plain (kept loops outside);
+ * interchanged (the kept axis innermost over a block of accumulators: bias
+ * gradients, pooling windows too large to unroll); split (the outermost reduced loop cut into a
+ * fixed number of chunks folded in parallel into partial accumulators that
+ * live on the entry point's stack, then combined in chunk order by a second
+ * function, k<step>_<name>_combine: BatchNorm statistics, sums to a scalar).
+ * Each point's values are folded in the same order in all three.
  *
  * Values are SSA constants named after their IR node (x_12 for %12), index
  * temporaries j<k>, predicates ok<k>. Float ops stay in the value's type (one
@@ -595,60 +599,86 @@ static void stores(render *R, int depth)
     }
 }
 
-/* The accumulator update of a REDUCE kernel, with the interpreter's arithmetic,
- * into the accumulator lvalue `acc` (a C expression). */
-static void fold_into(render *R, int depth, const char *acc)
+/* The text of an operand (a name or a literal) in buf. */
+static void operand_text(render *R, int id, char *buf, size_t n)
+{
+    rfi_strbuf tmp = {0}, *out = R->sb;
+    R->sb = &tmp;
+    operand(R, id);
+    R->sb = out;
+    snprintf(buf, n, "%s", tmp.data && !tmp.failed ? tmp.data : "0");
+    out->failed |= tmp.failed;
+    rfi_sb_free(&tmp);
+}
+
+/* The accumulator update of a REDUCE kernel with the interpreter's arithmetic:
+ * the lvalue `acc` folds the C expression `value`. */
+static void fold_text(render *R, int depth, const char *acc, const char *value)
 {
     const rfi_kir_kernel *k = R->k;
-    indent(R, depth);
-    if (k->red_guard >= 0) {
-        put(R->sb, "if (");
-        operand(R, k->red_guard);
-        put(R->sb, ")\n");
-        indent(R, depth + 1);
-    }
     bool f = rfi_dtype_is_float(k->acc_dtype);
-    rfi_kir_ins x = k->ins[k->red_value]; /* %a: the folded value */
-    x.a = k->red_value;
-    const char *fmt = "@ = %a;\n";
+    const char *fmt = "@ = $;\n"; /* @: the accumulator, $: the value */
     switch (k->red_kind) {
     case RF_REDUCE_SUM:
-        fmt = f ? "@ += %a;\n" : "@ = (int64_t)((uint64_t)@ + (uint64_t)%a);\n";
+        fmt = f ? "@ += $;\n" : "@ = (int64_t)((uint64_t)@ + (uint64_t)$);\n";
         break;
     case RF_REDUCE_PROD:
-        fmt = f ? "@ *= %a;\n" : "@ = (int64_t)((uint64_t)@ * (uint64_t)%a);\n";
+        fmt = f ? "@ *= $;\n" : "@ = (int64_t)((uint64_t)@ * (uint64_t)$);\n";
         break;
     case RF_REDUCE_MAX:
-        fmt = !f ? "@ = %a > @ ? %a : @;\n"
-              : k->acc_dtype == RF_F64 ? "@ = rf_max_f64(@, %a);\n" : "@ = rf_max_f32(@, %a);\n";
+        fmt = !f ? "@ = $ > @ ? $ : @;\n"
+              : k->acc_dtype == RF_F64 ? "@ = rf_max_f64(@, $);\n" : "@ = rf_max_f32(@, $);\n";
         break;
     case RF_REDUCE_MIN:
-        fmt = !f ? "@ = %a < @ ? %a : @;\n"
-              : k->acc_dtype == RF_F64 ? "@ = rf_min_f64(@, %a);\n" : "@ = rf_min_f32(@, %a);\n";
+        fmt = !f ? "@ = $ < @ ? $ : @;\n"
+              : k->acc_dtype == RF_F64 ? "@ = rf_min_f64(@, $);\n" : "@ = rf_min_f32(@, $);\n";
         break;
-    case RF_REDUCE_AND: fmt = f ? "@ = (double)((@ != 0) && (%a != 0));\n" : "@ &= %a;\n"; break;
-    case RF_REDUCE_OR: fmt = f ? "@ = (double)((@ != 0) || (%a != 0));\n" : "@ |= %a;\n"; break;
+    case RF_REDUCE_AND: fmt = f ? "@ = (double)((@ != 0) && ($ != 0));\n" : "@ &= $;\n"; break;
+    case RF_REDUCE_OR: fmt = f ? "@ = (double)((@ != 0) || ($ != 0));\n" : "@ |= $;\n"; break;
     default: break;
     }
     if (f && (k->red_kind == RF_REDUCE_MAX || k->red_kind == RF_REDUCE_MIN))
         R->need |= k->acc_dtype == RF_F64 ? NEED_MAXMIN_F64 : NEED_MAXMIN_F32;
-    char buf[256];
-    size_t n = 0, len = strlen(acc);
-    for (const char *c = fmt; *c && n + len + 1 < sizeof buf; c++) { /* @: the accumulator */
-        if (*c == '@') {
-            memcpy(buf + n, acc, len);
-            n += len;
-        } else {
-            buf[n++] = *c;
-        }
+    indent(R, depth);
+    for (const char *c = fmt; *c; c++) {
+        if (*c == '@')
+            put(R->sb, acc);
+        else if (*c == '$')
+            put(R->sb, value);
+        else
+            put_char(R->sb, *c);
     }
-    buf[n] = 0;
-    emit_fmt(R, &x, buf);
+}
+
+/* The fold of the kernel's value into the lvalue `acc`, where its guard holds. */
+static void fold_into(render *R, int depth, const char *acc)
+{
+    const rfi_kir_kernel *k = R->k;
+    if (k->red_guard >= 0) {
+        indent(R, depth);
+        put(R->sb, "if (");
+        operand(R, k->red_guard);
+        put(R->sb, ")\n");
+        depth++;
+    }
+    char value[64];
+    operand_text(R, k->red_value, value, sizeof value);
+    fold_text(R, depth, acc, value);
 }
 
 static void fold(render *R, int depth)
 {
     fold_into(R, depth, "acc");
+}
+
+/* The reduction's identity as a literal of the accumulator type. */
+static void identity_literal(render *R)
+{
+    const rfi_kir_kernel *k = R->k;
+    if (rfi_dtype_is_float(k->acc_dtype))
+        float_literal(R->sb, k->red_identity_f, k->acc_dtype);
+    else
+        int_literal(R->sb, k->red_identity_i, RF_I64);
 }
 
 /* text as a block comment at the given depth, one line per line. */
@@ -678,7 +708,140 @@ static void kernel_name(const rfi_kir_kernel *k, char *buf, size_t n)
     snprintf(buf, n, "k%d_%s", k->step, k->name);
 }
 
-static void ctx_struct(render *R, const bool *base_used, const char *kname)
+/* ---- Reduction schedules ------------------------------------------------------------- *
+ * The kernel IR fixes what a REDUCE kernel folds and, per kept point, in which
+ * order; the loop order and the split across threads are chosen here:
+ *   plain         the kept loops outside (the outermost split across
+ *                 threads), the reduced loops inside, the innermost
+ *                 vectorised for float sums;
+ *   interchanged  per block of the last kept axis, accumulators in an array,
+ *                 the reduced loops outside and the kept axis innermost,
+ *                 vectorised: reductions over leading axes (a bias gradient,
+ *                 whose reduced loops walk memory by rows) and windows up to
+ *                 64 points (pooling; kir_lower.c unrolls those up to 16),
+ *                 whose reduced loops are too short to vectorise;
+ *   split         the outermost reduced loop cut into a fixed number of
+ *                 contiguous chunks, each folded from the identity into its
+ *                 own partial accumulators of every kept point (the chunks run
+ *                 across threads), then each point's partials folded in chunk
+ *                 order: reductions whose outermost reduced loop is also the
+ *                 outermost in memory (BatchNorm statistics over N, H and W;
+ *                 sums to a scalar), which the plain form splits into strided
+ *                 runs per thread (8-20 GB/s measured on [128,8,28,28]) or
+ *                 runs on one thread. Each chunk streams one contiguous slab.
+ * Every form folds each point's values in the same order, but the split one
+ * groups them: that is exact for max and min as folded here (the first NaN,
+ * else the last of the equal extremes: associative), for and, or and integer
+ * sums and products (wrapping), and reassociates float sums only as their
+ * vectorised loops already do; float products (whose over- and underflow
+ * depend on the grouping) are never split. The chunk count does not depend on
+ * the number of threads, so neither do the results. */
+typedef enum sched_form { SCHED_PLAIN, SCHED_INTERCHANGED, SCHED_SPLIT } sched_form;
+
+typedef struct schedule {
+    sched_form form;
+    int64_t chunks; /* SCHED_SPLIT: partial folds of the outermost reduced loop */
+    int64_t kept;   /* SCHED_SPLIT: kept points, partial accumulators per chunk */
+} schedule;
+
+/* Kept points per accumulator block of an interchanged reduction. */
+#define ROW_BLOCK 64
+/* A reduction over at most this many points whose loads step along the last
+ * kept axis by at most WINDOW_STRIDE elements is a window: interchanged. */
+#define WINDOW_POINTS 64
+#define WINDOW_STRIDE 4
+/* Split reductions: chunks, and at most this many partial accumulators (they
+ * live on the entry point's stack: 16 KB of doubles). */
+#define SPLIT_CHUNKS 16
+#define SPLIT_ACCS 2048
+
+static int64_t loop_extent(const rfi_kir_kernel *k, int var)
+{
+    return var < k->rank ? k->dims[var] : k->red_dims[var - k->rank];
+}
+
+/* Whether a REDUCE kernel runs interchanged: its loads are contiguous along
+ * the last kept axis but none along the innermost reduced one, or its
+ * reduction is a small window and every load steps along the last kept axis
+ * by a small constant stride (vectorised loads with a shuffle). */
+static bool interchange_reduction(const rfi_kir_kernel *k, const bool *live)
+{
+    if (!k->is_reduce || k->rank < 1 || k->red_rank < 1)
+        return false;
+    int kept = k->rank - 1, inner = k->rank + k->red_rank - 1;
+    bool kept_unit = false, inner_unit = false, kept_strided = true;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        if (!live[id] || x->op != RFI_KIR_LOAD)
+            continue;
+        int64_t ci, ck;
+        bool affine_i = rfi_kir_var_coef(k, x->a, inner, &ci);
+        bool affine_k = rfi_kir_var_coef(k, x->a, kept, &ck);
+        inner_unit = inner_unit || (affine_i && ci == 1);
+        kept_unit = kept_unit || (affine_k && ck == 1);
+        kept_strided = kept_strided && affine_k && ck >= 0 && ck <= WINDOW_STRIDE;
+    }
+    if (!inner_unit)
+        return kept_unit;
+    return kept_strided && k->dims[kept] >= 4 &&
+           rfi_numel(k->red_dims, k->red_rank) <= WINDOW_POINTS;
+}
+
+/* Whether every load that depends on loop `var` walks memory with it
+ * outermost: its stride spans another loop's whole extent. */
+static bool outermost_in_memory(const rfi_kir_kernel *k, const bool *live, int var)
+{
+    bool any = false;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        int64_t stride, other;
+        if (!live[id] || x->op != RFI_KIR_LOAD)
+            continue;
+        if (!rfi_kir_var_coef(k, x->a, var, &stride) || stride < 0)
+            return false;
+        if (stride == 0)
+            continue;
+        any = true;
+        for (int v = 0; v < k->rank + k->red_rank; v++)
+            if (v != var && (!rfi_kir_var_coef(k, x->a, v, &other) ||
+                             (other < 0 ? -other : other) * loop_extent(k, v) > stride))
+                return false;
+    }
+    return any;
+}
+
+/* The chunks a split reduction cuts its outermost reduced loop into, or 0
+ * when it is not split (see above). */
+static int64_t split_chunks(const rfi_kir_kernel *k, const bool *live)
+{
+    if (!k->is_reduce || k->red_rank < 1 || k->red_dims[0] < 2 ||
+        (k->red_kind == RF_REDUCE_PROD && rfi_dtype_is_float(k->acc_dtype)))
+        return 0;
+    int64_t kept = rfi_numel(k->dims, k->rank);
+    if (kept * rfi_numel(k->red_dims, k->red_rank) <= PARALLEL_MIN ||
+        !outermost_in_memory(k, live, k->rank))
+        return 0;
+    int64_t chunks = SPLIT_ACCS / kept;
+    if (chunks > SPLIT_CHUNKS)
+        chunks = SPLIT_CHUNKS;
+    if (chunks > k->red_dims[0])
+        chunks = k->red_dims[0];
+    return chunks >= 2 ? chunks : 0;
+}
+
+static schedule choose_schedule(const rfi_kir_kernel *k, const bool *live)
+{
+    schedule sc = {SCHED_PLAIN, 0, 0};
+    if ((sc.chunks = split_chunks(k, live)) > 0) {
+        sc.form = SCHED_SPLIT;
+        sc.kept = rfi_numel(k->dims, k->rank);
+    } else if (interchange_reduction(k, live)) {
+        sc.form = SCHED_INTERCHANGED;
+    }
+    return sc;
+}
+
+static void ctx_struct(render *R, const bool *base_used, const char *kname, const schedule *sc)
 {
     const rfi_kir_kernel *k = R->k;
     putf(R->sb, "struct %s_ctx {\n", kname);
@@ -687,101 +850,136 @@ static void ctx_struct(render *R, const bool *base_used, const char *kname)
             putf(R->sb, "    %s%s *%s%s;\n", k->bases[b].written ? "" : "const ",
                           ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
                           R->base_names[b]);
+    if (sc->form == SCHED_SPLIT)
+        putf(R->sb, "    %s *restrict part; /* [%lld chunks][%lld points] partial folds */\n",
+                      ctype(k->acc_dtype), (long long)sc->chunks, (long long)sc->kept);
     put(R->sb, "};\n\n");
+}
+
+/* The local copies of the bases a function uses. */
+static void declare_bases(render *R, const bool *used)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int b = 0; b < k->n_bases; b++)
+        if (used[b])
+            putf(R->sb, "    %s%s *%s%s = c->%s;\n", k->bases[b].written ? "" : "const ",
+                          ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
+                          R->base_names[b], R->base_names[b]);
+}
+
+/* used[b]: base b is loaded by a live instruction (or, with `stored`, stored to). */
+static void bases_used(const rfi_kir_kernel *k, const bool *live, bool stored, bool *used)
+{
+    memset(used, 0, (size_t)(k->n_bases > 0 ? k->n_bases : 1) * sizeof *used);
+    for (int id = 0; id < k->n_ins; id++)
+        if (live[id] && k->ins[id].op == RFI_KIR_LOAD)
+            used[k->ins[id].base] = true;
+    for (int s = 0; stored && s < k->n_stores; s++)
+        used[k->stores[s].base] = true;
+}
+
+static void close_loops(render *R, int depth, int n)
+{
+    for (int d = n - 1; d >= 0; d--) {
+        indent(R, depth + d);
+        put(R->sb, "}\n");
+    }
+}
+
+static bool simd_sum(const rfi_kir_kernel *k)
+{
+    return k->red_kind == RF_REDUCE_SUM && rfi_dtype_is_float(k->acc_dtype);
+}
+
+/* Opens r0 of a split reduction over chunk q's range at depth. */
+static void open_chunk_loop(render *R, int depth, const schedule *sc)
+{
+    long long n = (long long)R->k->red_dims[0], chunks = (long long)sc->chunks;
+    indent(R, depth);
+    if (n % chunks == 0)
+        putf(R->sb, "for (int64_t r0 = q * %lld; r0 < q * %lld + %lld; r0++) {\n", n / chunks,
+                      n / chunks, n / chunks);
+    else
+        putf(R->sb, "for (int64_t r0 = q * %lld / %lld; r0 < (q + 1) * %lld / %lld; r0++) {\n",
+                      n, chunks, n, chunks);
+}
+
+/* Opens the reduced loops r<first>.. at depth, the innermost vectorised for
+ * float sums; r0 of a split reduction runs over chunk q only. */
+static void open_reduced_loops(render *R, int first, int depth, const schedule *sc)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int d = first; d < k->red_rank; d++) {
+        int at = depth + d - first;
+        if (d == k->red_rank - 1 && simd_sum(k)) {
+            indent(R, at);
+            put(R->sb, "#pragma omp simd reduction(+:acc)\n");
+        }
+        if (d == 0 && sc->form == SCHED_SPLIT) {
+            open_chunk_loop(R, at, sc);
+            continue;
+        }
+        indent(R, at);
+        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+                      (long long)k->red_dims[d], d);
+    }
 }
 
 static void reduction_loops(render *R, const bool *live, int depth)
 {
     const rfi_kir_kernel *k = R->k;
+    schedule plain = {SCHED_PLAIN, 0, 0};
     indent(R, depth);
     putf(R->sb, "%s acc = ", ctype(k->acc_dtype));
-    if (rfi_dtype_is_float(k->acc_dtype))
-        float_literal(R->sb, k->red_identity_f, k->acc_dtype);
-    else
-        int_literal(R->sb, k->red_identity_i, RF_I64);
+    identity_literal(R);
     put(R->sb, ";\n");
-    for (int d = 0; d < k->red_rank; d++) {
-        if (d == k->red_rank - 1 && k->red_kind == RF_REDUCE_SUM &&
-            rfi_dtype_is_float(k->acc_dtype)) {
-            indent(R, depth + d);
-            put(R->sb, "#pragma omp simd reduction(+:acc)\n");
-        }
-        indent(R, depth + d);
-        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
-                      (long long)k->red_dims[d], d);
-    }
+    open_reduced_loops(R, 0, depth, &plain);
     statements(R, live, 2, depth + k->red_rank);
     fold(R, depth + k->red_rank);
-    for (int d = k->red_rank - 1; d >= 0; d--) {
-        indent(R, depth + d);
-        put(R->sb, "}\n");
-    }
+    close_loops(R, depth, k->red_rank);
     statements(R, live, 3, depth);
 }
 
-/* ---- Reductions over leading axes: the kept axis innermost ---------------------------- */
-/* Kept points per accumulator block of an interchanged reduction. */
-#define ROW_BLOCK 64
-#define COEF_UNKNOWN INT64_MIN
-
-/* The coefficient of loop variable `var` in index instruction id (affine in the
- * loop variables), 0 if it does not depend on it, or COEF_UNKNOWN. */
-static int64_t var_coef(const rfi_kir_kernel *k, int id, int var)
+/* Opens the kept loops over their whole extents at depth (the innermost
+ * vectorised when simd). */
+static void open_kept_loops(render *R, int depth, bool simd)
 {
-    const rfi_kir_ins *x = &k->ins[id];
-    if (x->op == RFI_KIR_VAR)
-        return x->var == var;
-    if (x->op == RFI_KIR_CONST || x->level == 0)
-        return 0;
-    int64_t a = x->a >= 0 ? var_coef(k, x->a, var) : 0;
-    int64_t b = x->b >= 0 ? var_coef(k, x->b, var) : 0;
-    if (a == COEF_UNKNOWN || b == COEF_UNKNOWN)
-        return COEF_UNKNOWN;
-    int64_t c;
-    switch (x->op) {
-    case RFI_KIR_IADD: return a + b;
-    case RFI_KIR_IMUL:
-        if (rfi_kir_is_const(k, x->b, &c))
-            return a * c;
-        if (rfi_kir_is_const(k, x->a, &c))
-            return b * c;
-        return a == 0 && b == 0 ? 0 : COEF_UNKNOWN;
-    default: return a == 0 && b == 0 && x->c < 0 ? 0 : COEF_UNKNOWN;
+    const rfi_kir_kernel *k = R->k;
+    for (int d = 0; d < k->rank; d++) {
+        if (simd && d == k->rank - 1) {
+            indent(R, depth + d);
+            put(R->sb, "#pragma omp simd\n");
+        }
+        indent(R, depth + d);
+        putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
+                      (long long)k->dims[d], d);
     }
 }
 
-/* Whether a REDUCE kernel reads memory contiguously along its last kept axis but
- * not along its innermost reduced one (a sum over leading axes, like a bias
- * gradient over the batch): then it runs with the kept axis innermost, over a
- * block of accumulators, each folded in the same order as before. */
-static bool interchange_reduction(const rfi_kir_kernel *k, const bool *live)
+/* The kept point's row-major index over the kept loops, as C text. */
+static void kept_index(const rfi_kir_kernel *k, char *buf, size_t n)
 {
-    if (!k->is_reduce || k->rank < 1 || k->red_rank < 1)
-        return false;
-    int kept = k->rank - 1, inner = k->rank + k->red_rank - 1;
-    bool kept_unit = false;
-    for (int id = 0; id < k->n_ins; id++) {
-        const rfi_kir_ins *x = &k->ins[id];
-        if (!live[id] || x->op != RFI_KIR_LOAD)
-            continue;
-        int64_t ci = var_coef(k, x->a, inner), ck = var_coef(k, x->a, kept);
-        if (ci == 1)
-            return false; /* already contiguous along the reduction */
-        kept_unit = kept_unit || ck == 1;
+    size_t len = 0;
+    snprintf(buf, n, "0");
+    for (int d = 0; d < k->rank && len < n; d++) {
+        int64_t stride = rfi_numel(k->dims + d + 1, k->rank - d - 1);
+        int w = stride == 1 ? snprintf(buf + len, n - len, "%si%d", d ? " + " : "", d)
+                            : snprintf(buf + len, n - len, "%si%d * %lld", d ? " + " : "", d,
+                                       (long long)stride);
+        len += w > 0 ? (size_t)w : 0;
     }
-    return kept_unit;
 }
 
-/* for (i<kept> ...) over the block [b, e) */
-static void block_loop(render *R, int kept, int depth, bool simd)
+/* ---- Interchanged reductions ------------------------------------------------------------ */
+/* for (i<kept> = lo; i<kept> < hi; ...) {, vectorised when simd */
+static void range_loop(render *R, int kept, const char *lo, const char *hi, int depth, bool simd)
 {
     if (simd) {
         indent(R, depth);
         put(R->sb, "#pragma omp simd\n");
     }
     indent(R, depth);
-    putf(R->sb, "for (int64_t i%d = b%d; i%d < e%d; i%d++) {\n", kept, kept, kept, kept,
-                  kept);
+    putf(R->sb, "for (int64_t i%d = %s; i%d < %s; i%d++) {\n", kept, lo, kept, hi, kept);
 }
 
 /* Marks instruction id and everything it reads in m. */
@@ -795,27 +993,24 @@ static void reach(const rfi_kir_kernel *k, int id, bool *m)
     reach(k, k->ins[id].c, m);
 }
 
-/* The interchanged form: per block of the last kept axis, accumulators in an
- * array, the reduced loops outside, the kept axis innermost (vectorised). Each
- * of the two inner bodies declares only the per-point values it uses. */
-static void interchanged_body(render *R, const bool *all_live)
+/* fold[i]: instruction i is needed by the fold or its guard; out[i]: by a store. */
+static void fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live, bool *out_live)
+{
+    reach(k, k->red_value, fold_live);
+    reach(k, k->red_guard, fold_live);
+    for (int st = 0; st < k->n_stores; st++) {
+        reach(k, k->stores[st].index, out_live);
+        reach(k, k->stores[st].value, out_live);
+    }
+}
+
+/* The interchanged form: per block of the last kept axis (the whole axis when
+ * it is short), accumulators in an array, the reduced loops outside, the kept
+ * axis innermost (vectorised). Each of the two inner bodies declares only the
+ * per-point values it uses (live: the fold's, out: the stores'). */
+static void interchanged_body(render *R, const bool *live, const bool *out)
 {
     const rfi_kir_kernel *k = R->k;
-    bool *live = rfi_calloc((size_t)k->n_ins + 1, sizeof *live);
-    bool *out = rfi_calloc((size_t)k->n_ins + 1, sizeof *out);
-    if (!live || !out) {
-        rfi_free(live);
-        rfi_free(out);
-        R->sb->failed = true;
-        return;
-    }
-    (void)all_live;
-    reach(k, k->red_value, live);
-    reach(k, k->red_guard, live);
-    for (int st = 0; st < k->n_stores; st++) {
-        reach(k, k->stores[st].index, out);
-        reach(k, k->stores[st].value, out);
-    }
     int kept = k->rank - 1, depth = 1 + kept;
     for (int d = 0; d < kept; d++) {
         indent(R, 1 + d);
@@ -825,75 +1020,185 @@ static void interchanged_body(render *R, const bool *all_live)
             putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
                           (long long)k->dims[d], d);
     }
+    bool blocked = kept == 0 || k->dims[kept] > ROW_BLOCK;
+    char lo[32], hi[32], slot[48];
+    int64_t n_accs = blocked ? ROW_BLOCK : k->dims[kept];
+    if (blocked) {
+        indent(R, depth);
+        if (kept == 0)
+            putf(R->sb, "for (int64_t b0 = lo; b0 < hi; b0 += %d) {\n", ROW_BLOCK);
+        else
+            putf(R->sb, "for (int64_t b%d = 0; b%d < %lld; b%d += %d) {\n", kept, kept,
+                          (long long)k->dims[kept], kept, ROW_BLOCK);
+        snprintf(hi, sizeof hi, kept == 0 ? "hi" : "%lld", (long long)k->dims[kept]);
+        depth++;
+        indent(R, depth);
+        putf(R->sb, "const int64_t e%d = b%d + %d < %s ? b%d + %d : %s;\n", kept, kept,
+                      ROW_BLOCK, hi, kept, ROW_BLOCK, hi);
+        snprintf(lo, sizeof lo, "b%d", kept);
+        snprintf(hi, sizeof hi, "e%d", kept);
+        snprintf(slot, sizeof slot, "i%d - b%d", kept, kept);
+    } else {
+        snprintf(lo, sizeof lo, "0");
+        snprintf(hi, sizeof hi, "%lld", (long long)k->dims[kept]);
+        snprintf(slot, sizeof slot, "i%d", kept);
+    }
     indent(R, depth);
-    if (kept == 0)
-        putf(R->sb, "for (int64_t b0 = lo; b0 < hi; b0 += %d) {\n", ROW_BLOCK);
-    else
-        putf(R->sb, "for (int64_t b%d = 0; b%d < %lld; b%d += %d) {\n", kept, kept,
-                      (long long)k->dims[kept], kept, ROW_BLOCK);
+    putf(R->sb, "%s accs[%lld];\n", ctype(k->acc_dtype), (long long)n_accs);
+    range_loop(R, kept, lo, hi, depth, false);
     indent(R, depth + 1);
-    char end[32];
-    snprintf(end, sizeof end, kept == 0 ? "hi" : "%lld", (long long)k->dims[kept]);
-    putf(R->sb, "const int64_t e%d = b%d + %d < %s ? b%d + %d : %s;\n", kept, kept,
-                  ROW_BLOCK, end, kept, ROW_BLOCK, end);
-    indent(R, depth + 1);
-    putf(R->sb, "%s accs[%d];\n", ctype(k->acc_dtype), ROW_BLOCK);
-    block_loop(R, kept, depth + 1, false);
-    indent(R, depth + 2);
-    putf(R->sb, "accs[i%d - b%d] = ", kept, kept);
-    if (rfi_dtype_is_float(k->acc_dtype))
-        float_literal(R->sb, k->red_identity_f, k->acc_dtype);
-    else
-        int_literal(R->sb, k->red_identity_i, RF_I64);
+    putf(R->sb, "accs[%s] = ", slot);
+    identity_literal(R);
     put(R->sb, ";\n");
-    indent(R, depth + 1);
+    indent(R, depth);
     put(R->sb, "}\n");
     for (int d = 0; d < k->red_rank; d++) {
-        indent(R, depth + 1 + d);
+        indent(R, depth + d);
         putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
                       (long long)k->red_dims[d], d);
     }
-    int in = depth + 1 + k->red_rank;
-    block_loop(R, kept, in, true);
+    int in = depth + k->red_rank;
+    range_loop(R, kept, lo, hi, in, true);
     indent(R, in + 1);
-    putf(R->sb, "%s acc = accs[i%d - b%d];\n", ctype(k->acc_dtype), kept, kept);
+    putf(R->sb, "%s acc = accs[%s];\n", ctype(k->acc_dtype), slot);
     statements(R, live, 1, in + 1);
     statements(R, live, 2, in + 1);
     fold(R, in + 1);
     indent(R, in + 1);
-    putf(R->sb, "accs[i%d - b%d] = acc;\n", kept, kept);
+    putf(R->sb, "accs[%s] = acc;\n", slot);
     indent(R, in);
     put(R->sb, "}\n");
-    for (int d = k->red_rank - 1; d >= 0; d--) {
-        indent(R, depth + 1 + d);
-        put(R->sb, "}\n");
-    }
-    block_loop(R, kept, depth + 1, false);
-    indent(R, depth + 2);
-    putf(R->sb, "const %s acc = accs[i%d - b%d];\n", ctype(k->acc_dtype), kept, kept);
-    statements(R, out, 1, depth + 2);
-    statements(R, out, 3, depth + 2);
-    stores(R, depth + 2);
-    rfi_free(live);
-    rfi_free(out);
+    close_loops(R, depth, k->red_rank);
+    range_loop(R, kept, lo, hi, depth, false);
     indent(R, depth + 1);
-    put(R->sb, "}\n");
+    putf(R->sb, "const %s acc = accs[%s];\n", ctype(k->acc_dtype), slot);
+    statements(R, out, 1, depth + 1);
+    statements(R, out, 3, depth + 1);
+    stores(R, depth + 1);
     indent(R, depth);
     put(R->sb, "}\n");
-    for (int d = kept - 1; d >= 0; d--) {
-        indent(R, 1 + d);
+    if (blocked) {
+        indent(R, depth - 1);
         put(R->sb, "}\n");
     }
+    close_loops(R, 1, kept);
 }
 
-static void kernel_body(render *R, const bool *live)
+/* ---- Split reductions ------------------------------------------------------------------- */
+/* The chunk function: chunks [lo, hi), each folding its range of r0 into its
+ * row of partial accumulators. Reductions over r0 alone run with the kept
+ * axis innermost (vectorised, like the interchanged form); the others with
+ * the kept loops around the remaining reduced loops. */
+static void split_body(render *R, const bool *live, const schedule *sc)
 {
     const rfi_kir_kernel *k = R->k;
+    char kl[320];
+    kept_index(k, kl, sizeof kl);
+    const char *acc_t = ctype(k->acc_dtype);
     statements(R, live, 0, 1);
-    if (interchange_reduction(k, live)) {
-        interchanged_body(R, live);
+    put(R->sb, "    for (int64_t q = lo; q < hi; q++) {\n");
+    if (k->rank == 0) { /* one point: its partial in a scalar */
+        putf(R->sb, "        %s acc = ", acc_t);
+        identity_literal(R);
+        put(R->sb, ";\n");
+        open_reduced_loops(R, 0, 2, sc);
+        statements(R, live, 2, 2 + k->red_rank);
+        fold(R, 2 + k->red_rank);
+        close_loops(R, 2, k->red_rank);
+        put(R->sb, "        c->part[q] = acc;\n    }\n");
         return;
     }
+    putf(R->sb, "        %s *restrict accs = c->part + q * %lld;\n", acc_t, (long long)sc->kept);
+    putf(R->sb, "        for (int64_t a = 0; a < %lld; a++)\n            accs[a] = ",
+                  (long long)sc->kept);
+    identity_literal(R);
+    put(R->sb, ";\n");
+    if (k->red_rank == 1) {
+        open_chunk_loop(R, 2, sc);
+        open_kept_loops(R, 3, true);
+        int in = 3 + k->rank;
+        statements(R, live, 1, in);
+        statements(R, live, 2, in);
+        indent(R, in);
+        putf(R->sb, "%s acc = accs[%s];\n", acc_t, kl);
+        fold(R, in);
+        indent(R, in);
+        putf(R->sb, "accs[%s] = acc;\n", kl);
+        close_loops(R, 2, 1 + k->rank);
+    } else {
+        open_chunk_loop(R, 2, sc);
+        open_kept_loops(R, 3, false);
+        int in = 3 + k->rank;
+        statements(R, live, 1, in);
+        indent(R, in);
+        putf(R->sb, "%s acc = accs[%s];\n", acc_t, kl);
+        open_reduced_loops(R, 1, in, sc);
+        statements(R, live, 2, in + k->red_rank - 1);
+        fold(R, in + k->red_rank - 1);
+        close_loops(R, in, k->red_rank - 1);
+        indent(R, in);
+        putf(R->sb, "accs[%s] = acc;\n", kl);
+        close_loops(R, 2, 1 + k->rank);
+    }
+    put(R->sb, "    }\n");
+}
+
+/* The combine function: each point's partials folded in chunk order, then
+ * the values after the reduction computed and stored. */
+static void combine_function(render *R, const char *kname, const bool *live, const bool *used,
+                             const schedule *sc)
+{
+    const rfi_kir_kernel *k = R->k;
+    char kl[320], part[400];
+    kept_index(k, kl, sizeof kl);
+    if (sc->kept == 1)
+        snprintf(part, sizeof part, "c->part[q]");
+    else
+        snprintf(part, sizeof part, "c->part[q * %lld + %s]", (long long)sc->kept, kl);
+    putf(R->sb, "/* Folds each point's %lld partials in chunk order, then stores. */\n",
+                  (long long)sc->chunks);
+    putf(R->sb, "static void %s_combine(const struct %s_ctx *c)\n{\n", kname, kname);
+    declare_bases(R, used);
+    statements(R, live, 0, 1);
+    open_kept_loops(R, 1, false);
+    int in = 1 + k->rank;
+    indent(R, in);
+    putf(R->sb, "%s acc = ", ctype(k->acc_dtype));
+    identity_literal(R);
+    put(R->sb, ";\n");
+    indent(R, in);
+    putf(R->sb, "for (int64_t q = 0; q < %lld; q++)\n", (long long)sc->chunks);
+    fold_text(R, in + 1, "acc", part);
+    statements(R, live, 1, in);
+    statements(R, live, 3, in);
+    stores(R, in);
+    close_loops(R, 1, k->rank);
+    put(R->sb, "}\n\n");
+}
+
+static void function_head(render *R, const char *kname)
+{
+    putf(R->sb, "static void %s(void *ctx, int64_t lo, int64_t hi)\n{\n", kname);
+    putf(R->sb, "    const struct %s_ctx *c = ctx;\n", kname);
+}
+
+/* A split reduction's two functions; fold_live and out_live are scratch. */
+static void split_functions(render *R, const char *kname, const schedule *sc, bool *fold_live,
+                            bool *out_live, bool *used)
+{
+    fold_out_liveness(R->k, fold_live, out_live);
+    function_head(R, kname);
+    bases_used(R->k, fold_live, false, used);
+    declare_bases(R, used);
+    split_body(R, fold_live, sc);
+    put(R->sb, "}\n\n");
+    bases_used(R->k, out_live, true, used);
+    combine_function(R, kname, out_live, used, sc);
+}
+
+static void plain_body(render *R, const bool *live)
+{
+    const rfi_kir_kernel *k = R->k;
     if (k->rank == 0)
         put(R->sb, "    (void)lo;\n    (void)hi;\n");
     for (int d = 0; d < k->rank; d++) {
@@ -913,54 +1218,61 @@ static void kernel_body(render *R, const bool *live)
     if (k->is_reduce)
         reduction_loops(R, live, depth);
     stores(R, depth);
-    for (int d = k->rank - 1; d >= 0; d--) {
-        indent(R, 1 + d);
-        put(R->sb, "}\n");
+    close_loops(R, 1, k->rank);
+}
+
+/* The kernel's ctx struct and functions; fold_live and out_live are scratch. */
+static void kernel_functions(render *R, const bool *live, bool *fold_live, bool *out_live,
+                             bool *base_used)
+{
+    const rfi_kir_kernel *k = R->k;
+    schedule sc = choose_schedule(k, live);
+    char kname[64];
+    kernel_name(k, kname, sizeof kname);
+    comment(R, k->comment ? k->comment : kname, 0);
+    ctx_struct(R, base_used, kname, &sc);
+    if (sc.form == SCHED_SPLIT) {
+        split_functions(R, kname, &sc, fold_live, out_live, base_used);
+        return;
     }
+    function_head(R, kname);
+    declare_bases(R, base_used);
+    statements(R, live, 0, 1);
+    if (sc.form == SCHED_INTERCHANGED) {
+        fold_out_liveness(k, fold_live, out_live);
+        interchanged_body(R, fold_live, out_live);
+    } else {
+        plain_body(R, live);
+    }
+    put(R->sb, "}\n\n");
 }
 
 static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
 {
-    bool *live = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof(bool));
+    size_t n_ins = (size_t)(k->n_ins > 0 ? k->n_ins : 1);
+    bool *live = rfi_calloc(n_ins, sizeof(bool));
+    bool *fold_live = rfi_calloc(n_ins, sizeof(bool));
+    bool *out_live = rfi_calloc(n_ins, sizeof(bool));
     bool *base_used = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof(bool));
-    R->names = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof *R->names);
+    R->names = rfi_calloc(n_ins, sizeof *R->names);
     R->base_names = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof *R->base_names);
-    if (!live || !base_used || !R->names || !R->base_names) {
-        rfi_free(live);
-        rfi_free(base_used);
-        rfi_free(R->names);
-        rfi_free(R->base_names);
-        return rfi_error(RF_E_NOMEM, "render_c: out of memory");
+    bool ok = live && fold_live && out_live && base_used && R->names && R->base_names;
+    if (ok) {
+        R->k = k;
+        rfi_kir_liveness(k, live);
+        bases_used(k, live, true, base_used);
+        name_values(R, live);
+        kernel_functions(R, live, fold_live, out_live, base_used);
     }
-    R->k = k;
-    rfi_kir_liveness(k, live);
-    for (int id = 0; id < k->n_ins; id++)
-        if (live[id] && k->ins[id].op == RFI_KIR_LOAD)
-            base_used[k->ins[id].base] = true;
-    for (int s = 0; s < k->n_stores; s++)
-        base_used[k->stores[s].base] = true;
-    name_values(R, live);
-
-    char kname[64];
-    kernel_name(k, kname, sizeof kname);
-    comment(R, k->comment ? k->comment : kname, 0);
-    ctx_struct(R, base_used, kname);
-    putf(R->sb, "static void %s(void *ctx, int64_t lo, int64_t hi)\n{\n", kname);
-    putf(R->sb, "    const struct %s_ctx *c = ctx;\n", kname);
-    for (int b = 0; b < k->n_bases; b++)
-        if (base_used[b])
-            putf(R->sb, "    %s%s *%s%s = c->%s;\n", k->bases[b].written ? "" : "const ",
-                          ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
-                          R->base_names[b], R->base_names[b]);
-    kernel_body(R, live);
-    put(R->sb, "}\n\n");
     rfi_free(live);
+    rfi_free(fold_live);
+    rfi_free(out_live);
     rfi_free(base_used);
     rfi_free(R->names);
     rfi_free(R->base_names);
     R->names = NULL;
     R->base_names = NULL;
-    return RF_OK;
+    return ok ? RF_OK : rfi_error(RF_E_NOMEM, "render_c: out of memory");
 }
 
 /* ---- The entry point ---------------------------------------------------------------- */
@@ -973,6 +1285,8 @@ static void pointer(render *R, const char *type, int buffer, size_t offset)
         putf(R->sb, "(%s *)bufs[%d]", type, buffer);
 }
 
+/* A kernel's block in the entry point: its ctx, then the kernel, through
+ * parallel_for when large; a split reduction's partials live in the block. */
 static void call_kernel(render *R, const rfi_kir_kernel *k)
 {
     char kname[64];
@@ -986,12 +1300,13 @@ static void call_kernel(render *R, const rfi_kir_kernel *k)
         return;
     }
     rfi_kir_liveness(k, live);
-    for (int id = 0; id < k->n_ins; id++)
-        if (live[id] && k->ins[id].op == RFI_KIR_LOAD)
-            base_used[k->ins[id].base] = true;
-    for (int s = 0; s < k->n_stores; s++)
-        base_used[k->stores[s].base] = true;
-    putf(R->sb, "    {\n        struct %s_ctx c = {", kname);
+    bases_used(k, live, true, base_used);
+    schedule sc = choose_schedule(k, live);
+    put(R->sb, "    {\n");
+    if (sc.form == SCHED_SPLIT)
+        putf(R->sb, "        %s part[%lld];\n", ctype(k->acc_dtype),
+                      (long long)(sc.chunks * sc.kept));
+    putf(R->sb, "        struct %s_ctx c = {", kname);
     bool first = true;
     for (int b = 0; b < k->n_bases; b++) {
         if (!base_used[b])
@@ -1001,10 +1316,16 @@ static void call_kernel(render *R, const rfi_kir_kernel *k)
         pointer(R, ctype(x->dtype), x->buffer, x->offset);
         first = false;
     }
+    if (sc.form == SCHED_SPLIT)
+        put(R->sb, first ? "part" : ", part");
     put(R->sb, "};\n");
     int64_t outer = k->rank ? k->dims[0] : 1;
     int64_t total = rfi_numel(k->dims, k->rank) * rfi_numel(k->red_dims, k->red_rank);
-    if (total > PARALLEL_MIN && outer > 1) {
+    if (sc.form == SCHED_SPLIT) {
+        putf(R->sb, "        s->parallel_for(s->rt, %lld, 1, %s, &c);\n",
+                      (long long)sc.chunks, kname);
+        putf(R->sb, "        %s_combine(&c);\n", kname);
+    } else if (total > PARALLEL_MIN && outer > 1) {
         int64_t per_row = total / outer > 0 ? total / outer : 1;
         int64_t grain = (PARALLEL_CHUNK + per_row - 1) / per_row;
         putf(R->sb, "        s->parallel_for(s->rt, %lld, %lld, %s, &c);\n",
