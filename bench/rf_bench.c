@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../examples/resnet_model.h"
+
 /* ---- Options ------------------------------------------------------------------------ */
 
 typedef struct bench_opts {
@@ -165,42 +167,9 @@ static rf_model *cnn_model(void)
                     rf_dense(128, 10, RF_ACT_IDENTITY));
 }
 
-/* examples/resnet.c's model, copied (keep the two in step). */
-static rf_conv_opts resnet_conv_opts(int64_t stride, int64_t pad)
-{
-    return (rf_conv_opts){.stride = {stride, stride}, .pad = {pad, pad}, .no_bias = true};
-}
-
-static rf_model *basic_block(int64_t in, int64_t out, int64_t stride)
-{
-    rf_conv_opts first = resnet_conv_opts(stride, 1), second = resnet_conv_opts(1, 1);
-    rf_model *body = rf_chain(rf_conv2d(3, 3, in, out, RF_ACT_IDENTITY, &first),
-                              rf_batchnorm(out, RF_ACT_RELU),
-                              rf_conv2d(3, 3, out, out, RF_ACT_IDENTITY, &second),
-                              rf_batchnorm(out, RF_ACT_IDENTITY));
-    rf_model *residual;
-    if (stride == 1 && in == out) {
-        residual = rf_skip(body, RF_COMBINE_ADD);
-    } else {
-        rf_conv_opts proj = resnet_conv_opts(stride, 0);
-        residual = rf_parallel(RF_COMBINE_ADD, body,
-                               rf_chain(rf_conv2d(1, 1, in, out, RF_ACT_IDENTITY, &proj),
-                                        rf_batchnorm(out, RF_ACT_IDENTITY)));
-    }
-    return rf_chain(residual, rf_activation_layer(RF_ACT_RELU));
-}
-
 enum { RESNET_WIDTH = 8 }; /* examples/resnet.c --width 8 (its default is 16) */
 
-static rf_model *resnet_model(void)
-{
-    int64_t c = RESNET_WIDTH;
-    rf_conv_opts stem = resnet_conv_opts(1, 1);
-    return rf_chain(rf_conv2d(3, 3, 1, c, RF_ACT_IDENTITY, &stem), rf_batchnorm(c, RF_ACT_RELU),
-                    basic_block(c, c, 1), basic_block(c, 2 * c, 2),
-                    basic_block(2 * c, 4 * c, 2), rf_global_meanpool(), rf_flatten_layer(),
-                    rf_dense(4 * c, 10, RF_ACT_IDENTITY));
-}
+static rf_model *resnet_bench_model(void) { return resnet_model(RESNET_WIDTH); }
 
 /* A host-built model moved to the device, seeded so every run has the same weights. */
 static rf_model *device_model(rf_model *(*build)(void))
@@ -264,7 +233,7 @@ static int train_case_new(const char *name, train_case *c)
         c->batch[0] = random_input((int64_t[]){64, 1, 28, 28}, 4, 31);
         c->batch[1] = random_labels(64, 32);
     } else if (!strcmp(name, "resnet")) {
-        c->model = device_model(resnet_model);
+        c->model = device_model(resnet_bench_model);
         c->batch[0] = random_input((int64_t[]){128, 1, 28, 28}, 4, 41);
         c->batch[1] = random_labels(128, 42);
         if (c->model)

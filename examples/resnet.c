@@ -20,42 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-static rf_conv_opts conv_opts(int64_t stride, int64_t pad)
-{
-    return (rf_conv_opts){.stride = {stride, stride}, .pad = {pad, pad}, .no_bias = true};
-}
-
-/* conv3x3 -> BN(relu) -> conv3x3 -> BN, added to the input (or to a strided
- * 1x1 projection of it when the shape changes), then relu. */
-static rf_model *basic_block(int64_t in, int64_t out, int64_t stride)
-{
-    rf_conv_opts first = conv_opts(stride, 1), second = conv_opts(1, 1);
-    rf_model *body = rf_chain(rf_conv2d(3, 3, in, out, RF_ACT_IDENTITY, &first),
-                              rf_batchnorm(out, RF_ACT_RELU),
-                              rf_conv2d(3, 3, out, out, RF_ACT_IDENTITY, &second),
-                              rf_batchnorm(out, RF_ACT_IDENTITY));
-    rf_model *residual;
-    if (stride == 1 && in == out) {
-        residual = rf_skip(body, RF_COMBINE_ADD);
-    } else {
-        rf_conv_opts proj = conv_opts(stride, 0);
-        residual = rf_parallel(RF_COMBINE_ADD, body,
-                               rf_chain(rf_conv2d(1, 1, in, out, RF_ACT_IDENTITY, &proj),
-                                        rf_batchnorm(out, RF_ACT_IDENTITY)));
-    }
-    return rf_chain(residual, rf_activation_layer(RF_ACT_RELU));
-}
-
-static rf_model *resnet(int64_t c)
-{
-    rf_conv_opts stem = conv_opts(1, 1);
-    return rf_chain(rf_conv2d(3, 3, 1, c, RF_ACT_IDENTITY, &stem), rf_batchnorm(c, RF_ACT_RELU),
-                    basic_block(c, c, 1),           /* 28x28 */
-                    basic_block(c, 2 * c, 2),       /* 14x14 */
-                    basic_block(2 * c, 4 * c, 2),   /* 7x7 */
-                    rf_global_meanpool(), rf_flatten_layer(),
-                    rf_dense(4 * c, 10, RF_ACT_IDENTITY));
-}
+#include "resnet_model.h"
 
 static rf_tensor *loss(rf_model *m, rf_tensor *const *batch, int n, rf_aux *aux, void *ctx)
 {
@@ -154,7 +119,7 @@ int main(int argc, char **argv)
         return fail("subset");
 
     rf_nn_seed(7);
-    rf_model *host = resnet(width);
+    rf_model *host = resnet_model(width);
     rf_model *model = host ? rf_model_to(host, dev) : NULL;
     rf_model_free(host);
     rf_opt *opt = model ? rf_setup(rf_adam(lr), model) : NULL;

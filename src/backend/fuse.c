@@ -166,16 +166,6 @@ static bool same_dims(const rfi_node *a, const rfi_node *b)
     return true;
 }
 
-/* Multiply-adds of a DOT_GENERAL: result elements times the contracted size. */
-static int64_t dot_flops(const rfi_node *x)
-{
-    const rfi_node *lhs = x->in[0];
-    int64_t k = 1;
-    for (int i = 0; i < x->attr.nl[2]; i++)
-        k *= lhs->dims[x->attr.l[2][i]];
-    return rfi_node_numel(x) * k;
-}
-
 /* Rows of a DOT_GENERAL's lhs: its elements per contracted point (batch
  * elements times free elements). */
 static int64_t dot_rows(const rfi_node *x)
@@ -193,7 +183,7 @@ static rfi_call_kind call_kind(const rfi_plan_builder *b, const rfi_node *x)
     case RFI_OP_DOT_GENERAL:
         if (dot_rows(x) <= b->opts.dot_loop_max_rows)
             return RFI_CALL_NONE;
-        return dot_flops(x) >= b->opts.matmul_call_min_flops ? RFI_CALL_MATMUL : RFI_CALL_NONE;
+        return rfi_dot_macs(x) >= b->opts.matmul_call_min_flops ? RFI_CALL_MATMUL : RFI_CALL_NONE;
     case RFI_OP_CONVOLUTION:
         return RFI_CALL_CONV;
     case RFI_OP_ARGMAX:

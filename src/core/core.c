@@ -84,39 +84,61 @@ uint64_t rfi_alloc_count(void) { return atomic_load(&n_allocs); }
 
 /* ---- String buffers ----------------------------------------------------------- */
 
-void rfi_sb_printf(rfi_strbuf *sb, const char *fmt, ...)
+bool rfi_sb_reserve(rfi_strbuf *sb, size_t extra)
+{
+    if (sb->failed)
+        return false;
+    if (sb->len + extra + 1 <= sb->cap)
+        return true;
+    size_t cap = sb->cap ? sb->cap : 256;
+    while (cap < sb->len + extra + 1)
+        cap *= 2;
+    char *d = rfi_realloc(sb->data, cap);
+    if (!d) {
+        sb->failed = true;
+        return false;
+    }
+    sb->data = d;
+    sb->cap = cap;
+    return true;
+}
+
+void rfi_sb_put(rfi_strbuf *sb, const void *p, size_t n)
+{
+    if (!rfi_sb_reserve(sb, n))
+        return;
+    memcpy(sb->data + sb->len, p, n);
+    sb->len += n;
+    sb->data[sb->len] = '\0';
+}
+
+void rfi_sb_vprintf(rfi_strbuf *sb, const char *fmt, va_list ap)
 {
     if (sb->failed)
         return;
     /* Format straight into the free space; only when it does not fit, grow
      * and format again (printers call this a lot: one vsnprintf usually). */
     size_t room = sb->cap - sb->len;
+    va_list again;
+    va_copy(again, ap);
+    int need = vsnprintf(room ? sb->data + sb->len : NULL, room, fmt, ap);
+    if (need < 0)
+        sb->failed = true;
+    else if ((size_t)need < room)
+        sb->len += (size_t)need;
+    else if (rfi_sb_reserve(sb, (size_t)need)) {
+        vsnprintf(sb->data + sb->len, sb->cap - sb->len, fmt, again);
+        sb->len += (size_t)need;
+    }
+    va_end(again);
+}
+
+void rfi_sb_printf(rfi_strbuf *sb, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    int need = vsnprintf(room ? sb->data + sb->len : NULL, room, fmt, ap);
+    rfi_sb_vprintf(sb, fmt, ap);
     va_end(ap);
-    if (need < 0) {
-        sb->failed = true;
-        return;
-    }
-    if ((size_t)need < room) {
-        sb->len += (size_t)need;
-        return;
-    }
-    size_t cap = sb->cap ? sb->cap : 256;
-    while (cap < sb->len + (size_t)need + 1)
-        cap *= 2;
-    char *d = rfi_realloc(sb->data, cap);
-    if (!d) {
-        sb->failed = true;
-        return;
-    }
-    sb->data = d;
-    sb->cap = cap;
-    va_start(ap, fmt);
-    vsnprintf(sb->data + sb->len, sb->cap - sb->len, fmt, ap);
-    va_end(ap);
-    sb->len += (size_t)need;
 }
 
 void rfi_sb_free(rfi_strbuf *sb)

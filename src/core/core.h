@@ -46,6 +46,13 @@ typedef struct rfi_strbuf {
 } rfi_strbuf;
 RFI_FUNC void rfi_sb_printf(rfi_strbuf *sb, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+RFI_FUNC void rfi_sb_vprintf(rfi_strbuf *sb, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+/* Room for `extra` more bytes and a NUL; false (and `failed` set) when out of
+ * memory or already failed. */
+RFI_FUNC bool rfi_sb_reserve(rfi_strbuf *sb, size_t extra);
+/* Appends n bytes, which may be any bytes (len counts them; a NUL follows). */
+RFI_FUNC void rfi_sb_put(rfi_strbuf *sb, const void *p, size_t n);
 RFI_FUNC void rfi_sb_free(rfi_strbuf *sb);
 /* "f32[16,8]" into sb. */
 RFI_FUNC void rfi_sb_type(rfi_strbuf *sb, rf_dtype dt, const int64_t *dims, int rank);

@@ -870,3 +870,11 @@ int rfi_dot_free_dims(int rank, const int64_t *a, int na, const int64_t *b, int 
     }
     return n;
 }
+
+int64_t rfi_dot_macs(const rfi_node *dot)
+{
+    int64_t k = 1;
+    for (int i = 0; i < dot->attr.nl[2]; i++)
+        k *= dot->in[0]->dims[dot->attr.l[2][i]];
+    return rfi_node_numel(dot) * k;
+}

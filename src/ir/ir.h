@@ -249,6 +249,8 @@ RFI_FUNC int64_t rfi_node_numel(const rfi_node *x);
  * a DOT_GENERAL operand's free dims given its batch and contracting dims. */
 RFI_FUNC int rfi_dot_free_dims(int rank, const int64_t *a, int na, const int64_t *b, int nb,
                                int64_t *out);
+/* A DOT_GENERAL's multiply-adds: result elements times contracted points. */
+RFI_FUNC int64_t rfi_dot_macs(const rfi_node *dot);
 RFI_FUNC size_t rfi_node_nbytes(const rfi_node *x);
 
 /* ---- Whole-graph services ------------------------------------------------------------ */

@@ -397,19 +397,12 @@ static bool fold_transposed_operand(const rfi_node *n, rfi_node **in, rfi_attrs 
     if (t->op != RFI_OP_TRANSPOSE)
         return false;
     const int64_t *perm = t->attr.l[0];
-    bool listed[RF_MAX_RANK] = {false};
-    for (int j = 0; j < n->attr.nl[k]; j++)
-        listed[n->attr.l[k][j]] = true;
-    for (int j = 0; j < n->attr.nl[2 + k]; j++)
-        listed[n->attr.l[2 + k][j]] = true;
-    int64_t last = -1;
-    for (int d = 0; d < t->rank; d++) {
-        if (listed[d])
-            continue;
-        if (perm[d] < last)
+    int64_t free_dims[RF_MAX_RANK];
+    int n_free = rfi_dot_free_dims(t->rank, n->attr.l[k], n->attr.nl[k], n->attr.l[2 + k],
+                                   n->attr.nl[2 + k], free_dims);
+    for (int j = 1; j < n_free; j++)
+        if (perm[free_dims[j]] < perm[free_dims[j - 1]])
             return false; /* the free dims would come out in another order */
-        last = perm[d];
-    }
     for (int j = 0; j < n->attr.nl[k]; j++)
         a->l[k][j] = perm[n->attr.l[k][j]];
     for (int j = 0; j < n->attr.nl[2 + k]; j++)

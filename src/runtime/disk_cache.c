@@ -307,6 +307,19 @@ void rfi_disk_cache_digest(const void *data, size_t len, char out[RFI_CACHE_KEY_
     content_hash(data, len, out);
 }
 
+/* Whether the manifest text man is the one of object obj under context. */
+static bool manifest_matches(const char *man, size_t man_len, const char *obj, size_t obj_len,
+                             const char *context)
+{
+    char hash[RFI_CACHE_KEY_HEX];
+    content_hash(obj, obj_len, hash);
+    rfi_strbuf want = {0};
+    manifest_text(&want, context, obj_len, hash);
+    bool ok = !want.failed && want.len == man_len && memcmp(want.data, man, man_len) == 0;
+    rfi_sb_free(&want);
+    return ok;
+}
+
 /* Whether the entry's manifest, source and object are all present, trusted and
  * consistent with (source, context). */
 static bool entry_valid(const entry_paths *p, const char *source, const char *context)
@@ -318,12 +331,7 @@ static bool entry_valid(const entry_paths *p, const char *source, const char *co
         read_trusted(p->src, &src, &src_len) != FILE_OK || src_len != strlen(source) ||
         memcmp(src, source, src_len) != 0 || read_trusted(p->obj, &obj, &obj_len) != FILE_OK)
         goto done;
-    char hash[RFI_CACHE_KEY_HEX];
-    content_hash(obj, obj_len, hash);
-    rfi_strbuf want = {0};
-    manifest_text(&want, context, obj_len, hash);
-    ok = !want.failed && want.len == man_len && memcmp(want.data, man, man_len) == 0;
-    rfi_sb_free(&want);
+    ok = manifest_matches(man, man_len, obj, obj_len, context);
 done:
     rfi_free(man);
     rfi_free(src);
@@ -624,12 +632,7 @@ static bool pinned_entry_valid(const entry_paths *p, const index_entry *e, const
         memcmp(man, e->manifest, man_len) != 0 || !trusted_present(p->src) ||
         read_trusted(p->obj, &obj, &obj_len) != FILE_OK)
         goto done;
-    char hash[RFI_CACHE_KEY_HEX];
-    content_hash(obj, obj_len, hash);
-    rfi_strbuf want = {0};
-    manifest_text(&want, context, obj_len, hash);
-    ok = !want.failed && want.len == man_len && memcmp(want.data, man, man_len) == 0;
-    rfi_sb_free(&want);
+    ok = manifest_matches(man, man_len, obj, obj_len, context);
 done:
     rfi_free(man);
     rfi_free(obj);

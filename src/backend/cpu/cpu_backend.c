@@ -154,34 +154,8 @@ static bool dumping(void)
 #define DESC_MAGIC "reflux cpu program description v1"
 #define DESC_INLINE_BYTES 256
 
-typedef struct desc_buf {
-    unsigned char *data;
-    size_t len, cap;
-    bool failed;
-} desc_buf;
-
-static void desc_put(desc_buf *b, const void *p, size_t n)
-{
-    if (b->failed)
-        return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 16384;
-        while (cap < b->len + n)
-            cap *= 2;
-        unsigned char *d = rfi_realloc(b->data, cap);
-        if (!d) {
-            b->failed = true;
-            return;
-        }
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-}
-
 /* LEB128 of a zigzag-encoded signed value. */
-static void desc_int(desc_buf *b, int64_t v)
+static void desc_int(rfi_strbuf *b, int64_t v)
 {
     uint64_t u = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
     unsigned char out[10];
@@ -192,17 +166,17 @@ static void desc_int(desc_buf *b, int64_t v)
         out[n] |= u ? 0x80 : 0;
         n++;
     } while (u);
-    desc_put(b, out, n);
+    rfi_sb_put(b, out, n);
 }
 
-static void desc_str(desc_buf *b, const char *s)
+static void desc_str(rfi_strbuf *b, const char *s)
 {
     size_t n = strlen(s);
     desc_int(b, (int64_t)n);
-    desc_put(b, s, n);
+    rfi_sb_put(b, s, n);
 }
 
-static void desc_type(desc_buf *b, rf_dtype dt, const int64_t *dims, int rank)
+static void desc_type(rfi_strbuf *b, rf_dtype dt, const int64_t *dims, int rank)
 {
     desc_int(b, dt);
     desc_int(b, rank);
@@ -214,7 +188,7 @@ static void desc_type(desc_buf *b, rf_dtype dt, const int64_t *dims, int rank)
 _Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 8,
                "rfi_plan_opts changed: describe the new option in desc_plan_opts");
 
-static void desc_plan_opts(desc_buf *b, const rfi_plan_opts *o)
+static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
 {
     desc_int(b, o->matmul_call_min_flops);
     desc_int(b, o->dot_loop_max_rows);
@@ -223,22 +197,22 @@ static void desc_plan_opts(desc_buf *b, const rfi_plan_opts *o)
     desc_int(b, o->conv_transposed_views);
 }
 
-static void desc_constant(desc_buf *b, const rfi_node *x)
+static void desc_constant(rfi_strbuf *b, const rfi_node *x)
 {
     desc_int(b, (int64_t)x->attr.nbytes);
     if (!x->attr.data || x->attr.nbytes <= DESC_INLINE_BYTES) {
         desc_int(b, 0);
         if (x->attr.data)
-            desc_put(b, x->attr.data, x->attr.nbytes);
+            rfi_sb_put(b, x->attr.data, x->attr.nbytes);
         return;
     }
     char digest[RFI_CACHE_KEY_HEX];
     rfi_disk_cache_digest(x->attr.data, x->attr.nbytes, digest);
     desc_int(b, 1);
-    desc_put(b, digest, 32);
+    rfi_sb_put(b, digest, 32);
 }
 
-static void desc_node(desc_buf *b, const rfi_node *x)
+static void desc_node(rfi_strbuf *b, const rfi_node *x)
 {
     desc_int(b, x->op);
     desc_type(b, x->dtype, x->dims, x->rank);
@@ -258,7 +232,7 @@ static void desc_node(desc_buf *b, const rfi_node *x)
         desc_int(b, x->id - x->in[k]->id); /* small: operands are usually near */
 }
 
-static void desc_program(desc_buf *b, const rfi_graph *g)
+static void desc_program(rfi_strbuf *b, const rfi_graph *g)
 {
     desc_str(b, g->name ? g->name : "");
     desc_int(b, g->n_args);
@@ -292,7 +266,7 @@ static void desc_program(desc_buf *b, const rfi_graph *g)
 
 /* The description of (program, options) into b; false (b empty) when there is
  * no build-id or memory ran out: the compile then takes the full path. */
-static bool describe(const rfi_graph *g, const rfi_plan_opts *opts, desc_buf *b)
+static bool describe(const rfi_graph *g, const rfi_plan_opts *opts, rfi_strbuf *b)
 {
     char build_id[160];
     if (!rfi_cc_build_id((uintptr_t)rfi_render_c, build_id, sizeof build_id))
@@ -303,8 +277,7 @@ static bool describe(const rfi_graph *g, const rfi_plan_opts *opts, desc_buf *b)
     desc_plan_opts(b, opts);
     desc_program(b, g);
     if (b->failed) {
-        rfi_free(b->data);
-        memset(b, 0, sizeof *b);
+        rfi_sb_free(b);
         return false;
     }
     return true;
@@ -344,13 +317,13 @@ static rf_status generate_source(void *ctx, char **source)
 static rf_status build_module(cpu_state *s, const rfi_plan_opts *opts, const char *name,
                               uint64_t hash)
 {
-    desc_buf desc = {0};
+    rfi_strbuf desc = {0};
     if (!dumping())
         (void)describe(s->opt, opts, &desc);
     source_job job = {s->plan, name, hash};
     rf_status st = rfi_cc_load_program(desc.data, desc.len, generate_source, &job, name,
                                        &s->module);
-    rfi_free(desc.data);
+    rfi_sb_free(&desc);
     if (st == RF_OK)
         s->entry = rfi_module_entry_fn(s->module);
     return st;

@@ -64,7 +64,6 @@ typedef struct call_state {
      * the transpose's operand. Unless the convolution takes views itself,
      * each is transposed back into the workspace at view_at[k] per call. */
     bool view[2];
-    bool copy_views;
     size_t view_at[2];
 } call_state;
 
@@ -107,10 +106,7 @@ static void set_library_threads(const rfi_cpu_services *s, int threads)
 
 static int matmul_threads(const rfi_cpu_services *s, const rfi_node *n)
 {
-    int64_t macs = rfi_node_numel(n);
-    for (int d = 0; d < n->attr.nl[2]; d++)
-        macs *= n->in[0]->dims[n->attr.l[2][d]];
-    return macs < SMALL_MATMUL_MACS ? 1 : s->threads;
+    return rfi_dot_macs(n) < SMALL_MATMUL_MACS ? 1 : s->threads;
 }
 
 static rf_status locate(const rfi_plan *p, const rfi_node *x, value_ref *ref, int step)
@@ -197,7 +193,6 @@ static void reserve_view_copies(call_state *cs, size_t *workspace)
     for (int j = 0; j < 2; j++) {
         if (!cs->view[j])
             continue;
-        cs->copy_views = true;
         *workspace = rfi_ws_align(*workspace);
         cs->view_at[j] = *workspace;
         *workspace += rfi_node_nbytes(cs->node->in[j]);
@@ -464,7 +459,7 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
     call_state *cs = &s->steps[step];
     for (int j = 0; j < cs->n_in; j++)
         cs->operands[j] = buffer_at(buffers, cs->in[j]);
-    for (int j = 0; cs->copy_views && j < 2; j++) {
+    for (int j = 0; j < 2; j++) {
         if (!cs->view[j])
             continue;
         void *copy = (char *)s->workspace + cs->view_at[j];
