@@ -459,6 +459,42 @@ static void test_conv(const char *path)
     unsetenv("RF_CONV_PATH");
 }
 
+/* The rule's choices that depend on the form: Winograd for 3x3 stride-1
+ * forward and weight-gradient forms with >= 32 channels (where oneDNN has it:
+ * AVX-512 CPUs), backward-data for the widely padded input gradient of an
+ * unpadded 3x3, and the direct kernels once RF_CONV_WINOGRAD=0. Each result
+ * is within the contraction bound of run_case (1e-5 of sum |x||w|). */
+static void test_conv_rule_paths(void)
+{
+    static const conv_case forward = {"wide 3x3 forward", 4, {4, 32, 9, 9}, {48, 32, 3, 3},
+                                      {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1};
+    static const conv_case kernel_grad = {"wide 3x3 kernel grad", 4, {32, 4, 11, 11},
+                                          {40, 4, 9, 9}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1};
+    static const conv_case input_grad = {"unpadded 3x3 input grad", 4, {4, 40, 9, 9},
+                                         {32, 40, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0}, 1, 1};
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    case_result f = run_conv(&forward, RF_F32, false);
+    case_result k = run_conv(&kernel_grad, RF_F32, true);
+    case_result d = run_conv(&input_grad, RF_F32, false);
+    printf("conv rule: %s -> %s (%.3g), %s -> %s (%.3g), %s -> %s (%.3g)\n", forward.name, f.path,
+           f.worst, kernel_grad.name, k.path, k.worst, input_grad.name, d.path, d.worst);
+    CHECK(!strcmp(f.path, avx512 ? "forward-winograd" : "forward") || !strcmp(f.path, "forward"));
+    CHECK(!strcmp(k.path, avx512 ? "bwd-weights-winograd" : "bwd-weights") ||
+          !strcmp(k.path, "bwd-weights"));
+    if (avx512) {
+        CHECK(!strcmp(f.path, "forward-winograd"));
+        CHECK(!strcmp(k.path, "bwd-weights-winograd"));
+    }
+    CHECK(!strcmp(d.path, "bwd-data"));
+    setenv("RF_CONV_WINOGRAD", "0", 1);
+    f = run_conv(&forward, RF_F32, false);
+    k = run_conv(&kernel_grad, RF_F32, false);
+    unsetenv("RF_CONV_WINOGRAD");
+    CHECK(!strcmp(f.path, "forward"));
+    CHECK(!strcmp(k.path, "bwd-weights"));
+}
+
 /* ---- Native FALLBACK kernels (pool.c) ------------------------------------------------------ */
 
 typedef struct window_case {
@@ -1019,6 +1055,7 @@ int main(void)
     test_conv("forward");
     test_conv("bwd-weights");
     test_conv("bwd-data");
+    test_conv_rule_paths();
     test_conv_views();
     test_native();
     test_fallback();

@@ -428,6 +428,18 @@ static rf_status check_before(cpu_state *s, const rfi_graph *g, const rfi_run_io
     return st;
 }
 
+/* Element i of a buffer of dtype dt, as a double (for messages). */
+static double element(rf_dtype dt, const void *p, int64_t i)
+{
+    switch (dt) {
+    case RF_F32: return ((const float *)p)[i];
+    case RF_F64: return ((const double *)p)[i];
+    case RF_I32: return ((const int32_t *)p)[i];
+    case RF_I64: return (double)((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
 static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **scratch)
 {
     rf_status st = RF_OK;
@@ -436,17 +448,20 @@ static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **sc
         const rfi_node *x = g->outputs[i];
         double d = distance(x->dtype, scratch[i], io->outputs[i], rfi_node_numel(x), &at);
         if (d > 1)
-            st = rfi_error(RF_E_INTERNAL, "RF_CHECK: output %d (%%%d %s) element %lld differs "
-                           "from the interpreter by %.3g tolerances", i, x->id,
-                           rfi_op_table[x->op].name, (long long)at, d);
+            st = rfi_error(RF_E_INTERNAL, "RF_CHECK: output %d (%%%d %s) element %lld is %.9g, "
+                           "the interpreter's %.9g: %.3g tolerances apart", i, x->id,
+                           rfi_op_table[x->op].name, (long long)at,
+                           element(x->dtype, io->outputs[i], at),
+                           element(x->dtype, scratch[i], at), d);
     }
     for (int i = 0; i < g->n_updates && st == RF_OK; i++) {
         const rf_array *a = g->captures[g->updates[i].capture];
         double d = distance(a->dtype, scratch[g->n_outputs + i], a->data, a->numel, &at);
         if (d > 1)
-            st = rfi_error(RF_E_INTERNAL, "RF_CHECK: update %d (capture %d) element %lld "
-                           "differs from the interpreter by %.3g tolerances", i,
-                           g->updates[i].capture, (long long)at, d);
+            st = rfi_error(RF_E_INTERNAL, "RF_CHECK: update %d (capture %d) element %lld is "
+                           "%.9g, the interpreter's %.9g: %.3g tolerances apart", i,
+                           g->updates[i].capture, (long long)at, element(a->dtype, a->data, at),
+                           element(a->dtype, scratch[g->n_outputs + i], at), d);
     }
     for (int i = 0; i < g->n_outputs + g->n_updates; i++)
         rfi_free(scratch[i]);
