@@ -1410,6 +1410,72 @@ static void test_windows(void)
 }
 
 /* Inline nodes without a loop form are reported, naming the node. */
+/* Index arithmetic: the value of instruction id with the loop variables at v. */
+static int64_t eval_index(const rfi_kir_kernel *k, int id, const int64_t *v)
+{
+    const rfi_kir_ins *x = &k->ins[id];
+    switch (x->op) {
+    case RFI_KIR_VAR: return v[x->var];
+    case RFI_KIR_CONST: return x->i;
+    case RFI_KIR_IADD: return eval_index(k, x->a, v) + eval_index(k, x->b, v);
+    case RFI_KIR_IMUL: return eval_index(k, x->a, v) * eval_index(k, x->b, v);
+    case RFI_KIR_IDIV: return eval_index(k, x->a, v) / eval_index(k, x->b, v);
+    case RFI_KIR_IREM: return eval_index(k, x->a, v) % eval_index(k, x->b, v);
+    default: return INT64_MIN;
+    }
+}
+
+static int count_divisions(const rfi_kir_kernel *k, int id)
+{
+    const rfi_kir_ins *x = &k->ins[id];
+    if (x->op != RFI_KIR_IADD && x->op != RFI_KIR_IMUL && x->op != RFI_KIR_IDIV &&
+        x->op != RFI_KIR_IREM)
+        return 0;
+    return (x->op == RFI_KIR_IDIV || x->op == RFI_KIR_IREM) + count_divisions(k, x->a) +
+           count_divisions(k, x->b);
+}
+
+/* Divisions the ranges decide vanish: the reversed, transposed 3x3 kernel's
+ * index t = i0*9 + (8 - i1) (i0 < 32, i1 < 9) split into t / 9, (t / 3) % 3
+ * and t % 3 needs none; the values agree with plain division everywhere, and
+ * a sum with a possibly negative part keeps its division. */
+static void test_split_division(void)
+{
+    rfi_kir_kernel *k = rfi_kir_kernel_new(0);
+    k->rank = 2;
+    k->dims[0] = 32;
+    k->dims[1] = 9;
+    int i0 = rfi_kir_var(k, 0), i1 = rfi_kir_var(k, 1);
+    int c3 = rfi_kir_const_i(k, RF_I64, 3), c9 = rfi_kir_const_i(k, RF_I64, 9);
+    int neg = rfi_kir_index(k, RFI_KIR_IMUL, i1, rfi_kir_const_i(k, RF_I64, -1));
+    int rev = rfi_kir_index(k, RFI_KIR_IADD, neg, rfi_kir_const_i(k, RF_I64, 8));
+    int t = rfi_kir_index(k, RFI_KIR_IADD, rev, rfi_kir_index(k, RFI_KIR_IMUL, i0, c9));
+    int parts[4] = {rfi_kir_index(k, RFI_KIR_IDIV, t, c9),
+                    rfi_kir_index(k, RFI_KIR_IREM, rfi_kir_index(k, RFI_KIR_IDIV, t, c3), c3),
+                    rfi_kir_index(k, RFI_KIR_IREM, t, c3),
+                    rfi_kir_index(k, RFI_KIR_IDIV, t, rfi_kir_const_i(k, RF_I64, 2))};
+    CHECK(parts[0] == i0);
+    CHECK(count_divisions(k, parts[1]) == 1 && count_divisions(k, parts[2]) == 1);
+    int64_t mixed_c = 0;
+    int mixed = rfi_kir_index(k, RFI_KIR_IADD, neg, rfi_kir_index(k, RFI_KIR_IMUL, i0, c9));
+    int mixed_q = rfi_kir_index(k, RFI_KIR_IDIV, mixed, c9); /* -i1 may be negative */
+    CHECK(k->ins[mixed_q].op == RFI_KIR_IDIV && !rfi_kir_is_const(k, mixed_q, &mixed_c));
+    int bad = 0;
+    for (int64_t a = 0; a < 32; a++)
+        for (int64_t b = 0; b < 9; b++) {
+            int64_t v[2] = {a, b}, tv = a * 9 + 8 - b, mv = a * 9 - b;
+            bad += eval_index(k, parts[0], v) != tv / 9;
+            bad += eval_index(k, parts[1], v) != (tv / 3) % 3;
+            bad += eval_index(k, parts[2], v) != tv % 3;
+            bad += eval_index(k, parts[3], v) != tv / 2;
+            bad += eval_index(k, mixed_q, v) != mv / 9;
+        }
+    CHECK(bad == 0);
+    printf("split division: t / 9 is i0, (t / 3) %% 3 and t %% 3 one division each, %d "
+           "mismatches\n", bad);
+    rfi_kir_kernel_free(k);
+}
+
 static void test_errors(void)
 {
     targ a[2] = {{RF_F32, 2, {2, 3}}, {RF_F32, 2, {3, 2}}};
@@ -1493,6 +1559,7 @@ int main(void)
     test_coalesce();
     test_split_reductions();
     test_windows();
+    test_split_division();
     test_errors();
     test_float_unary(RF_F32);
     test_float_unary(RF_F64);

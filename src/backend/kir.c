@@ -339,6 +339,45 @@ static int64_t fold_index(rfi_kir_op op, int64_t a, int64_t b)
     }
 }
 
+/* a / c and a % c (c > 0) when a's range or its form decides them without
+ * the division, else -1. Exact under C's truncating division because every
+ * rule requires the operands it splits to be >= 0:
+ *   a in [0, c):                       a / c = 0,               a % c = a
+ *   a = x*m (m a multiple of c):       a / c = x*(m/c),         a % c = 0
+ *   a = x*m + y (x, y >= 0, m > 0 a multiple of c):
+ *                                      a / c = x*(m/c) + y / c, a % c = y % c
+ * These are the index expressions of a transpose or reverse read through a
+ * reshape (a row of 9 split into 3x3 again), which would otherwise cost a
+ * division per dim per element. */
+static int split_division(rfi_kir_kernel *k, rfi_kir_op op, int a, int64_t c)
+{
+    const rfi_kir_ins *ra = &k->ins[a];
+    if (range_known(ra) && ra->lo >= 0 && ra->hi < c)
+        return op == RFI_KIR_IDIV ? rfi_kir_const_i(k, RF_I64, 0) : a;
+    int64_t m = 0;
+    if (ra->op == RFI_KIR_IMUL && rfi_kir_is_const(k, ra->b, &m) && m % c == 0)
+        return op == RFI_KIR_IDIV
+                   ? rfi_kir_index(k, RFI_KIR_IMUL, ra->a, rfi_kir_const_i(k, RF_I64, m / c))
+                   : rfi_kir_const_i(k, RF_I64, 0);
+    if (ra->op != RFI_KIR_IADD)
+        return -1;
+    for (int side = 0; side < 2; side++) {
+        int mul = side ? ra->b : ra->a, rest = side ? ra->a : ra->b;
+        const rfi_kir_ins *rm = &k->ins[mul], *rr = &k->ins[rest];
+        if (rm->op != RFI_KIR_IMUL || !rfi_kir_is_const(k, rm->b, &m) || m <= 0 || m % c != 0)
+            continue;
+        const rfi_kir_ins *rx = &k->ins[rm->a];
+        if (!range_known(rx) || rx->lo < 0 || !range_known(rr) || rr->lo < 0)
+            continue;
+        int x = rm->a, cst = rfi_kir_const_i(k, RF_I64, c);
+        if (op == RFI_KIR_IREM)
+            return rfi_kir_index(k, RFI_KIR_IREM, rest, cst);
+        int hi_part = rfi_kir_index(k, RFI_KIR_IMUL, x, rfi_kir_const_i(k, RF_I64, m / c));
+        return rfi_kir_index(k, RFI_KIR_IADD, hi_part, rfi_kir_index(k, RFI_KIR_IDIV, rest, cst));
+    }
+    return -1;
+}
+
 int rfi_kir_index(rfi_kir_kernel *k, rfi_kir_op op, int a, int b)
 {
     if (a < 0 || b < 0)
@@ -368,6 +407,11 @@ int rfi_kir_index(rfi_kir_kernel *k, rfi_kir_op op, int a, int b)
     }
     if (ka && ca == 0 && (op == RFI_KIR_IDIV || op == RFI_KIR_IREM))
         return a;
+    if (kb && cb > 0 && (op == RFI_KIR_IDIV || op == RFI_KIR_IREM)) {
+        int split = split_division(k, op, a, cb);
+        if (split >= 0)
+            return split;
+    }
     if (a == b && (op == RFI_KIR_IMIN || op == RFI_KIR_IMAX))
         return a;
     const rfi_kir_ins *ra = &k->ins[a], *rb = &k->ins[b];
