@@ -994,6 +994,50 @@ static void test_dot(rf_dtype dt)
     rfi_graph_free(g);
 }
 
+/* A matrix-vector product ([1,40] x [37,40] over 1/1, then relu): the reduce
+ * kernel takes outputs four at a time with one accumulator each (the source
+ * says so), the remainder of every chunk one at a time; the values match the
+ * interpreter, large enough (2000 outputs) for parallel_for to cut ranges
+ * that are not multiples of four. */
+static void test_dot_unrolled(void)
+{
+    targ a[2] = {{RF_F32, 2, {1, 40}}, {RF_F32, 2, {2001, 40}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *w = g_arg(g, 1);
+    rfi_attrs at = {0};
+    int64_t lc[] = {1}, rc[] = {1};
+    set_list(&at, 2, lc, 1);
+    set_list(&at, 3, rc, 1);
+    int64_t dims[] = {1, 2001};
+    rfi_node *in[2] = {x, w};
+    rfi_node *d = mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, dims, 2);
+    CHECK_OK(rfi_graph_add_output(g, d));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km)) {
+        CHECK(strstr(m.source, "#pragma omp simd reduction(+:acc_0, acc_1, acc_2, acc_3)") != NULL);
+        CHECK(strstr(m.source, "for (; i0 + 4 <= hi; i0 += 4) {") != NULL);
+        CHECK(strstr(m.source, "const float x_1u3 = ") != NULL);
+    }
+    module_free(&m);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    static float xd[40], wd[2001 * 40];
+    for (int i = 0; i < 40; i++)
+        xd[i] = (float)((i * 7 % 9) - 4) * 0.25f;
+    for (int i = 0; i < 2001 * 40; i++)
+        wd[i] = (float)((i * 5 % 11) - 5) * 0.125f;
+    const void *args[2] = {xd, wd};
+    const char *labels[] = {"dot_general unrolled f32"};
+    tol tols[] = {SUM};
+    p = hand_plan(g, &o);
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+}
+
 /* Two roots in one step, the second using the first: the first is computed, not read
  * back; a large shape so parallel_for splits it. */
 static void test_multi_root(void)
@@ -1582,6 +1626,7 @@ int main(void)
     test_binary(RF_F32);
     also_planned = false;
     test_dot(RF_I32);
+    test_dot_unrolled();
     test_multi_root();
     test_updates(true);
     test_updates(false);

@@ -17,7 +17,10 @@
  * fixed number of chunks folded in parallel into partial accumulators that
  * live on the entry point's stack, then combined in chunk order by a second
  * function, k<step>_<name>_combine: BatchNorm statistics, sums to a scalar).
- * Each point's values are folded in the same order in all three.
+ * A plain float sum over one contiguous reduced loop (a matrix-vector
+ * product) takes four outputs per iteration, one accumulator each ("Unrolled
+ * reductions"). Each point's values are folded in the same order in all of
+ * them.
  *
  * Values are SSA constants named after their IR node (x_12 for %12), index
  * temporaries j<k>, predicates ok<k>. Float ops stay in the value's type (one
@@ -518,13 +521,16 @@ static void indent(render *R, int depth)
     put_n(R->sb, spaces, n);
 }
 
-static void statements(render *R, const bool *live, int level, int depth)
+/* The live statements of one loop level; with `only`, just those whose only[id]
+ * equals `want`. */
+static void statements_where(render *R, const bool *live, int level, int depth, const bool *only,
+                             bool want)
 {
     const rfi_kir_kernel *k = R->k;
     for (int id = 0; id < k->n_ins; id++) {
         const rfi_kir_ins *x = &k->ins[id];
         if (!live[id] || x->level != level || x->op == RFI_KIR_VAR || x->op == RFI_KIR_CONST ||
-            x->op == RFI_KIR_ACC)
+            x->op == RFI_KIR_ACC || (only && only[id] != want))
             continue;
         indent(R, depth);
         bool pred = x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND;
@@ -536,6 +542,11 @@ static void statements(render *R, const bool *live, int level, int depth)
         expression(R, x);
         put(R->sb, ";\n");
     }
+}
+
+static void statements(render *R, const bool *live, int level, int depth)
+{
+    statements_where(R, live, level, depth, NULL, false);
 }
 
 static void stores(render *R, int depth)
@@ -1174,6 +1185,131 @@ static void plain_body(render *R, const bool *live)
     close_loops(R, 1, k->rank);
 }
 
+/* ---- Unrolled reductions -------------------------------------------------------------- *
+ * A float sum over one contiguous reduced loop per output (a matrix-vector
+ * product: the batch-1 dense layer) is bound by the latency of its one
+ * vector accumulator. Its plain schedule gets UNROLL_OUTPUTS outputs per
+ * iteration of the kept loop, each with its own accumulator in one
+ * vectorised reduced loop, which also loads the values they share (the
+ * vector) once. Each output still folds its points in the same order, so
+ * results are bitwise those of the plain schedule. */
+#define UNROLL_OUTPUTS 4
+#define UNROLL_MIN_POINTS 32
+
+static bool unroll_reduction(const rfi_kir_kernel *k)
+{
+    return k->is_reduce && k->rank == 1 && k->red_rank == 1 && simd_sum(k) &&
+           k->dims[0] >= 2 * UNROLL_OUTPUTS && k->red_dims[0] >= UNROLL_MIN_POINTS;
+}
+
+/* dep[id]: instruction id varies with the kept loop (its value is per output). */
+static void output_dependent(const rfi_kir_kernel *k, bool *dep)
+{
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        dep[id] = (x->op == RFI_KIR_VAR && x->var == 0) || x->op == RFI_KIR_ACC ||
+                  (x->a >= 0 && x->a < id && dep[x->a]) ||
+                  (x->b >= 0 && x->b < id && dep[x->b]) || (x->c >= 0 && x->c < id && dep[x->c]);
+    }
+}
+
+/* Renames the per-output values for output u of a block: x_12 becomes x_12u2
+ * and i0 i0u2 for u = 2 (u = 0 keeps the plain names); the accumulator is
+ * acc_<u>. False when a name would not fit. */
+static bool name_output(render *R, const bool *dep, char (*saved)[32], int u)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int id = 0; id < k->n_ins; id++) {
+        if (!dep[id])
+            continue;
+        const rfi_kir_ins *x = &k->ins[id];
+        /* "u<u>" after a name's digits: no plain name has letters there */
+        int n = x->op == RFI_KIR_ACC ? snprintf(R->names[id], 32, "acc_%d", u)
+                : u == 0             ? snprintf(R->names[id], 32, "%s", saved[id])
+                                     : snprintf(R->names[id], 32, "%su%d", saved[id], u);
+        if (n < 0 || n >= 32)
+            return false;
+    }
+    return true;
+}
+
+/* The block of UNROLL_OUTPUTS outputs at i0 (see above); false (nothing
+ * written) when the names do not fit. */
+static bool unrolled_block(render *R, const bool *live, const bool *dep, char (*saved)[32])
+{
+    const rfi_kir_kernel *k = R->k;
+    rfi_strbuf text = {0}, *out = R->sb;
+    R->sb = &text;
+    bool ok = true;
+    putf(R->sb, "    for (; i0 + %d <= hi; i0 += %d) {\n", UNROLL_OUTPUTS, UNROLL_OUTPUTS);
+    for (int u = 1; u < UNROLL_OUTPUTS; u++)
+        putf(R->sb, "        const int64_t i0u%d = i0 + %d;\n", u, u);
+    statements_where(R, live, 1, 2, dep, false);
+    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++)
+        if ((ok = name_output(R, dep, saved, u)))
+            statements_where(R, live, 1, 2, dep, true);
+    for (int u = 0; u < UNROLL_OUTPUTS; u++) {
+        putf(R->sb, "        %s acc_%d = ", ctype(k->acc_dtype), u);
+        identity_literal(R);
+        put(R->sb, ";\n");
+    }
+    put(R->sb, "        #pragma omp simd reduction(+:acc_0");
+    for (int u = 1; u < UNROLL_OUTPUTS; u++)
+        putf(R->sb, ", acc_%d", u);
+    putf(R->sb, ")\n        for (int64_t r0 = 0; r0 < %lld; r0++) {\n",
+                  (long long)k->red_dims[0]);
+    statements_where(R, live, 2, 3, dep, false);
+    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++) {
+        char acc[16];
+        snprintf(acc, sizeof acc, "acc_%d", u);
+        if ((ok = name_output(R, dep, saved, u))) {
+            statements_where(R, live, 2, 3, dep, true);
+            fold_into(R, 3, acc);
+        }
+    }
+    put(R->sb, "        }\n");
+    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++)
+        if ((ok = name_output(R, dep, saved, u))) {
+            statements_where(R, live, 3, 2, dep, true);
+            stores(R, 2);
+        }
+    put(R->sb, "    }\n");
+    R->sb = out;
+    for (int id = 0; id < k->n_ins; id++) /* the plain names back */
+        memcpy(R->names[id], saved[id], 32);
+    out->failed |= text.failed;
+    ok = ok && !text.failed;
+    if (ok)
+        put_n(R->sb, text.data, text.len);
+    rfi_sb_free(&text);
+    return ok;
+}
+
+/* Blocks of UNROLL_OUTPUTS outputs, then the plain schedule for the rest. */
+static void unrolled_body(render *R, const bool *live)
+{
+    const rfi_kir_kernel *k = R->k;
+    size_t n = (size_t)(k->n_ins > 0 ? k->n_ins : 1);
+    bool *dep = rfi_calloc(n, sizeof *dep);
+    char (*saved)[32] = rfi_malloc(n * sizeof *saved);
+    if (dep && saved) {
+        memcpy(saved, R->names, (size_t)k->n_ins * sizeof *saved);
+        output_dependent(k, dep);
+        put(R->sb, "    int64_t i0 = lo;\n");
+        if (!unrolled_block(R, live, dep, saved))
+            put(R->sb, "    /* (not unrolled: names too long) */\n");
+        put(R->sb, "    for (; i0 < hi; i0++) {\n");
+        statements(R, live, 1, 2);
+        reduction_loops(R, live, 2);
+        stores(R, 2);
+        put(R->sb, "    }\n");
+    } else {
+        R->sb->failed = true;
+    }
+    rfi_free(dep);
+    rfi_free(saved);
+}
+
 /* The kernel's ctx struct and functions; fold_live and out_live are scratch. */
 static void kernel_functions(render *R, const bool *live, bool *fold_live, bool *out_live,
                              bool *base_used)
@@ -1194,6 +1330,8 @@ static void kernel_functions(render *R, const bool *live, bool *fold_live, bool 
     if (sc.form == SCHED_INTERCHANGED) {
         fold_out_liveness(k, fold_live, out_live);
         interchanged_body(R, fold_live, out_live);
+    } else if (unroll_reduction(k)) {
+        unrolled_body(R, live);
     } else {
         plain_body(R, live);
     }
