@@ -61,6 +61,9 @@ typedef struct rfi_backend {
     /* Bytes the executable holds for intermediates and workspaces, known
      * before the first run (NULL: unknown, reported as 0). */
     size_t (*memory)(void *state);
+    /* Starts, in the background, loading what prepare will need (a library),
+     * so it overlaps tracing and autodiff; NULL: nothing to load. */
+    void (*warm_up)(void);
 } rfi_backend;
 
 RFI_FUNC extern const rfi_backend rfi_interp_backend;

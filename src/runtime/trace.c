@@ -399,12 +399,28 @@ static rf_status lower(rfi_graph *g, rfi_graph **out)
     return RF_OK;
 }
 
+/* Lets the compiling backend start loading its libraries while this thread
+ * traces and differentiates (pick_backend's choice, guessed before tracing
+ * from RF_BACKEND and the device asked for). */
+static void warm_up_backend(const rf_compile_opts *opts, rf_array *const *args, int nargs)
+{
+    const char *env = getenv("RF_BACKEND");
+    if (env && *env && strcmp(env, rfi_cpu_backend.name) != 0)
+        return;
+    const rf_device *dev = opts && opts->device ? opts->device
+                           : args && nargs > 0 && args[0] ? rf_array_device(args[0])
+                                                          : NULL;
+    if ((!dev || dev->kind == RF_DEVICE_CPU) && rfi_cpu_backend.warm_up)
+        rfi_cpu_backend.warm_up();
+}
+
 rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,
                           const rf_compile_opts *opts, rf_exec **out)
 {
     if (!out)
         return rfi_error(RF_E_INVALID, "rf_compile: out is NULL");
     *out = NULL;
+    warm_up_backend(opts, args, nargs);
     rfi_graph *g;
     rf_status st = trace_fn("rf_compile", fn, ctx, args, nargs, opts, &g);
     if (st != RF_OK)

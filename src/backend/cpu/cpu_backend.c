@@ -530,4 +530,5 @@ const rfi_backend rfi_cpu_backend = {
     .release = cpu_release,
     .writes_updates = true,
     .memory = cpu_memory,
+    .warm_up = rfi_dnnl_preload,
 };

@@ -10,9 +10,16 @@
  * cores against the pool's own threads with passive OpenMP: mlp, cnn and
  * resnet steps 10-25% faster; with a busy process on one core 1.5x slower,
  * where OMP_WAIT_POLICY=passive is the better choice. The setenv happens
- * once, inside pthread_once; like any setenv it is not safe against another
- * thread reading the environment at that very moment, which is why it
- * happens before any of the backend's threads exist.
+ * once, inside pthread_once, on the thread that first asks for the library;
+ * like any setenv it is not safe against another thread reading the
+ * environment at that very moment, which is why it happens before any of the
+ * backend's threads exist (the preload thread included).
+ *
+ * rfi_dnnl_preload starts the dlopen (about 2 ms: libdnnl, libgomp and
+ * libstdc++) on a detached thread, so that it overlaps a compile's tracing,
+ * autodiff, passes and plan, which need no library; the first rfi_dnnl_load
+ * then waits for it inside pthread_once. Measured: a warm ResNet compile in a
+ * fresh process 1.5 ms shorter.
  *
  * Deliberately not here: unloading (the handle is kept for the process's
  * life), other threading runtimes' settings.
@@ -44,10 +51,16 @@ static bool resolve(void *lib, const char *symbol, void *fn_slot, size_t size)
     return true;
 }
 
-static void load_library(void)
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
+static void set_spin_default(void)
 {
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
         setenv("GOMP_SPINCOUNT", "5000", 0);
+}
+
+static void load_library(void)
+{
     void *lib = dlopen(RFI_DNNL_LIBRARY, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *why = dlerror();
@@ -78,8 +91,36 @@ static void load_library(void)
     load_status = RF_OK;
 }
 
+static void *preload_thread(void *arg)
+{
+    (void)arg;
+    pthread_once(&load_once, load_library);
+    return NULL;
+}
+
+/* A detached loader thread; when none can start, the first rfi_dnnl_load
+ * loads the library itself. */
+static void start_preload(void)
+{
+    pthread_t t;
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) != 0)
+        return;
+    if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0)
+        (void)pthread_create(&t, &attr, preload_thread, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+void rfi_dnnl_preload(void)
+{
+    static pthread_once_t started = PTHREAD_ONCE_INIT;
+    pthread_once(&env_once, set_spin_default); /* before the thread exists */
+    pthread_once(&started, start_preload);
+}
+
 rf_status rfi_dnnl_load(void)
 {
+    pthread_once(&env_once, set_spin_default);
     pthread_once(&load_once, load_library);
     if (load_status != RF_OK)
         return rfi_error(RF_E_UNSUPPORTED,

@@ -81,5 +81,8 @@ extern rfi_dnnl_api rfi_dnnl;
  * reason (missing file, missing symbol); the backend then runs matmul and
  * convolution on the reference kernels. */
 RFI_FUNC rf_status rfi_dnnl_load(void);
+/* Starts loading oneDNN on a background thread, once per process (nothing
+ * when it is loaded or loading); rfi_dnnl_load waits for it. */
+RFI_FUNC void rfi_dnnl_preload(void);
 
 #endif
