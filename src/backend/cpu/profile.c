@@ -6,8 +6,8 @@
  * marks is charged to the step that was running. The first run is left out
  * when there are more (it pays one-time costs: page faults, oneDNN's first
  * executions). When the executable is freed, the profile is printed on
- * stderr: time per run, the most expensive steps with what they compute,
- * and the share of each kind of step.
+ * stderr: time per run, the most expensive steps with what they compute (15,
+ * or n with RF_PROFILE=n for n > 1), and the share of each kind of step.
  *
  * Without RF_PROFILE the module's check of `mark` is the whole cost.
  * Deliberately not here: sampling, hardware counters (perf does those),
@@ -20,7 +20,9 @@
 #include <string.h>
 #include <time.h>
 
-#define TOP_STEPS 15 /* steps listed by name; the rest are in the kind summary */
+/* Steps listed by name (RF_PROFILE=<n>, n > 1, lists n); the rest are in the
+ * kind summary. */
+#define TOP_STEPS 15
 
 struct rfi_cpu_profile {
     const rfi_plan *plan;
@@ -144,7 +146,9 @@ static void report(const rfi_cpu_profile *prof)
             (long long)runs, prof->runs > 1 ? " (the first left out)" : "",
             1e-3 * (double)total / (double)runs);
     fprintf(stderr, "   share     us/run  step\n");
-    for (int i = 0; i < n && i < TOP_STEPS; i++) {
+    int listed = atoi(getenv("RF_PROFILE") ? getenv("RF_PROFILE") : "");
+    listed = listed > 1 ? listed : TOP_STEPS;
+    for (int i = 0; i < n && i < listed; i++) {
         char what[160];
         describe(prof, order[i].step, what, sizeof what);
         fprintf(stderr, "  %5.1f%% %10.1f  #%-4d %s\n", 100.0 * (double)order[i].ns / (double)total,
