@@ -157,12 +157,17 @@ static void advance_betas(emitter *e, int l, int role1, rf_tensor **b1t, int rol
     }
 }
 
-/* m / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps): Adam's direction. */
+/* m / (1 - beta1^t) / (sqrt(v / (1 - beta2^t)) + eps): Adam's direction. The
+ * bias corrections multiply by their reciprocals, scalars computed once per
+ * step: two divisions fewer per element (the mlp's Adam over 536k parameters
+ * took about 210 us, now 170-200 us), and the results differ from dividing
+ * by at most an ulp of each factor. */
 static rf_tensor *adam_direction(emitter *e, rf_tensor *m, rf_tensor *v, rf_tensor *b1t,
                                  rf_tensor *b2t, rf_tensor *eps)
 {
-    return rf_div(rf_div(m, one_minus(e, b1t)),
-                  rf_add(rf_sqrt(rf_div(v, one_minus(e, b2t))), eps));
+    rf_tensor *inv1 = rf_div(num(e, 1.0), one_minus(e, b1t));
+    rf_tensor *inv2 = rf_div(num(e, 1.0), one_minus(e, b2t));
+    return rf_div(rf_mul(m, inv1), rf_add(rf_sqrt(rf_mul(v, inv2)), eps));
 }
 
 /* Adam: dx' = m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) * eta */
