@@ -495,6 +495,35 @@ static void test_conv_rule_paths(void)
     CHECK(!strcmp(k.path, "bwd-weights"));
 }
 
+/* RF_CONV_WINOGRAD=1: Winograd wherever oneDNN takes it, below the channel
+ * threshold too (the 16-channel form here); every form stays exact to the
+ * contraction bound (run_case) whichever kernel runs it. */
+static void test_conv_winograd_everywhere(void)
+{
+    static const conv_case cases[] = {
+        {"16 channels 3x3", 4, {2, 16, 8, 8}, {16, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1,
+         1},
+        {"16 channels kernel grad", 4, {16, 2, 10, 10}, {16, 2, 8, 8}, {1, 1}, {0}, {0}, {0}, {0},
+         1, 1},
+        {"3 channels 3x3", 4, {2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
+        {"5x5", 4, {2, 16, 9, 9}, {16, 16, 5, 5}, {1, 1}, {2, 2}, {2, 2}, {0}, {0}, 1, 1},
+    };
+    setenv("RF_CONV_WINOGRAD", "1", 1);
+    int wino = 0, n = (int)(sizeof cases / sizeof cases[0]);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        case_result r = run_conv(&cases[i], RF_F32, false);
+        wino += strstr(r.path, "winograd") != NULL;
+        worst = r.worst > worst ? r.worst : worst;
+    }
+    unsetenv("RF_CONV_WINOGRAD");
+    printf("conv RF_CONV_WINOGRAD=1: %d of %d forms on Winograd, worst relative error %.3g\n",
+           wino, n, worst);
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        CHECK(wino >= 2); /* the two 16-channel forms */
+}
+
 /* ---- Native FALLBACK kernels (pool.c) ------------------------------------------------------ */
 
 typedef struct window_case {
@@ -1056,6 +1085,7 @@ int main(void)
     test_conv("bwd-weights");
     test_conv("bwd-data");
     test_conv_rule_paths();
+    test_conv_winograd_everywhere();
     test_conv_views();
     test_native();
     test_fallback();
