@@ -56,6 +56,9 @@
 /* A forward from fewer than BLOCKED_MIN_CHANNELS to at least this many is a
  * first layer: blocked output (try_path). */
 #define FIRST_LAYER_MIN_OUT 16
+/* A forward with at least this many channels on both sides runs as oneDNN's
+ * training kind (try_path). */
+#define TRAINING_KIND_MIN_CHANNELS 16
 /* Fewer channels than this: no Winograd (winograd_wanted). */
 #define WINOGRAD_MIN_CHANNELS 32
 
@@ -838,13 +841,16 @@ static bool try_path(rfi_cpu_conv *c, int path, dnnl_engine_t eng)
                        sp.t[sp.dst].dims[1] >= FIRST_LAYER_MIN_OUT;
     bool blocked = narrowest_channels(&sp) >= BLOCKED_MIN_CHANNELS || first_layer ||
                    path == PATH_BWD_WEIGHTS;
-    /* On blocked layouts a forward runs as oneDNN's training kind: its direct
-     * kernel on channel-blocked layouts beats the inference kind's
-     * channels-last one (128 images, 3x3: 2.0-2.2 against 2.5-2.7 ms at 16
-     * channels and 28x28, 1.66-1.69 against 1.71-1.77 ms at 64 channels and
-     * 7x7, 1.0 against 1.15 ms at 8 channels), and reorders to and from
-     * blocked layouts are the faster ones. */
-    sp.training = blocked && path == PATH_FORWARD;
+    /* With a vector's worth of channels on both sides a forward runs as
+     * oneDNN's training kind: its direct kernel on channel-blocked layouts
+     * beats the inference kind's channels-last one (128 images, 3x3: 2.0-2.2
+     * against 2.5-2.7 ms at 16 channels and 28x28, 1.66-1.69 against
+     * 1.71-1.77 ms at 64 channels and 7x7; the ResNet example's forward-path
+     * convolutions 15.6-16.1 ms per step against 18-21). With 8 channels its
+     * output is padded to 16 and reordering that back costs more than its
+     * kernel gains; first layers read their plain input and gain. */
+    sp.training = first_layer || (path == PATH_FORWARD &&
+                                  narrowest_channels(&sp) >= TRAINING_KIND_MIN_CHANNELS);
     for (int k = 0; k < 3; k++)
         sp.any[k] = blocked || sp.arg[k] == DNNL_ARG_WEIGHTS || sp.arg[k] == DNNL_ARG_DIFF_WEIGHTS;
     if (make_dnnl_conv(c, &sp, eng))
