@@ -995,6 +995,105 @@ static void run_epi_prog(const epi_prog *e, const char *conv_path, bool expect_f
     rfi_graph_free(g);
 }
 
+/* Two convolutions in a row reading one activation ([2,16,8,8], 3x3, 16
+ * outputs each): the second reads the first one's blocked copy instead of
+ * reordering again (one shared input; none with RF_CONV_SHARE=0), and both
+ * results are bitwise those of the unshared run and within the contraction
+ * bound of the interpreter. */
+static void two_convs_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_conv_params cp = rf_conv_params_default(2);
+    cp.pad_lo[0] = cp.pad_lo[1] = cp.pad_hi[0] = cp.pad_hi[1] = 1;
+    rf_return(t, rf_conv(rf_arg(t, 0), rf_arg(t, 1), &cp));
+    rf_return(t, rf_conv(rf_arg(t, 0), rf_arg(t, 2), &cp));
+}
+
+/* Runs the program's plan once; returns the two outputs (malloc'ed) or
+ * NULLs, and how many inputs the services shared. */
+static int run_two_convs(const rfi_graph *g, void *const *args, float **out)
+{
+    rfi_plan *plan = NULL;
+    rfi_cpu_services *s = NULL;
+    int shared = -1;
+    out[0] = out[1] = NULL;
+    CHECK_OK(rfi_plan_build(g, NULL, &plan));
+    if (plan)
+        CHECK_OK(rfi_cpu_services_prepare(plan, &s));
+    if (s) {
+        shared = rfi_cpu_services_shared_inputs(s);
+        void **bufs = calloc((size_t)rfi_plan_n_buffers(plan), sizeof *bufs);
+        for (int k = 0; k < g->n_args; k++)
+            bufs[k] = args[k];
+        for (int o = 0; o < 2; o++) {
+            out[o] = calloc(1, rfi_node_nbytes(g->outputs[o]));
+            bufs[g->n_args + g->n_captures + o] = out[o];
+        }
+        bufs[rfi_plan_arena_buffer(plan)] = calloc(1, plan->arena_bytes + 64);
+        for (int k = 0; k < plan->n_steps; k++)
+            CHECK(rfi_cpu_services_call(s, k, bufs) == 0);
+        free(bufs[rfi_plan_arena_buffer(plan)]);
+        free(bufs);
+    }
+    rfi_cpu_services_free(s);
+    rfi_plan_free(plan);
+    return shared;
+}
+
+static void test_conv_shared_inputs(void)
+{
+    rfi_graph *traced = rfi_graph_new(rf_device_cpu(), "two convolutions");
+    rf_dtype dt[3] = {RF_F32, RF_F32, RF_F32};
+    int rk[3] = {4, 4, 4};
+    int64_t dims[3][RF_MAX_RANK] = {{2, 16, 8, 8}, {16, 16, 3, 3}, {16, 16, 3, 3}};
+    CHECK_OK(rfi_graph_set_args(traced, 3, dt, rk, (const int64_t(*)[RF_MAX_RANK])dims));
+    two_convs_fn(traced, NULL);
+    CHECK_OK(traced->status);
+    rfi_graph *g = NULL;
+    CHECK_OK(rfi_dce(traced, &g));
+    rfi_graph_free(traced);
+    if (!g)
+        return;
+    void *args[3], *abs_args[3];
+    for (int k = 0; k < 3; k++) {
+        int64_t n = rfi_numel(dims[k], 4);
+        args[k] = malloc((size_t)n * sizeof(float));
+        fill(args[k], RF_F32, n);
+        abs_args[k] = abs_copy(args[k], RF_F32, n);
+    }
+    float *shared_out[2], *plain_out[2];
+    int shared = run_two_convs(g, args, shared_out);
+    setenv("RF_CONV_SHARE", "0", 1);
+    int unshared = run_two_convs(g, args, plain_out);
+    unsetenv("RF_CONV_SHARE");
+    CHECK(shared == 1 && unshared == 0);
+    void **want = interp_all(g, args), **scale = interp_all(g, abs_args);
+    double worst = 0;
+    for (int o = 0; o < 2 && shared_out[o] && plain_out[o]; o++) {
+        int64_t n = rfi_node_numel(g->outputs[o]);
+        CHECK(memcmp(shared_out[o], plain_out[o], (size_t)n * sizeof(float)) == 0);
+        const float *w = want[g->outputs[o]->id], *sc = scale[g->outputs[o]->id];
+        for (int64_t i = 0; i < n; i++) {
+            double err = fabs((double)shared_out[o][i] - w[i]) / (sc[i] > 1e-30 ? sc[i] : 1e-30);
+            worst = err > worst ? err : worst;
+        }
+    }
+    CHECK(worst <= 1e-5);
+    printf("conv shared inputs: %d shared (%d with RF_CONV_SHARE=0), bitwise equal, worst "
+           "relative error %.3g\n", shared, unshared, worst);
+    free_vals(g, want);
+    free_vals(g, scale);
+    for (int k = 0; k < 3; k++) {
+        free(args[k]);
+        free(abs_args[k]);
+    }
+    for (int o = 0; o < 2; o++) {
+        free(shared_out[o]);
+        free(plain_out[o]);
+    }
+    rfi_graph_free(g);
+}
+
 static void test_epilogues(void)
 {
     static const epi_prog progs[] = {
@@ -1086,6 +1185,7 @@ int main(void)
     test_conv("bwd-data");
     test_conv_rule_paths();
     test_conv_winograd_everywhere();
+    test_conv_shared_inputs();
     test_conv_views();
     test_native();
     test_fallback();

@@ -73,6 +73,12 @@ typedef struct conv_arg {
     dnnl_memory_t user, inner;
     dnnl_primitive_t reorder;
     size_t at; /* workspace offset of inner */
+    dnnl_memory_desc_t user_md, inner_md;
+    /* Inputs only, set by rfi_cpu_conv_share_input: inner lives in `shared`
+     * (not the workspace), and this call fills it (fills) or finds it
+     * filled by an earlier call of the step. */
+    void *shared;
+    bool fills;
 } conv_arg;
 
 typedef struct dnnl_conv {
@@ -607,6 +613,8 @@ static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool o
     const dnnl_memory_desc_t *want = rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg);
     if (st != dnnl_success || !want)
         return st == dnnl_success ? dnnl_runtime_error : st;
+    a->user_md = user;
+    a->inner_md = *want;
     if (rfi_dnnl.memory_desc_equal(&user, want))
         return dnnl_success;
     a->at = *ws;
@@ -733,7 +741,7 @@ static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0
         conv_arg *a = &dc->args[k];
         st = rfi_dnnl.memory_set_data_handle(a->user, user[k]);
         if (a->inner && st == dnnl_success)
-            st = rfi_dnnl.memory_set_data_handle(a->inner, ws + a->at);
+            st = rfi_dnnl.memory_set_data_handle(a->inner, a->shared ? a->shared : ws + a->at);
         args[nargs++] = (dnnl_exec_arg_t){a->arg, a->inner ? a->inner : a->user};
     }
     if (dc->scratch && st == dnnl_success) {
@@ -752,7 +760,7 @@ static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0
     }
     for (int k = 0; k < 2 && st == dnnl_success; k++) {
         conv_arg *a = &dc->args[k];
-        if (a->reorder) {
+        if (a->reorder && (!a->shared || a->fills)) {
             dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, a->user}, {DNNL_ARG_TO, a->inner}};
             st = rfi_dnnl.primitive_execute(a->reorder, s, 2, r);
         }
@@ -984,4 +992,26 @@ int rfi_cpu_conv_epilogue_ops(const rfi_cpu_conv *c)
     if (!c || c->empty || c->path != PATH_FORWARD)
         return 0;
     return c->dc.post.n + (c->dc.bias_mem ? 1 : 0);
+}
+
+bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k, const dnnl_memory_desc_t **user,
+                             const dnnl_memory_desc_t **inner, size_t *bytes)
+{
+    if (!c || c->empty || c->path == PATH_IM2COL || k < 0 || k > 1 ||
+        (c->path == PATH_BWD_DATA && k == 1)) /* that input is the kernel packed per call */
+        return false;
+    const conv_arg *a = &c->dc.args[k];
+    if (!a->reorder)
+        return false;
+    *user = &a->user_md;
+    *inner = &a->inner_md;
+    *bytes = rfi_dnnl.memory_desc_get_size(&a->inner_md);
+    return true;
+}
+
+void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills)
+{
+    conv_arg *a = &c->dc.args[k];
+    a->shared = storage;
+    a->fills = fills;
 }

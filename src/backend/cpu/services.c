@@ -25,13 +25,20 @@
  * One oneDNN engine and stream per executable; one workspace (the largest any
  * step needs: oneDNN scratchpads, packed operands, im2col columns) shared by
  * the steps, which run one at a time.
+ * Convolutions a step or two apart that read one value in one blocked
+ * layout share its copy (share_conv_inputs): a training step reorders each
+ * cotangent once for its input and weight gradients. The copies live in
+ * blocks of their own, reused by groups that do not overlap in time
+ * (RF_CONV_SHARE=0 turns this off).
  *
  * Deliberately not here: choosing which nodes become CALL steps (the plan),
- * generated code, blocked memory formats between steps.
+ * generated code, blocked memory formats for the generated loops.
  */
 #include "services.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../runtime/threadpool.h"
@@ -78,6 +85,9 @@ struct rfi_cpu_services {
     size_t workspace_bytes;
     bool have_library; /* oneDNN loaded: engine and stream exist */
     int threads;
+    void **shared;        /* the blocked copies convolutions share (owned) */
+    int n_shared;
+    size_t shared_bytes;
     rfi_arena mem; /* the per-step arrays */
 };
 
@@ -288,6 +298,126 @@ static rf_status create_library(rfi_cpu_services *s)
     return RF_OK;
 }
 
+/* One convolution input that is reordered from the IR's buffer. */
+typedef struct conv_copy {
+    int step, k;
+    const rfi_node *value; /* the node whose buffer the reorder reads */
+    const dnnl_memory_desc_t *user, *inner;
+    size_t bytes;
+    bool grouped;
+} conv_copy;
+
+/* Lists the reordered inputs of the prepared convolutions in step order;
+ * returns how many (at most 2 per step). */
+static int list_conv_copies(rfi_cpu_services *s, conv_copy *list)
+{
+    int n = 0;
+    for (int k = 0; k < s->n_steps; k++) {
+        call_state *cs = &s->steps[k];
+        for (int j = 0; cs->kind == RFI_CALL_CONV && j < 2; j++) {
+            conv_copy c = {k, j, cs->node->in[j], NULL, NULL, 0, false};
+            /* a view the call does not take is a transposed copy, not the value */
+            if (cs->view[j] || !rfi_cpu_conv_input_copy(cs->conv, j, &c.user, &c.inner, &c.bytes))
+                continue;
+            if (c.value->op == RFI_OP_TRANSPOSE &&
+                s->plan->loc[c.value->id].kind == RFI_LOC_INLINE)
+                c.value = c.value->in[0]; /* a view the call takes: its buffer's node */
+            list[n++] = c;
+        }
+    }
+    return n;
+}
+
+/* Calls at most this many plan steps after the one that fills a copy share
+ * it. Further apart, the copy has left the caches by the time it is read
+ * again: sharing an activation's copy between its forward convolution and
+ * its weight gradient made the ResNet's convolution calls slower than
+ * reordering it again (hot) and cost 7 MB more memory. */
+#define SHARE_MAX_STEPS 2
+
+static bool same_copy(const conv_copy *a, const conv_copy *b)
+{
+    return a->value == b->value && b->step - a->step <= SHARE_MAX_STEPS &&
+           rfi_dnnl.memory_desc_equal(a->user, b->user) &&
+           rfi_dnnl.memory_desc_equal(a->inner, b->inner);
+}
+
+/* A block of memory the groups of copies take in turn: free for a group
+ * that starts after step free_after. */
+typedef struct copy_slot {
+    void *block, *at; /* allocation; at is it aligned to 64 */
+    size_t bytes;
+    int free_after;
+} copy_slot;
+
+/* A slot of at least `bytes` that is free at step `first`, else a new one;
+ * NULL when out of memory. */
+static copy_slot *take_slot(rfi_cpu_services *s, copy_slot *slots, size_t bytes, int first)
+{
+    for (int i = 0; i < s->n_shared; i++)
+        if (slots[i].free_after < first && slots[i].bytes >= bytes)
+            return &slots[i];
+    void *block = rfi_malloc(bytes + 64);
+    if (!block)
+        return NULL;
+    copy_slot *slot = &slots[s->n_shared];
+    s->shared[s->n_shared++] = block;
+    s->shared_bytes += bytes;
+    slot->block = block;
+    slot->at = (void *)(((uintptr_t)block + 63) & ~(uintptr_t)63);
+    slot->bytes = bytes;
+    return slot;
+}
+
+/* Groups the reordered inputs that read one value into one layout within
+ * SHARE_MAX_STEPS steps (the cotangent that an input gradient and a weight
+ * gradient, computed one after the other, both read); each group of two or
+ * more gets a copy that its first call fills and the others read. The value
+ * is an IR node, so its buffer holds it unchanged from the first call to the
+ * last (the plan frees no buffer before its last reader). Groups whose calls
+ * do not overlap in time take turns in one block. */
+static rf_status share_conv_inputs(rfi_cpu_services *s)
+{
+    const char *env = getenv("RF_CONV_SHARE");
+    if ((env && *env == '0') || !s->have_library)
+        return RF_OK;
+    size_t cap = (size_t)s->n_steps * 2 + 1;
+    conv_copy *list = rfi_calloc(cap, sizeof *list);
+    copy_slot *slots = rfi_calloc(cap, sizeof *slots);
+    s->shared = rfi_calloc(cap, sizeof *s->shared);
+    rf_status st = RF_OK;
+    if (!list || !slots || !s->shared)
+        st = rfi_error(RF_E_NOMEM, "cpu: out of memory sharing convolution inputs");
+    int n = st == RF_OK ? list_conv_copies(s, list) : 0;
+    for (int i = 0; i < n && st == RF_OK; i++) {
+        if (list[i].grouped)
+            continue;
+        int last = -1;
+        for (int j = i + 1; j < n; j++)
+            if (!list[j].grouped && same_copy(&list[i], &list[j]))
+                last = list[j].step;
+        if (last < 0)
+            continue;
+        copy_slot *slot = take_slot(s, slots, list[i].bytes, list[i].step);
+        if (!slot) {
+            st = rfi_error(RF_E_NOMEM, "cpu: out of memory for a %zu-byte convolution input",
+                           list[i].bytes);
+            break;
+        }
+        slot->free_after = last;
+        rfi_cpu_conv_share_input(s->steps[list[i].step].conv, list[i].k, slot->at, true);
+        for (int j = i + 1; j < n; j++)
+            if (!list[j].grouped && same_copy(&list[i], &list[j])) {
+                list[j].grouped = true;
+                rfi_cpu_conv_share_input(s->steps[list[j].step].conv, list[j].k, slot->at,
+                                         false);
+            }
+    }
+    rfi_free(list);
+    rfi_free(slots);
+    return st;
+}
+
 rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
 {
     *out = NULL;
@@ -308,6 +438,8 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
         reserve_view_copies(&s->steps[k], &need);
         most = need > most ? need : most;
     }
+    if (st == RF_OK)
+        st = share_conv_inputs(s);
     if (st == RF_OK && most > 0) {
         s->workspace_block = rfi_malloc(most + 64);
         if (!s->workspace_block)
@@ -524,7 +656,12 @@ bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step)
            s->steps[step].epi_applied == s->steps[step].n_epi;
 }
 
-size_t rfi_cpu_services_workspace(const rfi_cpu_services *s) { return s ? s->workspace_bytes : 0; }
+size_t rfi_cpu_services_workspace(const rfi_cpu_services *s)
+{
+    return s ? s->workspace_bytes + s->shared_bytes : 0;
+}
+
+int rfi_cpu_services_shared_inputs(const rfi_cpu_services *s) { return s ? s->n_shared : 0; }
 
 void rfi_cpu_services_free(rfi_cpu_services *s)
 {
@@ -535,6 +672,9 @@ void rfi_cpu_services_free(rfi_cpu_services *s)
         rfi_cpu_conv_free(s->steps[k].conv);
         rfi_cpu_native_free(s->steps[k].native);
     }
+    for (int k = 0; k < s->n_shared; k++)
+        rfi_free(s->shared[k]);
+    rfi_free(s->shared);
     if (s->stream)
         rfi_dnnl.stream_destroy(s->stream);
     if (s->engine)

@@ -56,8 +56,11 @@ RFI_FUNC const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int s
 /* Whether CALL step `step` has an epilogue that the library applies as post-ops
  * (false: none, or the services apply it after the call). For tests. */
 RFI_FUNC bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step);
-/* The shared workspace size (bytes) allocated at prepare. */
+/* The bytes allocated at prepare: the shared workspace and the blocked
+ * copies convolutions share. */
 RFI_FUNC size_t rfi_cpu_services_workspace(const rfi_cpu_services *s);
+/* How many blocked input copies convolutions share (for tests). */
+RFI_FUNC int rfi_cpu_services_shared_inputs(const rfi_cpu_services *s);
 
 /* ---- Library calls (internal to services.c and its siblings) ------------------------ */
 
@@ -147,6 +150,15 @@ RFI_FUNC rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void
  * applies the rest). */
 RFI_FUNC int rfi_cpu_conv_epilogue_ops(const rfi_cpu_conv *c);
 RFI_FUNC void rfi_cpu_conv_free(rfi_cpu_conv *c);
+/* Input k (0 or 1) of a prepared convolution is reordered from the IR's
+ * buffer into *inner's layout (*bytes of it) before each call: true, with
+ * both layouts. Several calls of a step reading one value into one layout
+ * can share that copy: the first fills `storage`, the later ones
+ * (fills = false) read it and skip their reorder (services.c). */
+RFI_FUNC bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k,
+                                      const dnnl_memory_desc_t **user,
+                                      const dnnl_memory_desc_t **inner, size_t *bytes);
+RFI_FUNC void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills);
 /* Which path a prepared convolution takes: "im2col" or "direct" (for benches). */
 RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
 
