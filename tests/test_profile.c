@@ -14,7 +14,9 @@ static void program(rf_trace *t, void *ctx)
 {
     (void)ctx;
     rf_tensor *x = rf_arg(t, 0);
-    rf_return(t, rf_sum_all(rf_tanh(rf_matmul(x, rf_transpose(x, (const int64_t[]){1, 0})))));
+    rf_tensor *gram = rf_matmul(x, rf_transpose(x, (const int64_t[]){1, 0}));
+    rf_return(t, rf_sum_all(rf_tanh(gram)));
+    rf_return(t, rf_mean_all(rf_exp(gram)));
 }
 
 /* Compiles and runs the program `runs` times with RF_PROFILE as given, frees
@@ -75,6 +77,16 @@ int main(void)
     text = profiled_output("1", 1); /* a single run is reported as it is */
     CHECK(text && strstr(text, "1 runs,"));
     free(text);
+
+    /* RF_PROFILE=1 lists every step of this 4-step program, RF_PROFILE=2 two */
+    for (int n = 1; n <= 2; n++) {
+        text = profiled_output(n == 1 ? "1" : "2", 3);
+        int listed = 0;
+        for (const char *at = text ? strstr(text, "  #") : NULL; at; at = strstr(at + 1, "  #"))
+            listed++;
+        CHECK(listed == (n == 1 ? 4 : 2));
+        free(text);
+    }
 
     text = profiled_output(NULL, 3);
     CHECK(text && strstr(text, "reflux profile") == NULL);
