@@ -455,6 +455,53 @@ static void test_dir_from_xdg_and_home(void)
     setenv("RF_CACHE_DIR", cache_dir, 1);
 }
 
+/* A source in parts (RF_PARTS, RF_IN_PART as render_c.c writes them): the
+ * driver compiles each part apart and links them, so the entry point in the
+ * last part calls functions of the others, leaving no object behind; a part
+ * that does not compile is reported with its own command line. */
+static const char parts_source[] =
+    "#define RF_PARTS 3\n"
+    "#ifndef RF_PART\n#define RF_KERNEL static\n#define RF_IN_PART(p) 1\n"
+    "#else\n#define RF_KERNEL __attribute__((visibility(\"hidden\")))\n"
+    "#define RF_IN_PART(p) ((p) == RF_PART)\n#endif\n"
+    "typedef struct rf_module_services rf_module_services;\n"
+    "RF_KERNEL float one(void);\nRF_KERNEL float two(void);\n"
+    "#if RF_IN_PART(0)\nRF_KERNEL float one(void) { return 1.0f; }\n#endif\n"
+    "#if RF_IN_PART(1)\nRF_KERNEL float two(void) { return %s; }\n#endif\n"
+    "#if RF_IN_PART(2)\n"
+    "int rf_module_run_v1(const rf_module_services *s, void *const *buffers)\n"
+    "{\n    (void)s;\n    *(float *)buffers[0] = one() + two() + %d.0f;\n    return 0;\n}\n"
+    "#endif\n";
+
+static void test_module_in_parts(void)
+{
+    char src[2048];
+    snprintf(src, sizeof src, parts_source, "2.0f", 7);
+    rfi_module *m = NULL;
+    uint64_t before = rfi_cc_n_compiles();
+    CHECK_OK(rfi_cc_load_module(src, "parts", &m));
+    CHECK(rfi_cc_n_compiles() == before + 1);
+    float v = 0;
+    void *bufs[1] = {&v};
+    rf_module_entry entry = m ? rfi_module_entry_fn(m) : NULL;
+    CHECK(entry && entry(NULL, bufs) == 0 && v == 10.0f);
+    rfi_module_free(m);
+    DIR *d = opendir(cache_dir);
+    int objects = 0;
+    for (struct dirent *e = d ? readdir(d) : NULL; e; e = readdir(d))
+        objects += strstr(e->d_name, ".o") != NULL && strstr(e->d_name, ".part") != NULL;
+    if (d)
+        closedir(d);
+    CHECK(objects == 0);
+    snprintf(src, sizeof src, parts_source, "oops", 8);
+    CHECK_STATUS(rfi_cc_load_module(src, "broken parts", &m), RF_E_COMPILE);
+    CHECK(m == NULL);
+    CHECK_MSG("compiling module broken parts failed (exit status 1)");
+    CHECK_MSG(" -c -DRF_PART=1 -o ");
+    CHECK_MSG("oops");
+    printf("module in parts: 3 parts linked into one module (%g), a failing part reported\n", v);
+}
+
 static void test_syntax_error_reports(void)
 {
     const char *src = "int rf_module_run_v1(void *s, void **b) { return oops; }\n";
@@ -804,6 +851,7 @@ int main(int argc, char **argv)
     test_untrusted_dir_falls_back();
     test_dir_from_xdg_and_home();
     test_syntax_error_reports();
+    test_module_in_parts();
     test_unloadable_object_reports();
     test_compiler_override_and_fds();
     test_index_skips_generation();

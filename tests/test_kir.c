@@ -1195,7 +1195,8 @@ static void test_structure(void)
         CHECK(strstr(m.source, want) != NULL);
         snprintf(want, sizeof want, "const float x_%d = expf(", e->id);
         CHECK(strstr(m.source, want) != NULL);
-        CHECK(strstr(m.source, "static void k0_add(void *ctx, int64_t lo, int64_t hi)") != NULL);
+        CHECK(strstr(m.source, "RF_KERNEL void k0_add(void *ctx, int64_t lo, int64_t hi)\n{") !=
+              NULL);
         CHECK(strstr(m.source, "#pragma omp simd\n") != NULL);
         CHECK(strstr(m.source, "if (s->call(s->rt, 2, bufs))\n        return 3;") != NULL);
         CHECK(strstr(m.source, "const float *restrict p_") != NULL);
@@ -1261,8 +1262,9 @@ static void test_coalesce(void)
 /* Whether kernel k's function in the module source contains `needle`. */
 static bool kernel_has(const char *source, const rfi_kir_kernel *k, const char *needle)
 {
-    char head[96];
-    snprintf(head, sizeof head, "static void k%d_%s(void *ctx", k->step, k->name);
+    char head[160];
+    snprintf(head, sizeof head, "RF_KERNEL void k%d_%s(void *ctx, int64_t lo, int64_t hi)\n{",
+             k->step, k->name);
     const char *at = strstr(source, head);
     const char *end = at ? strstr(at, "\n}\n") : NULL;
     const char *hit = at ? strstr(at, needle) : NULL;

@@ -413,9 +413,18 @@ static rf_status compile_failed(const char *name, char *const argv[], const char
     return st;
 }
 
+static rf_status compile_parts(const compiler_info *ci, const char *src_path,
+                               const char *out_path, const char *name, int parts);
+static int source_parts(const char *src_path);
+
 static rf_status compile_with(const compiler_info *ci, const char *src_path,
                               const char *out_path, const char *name)
 {
+    int parts = source_parts(src_path);
+    if (parts > 1) {
+        atomic_fetch_add(&n_compiles, 1);
+        return compile_parts(ci, src_path, out_path, name, parts);
+    }
     char *argv[N_COMPILE_FLAGS + 6];
     int a = 0;
     argv[a++] = (char *)ci->name;
@@ -440,6 +449,146 @@ static rf_status compile_with(const compiler_info *ci, const char *src_path,
         st = compile_failed(name, argv, src_path, why, &out, truncated);
     }
     rfi_sb_free(&out);
+    return st;
+}
+
+/* ---- Modules in parts -------------------------------------------------------------------- *
+ * A large generated source declares `#define RF_PARTS n` near its top
+ * (render_c.c): compiled once per part with -DRF_PART=p, in parallel, and
+ * linked, it builds the same module as compiled whole, in less wall time
+ * (measured on a ResNet step on 2 cores: 2.8 s whole, 2.0 s in 7 parts). */
+#define PARTS_MAX 16
+#define PARTS_SCAN 65536 /* bytes of the source searched for RF_PARTS */
+
+/* The number of parts src_path declares (1: none, or unreadable: compile whole). */
+static int source_parts(const char *src_path)
+{
+    FILE *f = fopen(src_path, "re");
+    if (!f)
+        return 1;
+    char *head = rfi_malloc(PARTS_SCAN + 1);
+    size_t n = head ? fread(head, 1, PARTS_SCAN, f) : 0;
+    fclose(f);
+    if (!head)
+        return 1;
+    head[n] = '\0';
+    static const char line[] = "#define RF_PARTS ";
+    const char *at = head;
+    if (strncmp(head, line, strlen(line)) != 0) {
+        at = strstr(head, "\n#define RF_PARTS ");
+        at = at ? at + 1 : NULL;
+    }
+    int parts = at ? atoi(at + strlen(line)) : 1;
+    rfi_free(head);
+    return parts >= 2 && parts <= PARTS_MAX ? parts : 1;
+}
+
+typedef struct part_job {
+    const compiler_info *ci;
+    char *argv[N_COMPILE_FLAGS + 8];
+    char define[32], obj[PATH_MAX];
+    rfi_strbuf out;
+    bool truncated, started;
+    int ws;
+    int err; /* errno when the compiler could not be started */
+} part_job;
+
+static void *compile_part(void *arg)
+{
+    part_job *j = arg;
+    j->err = run_program(j->ci->exec_path, j->argv, &j->out, &j->truncated, &j->ws) != 0 ? errno
+                                                                                         : 0;
+    return NULL;
+}
+
+/* Compiles part p of src_path into j->obj (its argv, without -shared). */
+static void part_argv(part_job *j, const compiler_info *ci, const char *src_path,
+                      const char *out_path, int p)
+{
+    j->ci = ci;
+    snprintf(j->define, sizeof j->define, "-DRF_PART=%d", p);
+    snprintf(j->obj, sizeof j->obj, "%s.part%d.o", out_path, p);
+    int a = 0;
+    j->argv[a++] = (char *)ci->name;
+    for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
+        if (strcmp(compile_flags[i], "-shared") != 0)
+            j->argv[a++] = (char *)compile_flags[i];
+    j->argv[a++] = "-c";
+    j->argv[a++] = j->define;
+    j->argv[a++] = "-o";
+    j->argv[a++] = j->obj;
+    j->argv[a++] = (char *)src_path;
+    j->argv[a] = NULL;
+}
+
+/* The failure of one program run (argv, wait status or errno, output). */
+static rf_status run_failed(const char *name, char *const argv[], const char *src_path, int err,
+                            int ws, const rfi_strbuf *out, bool truncated)
+{
+    char why[128];
+    if (err)
+        snprintf(why, sizeof why, "cannot start the compiler: %s", strerror(err));
+    else
+        describe_status(why, sizeof why, ws);
+    return compile_failed(name, argv, src_path, why, out, truncated);
+}
+
+/* Compiles the parts in parallel (one thread each, waiting on its compiler),
+ * then links them into out_path; the objects are removed either way. */
+static rf_status compile_parts(const compiler_info *ci, const char *src_path,
+                               const char *out_path, const char *name, int parts)
+{
+    part_job *jobs = rfi_calloc((size_t)parts, sizeof *jobs);
+    pthread_t *threads = rfi_calloc((size_t)parts, sizeof *threads);
+    if (!jobs || !threads) {
+        rfi_free(jobs);
+        rfi_free(threads);
+        return rfi_error(RF_E_NOMEM, "compiling module %s: out of memory", name);
+    }
+    for (int p = 0; p < parts; p++) {
+        part_argv(&jobs[p], ci, src_path, out_path, p);
+        jobs[p].started = pthread_create(&threads[p], NULL, compile_part, &jobs[p]) == 0;
+        if (!jobs[p].started) /* no thread: compile it here */
+            compile_part(&jobs[p]);
+    }
+    rf_status st = RF_OK;
+    for (int p = 0; p < parts; p++) {
+        if (jobs[p].started)
+            pthread_join(threads[p], NULL);
+        if (st == RF_OK && (jobs[p].err || !status_ok(jobs[p].ws)))
+            st = run_failed(name, jobs[p].argv, src_path, jobs[p].err, jobs[p].ws, &jobs[p].out,
+                            jobs[p].truncated);
+    }
+    if (st == RF_OK) {
+        char **argv = rfi_calloc((size_t)parts + 8, sizeof *argv);
+        if (!argv) {
+            st = rfi_error(RF_E_NOMEM, "compiling module %s: out of memory", name);
+        } else {
+            int a = 0;
+            argv[a++] = (char *)ci->name;
+            argv[a++] = "-shared";
+            argv[a++] = "-o";
+            argv[a++] = (char *)out_path;
+            for (int p = 0; p < parts; p++)
+                argv[a++] = jobs[p].obj;
+            argv[a++] = "-lm";
+            argv[a] = NULL;
+            rfi_strbuf out = {0};
+            bool truncated = false;
+            int ws = 0;
+            int err = run_program(ci->exec_path, argv, &out, &truncated, &ws) != 0 ? errno : 0;
+            if (err || !status_ok(ws))
+                st = run_failed(name, argv, src_path, err, ws, &out, truncated);
+            rfi_sb_free(&out);
+            rfi_free(argv);
+        }
+    }
+    for (int p = 0; p < parts; p++) {
+        unlink(jobs[p].obj);
+        rfi_sb_free(&jobs[p].out);
+    }
+    rfi_free(jobs);
+    rfi_free(threads);
     return st;
 }
 

@@ -5,8 +5,9 @@
  * gcc -fopenmp-simd vectorises them through libmvec; link with -lm), small
  * static inline helpers with the interpreter's integer and NaN semantics, one
  * function per kernel over a range of its outermost loop
- * (`static void k<step>_<name>(void *ctx, int64_t lo, int64_t hi)`, its base
- * pointers in a ctx struct), and the entry point rf_module_run_v1, which runs
+ * (`RF_KERNEL void k<step>_<name>(void *ctx, int64_t lo, int64_t hi)`, static
+ * unless the module is compiled in parts, its base pointers in a ctx struct),
+ * and the entry point rf_module_run_v1, which runs
  * the steps in order: kernels directly or through the runtime's parallel_for
  * when they are large, calls through the runtime's `call`, copies by memcpy.
  *
@@ -119,6 +120,7 @@ typedef struct render {
     const rfi_kir_kernel *k;
     char (*names)[32];               /* per instruction */
     char (*base_names)[32];          /* per base */
+    rfi_strbuf *def;                 /* where a kernel's functions go (sb: the rest) */
 } render;
 
 static const char *ctype(rf_dtype dt)
@@ -1121,7 +1123,7 @@ static void combine_function(render *R, const char *kname, const bool *live, con
         snprintf(part, sizeof part, "c->part[q * %lld + %s]", (long long)sc->kept, kl);
     putf(R->sb, "/* Folds each point's %lld partials in chunk order, then stores. */\n",
                   (long long)sc->chunks);
-    putf(R->sb, "static void %s_combine(const struct %s_ctx *c)\n{\n", kname, kname);
+    putf(R->sb, "RF_KERNEL void %s_combine(const struct %s_ctx *c)\n{\n", kname, kname);
     declare_bases(R, used);
     statements(R, live, 0, 1);
     open_kept_loops(R, 1, false);
@@ -1142,7 +1144,7 @@ static void combine_function(render *R, const char *kname, const bool *live, con
 
 static void function_head(render *R, const char *kname)
 {
-    putf(R->sb, "static void %s(void *ctx, int64_t lo, int64_t hi)\n{\n", kname);
+    putf(R->sb, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi)\n{\n", kname);
     putf(R->sb, "    const struct %s_ctx *c = ctx;\n", kname);
 }
 
@@ -1310,7 +1312,11 @@ static void unrolled_body(render *R, const bool *live)
     rfi_free(saved);
 }
 
-/* The kernel's ctx struct and functions; fold_live and out_live are scratch. */
+static void one_function(render *R, const char *kname, const schedule *sc, const bool *live,
+                         bool *fold_live, bool *out_live, bool *base_used);
+
+/* The kernel's comment, ctx struct and declarations into R->sb, its
+ * functions into R->def; fold_live and out_live are scratch. */
 static void kernel_functions(render *R, const bool *live, bool *fold_live, bool *out_live,
                              bool *base_used)
 {
@@ -1320,14 +1326,29 @@ static void kernel_functions(render *R, const bool *live, bool *fold_live, bool 
     kernel_name(k, kname, sizeof kname);
     comment(R, k->comment ? k->comment : kname, 0);
     ctx_struct(R, base_used, kname, &sc);
-    if (sc.form == SCHED_SPLIT) {
+    /* declared before any part's code: the entry point's part calls it */
+    putf(R->sb, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi);\n", kname);
+    if (sc.form == SCHED_SPLIT)
+        putf(R->sb, "RF_KERNEL void %s_combine(const struct %s_ctx *c);\n", kname, kname);
+    put(R->sb, "\n");
+    rfi_strbuf *decl = R->sb;
+    R->sb = R->def;
+    if (sc.form == SCHED_SPLIT)
         split_functions(R, kname, &sc, fold_live, out_live, base_used);
-        return;
-    }
+    else
+        one_function(R, kname, &sc, live, fold_live, out_live, base_used);
+    R->sb = decl;
+}
+
+/* The function of a kernel that is not a split reduction. */
+static void one_function(render *R, const char *kname, const schedule *sc, const bool *live,
+                         bool *fold_live, bool *out_live, bool *base_used)
+{
+    const rfi_kir_kernel *k = R->k;
     function_head(R, kname);
     declare_bases(R, base_used);
     statements(R, live, 0, 1);
-    if (sc.form == SCHED_INTERCHANGED) {
+    if (sc->form == SCHED_INTERCHANGED) {
         fold_out_liveness(k, fold_live, out_live);
         interchanged_body(R, fold_live, out_live);
     } else if (unroll_reduction(k)) {
@@ -1527,31 +1548,102 @@ static void prelude(rfi_strbuf *sb, const render *R)
     }
 }
 
+/* ---- Parts ------------------------------------------------------------------------------ *
+ * gcc takes about 5 ms per KB of this C at -O2 (2.9 s for a ResNet step's
+ * 517 KB), in one process. A large module is therefore cut into parts that
+ * the driver compiles in parallel and links (cc.c): each kernel's functions
+ * and the entry point are compiled in one part (RF_IN_PART), the prelude, the
+ * ctx structs and the kernels' declarations in all. Compiled as one file,
+ * the same source is the whole module. Parts hold about the same number of
+ * bytes of functions, in step order, the entry point last. gcc's time per
+ * byte varies from kernel to kernel, so there are more parts than cores: the
+ * driver starts them all and the cores even out the differences. */
+#define PART_BYTES (40 * 1024) /* ~0.2 s of gcc */
+#define MAX_PARTS 8
+
+static const char parts_block[] =
+    "#ifndef RF_PART /* compiled whole: every part, kernels static */\n"
+    "#define RF_KERNEL static\n"
+    "#define RF_IN_PART(p) 1\n"
+    "#else /* one part of several, compiled apart and linked into one module */\n"
+    "#define RF_KERNEL __attribute__((visibility(\"hidden\")))\n"
+    "#define RF_IN_PART(p) ((p) == RF_PART)\n"
+    "#endif\n\n";
+
+/* The functions of piece i (kernels in step order, then the entry point)
+ * into out, inside its part's guard when the module has several. */
+static void put_pieces(rfi_strbuf *out, const rfi_strbuf *decl, const rfi_strbuf *def,
+                       int n, size_t total, int parts)
+{
+    size_t done = 0;
+    for (int i = 0; i < n; i++) {
+        if (decl[i].len == 0 && def[i].len == 0)
+            continue; /* a step that is no kernel */
+        if (decl[i].data)
+            put_n(out, decl[i].data, decl[i].len);
+        if (parts > 1) { /* the part its middle byte falls in */
+            size_t part = (done + def[i].len / 2) * (size_t)parts / (total ? total : 1);
+            if (part >= (size_t)parts)
+                part = (size_t)parts - 1;
+            putf(out, "#if RF_IN_PART(%d)\n\n", (int)part);
+        }
+        if (def[i].data)
+            put_n(out, def[i].data, def[i].len);
+        if (parts > 1)
+            put(out, "#endif\n\n");
+        done += def[i].len;
+    }
+}
+
 rf_status rfi_render_c(const rfi_kir_module *m, char **source)
 {
     *source = NULL;
-    rfi_strbuf body = {0}, out = {0};
+    rfi_strbuf out = {0};
     render R;
     memset(&R, 0, sizeof R);
-    R.sb = &body;
-    rf_status st = RF_OK;
+    int n = m->n_steps + 1; /* pieces: one per step (most empty), then the entry point */
+    rfi_strbuf *decl = rfi_calloc((size_t)n, sizeof *decl);
+    rfi_strbuf *def = rfi_calloc((size_t)n, sizeof *def);
+    rf_status st = decl && def ? RF_OK : rfi_error(RF_E_NOMEM, "render_c: out of memory");
     for (int i = 0; i < m->n_steps && st == RF_OK; i++)
-        if (m->steps[i].kind == RFI_KIR_STEP_KERNEL)
+        if (m->steps[i].kind == RFI_KIR_STEP_KERNEL) {
+            R.sb = &decl[i];
+            R.def = &def[i];
             st = render_kernel(&R, m->steps[i].kernel);
-    if (st == RF_OK)
+        }
+    size_t total = 0, body = 0;
+    bool failed = false;
+    if (st == RF_OK) {
+        R.sb = &def[n - 1];
         entry(&R, m);
-    if (st == RF_OK && rfi_sb_reserve(&out, body.len + sizeof abi_block + 8192)) {
+        for (int i = 0; i < n; i++) {
+            total += def[i].len;
+            body += def[i].len + decl[i].len;
+            failed |= def[i].failed || decl[i].failed;
+        }
+    }
+    int parts = (int)(total / PART_BYTES);
+    parts = parts < 1 ? 1 : parts > MAX_PARTS ? MAX_PARTS : parts;
+    if (st == RF_OK && !failed && rfi_sb_reserve(&out, body + sizeof abi_block + 8192)) {
         putf(&out, "/* Generated by reflux: %d steps. Compile with -O2 -fopenmp-simd "
                             "-fno-math-errno -std=c11 -fPIC -shared, link with -lm. */\n",
                       m->n_steps);
         put_n(&out, abi_block, sizeof abi_block - 1);
         put(&out, "#include <float.h>\n#include <math.h>\n#include <string.h>\n\n");
+        if (parts > 1)
+            putf(&out, "#define RF_PARTS %d /* compile with -DRF_PART=0..%d and link */\n",
+                          parts, parts - 1);
+        put_n(&out, parts_block, sizeof parts_block - 1);
         prelude(&out, &R);
-        if (body.data)
-            put_n(&out, body.data, body.len);
+        put_pieces(&out, decl, def, n, total, parts);
     }
-    bool failed = body.failed || out.failed;
-    rfi_sb_free(&body);
+    failed |= out.failed;
+    for (int i = 0; decl && def && i < n; i++) {
+        rfi_sb_free(&decl[i]);
+        rfi_sb_free(&def[i]);
+    }
+    rfi_free(decl);
+    rfi_free(def);
     if (st != RF_OK || failed) {
         rfi_sb_free(&out);
         return st != RF_OK ? st : rfi_error(RF_E_NOMEM, "render_c: out of memory");
