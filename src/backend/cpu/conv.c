@@ -26,9 +26,10 @@
  * from and to the plain buffers. Forward and backward-weights 3x3 forms with
  * enough channels use oneDNN's Winograd algorithm instead of its direct one
  * (winograd_wanted: measured faster there, and its rounding error stays
- * within the tests' 1e-5 bound relative to sum |x||w|). RF_CONV_PATH (im2col, forward, bwd-weights,
- * bwd-data) in the environment before prepare forces a path (if the form
- * allows it; else im2col): for tests and benchmarks.
+ * within the tests' 1e-5 bound relative to sum |x||w|). RF_CONV_PATH
+ * (im2col, forward, bwd-weights, bwd-data) in the environment before prepare
+ * forces a path (if the form allows it; else im2col): for tests and
+ * benchmarks.
  *
  * A CALL step's epilogue (plan.h) runs inside oneDNN's forward convolution
  * when that path is taken and accepts it: a leading per-channel bias as the

@@ -1570,8 +1570,9 @@ static const char parts_block[] =
     "#define RF_IN_PART(p) ((p) == RF_PART)\n"
     "#endif\n\n";
 
-/* The functions of piece i (kernels in step order, then the entry point)
- * into out, inside its part's guard when the module has several. */
+/* The pieces into out (kernels in step order, then the entry point): each
+ * one's declarations, then its functions, inside its part's guard when the
+ * module has several parts. */
 static void put_pieces(rfi_strbuf *out, const rfi_strbuf *decl, const rfi_strbuf *def,
                        int n, size_t total, int parts)
 {

@@ -159,7 +159,9 @@ RFI_FUNC bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k,
                                       const dnnl_memory_desc_t **user,
                                       const dnnl_memory_desc_t **inner, size_t *bytes);
 RFI_FUNC void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills);
-/* Which path a prepared convolution takes: "im2col" or "direct" (for benches). */
+/* Which path a prepared convolution takes: "im2col", or oneDNN's "forward",
+ * "bwd-weights" or "bwd-data", with "-winograd" for its Winograd kernels (for
+ * profiles, tests and benches). */
 RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
 
 /* Native kernels for FALLBACK steps (pool.c): SELECT_AND_SCATTER and
