@@ -249,18 +249,6 @@ static void truncate_by_rename(const char *path)
     CHECK(rename(tmp, path) == 0);
 }
 
-static void remove_tree(const char *path)
-{
-    char *argv[] = {"rm", "-rf", (char *)path, NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-        execvp("rm", argv);
-        _exit(127);
-    }
-    int ws;
-    waitpid(pid, &ws, 0);
-}
-
 /* ---- Tests ------------------------------------------------------------------------------ */
 
 static void test_first_load_and_hit(void)
@@ -860,6 +848,6 @@ int main(int argc, char **argv)
     test_index_compares_the_description();
     test_no_index_in_fallback_dir();
     test_build_id();
-    remove_tree(root);
+    tu_remove_tree(root);
     return tu_finish("test_disk_cache");
 }

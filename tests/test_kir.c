@@ -947,6 +947,18 @@ static void test_reduce_window(void)
     rfi_graph_free(g);
 }
 
+/* The f32 product of 2-D x and y over x's dim lc and y's dim rc, [rows, cols]. */
+static rfi_node *dot_2d(rfi_graph *g, rfi_node *x, rfi_node *y, int64_t lc, int64_t rc,
+                        int64_t rows, int64_t cols)
+{
+    rfi_attrs at = {0};
+    set_list(&at, 2, &lc, 1);
+    set_list(&at, 3, &rc, 1);
+    int64_t dims[] = {rows, cols};
+    rfi_node *in[2] = {x, y};
+    return mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, dims, 2);
+}
+
 static void test_dot(rf_dtype dt)
 {
     targ a[2] = {{dt, 3, {2, 3, 4}}, {dt, 3, {4, 2, 5}}};
@@ -1004,13 +1016,7 @@ static void test_dot_unrolled(void)
     targ a[2] = {{RF_F32, 2, {1, 40}}, {RF_F32, 2, {2001, 40}}};
     rfi_graph *g = g_new(a, 2);
     rfi_node *x = g_arg(g, 0), *w = g_arg(g, 1);
-    rfi_attrs at = {0};
-    int64_t lc[] = {1}, rc[] = {1};
-    set_list(&at, 2, lc, 1);
-    set_list(&at, 3, rc, 1);
-    int64_t dims[] = {1, 2001};
-    rfi_node *in[2] = {x, w};
-    rfi_node *d = mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, dims, 2);
+    rfi_node *d = dot_2d(g, x, w, 1, 1, 1, 2001);
     CHECK_OK(rfi_graph_add_output(g, d));
     plan_opts o = {0};
     rfi_plan *p = hand_plan(g, &o);
@@ -1527,13 +1533,7 @@ static void test_errors(void)
     targ a[2] = {{RF_F32, 2, {2, 3}}, {RF_F32, 2, {3, 2}}};
     rfi_graph *g = g_new(a, 2);
     rfi_node *x = g_arg(g, 0), *y = g_arg(g, 1);
-    rfi_attrs at = {0};
-    int64_t lc[] = {1}, rc[] = {0};
-    set_list(&at, 2, lc, 1);
-    set_list(&at, 3, rc, 1);
-    int64_t dims[] = {2, 2};
-    rfi_node *in[2] = {x, y};
-    rfi_node *d = mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, dims, 2);
+    rfi_node *d = dot_2d(g, x, y, 1, 0, 2, 2);
     rfi_node *z = un(g, RFI_OP_NEG, d);
     CHECK_OK(rfi_graph_add_output(g, z));
     plan_opts o = {0};

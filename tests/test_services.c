@@ -459,6 +459,13 @@ static void test_conv(const char *path)
     unsetenv("RF_CONV_PATH");
 }
 
+/* The CPU has what oneDNN's Winograd kernels need (its avx512_core). */
+static bool has_avx512_core(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
 /* The rule's choices that depend on the form: Winograd for 3x3 stride-1
  * forward and weight-gradient forms with >= 32 channels (where oneDNN has it:
  * AVX-512 CPUs), backward-data for the widely padded input gradient of an
@@ -472,8 +479,7 @@ static void test_conv_rule_paths(void)
                                           {40, 4, 9, 9}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1};
     static const conv_case input_grad = {"unpadded 3x3 input grad", 4, {4, 40, 9, 9},
                                          {32, 40, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0}, 1, 1};
-    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    bool avx512 = has_avx512_core();
     case_result f = run_conv(&forward, RF_F32, false);
     case_result k = run_conv(&kernel_grad, RF_F32, true);
     case_result d = run_conv(&input_grad, RF_F32, false);
@@ -519,8 +525,7 @@ static void test_conv_winograd_everywhere(void)
     unsetenv("RF_CONV_WINOGRAD");
     printf("conv RF_CONV_WINOGRAD=1: %d of %d forms on Winograd, worst relative error %.3g\n",
            wino, n, worst);
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    if (has_avx512_core())
         CHECK(wino >= 2); /* the two 16-channel forms */
 }
 

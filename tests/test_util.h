@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "reflux.h"
 
@@ -59,6 +61,20 @@ static int tu_checks;
                     rf_errmsg(), (needle));                                           \
         }                                                                             \
     } while (0)
+
+/* Removes a temporary directory tree (rm -rf, run without a shell). */
+static inline void tu_remove_tree(const char *path)
+{
+    char *argv[] = {"rm", "-rf", (char *)path, NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp("rm", argv);
+        _exit(127);
+    }
+    int ws;
+    if (pid > 0)
+        waitpid(pid, &ws, 0);
+}
 
 /* Prints a summary and returns the exit code for main. */
 static inline int tu_finish(const char *name)

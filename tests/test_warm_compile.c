@@ -210,18 +210,6 @@ static int child_main(void)
     return o.ok ? 0 : 1;
 }
 
-static void remove_tree(const char *path)
-{
-    char *argv[] = {"rm", "-rf", (char *)path, NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-        execvp("rm", argv);
-        _exit(127);
-    }
-    int ws;
-    waitpid(pid, &ws, 0);
-}
-
 /* ---- Tests ------------------------------------------------------------------------------- */
 
 static uint64_t fresh_digest;
@@ -372,6 +360,6 @@ int main(int argc, char **argv)
     test_index_to_missing_module_falls_back();
     test_dump_always_generates();
     test_node_order_is_part_of_the_description();
-    remove_tree(root);
+    tu_remove_tree(root);
     return tu_finish("test_warm_compile");
 }

@@ -14,7 +14,7 @@
 
 /* ---- Element conversion ---------------------------------------------------------- */
 
-static double load_double(rf_dtype dt, const void *p, int64_t i)
+double rfi_element_as_double(rf_dtype dt, const void *p, int64_t i)
 {
     switch (dt) {
     case RF_F32: return ((const float *)p)[i];
@@ -328,5 +328,5 @@ double rf_to_number(const rf_array *a)
                   (long long)a->numel);
         return NAN;
     }
-    return load_double(a->dtype, a->data, 0);
+    return rfi_element_as_double(a->dtype, a->data, 0);
 }

@@ -34,6 +34,9 @@ RFI_FUNC void rfi_array_release(rf_array *a);
 /* A new uninitialised array (refs = 1); NULL with RF_E_NOMEM/RF_E_INVALID set. */
 RFI_FUNC rf_array *rfi_array_alloc(rf_device *dev, rf_dtype dt, const int64_t *dims, int rank);
 RFI_FUNC bool rfi_device_is_compute(const rf_device *dev);
+/* Element i of a buffer of dtype dt as a double (bool: 0 or 1; unknown
+ * dtypes: NaN). */
+RFI_FUNC double rfi_element_as_double(rf_dtype dt, const void *p, int64_t i);
 
 /* ---- Backends --------------------------------------------------------------------
  * A backend turns a verified program into something it can run. `prepare`

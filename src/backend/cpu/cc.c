@@ -413,6 +413,34 @@ static rf_status compile_failed(const char *name, char *const argv[], const char
     return st;
 }
 
+/* The failure of one compiler run (argv, errno when it could not start,
+ * else its wait status, and its output). */
+static rf_status run_failed(const char *name, char *const argv[], const char *src_path, int err,
+                            int ws, const rfi_strbuf *out, bool truncated)
+{
+    char why[128];
+    if (err)
+        snprintf(why, sizeof why, "cannot start the compiler: %s", strerror(err));
+    else
+        describe_status(why, sizeof why, ws);
+    return compile_failed(name, argv, src_path, why, out, truncated);
+}
+
+/* Runs the compiler with argv; an error names the command and quotes its output. */
+static rf_status run_compiler(const compiler_info *ci, char *const argv[], const char *src_path,
+                              const char *name)
+{
+    rfi_strbuf out = {0};
+    bool truncated = false;
+    int ws = 0;
+    int err = run_program(ci->exec_path, argv, &out, &truncated, &ws) != 0 ? errno : 0;
+    rf_status st = RF_OK;
+    if (err || !status_ok(ws))
+        st = run_failed(name, argv, src_path, err, ws, &out, truncated);
+    rfi_sb_free(&out);
+    return st;
+}
+
 static rf_status compile_parts(const compiler_info *ci, const char *src_path,
                                const char *out_path, const char *name, int parts);
 static int source_parts(const char *src_path);
@@ -436,20 +464,7 @@ static rf_status compile_with(const compiler_info *ci, const char *src_path,
     argv[a++] = "-lm";
     argv[a] = NULL;
     atomic_fetch_add(&n_compiles, 1);
-    rfi_strbuf out = {0};
-    bool truncated = false;
-    int ws = 0;
-    char why[128];
-    rf_status st = RF_OK;
-    if (run_program(ci->exec_path, argv, &out, &truncated, &ws) != 0) {
-        snprintf(why, sizeof why, "cannot start the compiler: %s", strerror(errno));
-        st = compile_failed(name, argv, src_path, why, &out, truncated);
-    } else if (!status_ok(ws)) {
-        describe_status(why, sizeof why, ws);
-        st = compile_failed(name, argv, src_path, why, &out, truncated);
-    }
-    rfi_sb_free(&out);
-    return st;
+    return run_compiler(ci, argv, src_path, name);
 }
 
 /* ---- Modules in parts -------------------------------------------------------------------- *
@@ -521,18 +536,6 @@ static void part_argv(part_job *j, const compiler_info *ci, const char *src_path
     j->argv[a] = NULL;
 }
 
-/* The failure of one program run (argv, wait status or errno, output). */
-static rf_status run_failed(const char *name, char *const argv[], const char *src_path, int err,
-                            int ws, const rfi_strbuf *out, bool truncated)
-{
-    char why[128];
-    if (err)
-        snprintf(why, sizeof why, "cannot start the compiler: %s", strerror(err));
-    else
-        describe_status(why, sizeof why, ws);
-    return compile_failed(name, argv, src_path, why, out, truncated);
-}
-
 /* Compiles the parts in parallel (one thread each, waiting on its compiler),
  * then links them into out_path; the objects are removed either way. */
 static rf_status compile_parts(const compiler_info *ci, const char *src_path,
@@ -573,13 +576,7 @@ static rf_status compile_parts(const compiler_info *ci, const char *src_path,
                 argv[a++] = jobs[p].obj;
             argv[a++] = "-lm";
             argv[a] = NULL;
-            rfi_strbuf out = {0};
-            bool truncated = false;
-            int ws = 0;
-            int err = run_program(ci->exec_path, argv, &out, &truncated, &ws) != 0 ? errno : 0;
-            if (err || !status_ok(ws))
-                st = run_failed(name, argv, src_path, err, ws, &out, truncated);
-            rfi_sb_free(&out);
+            st = run_compiler(ci, argv, src_path, name);
             rfi_free(argv);
         }
     }

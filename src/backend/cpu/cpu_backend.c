@@ -389,14 +389,7 @@ static double distance(rf_dtype dt, const void *a, const void *b, int64_t n, int
     const double rtol = 1e-4, atol = dt == RF_F64 ? 1e-12 : 1e-6;
     double worst = 0;
     for (int64_t i = 0; i < n; i++) {
-        double x, y;
-        switch (dt) {
-        case RF_F32: x = ((const float *)a)[i], y = ((const float *)b)[i]; break;
-        case RF_F64: x = ((const double *)a)[i], y = ((const double *)b)[i]; break;
-        case RF_I32: x = ((const int32_t *)a)[i], y = ((const int32_t *)b)[i]; break;
-        case RF_I64: x = (double)((const int64_t *)a)[i], y = (double)((const int64_t *)b)[i]; break;
-        default: x = ((const uint8_t *)a)[i], y = ((const uint8_t *)b)[i]; break;
-        }
+        double x = rfi_element_as_double(dt, a, i), y = rfi_element_as_double(dt, b, i);
         if (x == y || (isnan(x) && isnan(y)))
             continue;
         bool exact = dt != RF_F32 && dt != RF_F64;
@@ -428,18 +421,6 @@ static rf_status check_before(cpu_state *s, const rfi_graph *g, const rfi_run_io
     return st;
 }
 
-/* Element i of a buffer of dtype dt, as a double (for messages). */
-static double element(rf_dtype dt, const void *p, int64_t i)
-{
-    switch (dt) {
-    case RF_F32: return ((const float *)p)[i];
-    case RF_F64: return ((const double *)p)[i];
-    case RF_I32: return ((const int32_t *)p)[i];
-    case RF_I64: return (double)((const int64_t *)p)[i];
-    default: return ((const uint8_t *)p)[i];
-    }
-}
-
 static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **scratch)
 {
     rf_status st = RF_OK;
@@ -451,8 +432,8 @@ static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **sc
             st = rfi_error(RF_E_INTERNAL, "RF_CHECK: output %d (%%%d %s) element %lld is %.9g, "
                            "the interpreter's %.9g: %.3g tolerances apart", i, x->id,
                            rfi_op_table[x->op].name, (long long)at,
-                           element(x->dtype, io->outputs[i], at),
-                           element(x->dtype, scratch[i], at), d);
+                           rfi_element_as_double(x->dtype, io->outputs[i], at),
+                           rfi_element_as_double(x->dtype, scratch[i], at), d);
     }
     for (int i = 0; i < g->n_updates && st == RF_OK; i++) {
         const rf_array *a = g->captures[g->updates[i].capture];
@@ -460,8 +441,9 @@ static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **sc
         if (d > 1)
             st = rfi_error(RF_E_INTERNAL, "RF_CHECK: update %d (capture %d) element %lld is "
                            "%.9g, the interpreter's %.9g: %.3g tolerances apart", i,
-                           g->updates[i].capture, (long long)at, element(a->dtype, a->data, at),
-                           element(a->dtype, scratch[g->n_outputs + i], at), d);
+                           g->updates[i].capture, (long long)at,
+                           rfi_element_as_double(a->dtype, a->data, at),
+                           rfi_element_as_double(a->dtype, scratch[g->n_outputs + i], at), d);
     }
     for (int i = 0; i < g->n_outputs + g->n_updates; i++)
         rfi_free(scratch[i]);
