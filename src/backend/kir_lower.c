@@ -221,10 +221,29 @@ static int base_of(lower *L, const rfi_node *n, bool written)
     return rfi_kir_base_get(L->k, buffer, offset, n->dtype, rfi_node_nbytes(n), written, n->id);
 }
 
+/* The element offset of index ix in n's buffer: row-major, or the
+ * channel-blocked offset (plan.h, rfi_layout_offset) from the multi-index,
+ * which the division splitting (kir.c) makes affine when the channel is
+ * block * 16 + lane. */
+static int buffer_index(lower *L, const rfi_node *n, kidx *ix)
+{
+    if (rfi_node_numel(n) == 1)
+        return cst(L, 0);
+    if (rfi_plan_layout(L->p, n->id) != RFI_LAYOUT_C16)
+        return idx_lin(L, ix);
+    const int *m = idx_multi(L, ix);
+    int lane = iop(L, RFI_KIR_IREM, m[1], cst(L, RFI_LAYOUT_BLOCK));
+    int block = iop(L, RFI_KIR_IDIV, m[1], cst(L, RFI_LAYOUT_BLOCK));
+    int at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[0], cst(L, n->dims[1] / RFI_LAYOUT_BLOCK)),
+                 block);
+    at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, n->dims[2])), m[2]);
+    at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, n->dims[3])), m[3]);
+    return iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, RFI_LAYOUT_BLOCK)), lane);
+}
+
 static int load_node(lower *L, const rfi_node *n, kidx *ix)
 {
-    int index = rfi_node_numel(n) == 1 ? cst(L, 0) : idx_lin(L, ix);
-    return rfi_kir_load(L->k, base_of(L, n, false), index, n->id);
+    return rfi_kir_load(L->k, base_of(L, n, false), buffer_index(L, n, ix), n->id);
 }
 
 /* The constant's value when all its elements are equal (a literal), else -1. */
@@ -567,7 +586,7 @@ static void kernel_name(rfi_kir_kernel *k, const rfi_node *root)
 
 static rf_status store_root(lower *L, const rfi_node *r, kidx *ix, int value)
 {
-    int index = rfi_node_numel(r) == 1 ? cst(L, 0) : idx_lin(L, ix);
+    int index = buffer_index(L, r, ix);
     int base = base_of(L, r, true);
     if (base < 0)
         return L->status != RF_OK ? L->status : RF_E_NOMEM;
@@ -583,6 +602,77 @@ static void reset_kernel(lower *L, int step)
     L->wants_multi = false;
 }
 
+/* The outer loops over root r's shape, in the order its buffer stores it:
+ * row-major, or for a channel-blocked root [N, C/16, H, W, 16] with channel
+ * block * 16 + lane, so the kernel walks the buffer contiguously. m receives
+ * r's multi-index. */
+static void blocked_loops(lower *L, const rfi_node *r, int *m)
+{
+    m[0] = loop_var(L, r->dims[0], false);
+    int block = loop_var(L, r->dims[1] / RFI_LAYOUT_BLOCK, false);
+    m[2] = loop_var(L, r->dims[2], false);
+    m[3] = loop_var(L, r->dims[3], false);
+    int lane = loop_var(L, RFI_LAYOUT_BLOCK, false);
+    m[1] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, RFI_LAYOUT_BLOCK)), lane);
+}
+
+static void root_loops(lower *L, const rfi_node *r, int *m)
+{
+    if (rfi_plan_layout(L->p, r->id) == RFI_LAYOUT_C16) {
+        blocked_loops(L, r, m);
+        return;
+    }
+    for (int d = 0; d < r->rank; d++)
+        m[d] = loop_var(L, r->dims[d], false);
+}
+
+/* The outer loops of a REDUCE step's result n, ordered by the channel-blocked
+ * layout where the step reads a blocked value (else root_loops): a pooling walks the operand's
+ * blocks whatever its result's layout, and a reduction keeping the channels
+ * (a bias gradient) runs them as block and lane loops, the lane last, so
+ * that the renderer interchanges it (reduced loops outside, 16 lanes
+ * contiguous inside) instead of striding through the operand per channel. */
+static bool reads_blocked(const lower *L, const int *ids, int count)
+{
+    for (int i = 0; i < count; i++) {
+        const rfi_node *v = L->g->nodes[ids[i]];
+        for (int j = 0; j < v->n_in; j++)
+            if (L->p->loc[v->in[j]->id].kind != RFI_LOC_INLINE &&
+                rfi_plan_layout(L->p, v->in[j]->id) == RFI_LAYOUT_C16)
+                return true;
+    }
+    return false;
+}
+
+static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m)
+{
+    const rfi_node *x = n->n_in > 0 ? n->in[0] : NULL;
+    bool blocked_x = x && x->rank == 4 && x->dims[1] % RFI_LAYOUT_BLOCK == 0 &&
+                     (reads_blocked(L, st->roots, st->n_roots) ||
+                      reads_blocked(L, st->fused, st->n_fused));
+    if (blocked_x && n->op == RFI_OP_REDUCE_WINDOW && n->rank == 4 &&
+        n->dims[1] == x->dims[1]) {
+        blocked_loops(L, n, m);
+        return;
+    }
+    bool reduced[RF_MAX_RANK] = {false};
+    for (int a = 0; n->op == RFI_OP_REDUCE && a < n->attr.nl[0]; a++)
+        reduced[n->attr.l[0][a]] = true;
+    if (!blocked_x || n->op != RFI_OP_REDUCE || reduced[1] ||
+        rfi_plan_layout(L->p, n->id) == RFI_LAYOUT_C16) {
+        root_loops(L, n, m);
+        return;
+    }
+    int channel = reduced[0] ? 0 : 1, block = -1; /* the result's dim holding x's channels */
+    for (int d = 0; d < n->rank; d++)
+        if (d == channel)
+            block = loop_var(L, n->dims[d] / RFI_LAYOUT_BLOCK, false);
+        else
+            m[d] = loop_var(L, n->dims[d], false);
+    int lane = loop_var(L, RFI_LAYOUT_BLOCK, false);
+    m[channel] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, RFI_LAYOUT_BLOCK)), lane);
+}
+
 /* One attempt at a LOOP kernel: flat (one loop over all elements) or over the shape. */
 static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
 {
@@ -593,8 +683,7 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
     if (flat)
         vars[0] = loop_var(L, rfi_node_numel(r0), false);
     else
-        for (int d = 0; d < r0->rank; d++)
-            vars[d] = loop_var(L, r0->dims[d], false);
+        root_loops(L, r0, vars);
     for (int r = 0; r < st->n_roots; r++) {
         const rfi_node *root = L->g->nodes[st->roots[r]];
         if (root->rank != r0->rank || rfi_node_numel(root) != rfi_node_numel(r0) ||
@@ -618,8 +707,9 @@ static rf_status lower_loop(lower *L, const rfi_step *st)
 {
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
     kernel_name(L->k, r0);
-    rf_status s = lower_loop_as(L, st, r0->rank >= 2);
-    if (s == RF_OK && r0->rank >= 2 && L->wants_multi) { /* flat needs div/mod: use the shape */
+    bool flat = r0->rank >= 2 && rfi_plan_layout(L->p, r0->id) == RFI_LAYOUT_PLAIN;
+    rf_status s = lower_loop_as(L, st, flat);
+    if (s == RF_OK && flat && L->wants_multi) { /* flat needs div/mod: use the shape */
         reset_kernel(L, L->k ? L->k->step : 0);
         if (!L->k)
             return RF_E_NOMEM;
@@ -908,7 +998,12 @@ static rf_status lower_reduce(lower *L, const rfi_step *st, const box *part)
     kernel_name(k, n);
     k->is_reduce = true;
     int m[RF_MAX_RANK];
+    bool whole = true;
     for (int d = 0; d < n->rank; d++)
+        whole = whole && part->lo[d] == 0 && part->hi[d] == n->dims[d];
+    if (whole)
+        reduce_loops(L, st, n, m);
+    for (int d = 0; d < n->rank && !whole; d++)
         m[d] = part->lo[d] == 0 && part->hi[d] == n->dims[d]
                    ? loop_var(L, n->dims[d], false)
                    : iop(L, RFI_KIR_IADD, loop_var(L, part->hi[d] - part->lo[d], false),

@@ -60,6 +60,7 @@ rfi_plan_opts rfi_plan_opts_default(void)
     const char *epi = getenv("RF_CALL_EPILOGUES");
     o.call_epilogues = !(epi && strcmp(epi, "0") == 0);
     o.conv_transposed_views = false;
+    o.blocked_activations = false;
     return o;
 }
 
@@ -284,6 +285,8 @@ rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan
         st = rfi_memplan(&b);
     if (st == RF_OK)
         st = finish_steps(&b);
+    if (st == RF_OK && b.opts.blocked_activations)
+        st = rfi_plan_choose_layouts(p);
     if (p->loc)
         builder_free(&b);
     if (st != RF_OK) {
@@ -413,7 +416,8 @@ static void print_loc(rfi_strbuf *sb, const rfi_plan *p, int x)
     case RFI_LOC_ALIAS: rfi_sb_printf(sb, "alias %%%d", l->alias); break;
     default: break;
     }
-    rfi_sb_printf(sb, " (%zu bytes)\n", bytes);
+    rfi_sb_printf(sb, " (%zu bytes)%s\n", bytes,
+                  rfi_plan_layout(p, x) == RFI_LAYOUT_C16 ? " c16" : "");
 }
 
 char *rfi_plan_print(const rfi_plan *p)

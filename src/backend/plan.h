@@ -30,6 +30,13 @@
 
 #include "../runtime/runtime.h"
 
+typedef enum rfi_layout {
+    RFI_LAYOUT_PLAIN = 0, /* row-major */
+    RFI_LAYOUT_C16,       /* [N, C, H, W] stored as [N, C/16, H, W, 16] */
+} rfi_layout;
+
+#define RFI_LAYOUT_BLOCK 16 /* channels per block of RFI_LAYOUT_C16 */
+
 typedef enum rfi_step_kind {
     RFI_STEP_LOOP,   /* fused elementwise loop nest over the roots' shape */
     RFI_STEP_REDUCE, /* one reduction root (REDUCE, REDUCE_WINDOW, small DOT_GENERAL) */
@@ -126,6 +133,8 @@ typedef struct rfi_plan {
      * [seg_extent[q]]. seg_offset is per node (-1: no segment root). */
     int64_t *seg_extent;
     int64_t *seg_offset;
+    /* Per node: its buffer's rfi_layout (NULL: every buffer is plain). */
+    unsigned char *layout;
     rfi_arena mem;       /* owns the arrays above */
 } rfi_plan;
 
@@ -149,6 +158,11 @@ typedef struct rfi_plan_opts {
      * sees the operand node's location INLINE and reads operand->in[0]).
      * Default off: a backend turns it on when its calls handle such views. */
     bool conv_transposed_views;
+    /* Keep the activations around convolutions channel-blocked (layout.c).
+     * Default off: a backend turns it on when its calls and kernels take the
+     * layout (the cpu backend, with oneDNN loaded; RF_BLOCKED=0 in the
+     * environment: off). */
+    bool blocked_activations;
 } rfi_plan_opts;
 
 RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);
@@ -162,6 +176,27 @@ RFI_FUNC int rfi_plan_arena_buffer(const rfi_plan *p);
 /* Counts of steps by kind (for fusion tests) and a readable dump for RF_DUMP
  * ("plan" stage): one line per step with its roots and fused nodes. Owned. */
 RFI_FUNC int rfi_plan_count(const rfi_plan *p, rfi_step_kind kind);
+/* Element (n, c, h, w) of an [N, C, H, W] value in layout l: its offset in
+ * elements. */
+static inline int64_t rfi_layout_offset(rfi_layout l, const int64_t *dims, int64_t n, int64_t c,
+                                        int64_t h, int64_t w)
+{
+    if (l == RFI_LAYOUT_PLAIN)
+        return ((n * dims[1] + c) * dims[2] + h) * dims[3] + w;
+    int64_t blocks = dims[1] / RFI_LAYOUT_BLOCK;
+    return (((n * blocks + c / RFI_LAYOUT_BLOCK) * dims[2] + h) * dims[3] + w) *
+               RFI_LAYOUT_BLOCK + c % RFI_LAYOUT_BLOCK;
+}
+/* The layout of node x's buffer. */
+static inline rfi_layout rfi_plan_layout(const rfi_plan *p, int x)
+{
+    return p->layout ? (rfi_layout)p->layout[x] : RFI_LAYOUT_PLAIN;
+}
+/* layout.c: chooses p->layout (called by rfi_plan_build when
+ * opts->blocked_activations). */
+RFI_FUNC rf_status rfi_plan_choose_layouts(rfi_plan *p);
+/* How many nodes have layout `l` (for tests and dumps). */
+RFI_FUNC int rfi_plan_count_layout(const rfi_plan *p, rfi_layout l);
 RFI_FUNC char *rfi_plan_print(const rfi_plan *p);
 
 #endif

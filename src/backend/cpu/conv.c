@@ -80,6 +80,7 @@ typedef struct conv_arg {
      * filled by an earlier call of the step. */
     void *shared;
     bool fills;
+    bool swapped; /* the IR buffer holds this tensor with dims 0 and 1 swapped */
 } conv_arg;
 
 typedef struct dnnl_conv {
@@ -294,6 +295,7 @@ static rf_status make_product(const rfi_cpu_conv *c, rfi_dnnl_mm *mm, dnnl_engin
 typedef struct tensor_spec {
     int ndims;
     dnnl_dims_t dims, strides;
+    bool swapped; /* the buffer holds [dims[1], dims[0], rest...] */
 } tensor_spec;
 
 typedef struct dnnl_conv_spec {
@@ -335,6 +337,7 @@ static tensor_spec make_tensor(int ndims, const int64_t *dims, bool swap01)
         t.strides[0] = bstride[1];
         t.strides[1] = bstride[0];
     }
+    t.swapped = swap01;
     return t;
 }
 
@@ -607,6 +610,7 @@ static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool o
 {
     dnnl_memory_desc_t user;
     a->arg = arg;
+    a->swapped = t->swapped;
     dnnl_status_t st =
         rfi_dnnl.memory_desc_init_by_strides(&user, t->ndims, t->dims, dnnl_f32, t->strides);
     if (st == dnnl_success)
@@ -1015,4 +1019,63 @@ void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills)
     conv_arg *a = &c->dc.args[k];
     a->shared = storage;
     a->fills = fills;
+}
+
+/* A reorder between user and inner (either way), created before anything of
+ * a is replaced. */
+static dnnl_status_t reorder_between(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
+                                     dnnl_engine_t eng, dnnl_primitive_t *reorder)
+{
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_status_t st = rfi_dnnl.reorder_primitive_desc_create(&rpd, from, eng, to, eng, NULL);
+    if (st == dnnl_success)
+        st = rfi_dnnl.primitive_create(reorder, rpd);
+    if (rpd)
+        rfi_dnnl.primitive_desc_destroy(rpd);
+    return st;
+}
+
+bool rfi_cpu_conv_take_blocked(rfi_cpu_conv *c, int k, dnnl_engine_t eng)
+{
+    if (!c || c->empty || c->path == PATH_IM2COL || k < 0 || k > 2 ||
+        (c->path == PATH_BWD_DATA && k == 1) || /* the kernel is packed from plain per call */
+        (k < 2 && c->views[k] && c->path != PATH_BWD_WEIGHTS)) /* the services copy views */
+        return false;
+    conv_arg *a = &c->dc.args[k];
+    if (a->user_md.ndims != 4 || (a->user_md.dims[a->swapped ? 0 : 1] % 16) != 0 ||
+        (k == 2 && c->n_epi > rfi_cpu_conv_epilogue_ops(c))) /* the services add the rest */
+        return false;
+    /* The buffer is blocked on its node's dim 1: the tensor's dim 1, or dim 0 if swapped. */
+    dnnl_memory_desc_t user;
+    dnnl_memory_t mem = NULL;
+    dnnl_primitive_t reorder = NULL;
+    bool direct = false;
+    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&user, 4, a->user_md.dims, dnnl_f32,
+                                                        a->swapped ? dnnl_Abcd16a : dnnl_aBcd16b);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_create(&mem, &user, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success) {
+        direct = a->inner && rfi_dnnl.memory_desc_equal(&user, &a->inner_md);
+        if (!direct && !a->inner)
+            st = dnnl_unimplemented; /* the primitive reads plain: no room for a copy */
+        else if (!direct)
+            st = k == 2 ? reorder_between(&a->inner_md, &user, eng, &reorder)
+                        : reorder_between(&user, &a->inner_md, eng, &reorder);
+    }
+    if (st != dnnl_success) {
+        if (mem)
+            rfi_dnnl.memory_destroy(mem);
+        return false;
+    }
+    rfi_dnnl.memory_destroy(a->user);
+    if (a->reorder)
+        rfi_dnnl.primitive_destroy(a->reorder);
+    a->user = mem;
+    a->user_md = user;
+    a->reorder = reorder;
+    if (direct) { /* the primitive reads or writes the buffer itself */
+        rfi_dnnl.memory_destroy(a->inner);
+        a->inner = NULL;
+    }
+    return true;
 }

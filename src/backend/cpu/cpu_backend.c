@@ -195,6 +195,7 @@ static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
     desc_int(b, o->in_place_updates);
     desc_int(b, o->call_epilogues);
     desc_int(b, o->conv_transposed_views);
+    desc_int(b, o->blocked_activations);
 }
 
 static void desc_constant(rfi_strbuf *b, const rfi_node *x)
@@ -329,6 +330,17 @@ static rf_status build_module(cpu_state *s, const rfi_plan_opts *opts, const cha
     return st;
 }
 
+/* Channel-blocked activations (plan.h) need oneDNN, whose reorders the
+ * services use around calls that do not take them; RF_BLOCKED=0 in the
+ * environment turns them off (benches, tests). */
+static bool blocked_wanted(void)
+{
+    const char *v = getenv("RF_BLOCKED");
+    if (v && strcmp(v, "0") == 0)
+        return false;
+    return rfi_dnnl_load() == RF_OK;
+}
+
 static bool check_mode(void)
 {
     const char *v = getenv("RF_CHECK");
@@ -352,6 +364,7 @@ static rf_status cpu_prepare(const rfi_graph *g, void **state)
         }
         rfi_plan_opts opts = rfi_plan_opts_default();
         opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
+        opts.blocked_activations = blocked_wanted();
         st = rfi_plan_build(s->opt, &opts, &s->plan);
         if (st == RF_OK)
             st = build_module(s, &opts, name, hash);

@@ -60,12 +60,16 @@ struct rfi_cpu_native {
     /* argmax / argmin */
     int64_t outer, len, inner;
     bool want_max, out_i64;
+    /* fast path on [N, C, H, W] with some tensor channel-blocked (plan.h):
+     * the operand's, the source's and the result's layouts */
+    bool layouts;
+    rfi_layout lay[3];
 };
 
 const char *rfi_cpu_native_path(const rfi_cpu_native *k)
 {
     switch (k->kind) {
-    case NATIVE_SCATTER_FAST: return "native-scatter-fast";
+    case NATIVE_SCATTER_FAST: return k->layouts ? "native-scatter-blocked" : "native-scatter-fast";
     case NATIVE_SCATTER_GENERAL: return "native-scatter";
     default: return "native-arg";
     }
@@ -371,6 +375,156 @@ static bool scatter_tables(rfi_cpu_native *k)
     return true;
 }
 
+/* ---- The fast path over channel-blocked tensors -------------------------------------- *
+ * Non-overlapping windows over the last two dims of [N, C, H, W] tensors any
+ * of which may be channel-blocked. Work items are (image, 16-channel block)
+ * pairs; inside one, every window is selected for 16 channels at once (the
+ * lanes: contiguous in a blocked tensor), and every element of the result's
+ * block is written (the selected value, or 0). */
+
+typedef struct lane_map {
+    int64_t item, lane, row, col; /* element strides: per work item, channel, row, column */
+} lane_map;
+
+static lane_map lanes_of(rfi_layout l, int64_t channels, int64_t rows, int64_t cols)
+{
+    if (l == RFI_LAYOUT_C16)
+        return (lane_map){rows * cols * RFI_LAYOUT_BLOCK, 1, cols * RFI_LAYOUT_BLOCK,
+                          RFI_LAYOUT_BLOCK};
+    (void)channels;
+    return (lane_map){rows * cols * RFI_LAYOUT_BLOCK, rows * cols, cols, 1};
+}
+
+typedef struct blocked_job {
+    const rfi_cpu_native *k;
+    const float *x, *src;
+    float *out;
+    lane_map xm, sm, om;
+} blocked_job;
+
+static void blocked_window(const blocked_job *j, const float *x, const float *src, float *out)
+{
+    const rfi_cpu_native *k = j->k;
+    enum { L = RFI_LAYOUT_BLOCK };
+    float best[L], val[L];
+    int32_t sel[L];
+    for (int l = 0; l < L; l++) {
+        best[l] = x[l * j->xm.lane];
+        sel[l] = 0;
+    }
+    for (int64_t e = 1; e < k->window_count; e++) {
+        const float *p = x + (e / k->win[1]) * j->xm.row + (e % k->win[1]) * j->xm.col;
+        for (int l = 0; l < L; l++) {
+            float v = p[l * j->xm.lane];
+            bool up = above_f(v, best[l]);
+            best[l] = up ? v : best[l];
+            sel[l] = up ? (int32_t)e : sel[l];
+        }
+    }
+    for (int l = 0; l < L; l++)
+        val[l] = 0.0f + src[l * j->sm.lane]; /* -0 becomes +0, as the reference's sum */
+    for (int64_t e = 0; e < k->window_count; e++) {
+        float *p = out + (e / k->win[1]) * j->om.row + (e % k->win[1]) * j->om.col;
+        for (int l = 0; l < L; l++)
+            p[l * j->om.lane] = sel[l] == e ? val[l] : 0.0f;
+    }
+}
+
+/* The usual case: 2x2 windows, operand and result blocked (16 contiguous
+ * lanes per position), branch-free on integer keys as windows_2x2 so that
+ * the lanes vectorise. */
+static inline void blocked_window_2x2(const blocked_job *j, const float *restrict x,
+                                      const float *restrict src, float *restrict out)
+{
+    enum { L = RFI_LAYOUT_BLOCK };
+    const float *restrict x1 = x + j->xm.row;
+    float *restrict out1 = out + j->om.row;
+    uint32_t val[L];
+    if (j->sm.lane == 1)
+        for (int l = 0; l < L; l++) {
+            float v = 0.0f + src[l]; /* -0 becomes +0, as the reference's sum */
+            memcpy(&val[l], &v, sizeof v);
+        }
+    else
+        for (int l = 0; l < L; l++) {
+            float v = 0.0f + src[l * j->sm.lane];
+            memcpy(&val[l], &v, sizeof v);
+        }
+    for (int l = 0; l < L; l++) {
+        int32_t top = rank_key(&x[l]), sel = 0;
+        raise_to(&top, &sel, rank_key(&x[L + l]), 1);
+        raise_to(&top, &sel, rank_key(&x1[l]), 2);
+        raise_to(&top, &sel, rank_key(&x1[L + l]), 3);
+        put_selected(&out[l], val[l], sel, 0);
+        put_selected(&out[L + l], val[l], sel, 1);
+        put_selected(&out1[l], val[l], sel, 2);
+        put_selected(&out1[L + l], val[l], sel, 3);
+    }
+}
+
+static void zero_lanes(float *p, const lane_map *m)
+{
+    for (int l = 0; l < RFI_LAYOUT_BLOCK; l++)
+        p[l * m->lane] = 0.0f;
+}
+
+static void blocked_items(void *ctx, int64_t lo, int64_t hi)
+{
+    const blocked_job *j = ctx;
+    const rfi_cpu_native *k = j->k;
+    int64_t wh = k->win[0], ww = k->win[1], rows = k->sd[0] * wh, cols = k->sd[1] * ww;
+    bool fast = wh == 2 && ww == 2 && j->xm.lane == 1 && j->om.lane == 1;
+    for (int64_t it = lo; it < hi; it++) {
+        const float *x = j->x + it * j->xm.item, *src = j->src + it * j->sm.item;
+        float *out = j->out + it * j->om.item;
+        for (int64_t a = 0; a < k->sd[0]; a++)
+            for (int64_t b = 0; b < k->sd[1]; b++)
+                if (fast)
+                    blocked_window_2x2(j, x + a * 2 * j->xm.row + b * 2 * RFI_LAYOUT_BLOCK,
+                                       src + a * j->sm.row + b * j->sm.col,
+                                       out + a * 2 * j->om.row + b * 2 * RFI_LAYOUT_BLOCK);
+                else
+                    blocked_window(j, x + a * wh * j->xm.row + b * ww * j->xm.col,
+                                   src + a * j->sm.row + b * j->sm.col,
+                                   out + a * wh * j->om.row + b * ww * j->om.col);
+        for (int64_t h = 0; h < k->xd[0]; h++) /* what no window covers */
+            for (int64_t w = h < rows ? cols : 0; w < k->xd[1]; w++)
+                zero_lanes(out + h * j->om.row + w * j->om.col, &j->om);
+    }
+}
+
+static int64_t grain_for(int64_t per_item);
+
+/* The work item stride of a plain tensor is 16 channels' planes; that of a
+ * blocked one its block: the same count of elements, so one item index
+ * addresses all three. */
+static void run_blocked(const rfi_cpu_native *k, const float *x, const float *src, float *out)
+{
+    const rfi_node *n = k->node;
+    int64_t c = n->dims[1];
+    blocked_job job = {k, x, src, out, lanes_of(k->lay[0], c, k->xd[0], k->xd[1]),
+                       lanes_of(k->lay[1], c, k->sd[0], k->sd[1]),
+                       lanes_of(k->lay[2], c, k->xd[0], k->xd[1])};
+    int64_t items = n->dims[0] * (c / RFI_LAYOUT_BLOCK);
+    rfi_parallel_for(items, grain_for(k->x_plane * RFI_LAYOUT_BLOCK), blocked_items, &job);
+}
+
+bool rfi_cpu_native_take_layouts(rfi_cpu_native *k, const rfi_layout lay[3])
+{
+    bool any = false;
+    for (int t = 0; t < 3; t++)
+        any |= lay[t] == RFI_LAYOUT_C16;
+    if (!any)
+        return true;
+    const rfi_node *n = k->node;
+    if (k->kind != NATIVE_SCATTER_FAST || k->f64 || n->rank != 4 || k->wr != 2 ||
+        n->dims[1] % RFI_LAYOUT_BLOCK != 0)
+        return false;
+    k->layouts = true;
+    memcpy(k->lay, lay, sizeof k->lay);
+    return true;
+}
+
 /* ---- ARGMAX / ARGMIN ------------------------------------------------------------------ */
 
 typedef struct arg_job {
@@ -484,6 +638,10 @@ rf_status rfi_cpu_native_run(rfi_cpu_native *k, const void *const *in, void *out
         return RF_OK;
     if (k->src_plane == 0 || k->window_count == 0) {
         memset(out, 0, (size_t)(k->planes * k->x_plane) * (k->f64 ? 8 : 4));
+        return RF_OK;
+    }
+    if (k->layouts) {
+        run_blocked(k, in[0], in[1], out);
         return RF_OK;
     }
     scatter_job job = {k, in[0], in[1], out, workspace};

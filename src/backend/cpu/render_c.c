@@ -1052,9 +1052,12 @@ static void interchanged_body(render *R, const bool *live, const bool *out)
 
 /* ---- Split reductions ------------------------------------------------------------------- */
 /* The chunk function: chunks [lo, hi), each folding its range of r0 into its
- * row of partial accumulators. Reductions over r0 alone run with the kept
+ * row of partial accumulators. Reductions over r0 alone, and those whose
+ * loads walk memory along the last kept axis but not along the innermost
+ * reduced one (a bias gradient over channel-blocked data), run with the kept
  * axis innermost (vectorised, like the interchanged form); the others with
- * the kept loops around the remaining reduced loops. */
+ * the kept loops around the remaining reduced loops. Each point folds its
+ * values in the same order either way. */
 static void split_body(render *R, const bool *live, const schedule *sc)
 {
     const rfi_kir_kernel *k = R->k;
@@ -1079,10 +1082,15 @@ static void split_body(render *R, const bool *live, const schedule *sc)
                   (long long)sc->kept);
     identity_literal(R);
     put(R->sb, ";\n");
-    if (k->red_rank == 1) {
+    if (k->red_rank == 1 || interchange_reduction(k, live)) {
         open_chunk_loop(R, 2, sc);
-        open_kept_loops(R, 3, true);
-        int in = 3 + k->rank;
+        for (int d = 1; d < k->red_rank; d++) {
+            indent(R, 2 + d);
+            putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+                          (long long)k->red_dims[d], d);
+        }
+        open_kept_loops(R, 2 + k->red_rank, true);
+        int in = 2 + k->red_rank + k->rank;
         statements(R, live, 1, in);
         statements(R, live, 2, in);
         indent(R, in);
@@ -1090,7 +1098,7 @@ static void split_body(render *R, const bool *live, const schedule *sc)
         fold(R, in);
         indent(R, in);
         putf(R->sb, "accs[%s] = acc;\n", kl);
-        close_loops(R, 2, 1 + k->rank);
+        close_loops(R, 2, k->red_rank + k->rank);
     } else {
         open_chunk_loop(R, 2, sc);
         open_kept_loops(R, 3, false);

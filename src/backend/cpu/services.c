@@ -44,6 +44,16 @@
 #include "../../runtime/threadpool.h"
 #include "../interp/interp.h"
 
+/* A channel-blocked value (plan.h) that a call's implementation does not
+ * take as it is: reordered into a plain copy in the workspace before the
+ * call (an operand) or out of one after it (the result). */
+typedef struct relayout {
+    dnnl_primitive_t reorder; /* NULL: the value is read or written where it lives */
+    dnnl_memory_t from, to;
+    size_t at;                /* workspace offset of the plain copy */
+    size_t bytes;
+} relayout;
+
 /* Where one value lives: buffers[buffer] + offset. */
 typedef struct value_ref {
     int buffer;
@@ -72,6 +82,10 @@ typedef struct call_state {
      * each is transposed back into the workspace at view_at[k] per call. */
     bool view[2];
     size_t view_at[2];
+    const rfi_node **value; /* per operand: the node whose buffer in[j] is (a view's operand) */
+    relayout *in_plain;     /* per operand */
+    relayout epi_plain[RFI_EPI_MAX];
+    relayout out_plain;
 } call_state;
 
 struct rfi_cpu_services {
@@ -156,8 +170,11 @@ static rf_status prepare_locations(rfi_cpu_services *s, int k)
     cs->n_in = n->n_in;
     cs->in = rfi_arena_alloc(&s->mem, ((size_t)n->n_in + 1) * sizeof *cs->in);
     cs->operands = rfi_arena_alloc(&s->mem, ((size_t)n->n_in + 1) * sizeof *cs->operands);
-    if (!cs->in || !cs->operands)
+    cs->value = rfi_arena_alloc(&s->mem, ((size_t)n->n_in + 1) * sizeof *cs->value);
+    cs->in_plain = rfi_arena_alloc(&s->mem, ((size_t)n->n_in + 1) * sizeof *cs->in_plain);
+    if (!cs->in || !cs->operands || !cs->value || !cs->in_plain)
         return rfi_error(RF_E_NOMEM, "cpu: out of memory preparing call step %d", k);
+    memset(cs->in_plain, 0, ((size_t)n->n_in + 1) * sizeof *cs->in_plain);
     for (int j = 0; j < n->n_in; j++) {
         const rfi_node *x = n->in[j];
         if (p->loc[x->id].kind == RFI_LOC_INLINE && x->op == RFI_OP_TRANSPOSE &&
@@ -165,6 +182,7 @@ static rf_status prepare_locations(rfi_cpu_services *s, int k)
             cs->view[j] = true; /* the plan checked it swaps dims 0 and 1 */
             x = x->in[0];
         }
+        cs->value[j] = x;
         rf_status st = locate(p, x, &cs->in[j], k);
         if (st != RF_OK)
             return st;
@@ -235,6 +253,120 @@ static void copy_view(const rfi_node *node, const void *src, void *dst)
     rfi_parallel_for(job.a, 1 + 16384 / per_row, swap_rows, &job);
 }
 
+/* ---- Channel-blocked values the implementation does not take ------------------------- */
+
+static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node *x, bool to_blocked)
+{
+    dnnl_memory_desc_t blocked, plain;
+    dnnl_dims_t dims = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&blocked, 4, dims, dnnl_f32, dnnl_aBcd16b);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_desc_init_by_tag(&plain, 4, dims, dnnl_f32, dnnl_abcd);
+    const dnnl_memory_desc_t *from = to_blocked ? &plain : &blocked;
+    const dnnl_memory_desc_t *to = to_blocked ? &blocked : &plain;
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_create(&r->from, from, s->engine, DNNL_MEMORY_NONE);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_create(&r->to, to, s->engine, DNNL_MEMORY_NONE);
+    if (st == dnnl_success)
+        st = rfi_dnnl.reorder_primitive_desc_create(&rpd, from, s->engine, to, s->engine, NULL);
+    if (st == dnnl_success)
+        st = rfi_dnnl.primitive_create(&r->reorder, rpd);
+    if (rpd)
+        rfi_dnnl.primitive_desc_destroy(rpd);
+    r->bytes = rfi_node_nbytes(x);
+    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "channel-blocked copy", "reorder");
+}
+
+static void free_relayout(relayout *r)
+{
+    if (r->reorder)
+        rfi_dnnl.primitive_destroy(r->reorder);
+    if (r->from)
+        rfi_dnnl.memory_destroy(r->from);
+    if (r->to)
+        rfi_dnnl.memory_destroy(r->to);
+    memset(r, 0, sizeof *r);
+}
+
+static rf_status run_relayout(const rfi_cpu_services *s, relayout *r, const void *from, void *to)
+{
+    dnnl_status_t st = rfi_dnnl.memory_set_data_handle(r->from, (void *)from);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_set_data_handle(r->to, to);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, r->from}, {DNNL_ARG_TO, r->to}};
+    if (st == dnnl_success)
+        st = rfi_dnnl.primitive_execute(r->reorder, s->stream, 2, args);
+    if (st == dnnl_success)
+        st = rfi_dnnl.stream_wait(s->stream);
+    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "channel-blocked copy", "execute");
+}
+
+static bool blocked(const rfi_plan *p, const rfi_node *x)
+{
+    return rfi_plan_layout(p, x->id) == RFI_LAYOUT_C16;
+}
+
+/* Which blocked values of step k its implementation takes as they are; the
+ * others get a relayout (workspace placed later: reserve_relayouts). */
+static rf_status take_layouts(rfi_cpu_services *s, int k)
+{
+    const rfi_plan *p = s->plan;
+    call_state *cs = &s->steps[k];
+    const rfi_node *root = p->g->nodes[p->steps[k].roots[0]];
+    bool any = blocked(p, root);
+    for (int j = 0; j < cs->n_in; j++)
+        any |= blocked(p, cs->value[j]);
+    for (int e = 0; e < cs->n_epi; e++)
+        any |= cs->epi[e].operand >= 0 && blocked(p, p->g->nodes[cs->epi[e].operand]);
+    if (!any)
+        return RF_OK;
+    if (!s->have_library)
+        return rfi_error(RF_E_INTERNAL, "cpu: call step %d reads or writes a channel-blocked "
+                         "value, and oneDNN (which reorders it) is not loaded", k);
+    bool in_taken[2] = {false, false}, out_taken = false;
+    if (cs->kind == RFI_CALL_CONV) {
+        for (int j = 0; j < 2; j++)
+            in_taken[j] = blocked(p, cs->value[j]) &&
+                          rfi_cpu_conv_take_blocked(cs->conv, j, s->engine);
+        out_taken = blocked(p, root) && rfi_cpu_conv_take_blocked(cs->conv, 2, s->engine);
+    } else if (cs->native && cs->n_in == 2) {
+        rfi_layout lay[3] = {rfi_plan_layout(p, cs->value[0]->id),
+                             rfi_plan_layout(p, cs->value[1]->id), rfi_plan_layout(p, root->id)};
+        in_taken[0] = in_taken[1] = out_taken = rfi_cpu_native_take_layouts(cs->native, lay);
+    }
+    rf_status st = RF_OK;
+    for (int j = 0; j < cs->n_in && st == RF_OK; j++)
+        if (blocked(p, cs->value[j]) && !(j < 2 && in_taken[j]))
+            st = make_relayout(s, &cs->in_plain[j], cs->value[j], false);
+    for (int e = 0; e < cs->n_epi && st == RF_OK; e++)
+        if (cs->epi[e].operand >= 0 && blocked(p, p->g->nodes[cs->epi[e].operand]))
+            st = make_relayout(s, &cs->epi_plain[e], p->g->nodes[cs->epi[e].operand], false);
+    if (st == RF_OK && blocked(p, root) && !out_taken)
+        st = make_relayout(s, &cs->out_plain, root, true);
+    return st;
+}
+
+/* Workspace for step k's plain copies, after everything else it uses. */
+static void reserve_relayout(relayout *r, size_t *workspace)
+{
+    if (!r->reorder)
+        return;
+    *workspace = rfi_ws_align(*workspace);
+    r->at = *workspace;
+    *workspace += r->bytes;
+}
+
+static void reserve_relayouts(call_state *cs, size_t *workspace)
+{
+    for (int j = 0; cs->in_plain && j < cs->n_in; j++)
+        reserve_relayout(&cs->in_plain[j], workspace);
+    for (int e = 0; e < cs->n_epi; e++)
+        reserve_relayout(&cs->epi_plain[e], workspace);
+    reserve_relayout(&cs->out_plain, workspace);
+}
+
 /* Prepares the library path of step k, or settles on the reference kernel. */
 static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
 {
@@ -252,7 +384,7 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
                          rfi_op_table[n->op].name, (int)n->id);
     cs->kind = RFI_CALL_FALLBACK;
     if ((step->call == RFI_CALL_MATMUL || step->call == RFI_CALL_CONV) && !s->have_library)
-        return RF_OK; /* no oneDNN: the reference kernel */
+        return take_layouts(s, k); /* no oneDNN: the reference kernel */
     cs->lib_threads = s->threads;
     if (step->call == RFI_CALL_MATMUL && n->op == RFI_OP_DOT_GENERAL) {
         cs->lib_threads = matmul_threads(s, n);
@@ -279,7 +411,9 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
         return rfi_error(RF_E_INTERNAL, "cpu: call step %d asks for call kind %d on a %s node",
                          k, (int)step->call, rfi_op_table[n->op].name);
     }
-    return st == RF_E_UNSUPPORTED ? RF_OK : st;
+    if (st == RF_E_UNSUPPORTED)
+        st = RF_OK;
+    return st == RF_OK ? take_layouts(s, k) : st;
 }
 
 /* Loads oneDNN and makes the engine and stream; without the library (the
@@ -436,6 +570,7 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
         size_t need = 0;
         st = prepare_step(s, k, &need);
         reserve_view_copies(&s->steps[k], &need);
+        reserve_relayouts(&s->steps[k], &need);
         most = need > most ? need : most;
     }
     if (st == RF_OK)
@@ -589,8 +724,17 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
         return 1;
     }
     call_state *cs = &s->steps[step];
+    rf_status st = RF_OK;
     for (int j = 0; j < cs->n_in; j++)
         cs->operands[j] = buffer_at(buffers, cs->in[j]);
+    for (int j = 0; j < cs->n_in && st == RF_OK; j++) {
+        relayout *r = &cs->in_plain[j];
+        if (!r->reorder)
+            continue;
+        void *copy = (char *)s->workspace + r->at;
+        st = run_relayout(s, r, cs->operands[j], copy);
+        cs->operands[j] = copy;
+    }
     for (int j = 0; j < 2; j++) {
         if (!cs->view[j])
             continue;
@@ -598,10 +742,19 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
         copy_view(cs->node->in[j], cs->operands[j], copy);
         cs->operands[j] = copy;
     }
-    for (int e = 0; e < cs->n_epi; e++)
+    for (int e = 0; e < cs->n_epi; e++) {
         cs->epi_src[e] = cs->epi_in[e].buffer >= 0 ? buffer_at(buffers, cs->epi_in[e]) : NULL;
-    void *out = buffer_at(buffers, cs->out);
-    rf_status st;
+        relayout *r = &cs->epi_plain[e];
+        if (r->reorder && st == RF_OK) {
+            void *copy = (char *)s->workspace + r->at;
+            st = run_relayout(s, r, cs->epi_src[e], copy);
+            cs->epi_src[e] = copy;
+        }
+    }
+    void *result = buffer_at(buffers, cs->out);
+    void *out = cs->out_plain.reorder ? (char *)s->workspace + cs->out_plain.at : result;
+    if (st != RF_OK)
+        return 1;
     switch (cs->kind) {
     case RFI_CALL_MATMUL:
         set_library_threads(s, cs->lib_threads);
@@ -620,6 +773,8 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
     }
     if (st == RF_OK && cs->epi_applied < cs->n_epi)
         st = apply_epilogue(cs, out);
+    if (st == RF_OK && cs->out_plain.reorder)
+        st = run_relayout(s, &cs->out_plain, out, result);
     return st == RF_OK ? 0 : 1;
 }
 
@@ -671,6 +826,12 @@ void rfi_cpu_services_free(rfi_cpu_services *s)
         rfi_cpu_matmul_free(s->steps[k].matmul);
         rfi_cpu_conv_free(s->steps[k].conv);
         rfi_cpu_native_free(s->steps[k].native);
+        call_state *cs = &s->steps[k];
+        for (int j = 0; cs->in_plain && j < cs->n_in; j++)
+            free_relayout(&cs->in_plain[j]);
+        for (int e = 0; e < RFI_EPI_MAX; e++)
+            free_relayout(&cs->epi_plain[e]);
+        free_relayout(&cs->out_plain);
     }
     for (int k = 0; k < s->n_shared; k++)
         rfi_free(s->shared[k]);

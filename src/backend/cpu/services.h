@@ -159,6 +159,12 @@ RFI_FUNC bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k,
                                       const dnnl_memory_desc_t **user,
                                       const dnnl_memory_desc_t **inner, size_t *bytes);
 RFI_FUNC void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills);
+/* Tensor k (0, 1: the IR operands; 2: the result) of a prepared convolution
+ * lives channel-blocked (plan.h, RFI_LAYOUT_C16; a view's buffer: its
+ * operand's): the call then reads or writes that layout directly (no
+ * reorder when the primitive wants it) and true; false (nothing changed)
+ * where this path cannot, and the services reorder around the call. */
+RFI_FUNC bool rfi_cpu_conv_take_blocked(rfi_cpu_conv *c, int k, dnnl_engine_t eng);
 /* Which path a prepared convolution takes: "im2col", or oneDNN's "forward",
  * "bwd-weights" or "bwd-data", with "-winograd" for its Winograd kernels (for
  * profiles, tests and benches). */
@@ -172,6 +178,10 @@ RFI_FUNC rf_status rfi_cpu_native_prepare(const rfi_node *n, rfi_cpu_native **ou
 RFI_FUNC rf_status rfi_cpu_native_run(rfi_cpu_native *k, const void *const *in, void *out,
                                       void *workspace);
 RFI_FUNC void rfi_cpu_native_free(rfi_cpu_native *k);
+/* A select_and_scatter's operand, source and result live in layouts lay[0],
+ * lay[1] and lay[2] (plan.h): true if the kernel takes them (then it reads
+ * and writes them directly), false (nothing changed) if not. */
+RFI_FUNC bool rfi_cpu_native_take_layouts(rfi_cpu_native *k, const rfi_layout lay[3]);
 /* "native-scatter-fast", "native-scatter" or "native-arg". */
 RFI_FUNC const char *rfi_cpu_native_path(const rfi_cpu_native *k);
 

@@ -1,0 +1,217 @@
+/* layout.c: the plan's layout pass (plan.h): which activations live
+ * channel-blocked (RFI_LAYOUT_C16) instead of row-major.
+ *
+ * Why: oneDNN's convolutions run on channel-blocked layouts, so a row-major
+ * activation between two of them costs a reorder on every write and read
+ * (on the cnn benchmark, seven reorders of activations and about a fifth of
+ * the step). The generated kernels address a blocked value as easily as a
+ * plain one, and a kernel whose roots are blocked loops in the blocked order
+ * (kir_lower.c), so the pools, masks and reductions between convolutions
+ * read and write the library's layout directly.
+ *
+ * A value is blocked when
+ *   - it can be: an f32 [N, C, H, W] arena value, C a multiple of 16, whose
+ *     bytes no other node aliases (a reshape would read them row-major);
+ *   - every step touching it takes the layout: generated LOOP (unless
+ *     segmented) and REDUCE steps; a convolution reading it through a
+ *     transposed view, or (unless it is a weight gradient) reading it as its
+ *     input (operand 0) or writing it with no residual add in its epilogue;
+ *     a select_and_scatter (the max-pool
+ *     gradient) reading or writing it; never a matmul, another call or a
+ *     copy;
+ *   - and it pays: a convolution writes or reads it, or a generated or
+ *     scatter step computes it from, or into, a blocked value of its own
+ *     shape (repeated until nothing changes: the relu mask between an input
+ *     gradient and a pool gradient).
+ * The services take any layout on any call (services.c reorders where an
+ * implementation does not), so these rules decide speed, never correctness.
+ */
+#include <string.h>
+
+#include "plan.h"
+
+typedef struct layout_pass {
+    rfi_plan *p;
+    const rfi_graph *g;
+    unsigned char *ok;      /* per node: every touch so far takes the layout */
+    unsigned char *by_conv; /* per node: a convolution reads or writes it */
+    /* the touches of the step being walked */
+    int *touched;
+    int n_touched, cap_touched;
+    bool failed;
+} layout_pass;
+
+static bool blockable(const rfi_plan *p, const rfi_node *x)
+{
+    return p->loc[x->id].kind == RFI_LOC_ARENA && x->dtype == RF_F32 && x->rank == 4 &&
+           x->dims[1] >= RFI_LAYOUT_BLOCK && x->dims[1] % RFI_LAYOUT_BLOCK == 0 &&
+           rfi_node_numel(x) > 0;
+}
+
+/* Step q reads or writes x; `takes`: in a role that takes the blocked layout. */
+static void touch(layout_pass *L, const rfi_node *x, bool takes, bool conv)
+{
+    if (!takes)
+        L->ok[x->id] = 0;
+    if (conv)
+        L->by_conv[x->id] = 1;
+    if (L->n_touched == L->cap_touched) {
+        int cap = L->cap_touched ? 2 * L->cap_touched : 32;
+        int *v = rfi_realloc(L->touched, (size_t)cap * sizeof *v);
+        if (!v) {
+            L->failed = true;
+            return;
+        }
+        L->touched = v;
+        L->cap_touched = cap;
+    }
+    L->touched[L->n_touched++] = x->id;
+}
+
+static bool is_segmented(const rfi_plan *p, int q)
+{
+    return p->seg_extent && p->seg_extent[q] > 0;
+}
+
+/* The materialised operands read by the nodes a generated step computes. */
+static void touch_kernel_reads(layout_pass *L, const int *ids, int n, bool takes)
+{
+    for (int i = 0; i < n; i++) {
+        const rfi_node *v = L->g->nodes[ids[i]];
+        for (int j = 0; j < v->n_in; j++)
+            if (L->p->loc[v->in[j]->id].kind != RFI_LOC_INLINE)
+                touch(L, v->in[j], takes, false);
+    }
+}
+
+static bool has_residual(const rfi_step *s)
+{
+    for (int e = 0; e < s->n_epilogue; e++)
+        if (s->epilogue[e].kind == RFI_EPI_ADD)
+            return true;
+    return false;
+}
+
+/* A convolution whose kernel has more positions than its result: the
+ * weight-gradient form, whose plain operands and result are [C, N, ...] and
+ * [C, O, ...] (channels in dim 0); only its views hold activations. */
+static bool weight_gradient_form(const rfi_node *conv)
+{
+    const rfi_node *w = conv->in[1];
+    return rfi_numel(w->dims + 2, w->rank - 2) > rfi_numel(conv->dims + 2, conv->rank - 2);
+}
+
+static void touch_call(layout_pass *L, const rfi_step *s)
+{
+    const rfi_node *core = L->g->nodes[s->n_epilogue > 0 ? s->core : s->roots[0]];
+    bool conv = s->call == RFI_CALL_CONV && core->op == RFI_OP_CONVOLUTION;
+    bool activations = conv && !weight_gradient_form(core);
+    bool scatter = s->call == RFI_CALL_FALLBACK && core->op == RFI_OP_SELECT_AND_SCATTER;
+    for (int j = 0; j < core->n_in; j++) {
+        const rfi_node *x = core->in[j];
+        bool view = conv && j < 2 && x->op == RFI_OP_TRANSPOSE &&
+                    L->p->loc[x->id].kind == RFI_LOC_INLINE;
+        if (view)
+            x = x->in[0];
+        touch(L, x, (activations && j == 0) || view || (scatter && j < 2), conv);
+    }
+    for (int e = 0; e < s->n_epilogue; e++)
+        if (s->epilogue[e].operand >= 0)
+            touch(L, L->g->nodes[s->epilogue[e].operand], false, false);
+    touch(L, L->g->nodes[s->roots[0]], (activations && !has_residual(s)) || scatter, conv);
+}
+
+/* Records in L->touched every node step q reads or writes (ok and by_conv updated). */
+static void walk_step(layout_pass *L, int q)
+{
+    const rfi_step *s = &L->p->steps[q];
+    L->n_touched = 0;
+    switch (s->kind) {
+    case RFI_STEP_LOOP:
+    case RFI_STEP_REDUCE: {
+        bool takes = !is_segmented(L->p, q);
+        touch_kernel_reads(L, s->roots, s->n_roots, takes);
+        touch_kernel_reads(L, s->fused, s->n_fused, takes);
+        for (int r = 0; r < s->n_roots; r++)
+            touch(L, L->g->nodes[s->roots[r]], takes, false);
+        break;
+    }
+    case RFI_STEP_CALL: touch_call(L, s); break;
+    default:
+        for (int r = 0; r < s->n_roots; r++)
+            touch(L, L->g->nodes[s->roots[r]], false, false);
+        break;
+    }
+}
+
+static bool same_dims(const rfi_node *a, const rfi_node *b)
+{
+    return a->rank == b->rank && memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank) == 0;
+}
+
+/* One round of "computed from or into a blocked value of its own shape". */
+static bool spread(layout_pass *L)
+{
+    bool changed = false;
+    for (int q = 0; q < L->p->n_steps && !L->failed; q++) {
+        const rfi_step *s = &L->p->steps[q];
+        if (s->kind == RFI_STEP_COPY || (s->kind == RFI_STEP_CALL && s->call != RFI_CALL_FALLBACK))
+            continue;
+        walk_step(L, q);
+        for (int i = 0; i < L->n_touched; i++) {
+            const rfi_node *y = L->g->nodes[L->touched[i]];
+            if (L->p->layout[y->id] != RFI_LAYOUT_C16)
+                continue;
+            for (int j = 0; j < L->n_touched; j++) {
+                const rfi_node *x = L->g->nodes[L->touched[j]];
+                if (L->ok[x->id] && L->p->layout[x->id] != RFI_LAYOUT_C16 && same_dims(x, y)) {
+                    L->p->layout[x->id] = RFI_LAYOUT_C16;
+                    changed = true;
+                }
+            }
+        }
+    }
+    return changed;
+}
+
+rf_status rfi_plan_choose_layouts(rfi_plan *p)
+{
+    const rfi_graph *g = p->g;
+    size_t n = (size_t)g->n_nodes + 1;
+    layout_pass L = {p, g, rfi_calloc(n, 1), rfi_calloc(n, 1), NULL, 0, 0, false};
+    p->layout = rfi_arena_alloc(&p->mem, n);
+    if (!L.ok || !L.by_conv || !p->layout) {
+        rfi_free(L.ok);
+        rfi_free(L.by_conv);
+        return rfi_error(RF_E_NOMEM, "rfi_plan_build: out of memory choosing layouts");
+    }
+    memset(p->layout, RFI_LAYOUT_PLAIN, n);
+    for (int x = 0; x < g->n_nodes; x++)
+        L.ok[x] = blockable(p, g->nodes[x]);
+    for (int x = 0; x < g->n_nodes; x++)
+        if (p->loc[x].kind == RFI_LOC_ALIAS && p->loc[x].alias >= 0)
+            L.ok[p->loc[x].alias] = 0;
+    for (int q = 0; q < p->n_steps && !L.failed; q++)
+        walk_step(&L, q);
+    for (int x = 0; x < g->n_nodes; x++)
+        if (L.ok[x] && L.by_conv[x])
+            p->layout[x] = RFI_LAYOUT_C16;
+    while (!L.failed && spread(&L)) {
+    }
+    rfi_free(L.ok);
+    rfi_free(L.by_conv);
+    rfi_free(L.touched);
+    if (L.failed) {
+        memset(p->layout, RFI_LAYOUT_PLAIN, n);
+        return rfi_error(RF_E_NOMEM, "rfi_plan_build: out of memory choosing layouts");
+    }
+    return RF_OK;
+}
+
+int rfi_plan_count_layout(const rfi_plan *p, rfi_layout l)
+{
+    int count = 0;
+    for (int x = 0; p && x < p->g->n_nodes; x++)
+        count += p->loc[x].kind != RFI_LOC_INLINE && rfi_plan_layout(p, x) == l;
+    return count;
+}
