@@ -745,6 +745,89 @@ static void test_cnn_train_step(void)
     rf_model_free(host);
 }
 
+/* (f) Channel-blocked layouts (layout.c) on a two-convolution CNN with
+ * 16 channels: the convolutions' outputs, the first pool's output, the
+ * pool gradients and the cotangents between them are blocked; the second
+ * pool's output (reshaped for the dense layer: aliased), the input image (an
+ * argument), weights and weight gradients stay row-major; without the
+ * option nothing is blocked. */
+static bool blocked_node(const rfi_plan *p, int x)
+{
+    return rfi_plan_layout(p, x) == RFI_LAYOUT_C16;
+}
+
+static void test_blocked_layouts(void)
+{
+    rf_nn_seed(5);
+    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                              rf_conv2d(3, 3, 16, 32, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                              rf_flatten_layer(), rf_dense(32 * 5 * 5, 10, RF_ACT_IDENTITY));
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
+    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(4, 1, 28, 28), NULL);
+    rf_array *y = dev_zeros(RF_SHAPE(4, 10));
+    rf_array *args[2] = {x, y};
+    train_ctx c = {m, opt, true};
+    rfi_graph *g = trace_program(train_fn, &c, args, 2);
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    rfi_plan *plain = NULL, *p = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &plain));
+    o.blocked_activations = true;
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (plain && p) {
+        CHECK(plain->layout == NULL && rfi_plan_count_layout(plain, RFI_LAYOUT_C16) == 0);
+        int conv_out = 0, pool_out = 0, scatter_out = 0;
+        for (int x_id = 0; x_id < g->n_nodes; x_id++) {
+            const rfi_node *n = g->nodes[x_id];
+            if (p->loc[x_id].kind == RFI_LOC_INLINE)
+                continue;
+            bool b = blocked_node(p, x_id);
+            if (b) { /* only what the pass may block */
+                CHECK(p->loc[x_id].kind == RFI_LOC_ARENA && n->dtype == RF_F32 &&
+                      n->rank == 4 && n->dims[1] % 16 == 0);
+                for (int y_id = 0; y_id < g->n_nodes; y_id++)
+                    CHECK(p->loc[y_id].kind != RFI_LOC_ALIAS || p->loc[y_id].alias != x_id);
+            }
+            if (n->op == RFI_OP_ARGUMENT || n->op == RFI_OP_CAPTURE)
+                CHECK(!b);
+            if (n->op == RFI_OP_REDUCE_WINDOW)
+                pool_out += b;
+            if (n->op == RFI_OP_SELECT_AND_SCATTER)
+                scatter_out += b;
+        }
+        for (int q = 0; q < p->n_steps; q++) {
+            const rfi_step *st = &p->steps[q];
+            if (st->kind != RFI_STEP_CALL || st->call != RFI_CALL_CONV)
+                continue;
+            const rfi_node *core = g->nodes[st->n_epilogue > 0 ? st->core : st->roots[0]];
+            /* weight gradients ([C, O, 3, 3]) stay plain; the forwards' outputs
+             * (relu epilogue) and the input gradient are blocked */
+            if (core->dims[2] == 3 && core->dims[3] == 3)
+                CHECK(!blocked_node(p, st->roots[0]));
+            else
+                conv_out += blocked_node(p, st->roots[0]);
+        }
+        CHECK(conv_out == 3); /* two forwards and the second layer's input gradient */
+        CHECK(pool_out == 1); /* the first pool; the second is reshaped (aliased) */
+        CHECK(scatter_out == 2);
+        CHECK(p->n_steps == plain->n_steps && p->arena_bytes == plain->arena_bytes);
+        check_invariants(p);
+        printf("cnn: %d values channel-blocked\n", rfi_plan_count_layout(p, RFI_LAYOUT_C16));
+        char *text = rfi_plan_print(p);
+        CHECK(text && strstr(text, " c16\n"));
+        rfi_free(text);
+    }
+    rfi_plan_free(p);
+    rfi_plan_free(plain);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_opt_free(opt);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
 /* ---- CALL epilogues -------------------------------------------------------------------- */
 
 static void forward_fn(rf_trace *t, void *ctx)
@@ -907,6 +990,7 @@ int main(void)
     test_matvec();
     test_mlp_train_step();
     test_cnn_train_step();
+    test_blocked_layouts();
     test_mlp_forward_epilogues();
     test_cnn_forward_epilogues();
     test_residual_epilogue();

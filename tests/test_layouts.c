@@ -1,0 +1,96 @@
+/* test_layouts.c: training steps whose activations the compiled backend
+ * keeps channel-blocked (src/backend/layout.c) give the interpreter's
+ * results, on every path that touches the layout: the convolutions reading
+ * and writing it directly, the services' reorders around a convolution that
+ * does not take it (RF_CONV_PATH=im2col), the max-pool gradient's 2x2 kernel
+ * and its general one (3x3 windows), a pool whose result is row-major (it
+ * feeds the dense layer), and windows that leave a row and a column
+ * uncovered (5x5 pooled by 2).
+ *
+ * Each variant compiles a fresh copy of one model (same seed) and takes
+ * three Adam steps on one batch; the suite runs this file with RF_CHECK=1,
+ * which compares every step against the interpreter, and the variants must
+ * agree with each other: blocked or not, the steps compute the same values
+ * up to summation order. Adam's epsilon is 1e-4 for the reason
+ * test_examples.c gives.
+ */
+#include "test_util.h"
+
+#define STEPS 3
+
+static rf_device *dev;
+
+static rf_tensor *loss(rf_model *m, rf_tensor *const *batch, int n, rf_aux *aux, void *ctx)
+{
+    (void)n, (void)aux, (void)ctx;
+    return rf_logitcrossentropy(rf_apply(m, batch[0]), batch[1]);
+}
+
+/* 24x24 -> conv 22x22 (16) -> pool 3x3 -> 7x7 -> conv 5x5 (16) -> pool 2x2
+ * -> 2x2 (row 4 and column 4 uncovered) -> dense. */
+static rf_model *model(void)
+{
+    rf_nn_seed(9);
+    return rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_maxpool(3, 3, 0, 0),
+                    rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                    rf_flatten_layer(), rf_dense(16 * 2 * 2, 10, RF_ACT_IDENTITY));
+}
+
+/* Sets (or with value NULL clears) one variable for the next compile. */
+static void set_env(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+}
+
+/* Three steps of a fresh model under the given settings; the losses in out. */
+static void run_variant(const char *label, const char *blocked, const char *conv_path,
+                        double *out)
+{
+    set_env("RF_BLOCKED", blocked);
+    set_env("RF_CONV_PATH", conv_path);
+    rf_model *host = model();
+    rf_model *m = host ? rf_model_to(host, dev) : NULL;
+    rf_model_free(host);
+    rf_array *xh = rf_rand(RF_F32, RF_SHAPE(8, 1, 24, 24), 17);
+    int32_t labels[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    rf_array *yh = rf_array_from(RF_I32, RF_SHAPE(8), labels);
+    rf_array *x = xh ? rf_array_to(xh, dev) : NULL, *y = yh ? rf_array_to(yh, dev) : NULL;
+    rf_opt *opt = m ? rf_setup(rf_adam_ex(1e-3, 0.9, 0.999, 1e-4), m) : NULL;
+    CHECK(m && x && y && opt);
+    if (m && x && y && opt) {
+        rf_trainmode(m);
+        rf_array *batch[2] = {x, y};
+        for (int s = 0; s < STEPS; s++) {
+            out[s] = NAN;
+            CHECK_OK(rf_trainstep(loss, NULL, m, batch, 2, opt, &out[s], NULL));
+            CHECK(isfinite(out[s]));
+        }
+        printf("%s: loss %.7f -> %.7f\n", label, out[0], out[STEPS - 1]);
+        CHECK(out[STEPS - 1] < out[0]);
+    }
+    rf_opt_free(opt);
+    rf_model_free(m);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_array_free(xh);
+    rf_array_free(yh);
+    set_env("RF_BLOCKED", NULL);
+    set_env("RF_CONV_PATH", NULL);
+}
+
+int main(void)
+{
+    dev = rf_device_cpu();
+    double blocked[STEPS], reordered[STEPS], plain[STEPS];
+    run_variant("blocked", NULL, NULL, blocked);
+    run_variant("blocked, im2col convolutions", NULL, "im2col", reordered);
+    run_variant("row-major", "0", NULL, plain);
+    for (int s = 0; s < STEPS; s++) {
+        CHECK_NEAR(blocked[s], plain[s], 0, 1e-5);
+        CHECK_NEAR(reordered[s], plain[s], 0, 1e-5);
+    }
+    return tu_finish("test_layouts");
+}
