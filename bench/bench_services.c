@@ -31,6 +31,8 @@ static int cmp_double(const void *a, const void *b)
 }
 
 static const char *only; /* name filter from the command line, or NULL */
+/* The next bench_node holds every value channel-blocked (plan.h). */
+static bool all_blocked;
 
 /* The CALL kind the planner gives y's op. */
 static rfi_call_kind call_kind(const rfi_node *y)
@@ -67,6 +69,10 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
     plan.loc = loc;
     plan.steps = &step;
     plan.n_steps = 1;
+    unsigned char *layout = calloc((size_t)g->n_nodes, 1);
+    for (int k = 0; all_blocked && k < g->n_nodes; k++)
+        layout[k] = RFI_LAYOUT_C16;
+    plan.layout = layout;
     void *buffers[4];
     uint64_t state = 0x9e3779b97f4a7c15ull; /* values in [-0.5, 0.5) from an LCG: no
                                                * pattern that a branch predictor learns */
@@ -108,6 +114,7 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
     for (int k = 0; k < 3; k++)
         free(buffers[k]);
     free(loc);
+    free(layout);
 }
 
 /* A graph of two f32 arguments a, b. */
@@ -167,8 +174,10 @@ static void bench_conv(const char *name, const int64_t *x, const int64_t *w, int
 }
 
 /* The max-pool gradient of x [N,C,H,W] under kh x kw windows, stride = window,
- * no padding: select_and_scatter(x, source) as the autodiff emits it. */
-static void bench_maxpool_grad(const char *name, const int64_t *x, int64_t kh, int64_t kw)
+ * no padding: select_and_scatter(x, source) as the autodiff emits it; with
+ * `blocked`, every tensor channel-blocked. */
+static void bench_maxpool_grad(const char *name, const int64_t *x, int64_t kh, int64_t kw,
+                               bool blocked)
 {
     int64_t src[4] = {x[0], x[1], x[2] / kh, x[3] / kw};
     rfi_node *a, *b;
@@ -181,7 +190,9 @@ static void bench_maxpool_grad(const char *name, const int64_t *x, int64_t kh, i
     rfi_node *in[2] = {a, b};
     rfi_node *y = rfi_node_new(g, RFI_OP_SELECT_AND_SCATTER, in, 2, &at, RF_F32, NULL, 0);
     double bytes = y ? 4.0 * (double)(2 * rfi_node_numel(y) + rfi_node_numel(b)) : 0;
+    all_blocked = blocked;
     bench_node(name, g, y, bytes, "gbytes");
+    all_blocked = false;
     rfi_graph_free(g);
 }
 
@@ -205,7 +216,9 @@ int main(int argc, char **argv)
                0);
     bench_conv("cnn conv2 bwd-weights", (int64_t[]){32, 64, 13, 13},
                (int64_t[]){64, 64, 11, 11}, 0);
-    bench_maxpool_grad("cnn pool1 grad 2x2", (int64_t[]){64, 32, 26, 26}, 2, 2);
-    bench_maxpool_grad("cnn pool2 grad 2x2", (int64_t[]){64, 64, 11, 11}, 2, 2);
+    bench_maxpool_grad("cnn pool1 grad 2x2", (int64_t[]){64, 32, 26, 26}, 2, 2, false);
+    bench_maxpool_grad("cnn pool1 grad 2x2 blocked", (int64_t[]){64, 32, 26, 26}, 2, 2, true);
+    bench_maxpool_grad("cnn pool2 grad 2x2", (int64_t[]){64, 64, 11, 11}, 2, 2, false);
+    bench_maxpool_grad("cnn pool2 grad 2x2 blocked", (int64_t[]){64, 64, 11, 11}, 2, 2, true);
     return 0;
 }
