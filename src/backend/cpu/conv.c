@@ -31,6 +31,10 @@
  * forces a path (if the form allows it; else im2col): for tests and
  * benchmarks.
  *
+ * A buffer the plan keeps channel-blocked (plan.h) is described to oneDNN
+ * as such (rfi_cpu_conv_take_blocked): no reorder at all when that is the
+ * primitive's own layout.
+ *
  * A CALL step's epilogue (plan.h) runs inside oneDNN's forward convolution
  * when that path is taken and accepts it: a leading per-channel bias as the
  * primitive's bias input, the rest as post-ops (a residual as a binary add of

@@ -28,6 +28,10 @@
  * select window by window into a zeroed plane; the remaining forms
  * accumulate in double (f32: in the workspace).
  *
+ * The non-overlapping f32 form over [N, C, H, W] also runs with any of its
+ * tensors channel-blocked (plan.h: rfi_cpu_native_take_layouts), window by
+ * window for 16 channels at once.
+ *
  * Deliberately not here: integer dtypes, mixed dtypes (the services keep the
  * reference kernel for them), other FALLBACK ops.
  */

@@ -31,8 +31,15 @@
  * blocks of their own, reused by groups that do not overlap in time
  * (RF_CONV_SHARE=0 turns this off).
  *
+ * Channel-blocked values (plan.h, layout.c): a convolution or a max-pool
+ * gradient that takes the layout reads and writes it directly
+ * (rfi_cpu_conv_take_blocked, rfi_cpu_native_take_layouts); for any other
+ * call a blocked operand is reordered into a plain copy in the workspace
+ * before the call and a blocked result out of one after it (take_layouts),
+ * so every implementation sees the layouts it was written for.
+ *
  * Deliberately not here: choosing which nodes become CALL steps (the plan),
- * generated code, blocked memory formats for the generated loops.
+ * which values are blocked (the plan's layout pass), generated code.
  */
 #include "services.h"
 
