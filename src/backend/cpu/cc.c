@@ -31,10 +31,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Flags between the program name and "-o"; -lm goes after the source. */
+/* Flags between the program name and "-o"; -lm goes after the source.
+ * -funswitch-loops: a select on a condition that does not change along the
+ * innermost loop (a padding guard of the outer indices) otherwise keeps gcc
+ * -O2 from vectorising that loop; unswitched, each copy vectorises (the cnn's
+ * second max-pool gradient: 0.75 -> 0.2 ms). */
 static const char *const compile_flags[] = {
     "-O2", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
-    "-fno-trapping-math", "-march=native",
+    "-fno-trapping-math", "-funswitch-loops", "-march=native",
 };
 #define N_COMPILE_FLAGS (sizeof compile_flags / sizeof compile_flags[0])
 #define OUTPUT_KEEP (64 * 1024)  /* compiler output kept in memory; the rest is drained */
