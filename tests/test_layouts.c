@@ -2,8 +2,9 @@
  * keeps channel-blocked (src/backend/layout.c) give the interpreter's
  * results, on every path that touches the layout: the convolutions reading
  * and writing it directly, the services' reorders around a convolution that
- * does not take it (RF_CONV_PATH=im2col), the max-pool gradient's 2x2 kernel
- * and its general one (3x3 windows), a pool whose result is row-major (it
+ * does not take it (RF_CONV_PATH=im2col), the max-pool gradients unrolled
+ * (src/passes/pools.c) and, with RF_UNROLL_POOLS=0, the native kernel's 2x2
+ * and general (3x3 windows) blocked paths, a pool whose result is row-major (it
  * feeds the dense layer), and windows that leave a row and a column
  * uncovered (5x5 pooled by 2).
  *
@@ -47,10 +48,11 @@ static void set_env(const char *name, const char *value)
 
 /* Three steps of a fresh model under the given settings; the losses in out. */
 static void run_variant(const char *label, const char *blocked, const char *conv_path,
-                        double *out)
+                        const char *unroll_pools, double *out)
 {
     set_env("RF_BLOCKED", blocked);
     set_env("RF_CONV_PATH", conv_path);
+    set_env("RF_UNROLL_POOLS", unroll_pools);
     rf_model *host = model();
     rf_model *m = host ? rf_model_to(host, dev) : NULL;
     rf_model_free(host);
@@ -79,18 +81,21 @@ static void run_variant(const char *label, const char *blocked, const char *conv
     rf_array_free(yh);
     set_env("RF_BLOCKED", NULL);
     set_env("RF_CONV_PATH", NULL);
+    set_env("RF_UNROLL_POOLS", NULL);
 }
 
 int main(void)
 {
     dev = rf_device_cpu();
-    double blocked[STEPS], reordered[STEPS], plain[STEPS];
-    run_variant("blocked", NULL, NULL, blocked);
-    run_variant("blocked, im2col convolutions", NULL, "im2col", reordered);
-    run_variant("row-major", "0", NULL, plain);
+    double blocked[STEPS], reordered[STEPS], native[STEPS], plain[STEPS];
+    run_variant("blocked", NULL, NULL, NULL, blocked);
+    run_variant("blocked, im2col convolutions", NULL, "im2col", NULL, reordered);
+    run_variant("blocked, native max-pool gradients", NULL, NULL, "0", native);
+    run_variant("row-major", "0", NULL, NULL, plain);
     for (int s = 0; s < STEPS; s++) {
         CHECK_NEAR(blocked[s], plain[s], 0, 1e-5);
         CHECK_NEAR(reordered[s], plain[s], 0, 1e-5);
+        CHECK_NEAR(native[s], plain[s], 0, 1e-5);
     }
     return tu_finish("test_layouts");
 }

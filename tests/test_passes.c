@@ -1,4 +1,5 @@
-/* test_passes.c: the optimisation passes rfi_simplify and rfi_cse.
+/* test_passes.c: the optimisation passes rfi_simplify, rfi_cse and
+ * rfi_unroll_pools.
  *
  * Each rewrite is checked on the printed IR (rfi_print) of a small graph
  * built with the internal API, and semantically: the original and the
@@ -576,6 +577,86 @@ static void test_pooled_gradient_mask(void)
     CHECK(!pooled_mask_moved(w22, w22, 1)); /* padded: left alone */
 }
 
+/* ---- Unrolled pools (pools.c) ------------------------------------------------------ */
+
+/* A max pool of x [xd] and its gradient select_and_scatter(x, s) (windows
+ * `win`, strides `st`, padding `pad` on the last two dims) through
+ * rfi_unroll_pools: returns whether both were rewritten (no reduce_window or
+ * select_and_scatter left), after checking the results bitwise, on x full of
+ * ties, signed zeros, NaNs (first NaN wins), infinities and negatives. */
+static bool pool_unrolled(const int64_t *xd, const int64_t *win, const int64_t *st, int64_t pad,
+                          rf_dtype dt)
+{
+    int64_t sd[4];
+    for (int d = 0; d < 4; d++)
+        sd[d] = (xd[d] + (d >= 2 ? 2 * pad : 0) - win[d]) / st[d] + 1;
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
+    const rf_dtype dts[2] = {dt, dt};
+    const int ranks[2] = {4, 4};
+    int64_t dims[2][RF_MAX_RANK] = {{xd[0], xd[1], xd[2], xd[3]}, {sd[0], sd[1], sd[2], sd[3]}};
+    CHECK_OK(rfi_graph_set_args(g, 2, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims));
+    rfi_node *x = arg(g, 0), *src = arg(g, 1);
+    rfi_attrs a = attrs0();
+    for (int k = 0; k < 4; k++)
+        a.nl[k] = 4;
+    for (int d = 0; d < 4; d++) {
+        a.l[0][d] = win[d];
+        a.l[1][d] = st[d];
+        a.l[2][d] = a.l[3][d] = d >= 2 ? pad : 0;
+    }
+    a.i[0] = RF_REDUCE_MAX;
+    rfi_graph_add_output(g, node(g, RFI_OP_REDUCE_WINDOW, &x, 1, &a, dt, NULL, 0));
+    rfi_node *sas_in[2] = {x, src};
+    rfi_graph_add_output(g, node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, dt, NULL, 0));
+    int64_t nx = rfi_numel(xd, 4), ns = rfi_numel(sd, 4);
+    double *xv = calloc((size_t)nx, 8), *sv = calloc((size_t)ns, 8);
+    const double pattern[11] = {0.0, -0.0, 1.0, 1.0, NAN, -2.0, 3.0, -0.0, INFINITY, -INFINITY,
+                                3.0};
+    for (int64_t i = 0; i < nx; i++)
+        rfi_st_f(xv, dt, i, i % 13 == 5 ? 7.0 : pattern[(i * 7) % 11]);
+    for (int64_t i = 0; i < ns; i++)
+        rfi_st_f(sv, dt, i, i % 9 == 4 ? -0.0 : (double)(i % 7) - 2.5);
+    void *args[2] = {xv, sv};
+    rfi_graph *out = apply(rfi_unroll_pools, g);
+    bool unrolled = false;
+    if (out) {
+        CHECK(same_results(g, out, args));
+        unrolled = true;
+        for (int i = 0; i < out->n_nodes; i++)
+            unrolled &= out->nodes[i]->op != RFI_OP_REDUCE_WINDOW &&
+                        out->nodes[i]->op != RFI_OP_SELECT_AND_SCATTER;
+        if (getenv("TP_SHOW")) {
+            char *text = rfi_print(out);
+            printf("%s", text ? text : "");
+            rfi_free(text);
+        }
+    }
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    free(xv);
+    free(sv);
+    return unrolled;
+}
+
+static void test_unrolled_pools(void)
+{
+    const int64_t x8[4] = {2, 3, 8, 6}, x_odd[4] = {2, 2, 7, 5}, x_row[4] = {1, 2, 3, 9};
+    const int64_t w22[4] = {1, 1, 2, 2}, w33[4] = {1, 1, 3, 3}, w13[4] = {1, 1, 1, 3};
+    const int64_t w2c[4] = {1, 2, 2, 1}, w55[4] = {1, 1, 5, 5}, s11[4] = {1, 1, 1, 1};
+    CHECK(pool_unrolled(x8, w22, w22, 0, RF_F32));    /* the usual 2x2 pooling */
+    CHECK(pool_unrolled(x8, w22, w22, 0, RF_F64));
+    CHECK(pool_unrolled(x_odd, w22, w22, 0, RF_F32)); /* an uncovered row and column */
+    CHECK(pool_unrolled(x_odd, w33, w33, 0, RF_F32)); /* 9 points, two rows uncovered */
+    CHECK(pool_unrolled(x_row, w13, w13, 0, RF_F32)); /* a window along one dim */
+    CHECK(pool_unrolled(x8, w2c, w2c, 0, RF_F32));    /* across channels too */
+    CHECK(!pool_unrolled(x_odd, w55, w55, 0, RF_F32)); /* 25 points: kept */
+    CHECK(!pool_unrolled(x8, w22, s11, 0, RF_F32));   /* overlapping: kept */
+    CHECK(!pool_unrolled(x8, w22, w22, 1, RF_F32));   /* padded: kept */
+    setenv("RF_UNROLL_POOLS", "0", 1);
+    CHECK(!pool_unrolled(x8, w22, w22, 0, RF_F32));   /* turned off */
+    unsetenv("RF_UNROLL_POOLS");
+}
+
 /* ---- Constants ------------------------------------------------------------------------ */
 
 static void test_constants(void)
@@ -1076,6 +1157,7 @@ int main(void)
     test_shape_chains();
     test_transposed_dot_operands();
     test_pooled_gradient_mask();
+    test_unrolled_pools();
     test_constants();
     test_large_constants();
     test_cse();

@@ -10,8 +10,10 @@
  * read and write the library's layout directly.
  *
  * A value is blocked when
- *   - it can be: an f32 [N, C, H, W] arena value, C a multiple of 16, whose
+ *   - it can be: an [N, C, H, W] arena value, C a multiple of 16, whose
  *     bytes no other node aliases (a reshape would read them row-major);
+ *     calls take f32 values only (generated steps any dtype: the byte
+ *     codes of a max pool, pools.c, follow its pooled values);
  *   - every step touching it takes the layout: generated LOOP (unless
  *     segmented) and REDUCE steps; a convolution reading it through a
  *     transposed view, or (unless it is a weight gradient) reading it as its
@@ -20,9 +22,10 @@
  *     gradient) reading or writing it; never a matmul, another call or a
  *     copy;
  *   - and it pays: a convolution writes or reads it, or a generated or
- *     scatter step computes it from, or into, a blocked value of its own
- *     shape (repeated until nothing changes: the relu mask between an input
- *     gradient and a pool gradient).
+ *     scatter step computes it from, or into, a blocked value of the same
+ *     images and channels (repeated until nothing changes: the relu mask
+ *     between an input gradient and a pool gradient, a pool's codes and the
+ *     cotangent its gradient spreads).
  * The services take any layout on any call (services.c reorders where an
  * implementation does not), so these rules decide speed, never correctness.
  */
@@ -43,7 +46,7 @@ typedef struct layout_pass {
 
 static bool blockable(const rfi_plan *p, const rfi_node *x)
 {
-    return p->loc[x->id].kind == RFI_LOC_ARENA && x->dtype == RF_F32 && x->rank == 4 &&
+    return p->loc[x->id].kind == RFI_LOC_ARENA && x->rank == 4 &&
            x->dims[1] >= RFI_LAYOUT_BLOCK && x->dims[1] % RFI_LAYOUT_BLOCK == 0 &&
            rfi_node_numel(x) > 0;
 }
@@ -113,12 +116,14 @@ static void touch_call(layout_pass *L, const rfi_step *s)
                     L->p->loc[x->id].kind == RFI_LOC_INLINE;
         if (view)
             x = x->in[0];
-        touch(L, x, (activations && j == 0) || view || (scatter && j < 2), conv);
+        bool takes = (activations && j == 0) || view || (scatter && j < 2);
+        touch(L, x, takes && x->dtype == RF_F32, conv);
     }
     for (int e = 0; e < s->n_epilogue; e++)
         if (s->epilogue[e].operand >= 0)
             touch(L, L->g->nodes[s->epilogue[e].operand], false, false);
-    touch(L, L->g->nodes[s->roots[0]], (activations && !has_residual(s)) || scatter, conv);
+    const rfi_node *root = L->g->nodes[s->roots[0]];
+    touch(L, root, ((activations && !has_residual(s)) || scatter) && root->dtype == RF_F32, conv);
 }
 
 /* Records in L->touched every node step q reads or writes (ok and by_conv updated). */
@@ -144,12 +149,16 @@ static void walk_step(layout_pass *L, int q)
     }
 }
 
-static bool same_dims(const rfi_node *a, const rfi_node *b)
+/* Both [N, C, ...] with the same N and C: a kernel walking one in blocked
+ * order reads or writes the other's lanes contiguously too when it is
+ * blocked (a pool's result and codes beside its operand, a cotangent beside
+ * the gradient scattered from it). */
+static bool same_images(const rfi_node *a, const rfi_node *b)
 {
-    return a->rank == b->rank && memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank) == 0;
+    return a->rank == 4 && b->rank == 4 && a->dims[0] == b->dims[0] && a->dims[1] == b->dims[1];
 }
 
-/* One round of "computed from or into a blocked value of its own shape". */
+/* One round of "computed from or into a blocked value of the same images". */
 static bool spread(layout_pass *L)
 {
     bool changed = false;
@@ -164,7 +173,7 @@ static bool spread(layout_pass *L)
                 continue;
             for (int j = 0; j < L->n_touched; j++) {
                 const rfi_node *x = L->g->nodes[L->touched[j]];
-                if (L->ok[x->id] && L->p->layout[x->id] != RFI_LAYOUT_C16 && same_dims(x, y)) {
+                if (L->ok[x->id] && L->p->layout[x->id] != RFI_LAYOUT_C16 && same_images(x, y)) {
                     L->p->layout[x->id] = RFI_LAYOUT_C16;
                     changed = true;
                 }

@@ -82,6 +82,8 @@ static rf_status optimise(const rfi_graph *g, rfi_graph **out)
     rfi_graph *cur = (rfi_graph *)g;
     rf_status st = apply_pass(rfi_simplify, &cur, g);
     if (st == RF_OK)
+        st = apply_pass(rfi_unroll_pools, &cur, g);
+    if (st == RF_OK)
         st = apply_pass(rfi_cse, &cur, g);
     if (st == RF_OK)
         st = apply_pass(rfi_dce, &cur, g);

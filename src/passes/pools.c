@@ -1,0 +1,365 @@
+/* pools.c: max pooling over non-overlapping windows, and its gradient, as
+ * elementwise ops over the windows' strided slices (rfi_unroll_pools).
+ *
+ * Why: the gradient of a max pool, select_and_scatter(x, s), finds each
+ * window's maximum again, so the backward pass reads the whole pre-pool
+ * activation a second time, long after the forward pass wrote it (the cnn's
+ * first pool: 5.5 MB from memory per step). Here the forward pass records
+ * which point of its window each output took, one byte per output, in the
+ * same loop that computes the pooled maximum; the gradient then reads those
+ * codes and the cotangent only, and the activation dies after its pool.
+ *
+ * For a float x with windows w_d, strides equal to the windows and no
+ * padding, and at most MAX_POINTS points per window (P = prod w_d), with
+ * v_p the strided slice of x at window point p (row-major over the window):
+ *   reduce_window_max(x)         -> max(...max(v_0, v_1)..., v_{P-1})
+ *   select_and_scatter(x, s)     -> pad(reshape(select(codes_b == p_b,
+ *                                   +0 + s_b, +0)), +0): codes(x) is the
+ *                                   first p whose v_p ranks highest (NaN above
+ *                                   every number, the first NaN winning),
+ *                                   codes_b and s_b broadcast over each
+ *                                   window, p_b its point numbers, and the
+ *                                   padding covers the rows and columns no
+ *                                   window reaches.
+ * Both are bitwise what the interpreter computes (its window fold is the
+ * same max from the same first value; its scatter adds each selected source
+ * value to +0 once, and leaves everything else +0), and CSE shares the
+ * slices between a pool and its gradient. The plan then fuses the codes
+ * and the pooled maximum into one loop over the pooled shape.
+ *
+ * Deliberately not here: overlapping or padded windows, sum pools, integer
+ * data (they keep their ops). Run by the compiling backends only (the
+ * interpreter keeps the ops it defines them by).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes/passes.h"
+#include "runtime/runtime.h"
+
+#define MAX_POINTS 16 /* the most points per window unrolled */
+#define CODE_T RF_I32 /* the codes' dtype */
+
+typedef struct window {
+    int rank;
+    int64_t win[RF_MAX_RANK];
+    int64_t out[RF_MAX_RANK]; /* windows along each dim */
+    int64_t points;
+} window;
+
+/* The window of a pool or pool gradient over x, when this pass takes it. */
+static bool window_of(const rfi_node *x, const rfi_attrs *at, window *w)
+{
+    if (!rfi_dtype_is_float(x->dtype) || x->rank < 1)
+        return false;
+    int split = 0;
+    w->rank = x->rank;
+    w->points = 1;
+    for (int d = 0; d < x->rank; d++) {
+        int64_t win = at->l[0][d];
+        if (win < 1 || at->l[1][d] != win || at->l[2][d] != 0 || at->l[3][d] != 0 ||
+            x->dims[d] < win)
+            return false;
+        w->win[d] = win;
+        w->out[d] = x->dims[d] / win;
+        w->points *= win;
+        split += win > 1;
+    }
+    return w->points >= 2 && w->points <= MAX_POINTS && x->rank + split <= RF_MAX_RANK;
+}
+
+static rfi_node *scalar(rfi_graph *c, rf_dtype dt, double v)
+{
+    unsigned char bytes[8];
+    if (dt == RF_F32) {
+        float f = (float)v;
+        memcpy(bytes, &f, sizeof f);
+    } else if (dt == RF_F64) {
+        memcpy(bytes, &v, sizeof v);
+    } else {
+        int32_t i = (int32_t)v; /* CODE_T codes */
+        memcpy(bytes, &i, sizeof i);
+    }
+    rfi_attrs a;
+    memset(&a, 0, sizeof a);
+    a.data = bytes;
+    a.nbytes = rf_dtype_size(dt);
+    return rfi_node_new(c, RFI_OP_CONSTANT, NULL, 0, &a, dt, NULL, 0);
+}
+
+static rfi_node *splat(rfi_graph *c, rf_dtype dt, double v, const int64_t *dims, int rank)
+{
+    rfi_node *s = scalar(c, dt, v);
+    rfi_attrs a;
+    memset(&a, 0, sizeof a);
+    return rank == 0 ? s : rfi_node_new(c, RFI_OP_BROADCAST_IN_DIM, &s, 1, &a, dt, dims, rank);
+}
+
+static rfi_node *binary(rfi_graph *c, rfi_op op, rfi_node *a, rfi_node *b)
+{
+    rfi_node *in[2] = {a, b};
+    return rfi_node_new(c, op, in, 2, NULL, a ? a->dtype : RF_F32, NULL, 0);
+}
+
+static rfi_node *compare(rfi_graph *c, rf_cmp cmp, rfi_node *a, rfi_node *b)
+{
+    rfi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.i[0] = cmp;
+    rfi_node *in[2] = {a, b};
+    return rfi_node_new(c, RFI_OP_COMPARE, in, 2, &at, RF_BOOL, NULL, 0);
+}
+
+static rfi_node *select3(rfi_graph *c, rfi_node *p, rfi_node *a, rfi_node *b)
+{
+    rfi_node *in[3] = {p, a, b};
+    return rfi_node_new(c, RFI_OP_SELECT, in, 3, NULL, a ? a->dtype : RF_F32, NULL, 0);
+}
+
+/* x's elements at window point p of every window (p row-major over the window). */
+static rfi_node *point_slice(rfi_graph *c, rfi_node *x, const window *w, int64_t p)
+{
+    rfi_attrs a;
+    memset(&a, 0, sizeof a);
+    for (int d = w->rank - 1; d >= 0; d--) {
+        int64_t at = p % w->win[d];
+        p /= w->win[d];
+        a.l[0][d] = at;
+        a.l[1][d] = at + (w->out[d] - 1) * w->win[d] + 1;
+        a.l[2][d] = w->win[d];
+    }
+    a.nl[0] = a.nl[1] = a.nl[2] = w->rank;
+    return rfi_node_new(c, RFI_OP_SLICE, &x, 1, &a, x->dtype, NULL, 0);
+}
+
+/* The running maxima of the window's points: max(..max(v_0, v_1).., v_p)
+ * for p = 0..points-1 in prefix[p] (prefix[points-1] is the pooled value).
+ * Folded from the first point, as the interpreter's window fold from its
+ * identity -inf: max(-inf, v) is v for every v, NaN included. */
+static void running_max(rfi_graph *c, rfi_node *x, const window *w, rfi_node **prefix)
+{
+    prefix[0] = point_slice(c, x, w, 0);
+    for (int64_t p = 1; p < w->points; p++)
+        prefix[p] = binary(c, RFI_OP_MAX, prefix[p - 1], point_slice(c, x, w, p));
+}
+
+/* Codes: the window point each output's maximum comes from, as
+ * select_and_scatter selects it: the last point p that ranks strictly above
+ * all before it, where NaN ranks above every number and the first NaN wins.
+ * With M the running maximum (NaN once a NaN was met), point p is above its
+ * predecessors iff v_p > M_{p-1}, or v_p is NaN and M_{p-1} is not. Float
+ * compares and integer selects only, so that the loop vectorises; it reads
+ * the running maxima, never the pooled value itself, so the plan computes
+ * the codes in the pooling loop. */
+static rfi_node *window_codes(rfi_graph *c, rfi_node *x, const window *w)
+{
+    rfi_node *prefix[MAX_POINTS];
+    running_max(c, x, w, prefix);
+    rfi_node *m = prefix[0];
+    rfi_node *code = m ? splat(c, CODE_T, 0, m->dims, m->rank) : NULL;
+    for (int64_t p = 1; p < w->points && code; p++) {
+        rfi_node *v = point_slice(c, x, w, p), *before = prefix[p - 1];
+        rfi_node *first_nan = binary(c, RFI_OP_AND, compare(c, RF_NE, v, v),
+                                     compare(c, RF_EQ, before, before));
+        rfi_node *above = binary(c, RFI_OP_OR, compare(c, RF_GT, v, before), first_nan);
+        code = select3(c, above, splat(c, CODE_T, (double)p, m->dims, m->rank), code);
+    }
+    return code;
+}
+
+/* The window-split shape [.., out_d, win_d, ..] (win_d only where > 1):
+ * *rank, dims, and per x dim the position of its out axis (at_out) and of its
+ * window axis (at_win, -1 when the window is 1). */
+static void split_shape(const window *w, int *rank, int64_t *dims, int64_t *at_out,
+                        int64_t *at_win)
+{
+    int r = 0;
+    for (int d = 0; d < w->rank; d++) {
+        at_out[d] = r;
+        dims[r++] = w->out[d];
+        at_win[d] = -1;
+        if (w->win[d] > 1) {
+            at_win[d] = r;
+            dims[r++] = w->win[d];
+        }
+    }
+    *rank = r;
+}
+
+/* The point numbers of one window, broadcast over the split shape. */
+static rfi_node *point_numbers(rfi_graph *c, const window *w, const int64_t *dims, int rank,
+                               const int64_t *at_win)
+{
+    int32_t numbers[MAX_POINTS];
+    int64_t wdims[RF_MAX_RANK];
+    rfi_attrs b;
+    memset(&b, 0, sizeof b);
+    int nw = 0;
+    for (int d = 0; d < w->rank; d++)
+        if (at_win[d] >= 0) {
+            wdims[nw] = w->win[d];
+            b.l[0][nw++] = at_win[d];
+        }
+    b.nl[0] = nw;
+    for (int64_t p = 0; p < w->points; p++)
+        numbers[p] = (int32_t)p;
+    rfi_attrs a;
+    memset(&a, 0, sizeof a);
+    a.data = numbers;
+    a.nbytes = (size_t)w->points * sizeof numbers[0];
+    rfi_node *k = rfi_node_new(c, RFI_OP_CONSTANT, NULL, 0, &a, CODE_T, wdims, nw);
+    return rfi_node_new(c, RFI_OP_BROADCAST_IN_DIM, &k, 1, &b, CODE_T, dims, rank);
+}
+
+static rfi_node *over_windows(rfi_graph *c, rfi_node *v, const int64_t *dims, int rank,
+                              const int64_t *at_out, int xrank)
+{
+    rfi_attrs b;
+    memset(&b, 0, sizeof b);
+    b.nl[0] = xrank;
+    memcpy(b.l[0], at_out, (size_t)xrank * sizeof(int64_t));
+    return rfi_node_new(c, RFI_OP_BROADCAST_IN_DIM, &v, 1, &b, v ? v->dtype : CODE_T, dims, rank);
+}
+
+/* select_and_scatter(x, s) from x's codes (see the file comment). */
+static rfi_node *scatter_by_codes(rfi_graph *c, rfi_node *x, rfi_node *s, const window *w,
+                                  rfi_node *x_codes)
+{
+    int rank = 0;
+    int64_t dims[RF_MAX_RANK], at_out[RF_MAX_RANK], at_win[RF_MAX_RANK];
+    split_shape(w, &rank, dims, at_out, at_win);
+    rfi_node *codes = over_windows(c, x_codes, dims, rank, at_out, w->rank);
+    rfi_node *chosen = compare(c, RF_EQ, codes, point_numbers(c, w, dims, rank, at_win));
+    rfi_node *zero = splat(c, x->dtype, 0.0, dims, rank);
+    rfi_node *value = binary(c, RFI_OP_ADD, zero, over_windows(c, s, dims, rank, at_out, w->rank));
+    rfi_node *spread = select3(c, chosen, value, zero);
+    int64_t covered[RF_MAX_RANK];
+    bool short_of_x = false;
+    for (int d = 0; d < w->rank; d++) {
+        covered[d] = w->out[d] * w->win[d];
+        short_of_x |= covered[d] < x->dims[d];
+    }
+    rfi_node *r = rfi_node_new(c, RFI_OP_RESHAPE, &spread, 1, NULL, x->dtype, covered, w->rank);
+    if (!short_of_x)
+        return r;
+    rfi_attrs p;
+    memset(&p, 0, sizeof p);
+    p.nl[0] = p.nl[1] = p.nl[2] = w->rank;
+    for (int d = 0; d < w->rank; d++)
+        p.l[1][d] = x->dims[d] - covered[d];
+    rfi_node *in[2] = {r, scalar(c, x->dtype, 0.0)};
+    return rfi_node_new(c, RFI_OP_PAD, in, 2, &p, x->dtype, NULL, 0);
+}
+
+/* The codes made for one pooled operand and window, so that a pool and its
+ * gradient share them. */
+typedef struct codes_memo {
+    const rfi_node *x;
+    rfi_attrs window;
+    rfi_node *codes;
+} codes_memo;
+
+typedef struct unroller {
+    rfi_graph *c;
+    codes_memo *memo;
+    int n_memo, cap_memo;
+} unroller;
+
+static bool same_window(const rfi_attrs *a, const rfi_attrs *b, int rank)
+{
+    for (int k = 0; k < 4; k++)
+        if (memcmp(a->l[k], b->l[k], sizeof(int64_t) * (size_t)rank) != 0)
+            return false;
+    return true;
+}
+
+/* x's codes under window attrs at: made once, at the first pool or gradient
+ * that asks (the pool comes first, so the plan schedules them with it). */
+static rfi_node *codes_of(unroller *u, rfi_node *x, const rfi_attrs *at, const window *w)
+{
+    for (int i = 0; i < u->n_memo; i++)
+        if (u->memo[i].x == x && same_window(&u->memo[i].window, at, x->rank))
+            return u->memo[i].codes;
+    if (u->n_memo == u->cap_memo) {
+        int cap = u->cap_memo ? 2 * u->cap_memo : 8;
+        codes_memo *m = rfi_realloc(u->memo, (size_t)cap * sizeof *m);
+        if (!m)
+            return NULL;
+        u->memo = m;
+        u->cap_memo = cap;
+    }
+    rfi_node *codes = window_codes(u->c, x, w);
+    u->memo[u->n_memo++] = (codes_memo){x, *at, codes};
+    return codes;
+}
+
+/* The rewrite of n over its mapped operands, or NULL to copy it (u->c's
+ * status tells a failure). */
+static rfi_node *unroll(unroller *u, const rfi_node *n, rfi_node *const *in)
+{
+    window w;
+    if (n->op == RFI_OP_REDUCE_WINDOW && n->attr.i[0] == RF_REDUCE_MAX &&
+        window_of(in[0], &n->attr, &w)) {
+        rfi_node *prefix[MAX_POINTS];
+        running_max(u->c, in[0], &w, prefix);
+        return codes_of(u, in[0], &n->attr, &w) ? prefix[w.points - 1] : NULL;
+    }
+    if (n->op == RFI_OP_SELECT_AND_SCATTER && in[1]->dtype == n->dtype &&
+        in[0]->dtype == n->dtype && window_of(in[0], &n->attr, &w)) {
+        rfi_node *codes = codes_of(u, in[0], &n->attr, &w);
+        return codes ? scatter_by_codes(u->c, in[0], in[1], &w, codes) : NULL;
+    }
+    return NULL;
+}
+
+static bool unrolling_wanted(void)
+{
+    const char *v = getenv("RF_UNROLL_POOLS");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out)
+{
+    if (!out || !g)
+        return rfi_error(RF_E_INVALID, "unroll_pools: NULL %s", g ? "output pointer" : "graph");
+    *out = NULL;
+    int max_in = 1;
+    for (int id = 0; id < g->n_nodes; id++)
+        max_in = g->nodes[id]->n_in > max_in ? g->nodes[id]->n_in : max_in;
+    rfi_node **map = rfi_calloc(g->n_nodes > 0 ? (size_t)g->n_nodes : 1, sizeof *map);
+    rfi_node **ins = rfi_calloc((size_t)max_in, sizeof *ins);
+    rfi_graph *c = NULL;
+    rf_status st = map && ins ? rfi_graph_new_like(g, &c)
+                              : rfi_error(RF_E_NOMEM, "unroll_pools: out of memory");
+    unroller u = {c, NULL, 0, 0};
+    bool wanted = unrolling_wanted();
+    for (int id = 0; st == RF_OK && id < g->n_nodes; id++) {
+        const rfi_node *n = g->nodes[id];
+        for (int k = 0; k < n->n_in; k++)
+            ins[k] = map[n->in[k]->id];
+        rfi_node *r = wanted ? unroll(&u, n, ins) : NULL;
+        if (!r && c->status == RF_OK) /* not taken (or no memory for the memo): keep it */
+            r = rfi_node_clone(c, n, ins);
+        if (!r) {
+            st = c->status != RF_OK ? c->status
+                                    : rfi_error(RF_E_NOMEM, "unroll_pools: out of memory");
+            break;
+        }
+        if (r->dtype != n->dtype || r->rank != n->rank ||
+            memcmp(r->dims, n->dims, sizeof(int64_t) * (size_t)n->rank) != 0) {
+            st = rfi_error(RF_E_INTERNAL, "unroll_pools: rewriting %s node %%%d changed its type",
+                           rfi_op_table[n->op].name, id);
+            break;
+        }
+        map[id] = r;
+    }
+    if (st == RF_OK)
+        st = rfi_graph_copy_results(g, c, map);
+    if (st == RF_OK)
+        st = rfi_dce(c, out);
+    rfi_free(map);
+    rfi_free(ins);
+    rfi_free(u.memo);
+    rfi_graph_free(c);
+    return st;
+}
