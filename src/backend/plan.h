@@ -24,6 +24,12 @@
  * at the index it writes. Updates not planned in place are computed into the
  * arena and copied into their capture by the last steps of the program, after
  * every other read of the old value.
+ *
+ * Layouts. A buffer holds its node row-major, except the values the layout
+ * pass (layout.c) keeps channel-blocked, RFI_LAYOUT_C16: an [N, C, H, W]
+ * arena value with C a multiple of 16 stored as [N, C/16, H, W, 16]
+ * (oneDNN's nChw16c), the same bytes. Every step addresses such a buffer
+ * through rfi_layout_offset's mapping.
  */
 #ifndef RF_BACKEND_PLAN_H
 #define RF_BACKEND_PLAN_H
