@@ -674,6 +674,16 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
 }
 
 /* One attempt at a LOOP kernel: flat (one loop over all elements) or over the shape. */
+/* The root whose layout orders a LOOP step's loops: a channel-blocked one if
+ * any (a pool's blocked codes beside its row-major result), else the first. */
+static const rfi_node *ordering_root(const lower *L, const rfi_step *st)
+{
+    for (int r = 0; r < st->n_roots; r++)
+        if (rfi_plan_layout(L->p, st->roots[r]) == RFI_LAYOUT_C16)
+            return L->g->nodes[st->roots[r]];
+    return L->g->nodes[st->roots[0]];
+}
+
 static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
 {
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
@@ -683,7 +693,7 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
     if (flat)
         vars[0] = loop_var(L, rfi_node_numel(r0), false);
     else
-        root_loops(L, r0, vars);
+        root_loops(L, ordering_root(L, st), vars);
     for (int r = 0; r < st->n_roots; r++) {
         const rfi_node *root = L->g->nodes[st->roots[r]];
         if (root->rank != r0->rank || rfi_node_numel(root) != rfi_node_numel(r0) ||
@@ -707,7 +717,8 @@ static rf_status lower_loop(lower *L, const rfi_step *st)
 {
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
     kernel_name(L->k, r0);
-    bool flat = r0->rank >= 2 && rfi_plan_layout(L->p, r0->id) == RFI_LAYOUT_PLAIN;
+    bool flat = r0->rank >= 2 &&
+                rfi_plan_layout(L->p, ordering_root(L, st)->id) == RFI_LAYOUT_PLAIN;
     rf_status s = lower_loop_as(L, st, flat);
     if (s == RF_OK && flat && L->wants_multi) { /* flat needs div/mod: use the shape */
         reset_kernel(L, L->k ? L->k->step : 0);
