@@ -581,12 +581,17 @@ static void test_pooled_gradient_mask(void)
 
 /* A max pool of x [xd] and its gradient select_and_scatter(x, s) (windows
  * `win`, strides `st`, padding `pad` on the last two dims) through
- * rfi_unroll_pools: returns whether both were rewritten (no reduce_window or
+ * rfi_unroll_pools, with a bias gradient's sum of the gradient over dims 0, 2
+ * and 3: returns whether both were rewritten (no reduce_window or
  * select_and_scatter left), after checking the results bitwise, on x full of
- * ties, signed zeros, NaNs (first NaN wins), infinities and negatives. */
+ * ties, signed zeros, NaNs (first NaN wins), infinities and negatives (the
+ * sum too: its terms, halves and small integers, add exactly in any order). */
+static bool summed_source; /* set by pool_unrolled: the gradient's sum reads the cotangent */
+
 static bool pool_unrolled(const int64_t *xd, const int64_t *win, const int64_t *st, int64_t pad,
                           rf_dtype dt)
 {
+    summed_source = false;
     int64_t sd[4];
     for (int d = 0; d < 4; d++)
         sd[d] = (xd[d] + (d >= 2 ? 2 * pad : 0) - win[d]) / st[d] + 1;
@@ -607,7 +612,12 @@ static bool pool_unrolled(const int64_t *xd, const int64_t *win, const int64_t *
     a.i[0] = RF_REDUCE_MAX;
     rfi_graph_add_output(g, node(g, RFI_OP_REDUCE_WINDOW, &x, 1, &a, dt, NULL, 0));
     rfi_node *sas_in[2] = {x, src};
-    rfi_graph_add_output(g, node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, dt, NULL, 0));
+    rfi_node *sas = node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, dt, NULL, 0);
+    rfi_graph_add_output(g, sas);
+    const int64_t bias_axes[3] = {0, 2, 3}; /* a bias gradient's sum */
+    rfi_attrs sum = list_attr(bias_axes, 3);
+    sum.i[0] = RF_REDUCE_SUM;
+    rfi_graph_add_output(g, node(g, RFI_OP_REDUCE, &sas, 1, &sum, dt, NULL, 0));
     int64_t nx = rfi_numel(xd, 4), ns = rfi_numel(sd, 4);
     double *xv = calloc((size_t)nx, 8), *sv = calloc((size_t)ns, 8);
     const double pattern[11] = {0.0, -0.0, 1.0, 1.0, NAN, -2.0, 3.0, -0.0, INFINITY, -INFINITY,
@@ -622,9 +632,14 @@ static bool pool_unrolled(const int64_t *xd, const int64_t *win, const int64_t *
     if (out) {
         CHECK(same_results(g, out, args));
         unrolled = true;
-        for (int i = 0; i < out->n_nodes; i++)
-            unrolled &= out->nodes[i]->op != RFI_OP_REDUCE_WINDOW &&
-                        out->nodes[i]->op != RFI_OP_SELECT_AND_SCATTER;
+        for (int i = 0; i < out->n_nodes; i++) {
+            const rfi_node *v = out->nodes[i];
+            unrolled &= v->op != RFI_OP_REDUCE_WINDOW && v->op != RFI_OP_SELECT_AND_SCATTER;
+            /* the sum reads the cotangent itself when the axes cover the window */
+            if (v->op == RFI_OP_REDUCE)
+                summed_source = v->in[0]->rank == 4 && v->in[0]->dims[2] == sd[2] &&
+                                v->in[0]->dims[3] == sd[3] && v->in[0]->dims[1] == sd[1];
+        }
         if (getenv("TP_SHOW")) {
             char *text = rfi_print(out);
             printf("%s", text ? text : "");
@@ -644,11 +659,13 @@ static void test_unrolled_pools(void)
     const int64_t w22[4] = {1, 1, 2, 2}, w33[4] = {1, 1, 3, 3}, w13[4] = {1, 1, 1, 3};
     const int64_t w2c[4] = {1, 2, 2, 1}, w55[4] = {1, 1, 5, 5}, s11[4] = {1, 1, 1, 1};
     CHECK(pool_unrolled(x8, w22, w22, 0, RF_F32));    /* the usual 2x2 pooling */
+    CHECK(summed_source);
     CHECK(pool_unrolled(x8, w22, w22, 0, RF_F64));
     CHECK(pool_unrolled(x_odd, w22, w22, 0, RF_F32)); /* an uncovered row and column */
     CHECK(pool_unrolled(x_odd, w33, w33, 0, RF_F32)); /* 9 points, two rows uncovered */
     CHECK(pool_unrolled(x_row, w13, w13, 0, RF_F32)); /* a window along one dim */
     CHECK(pool_unrolled(x8, w2c, w2c, 0, RF_F32));    /* across channels too */
+    CHECK(!summed_source); /* the sum keeps the channels the window spans */
     CHECK(!pool_unrolled(x_odd, w55, w55, 0, RF_F32)); /* 25 points: kept */
     CHECK(!pool_unrolled(x8, w22, s11, 0, RF_F32));   /* overlapping: kept */
     CHECK(!pool_unrolled(x8, w22, w22, 1, RF_F32));   /* padded: kept */

@@ -24,7 +24,11 @@
  * Both are bitwise what the interpreter computes (its window fold is the
  * same max from the same first value; its scatter adds each selected source
  * value to +0 once, and leaves everything else +0), and CSE shares the
- * slices between a pool and its gradient. The plan then fuses the codes
+ * slices between a pool and its gradient. One more rewrite is exact in real
+ * arithmetic only: a float sum of such a gradient over axes covering the
+ * window dims becomes the same sum of its cotangent (sum_of_grad: the same
+ * terms in another order, accumulated in double by both backends, as the
+ * compiled loops' vectorised sums already reorder). The plan then fuses the codes
  * and the pooled maximum into one loop over the pooled shape.
  *
  * Deliberately not here: overlapping or padded windows, sum pools, integer
@@ -259,11 +263,59 @@ typedef struct codes_memo {
     rfi_node *codes;
 } codes_memo;
 
+/* A gradient made here: its result, the cotangent it spreads, its window. */
+typedef struct spread_grad {
+    const rfi_node *out, *source;
+    window w;
+} spread_grad;
+
 typedef struct unroller {
     rfi_graph *c;
     codes_memo *memo;
     int n_memo, cap_memo;
+    spread_grad *grads;
+    int n_grads, cap_grads;
 } unroller;
+
+static void remember_grad(unroller *u, const rfi_node *out, const rfi_node *source,
+                          const window *w)
+{
+    if (u->n_grads == u->cap_grads) {
+        int cap = u->cap_grads ? 2 * u->cap_grads : 8;
+        spread_grad *g = rfi_realloc(u->grads, (size_t)cap * sizeof *g);
+        if (!g)
+            return; /* forgetting it only skips the sum rewrite */
+        u->grads = g;
+        u->cap_grads = cap;
+    }
+    u->grads[u->n_grads++] = (spread_grad){out, source, *w};
+}
+
+/* sum over axes of a gradient made here, when the axes cover every window
+ * dim: each cotangent element lands in exactly one position of its window
+ * and the rest is +0, so the sum is the cotangent's own sum over the same
+ * axes (the same terms in another order; both accumulate floats in double
+ * before one rounding). The bias gradient of a convolution before a pool
+ * then reads the pooled cotangent, not the 4x larger spread one. */
+static rfi_node *sum_of_grad(unroller *u, const rfi_node *n, rfi_node *x)
+{
+    if (n->attr.i[0] != RF_REDUCE_SUM)
+        return NULL;
+    for (int i = 0; i < u->n_grads; i++) {
+        const spread_grad *g = &u->grads[i];
+        if (g->out != x)
+            continue;
+        bool reduced[RF_MAX_RANK] = {false};
+        for (int a = 0; a < n->attr.nl[0]; a++)
+            reduced[n->attr.l[0][a]] = true;
+        for (int d = 0; d < g->w.rank; d++)
+            if (g->w.win[d] > 1 && !reduced[d])
+                return NULL;
+        rfi_node *src = (rfi_node *)g->source;
+        return rfi_node_new(u->c, RFI_OP_REDUCE, &src, 1, &n->attr, n->dtype, NULL, 0);
+    }
+    return NULL;
+}
 
 static bool same_window(const rfi_attrs *a, const rfi_attrs *b, int rank)
 {
@@ -307,8 +359,13 @@ static rfi_node *unroll(unroller *u, const rfi_node *n, rfi_node *const *in)
     if (n->op == RFI_OP_SELECT_AND_SCATTER && in[1]->dtype == n->dtype &&
         in[0]->dtype == n->dtype && window_of(in[0], &n->attr, &w)) {
         rfi_node *codes = codes_of(u, in[0], &n->attr, &w);
-        return codes ? scatter_by_codes(u->c, in[0], in[1], &w, codes) : NULL;
+        rfi_node *out = codes ? scatter_by_codes(u->c, in[0], in[1], &w, codes) : NULL;
+        if (out)
+            remember_grad(u, out, in[1], &w);
+        return out;
     }
+    if (n->op == RFI_OP_REDUCE && rfi_dtype_is_float(n->dtype))
+        return sum_of_grad(u, n, in[0]);
     return NULL;
 }
 
@@ -331,7 +388,7 @@ rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out)
     rfi_graph *c = NULL;
     rf_status st = map && ins ? rfi_graph_new_like(g, &c)
                               : rfi_error(RF_E_NOMEM, "unroll_pools: out of memory");
-    unroller u = {c, NULL, 0, 0};
+    unroller u = {c, NULL, 0, 0, NULL, 0, 0};
     bool wanted = unrolling_wanted();
     for (int id = 0; st == RF_OK && id < g->n_nodes; id++) {
         const rfi_node *n = g->nodes[id];
@@ -360,6 +417,7 @@ rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out)
     rfi_free(map);
     rfi_free(ins);
     rfi_free(u.memo);
+    rfi_free(u.grads);
     rfi_graph_free(c);
     return st;
 }
