@@ -626,12 +626,7 @@ static void root_loops(lower *L, const rfi_node *r, int *m)
         m[d] = loop_var(L, r->dims[d], false);
 }
 
-/* The outer loops of a REDUCE step's result n, ordered by the channel-blocked
- * layout where the step reads a blocked value (else root_loops): a pooling walks the operand's
- * blocks whatever its result's layout, and a reduction keeping the channels
- * (a bias gradient) runs them as block and lane loops, the lane last, so
- * that the renderer interchanges it (reduced loops outside, 16 lanes
- * contiguous inside) instead of striding through the operand per channel. */
+/* Whether one of the nodes ids reads a channel-blocked buffer. */
 static bool reads_blocked(const lower *L, const int *ids, int count)
 {
     for (int i = 0; i < count; i++) {
@@ -644,6 +639,13 @@ static bool reads_blocked(const lower *L, const int *ids, int count)
     return false;
 }
 
+/* The outer loops of a REDUCE step's result n, ordered by the channel-blocked
+ * layout where the step reads a blocked value (else root_loops): a pooling
+ * walks its operand's blocks whatever its result's layout, and a reduction
+ * keeping the channels (a bias gradient) runs them as block and lane loops,
+ * the lane last, so that the renderer interchanges it (reduced loops outside,
+ * 16 lanes contiguous inside) instead of striding through the operand once
+ * per channel. */
 static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m)
 {
     const rfi_node *x = n->n_in > 0 ? n->in[0] : NULL;
@@ -673,7 +675,6 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
     m[channel] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, RFI_LAYOUT_BLOCK)), lane);
 }
 
-/* One attempt at a LOOP kernel: flat (one loop over all elements) or over the shape. */
 /* The root whose layout orders a LOOP step's loops: a channel-blocked one if
  * any (a pool's blocked codes beside its row-major result), else the first. */
 static const rfi_node *ordering_root(const lower *L, const rfi_step *st)
@@ -684,6 +685,7 @@ static const rfi_node *ordering_root(const lower *L, const rfi_step *st)
     return L->g->nodes[st->roots[0]];
 }
 
+/* One attempt at a LOOP kernel: flat (one loop over all elements) or over the shape. */
 static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
 {
     const rfi_node *r0 = L->g->nodes[st->roots[0]];

@@ -264,6 +264,9 @@ static void copy_view(const rfi_node *node, const void *src, void *dst)
 
 static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node *x, bool to_blocked)
 {
+    if (x->dtype != RF_F32 || x->rank != 4) /* the layout pass gives calls no others */
+        return rfi_error(RF_E_INTERNAL, "cpu: %%%d (%s, rank %d) is channel-blocked around a call",
+                         (int)x->id, rf_dtype_name(x->dtype), x->rank);
     dnnl_memory_desc_t blocked, plain;
     dnnl_dims_t dims = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
     dnnl_primitive_desc_t rpd = NULL;
