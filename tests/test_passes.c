@@ -514,6 +514,33 @@ static void test_transposed_dot_operands(void)
            f32_args);
 }
 
+/* A graph of x [xd] and a pool cotangent src of dt (the windows' result
+ * shape, written to sd), with window attributes `win`, strides `st` and
+ * padding `pad` on the last two dims in *a. */
+static rfi_graph *pool_graph(const int64_t *xd, const int64_t *win, const int64_t *st,
+                             int64_t pad, rf_dtype dt, int64_t *sd, rfi_node **x,
+                             rfi_node **src, rfi_attrs *a)
+{
+    for (int d = 0; d < 4; d++)
+        sd[d] = (xd[d] + (d >= 2 ? 2 * pad : 0) - win[d]) / st[d] + 1;
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
+    const rf_dtype dts[2] = {dt, dt};
+    const int ranks[2] = {4, 4};
+    int64_t dims[2][RF_MAX_RANK] = {{xd[0], xd[1], xd[2], xd[3]}, {sd[0], sd[1], sd[2], sd[3]}};
+    CHECK_OK(rfi_graph_set_args(g, 2, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims));
+    *x = arg(g, 0);
+    *src = arg(g, 1);
+    *a = attrs0();
+    for (int k = 0; k < 4; k++)
+        a->nl[k] = 4;
+    for (int d = 0; d < 4; d++) {
+        a->l[0][d] = win[d];
+        a->l[1][d] = st[d];
+        a->l[2][d] = a->l[3][d] = d >= 2 ? pad : 0;
+    }
+    return g;
+}
+
 /* select(x > 0, select_and_scatter(x, s), +0) with windows `win`, strides
  * `st` and padding `pad` over x [2,1,4,6]; returns whether simplify moved the
  * mask onto s (no select of x's shape is left), after checking the results
@@ -522,22 +549,9 @@ static bool pooled_mask_moved(const int64_t *win, const int64_t *st, int64_t pad
 {
     const int64_t xd[4] = {2, 1, 4, 6};
     int64_t sd[4];
-    for (int d = 0; d < 4; d++)
-        sd[d] = (xd[d] + (d >= 2 ? 2 * pad : 0) - win[d]) / st[d] + 1;
-    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
-    const rf_dtype dts[2] = {RF_F32, RF_F32};
-    const int ranks[2] = {4, 4};
-    int64_t dims[2][RF_MAX_RANK] = {{2, 1, 4, 6}, {sd[0], sd[1], sd[2], sd[3]}};
-    CHECK_OK(rfi_graph_set_args(g, 2, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims));
-    rfi_node *x = arg(g, 0), *src = arg(g, 1);
-    rfi_attrs a = attrs0();
-    for (int k = 0; k < 4; k++)
-        a.nl[k] = 4;
-    for (int d = 0; d < 4; d++) {
-        a.l[0][d] = win[d];
-        a.l[1][d] = st[d];
-        a.l[2][d] = a.l[3][d] = d >= 2 ? pad : 0;
-    }
+    rfi_node *x, *src;
+    rfi_attrs a;
+    rfi_graph *g = pool_graph(xd, win, st, pad, RF_F32, sd, &x, &src, &a);
     rfi_node *sas_in[2] = {x, src};
     rfi_node *sas = node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, RF_F32, NULL, 0);
     rfi_attrs gt = attrs0();
@@ -593,22 +607,9 @@ static bool pool_unrolled(const int64_t *xd, const int64_t *win, const int64_t *
 {
     summed_source = false;
     int64_t sd[4];
-    for (int d = 0; d < 4; d++)
-        sd[d] = (xd[d] + (d >= 2 ? 2 * pad : 0) - win[d]) / st[d] + 1;
-    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
-    const rf_dtype dts[2] = {dt, dt};
-    const int ranks[2] = {4, 4};
-    int64_t dims[2][RF_MAX_RANK] = {{xd[0], xd[1], xd[2], xd[3]}, {sd[0], sd[1], sd[2], sd[3]}};
-    CHECK_OK(rfi_graph_set_args(g, 2, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims));
-    rfi_node *x = arg(g, 0), *src = arg(g, 1);
-    rfi_attrs a = attrs0();
-    for (int k = 0; k < 4; k++)
-        a.nl[k] = 4;
-    for (int d = 0; d < 4; d++) {
-        a.l[0][d] = win[d];
-        a.l[1][d] = st[d];
-        a.l[2][d] = a.l[3][d] = d >= 2 ? pad : 0;
-    }
+    rfi_node *x, *src;
+    rfi_attrs a;
+    rfi_graph *g = pool_graph(xd, win, st, pad, dt, sd, &x, &src, &a);
     a.i[0] = RF_REDUCE_MAX;
     rfi_graph_add_output(g, node(g, RFI_OP_REDUCE_WINDOW, &x, 1, &a, dt, NULL, 0));
     rfi_node *sas_in[2] = {x, src};

@@ -684,18 +684,45 @@ static int transpose_loops(const rfi_plan *p)
     return n;
 }
 
+/* An Adam training step of a model on 4 images of 1x28x28 and 10 classes,
+ * traced: the model (host copy and device copy), optimiser and batch live
+ * here until cnn_case_free. */
+typedef struct cnn_case {
+    rf_model *host, *m;
+    rf_opt *opt;
+    rf_array *x, *y;
+    rfi_graph *g;
+} cnn_case;
+
+static cnn_case cnn_case_trace(rf_model *host)
+{
+    cnn_case k = {host, rf_model_to(host, cpu), NULL, NULL, NULL, NULL};
+    k.opt = rf_setup(rf_adam(1e-3), k.m);
+    k.x = rf_array_new(cpu, RF_F32, RF_SHAPE(4, 1, 28, 28), NULL);
+    k.y = dev_zeros(RF_SHAPE(4, 10));
+    rf_array *args[2] = {k.x, k.y};
+    train_ctx c = {k.m, k.opt, true};
+    k.g = trace_program(train_fn, &c, args, 2);
+    return k;
+}
+
+static void cnn_case_free(cnn_case *k)
+{
+    rfi_graph_free(k->g);
+    rf_array_free(k->x);
+    rf_array_free(k->y);
+    rf_opt_free(k->opt);
+    rf_model_free(k->m);
+    rf_model_free(k->host);
+}
+
 static void test_cnn_train_step(void)
 {
     rf_nn_seed(3);
-    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
-                              rf_flatten_layer(), rf_dense(8 * 13 * 13, 10, RF_ACT_IDENTITY));
-    rf_model *m = rf_model_to(host, cpu);
-    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
-    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(4, 1, 28, 28), NULL);
-    rf_array *y = dev_zeros(RF_SHAPE(4, 10));
-    rf_array *args[2] = {x, y};
-    train_ctx c = {m, opt, true};
-    rfi_graph *g = trace_program(train_fn, &c, args, 2);
+    cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL),
+                                         rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
+                                         rf_dense(8 * 13 * 13, 10, RF_ACT_IDENTITY)));
+    rfi_graph *g = k.g;
     rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
     if (p) {
         int conv = 0, fallback = 0;
@@ -737,12 +764,7 @@ static void test_cnn_train_step(void)
     }
     rfi_plan_free(pv);
     rfi_plan_free(p);
-    rfi_graph_free(g);
-    rf_array_free(x);
-    rf_array_free(y);
-    rf_opt_free(opt);
-    rf_model_free(m);
-    rf_model_free(host);
+    cnn_case_free(&k);
 }
 
 /* (f) Channel-blocked layouts (layout.c) on a two-convolution CNN with
@@ -759,16 +781,11 @@ static bool blocked_node(const rfi_plan *p, int x)
 static void test_blocked_layouts(void)
 {
     rf_nn_seed(5);
-    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
-                              rf_conv2d(3, 3, 16, 32, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
-                              rf_flatten_layer(), rf_dense(32 * 5 * 5, 10, RF_ACT_IDENTITY));
-    rf_model *m = rf_model_to(host, cpu);
-    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
-    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(4, 1, 28, 28), NULL);
-    rf_array *y = dev_zeros(RF_SHAPE(4, 10));
-    rf_array *args[2] = {x, y};
-    train_ctx c = {m, opt, true};
-    rfi_graph *g = trace_program(train_fn, &c, args, 2);
+    cnn_case k = cnn_case_trace(
+        rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                 rf_conv2d(3, 3, 16, 32, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                 rf_flatten_layer(), rf_dense(32 * 5 * 5, 10, RF_ACT_IDENTITY)));
+    rfi_graph *g = k.g;
     rfi_plan_opts o = rfi_plan_opts_default();
     o.conv_transposed_views = true;
     rfi_plan *plain = NULL, *p = NULL;
@@ -820,12 +837,7 @@ static void test_blocked_layouts(void)
     }
     rfi_plan_free(p);
     rfi_plan_free(plain);
-    rfi_graph_free(g);
-    rf_array_free(x);
-    rf_array_free(y);
-    rf_opt_free(opt);
-    rf_model_free(m);
-    rf_model_free(host);
+    cnn_case_free(&k);
 }
 
 /* ---- CALL epilogues -------------------------------------------------------------------- */

@@ -607,6 +607,19 @@ static dnnl_status_t create_pd(const dnnl_conv_spec *sp, const dnnl_memory_desc_
     return st;
 }
 
+dnnl_status_t rfi_dnnl_reorder_create(const dnnl_memory_desc_t *from,
+                                      const dnnl_memory_desc_t *to, dnnl_engine_t eng,
+                                      dnnl_primitive_t *reorder)
+{
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_status_t st = rfi_dnnl.reorder_primitive_desc_create(&rpd, from, eng, to, eng, NULL);
+    if (st == dnnl_success)
+        st = rfi_dnnl.primitive_create(reorder, rpd);
+    if (rpd)
+        rfi_dnnl.primitive_desc_destroy(rpd);
+    return st;
+}
+
 /* Argument k: the user memory over the IR buffer and, if the primitive wants
  * another layout, a memory in the workspace at *ws plus the reorder. */
 static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool output,
@@ -629,14 +642,9 @@ static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool o
     a->at = *ws;
     *ws += rfi_ws_align(rfi_dnnl.memory_desc_get_size(want));
     st = rfi_dnnl.memory_create(&a->inner, want, eng, DNNL_MEMORY_NONE);
-    dnnl_primitive_desc_t rpd = NULL;
     if (st == dnnl_success)
-        st = output ? rfi_dnnl.reorder_primitive_desc_create(&rpd, want, eng, &user, eng, NULL)
-                    : rfi_dnnl.reorder_primitive_desc_create(&rpd, &user, eng, want, eng, NULL);
-    if (st == dnnl_success)
-        st = rfi_dnnl.primitive_create(&a->reorder, rpd);
-    if (rpd)
-        rfi_dnnl.primitive_desc_destroy(rpd);
+        st = output ? rfi_dnnl_reorder_create(want, &user, eng, &a->reorder)
+                    : rfi_dnnl_reorder_create(&user, want, eng, &a->reorder);
     return st;
 }
 
@@ -1025,20 +1033,6 @@ void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills)
     a->fills = fills;
 }
 
-/* A reorder between user and inner (either way), created before anything of
- * a is replaced. */
-static dnnl_status_t reorder_between(const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
-                                     dnnl_engine_t eng, dnnl_primitive_t *reorder)
-{
-    dnnl_primitive_desc_t rpd = NULL;
-    dnnl_status_t st = rfi_dnnl.reorder_primitive_desc_create(&rpd, from, eng, to, eng, NULL);
-    if (st == dnnl_success)
-        st = rfi_dnnl.primitive_create(reorder, rpd);
-    if (rpd)
-        rfi_dnnl.primitive_desc_destroy(rpd);
-    return st;
-}
-
 bool rfi_cpu_conv_take_blocked(rfi_cpu_conv *c, int k, dnnl_engine_t eng)
 {
     if (!c || c->empty || c->path == PATH_IM2COL || k < 0 || k > 2 ||
@@ -1063,8 +1057,8 @@ bool rfi_cpu_conv_take_blocked(rfi_cpu_conv *c, int k, dnnl_engine_t eng)
         if (!direct && !a->inner)
             st = dnnl_unimplemented; /* the primitive reads plain: no room for a copy */
         else if (!direct)
-            st = k == 2 ? reorder_between(&a->inner_md, &user, eng, &reorder)
-                        : reorder_between(&user, &a->inner_md, eng, &reorder);
+            st = k == 2 ? rfi_dnnl_reorder_create(&a->inner_md, &user, eng, &reorder)
+                        : rfi_dnnl_reorder_create(&user, &a->inner_md, eng, &reorder);
     }
     if (st != dnnl_success) {
         if (mem)

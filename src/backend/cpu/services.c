@@ -269,7 +269,6 @@ static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node 
                          (int)x->id, rf_dtype_name(x->dtype), x->rank);
     dnnl_memory_desc_t blocked, plain;
     dnnl_dims_t dims = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
-    dnnl_primitive_desc_t rpd = NULL;
     dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&blocked, 4, dims, dnnl_f32, dnnl_aBcd16b);
     if (st == dnnl_success)
         st = rfi_dnnl.memory_desc_init_by_tag(&plain, 4, dims, dnnl_f32, dnnl_abcd);
@@ -280,11 +279,7 @@ static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node 
     if (st == dnnl_success)
         st = rfi_dnnl.memory_create(&r->to, to, s->engine, DNNL_MEMORY_NONE);
     if (st == dnnl_success)
-        st = rfi_dnnl.reorder_primitive_desc_create(&rpd, from, s->engine, to, s->engine, NULL);
-    if (st == dnnl_success)
-        st = rfi_dnnl.primitive_create(&r->reorder, rpd);
-    if (rpd)
-        rfi_dnnl.primitive_desc_destroy(rpd);
+        st = rfi_dnnl_reorder_create(from, to, s->engine, &r->reorder);
     r->bytes = rfi_node_nbytes(x);
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "channel-blocked copy", "reorder");
 }
