@@ -5,9 +5,10 @@
  * window's maximum again, so the backward pass reads the whole pre-pool
  * activation a second time, long after the forward pass wrote it (the cnn's
  * first pool: 5.5 MB from memory per step). Here the forward pass records
- * which point of its window each output took, one byte per output, in the
- * same loop that computes the pooled maximum; the gradient then reads those
- * codes and the cotangent only, and the activation dies after its pool.
+ * which point of its window each output took, an i32 code per output (a
+ * byte would do, but gcc -O2 did not vectorise that loop with u8 codes), in
+ * the same loop that computes the pooled maximum; the gradient then reads
+ * those codes and the cotangent only, and the activation dies after its pool.
  *
  * For a float x with windows w_d, strides equal to the windows and no
  * padding, and at most MAX_POINTS points per window (P = prod w_d), with
@@ -24,12 +25,14 @@
  * Both are bitwise what the interpreter computes (its window fold is the
  * same max from the same first value; its scatter adds each selected source
  * value to +0 once, and leaves everything else +0), and CSE shares the
- * slices between a pool and its gradient. One more rewrite is exact in real
- * arithmetic only: a float sum of such a gradient over axes covering the
- * window dims becomes the same sum of its cotangent (sum_of_grad: the same
- * terms in another order, accumulated in double by both backends, as the
- * compiled loops' vectorised sums already reorder). The plan then fuses the codes
- * and the pooled maximum into one loop over the pooled shape.
+ * slices between a pool and its gradient. The plan then computes the codes
+ * and the pooled maximum in one loop over the pooled shape.
+ *
+ * One more rewrite is exact in real arithmetic only: a float sum of such a
+ * gradient over axes covering the window dims becomes the same sum of its
+ * cotangent (sum_of_grad: the same terms in another order, accumulated in
+ * double by both backends, as the compiled loops' vectorised sums already
+ * reorder).
  *
  * Deliberately not here: overlapping or padded windows, sum pools, integer
  * data (they keep their ops). Run by the compiling backends only (the
