@@ -36,8 +36,10 @@ RFI_FUNC rf_status rfi_cse(const rfi_graph *g, rfi_graph **out);
 
 /* Max pools over non-overlapping, unpadded float windows of at most 16
  * points, and their gradients (select_and_scatter), as elementwise ops over
- * the windows' strided slices, the gradient reading one byte per window
- * that records where its maximum was (pools.c). Exact, like rfi_simplify.
+ * the windows' strided slices, the gradient reading a code per window
+ * that records where its maximum was (pools.c). Exact, like rfi_simplify,
+ * except that a sum of such a gradient over its window becomes the same sum
+ * of its cotangent (reordered terms).
  * RF_UNROLL_POOLS=0 in the environment: a plain copy. */
 RFI_FUNC rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out);
 
