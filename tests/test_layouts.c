@@ -6,7 +6,9 @@
  * (src/passes/pools.c) and, with RF_UNROLL_POOLS=0, the native kernel's 2x2
  * and general (3x3 windows) blocked paths, a pool whose result is row-major (it
  * feeds the dense layer), and windows that leave a row and a column
- * uncovered (5x5 pooled by 2).
+ * uncovered (5x5 pooled by 2); and a narrow ResNet, whose blocked and
+ * row-major activations meet at BatchNorm, strided convolutions and
+ * residual adds.
  *
  * Each variant compiles a fresh copy of one model (same seed) and takes
  * three Adam steps on one batch; the suite runs this file with RF_CHECK=1,
@@ -16,6 +18,8 @@
  * test_examples.c gives.
  */
 #include "test_util.h"
+
+#include "../examples/resnet_model.h"
 
 #define STEPS 3
 
@@ -29,13 +33,24 @@ static rf_tensor *loss(rf_model *m, rf_tensor *const *batch, int n, rf_aux *aux,
 
 /* 24x24 -> conv 22x22 (16) -> pool 3x3 -> 7x7 -> conv 5x5 (16) -> pool 2x2
  * -> 2x2 (row 4 and column 4 uncovered) -> dense. */
-static rf_model *model(void)
+static rf_model *pooled_cnn(void)
 {
     rf_nn_seed(9);
     return rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_maxpool(3, 3, 0, 0),
                     rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
                     rf_flatten_layer(), rf_dense(16 * 2 * 2, 10, RF_ACT_IDENTITY));
 }
+
+/* The ResNet at width 8 on 24x24 images: its 16- and 32-channel activations
+ * are blocked (the 8-channel ones stay row-major), with BatchNorm's
+ * reductions, strided and 1x1 convolutions and residual adds between them. */
+static rf_model *narrow_resnet(void)
+{
+    rf_nn_seed(10);
+    return resnet_model(8);
+}
+
+typedef rf_model *(*model_fn)(void);
 
 /* Sets (or with value NULL clears) one variable for the next compile. */
 static void set_env(const char *name, const char *value)
@@ -47,8 +62,8 @@ static void set_env(const char *name, const char *value)
 }
 
 /* Three steps of a fresh model under the given settings; the losses in out. */
-static void run_variant(const char *label, const char *blocked, const char *conv_path,
-                        const char *unroll_pools, double *out)
+static void run_variant(model_fn model, const char *label, const char *blocked,
+                        const char *conv_path, const char *unroll_pools, double *out)
 {
     set_env("RF_BLOCKED", blocked);
     set_env("RF_CONV_PATH", conv_path);
@@ -88,14 +103,24 @@ int main(void)
 {
     dev = rf_device_cpu();
     double blocked[STEPS], reordered[STEPS], native[STEPS], plain[STEPS];
-    run_variant("blocked", NULL, NULL, NULL, blocked);
-    run_variant("blocked, im2col convolutions", NULL, "im2col", NULL, reordered);
-    run_variant("blocked, native max-pool gradients", NULL, NULL, "0", native);
-    run_variant("row-major", "0", NULL, NULL, plain);
+    run_variant(pooled_cnn, "cnn: blocked", NULL, NULL, NULL, blocked);
+    run_variant(pooled_cnn, "cnn: blocked, im2col convolutions", NULL, "im2col", NULL,
+                reordered);
+    run_variant(pooled_cnn, "cnn: blocked, native max-pool gradients", NULL, NULL, "0", native);
+    run_variant(pooled_cnn, "cnn: row-major", "0", NULL, NULL, plain);
     for (int s = 0; s < STEPS; s++) {
         CHECK_NEAR(blocked[s], plain[s], 0, 1e-5);
         CHECK_NEAR(reordered[s], plain[s], 0, 1e-5);
         CHECK_NEAR(native[s], plain[s], 0, 1e-5);
+    }
+    double laid_out[STEPS], resnet_reordered[STEPS], resnet_plain[STEPS];
+    run_variant(narrow_resnet, "resnet: blocked", NULL, NULL, NULL, laid_out);
+    run_variant(narrow_resnet, "resnet: blocked, im2col convolutions", NULL, "im2col", NULL,
+                resnet_reordered);
+    run_variant(narrow_resnet, "resnet: row-major", "0", NULL, NULL, resnet_plain);
+    for (int s = 0; s < STEPS; s++) {
+        CHECK_NEAR(laid_out[s], resnet_plain[s], 0, 1e-5);
+        CHECK_NEAR(resnet_reordered[s], resnet_plain[s], 0, 1e-5);
     }
     return tu_finish("test_layouts");
 }
