@@ -1,14 +1,14 @@
 /* test_layouts.c: training steps whose activations the compiled backend
- * keeps channel-blocked (src/backend/layout.c) give the interpreter's
+ * keeps in a convolution's layout (src/backend/layout.c) give the interpreter's
  * results, on every path that touches the layout: the convolutions reading
  * and writing it directly, the services' reorders around a convolution that
  * does not take it (RF_CONV_PATH=im2col), the max-pool gradients unrolled
  * (src/passes/pools.c) and, with RF_UNROLL_POOLS=0, the native kernel's 2x2
  * and general (3x3 windows) blocked paths, a pool whose result is row-major (it
  * feeds the dense layer), and windows that leave a row and a column
- * uncovered (5x5 pooled by 2); and a narrow ResNet, whose blocked and
- * row-major activations meet at BatchNorm, strided convolutions and
- * residual adds.
+ * uncovered (5x5 pooled by 2); and a narrow ResNet, whose blocked,
+ * channels-last and row-major values meet at BatchNorm, strided
+ * convolutions and residual adds.
  *
  * Each variant compiles a fresh copy of one model (same seed) and takes
  * three Adam steps on one batch; the suite runs this file with RF_CHECK=1,
@@ -42,7 +42,7 @@ static rf_model *pooled_cnn(void)
 }
 
 /* The ResNet at width 8 on 24x24 images: its 16- and 32-channel activations
- * are blocked (the 8-channel ones stay row-major), with BatchNorm's
+ * are blocked and its 8-channel ones channels last, with BatchNorm's
  * reductions, strided and 1x1 convolutions and residual adds between them. */
 static rf_model *narrow_resnet(void)
 {

@@ -830,6 +830,7 @@ static void test_blocked_layouts(void)
         CHECK(scatter_out == 2);
         CHECK(p->n_steps == plain->n_steps && p->arena_bytes == plain->arena_bytes);
         check_invariants(p);
+        CHECK(rfi_plan_count_layout(p, RFI_LAYOUT_NHWC) == 0); /* every C here is 16 or 32 */
         printf("cnn: %d values channel-blocked\n", rfi_plan_count_layout(p, RFI_LAYOUT_C16));
         char *text = rfi_plan_print(p);
         CHECK(text && strstr(text, " c16\n"));
@@ -838,6 +839,26 @@ static void test_blocked_layouts(void)
     rfi_plan_free(p);
     rfi_plan_free(plain);
     cnn_case_free(&k);
+    /* 8 channels: channels last instead, for the same values */
+    rf_nn_seed(6);
+    cnn_case e = cnn_case_trace(
+        rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 8, 8, RF_ACT_RELU, NULL),
+                 rf_flatten_layer(), rf_dense(8 * 24 * 24, 10, RF_ACT_IDENTITY)));
+    rfi_plan_opts eo = rfi_plan_opts_default();
+    eo.conv_transposed_views = true;
+    eo.blocked_activations = true;
+    rfi_plan *ep = NULL;
+    CHECK_OK(rfi_plan_build(e.g, &eo, &ep));
+    if (ep) {
+        CHECK(rfi_plan_count_layout(ep, RFI_LAYOUT_C16) == 0);
+        CHECK(rfi_plan_count_layout(ep, RFI_LAYOUT_NHWC) >= 1); /* the first conv's output */
+        check_invariants(ep);
+        char *text = rfi_plan_print(ep);
+        CHECK(text && strstr(text, " nhwc\n"));
+        rfi_free(text);
+    }
+    rfi_plan_free(ep);
+    cnn_case_free(&e);
 }
 
 /* ---- CALL epilogues -------------------------------------------------------------------- */

@@ -221,17 +221,23 @@ static int base_of(lower *L, const rfi_node *n, bool written)
     return rfi_kir_base_get(L->k, buffer, offset, n->dtype, rfi_node_nbytes(n), written, n->id);
 }
 
-/* The element offset of index ix in n's buffer: row-major, or the
- * channel-blocked offset (plan.h, rfi_layout_offset) from the multi-index,
- * which the division splitting (kir.c) makes affine when the channel is
- * block * 16 + lane. */
+/* The element offset of index ix in n's buffer: row-major, or by n's layout
+ * (plan.h, rfi_layout_offset) from the multi-index: channels last, or
+ * channel-blocked, which the division splitting (kir.c) makes affine when
+ * the channel is block * 16 + lane. */
 static int buffer_index(lower *L, const rfi_node *n, kidx *ix)
 {
     if (rfi_node_numel(n) == 1)
         return cst(L, 0);
-    if (rfi_plan_layout(L->p, n->id) != RFI_LAYOUT_C16)
+    rfi_layout layout = rfi_plan_layout(L->p, n->id);
+    if (layout == RFI_LAYOUT_PLAIN)
         return idx_lin(L, ix);
     const int *m = idx_multi(L, ix);
+    if (layout == RFI_LAYOUT_NHWC) {
+        int at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[0], cst(L, n->dims[2])), m[2]);
+        at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, n->dims[3])), m[3]);
+        return iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, n->dims[1])), m[1]);
+    }
     int lane = iop(L, RFI_KIR_IREM, m[1], cst(L, RFI_LAYOUT_BLOCK));
     int block = iop(L, RFI_KIR_IDIV, m[1], cst(L, RFI_LAYOUT_BLOCK));
     int at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[0], cst(L, n->dims[1] / RFI_LAYOUT_BLOCK)),
@@ -616,27 +622,43 @@ static void blocked_loops(lower *L, const rfi_node *r, int *m)
     m[1] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, RFI_LAYOUT_BLOCK)), lane);
 }
 
-static void root_loops(lower *L, const rfi_node *r, int *m)
+/* [N, H, W, C] order: channels innermost. */
+static void channels_last_loops(lower *L, const rfi_node *r, int *m)
 {
-    if (rfi_plan_layout(L->p, r->id) == RFI_LAYOUT_C16) {
-        blocked_loops(L, r, m);
-        return;
-    }
-    for (int d = 0; d < r->rank; d++)
-        m[d] = loop_var(L, r->dims[d], false);
+    m[0] = loop_var(L, r->dims[0], false);
+    m[2] = loop_var(L, r->dims[2], false);
+    m[3] = loop_var(L, r->dims[3], false);
+    m[1] = loop_var(L, r->dims[1], false);
 }
 
-/* Whether one of the nodes ids reads a channel-blocked buffer. */
-static bool reads_blocked(const lower *L, const int *ids, int count)
+/* The outer loops over root r's shape in the order its buffer stores it. */
+static void root_loops(lower *L, const rfi_node *r, int *m)
+{
+    switch (rfi_plan_layout(L->p, r->id)) {
+    case RFI_LAYOUT_C16: blocked_loops(L, r, m); return;
+    case RFI_LAYOUT_NHWC: channels_last_loops(L, r, m); return;
+    default:
+        for (int d = 0; d < r->rank; d++)
+            m[d] = loop_var(L, r->dims[d], false);
+    }
+}
+
+/* Whether one of the nodes ids reads a buffer in layout l. */
+static bool reads_layout(const lower *L, const int *ids, int count, rfi_layout l)
 {
     for (int i = 0; i < count; i++) {
         const rfi_node *v = L->g->nodes[ids[i]];
         for (int j = 0; j < v->n_in; j++)
             if (L->p->loc[v->in[j]->id].kind != RFI_LOC_INLINE &&
-                rfi_plan_layout(L->p, v->in[j]->id) == RFI_LAYOUT_C16)
+                rfi_plan_layout(L->p, v->in[j]->id) == l)
                 return true;
     }
     return false;
+}
+
+static bool step_reads_layout(const lower *L, const rfi_step *st, rfi_layout l)
+{
+    return reads_layout(L, st->roots, st->n_roots, l) || reads_layout(L, st->fused, st->n_fused, l);
 }
 
 /* The outer loops of a REDUCE step's result n, ordered by the channel-blocked
@@ -649,11 +671,15 @@ static bool reads_blocked(const lower *L, const int *ids, int count)
 static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m)
 {
     const rfi_node *x = n->n_in > 0 ? n->in[0] : NULL;
+    bool window = x && n->op == RFI_OP_REDUCE_WINDOW && x->rank == 4 && n->dims[1] == x->dims[1];
+    if (window && rfi_plan_layout(L->p, n->id) == RFI_LAYOUT_PLAIN &&
+        step_reads_layout(L, st, RFI_LAYOUT_NHWC)) {
+        channels_last_loops(L, n, m);
+        return;
+    }
     bool blocked_x = x && x->rank == 4 && x->dims[1] % RFI_LAYOUT_BLOCK == 0 &&
-                     (reads_blocked(L, st->roots, st->n_roots) ||
-                      reads_blocked(L, st->fused, st->n_fused));
-    if (blocked_x && n->op == RFI_OP_REDUCE_WINDOW && n->rank == 4 &&
-        n->dims[1] == x->dims[1]) {
+                     step_reads_layout(L, st, RFI_LAYOUT_C16);
+    if (blocked_x && window && rfi_plan_layout(L->p, n->id) != RFI_LAYOUT_NHWC) {
         blocked_loops(L, n, m);
         return;
     }
@@ -661,7 +687,7 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
     for (int a = 0; n->op == RFI_OP_REDUCE && a < n->attr.nl[0]; a++)
         reduced[n->attr.l[0][a]] = true;
     if (!blocked_x || n->op != RFI_OP_REDUCE || reduced[1] ||
-        rfi_plan_layout(L->p, n->id) == RFI_LAYOUT_C16) {
+        rfi_plan_layout(L->p, n->id) != RFI_LAYOUT_PLAIN) {
         root_loops(L, n, m);
         return;
     }
@@ -675,12 +701,12 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
     m[channel] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, RFI_LAYOUT_BLOCK)), lane);
 }
 
-/* The root whose layout orders a LOOP step's loops: a channel-blocked one if
+/* The root whose layout orders a LOOP step's loops: one not row-major if
  * any (a pool's blocked codes beside its row-major result), else the first. */
 static const rfi_node *ordering_root(const lower *L, const rfi_step *st)
 {
     for (int r = 0; r < st->n_roots; r++)
-        if (rfi_plan_layout(L->p, st->roots[r]) == RFI_LAYOUT_C16)
+        if (rfi_plan_layout(L->p, st->roots[r]) != RFI_LAYOUT_PLAIN)
             return L->g->nodes[st->roots[r]];
     return L->g->nodes[st->roots[0]];
 }

@@ -1,28 +1,29 @@
-/* layout.c: the plan's layout pass (plan.h): which activations live
- * channel-blocked (RFI_LAYOUT_C16) instead of row-major.
+/* layout.c: the plan's layout pass (plan.h): which activations live in a
+ * convolution's layout, channel-blocked (RFI_LAYOUT_C16) or channels last
+ * (RFI_LAYOUT_NHWC), instead of row-major.
  *
- * Why: oneDNN's convolutions run on channel-blocked layouts, so a row-major
- * activation between two of them costs a reorder on every write and read
- * (on the cnn benchmark, seven reorders of activations and about a fifth of
- * the step). The generated kernels address a blocked value as easily as a
- * plain one, and a kernel whose roots are blocked loops in the blocked order
- * (kir_lower.c), so the pools, masks and reductions between convolutions
- * read and write the library's layout directly.
+ * Why: oneDNN's convolutions run on channel-blocked layouts (channels last
+ * with few channels), so a row-major activation between two of them costs
+ * a reorder on every write and read (on the cnn benchmark, seven reorders
+ * of activations and about a fifth of the step). The generated kernels
+ * address a laid-out value as easily as a row-major one, and a kernel whose
+ * roots are laid out loops in their order (kir_lower.c), so the pools,
+ * masks and reductions between convolutions read and write the library's
+ * layout directly.
  *
- * A value is blocked when
- *   - it can be: an [N, C, H, W] arena value, C a multiple of 16, whose
- *     bytes no other node aliases (a reshape would read them row-major);
- *     calls take f32 values only (generated steps any dtype: the byte
- *     codes of a max pool, pools.c, follow its pooled values);
+ * A value is laid out (C16 when C is a multiple of 16, else NHWC) when
+ *   - it can be: an [N, C, H, W] arena value with C >= 2 whose bytes no
+ *     other node aliases (a reshape would read them row-major); calls take
+ *     f32 values only (generated steps any dtype: the i32 codes of a max
+ *     pool, pools.c, follow its pooled values);
  *   - every step touching it takes the layout: generated LOOP (unless
  *     segmented) and REDUCE steps; a convolution reading it through a
  *     transposed view, or (unless it is a weight gradient) reading it as its
  *     input (operand 0) or writing it with no residual add in its epilogue;
- *     a select_and_scatter (the max-pool
- *     gradient) reading or writing it; never a matmul, another call or a
- *     copy;
+ *     a select_and_scatter (the max-pool gradient, C16 only) reading or
+ *     writing it; never a matmul, another call or a copy;
  *   - and it pays: a convolution writes or reads it, or a generated or
- *     scatter step computes it from, or into, a blocked value of the same
+ *     scatter step computes it from, or into, a laid-out value of the same
  *     images and channels (repeated until nothing changes: the relu mask
  *     between an input gradient and a pool gradient, a pool's codes and the
  *     cotangent its gradient spreads).
@@ -44,10 +45,19 @@ typedef struct layout_pass {
     bool failed;
 } layout_pass;
 
+/* The layout an [N, C, H, W] value takes when it leaves row-major order:
+ * 16-channel blocks when C is a multiple of 16, else channels last (what
+ * oneDNN's convolutions use for few channels). */
+static rfi_layout layout_for(const rfi_node *x)
+{
+    if (x->rank != 4 || x->dims[1] < 2)
+        return RFI_LAYOUT_PLAIN;
+    return x->dims[1] % RFI_LAYOUT_BLOCK == 0 ? RFI_LAYOUT_C16 : RFI_LAYOUT_NHWC;
+}
+
 static bool blockable(const rfi_plan *p, const rfi_node *x)
 {
-    return p->loc[x->id].kind == RFI_LOC_ARENA && x->rank == 4 &&
-           x->dims[1] >= RFI_LAYOUT_BLOCK && x->dims[1] % RFI_LAYOUT_BLOCK == 0 &&
+    return p->loc[x->id].kind == RFI_LOC_ARENA && layout_for(x) != RFI_LAYOUT_PLAIN &&
            rfi_node_numel(x) > 0;
 }
 
@@ -116,14 +126,17 @@ static void touch_call(layout_pass *L, const rfi_step *s)
                     L->p->loc[x->id].kind == RFI_LOC_INLINE;
         if (view)
             x = x->in[0];
-        bool takes = (activations && j == 0) || view || (scatter && j < 2);
+        bool takes = (activations && j == 0) || view ||
+                     (scatter && j < 2 && layout_for(x) == RFI_LAYOUT_C16);
         touch(L, x, takes && x->dtype == RF_F32, conv);
     }
     for (int e = 0; e < s->n_epilogue; e++)
         if (s->epilogue[e].operand >= 0)
             touch(L, L->g->nodes[s->epilogue[e].operand], false, false);
     const rfi_node *root = L->g->nodes[s->roots[0]];
-    touch(L, root, ((activations && !has_residual(s)) || scatter) && root->dtype == RF_F32, conv);
+    bool takes = (activations && !has_residual(s)) ||
+                 (scatter && layout_for(root) == RFI_LAYOUT_C16);
+    touch(L, root, takes && root->dtype == RF_F32, conv);
 }
 
 /* Records in L->touched every node step q reads or writes (ok and by_conv updated). */
@@ -169,12 +182,13 @@ static bool spread(layout_pass *L)
         walk_step(L, q);
         for (int i = 0; i < L->n_touched; i++) {
             const rfi_node *y = L->g->nodes[L->touched[i]];
-            if (L->p->layout[y->id] != RFI_LAYOUT_C16)
+            if (L->p->layout[y->id] == RFI_LAYOUT_PLAIN)
                 continue;
             for (int j = 0; j < L->n_touched; j++) {
                 const rfi_node *x = L->g->nodes[L->touched[j]];
-                if (L->ok[x->id] && L->p->layout[x->id] != RFI_LAYOUT_C16 && same_images(x, y)) {
-                    L->p->layout[x->id] = RFI_LAYOUT_C16;
+                if (L->ok[x->id] && L->p->layout[x->id] == RFI_LAYOUT_PLAIN &&
+                    same_images(x, y)) {
+                    L->p->layout[x->id] = (unsigned char)layout_for(x);
                     changed = true;
                 }
             }
@@ -204,7 +218,7 @@ rf_status rfi_plan_choose_layouts(rfi_plan *p)
         walk_step(&L, q);
     for (int x = 0; x < g->n_nodes; x++)
         if (L.ok[x] && L.by_conv[x])
-            p->layout[x] = RFI_LAYOUT_C16;
+            p->layout[x] = (unsigned char)layout_for(g->nodes[x]);
     while (!L.failed && spread(&L)) {
     }
     rfi_free(L.ok);

@@ -416,8 +416,8 @@ static void print_loc(rfi_strbuf *sb, const rfi_plan *p, int x)
     case RFI_LOC_ALIAS: rfi_sb_printf(sb, "alias %%%d", l->alias); break;
     default: break;
     }
-    rfi_sb_printf(sb, " (%zu bytes)%s\n", bytes,
-                  rfi_plan_layout(p, x) == RFI_LAYOUT_C16 ? " c16" : "");
+    static const char *const layout_names[] = {"", " c16", " nhwc"};
+    rfi_sb_printf(sb, " (%zu bytes)%s\n", bytes, layout_names[rfi_plan_layout(p, x)]);
 }
 
 char *rfi_plan_print(const rfi_plan *p)

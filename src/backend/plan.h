@@ -25,11 +25,12 @@
  * arena and copied into their capture by the last steps of the program, after
  * every other read of the old value.
  *
- * Layouts. A buffer holds its node row-major, except the values the layout
- * pass (layout.c) keeps channel-blocked, RFI_LAYOUT_C16: an [N, C, H, W]
- * arena value with C a multiple of 16 stored as [N, C/16, H, W, 16]
- * (oneDNN's nChw16c), the same bytes. Every step addresses such a buffer
- * through rfi_layout_offset's mapping.
+ * Layouts. A buffer holds its node row-major, except the activations the
+ * layout pass (layout.c) keeps in a convolution's layout, the same bytes
+ * reordered: RFI_LAYOUT_C16, an [N, C, H, W] arena value with C a multiple
+ * of 16 stored as [N, C/16, H, W, 16] (oneDNN's nChw16c), or, with other
+ * channel counts, RFI_LAYOUT_NHWC (channels last). Every step addresses
+ * such a buffer through rfi_layout_offset's mapping.
  */
 #ifndef RF_BACKEND_PLAN_H
 #define RF_BACKEND_PLAN_H
@@ -39,6 +40,7 @@
 typedef enum rfi_layout {
     RFI_LAYOUT_PLAIN = 0, /* row-major */
     RFI_LAYOUT_C16,       /* [N, C, H, W] stored as [N, C/16, H, W, 16] */
+    RFI_LAYOUT_NHWC,      /* [N, C, H, W] stored as [N, H, W, C] (channels last) */
 } rfi_layout;
 
 #define RFI_LAYOUT_BLOCK 16 /* channels per block of RFI_LAYOUT_C16 */
@@ -189,6 +191,8 @@ static inline int64_t rfi_layout_offset(rfi_layout l, const int64_t *dims, int64
 {
     if (l == RFI_LAYOUT_PLAIN)
         return ((n * dims[1] + c) * dims[2] + h) * dims[3] + w;
+    if (l == RFI_LAYOUT_NHWC)
+        return ((n * dims[2] + h) * dims[3] + w) * dims[1] + c;
     int64_t blocks = dims[1] / RFI_LAYOUT_BLOCK;
     return (((n * blocks + c / RFI_LAYOUT_BLOCK) * dims[2] + h) * dims[3] + w) *
                RFI_LAYOUT_BLOCK + c % RFI_LAYOUT_BLOCK;

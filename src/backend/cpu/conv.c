@@ -32,7 +32,7 @@
  * benchmarks.
  *
  * A buffer the plan keeps channel-blocked (plan.h) is described to oneDNN
- * as such (rfi_cpu_conv_take_blocked): no reorder at all when that is the
+ * as such (rfi_cpu_conv_take_layout): no reorder at all when that is the
  * primitive's own layout.
  *
  * A CALL step's epilogue (plan.h) runs inside oneDNN's forward convolution
@@ -1033,23 +1033,37 @@ void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills)
     a->fills = fills;
 }
 
-bool rfi_cpu_conv_take_blocked(rfi_cpu_conv *c, int k, dnnl_engine_t eng)
+/* The oneDNN tag of a buffer in `layout` (plan.h) for a tensor whose dims
+ * are its node's, or with dims 0 and 1 swapped; dnnl_format_tag_undef where
+ * there is none here. */
+static dnnl_format_tag_t layout_tag(rfi_layout layout, bool swapped)
+{
+    if (layout == RFI_LAYOUT_C16)
+        return swapped ? dnnl_Abcd16a : dnnl_aBcd16b;
+    if (layout == RFI_LAYOUT_NHWC && !swapped)
+        return dnnl_acdb;
+    return dnnl_format_tag_undef;
+}
+
+bool rfi_cpu_conv_take_layout(rfi_cpu_conv *c, int k, rfi_layout layout, dnnl_engine_t eng)
 {
     if (!c || c->empty || c->path == PATH_IM2COL || k < 0 || k > 2 ||
         (c->path == PATH_BWD_DATA && k == 1) || /* the kernel is packed from plain per call */
         (k < 2 && c->views[k] && c->path != PATH_BWD_WEIGHTS)) /* the services copy views */
         return false;
     conv_arg *a = &c->dc.args[k];
-    if (a->user_md.ndims != 4 || (a->user_md.dims[a->swapped ? 0 : 1] % 16) != 0 ||
+    /* The buffer's layout is of its node, whose dim 1 is the tensor's dim 1, or dim 0 if
+     * swapped. */
+    dnnl_format_tag_t tag = layout_tag(layout, a->swapped);
+    if (tag == dnnl_format_tag_undef || a->user_md.ndims != 4 ||
+        (layout == RFI_LAYOUT_C16 && a->user_md.dims[a->swapped ? 0 : 1] % 16 != 0) ||
         (k == 2 && c->n_epi > rfi_cpu_conv_epilogue_ops(c))) /* the services add the rest */
         return false;
-    /* The buffer is blocked on its node's dim 1: the tensor's dim 1, or dim 0 if swapped. */
     dnnl_memory_desc_t user;
     dnnl_memory_t mem = NULL;
     dnnl_primitive_t reorder = NULL;
     bool direct = false;
-    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&user, 4, a->user_md.dims, dnnl_f32,
-                                                        a->swapped ? dnnl_Abcd16a : dnnl_aBcd16b);
+    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&user, 4, a->user_md.dims, dnnl_f32, tag);
     if (st == dnnl_success)
         st = rfi_dnnl.memory_create(&mem, &user, eng, DNNL_MEMORY_NONE);
     if (st == dnnl_success) {

@@ -516,8 +516,11 @@ static void run_blocked(const rfi_cpu_native *k, const float *x, const float *sr
 bool rfi_cpu_native_take_layouts(rfi_cpu_native *k, const rfi_layout lay[3])
 {
     bool any = false;
-    for (int t = 0; t < 3; t++)
+    for (int t = 0; t < 3; t++) {
+        if (lay[t] == RFI_LAYOUT_NHWC)
+            return false; /* channels last: the services reorder */
         any |= lay[t] == RFI_LAYOUT_C16;
+    }
     if (!any)
         return true;
     const rfi_node *n = k->node;

@@ -31,12 +31,13 @@
  * blocks of their own, reused by groups that do not overlap in time
  * (RF_CONV_SHARE=0 turns this off).
  *
- * Channel-blocked values (plan.h, layout.c): a convolution or a max-pool
- * gradient that takes the layout reads and writes it directly
- * (rfi_cpu_conv_take_blocked, rfi_cpu_native_take_layouts); for any other
- * call a blocked operand is reordered into a plain copy in the workspace
- * before the call and a blocked result out of one after it (take_layouts),
- * so every implementation sees the layouts it was written for.
+ * Laid-out values (plan.h, layout.c: channel-blocked or channels last): a
+ * convolution or a max-pool gradient that takes the layout reads and writes
+ * it directly (rfi_cpu_conv_take_layout, rfi_cpu_native_take_layouts); for
+ * any other call such an operand is reordered into a row-major copy in the
+ * workspace before the call and such a result out of one after it
+ * (take_layouts), so every implementation sees the layouts it was written
+ * for.
  *
  * Deliberately not here: choosing which nodes become CALL steps (the plan),
  * which values are blocked (the plan's layout pass), generated code.
@@ -260,16 +261,19 @@ static void copy_view(const rfi_node *node, const void *src, void *dst)
     rfi_parallel_for(job.a, 1 + 16384 / per_row, swap_rows, &job);
 }
 
-/* ---- Channel-blocked values the implementation does not take ------------------------- */
+/* ---- Laid-out values the implementation does not take ------------------------------ */
 
-static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node *x, bool to_blocked)
+/* x's buffer in its layout (plan.h) to or from a row-major copy. */
+static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node *x,
+                               rfi_layout layout, bool to_blocked)
 {
     if (x->dtype != RF_F32 || x->rank != 4) /* the layout pass gives calls no others */
-        return rfi_error(RF_E_INTERNAL, "cpu: %%%d (%s, rank %d) is channel-blocked around a call",
+        return rfi_error(RF_E_INTERNAL, "cpu: %%%d (%s, rank %d) is laid out around a call",
                          (int)x->id, rf_dtype_name(x->dtype), x->rank);
     dnnl_memory_desc_t blocked, plain;
     dnnl_dims_t dims = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
-    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&blocked, 4, dims, dnnl_f32, dnnl_aBcd16b);
+    dnnl_format_tag_t tag = layout == RFI_LAYOUT_NHWC ? dnnl_acdb : dnnl_aBcd16b;
+    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&blocked, 4, dims, dnnl_f32, tag);
     if (st == dnnl_success)
         st = rfi_dnnl.memory_desc_init_by_tag(&plain, 4, dims, dnnl_f32, dnnl_abcd);
     const dnnl_memory_desc_t *from = to_blocked ? &plain : &blocked;
@@ -281,7 +285,7 @@ static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node 
     if (st == dnnl_success)
         st = rfi_dnnl_reorder_create(from, to, s->engine, &r->reorder);
     r->bytes = rfi_node_nbytes(x);
-    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "channel-blocked copy", "reorder");
+    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "layout copy", "reorder");
 }
 
 static void free_relayout(relayout *r)
@@ -305,15 +309,20 @@ static rf_status run_relayout(const rfi_cpu_services *s, relayout *r, const void
         st = rfi_dnnl.primitive_execute(r->reorder, s->stream, 2, args);
     if (st == dnnl_success)
         st = rfi_dnnl.stream_wait(s->stream);
-    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "channel-blocked copy", "execute");
+    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "layout copy", "execute");
 }
 
 static bool blocked(const rfi_plan *p, const rfi_node *x)
 {
-    return rfi_plan_layout(p, x->id) == RFI_LAYOUT_C16;
+    return rfi_plan_layout(p, x->id) != RFI_LAYOUT_PLAIN;
 }
 
-/* Which blocked values of step k its implementation takes as they are; the
+static rfi_layout layout_of(const rfi_plan *p, const rfi_node *x)
+{
+    return rfi_plan_layout(p, x->id);
+}
+
+/* Which laid-out values of step k its implementation takes as they are; the
  * others get a relayout (workspace placed later: reserve_relayouts). */
 static rf_status take_layouts(rfi_cpu_services *s, int k)
 {
@@ -328,14 +337,16 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
     if (!any)
         return RF_OK;
     if (!s->have_library)
-        return rfi_error(RF_E_INTERNAL, "cpu: call step %d reads or writes a channel-blocked "
-                         "value, and oneDNN (which reorders it) is not loaded", k);
+        return rfi_error(RF_E_INTERNAL, "cpu: call step %d reads or writes a value not in "
+                         "row-major order, and oneDNN (which reorders it) is not loaded", k);
     bool in_taken[2] = {false, false}, out_taken = false;
     if (cs->kind == RFI_CALL_CONV) {
         for (int j = 0; j < 2; j++)
             in_taken[j] = blocked(p, cs->value[j]) &&
-                          rfi_cpu_conv_take_blocked(cs->conv, j, s->engine);
-        out_taken = blocked(p, root) && rfi_cpu_conv_take_blocked(cs->conv, 2, s->engine);
+                          rfi_cpu_conv_take_layout(cs->conv, j, layout_of(p, cs->value[j]),
+                                                   s->engine);
+        out_taken = blocked(p, root) &&
+                    rfi_cpu_conv_take_layout(cs->conv, 2, layout_of(p, root), s->engine);
     } else if (cs->native && cs->n_in == 2) {
         rfi_layout lay[3] = {rfi_plan_layout(p, cs->value[0]->id),
                              rfi_plan_layout(p, cs->value[1]->id), rfi_plan_layout(p, root->id)};
@@ -344,12 +355,15 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
     rf_status st = RF_OK;
     for (int j = 0; j < cs->n_in && st == RF_OK; j++)
         if (blocked(p, cs->value[j]) && !(j < 2 && in_taken[j]))
-            st = make_relayout(s, &cs->in_plain[j], cs->value[j], false);
-    for (int e = 0; e < cs->n_epi && st == RF_OK; e++)
-        if (cs->epi[e].operand >= 0 && blocked(p, p->g->nodes[cs->epi[e].operand]))
-            st = make_relayout(s, &cs->epi_plain[e], p->g->nodes[cs->epi[e].operand], false);
+            st = make_relayout(s, &cs->in_plain[j], cs->value[j], layout_of(p, cs->value[j]),
+                               false);
+    for (int e = 0; e < cs->n_epi && st == RF_OK; e++) {
+        const rfi_node *v = cs->epi[e].operand >= 0 ? p->g->nodes[cs->epi[e].operand] : NULL;
+        if (v && blocked(p, v))
+            st = make_relayout(s, &cs->epi_plain[e], v, layout_of(p, v), false);
+    }
     if (st == RF_OK && blocked(p, root) && !out_taken)
-        st = make_relayout(s, &cs->out_plain, root, true);
+        st = make_relayout(s, &cs->out_plain, root, layout_of(p, root), true);
     return st;
 }
 

@@ -164,11 +164,12 @@ RFI_FUNC bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k,
                                       const dnnl_memory_desc_t **inner, size_t *bytes);
 RFI_FUNC void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills);
 /* Tensor k (0, 1: the IR operands; 2: the result) of a prepared convolution
- * lives channel-blocked (plan.h, RFI_LAYOUT_C16; a view's buffer: its
- * operand's): the call then reads or writes that layout directly (no
- * reorder when the primitive wants it) and true; false (nothing changed)
- * where this path cannot, and the services reorder around the call. */
-RFI_FUNC bool rfi_cpu_conv_take_blocked(rfi_cpu_conv *c, int k, dnnl_engine_t eng);
+ * lives in `layout` (plan.h; a view's buffer: its operand's): the call then
+ * reads or writes that layout directly (no reorder when the primitive wants
+ * it) and true; false (nothing changed) where this path cannot, and the
+ * services reorder around the call. */
+RFI_FUNC bool rfi_cpu_conv_take_layout(rfi_cpu_conv *c, int k, rfi_layout layout,
+                                       dnnl_engine_t eng);
 /* Which path a prepared convolution takes: "im2col", or oneDNN's "forward",
  * "bwd-weights" or "bwd-data", with "-winograd" for its Winograd kernels (for
  * profiles, tests and benches). */
