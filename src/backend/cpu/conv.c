@@ -32,7 +32,7 @@
  * benchmarks.
  *
  * A buffer the plan keeps channel-blocked (plan.h) is described to oneDNN
- * as such (rfi_cpu_conv_take_layout): no reorder at all when that is the
+ * as such (rfi_cpu_conv_laid_out): no reorder at all when that is the
  * primitive's own layout.
  *
  * A CALL step's epilogue (plan.h) runs inside oneDNN's forward convolution
@@ -118,6 +118,8 @@ struct rfi_cpu_conv {
     int n_epi;
     bool views[2];                  /* operand k's buffer holds it with dims 0, 1 swapped */
     size_t pack_at, dnnl_workspace; /* packed kernel (bwd-data); workspace of dc */
+    rfi_layout layouts[3];          /* the buffers' layouts (plan.h): operands 0, 1, result */
+    bool laid_out[3];               /* dc reads or writes that buffer in its layout */
 };
 
 const char *rfi_cpu_conv_path(const rfi_cpu_conv *c)
@@ -622,14 +624,50 @@ dnnl_status_t rfi_dnnl_reorder_create(const dnnl_memory_desc_t *from,
 
 /* Argument k: the user memory over the IR buffer and, if the primitive wants
  * another layout, a memory in the workspace at *ws plus the reorder. */
+/* The oneDNN tag of a buffer in `layout` (plan.h) for a tensor whose dims
+ * are its node's, or with dims 0 and 1 swapped; dnnl_format_tag_undef where
+ * there is none here. */
+static dnnl_format_tag_t layout_tag(rfi_layout layout, bool swapped)
+{
+    if (layout == RFI_LAYOUT_C16)
+        return swapped ? dnnl_Abcd16a : dnnl_aBcd16b;
+    if (layout == RFI_LAYOUT_NHWC && !swapped)
+        return dnnl_acdb;
+    return dnnl_format_tag_undef;
+}
+
+/* How tensor k of spec sp describes its buffer when that is laid out
+ * (c->layouts[k]): its tag, or dnnl_format_tag_undef where this path reads
+ * or writes it row-major (the services then reorder around the call): the
+ * kernel bwd-data packs per call, views the services copy, and a result the
+ * services still apply epilogue ops to (epi_ops: those the primitive
+ * applies). The buffer's layout is of its node, whose dim 1 is the tensor's
+ * dim 1, or dim 0 if swapped. */
+static dnnl_format_tag_t arg_tag(const rfi_cpu_conv *c, const dnnl_conv_spec *sp, int k,
+                                 int epi_ops)
+{
+    const tensor_spec *t = &sp->t[k];
+    rfi_layout layout = c->layouts[k];
+    if (layout == RFI_LAYOUT_PLAIN || t->ndims != 4 || (sp->kind == PATH_BWD_DATA && k == 1) ||
+        (k < 2 && c->views[k] && sp->kind != PATH_BWD_WEIGHTS) || (k == 2 && c->n_epi > epi_ops) ||
+        (layout == RFI_LAYOUT_C16 && t->dims[t->swapped ? 0 : 1] % 16 != 0))
+        return dnnl_format_tag_undef;
+    return layout_tag(layout, t->swapped);
+}
+
+/* tag: the buffer's layout (arg_tag), or dnnl_format_tag_undef for the
+ * tensor's row-major strides. */
 static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool output,
-                              const_dnnl_primitive_desc_t pd, dnnl_engine_t eng, size_t *ws)
+                              dnnl_format_tag_t tag, const_dnnl_primitive_desc_t pd,
+                              dnnl_engine_t eng, size_t *ws)
 {
     dnnl_memory_desc_t user;
     a->arg = arg;
     a->swapped = t->swapped;
     dnnl_status_t st =
-        rfi_dnnl.memory_desc_init_by_strides(&user, t->ndims, t->dims, dnnl_f32, t->strides);
+        tag != dnnl_format_tag_undef
+            ? rfi_dnnl.memory_desc_init_by_tag(&user, t->ndims, t->dims, dnnl_f32, tag)
+            : rfi_dnnl.memory_desc_init_by_strides(&user, t->ndims, t->dims, dnnl_f32, t->strides);
     if (st == dnnl_success)
         st = rfi_dnnl.memory_create(&a->user, &user, eng, DNNL_MEMORY_NONE);
     const dnnl_memory_desc_t *want = rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg);
@@ -705,8 +743,12 @@ static bool make_dnnl_conv(rfi_cpu_conv *c, const dnnl_conv_spec *sp, dnnl_engin
     dnnl_status_t st = rfi_dnnl.primitive_create(&dc->prim, pd);
     if (st == dnnl_success && ws > 0)
         st = rfi_dnnl.memory_create(&dc->scratch, sp_md, eng, DNNL_MEMORY_NONE);
-    for (int k = 0; k < 3 && st == dnnl_success; k++)
-        st = make_arg(&dc->args[k], &sp->t[k], sp->arg[k], k == 2, pd, eng, &ws);
+    int epi_ops = sp->kind == PATH_FORWARD ? dc->post.n + (with_bias ? 1 : 0) : 0;
+    for (int k = 0; k < 3 && st == dnnl_success; k++) {
+        dnnl_format_tag_t tag = arg_tag(c, sp, k, epi_ops);
+        st = make_arg(&dc->args[k], &sp->t[k], sp->arg[k], k == 2, tag, pd, eng, &ws);
+        c->laid_out[k] = tag != dnnl_format_tag_undef;
+    }
     if (st == dnnl_success)
         st = rfi_dnnl_post_memories(&dc->post, eng, dc->post_mem);
     if (st == dnnl_success && with_bias)
@@ -914,8 +956,8 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
 }
 
 rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
-                               const bool views[2], dnnl_engine_t eng, rfi_cpu_conv **out,
-                               size_t *workspace_bytes)
+                               const bool views[2], const rfi_layout layouts[3],
+                               dnnl_engine_t eng, rfi_cpu_conv **out, size_t *workspace_bytes)
 {
     *out = NULL;
     *workspace_bytes = 0;
@@ -930,6 +972,8 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_e
     c->n_epi = n_epi;
     c->views[0] = views && views[0];
     c->views[1] = views && views[1];
+    for (int k = 0; k < 3; k++)
+        c->layouts[k] = layouts ? layouts[k] : RFI_LAYOUT_PLAIN;
     if (!read_shape(c, n)) {
         rfi_free(c);
         return RF_E_UNSUPPORTED;
@@ -1033,61 +1077,8 @@ void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills)
     a->fills = fills;
 }
 
-/* The oneDNN tag of a buffer in `layout` (plan.h) for a tensor whose dims
- * are its node's, or with dims 0 and 1 swapped; dnnl_format_tag_undef where
- * there is none here. */
-static dnnl_format_tag_t layout_tag(rfi_layout layout, bool swapped)
-{
-    if (layout == RFI_LAYOUT_C16)
-        return swapped ? dnnl_Abcd16a : dnnl_aBcd16b;
-    if (layout == RFI_LAYOUT_NHWC && !swapped)
-        return dnnl_acdb;
-    return dnnl_format_tag_undef;
-}
 
-bool rfi_cpu_conv_take_layout(rfi_cpu_conv *c, int k, rfi_layout layout, dnnl_engine_t eng)
+bool rfi_cpu_conv_laid_out(const rfi_cpu_conv *c, int k)
 {
-    if (!c || c->empty || c->path == PATH_IM2COL || k < 0 || k > 2 ||
-        (c->path == PATH_BWD_DATA && k == 1) || /* the kernel is packed from plain per call */
-        (k < 2 && c->views[k] && c->path != PATH_BWD_WEIGHTS)) /* the services copy views */
-        return false;
-    conv_arg *a = &c->dc.args[k];
-    /* The buffer's layout is of its node, whose dim 1 is the tensor's dim 1, or dim 0 if
-     * swapped. */
-    dnnl_format_tag_t tag = layout_tag(layout, a->swapped);
-    if (tag == dnnl_format_tag_undef || a->user_md.ndims != 4 ||
-        (layout == RFI_LAYOUT_C16 && a->user_md.dims[a->swapped ? 0 : 1] % 16 != 0) ||
-        (k == 2 && c->n_epi > rfi_cpu_conv_epilogue_ops(c))) /* the services add the rest */
-        return false;
-    dnnl_memory_desc_t user;
-    dnnl_memory_t mem = NULL;
-    dnnl_primitive_t reorder = NULL;
-    bool direct = false;
-    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&user, 4, a->user_md.dims, dnnl_f32, tag);
-    if (st == dnnl_success)
-        st = rfi_dnnl.memory_create(&mem, &user, eng, DNNL_MEMORY_NONE);
-    if (st == dnnl_success) {
-        direct = a->inner && rfi_dnnl.memory_desc_equal(&user, &a->inner_md);
-        if (!direct && !a->inner)
-            st = dnnl_unimplemented; /* the primitive reads plain: no room for a copy */
-        else if (!direct)
-            st = k == 2 ? rfi_dnnl_reorder_create(&a->inner_md, &user, eng, &reorder)
-                        : rfi_dnnl_reorder_create(&user, &a->inner_md, eng, &reorder);
-    }
-    if (st != dnnl_success) {
-        if (mem)
-            rfi_dnnl.memory_destroy(mem);
-        return false;
-    }
-    rfi_dnnl.memory_destroy(a->user);
-    if (a->reorder)
-        rfi_dnnl.primitive_destroy(a->reorder);
-    a->user = mem;
-    a->user_md = user;
-    a->reorder = reorder;
-    if (direct) { /* the primitive reads or writes the buffer itself */
-        rfi_dnnl.memory_destroy(a->inner);
-        a->inner = NULL;
-    }
-    return true;
+    return c && !c->empty && c->path != PATH_IM2COL && k >= 0 && k < 3 && c->laid_out[k];
 }

@@ -33,7 +33,7 @@
  *
  * Laid-out values (plan.h, layout.c: channel-blocked or channels last): a
  * convolution or a max-pool gradient that takes the layout reads and writes
- * it directly (rfi_cpu_conv_take_layout, rfi_cpu_native_take_layouts); for
+ * it directly (rfi_cpu_conv_laid_out, rfi_cpu_native_take_layouts); for
  * any other call such an operand is reordered into a row-major copy in the
  * workspace before the call and such a result out of one after it
  * (take_layouts), so every implementation sees the layouts it was written
@@ -342,11 +342,8 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
     bool in_taken[2] = {false, false}, out_taken = false;
     if (cs->kind == RFI_CALL_CONV) {
         for (int j = 0; j < 2; j++)
-            in_taken[j] = blocked(p, cs->value[j]) &&
-                          rfi_cpu_conv_take_layout(cs->conv, j, layout_of(p, cs->value[j]),
-                                                   s->engine);
-        out_taken = blocked(p, root) &&
-                    rfi_cpu_conv_take_layout(cs->conv, 2, layout_of(p, root), s->engine);
+            in_taken[j] = blocked(p, cs->value[j]) && rfi_cpu_conv_laid_out(cs->conv, j);
+        out_taken = blocked(p, root) && rfi_cpu_conv_laid_out(cs->conv, 2);
     } else if (cs->native && cs->n_in == 2) {
         rfi_layout lay[3] = {rfi_plan_layout(p, cs->value[0]->id),
                              rfi_plan_layout(p, cs->value[1]->id), rfi_plan_layout(p, root->id)};
@@ -414,8 +411,12 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
             cs->kind = RFI_CALL_MATMUL;
         cs->epi_applied = st == RF_OK && rfi_cpu_matmul_fused(cs->matmul) ? cs->n_epi : 0;
     } else if (step->call == RFI_CALL_CONV && n->op == RFI_OP_CONVOLUTION) {
-        st = rfi_cpu_conv_prepare(n, cs->epi, cs->n_epi, cs->view, s->engine, &cs->conv,
-                                  workspace);
+        const rfi_plan *p = s->plan;
+        rfi_layout layouts[3] = {rfi_plan_layout(p, cs->value[0]->id),
+                                 rfi_plan_layout(p, cs->value[1]->id),
+                                 rfi_plan_layout(p, p->steps[k].roots[0])};
+        st = rfi_cpu_conv_prepare(n, cs->epi, cs->n_epi, cs->view, layouts, s->engine,
+                                  &cs->conv, workspace);
         if (st == RF_OK)
             cs->kind = RFI_CALL_CONV;
         cs->epi_applied = st == RF_OK ? rfi_cpu_conv_epilogue_ops(cs->conv) : 0;

@@ -144,8 +144,9 @@ RFI_FUNC void rfi_cpu_matmul_free(rfi_cpu_matmul *m);
  * itself, transposed back. */
 typedef struct rfi_cpu_conv rfi_cpu_conv;
 RFI_FUNC rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
-                                        const bool views[2], dnnl_engine_t eng,
-                                        rfi_cpu_conv **out, size_t *workspace_bytes);
+                                        const bool views[2], const rfi_layout layouts[3],
+                                        dnnl_engine_t eng, rfi_cpu_conv **out,
+                                        size_t *workspace_bytes);
 RFI_FUNC bool rfi_cpu_conv_takes_views(const rfi_cpu_conv *c);
 RFI_FUNC rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x,
                                     const void *w, void *out, const void *const *epi_src,
@@ -163,13 +164,13 @@ RFI_FUNC bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k,
                                       const dnnl_memory_desc_t **user,
                                       const dnnl_memory_desc_t **inner, size_t *bytes);
 RFI_FUNC void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills);
-/* Tensor k (0, 1: the IR operands; 2: the result) of a prepared convolution
- * lives in `layout` (plan.h; a view's buffer: its operand's): the call then
- * reads or writes that layout directly (no reorder when the primitive wants
- * it) and true; false (nothing changed) where this path cannot, and the
- * services reorder around the call. */
-RFI_FUNC bool rfi_cpu_conv_take_layout(rfi_cpu_conv *c, int k, rfi_layout layout,
-                                       dnnl_engine_t eng);
+/* Whether the prepared convolution reads or writes tensor k (0, 1: the IR
+ * operands; 2: the result) in the layout prepare was given for its buffer
+ * (layouts[k], plan.h; a view's buffer: its operand's), with no reorder when
+ * that is the primitive's own layout. false: it reads or writes it
+ * row-major (its path cannot take the layout), and the services reorder
+ * around the call. */
+RFI_FUNC bool rfi_cpu_conv_laid_out(const rfi_cpu_conv *c, int k);
 /* Which path a prepared convolution takes: "im2col", or oneDNN's "forward",
  * "bwd-weights" or "bwd-data", with "-winograd" for its Winograd kernels (for
  * profiles, tests and benches). */
