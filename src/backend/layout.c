@@ -19,7 +19,9 @@
  *   - every step touching it takes the layout: generated LOOP (unless
  *     segmented) and REDUCE steps; a convolution reading it through a
  *     transposed view, or (unless it is a weight gradient) reading it as its
- *     input (operand 0) or writing it with no residual add in its epilogue;
+ *     input (operand 0) or writing it, and a blocked one adding it as a
+ *     residual (services.c reorders a residual whose layout is not the
+ *     result's; see residual_takes for channels last);
  *     a select_and_scatter (the max-pool gradient, C16 only) reading or
  *     writing it; never a matmul, another call or a copy;
  *   - and it pays: a convolution writes or reads it, or a generated or
@@ -105,6 +107,16 @@ static bool has_residual(const rfi_step *s)
     return false;
 }
 
+/* A convolution's result with a residual add, or the residual, in layout l:
+ * blocked ones are the convolutions' own layout, but an 8-channel result
+ * channels last would be reordered from oneDNN's padded 16-channel blocks
+ * (its backward-data kernels' choice), which measured 3x slower than
+ * reordering it row-major. */
+static bool residual_takes(rfi_layout l)
+{
+    return l == RFI_LAYOUT_C16;
+}
+
 /* A convolution whose kernel has more positions than its result: the
  * weight-gradient form, whose plain operands and result are [C, N, ...] and
  * [C, O, ...] (channels in dim 0); only its views hold activations. */
@@ -131,10 +143,13 @@ static void touch_call(layout_pass *L, const rfi_step *s)
         touch(L, x, takes && x->dtype == RF_F32, conv);
     }
     for (int e = 0; e < s->n_epilogue; e++)
-        if (s->epilogue[e].operand >= 0)
-            touch(L, L->g->nodes[s->epilogue[e].operand], false, false);
+        if (s->epilogue[e].operand >= 0) { /* the services reorder a residual to the result's */
+            const rfi_node *y = L->g->nodes[s->epilogue[e].operand];
+            touch(L, y, conv && s->epilogue[e].kind == RFI_EPI_ADD && y->dtype == RF_F32 &&
+                            residual_takes(layout_for(y)), false);
+        }
     const rfi_node *root = L->g->nodes[s->roots[0]];
-    bool takes = (activations && !has_residual(s)) ||
+    bool takes = (activations && (!has_residual(s) || residual_takes(layout_for(root)))) ||
                  (scatter && layout_for(root) == RFI_LAYOUT_C16);
     touch(L, root, takes && root->dtype == RF_F32, conv);
 }

@@ -636,20 +636,32 @@ static dnnl_format_tag_t layout_tag(rfi_layout layout, bool swapped)
     return dnnl_format_tag_undef;
 }
 
+/* Whether an epilogue op from the first-th on is a BIAS (which the services
+ * can add to a row-major result only). */
+static bool bias_from(const rfi_cpu_conv *c, int first)
+{
+    for (int e = first; e < c->n_epi; e++)
+        if (c->epi[e].kind == RFI_EPI_BIAS)
+            return true;
+    return false;
+}
+
 /* How tensor k of spec sp describes its buffer when that is laid out
  * (c->layouts[k]): its tag, or dnnl_format_tag_undef where this path reads
  * or writes it row-major (the services then reorder around the call): the
- * kernel bwd-data packs per call, views the services copy, and a result the
- * services still apply epilogue ops to (epi_ops: those the primitive
- * applies). The buffer's layout is of its node, whose dim 1 is the tensor's
- * dim 1, or dim 0 if swapped. */
+ * kernel bwd-data packs per call, views the services copy, and a result to
+ * which the services still add a bias (epi_ops: the epilogue ops the
+ * primitive applies; the others are elementwise in any layout). The
+ * buffer's layout is of its node, whose dim 1 is the tensor's dim 1, or
+ * dim 0 if swapped. */
 static dnnl_format_tag_t arg_tag(const rfi_cpu_conv *c, const dnnl_conv_spec *sp, int k,
                                  int epi_ops)
 {
     const tensor_spec *t = &sp->t[k];
     rfi_layout layout = c->layouts[k];
     if (layout == RFI_LAYOUT_PLAIN || t->ndims != 4 || (sp->kind == PATH_BWD_DATA && k == 1) ||
-        (k < 2 && c->views[k] && sp->kind != PATH_BWD_WEIGHTS) || (k == 2 && c->n_epi > epi_ops) ||
+        (k < 2 && c->views[k] && sp->kind != PATH_BWD_WEIGHTS) ||
+        (k == 2 && bias_from(c, epi_ops)) ||
         (layout == RFI_LAYOUT_C16 && t->dims[t->swapped ? 0 : 1] % 16 != 0))
         return dnnl_format_tag_undef;
     return layout_tag(layout, t->swapped);

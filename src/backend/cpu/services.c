@@ -263,27 +263,32 @@ static void copy_view(const rfi_node *node, const void *src, void *dst)
 
 /* ---- Laid-out values the implementation does not take ------------------------------ */
 
-/* x's buffer in its layout (plan.h) to or from a row-major copy. */
+static dnnl_format_tag_t tag_of(rfi_layout layout)
+{
+    return layout == RFI_LAYOUT_NHWC  ? dnnl_acdb
+           : layout == RFI_LAYOUT_C16 ? dnnl_aBcd16b
+                                      : dnnl_abcd;
+}
+
+/* x's buffer from layout `from` to a copy in layout `to` (plan.h). */
 static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node *x,
-                               rfi_layout layout, bool to_blocked)
+                               rfi_layout from_layout, rfi_layout to_layout)
 {
     if (x->dtype != RF_F32 || x->rank != 4) /* the layout pass gives calls no others */
         return rfi_error(RF_E_INTERNAL, "cpu: %%%d (%s, rank %d) is laid out around a call",
                          (int)x->id, rf_dtype_name(x->dtype), x->rank);
-    dnnl_memory_desc_t blocked, plain;
+    dnnl_memory_desc_t from, to;
     dnnl_dims_t dims = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
-    dnnl_format_tag_t tag = layout == RFI_LAYOUT_NHWC ? dnnl_acdb : dnnl_aBcd16b;
-    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&blocked, 4, dims, dnnl_f32, tag);
+    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&from, 4, dims, dnnl_f32,
+                                                         tag_of(from_layout));
     if (st == dnnl_success)
-        st = rfi_dnnl.memory_desc_init_by_tag(&plain, 4, dims, dnnl_f32, dnnl_abcd);
-    const dnnl_memory_desc_t *from = to_blocked ? &plain : &blocked;
-    const dnnl_memory_desc_t *to = to_blocked ? &blocked : &plain;
+        st = rfi_dnnl.memory_desc_init_by_tag(&to, 4, dims, dnnl_f32, tag_of(to_layout));
     if (st == dnnl_success)
-        st = rfi_dnnl.memory_create(&r->from, from, s->engine, DNNL_MEMORY_NONE);
+        st = rfi_dnnl.memory_create(&r->from, &from, s->engine, DNNL_MEMORY_NONE);
     if (st == dnnl_success)
-        st = rfi_dnnl.memory_create(&r->to, to, s->engine, DNNL_MEMORY_NONE);
+        st = rfi_dnnl.memory_create(&r->to, &to, s->engine, DNNL_MEMORY_NONE);
     if (st == dnnl_success)
-        st = rfi_dnnl_reorder_create(from, to, s->engine, &r->reorder);
+        st = rfi_dnnl_reorder_create(&from, &to, s->engine, &r->reorder);
     r->bytes = rfi_node_nbytes(x);
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "layout copy", "reorder");
 }
@@ -353,14 +358,19 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
     for (int j = 0; j < cs->n_in && st == RF_OK; j++)
         if (blocked(p, cs->value[j]) && !(j < 2 && in_taken[j]))
             st = make_relayout(s, &cs->in_plain[j], cs->value[j], layout_of(p, cs->value[j]),
-                               false);
+                               RFI_LAYOUT_PLAIN);
+    /* Epilogue operands: the library's post-ops read them row-major; the ops
+     * the services apply after the call read them in the layout the result
+     * is written in (the root's if the call takes it, else row-major). */
+    rfi_layout written = out_taken ? layout_of(p, root) : RFI_LAYOUT_PLAIN;
     for (int e = 0; e < cs->n_epi && st == RF_OK; e++) {
         const rfi_node *v = cs->epi[e].operand >= 0 ? p->g->nodes[cs->epi[e].operand] : NULL;
-        if (v && blocked(p, v))
-            st = make_relayout(s, &cs->epi_plain[e], v, layout_of(p, v), false);
+        rfi_layout want = e < cs->epi_applied ? RFI_LAYOUT_PLAIN : written;
+        if (v && cs->epi[e].kind == RFI_EPI_ADD && layout_of(p, v) != want)
+            st = make_relayout(s, &cs->epi_plain[e], v, layout_of(p, v), want);
     }
     if (st == RF_OK && blocked(p, root) && !out_taken)
-        st = make_relayout(s, &cs->out_plain, root, layout_of(p, root), true);
+        st = make_relayout(s, &cs->out_plain, root, RFI_LAYOUT_PLAIN, layout_of(p, root));
     return st;
 }
 
