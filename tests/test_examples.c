@@ -47,20 +47,14 @@ static rf_model *demo_cnn(void)
 static void first_steps(const char *name, rf_model *host, int64_t n, double lr)
 {
     CHECK(host != NULL);
-    rf_model *m = host ? rf_model_to(host, dev) : NULL;
-    rf_model_free(host);
-    CHECK(m != NULL);
-    rf_array *xh = rf_rand(RF_F32, RF_SHAPE(n, 1, 28, 28), 11);
     int32_t labels[64];
     for (int64_t i = 0; i < n && i < 64; i++)
         labels[i] = (int32_t)((i * 7) % 10);
-    rf_array *yh = rf_array_from(RF_I32, RF_SHAPE(n), labels);
-    rf_array *x = xh ? rf_array_to(xh, dev) : NULL, *y = yh ? rf_array_to(yh, dev) : NULL;
-    rf_opt *opt = m ? rf_setup(rf_adam_ex(lr, 0.9, 0.999, 1e-4), m) : NULL;
-    CHECK(x && y && opt);
-    if (m && x && y && opt) {
-        rf_trainmode(m);
-        rf_array *batch[2] = {x, y};
+    tu_trainer t;
+    if (tu_trainer_make(&t, dev, host, n, 28, 28, 11, labels, lr)) {
+        rf_model *m = t.m;
+        rf_opt *opt = t.opt;
+        rf_array *batch[2] = {t.x, t.y};
         double first = 0, last = 0;
         for (int s = 0; s < STEPS; s++) {
             double l = NAN;
@@ -80,12 +74,7 @@ static void first_steps(const char *name, rf_model *host, int64_t n, double lr)
                (long long)n);
         CHECK(last < first);
     }
-    rf_opt_free(opt);
-    rf_model_free(m);
-    rf_array_free(x);
-    rf_array_free(y);
-    rf_array_free(xh);
-    rf_array_free(yh);
+    tu_trainer_free(&t);
 }
 
 int main(void)

@@ -68,32 +68,19 @@ static void run_variant(model_fn model, const char *label, const char *blocked,
     set_env("RF_BLOCKED", blocked);
     set_env("RF_CONV_PATH", conv_path);
     set_env("RF_UNROLL_POOLS", unroll_pools);
-    rf_model *host = model();
-    rf_model *m = host ? rf_model_to(host, dev) : NULL;
-    rf_model_free(host);
-    rf_array *xh = rf_rand(RF_F32, RF_SHAPE(8, 1, 24, 24), 17);
-    int32_t labels[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    rf_array *yh = rf_array_from(RF_I32, RF_SHAPE(8), labels);
-    rf_array *x = xh ? rf_array_to(xh, dev) : NULL, *y = yh ? rf_array_to(yh, dev) : NULL;
-    rf_opt *opt = m ? rf_setup(rf_adam_ex(1e-3, 0.9, 0.999, 1e-4), m) : NULL;
-    CHECK(m && x && y && opt);
-    if (m && x && y && opt) {
-        rf_trainmode(m);
-        rf_array *batch[2] = {x, y};
+    const int32_t labels[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    tu_trainer t;
+    if (tu_trainer_make(&t, dev, model(), 8, 24, 24, 17, labels, 1e-3)) {
+        rf_array *batch[2] = {t.x, t.y};
         for (int s = 0; s < STEPS; s++) {
             out[s] = NAN;
-            CHECK_OK(rf_trainstep(loss, NULL, m, batch, 2, opt, &out[s], NULL));
+            CHECK_OK(rf_trainstep(loss, NULL, t.m, batch, 2, t.opt, &out[s], NULL));
             CHECK(isfinite(out[s]));
         }
         printf("%s: loss %.7f -> %.7f\n", label, out[0], out[STEPS - 1]);
         CHECK(out[STEPS - 1] < out[0]);
     }
-    rf_opt_free(opt);
-    rf_model_free(m);
-    rf_array_free(x);
-    rf_array_free(y);
-    rf_array_free(xh);
-    rf_array_free(yh);
+    tu_trainer_free(&t);
     set_env("RF_BLOCKED", NULL);
     set_env("RF_CONV_PATH", NULL);
     set_env("RF_UNROLL_POOLS", NULL);

@@ -76,6 +76,44 @@ static inline void tu_remove_tree(const char *path)
         waitpid(pid, &ws, 0);
 }
 
+/* A model on a device, Adam with epsilon 1e-4 (test_examples.c says why) and
+ * one batch of n seeded random images [n, 1, h, w] with the given labels,
+ * for tests that take training steps. */
+typedef struct tu_trainer {
+    rf_model *m;
+    rf_opt *opt;
+    rf_array *x, *y, *xh, *yh;
+} tu_trainer;
+
+/* Consumes host; false (checked) when something could not be made. */
+static inline bool tu_trainer_make(tu_trainer *t, rf_device *dev, rf_model *host, int64_t n,
+                                   int64_t h, int64_t w, uint64_t seed, const int32_t *labels,
+                                   double lr)
+{
+    memset(t, 0, sizeof *t);
+    t->m = host ? rf_model_to(host, dev) : NULL;
+    rf_model_free(host);
+    t->xh = rf_rand(RF_F32, RF_SHAPE(n, 1, h, w), seed);
+    t->yh = rf_array_from(RF_I32, RF_SHAPE(n), labels);
+    t->x = t->xh ? rf_array_to(t->xh, dev) : NULL;
+    t->y = t->yh ? rf_array_to(t->yh, dev) : NULL;
+    t->opt = t->m ? rf_setup(rf_adam_ex(lr, 0.9, 0.999, 1e-4), t->m) : NULL;
+    CHECK(t->m && t->x && t->y && t->opt);
+    if (t->m && t->x && t->y && t->opt)
+        rf_trainmode(t->m);
+    return t->m && t->x && t->y && t->opt;
+}
+
+static inline void tu_trainer_free(tu_trainer *t)
+{
+    rf_opt_free(t->opt);
+    rf_model_free(t->m);
+    rf_array_free(t->x);
+    rf_array_free(t->y);
+    rf_array_free(t->xh);
+    rf_array_free(t->yh);
+}
+
 /* Prints a summary and returns the exit code for main. */
 static inline int tu_finish(const char *name)
 {

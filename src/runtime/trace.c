@@ -337,21 +337,28 @@ static void dump_stage(const rfi_graph *g, const char *name, uint64_t hash, cons
 
 /* The backend named by RF_BACKEND; unset, the compiling backend of the
  * device (cpu). RF_BACKEND=interp selects the reference interpreter. */
+/* The backend RF_BACKEND selects for programs on dev, or NULL when none
+ * can run them (pick_backend says why). */
+static const rfi_backend *backend_for(const rf_device *dev)
+{
+    const char *env = getenv("RF_BACKEND");
+    if (env && strcmp(env, rfi_interp_backend.name) == 0)
+        return &rfi_interp_backend;
+    if ((!env || !*env || strcmp(env, rfi_cpu_backend.name) == 0) &&
+        (!dev || dev->kind == RF_DEVICE_CPU))
+        return &rfi_cpu_backend;
+    return NULL;
+}
+
 static rf_status pick_backend(const char *op, const rf_device *dev, const rfi_backend **out)
 {
     const char *env = getenv("RF_BACKEND");
-    *out = NULL;
-    if (env && strcmp(env, rfi_interp_backend.name) == 0) {
-        *out = &rfi_interp_backend;
+    *out = backend_for(dev);
+    if (*out)
         return RF_OK;
-    }
-    if (!env || !*env || strcmp(env, rfi_cpu_backend.name) == 0) {
-        if (dev && dev->kind != RF_DEVICE_CPU)
-            return rfi_error(RF_E_UNSUPPORTED, "%s: no compiling backend for device %s", op,
-                             rf_device_name(dev));
-        *out = &rfi_cpu_backend;
-        return RF_OK;
-    }
+    if (!env || !*env || strcmp(env, rfi_cpu_backend.name) == 0)
+        return rfi_error(RF_E_UNSUPPORTED, "%s: no compiling backend for device %s", op,
+                         rf_device_name(dev));
     return rfi_error(RF_E_UNSUPPORTED, "%s: RF_BACKEND=%s is not available (available: %s, %s)",
                      op, env, rfi_cpu_backend.name, rfi_interp_backend.name);
 }
@@ -399,19 +406,17 @@ static rf_status lower(rfi_graph *g, rfi_graph **out)
     return RF_OK;
 }
 
-/* Lets the compiling backend start loading its libraries while this thread
- * traces and differentiates (pick_backend's choice, guessed before tracing
- * from RF_BACKEND and the device asked for). */
+/* Lets the backend start loading its libraries while this thread traces and
+ * differentiates: the one backend_for will pick for the device pick_device
+ * will choose (unchecked here: tracing reports bad arguments). */
 static void warm_up_backend(const rf_compile_opts *opts, rf_array *const *args, int nargs)
 {
-    const char *env = getenv("RF_BACKEND");
-    if (env && *env && strcmp(env, rfi_cpu_backend.name) != 0)
-        return;
-    const rf_device *dev = opts && opts->device ? opts->device
+    const rf_device *dev = opts && opts->device              ? opts->device
                            : args && nargs > 0 && args[0] ? rf_array_device(args[0])
-                                                          : NULL;
-    if ((!dev || dev->kind == RF_DEVICE_CPU) && rfi_cpu_backend.warm_up)
-        rfi_cpu_backend.warm_up();
+                                                          : rf_device_default();
+    const rfi_backend *b = backend_for(dev);
+    if (b && b->warm_up)
+        b->warm_up();
 }
 
 rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,

@@ -624,16 +624,14 @@ dnnl_status_t rfi_dnnl_reorder_create(const dnnl_memory_desc_t *from,
 
 /* Argument k: the user memory over the IR buffer and, if the primitive wants
  * another layout, a memory in the workspace at *ws plus the reorder. */
-/* The oneDNN tag of a buffer in `layout` (plan.h) for a tensor whose dims
- * are its node's, or with dims 0 and 1 swapped; dnnl_format_tag_undef where
- * there is none here. */
-static dnnl_format_tag_t layout_tag(rfi_layout layout, bool swapped)
+dnnl_format_tag_t rfi_dnnl_layout_tag(rfi_layout layout, bool swapped)
 {
-    if (layout == RFI_LAYOUT_C16)
-        return swapped ? dnnl_Abcd16a : dnnl_aBcd16b;
-    if (layout == RFI_LAYOUT_NHWC && !swapped)
-        return dnnl_acdb;
-    return dnnl_format_tag_undef;
+    switch (layout) {
+    case RFI_LAYOUT_PLAIN: return swapped ? dnnl_bacd : dnnl_abcd;
+    case RFI_LAYOUT_C16: return swapped ? dnnl_Abcd16a : dnnl_aBcd16b;
+    case RFI_LAYOUT_NHWC: return swapped ? dnnl_format_tag_undef : dnnl_acdb;
+    default: return dnnl_format_tag_undef;
+    }
 }
 
 /* Whether an epilogue op from the first-th on is a BIAS (which the services
@@ -664,7 +662,7 @@ static dnnl_format_tag_t arg_tag(const rfi_cpu_conv *c, const dnnl_conv_spec *sp
         (k == 2 && bias_from(c, epi_ops)) ||
         (layout == RFI_LAYOUT_C16 && t->dims[t->swapped ? 0 : 1] % 16 != 0))
         return dnnl_format_tag_undef;
-    return layout_tag(layout, t->swapped);
+    return rfi_dnnl_layout_tag(layout, t->swapped);
 }
 
 /* tag: the buffer's layout (arg_tag), or dnnl_format_tag_undef for the

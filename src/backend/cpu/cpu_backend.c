@@ -332,7 +332,7 @@ static rf_status build_module(cpu_state *s, const rfi_plan_opts *opts, const cha
     return st;
 }
 
-/* Channel-blocked activations (plan.h) need oneDNN, whose reorders the
+/* Activations in oneDNN's layouts (plan.h) need oneDNN, whose reorders the
  * services use around calls that do not take them; RF_BLOCKED=0 in the
  * environment turns them off (benches, tests). */
 static bool blocked_wanted(void)

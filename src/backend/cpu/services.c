@@ -52,9 +52,9 @@
 #include "../../runtime/threadpool.h"
 #include "../interp/interp.h"
 
-/* A channel-blocked value (plan.h) that a call's implementation does not
- * take as it is: reordered into a plain copy in the workspace before the
- * call (an operand) or out of one after it (the result). */
+/* A value in a layout (plan.h) that a call's implementation does not take
+ * as it is: reordered into a copy in the workspace, in the layout the call
+ * reads, before the call (an operand), or out of one after it (the result). */
 typedef struct relayout {
     dnnl_primitive_t reorder; /* NULL: the value is read or written where it lives */
     dnnl_memory_t from, to;
@@ -263,13 +263,6 @@ static void copy_view(const rfi_node *node, const void *src, void *dst)
 
 /* ---- Laid-out values the implementation does not take ------------------------------ */
 
-static dnnl_format_tag_t tag_of(rfi_layout layout)
-{
-    return layout == RFI_LAYOUT_NHWC  ? dnnl_acdb
-           : layout == RFI_LAYOUT_C16 ? dnnl_aBcd16b
-                                      : dnnl_abcd;
-}
-
 /* x's buffer from layout `from` to a copy in layout `to` (plan.h). */
 static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node *x,
                                rfi_layout from_layout, rfi_layout to_layout)
@@ -279,10 +272,11 @@ static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node 
                          (int)x->id, rf_dtype_name(x->dtype), x->rank);
     dnnl_memory_desc_t from, to;
     dnnl_dims_t dims = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]};
-    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&from, 4, dims, dnnl_f32,
-                                                         tag_of(from_layout));
+    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(
+        &from, 4, dims, dnnl_f32, rfi_dnnl_layout_tag(from_layout, false));
     if (st == dnnl_success)
-        st = rfi_dnnl.memory_desc_init_by_tag(&to, 4, dims, dnnl_f32, tag_of(to_layout));
+        st = rfi_dnnl.memory_desc_init_by_tag(&to, 4, dims, dnnl_f32,
+                                              rfi_dnnl_layout_tag(to_layout, false));
     if (st == dnnl_success)
         st = rfi_dnnl.memory_create(&r->from, &from, s->engine, DNNL_MEMORY_NONE);
     if (st == dnnl_success)
@@ -317,7 +311,8 @@ static rf_status run_relayout(const rfi_cpu_services *s, relayout *r, const void
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "layout copy", "execute");
 }
 
-static bool blocked(const rfi_plan *p, const rfi_node *x)
+/* x's buffer is not row-major (plan.h). */
+static bool laid_out(const rfi_plan *p, const rfi_node *x)
 {
     return rfi_plan_layout(p, x->id) != RFI_LAYOUT_PLAIN;
 }
@@ -334,11 +329,11 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
     const rfi_plan *p = s->plan;
     call_state *cs = &s->steps[k];
     const rfi_node *root = p->g->nodes[p->steps[k].roots[0]];
-    bool any = blocked(p, root);
+    bool any = laid_out(p, root);
     for (int j = 0; j < cs->n_in; j++)
-        any |= blocked(p, cs->value[j]);
+        any |= laid_out(p, cs->value[j]);
     for (int e = 0; e < cs->n_epi; e++)
-        any |= cs->epi[e].operand >= 0 && blocked(p, p->g->nodes[cs->epi[e].operand]);
+        any |= cs->epi[e].operand >= 0 && laid_out(p, p->g->nodes[cs->epi[e].operand]);
     if (!any)
         return RF_OK;
     if (!s->have_library)
@@ -347,8 +342,8 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
     bool in_taken[2] = {false, false}, out_taken = false;
     if (cs->kind == RFI_CALL_CONV) {
         for (int j = 0; j < 2; j++)
-            in_taken[j] = blocked(p, cs->value[j]) && rfi_cpu_conv_laid_out(cs->conv, j);
-        out_taken = blocked(p, root) && rfi_cpu_conv_laid_out(cs->conv, 2);
+            in_taken[j] = laid_out(p, cs->value[j]) && rfi_cpu_conv_laid_out(cs->conv, j);
+        out_taken = laid_out(p, root) && rfi_cpu_conv_laid_out(cs->conv, 2);
     } else if (cs->native && cs->n_in == 2) {
         rfi_layout lay[3] = {rfi_plan_layout(p, cs->value[0]->id),
                              rfi_plan_layout(p, cs->value[1]->id), rfi_plan_layout(p, root->id)};
@@ -356,7 +351,7 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
     }
     rf_status st = RF_OK;
     for (int j = 0; j < cs->n_in && st == RF_OK; j++)
-        if (blocked(p, cs->value[j]) && !(j < 2 && in_taken[j]))
+        if (laid_out(p, cs->value[j]) && !(j < 2 && in_taken[j]))
             st = make_relayout(s, &cs->in_plain[j], cs->value[j], layout_of(p, cs->value[j]),
                                RFI_LAYOUT_PLAIN);
     /* Epilogue operands: the library's post-ops read them row-major; the ops
@@ -369,7 +364,7 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
         if (v && cs->epi[e].kind == RFI_EPI_ADD && layout_of(p, v) != want)
             st = make_relayout(s, &cs->epi_plain[e], v, layout_of(p, v), want);
     }
-    if (st == RF_OK && blocked(p, root) && !out_taken)
+    if (st == RF_OK && laid_out(p, root) && !out_taken)
         st = make_relayout(s, &cs->out_plain, root, RFI_LAYOUT_PLAIN, layout_of(p, root));
     return st;
 }

@@ -114,6 +114,10 @@ RFI_FUNC rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float
                                    const float *wei, float *dst, void *scratch,
                                    const void *const *post_src, const char *what);
 RFI_FUNC void rfi_dnnl_mm_destroy(rfi_dnnl_mm *mm);
+/* The oneDNN tag of a 4-D buffer in `layout` (plan.h), described with its
+ * node's dims or with dims 0 and 1 swapped; dnnl_format_tag_undef where
+ * there is none (conv.c). */
+RFI_FUNC dnnl_format_tag_t rfi_dnnl_layout_tag(rfi_layout layout, bool swapped);
 /* A reorder primitive from one memory layout to another (conv.c). */
 RFI_FUNC dnnl_status_t rfi_dnnl_reorder_create(const dnnl_memory_desc_t *from,
                                                const dnnl_memory_desc_t *to, dnnl_engine_t eng,
