@@ -67,6 +67,11 @@ typedef struct rfi_backend {
     /* Starts, in the background, loading what prepare will need (a library),
      * so it overlaps tracing and autodiff; NULL: nothing to load. */
     void (*warm_up)(void);
+    /* Waits until what warm_up started is done (NULL: nothing to wait for).
+     * rf_compile calls it before it returns, failed or not, so no library
+     * work runs behind the caller's back: a program that exits right after
+     * a failed compile must not race the library's own teardown. */
+    void (*settle)(void);
 } rfi_backend;
 
 RFI_FUNC extern const rfi_backend rfi_interp_backend;

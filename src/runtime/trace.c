@@ -335,10 +335,9 @@ static void dump_stage(const rfi_graph *g, const char *name, uint64_t hash, cons
     rfi_free(text);
 }
 
-/* The backend named by RF_BACKEND; unset, the compiling backend of the
- * device (cpu). RF_BACKEND=interp selects the reference interpreter. */
 /* The backend RF_BACKEND selects for programs on dev, or NULL when none
- * can run them (pick_backend says why). */
+ * can run them (pick_backend says why): unset, the compiling backend of the
+ * device (cpu); RF_BACKEND=interp, the reference interpreter. */
 static const rfi_backend *backend_for(const rf_device *dev)
 {
     const char *env = getenv("RF_BACKEND");
@@ -408,8 +407,10 @@ static rf_status lower(rfi_graph *g, rfi_graph **out)
 
 /* Lets the backend start loading its libraries while this thread traces and
  * differentiates: the one backend_for will pick for the device pick_device
- * will choose (unchecked here: tracing reports bad arguments). */
-static void warm_up_backend(const rf_compile_opts *opts, rf_array *const *args, int nargs)
+ * will choose (unchecked here: tracing reports bad arguments). Returns that
+ * backend, or NULL. */
+static const rfi_backend *warm_up_backend(const rf_compile_opts *opts, rf_array *const *args,
+                                          int nargs)
 {
     const rf_device *dev = opts && opts->device              ? opts->device
                            : args && nargs > 0 && args[0] ? rf_array_device(args[0])
@@ -417,15 +418,12 @@ static void warm_up_backend(const rf_compile_opts *opts, rf_array *const *args, 
     const rfi_backend *b = backend_for(dev);
     if (b && b->warm_up)
         b->warm_up();
+    return b;
 }
 
-rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,
-                          const rf_compile_opts *opts, rf_exec **out)
+static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,
+                                const rf_compile_opts *opts, rf_exec **out)
 {
-    if (!out)
-        return rfi_error(RF_E_INVALID, "rf_compile: out is NULL");
-    *out = NULL;
-    warm_up_backend(opts, args, nargs);
     rfi_graph *g;
     rf_status st = trace_fn("rf_compile", fn, ctx, args, nargs, opts, &g);
     if (st != RF_OK)
@@ -466,6 +464,19 @@ rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *args, int 
     }
     *out = e;
     return RF_OK;
+}
+
+rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,
+                          const rf_compile_opts *opts, rf_exec **out)
+{
+    if (!out)
+        return rfi_error(RF_E_INVALID, "rf_compile: out is NULL");
+    *out = NULL;
+    const rfi_backend *warmed = warm_up_backend(opts, args, nargs);
+    rf_status st = compile_traced(fn, ctx, args, nargs, opts, out);
+    if (warmed && warmed->settle)
+        warmed->settle();
+    return st;
 }
 
 rf_status rf_compile(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,

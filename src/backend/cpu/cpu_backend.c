@@ -1,8 +1,8 @@
 /* cpu_backend.c: the compiling CPU backend: ties the pipeline together.
  *
- * prepare: optimise the program (simplify, CSE, DCE), plan it (fusion and
- * memory planning), get the module, and set up the runtime services (thread
- * pool, math-library calls) and the arena, all once. The module comes from
+ * prepare: optimise the program (simplify, CSE, unroll_pools with its DCE),
+ * plan it (fusion and memory planning), get the module, and set up the
+ * runtime services (thread pool, math-library calls) and the arena, all once. The module comes from
  * the disk cache's program index when the optimised program was compiled
  * before by this build (no C is generated: see "The program description"
  * below), else the plan is lowered to kernel IR, rendered to C, and compiled
@@ -10,19 +10,18 @@
  * module's one entry point. Nothing is allocated per run.
  *
  * A warm compile of a ResNet training step (bench/rf_bench compile_resnet_warm)
- * is then, roughly: trace and autodiff 1.5 ms, optimise 1 ms, plan 0.35 ms,
- * description 0.07 ms, module from the index 0.45 ms, services 6.5 ms
- * (loading oneDNN 1.8 ms, creating its primitives 4.5 ms). Preparing the
- * services' steps on two threads, and loading the module on a second thread
- * while the services are prepared, were measured and left out: on the 2-core
- * machine the benchmarks run on, shared with other jobs, both were slower
- * (median of 20 warm compiles: 10.2 ms with the steps on two threads, 9.8 ms
- * on one), although each thread's CPU time showed no extra work: starting
- * and warming a thread costs more than the second core gives when it is
- * busy. Loading oneDNN on a second thread during optimise and plan would
- * overlap more, but the loader sets an environment variable once
- * (dnnl_loader.c), which is only safe while no other thread reads the
- * environment.
+ * is then, roughly: trace and autodiff 1.4 ms, optimise 1.4 ms, plan 0.4 ms,
+ * description 0.15 ms, module from the index 0.5 ms, services 4-5 ms
+ * (creating oneDNN's primitives; loading oneDNN, and oneDNN's own one-time
+ * set-up, happen on the preload thread while this one traces: dnnl_loader.c).
+ * Preparing the services' steps on two threads, and loading the module on a
+ * second thread while the services are prepared, were measured and left out:
+ * on the 2-core machine the benchmarks run on, shared with other jobs,
+ * neither gained (median of 20 warm compiles: 10.2 ms with the steps on two
+ * threads, 9.8 ms on one; measured again after the preload thread's warm-up:
+ * 9.60 against 9.55 ms, median of 12 interleaved pairs, faster in 6), although
+ * each thread's CPU time showed no extra work: starting and warming a thread
+ * costs more than the second core gives when it is busy.
  *
  * RF_CHECK=1 (read at compile time) makes every run also execute the
  * reference interpreter first and compare outputs and updated captures: the
@@ -82,11 +81,9 @@ static rf_status optimise(const rfi_graph *g, rfi_graph **out)
     rfi_graph *cur = (rfi_graph *)g;
     rf_status st = apply_pass(rfi_simplify, &cur, g);
     if (st == RF_OK)
-        st = apply_pass(rfi_unroll_pools, &cur, g);
-    if (st == RF_OK)
         st = apply_pass(rfi_cse, &cur, g);
     if (st == RF_OK)
-        st = apply_pass(rfi_dce, &cur, g);
+        st = apply_pass(rfi_unroll_pools, &cur, g); /* ends with DCE */
     if (st != RF_OK) {
         if (cur != g)
             rfi_graph_free(cur);
@@ -528,4 +525,5 @@ const rfi_backend rfi_cpu_backend = {
     .writes_updates = true,
     .memory = cpu_memory,
     .warm_up = rfi_dnnl_preload,
+    .settle = rfi_dnnl_settle,
 };

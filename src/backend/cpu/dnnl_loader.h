@@ -82,7 +82,11 @@ extern rfi_dnnl_api rfi_dnnl;
  * convolution on the reference kernels. */
 RFI_FUNC rf_status rfi_dnnl_load(void);
 /* Starts loading oneDNN on a background thread, once per process (nothing
- * when it is loaded or loading); rfi_dnnl_load waits for it. */
+ * when it is loaded or loading); rfi_dnnl_load waits for the load. The
+ * thread then creates a few small primitives to warm oneDNN up. */
 RFI_FUNC void rfi_dnnl_preload(void);
+/* Waits until the background thread rfi_dnnl_preload started, if any, has
+ * finished (returns at once otherwise). */
+RFI_FUNC void rfi_dnnl_settle(void);
 
 #endif
