@@ -11,9 +11,14 @@
  * every output and update is written, copies to captures come last, and an
  * in-place update is followed by no read of its capture.
  *
+ * The index-math test also lowers plans to kernel IR (kir.h), after the
+ * pools pass the CPU backend runs.
+ *
  * PLAN_SHOW=1 prints every plan, PLAN_SHOW_IR=1 every program (debugging).
  */
+#include "backend/kir.h"
 #include "backend/plan.h"
+#include "passes/passes.h"
 #include "test_util.h"
 
 static rf_device *cpu;
@@ -1012,6 +1017,93 @@ static void test_residual_epilogue(void)
     rf_array_free(args[1]);
 }
 
+/* ---- Index math in the kernels ------------------------------------------------------- */
+
+/* Live divisions and remainders of kernel k's index expressions. */
+static int divisions(const rfi_kir_kernel *k)
+{
+    bool *live = rfi_calloc((size_t)k->n_ins + 1, sizeof *live);
+    if (!live)
+        return -1;
+    rfi_kir_liveness(k, live);
+    int n = 0;
+    for (int i = 0; i < k->n_ins; i++)
+        n += live[i] && (k->ins[i].op == RFI_KIR_IDIV || k->ins[i].op == RFI_KIR_IREM);
+    rfi_free(live);
+    return n;
+}
+
+/* g after the pools pass, planned as the CPU backend plans it, in kernel IR. */
+static rfi_kir_module *kernels_of_program(const rfi_graph *g, rfi_plan **plan)
+{
+    rfi_graph *unrolled = NULL;
+    rfi_kir_module *km = NULL;
+    *plan = NULL;
+    CHECK_OK(rfi_unroll_pools(g, &unrolled));
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    o.blocked_activations = true;
+    if (unrolled)
+        CHECK_OK(rfi_plan_build(unrolled, &o, plan));
+    if (*plan)
+        CHECK_OK(rfi_kir_lower(*plan, &km));
+    return km;
+}
+
+static void free_kernels(rfi_kir_module *km, rfi_plan *p)
+{
+    rfi_graph *g = p ? (rfi_graph *)p->g : NULL;
+    rfi_kir_free(km);
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+}
+
+/* (h) Index math: the CNN's Adam update reads the convolution's weight
+ * gradient transposed through the flat concatenation of all gradients, and
+ * its evaluation flattens a max pool of a 16-channel (blocked) activation for
+ * the dense layer. Both kernels loop over shapes where every division and
+ * remainder of their indices splits away: the update's pieces loop over
+ * their parameter's shape, the flatten over the pool's. */
+static void test_index_math(void)
+{
+    rf_nn_seed(5);
+    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL),
+                              rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                              rf_flatten_layer(), rf_dense(16 * 12 * 12, 10, RF_ACT_IDENTITY));
+    cnn_case k = cnn_case_trace(host);
+    rfi_plan *p = NULL;
+    rfi_kir_module *km = kernels_of_program(k.g, &p);
+    int pieces = 0;
+    for (int s = 0; km && s < km->n_steps; s++) {
+        const rfi_kir_kernel *kk = km->steps[s].kernel;
+        if (!kk || !strstr(kk->name, "_seg"))
+            continue;
+        pieces++;
+        if (divisions(kk) != 0)
+            fprintf(stderr, "k%d_%s: %d divisions\n", kk->step, kk->name, divisions(kk));
+        CHECK(divisions(kk) == 0);
+    }
+    CHECK(pieces >= 4); /* two kernels and two biases at least */
+    free_kernels(km, p);
+
+    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(8, 1, 28, 28), NULL);
+    rfi_graph *g = trace_program(forward_fn, k.m, &x, 1);
+    km = g ? kernels_of_program(g, &p) : NULL;
+    int flattens = 0;
+    for (int s = 0; km && s < km->n_steps; s++) {
+        const rfi_kir_kernel *kk = km->steps[s].kernel;
+        if (!kk || kk->n_stores != 1 || p->g->nodes[kk->stores[0].node]->op != RFI_OP_RESHAPE)
+            continue;
+        flattens++;
+        CHECK(divisions(kk) == 0);
+    }
+    CHECK(flattens == 1);
+    free_kernels(km, p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    cnn_case_free(&k);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -1027,5 +1119,6 @@ int main(void)
     test_mlp_forward_epilogues();
     test_cnn_forward_epilogues();
     test_residual_epilogue();
+    test_index_math();
     return tu_finish("test_plan");
 }

@@ -711,6 +711,33 @@ static const rfi_node *ordering_root(const lower *L, const rfi_step *st)
     return L->g->nodes[st->roots[0]];
 }
 
+/* The shape a row-major LOOP step's loops run over instead of its roots'
+ * own: when its root is a reshape that merges dims of the value it reads
+ * (a flatten), that value's shape, so the reshape's index needs no division
+ * (kir.c splits them away); NULL: the roots' shape. On the cnn's evaluation
+ * a max pool flattened into the dense layer's input took 7.2 ms per 1000
+ * images with a division and remainder per dim per element. */
+static const rfi_node *finer_shape(const lower *L, const rfi_step *st)
+{
+    const rfi_node *r0 = L->g->nodes[st->roots[0]];
+    if (st->n_roots != 1 || r0->op != RFI_OP_RESHAPE ||
+        rfi_plan_layout(L->p, r0->id) != RFI_LAYOUT_PLAIN)
+        return NULL;
+    const rfi_node *x = r0->in[0];
+    if (x->rank <= r0->rank || L->p->loc[x->id].kind != RFI_LOC_INLINE)
+        return NULL;
+    /* Each root dim must be a product of consecutive dims of x. */
+    int d = 0;
+    for (int r = 0; r < r0->rank; r++) {
+        int64_t run = 1;
+        while (d < x->rank && run < r0->dims[r])
+            run *= x->dims[d++];
+        if (run != r0->dims[r])
+            return NULL;
+    }
+    return d == x->rank ? x : NULL;
+}
+
 /* One attempt at a LOOP kernel: flat (one loop over all elements) or over the shape. */
 static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
 {
@@ -718,6 +745,16 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
     rfi_kir_kernel *k = L->k;
     L->flat = flat;
     int vars[RF_MAX_RANK];
+    const rfi_node *finer = flat ? NULL : finer_shape(L, st);
+    if (finer) {
+        for (int d = 0; d < finer->rank; d++)
+            vars[d] = loop_var(L, finer->dims[d], false);
+        kidx fine = idx_multi_of(finer, vars);
+        kidx ix = idx_lin_of(L, r0, idx_lin(L, &fine));
+        int v = -1;
+        rf_status s = emit(L, r0, &ix, true, &v);
+        return s == RF_OK ? store_root(L, r0, &ix, v) : s;
+    }
     if (flat)
         vars[0] = loop_var(L, rfi_node_numel(r0), false);
     else
