@@ -1565,8 +1565,12 @@ static void prelude(rfi_strbuf *sb, const render *R)
  * the same source is the whole module. Parts hold about the same number of
  * bytes of functions, in step order, the entry point last. gcc's time per
  * byte varies from kernel to kernel, so there are more parts than cores: the
- * driver starts them all and the cores even out the differences. */
-#define PART_BYTES (40 * 1024) /* ~0.2 s of gcc */
+ * driver starts them all and the cores even out the differences. Parts of
+ * 20 KB rather than 40: the cnn's training step (104 KB of C) then compiles
+ * in 4 parts in 320-345 ms instead of whole in 413-438 ms (3 runs each of
+ * `rf_bench --workload cnn`); the mlp's and the ResNet's compiles did not move
+ * (one part; at most MAX_PARTS). */
+#define PART_BYTES (20 * 1024)
 #define MAX_PARTS 8
 
 static const char parts_block[] =
