@@ -58,30 +58,35 @@ static void count_correct(rf_trace *t, void *ctx)
     rf_return(t, rf_sum_all(rf_convert(hits, RF_F32)));
 }
 
-/* Test accuracy over a loader, one compiled executable per batch shape. */
-static rf_status evaluate(rf_model *m, rf_loader *test, double *acc)
+/* Test accuracy over a loader, one compiled executable per batch shape,
+ * compiled on first use and kept for the later epochs (the model is captured
+ * by reference: they see its new weights). */
+struct evaluator {
+    rf_exec *execs[2];
+    int64_t shapes[2];
+};
+
+static rf_status evaluate(struct evaluator *ev, rf_model *m, rf_loader *test, double *acc)
 {
-    rf_exec *execs[2] = {NULL, NULL};
-    int64_t shapes[2] = {-1, -1};
     double correct = 0, total = 0;
     rf_array *const *b;
     rf_status st = rf_loader_reset(test);
     while (st == RF_OK && (st = rf_loader_next(test, &b)) == RF_OK && b) {
         int64_t n = rf_array_dims(b[0])[0];
-        int slot = (shapes[0] == n || shapes[0] < 0) ? 0 : 1;
-        if (!execs[slot]) {
-            st = rf_compile(count_correct, m, b, 2, &execs[slot]);
-            shapes[slot] = n;
+        int slot = (ev->shapes[0] == n || !ev->execs[0]) ? 0 : 1;
+        if (!ev->execs[slot]) {
+            st = rf_compile(count_correct, m, b, 2, &ev->execs[slot]);
+            ev->shapes[slot] = n;
+        } else if (ev->shapes[slot] != n) {
+            st = RF_E_SHAPE; /* a third batch shape: not in this example's loaders */
         }
         rf_array *out = NULL;
         if (st == RF_OK)
-            st = rf_exec_run(execs[slot], b, 2, &out, 1);
+            st = rf_exec_run(ev->execs[slot], b, 2, &out, 1);
         if (st == RF_OK)
             correct += rf_to_number(out), total += (double)n;
         rf_array_free(out);
     }
-    rf_exec_free(execs[0]);
-    rf_exec_free(execs[1]);
     *acc = total > 0 ? correct / total : 0;
     return st;
 }
@@ -198,6 +203,7 @@ int main(int argc, char **argv)
         return fail("making the loaders");
 
     double losses[256], accs[256];
+    struct evaluator ev = {{NULL, NULL}, {0, 0}};
     int epochs = o.epochs < 256 ? o.epochs : 256;
     for (int e = 0; e < epochs; e++) {
         /* Step decay for the last epochs: a learning-rate change is runtime
@@ -215,7 +221,7 @@ int main(int argc, char **argv)
         if (st != RF_OK)
             return fail("training");
         rf_testmode(model);
-        if (evaluate(model, test, &accs[e]) != RF_OK)
+        if (evaluate(&ev, model, test, &accs[e]) != RF_OK)
             return fail("evaluating");
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
@@ -229,6 +235,8 @@ int main(int argc, char **argv)
            (unsigned long long)cs.compiles, (unsigned long long)cs.hits,
            (unsigned long long)cs.misses);
 
+    rf_exec_free(ev.execs[0]);
+    rf_exec_free(ev.execs[1]);
     rf_loader_free(train);
     rf_loader_free(test);
     rf_opt_free(opt);
