@@ -919,19 +919,16 @@ static const rfi_node *piece_shape(const lower *L, const rfi_step *st, int64_t a
 static rf_status lower_segment(lower *L, const rfi_step *st, int64_t ext, int64_t a, int64_t b,
                                int piece)
 {
-    const rfi_node *r0 = L->g->nodes[st->roots[0]];
-    snprintf(L->k->name, sizeof L->k->name, "%s_seg%d", rfi_op_table[r0->op].name, piece);
     rf_status s = lower_segment_as(L, st, ext, a, b, NULL);
     const rfi_node *shape = s == RF_OK && L->wants_multi ? piece_shape(L, st, a, b) : NULL;
-    if (!shape)
-        return s;
-    char name[sizeof L->k->name];
-    memcpy(name, L->k->name, sizeof name);
-    reset_kernel(L, L->k->step);
-    if (!L->k)
-        return RF_E_NOMEM;
-    memcpy(L->k->name, name, sizeof name);
-    return lower_segment_as(L, st, ext, a, b, shape);
+    if (shape) {
+        reset_kernel(L, L->k->step);
+        s = L->k ? lower_segment_as(L, st, ext, a, b, shape) : RF_E_NOMEM;
+    }
+    const rfi_node *r0 = L->g->nodes[st->roots[0]];
+    if (L->k)
+        snprintf(L->k->name, sizeof L->k->name, "%s_seg%d", rfi_op_table[r0->op].name, piece);
+    return s;
 }
 
 /* Identity of a reduction in the accumulator (interpreter: reduce.c). */

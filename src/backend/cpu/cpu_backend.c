@@ -2,12 +2,13 @@
  *
  * prepare: optimise the program (simplify, CSE, unroll_pools with its DCE),
  * plan it (fusion and memory planning), get the module, and set up the
- * runtime services (thread pool, math-library calls) and the arena, all once. The module comes from
- * the disk cache's program index when the optimised program was compiled
- * before by this build (no C is generated: see "The program description"
- * below), else the plan is lowered to kernel IR, rendered to C, and compiled
- * and loaded through the disk cache. run: fill the buffer table and call the
- * module's one entry point. Nothing is allocated per run.
+ * runtime services (thread pool, math-library calls) and the arena, all
+ * once. The module comes from the disk cache's program index when the
+ * optimised program was compiled before by this build (no C is generated:
+ * see "The program description" below), else the plan is lowered to kernel
+ * IR, rendered to C, and compiled and loaded through the disk cache. run:
+ * fill the buffer table and call the module's one entry point. Nothing is
+ * allocated per run.
  *
  * A warm compile of a ResNet training step (bench/rf_bench compile_resnet_warm)
  * is then, roughly: trace and autodiff 1.4 ms, optimise 1.4 ms, plan 0.4 ms,
