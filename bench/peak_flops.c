@@ -18,42 +18,30 @@
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 
-/* Each function returns a sum of its chains so the compiler keeps them. */
-__attribute__((target("avx512f,fma"))) static float chains_512(long n)
-{
-    v16 acc[CHAINS], mul, add;
-    for (int c = 0; c < CHAINS; c++)
-        for (int l = 0; l < 16; l++)
-            acc[c][l] = (float)(c + l);
-    for (int l = 0; l < 16; l++)
-        mul[l] = 0.999999f, add[l] = 1e-6f;
-    for (long i = 0; i < n; i++)
-        for (int c = 0; c < CHAINS; c++)
-            acc[c] = acc[c] * mul + add;
-    float s = 0;
-    for (int c = 0; c < CHAINS; c++)
-        for (int l = 0; l < 16; l++)
-            s += acc[c][l];
-    return s;
-}
+/* chains_512 and chains_256: CHAINS independent multiply-add chains of
+ * `lanes`-wide vectors, n steps each; each returns the sum of its chains so
+ * the compiler keeps them. One body, compiled for each instruction set. */
+#define DEFINE_CHAINS(name, vec, lanes, isa)                                                \
+    __attribute__((target(isa))) static float name(long n)                                   \
+    {                                                                                        \
+        vec acc[CHAINS], mul, add;                                                           \
+        for (int c = 0; c < CHAINS; c++)                                                     \
+            for (int l = 0; l < (lanes); l++)                                                \
+                acc[c][l] = (float)(c + l);                                                  \
+        for (int l = 0; l < (lanes); l++)                                                    \
+            mul[l] = 0.999999f, add[l] = 1e-6f;                                              \
+        for (long i = 0; i < n; i++)                                                         \
+            for (int c = 0; c < CHAINS; c++)                                                 \
+                acc[c] = acc[c] * mul + add;                                                 \
+        float s = 0;                                                                         \
+        for (int c = 0; c < CHAINS; c++)                                                     \
+            for (int l = 0; l < (lanes); l++)                                                \
+                s += acc[c][l];                                                              \
+        return s;                                                                            \
+    }
 
-__attribute__((target("avx2,fma"))) static float chains_256(long n)
-{
-    v8 acc[CHAINS], mul, add;
-    for (int c = 0; c < CHAINS; c++)
-        for (int l = 0; l < 8; l++)
-            acc[c][l] = (float)(c + l);
-    for (int l = 0; l < 8; l++)
-        mul[l] = 0.999999f, add[l] = 1e-6f;
-    for (long i = 0; i < n; i++)
-        for (int c = 0; c < CHAINS; c++)
-            acc[c] = acc[c] * mul + add;
-    float s = 0;
-    for (int c = 0; c < CHAINS; c++)
-        for (int l = 0; l < 8; l++)
-            s += acc[c][l];
-    return s;
-}
+DEFINE_CHAINS(chains_512, v16, 16, "avx512f,fma")
+DEFINE_CHAINS(chains_256, v8, 8, "avx2,fma")
 
 static int lanes; /* 16 or 8: the vector width in use */
 

@@ -370,14 +370,10 @@ static bool find_epilogue(rfi_plan_builder *b, bool *forced, int c)
     }
     if (ch.n == 0)
         return true;
-    if (b->n_epis == b->cap_epis) {
-        int cap = b->cap_epis ? 2 * b->cap_epis : 16;
-        rfi_epi_chain *e = rfi_realloc(b->epis, (size_t)cap * sizeof *e);
-        if (!e)
-            return false;
-        b->epis = e;
-        b->cap_epis = cap;
-    }
+    void *epis = b->epis;
+    if (!rfi_grow(&epis, b->n_epis, &b->cap_epis, sizeof *b->epis))
+        return false;
+    b->epis = epis;
     b->epis[b->n_epis] = ch;
     b->epi_of[v] = b->n_epis++;
     forced[v] = true;

@@ -631,15 +631,20 @@ static void channels_last_loops(lower *L, const rfi_node *r, int *m)
     m[1] = loop_var(L, r->dims[1], false);
 }
 
+/* Row-major loops over n's shape; m receives the multi-index. */
+static void shape_loops(lower *L, const rfi_node *n, int *m)
+{
+    for (int d = 0; d < n->rank; d++)
+        m[d] = loop_var(L, n->dims[d], false);
+}
+
 /* The outer loops over root r's shape in the order its buffer stores it. */
 static void root_loops(lower *L, const rfi_node *r, int *m)
 {
     switch (rfi_plan_layout(L->p, r->id)) {
     case RFI_LAYOUT_C16: blocked_loops(L, r, m); return;
     case RFI_LAYOUT_NHWC: channels_last_loops(L, r, m); return;
-    default:
-        for (int d = 0; d < r->rank; d++)
-            m[d] = loop_var(L, r->dims[d], false);
+    default: shape_loops(L, r, m);
     }
 }
 
@@ -747,8 +752,7 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
     int vars[RF_MAX_RANK];
     const rfi_node *finer = flat ? NULL : finer_shape(L, st);
     if (finer) {
-        for (int d = 0; d < finer->rank; d++)
-            vars[d] = loop_var(L, finer->dims[d], false);
+        shape_loops(L, finer, vars);
         kidx fine = idx_multi_of(finer, vars);
         kidx ix = idx_lin_of(L, r0, idx_lin(L, &fine));
         int v = -1;
@@ -868,8 +872,7 @@ static rf_status lower_segment_as(lower *L, const rfi_step *st, int64_t ext, int
     int flat;
     if (shape) {
         int vars[RF_MAX_RANK];
-        for (int d = 0; d < shape->rank; d++)
-            vars[d] = loop_var(L, shape->dims[d], false);
+        shape_loops(L, shape, vars);
         shaped = idx_multi_of(shape, vars);
         flat = iop(L, RFI_KIR_IADD, idx_lin(L, &shaped), cst(L, a));
     } else {

@@ -34,16 +34,14 @@
  */
 #include <string.h>
 
-#include "plan.h"
+#include "plan_internal.h"
 
 typedef struct layout_pass {
     rfi_plan *p;
     const rfi_graph *g;
     unsigned char *ok;      /* per node: every touch so far takes the layout */
     unsigned char *by_conv; /* per node: a convolution reads or writes it */
-    /* the touches of the step being walked */
-    int *touched;
-    int n_touched, cap_touched;
+    rfi_intlist touched;    /* the touches of the step being walked */
     bool failed;
 } layout_pass;
 
@@ -70,17 +68,8 @@ static void touch(layout_pass *L, const rfi_node *x, bool takes, bool conv)
         L->ok[x->id] = 0;
     if (conv)
         L->by_conv[x->id] = 1;
-    if (L->n_touched == L->cap_touched) {
-        int cap = L->cap_touched ? 2 * L->cap_touched : 32;
-        int *v = rfi_realloc(L->touched, (size_t)cap * sizeof *v);
-        if (!v) {
-            L->failed = true;
-            return;
-        }
-        L->touched = v;
-        L->cap_touched = cap;
-    }
-    L->touched[L->n_touched++] = x->id;
+    if (!rfi_intlist_push(&L->touched, x->id))
+        L->failed = true;
 }
 
 static bool is_segmented(const rfi_plan *p, int q)
@@ -158,7 +147,7 @@ static void touch_call(layout_pass *L, const rfi_step *s)
 static void walk_step(layout_pass *L, int q)
 {
     const rfi_step *s = &L->p->steps[q];
-    L->n_touched = 0;
+    L->touched.n = 0;
     switch (s->kind) {
     case RFI_STEP_LOOP:
     case RFI_STEP_REDUCE: {
@@ -195,12 +184,12 @@ static bool spread(layout_pass *L)
         if (s->kind == RFI_STEP_COPY || (s->kind == RFI_STEP_CALL && s->call != RFI_CALL_FALLBACK))
             continue;
         walk_step(L, q);
-        for (int i = 0; i < L->n_touched; i++) {
-            const rfi_node *y = L->g->nodes[L->touched[i]];
+        for (int i = 0; i < L->touched.n; i++) {
+            const rfi_node *y = L->g->nodes[L->touched.v[i]];
             if (L->p->layout[y->id] == RFI_LAYOUT_PLAIN)
                 continue;
-            for (int j = 0; j < L->n_touched; j++) {
-                const rfi_node *x = L->g->nodes[L->touched[j]];
+            for (int j = 0; j < L->touched.n; j++) {
+                const rfi_node *x = L->g->nodes[L->touched.v[j]];
                 if (L->ok[x->id] && L->p->layout[x->id] == RFI_LAYOUT_PLAIN &&
                     same_images(x, y)) {
                     L->p->layout[x->id] = (unsigned char)layout_for(x);
@@ -216,7 +205,7 @@ rf_status rfi_plan_choose_layouts(rfi_plan *p)
 {
     const rfi_graph *g = p->g;
     size_t n = (size_t)g->n_nodes + 1;
-    layout_pass L = {p, g, rfi_calloc(n, 1), rfi_calloc(n, 1), NULL, 0, 0, false};
+    layout_pass L = {p, g, rfi_calloc(n, 1), rfi_calloc(n, 1), {0}, false};
     p->layout = rfi_arena_alloc(&p->mem, n);
     if (!L.ok || !L.by_conv || !p->layout) {
         rfi_free(L.ok);
@@ -238,7 +227,7 @@ rf_status rfi_plan_choose_layouts(rfi_plan *p)
     }
     rfi_free(L.ok);
     rfi_free(L.by_conv);
-    rfi_free(L.touched);
+    rfi_intlist_free(&L.touched);
     if (L.failed) {
         memset(p->layout, RFI_LAYOUT_PLAIN, n);
         return rfi_error(RF_E_NOMEM, "rfi_plan_build: out of memory choosing layouts");

@@ -68,14 +68,10 @@ static bool free_block(free_list *fl, size_t off, size_t size)
         i--;
         fl->v[i].size += size;
     } else {
-        if (fl->n == fl->cap) {
-            int cap = fl->cap ? 2 * fl->cap : 16;
-            mem_block *v = rfi_realloc(fl->v, (size_t)cap * sizeof *v);
-            if (!v)
-                return false;
-            fl->v = v;
-            fl->cap = cap;
-        }
+        void *v = fl->v;
+        if (!rfi_grow(&v, fl->n, &fl->cap, sizeof *fl->v))
+            return false;
+        fl->v = v;
         memmove(fl->v + i + 1, fl->v + i, (size_t)(fl->n - i) * sizeof *fl->v);
         fl->v[i] = (mem_block){off, size};
         fl->n++;

@@ -15,14 +15,10 @@
 
 bool rfi_intlist_push(rfi_intlist *l, int x)
 {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 8;
-        int *v = rfi_realloc(l->v, (size_t)cap * sizeof *v);
-        if (!v)
-            return false;
-        l->v = v;
-        l->cap = cap;
-    }
+    void *v = l->v;
+    if (!rfi_grow(&v, l->n, &l->cap, sizeof *l->v))
+        return false;
+    l->v = v;
     l->v[l->n++] = x;
     return true;
 }

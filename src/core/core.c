@@ -71,6 +71,19 @@ void *rfi_realloc(void *p, size_t n)
 
 void rfi_free(void *p) { free(p); }
 
+bool rfi_grow(void **items, int n, int *cap, size_t size)
+{
+    if (n < *cap)
+        return true;
+    int new_cap = *cap ? *cap * 2 : 16;
+    void *p = rfi_realloc(*items, (size_t)new_cap * size);
+    if (!p)
+        return false;
+    *items = p;
+    *cap = new_cap;
+    return true;
+}
+
 char *rfi_strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

@@ -33,6 +33,10 @@ RFI_FUNC void *rfi_calloc(size_t n, size_t size);
 RFI_FUNC void *rfi_realloc(void *p, size_t n);
 RFI_FUNC void rfi_free(void *p);
 RFI_FUNC char *rfi_strdup(const char *s);
+/* Makes room for one more element of `size` bytes in the array *items,
+ * which holds n elements in a capacity of *cap (doubled from 16 when full,
+ * through rfi_realloc). false: out of memory, *items and *cap unchanged. */
+RFI_FUNC bool rfi_grow(void **items, int n, int *cap, size_t size);
 /* Number of rfi_malloc/calloc/realloc calls that allocated so far (for tests
  * of "zero allocations per step"). */
 RFI_FUNC uint64_t rfi_alloc_count(void);

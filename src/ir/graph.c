@@ -13,22 +13,6 @@
 
 #include "runtime/runtime.h"
 
-/* ---- Growable pointer lists ------------------------------------------------------- */
-
-/* Makes room for one more element of `size` bytes in *items (count n, capacity *cap). */
-static bool grow(void **items, int n, int *cap, size_t size)
-{
-    if (n < *cap)
-        return true;
-    int new_cap = *cap ? *cap * 2 : 16;
-    void *p = rfi_realloc(*items, (size_t)new_cap * size);
-    if (!p)
-        return false;
-    *items = p;
-    *cap = new_cap;
-    return true;
-}
-
 /* ---- Graphs -------------------------------------------------------------------------- */
 
 rfi_graph *rfi_graph_new(rf_device *dev, const char *name)
@@ -134,9 +118,9 @@ int rfi_graph_capture_index(rfi_graph *g, rf_array *a)
             return i;
     void *caps = g->captures, *nodes = g->capture_nodes;
     int cap_a = g->cap_captures, cap_n = g->cap_captures;
-    bool ok = grow(&caps, g->n_captures, &cap_a, sizeof *g->captures);
+    bool ok = rfi_grow(&caps, g->n_captures, &cap_a, sizeof *g->captures);
     g->captures = caps;
-    ok = ok && grow(&nodes, g->n_captures, &cap_n, sizeof *g->capture_nodes);
+    ok = ok && rfi_grow(&nodes, g->n_captures, &cap_n, sizeof *g->capture_nodes);
     g->capture_nodes = nodes;
     if (!ok) {
         rfi_graph_fail(g, RF_E_NOMEM, "capture: out of memory");
@@ -174,7 +158,7 @@ rf_status rfi_graph_add_output(rfi_graph *g, rfi_node *x)
     if (st != RF_OK)
         return st;
     void *items = g->outputs;
-    bool ok = grow(&items, g->n_outputs, &g->cap_outputs, sizeof *g->outputs);
+    bool ok = rfi_grow(&items, g->n_outputs, &g->cap_outputs, sizeof *g->outputs);
     g->outputs = items;
     if (!ok) {
         rfi_graph_fail(g, RF_E_NOMEM, "rf_return: out of memory");
@@ -221,7 +205,7 @@ rf_status rfi_graph_add_update(rfi_graph *g, int capture, rfi_node *value)
         }
     }
     void *items = g->updates;
-    bool ok = grow(&items, g->n_updates, &g->cap_updates, sizeof *g->updates);
+    bool ok = rfi_grow(&items, g->n_updates, &g->cap_updates, sizeof *g->updates);
     g->updates = items;
     if (!ok) {
         rfi_graph_fail(g, RF_E_NOMEM, "rf_assign: out of memory");
@@ -347,7 +331,7 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
             memcpy(payload, a.data, a.nbytes);
     }
     void *nodes = g->nodes;
-    bool grown = grow(&nodes, g->n_nodes, &g->cap_nodes, sizeof *g->nodes);
+    bool grown = rfi_grow(&nodes, g->n_nodes, &g->cap_nodes, sizeof *g->nodes);
     g->nodes = nodes;
     if (!x || (n_in && !ops) || (op == RFI_OP_CONSTANT && a.nbytes && !payload) || !grown) {
         rfi_graph_fail(g, RF_E_NOMEM, "%s: out of memory", name);

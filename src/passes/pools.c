@@ -335,14 +335,10 @@ static rfi_node *codes_of(unroller *u, rfi_node *x, const rfi_attrs *at, const w
     for (int i = 0; i < u->n_memo; i++)
         if (u->memo[i].x == x && same_window(&u->memo[i].window, at, x->rank))
             return u->memo[i].codes;
-    if (u->n_memo == u->cap_memo) {
-        int cap = u->cap_memo ? 2 * u->cap_memo : 8;
-        codes_memo *m = rfi_realloc(u->memo, (size_t)cap * sizeof *m);
-        if (!m)
-            return NULL;
-        u->memo = m;
-        u->cap_memo = cap;
-    }
+    void *memo = u->memo;
+    if (!rfi_grow(&memo, u->n_memo, &u->cap_memo, sizeof *u->memo))
+        return NULL;
+    u->memo = memo;
     rfi_node *codes = window_codes(u->c, x, w);
     u->memo[u->n_memo++] = (codes_memo){x, *at, codes};
     return codes;

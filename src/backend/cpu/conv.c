@@ -622,8 +622,6 @@ dnnl_status_t rfi_dnnl_reorder_create(const dnnl_memory_desc_t *from,
     return st;
 }
 
-/* Argument k: the user memory over the IR buffer and, if the primitive wants
- * another layout, a memory in the workspace at *ws plus the reorder. */
 dnnl_format_tag_t rfi_dnnl_layout_tag(rfi_layout layout, bool swapped)
 {
     switch (layout) {
@@ -665,8 +663,10 @@ static dnnl_format_tag_t arg_tag(const rfi_cpu_conv *c, const dnnl_conv_spec *sp
     return rfi_dnnl_layout_tag(layout, t->swapped);
 }
 
-/* tag: the buffer's layout (arg_tag), or dnnl_format_tag_undef for the
- * tensor's row-major strides. */
+/* Argument k: the user memory over the IR buffer and, if the primitive wants
+ * another layout, a memory in the workspace at *ws plus the reorder. tag:
+ * the buffer's layout (arg_tag), or dnnl_format_tag_undef for the tensor's
+ * row-major strides. */
 static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool output,
                               dnnl_format_tag_t tag, const_dnnl_primitive_desc_t pd,
                               dnnl_engine_t eng, size_t *ws)
@@ -1086,7 +1086,6 @@ void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills)
     a->shared = storage;
     a->fills = fills;
 }
-
 
 bool rfi_cpu_conv_laid_out(const rfi_cpu_conv *c, int k)
 {

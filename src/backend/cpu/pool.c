@@ -390,12 +390,11 @@ typedef struct lane_map {
     int64_t item, lane, row, col; /* element strides: per work item, channel, row, column */
 } lane_map;
 
-static lane_map lanes_of(rfi_layout l, int64_t channels, int64_t rows, int64_t cols)
+static lane_map lanes_of(rfi_layout l, int64_t rows, int64_t cols)
 {
     if (l == RFI_LAYOUT_C16)
         return (lane_map){rows * cols * RFI_LAYOUT_BLOCK, 1, cols * RFI_LAYOUT_BLOCK,
                           RFI_LAYOUT_BLOCK};
-    (void)channels;
     return (lane_map){rows * cols * RFI_LAYOUT_BLOCK, rows * cols, cols, 1};
 }
 
@@ -506,9 +505,9 @@ static void run_blocked(const rfi_cpu_native *k, const float *x, const float *sr
 {
     const rfi_node *n = k->node;
     int64_t c = n->dims[1];
-    blocked_job job = {k, x, src, out, lanes_of(k->lay[0], c, k->xd[0], k->xd[1]),
-                       lanes_of(k->lay[1], c, k->sd[0], k->sd[1]),
-                       lanes_of(k->lay[2], c, k->xd[0], k->xd[1])};
+    blocked_job job = {k, x, src, out, lanes_of(k->lay[0], k->xd[0], k->xd[1]),
+                       lanes_of(k->lay[1], k->sd[0], k->sd[1]),
+                       lanes_of(k->lay[2], k->xd[0], k->xd[1])};
     int64_t items = n->dims[0] * (c / RFI_LAYOUT_BLOCK);
     rfi_parallel_for(items, grain_for(k->x_plane * RFI_LAYOUT_BLOCK), blocked_items, &job);
 }

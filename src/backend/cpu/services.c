@@ -311,15 +311,15 @@ static rf_status run_relayout(const rfi_cpu_services *s, relayout *r, const void
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "layout copy", "execute");
 }
 
-/* x's buffer is not row-major (plan.h). */
-static bool laid_out(const rfi_plan *p, const rfi_node *x)
-{
-    return rfi_plan_layout(p, x->id) != RFI_LAYOUT_PLAIN;
-}
-
 static rfi_layout layout_of(const rfi_plan *p, const rfi_node *x)
 {
     return rfi_plan_layout(p, x->id);
+}
+
+/* x's buffer is not row-major (plan.h). */
+static bool laid_out(const rfi_plan *p, const rfi_node *x)
+{
+    return layout_of(p, x) != RFI_LAYOUT_PLAIN;
 }
 
 /* Which laid-out values of step k its implementation takes as they are; the
@@ -345,8 +345,8 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
             in_taken[j] = laid_out(p, cs->value[j]) && rfi_cpu_conv_laid_out(cs->conv, j);
         out_taken = laid_out(p, root) && rfi_cpu_conv_laid_out(cs->conv, 2);
     } else if (cs->native && cs->n_in == 2) {
-        rfi_layout lay[3] = {rfi_plan_layout(p, cs->value[0]->id),
-                             rfi_plan_layout(p, cs->value[1]->id), rfi_plan_layout(p, root->id)};
+        rfi_layout lay[3] = {layout_of(p, cs->value[0]), layout_of(p, cs->value[1]),
+                             layout_of(p, root)};
         in_taken[0] = in_taken[1] = out_taken = rfi_cpu_native_take_layouts(cs->native, lay);
     }
     rf_status st = RF_OK;
@@ -417,9 +417,8 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
         cs->epi_applied = st == RF_OK && rfi_cpu_matmul_fused(cs->matmul) ? cs->n_epi : 0;
     } else if (step->call == RFI_CALL_CONV && n->op == RFI_OP_CONVOLUTION) {
         const rfi_plan *p = s->plan;
-        rfi_layout layouts[3] = {rfi_plan_layout(p, cs->value[0]->id),
-                                 rfi_plan_layout(p, cs->value[1]->id),
-                                 rfi_plan_layout(p, p->steps[k].roots[0])};
+        rfi_layout layouts[3] = {layout_of(p, cs->value[0]), layout_of(p, cs->value[1]),
+                                 layout_of(p, p->g->nodes[p->steps[k].roots[0]])};
         st = rfi_cpu_conv_prepare(n, cs->epi, cs->n_epi, cs->view, layouts, s->engine,
                                   &cs->conv, workspace);
         if (st == RF_OK)
