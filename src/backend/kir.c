@@ -48,20 +48,6 @@ static int fail(rfi_kir_kernel *k)
     return -1;
 }
 
-/* Grows *arr (elements of size esz, *cap of them) to hold n + 1. */
-static bool grow(void **arr, int *cap, int n, size_t esz)
-{
-    if (n < *cap)
-        return true;
-    int ncap = *cap ? *cap * 2 : 32;
-    void *p = rfi_realloc(*arr, (size_t)ncap * esz);
-    if (!p)
-        return false;
-    *arr = p;
-    *cap = ncap;
-    return true;
-}
-
 /* ---- Hash-consing --------------------------------------------------------------------- */
 static uint64_t ins_hash(const rfi_kir_ins *x)
 {
@@ -218,7 +204,7 @@ static int intern(rfi_kir_kernel *k, rfi_kir_ins x)
         }
         slot = (slot + 1) & mask;
     }
-    if (!grow((void **)&k->ins, &k->cap_ins, k->n_ins, sizeof x))
+    if (!rfi_grow((void **)&k->ins, k->n_ins, &k->cap_ins, sizeof x))
         return fail(k);
     switch (x.op) {
     case RFI_KIR_VAR: x.level = x.var < k->rank ? 1 : 2; break;
@@ -581,7 +567,7 @@ int rfi_kir_base_get(rfi_kir_kernel *k, int buffer, size_t offset, rf_dtype dt, 
             return b;
         }
     }
-    if (!grow((void **)&k->bases, &k->cap_bases, k->n_bases, sizeof(rfi_kir_base)))
+    if (!rfi_grow((void **)&k->bases, k->n_bases, &k->cap_bases, sizeof(rfi_kir_base)))
         return fail(k);
     rfi_kir_base *x = &k->bases[k->n_bases];
     x->buffer = buffer;
@@ -600,7 +586,7 @@ rf_status rfi_kir_add_store(rfi_kir_kernel *k, int base, int index, int value, i
         return rfi_kir_failed(k) ? RF_E_NOMEM : rfi_error(RF_E_INTERNAL,
                                                           "kir: step %d: incomplete store of %%%d",
                                                           k->step, node);
-    if (!grow((void **)&k->stores, &k->cap_stores, k->n_stores, sizeof(rfi_kir_store))) {
+    if (!rfi_grow((void **)&k->stores, k->n_stores, &k->cap_stores, sizeof(rfi_kir_store))) {
         fail(k);
         return RF_E_NOMEM;
     }

@@ -58,20 +58,6 @@ rf_model *rf_model_new(const rf_layer_type *type, const void *config, size_t con
     return m;
 }
 
-/* Grows a pointer-sized-element list to hold one more item. */
-static bool grow(void **items, int *cap, int n, size_t size)
-{
-    if (n < *cap)
-        return true;
-    int ncap = *cap ? *cap * 2 : 4;
-    void *p = rfi_realloc(*items, (size_t)ncap * size);
-    if (!p)
-        return false;
-    *items = p;
-    *cap = ncap;
-    return true;
-}
-
 static bool name_taken(const rfi_named_array *list, int n, const char *name)
 {
     for (int i = 0; i < n; i++)
@@ -111,7 +97,7 @@ static rf_status add_array(rf_model *m, const char *op, bool trainable, const ch
     int *n = trainable ? &m->n_params : &m->n_state;
     int *cap = trainable ? &m->cap_params : &m->cap_state;
     char *copy = rfi_strdup(name);
-    if (!copy || !grow((void **)list, cap, *n, sizeof **list)) {
+    if (!copy || !rfi_grow((void **)list, *n, cap, sizeof **list)) {
         rfi_free(copy);
         rf_array_free(a);
         return rfi_error(RF_E_NOMEM, "%s(%s): out of memory", op, m->type->name);
@@ -141,7 +127,7 @@ rf_status rf_model_add_child(rf_model *m, rf_model *child)
                          !m ? "model is NULL" : !child ? "child is NULL"
                                                        : "a model cannot be its own child");
     }
-    if (!grow((void **)&m->children, &m->cap_children, m->n_children, sizeof *m->children)) {
+    if (!rfi_grow((void **)&m->children, m->n_children, &m->cap_children, sizeof *m->children)) {
         rf_model_free(child);
         return rfi_error(RF_E_NOMEM, "rf_model_add_child(%s): out of memory", m->type->name);
     }
@@ -361,7 +347,7 @@ static void collect_one(walk *w, const rf_model *layer, const char *name, rf_arr
     collect_ud *c = w->ud;
     if (!trainable)
         return;
-    if (!grow((void **)&c->items, &c->cap, c->n, sizeof *c->items)) {
+    if (!rfi_grow((void **)&c->items, c->n, &c->cap, sizeof *c->items)) {
         w->failed = true;
         return;
     }
@@ -686,7 +672,7 @@ rf_status rfi_model_attach_opt(rf_model *m, struct rf_opt *opt)
     for (int i = 0; i < m->n_opts; i++)
         if (m->opts[i] == opt)
             return RF_OK;
-    if (!grow((void **)&m->opts, &m->cap_opts, m->n_opts, sizeof *m->opts))
+    if (!rfi_grow((void **)&m->opts, m->n_opts, &m->cap_opts, sizeof *m->opts))
         return rfi_error(RF_E_NOMEM, "attaching an optimiser to %s: out of memory",
                          m->type->name);
     m->opts[m->n_opts++] = opt;
