@@ -1104,6 +1104,62 @@ static void test_index_math(void)
     cnn_case_free(&k);
 }
 
+/* (i) Direct convolutions: with the option, the CALL CONV steps of a
+ * few-channel CNN that kir_conv.c takes become RFI_KIR_STEP_CONV steps and
+ * C loops: both forwards (1 -> 8, 8 -> 8, bias and relu epilogues) and the
+ * second layer's input gradient (the flipped kernel); the weight gradients
+ * (image-sized kernels over transposed views) stay calls, and so does a
+ * forward from 16 channels. Without the option nothing changes. */
+static void test_direct_convs(void)
+{
+    rf_nn_seed(7);
+    cnn_case k = cnn_case_trace(rf_chain(
+        rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 8, 8, RF_ACT_RELU, NULL),
+        rf_conv2d(3, 3, 8, 16, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL),
+        rf_flatten_layer(), rf_dense(16 * 20 * 20, 10, RF_ACT_IDENTITY)));
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    o.blocked_activations = true;
+    for (int on = 0; on < 2; on++) {
+        o.direct_convs = on;
+        rfi_plan *p = NULL;
+        rfi_kir_module *km = NULL;
+        char *source = NULL;
+        CHECK_OK(rfi_plan_build(k.g, &o, &p));
+        if (p)
+            CHECK_OK(rfi_kir_lower(p, &km));
+        if (km)
+            CHECK_OK(rfi_render_c(km, &source));
+        int convs = 0, direct = 0, forwards = 0, lowered = 0;
+        for (int q = 0; p && q < p->n_steps; q++) {
+            const rfi_step *st = &p->steps[q];
+            if (st->kind != RFI_STEP_CALL || st->call != RFI_CALL_CONV)
+                continue;
+            convs++;
+            rfi_kir_conv d;
+            if (!rfi_kir_direct_conv(p, q, &d))
+                continue;
+            direct++;
+            const rfi_node *n = p->g->nodes[st->core];
+            CHECK(n->dims[0] == 4 && d.c < 16 && d.o % 8 == 0 && d.kh == 3 && d.kw == 3);
+            forwards += st->n_epilogue == 2 && d.n_epi == 2 && d.epi[0] == RFI_EPI_BIAS &&
+                        d.epi[1] == RFI_EPI_RELU;
+        }
+        for (int s = 0; km && s < km->n_steps; s++)
+            lowered += km->steps[s].kind == RFI_KIR_STEP_CONV;
+        CHECK(convs >= 9);
+        CHECK(direct == (on ? 4 : 0)); /* three forwards and one input gradient */
+        CHECK(forwards == (on ? 3 : 0));
+        CHECK(lowered == direct);
+        CHECK(source && (strstr(source, "direct convolution") != NULL) == on);
+        CHECK(source && (strstr(source, "rf_f32x16 acc0") != NULL) == on); /* 8 -> 16 */
+        rfi_free(source);
+        rfi_kir_free(km);
+        rfi_plan_free(p);
+    }
+    cnn_case_free(&k);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -1120,5 +1176,6 @@ int main(void)
     test_cnn_forward_epilogues();
     test_residual_epilogue();
     test_index_math();
+    test_direct_convs();
     return tu_finish("test_plan");
 }

@@ -920,7 +920,10 @@ char *rfi_kir_print(const rfi_kir_module *m)
         switch (st->kind) {
         case RFI_KIR_STEP_KERNEL: print_kernel(&sb, st->kernel); break;
         case RFI_KIR_STEP_CALL:
-            rfi_sb_printf(&sb, "step %d: call  %s\n", st->step, st->comment ? st->comment : "");
+        case RFI_KIR_STEP_CONV:
+            rfi_sb_printf(&sb, "step %d: %s  %s\n", st->step,
+                          st->kind == RFI_KIR_STEP_CALL ? "call" : "conv",
+                          st->comment ? st->comment : "");
             break;
         case RFI_KIR_STEP_COPY:
             rfi_sb_printf(&sb, "step %d: copy %zu bytes buffer %d + %zu -> buffer %d + %zu  %s\n",

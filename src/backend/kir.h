@@ -132,7 +132,30 @@ typedef enum rfi_kir_step_kind {
     RFI_KIR_STEP_KERNEL,
     RFI_KIR_STEP_CALL,
     RFI_KIR_STEP_COPY,
+    RFI_KIR_STEP_CONV, /* a CALL CONV step the backend generates as a direct convolution */
 } rfi_kir_step_kind;
+
+/* A direct convolution (RFI_KIR_STEP_CONV): the plan's CALL CONV step in the
+ * one form a renderer writes as loops (kir_conv.c): f32, two spatial dims,
+ * no groups, no dilation, padding >= 0, x [n, c, h, w] in x_layout,
+ * w [o, c, kh, kw] row-major, y [n, o, oh, ow] in y_layout with
+ *   y[n, o, i, j] = epilogue(sum over ci, a, b of
+ *                   x[n, ci, i*stride[0] + a - pad[0], j*stride[1] + b - pad[1]] * w[o, ci, a, b])
+ * (x zero outside [0, h) x [0, w)), then the epilogue ops in order: BIAS
+ * (+ a vector over o), RELU, ADD (+ a tensor in y's shape and layout). */
+typedef struct rfi_kir_conv {
+    int64_t n, c, h, w;     /* x's dims */
+    int64_t o, kh, kw;      /* the kernel's */
+    int64_t oh, ow;         /* y's spatial dims */
+    int64_t stride[2], pad[2];
+    int x_buffer, w_buffer, y_buffer;
+    size_t x_offset, w_offset, y_offset;
+    rfi_layout x_layout, y_layout;
+    int n_epi;
+    rfi_epi_kind epi[RFI_EPI_MAX];
+    int epi_buffer[RFI_EPI_MAX]; /* BIAS, ADD: the operand's buffer; else -1 */
+    size_t epi_offset[RFI_EPI_MAX];
+} rfi_kir_conv;
 
 typedef struct rfi_kir_step {
     rfi_kir_step_kind kind;
@@ -142,6 +165,7 @@ typedef struct rfi_kir_step {
     /* COPY: nbytes from src to dst */
     int dst_buffer, src_buffer;
     size_t dst_offset, src_offset, nbytes;
+    rfi_kir_conv conv; /* CONV */
 } rfi_kir_step;
 
 typedef struct rfi_kir_module {
@@ -195,6 +219,10 @@ RFI_FUNC bool rfi_kir_is_const(const rfi_kir_kernel *k, int id, int64_t *value);
 RFI_FUNC void rfi_kir_liveness(const rfi_kir_kernel *k, bool *live);
 
 /* ---- The API the backends use ------------------------------------------------------- */
+/* Whether plan step `step` is a CALL CONV step that the plan's backend
+ * generates as a direct convolution (p->direct_convs, and the form and the
+ * channel counts kir_conv.c takes); *out (may be NULL) gets its description. */
+RFI_FUNC bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out);
 /* Lowers every step of p (kir_lower.c). *out is NULL on failure. */
 RFI_FUNC rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out);
 RFI_FUNC void rfi_kir_free(rfi_kir_module *m);

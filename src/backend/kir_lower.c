@@ -1330,15 +1330,21 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     return rc;
 }
 
+/* A CALL step: a call, or the direct convolution the backend generates. */
 static rf_status lower_call_step(const rfi_plan *p, rfi_kir_module *m, int s)
 {
     const rfi_step *st = &p->steps[s];
-    const char *what = st->call == RFI_CALL_MATMUL ? "matmul call"
-                       : st->call == RFI_CALL_CONV ? "convolution call"
-                                                   : "reference kernel call";
-    rfi_kir_step *ks = add_step(m, RFI_KIR_STEP_CALL, s);
+    rfi_kir_conv conv;
+    bool direct = rfi_kir_direct_conv(p, s, &conv);
+    const char *what = direct                      ? "direct convolution"
+                       : st->call == RFI_CALL_MATMUL ? "matmul call"
+                       : st->call == RFI_CALL_CONV   ? "convolution call"
+                                                     : "reference kernel call";
+    rfi_kir_step *ks = add_step(m, direct ? RFI_KIR_STEP_CONV : RFI_KIR_STEP_CALL, s);
     if (!ks || !(ks->comment = describe_step(p, s, what)))
         return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
+    if (direct)
+        ks->conv = conv;
     return RF_OK;
 }
 

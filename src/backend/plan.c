@@ -57,6 +57,7 @@ rfi_plan_opts rfi_plan_opts_default(void)
     o.call_epilogues = !(epi && strcmp(epi, "0") == 0);
     o.conv_transposed_views = false;
     o.blocked_activations = false;
+    o.direct_convs = false;
     return o;
 }
 
@@ -283,6 +284,7 @@ rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan
         st = finish_steps(&b);
     if (st == RF_OK && b.opts.blocked_activations)
         st = rfi_plan_choose_layouts(p);
+    p->direct_convs = b.opts.direct_convs;
     if (p->loc)
         builder_free(&b);
     if (st != RF_OK) {

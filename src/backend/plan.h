@@ -143,6 +143,7 @@ typedef struct rfi_plan {
     int64_t *seg_offset;
     /* Per node: its buffer's rfi_layout (NULL: every buffer is plain). */
     unsigned char *layout;
+    bool direct_convs;   /* opts.direct_convs */
     rfi_arena mem;       /* owns the arrays above */
 } rfi_plan;
 
@@ -171,6 +172,13 @@ typedef struct rfi_plan_opts {
      * layout (the cpu backend, with oneDNN loaded; RF_BLOCKED=0 in the
      * environment: off). */
     bool blocked_activations;
+    /* The backend writes the CALL CONV steps of the form kir_conv.c takes
+     * (few channels, where the library is slowest) as generated loops
+     * (kir.h RFI_KIR_STEP_CONV) instead of calling the library. The plan
+     * itself does not change. Default off: a backend that renders such
+     * steps turns it on (the cpu backend; RF_DIRECT_CONV=0 in the
+     * environment: off). */
+    bool direct_convs;
 } rfi_plan_opts;
 
 RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);

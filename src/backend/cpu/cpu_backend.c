@@ -196,6 +196,7 @@ static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
     desc_int(b, o->call_epilogues);
     desc_int(b, o->conv_transposed_views);
     desc_int(b, o->blocked_activations);
+    desc_int(b, o->direct_convs);
 }
 
 static void desc_constant(rfi_strbuf *b, const rfi_node *x)
@@ -341,6 +342,14 @@ static bool blocked_wanted(void)
     return rfi_dnnl_load() == RF_OK;
 }
 
+/* Few-channel convolutions as generated loops (kir_conv.c); RF_DIRECT_CONV=0
+ * in the environment leaves them to the library (benches, tests). */
+static bool direct_convs_wanted(void)
+{
+    const char *v = getenv("RF_DIRECT_CONV");
+    return !(v && strcmp(v, "0") == 0);
+}
+
 static bool check_mode(void)
 {
     const char *v = getenv("RF_CHECK");
@@ -365,6 +374,7 @@ static rf_status cpu_prepare(const rfi_graph *g, void **state)
         rfi_plan_opts opts = rfi_plan_opts_default();
         opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
         opts.blocked_activations = blocked_wanted();
+        opts.direct_convs = direct_convs_wanted();
         st = rfi_plan_build(s->opt, &opts, &s->plan);
         if (st == RF_OK)
             st = build_module(s, &opts, name, hash);

@@ -39,6 +39,7 @@
 
 #include "../kir.h"
 #include "module_abi.h"
+#include "render_conv.h"
 
 /* ---- Output ------------------------------------------------------------------------- *
  * Short names for core.h's rfi_strbuf appenders. The generated file is large
@@ -106,6 +107,7 @@ enum {
     NEED_MAXMIN_F64 = 1u << 5,
     NEED_LOGISTIC_F32 = 1u << 6,
     NEED_LOGISTIC_F64 = 1u << 7,
+    NEED_VECTORS = 1u << 8, /* the GNU vector types of direct convolutions */
 };
 
 /* libm functions with vector variants in libmvec, declared `omp declare simd`. */
@@ -1476,6 +1478,7 @@ static void entry(render *R, const rfi_kir_module *m)
             putf(R->sb, "    if (s->call(s->rt, %d, bufs))\n        return %d;\n",
                           st->step, st->step + 1);
             break;
+        case RFI_KIR_STEP_CONV: rfi_render_conv_call(st, R->sb); break;
         case RFI_KIR_STEP_COPY:
             comment(R, st->comment, 1);
             put(R->sb, "    memcpy(");
@@ -1503,6 +1506,10 @@ static void prelude(rfi_strbuf *sb, const render *R)
         }
     put(sb, "\n");
     unsigned need = R->need;
+    if (need & NEED_VECTORS)
+        put(sb, "/* GNU C vectors: one register (or two) of output channels */\n"
+                "typedef float rf_f32x8 __attribute__((vector_size(32)));\n"
+                "typedef float rf_f32x16 __attribute__((vector_size(64)));\n\n");
     if (need & NEED_SAT)
         putf(sb,
             "/* float -> integer: truncate toward zero, saturate, NaN -> 0 */\n"
@@ -1623,6 +1630,9 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
             R.sb = &decl[i];
             R.def = &def[i];
             st = render_kernel(&R, m->steps[i].kernel);
+        } else if (m->steps[i].kind == RFI_KIR_STEP_CONV) {
+            rfi_render_conv_kernel(&m->steps[i], &decl[i], &def[i]);
+            R.need |= NEED_VECTORS | NEED_MAXMIN_F32;
         }
     size_t total = 0, body = 0;
     bool failed = false;

@@ -51,6 +51,7 @@
 
 #include "../../runtime/threadpool.h"
 #include "../interp/interp.h"
+#include "../kir.h"
 
 /* A value in a layout (plan.h) that a call's implementation does not take
  * as it is: reordered into a copy in the workspace, in the layout the call
@@ -69,7 +70,8 @@ typedef struct value_ref {
 } value_ref;
 
 typedef struct call_state {
-    rfi_call_kind kind; /* how the step runs; NONE: not a CALL step */
+    rfi_call_kind kind; /* how the step runs; NONE: not a CALL step, or direct */
+    bool direct;        /* a convolution the module computes itself (render_conv.c) */
     const rfi_node *node;
     int n_in;
     value_ref *in;      /* per operand */
@@ -396,6 +398,10 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
     *workspace = 0;
     if (step->kind != RFI_STEP_CALL)
         return RF_OK;
+    if (rfi_kir_direct_conv(s->plan, k, NULL)) {
+        cs->direct = true; /* never called: nothing to prepare */
+        return RF_OK;
+    }
     rf_status st = prepare_locations(s, k);
     if (st != RF_OK)
         return st;
@@ -819,6 +825,8 @@ rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step)
 
 const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step)
 {
+    if (s && step >= 0 && step < s->n_steps && s->steps[step].direct)
+        return "direct";
     if (!s || step < 0 || step >= s->n_steps || s->steps[step].kind == RFI_CALL_NONE)
         return "none";
     const call_state *cs = &s->steps[step];
