@@ -1,14 +1,16 @@
 /* test_direct_conv.c: the convolutions the compiled backend generates as
  * loops (src/backend/kir_conv.c, src/backend/cpu/render_conv.c) give the
- * interpreter's results, in every form the loops take: 1, 3 and 8 input
- * channels; 8, 16, 24 and 32 output channels (one 8-lane vector, one
- * 16-lane vector, three 8-lane blocks, two 16-lane blocks); 3x3, 3x5 and
- * 1x1 kernels; strides of 1 and 2 in either dim; padding in either dim;
- * rows that split into equal and unequal register blocks (29 outputs as
- * 10 + 10 + 9, 15 as 5 + 5 + 5); inputs row-major, channels last or read
- * whole; results channels last, channel-blocked and row-major
- * (RF_BLOCKED=0); epilogues of bias, relu and a residual add; and the input
- * gradient of a stride-1 layer (a convolution with the flipped kernel).
+ * interpreter's results, in every form the loops take: forwards and weight
+ * gradients from 1, 3 and 8 input channels to 8 (one 8-lane vector) and 16
+ * (one 16-lane vector) output channels; 3x3, 3x5 and 1x1 kernels; strides of
+ * 1 and 2 in either dim; padding in either dim; rows that split into equal
+ * and unequal register blocks (29 outputs as 10 + 10 + 9 and as 6 + 6 + 6
+ * + 6 + 5, 15 as 5 + 5 + 5); inputs row-major, channels last or read whole;
+ * results and output gradients channels last, channel-blocked and
+ * row-major (RF_BLOCKED=0); epilogues of bias, relu and a residual add; and
+ * the input gradient of a stride-1 layer (a convolution with the flipped
+ * kernel), next to convolutions that stay library calls (3 and 10 output
+ * channels, 16 input channels, strided input gradients).
  *
  * Each variant compiles a fresh copy of one model (same seed) and takes
  * three Adam steps on one batch; the suite runs this file with RF_CHECK=1,
@@ -37,20 +39,20 @@ static rf_conv_opts conv_opts(int64_t stride_h, int64_t stride_w, int64_t pad_h,
     return o;
 }
 
-/* 13x29 images: 1 -> 3 (a call: 3 output channels), 3 -> 24 with a 3x5
- * kernel (rows of 29 outputs), 24 -> 8 (a call: 24 input channels), 8 -> 8
- * (its input gradient is a loop too), 8 -> 32 1x1 at stride (1, 2). */
+/* 13x29 images: 1 -> 3 (a call: 3 output channels), 3 -> 16 with a 3x5
+ * kernel (rows of 29 outputs), 16 -> 8 (a call: 16 input channels), 8 -> 8
+ * (its input gradient is a loop too), 8 -> 16 1x1 at stride (1, 2). */
 static rf_model *odd_shapes(void)
 {
     rf_nn_seed(21);
     rf_conv_opts p1 = conv_opts(1, 1, 1, 1), p12 = conv_opts(1, 1, 1, 2),
                  s21 = conv_opts(2, 1, 0, 1), s12 = conv_opts(1, 2, 0, 0);
     return rf_chain(rf_conv2d(3, 3, 1, 3, RF_ACT_RELU, &p1),
-                    rf_conv2d(3, 5, 3, 24, RF_ACT_RELU, &p12),
-                    rf_conv2d(3, 3, 24, 8, RF_ACT_RELU, &s21),
+                    rf_conv2d(3, 5, 3, 16, RF_ACT_RELU, &p12),
+                    rf_conv2d(3, 3, 16, 8, RF_ACT_RELU, &s21),
                     rf_conv2d(3, 3, 8, 8, RF_ACT_RELU, &p1),
-                    rf_conv2d(1, 1, 8, 32, RF_ACT_RELU, &s12), rf_flatten_layer(),
-                    rf_dense(32 * 6 * 15, 10, RF_ACT_IDENTITY));
+                    rf_conv2d(1, 1, 8, 16, RF_ACT_RELU, &s12), rf_flatten_layer(),
+                    rf_dense(16 * 6 * 15, 10, RF_ACT_IDENTITY));
 }
 
 /* 12x12 images: 1 -> 8 with bias and relu, a residual 8 -> 8 layer (its

@@ -1106,10 +1106,11 @@ static void test_index_math(void)
 
 /* (i) Direct convolutions: with the option, the CALL CONV steps of a
  * few-channel CNN that kir_conv.c takes become RFI_KIR_STEP_CONV steps and
- * C loops: both forwards (1 -> 8, 8 -> 8, bias and relu epilogues) and the
- * second layer's input gradient (the flipped kernel); the weight gradients
- * (image-sized kernels over transposed views) stay calls, and so does a
- * forward from 16 channels. Without the option nothing changes. */
+ * C loops: the forwards from 1 and 8 channels (bias and relu epilogues),
+ * the second layer's input gradient (the flipped kernel) and the weight
+ * gradients of the layers with fewer than 16 input channels. The fourth
+ * layer (16 -> 16) and its gradients stay calls. Without the option
+ * nothing changes. */
 static void test_direct_convs(void)
 {
     rf_nn_seed(7);
@@ -1130,7 +1131,7 @@ static void test_direct_convs(void)
             CHECK_OK(rfi_kir_lower(p, &km));
         if (km)
             CHECK_OK(rfi_render_c(km, &source));
-        int convs = 0, direct = 0, forwards = 0, lowered = 0;
+        int convs = 0, direct = 0, forwards = 0, grads = 0, lowered = 0;
         for (int q = 0; p && q < p->n_steps; q++) {
             const rfi_step *st = &p->steps[q];
             if (st->kind != RFI_STEP_CALL || st->call != RFI_CALL_CONV)
@@ -1140,19 +1141,25 @@ static void test_direct_convs(void)
             if (!rfi_kir_direct_conv(p, q, &d))
                 continue;
             direct++;
-            const rfi_node *n = p->g->nodes[st->core];
-            CHECK(n->dims[0] == 4 && d.c < 16 && d.o % 8 == 0 && d.kh == 3 && d.kw == 3);
-            forwards += st->n_epilogue == 2 && d.n_epi == 2 && d.epi[0] == RFI_EPI_BIAS &&
-                        d.epi[1] == RFI_EPI_RELU;
+            CHECK(d.n == 4 && d.c < 16 && d.o % 8 == 0 && d.kh == 3 && d.kw == 3);
+            forwards += d.kind == RFI_KIR_CONV_FORWARD && d.n_epi == 2 &&
+                        d.epi[0] == RFI_EPI_BIAS && d.epi[1] == RFI_EPI_RELU;
+            if (d.kind == RFI_KIR_CONV_WEIGHT_GRAD) {
+                grads++;
+                const rfi_node *y = p->g->nodes[st->roots[0]];
+                CHECK(y->dims[0] == d.c && y->dims[1] == d.o && d.n_epi == 0);
+            }
         }
         for (int s = 0; km && s < km->n_steps; s++)
             lowered += km->steps[s].kind == RFI_KIR_STEP_CONV;
         CHECK(convs >= 9);
-        CHECK(direct == (on ? 4 : 0)); /* three forwards and one input gradient */
+        CHECK(direct == (on ? 7 : 0)); /* three forwards, an input gradient, three weight gradients */
         CHECK(forwards == (on ? 3 : 0));
+        CHECK(grads == (on ? 3 : 0));
         CHECK(lowered == direct);
         CHECK(source && (strstr(source, "direct convolution") != NULL) == on);
         CHECK(source && (strstr(source, "rf_f32x16 acc0") != NULL) == on); /* 8 -> 16 */
+        CHECK(source && (strstr(source, "convolution (weight gradient)") != NULL) == on);
         rfi_free(source);
         rfi_kir_free(km);
         rfi_plan_free(p);

@@ -1,35 +1,44 @@
 /* kir_conv.c: which CALL CONV steps a backend generates as direct
  * convolutions (kir.h RFI_KIR_STEP_CONV), and their description.
  *
- * The form: an f32 convolution with two spatial dims, no feature or batch
- * groups, no lhs or rhs dilation and padding >= 0, whose operands are
- * materialised (not a transposed view), whose kernel is row-major, and
- * whose epilogue is a per-channel bias, relu and residual adds in the
- * result's layout. The forward convolutions of a network and the input
- * gradients of its stride-1 layers (a convolution with the flipped kernel)
- * have it; weight gradients (image-sized kernels over transposed views) and
- * the input gradients of strided layers (lhs dilation) do not.
+ * The forms: an f32 convolution with two spatial dims, no feature or batch
+ * groups, no lhs dilation and padding >= 0, and either
+ *   FORWARD: no rhs dilation, materialised operands, a row-major kernel,
+ *     and an epilogue of a per-channel bias, relu and residual adds in the
+ *     result's layout: the forward convolutions of a network, and the input
+ *     gradients of its stride-1 layers (a convolution with the flipped
+ *     kernel); or
+ *   WEIGHT_GRAD: the weight gradient as the autodiff writes it,
+ *     conv(transpose(x), transpose(dy)) with both transposes swapping dims 0
+ *     and 1 and read as views of x and dy (plan.h conv_transposed_views),
+ *     stride 1 and the forward's stride as rhs dilation, no epilogue.
+ * The input gradients of strided layers (lhs dilation) have neither form.
  *
- * The choice: fewer than 16 input channels and a multiple of 8 output
- * channels, up to 64, with kernels up to 7x7. There the library is at its
+ * The choice: fewer than 16 input channels and 8 or 16 output channels
+ * (one vector of them), with kernels up to 7x7. There the library is at its
  * slowest: oneDNN ran the ResNet's 8 -> 8 channel 3x3 convolutions at ~95
  * GFLOP/s and its 1 -> 8 first layer at ~30, where the generated loop (one
  * vector of output channels times a row of outputs per register block;
- * render_conv.c) ran at 140-175 on this 2-core machine. With 16 or more
- * input channels oneDNN's blocked kernels reached 200+ GFLOP/s, so those
- * stay calls. The limits keep the renderer's stack tables small: the
- * kernel reordered for the loop (c*kh*kw*o floats) and the padded input
- * rows (kh rows of the width the outputs read).
+ * render_conv.c) ran at 140-175 on this 2-core machine; its weight
+ * gradients of the 1 -> 8 and the 1x1 8 -> 16 layers took 0.7-0.8 ms for
+ * 6-15 MFLOP, with reorders to its blocked layouts, the loops 0.16-0.21 ms.
+ * With 16 or more input channels oneDNN's blocked kernels reached 200+
+ * GFLOP/s, and with 32 output channels they were as fast as the loops or
+ * faster (the cnn's 1 -> 32 first layer: forward 0.26 against 0.30-0.33
+ * ms, weight gradient 0.21 against 0.25-0.31), so those stay calls. The
+ * limits keep the renderer's stack tables small: the kernel reordered for
+ * the loop or one chunk's partial weight gradient (c*kh*kw*o floats) and
+ * the padded input rows (kh rows of the width the outputs read).
  */
 #include <string.h>
 
 #include "kir.h"
 
 #define DIRECT_MAX_IN_CHANNELS 15
-#define DIRECT_MAX_OUT_CHANNELS 64
 #define DIRECT_MAX_KERNEL 7
 #define DIRECT_MAX_STRIDE 4
-#define DIRECT_MAX_WEIGHTS 4096 /* c * kh * kw * o floats */
+#define DIRECT_MAX_WEIGHTS 4096 /* c * kh * kw * o floats: the forward's kernel table */
+#define DIRECT_MAX_GRADIENT 1536 /* the same for a weight gradient's partials (per chunk) */
 #define DIRECT_MAX_ROWS 8192    /* kh * padded width * c floats */
 
 /* Materialised node x's buffer and offset; false when x has none (inline). */
@@ -43,22 +52,40 @@ static bool buffer_of(const rfi_plan *p, const rfi_node *x, int *buffer, size_t 
 
 static bool is_f32(const rfi_node *x) { return x->dtype == RF_F32; }
 
-/* The convolution's own attributes in d; false when it is not of the form. */
-static bool describe_conv(const rfi_plan *p, const rfi_node *n, rfi_kir_conv *d)
+/* Whether n is an f32 convolution with two spatial dims, no groups, no lhs
+ * dilation and low padding >= 0, whose stride and rhs dilation are 1 where
+ * asked and at most DIRECT_MAX_STRIDE otherwise. */
+static bool plain_conv(const rfi_node *n, bool unit_stride, bool unit_dilation)
+{
+    const rfi_attrs *at = &n->attr;
+    if (n->rank != 4 || !is_f32(n) || !is_f32(n->in[0]) || !is_f32(n->in[1]) ||
+        at->i[0] != 1 || at->i[1] != 1)
+        return false;
+    for (int s = 0; s < 2; s++) {
+        int64_t stride = at->l[0][s], dilation = at->l[4][s];
+        if (at->l[3][s] != 1 || at->l[1][s] < 0 || stride < 1 || dilation < 1 ||
+            (unit_stride ? stride != 1 : stride > DIRECT_MAX_STRIDE) ||
+            (unit_dilation ? dilation != 1 : dilation > DIRECT_MAX_STRIDE))
+            return false;
+    }
+    return true;
+}
+
+/* FORWARD: the convolution's attributes in d; false when n is not of the form. */
+static bool describe_forward(const rfi_plan *p, const rfi_node *n, rfi_kir_conv *d)
 {
     const rfi_node *x = n->in[0], *w = n->in[1];
     const rfi_attrs *at = &n->attr;
-    if (n->rank != 4 || !is_f32(n) || !is_f32(x) || !is_f32(w) || at->i[0] != 1 ||
-        at->i[1] != 1)
+    if (!plain_conv(n, false, true))
         return false;
     for (int s = 0; s < 2; s++)
-        if (at->l[3][s] != 1 || at->l[4][s] != 1 || at->l[1][s] < 0 || at->l[2][s] < 0 ||
-            at->l[0][s] < 1 || at->l[0][s] > DIRECT_MAX_STRIDE)
+        if (at->l[2][s] < 0)
             return false;
     if (!buffer_of(p, x, &d->x_buffer, &d->x_offset) ||
         !buffer_of(p, w, &d->w_buffer, &d->w_offset) ||
         rfi_plan_layout(p, w->id) != RFI_LAYOUT_PLAIN)
         return false;
+    d->kind = RFI_KIR_CONV_FORWARD;
     d->n = x->dims[0], d->c = x->dims[1], d->h = x->dims[2], d->w = x->dims[3];
     d->o = w->dims[0], d->kh = w->dims[2], d->kw = w->dims[3];
     d->oh = n->dims[2], d->ow = n->dims[3];
@@ -68,6 +95,41 @@ static bool describe_conv(const rfi_plan *p, const rfi_node *n, rfi_kir_conv *d)
     }
     d->x_layout = rfi_plan_layout(p, x->id);
     return true;
+}
+
+/* The materialised value operand k of n reads through a transpose that the
+ * plan left inline (a view swapping dims 0 and 1, plan.h), or NULL. */
+static const rfi_node *viewed(const rfi_plan *p, const rfi_node *n, int k)
+{
+    const rfi_node *t = n->in[k];
+    if (t->op != RFI_OP_TRANSPOSE || p->loc[t->id].kind != RFI_LOC_INLINE ||
+        p->loc[t->in[0]->id].kind == RFI_LOC_INLINE)
+        return NULL;
+    return t->in[0];
+}
+
+/* WEIGHT_GRAD: conv(lhs = x^T [c, n, h, w], rhs = dy^T [o, n, oh, ow]) =
+ * [c, o, kh, kw], res[c, o, q] = sum over n, p of lhs[c, n, q + p*r - lo] *
+ * rhs[o, n, p] (r its rhs dilation: the forward's stride; lo its low
+ * padding); false when n is not of the form. */
+static bool describe_weight_grad(const rfi_plan *p, const rfi_node *n, rfi_kir_conv *d)
+{
+    const rfi_node *x = viewed(p, n, 0), *dy = viewed(p, n, 1);
+    if (!x || !dy || !plain_conv(n, true, false))
+        return false;
+    buffer_of(p, x, &d->x_buffer, &d->x_offset);
+    buffer_of(p, dy, &d->w_buffer, &d->w_offset);
+    d->kind = RFI_KIR_CONV_WEIGHT_GRAD;
+    d->n = x->dims[0], d->c = x->dims[1], d->h = x->dims[2], d->w = x->dims[3];
+    d->o = dy->dims[1], d->kh = n->dims[2], d->kw = n->dims[3];
+    d->oh = dy->dims[2], d->ow = dy->dims[3];
+    for (int s = 0; s < 2; s++) {
+        d->stride[s] = n->attr.l[4][s];
+        d->pad[s] = n->attr.l[1][s];
+    }
+    d->x_layout = rfi_plan_layout(p, x->id);
+    d->w_layout = rfi_plan_layout(p, dy->id);
+    return dy->dims[0] == d->n;
 }
 
 /* The step's epilogue in d; false when an op is not one the loop applies. */
@@ -94,13 +156,14 @@ static bool describe_epilogue(const rfi_plan *p, const rfi_step *st, rfi_kir_con
     return true;
 }
 
-/* The channel counts and sizes the generated loop is chosen for. */
+/* The channel counts and sizes the generated loops are chosen for. */
 static bool wanted(const rfi_kir_conv *d)
 {
     int64_t padded_width = (d->ow - 1) * d->stride[1] + d->kw;
-    return d->c <= DIRECT_MAX_IN_CHANNELS && d->o % 8 == 0 &&
-           d->o <= DIRECT_MAX_OUT_CHANNELS && d->kh <= DIRECT_MAX_KERNEL &&
-           d->kw <= DIRECT_MAX_KERNEL && d->c * d->kh * d->kw * d->o <= DIRECT_MAX_WEIGHTS &&
+    int64_t table = d->c * d->kh * d->kw * d->o;
+    int64_t most = d->kind == RFI_KIR_CONV_FORWARD ? DIRECT_MAX_WEIGHTS : DIRECT_MAX_GRADIENT;
+    return d->c <= DIRECT_MAX_IN_CHANNELS && (d->o == 8 || d->o == 16) &&
+           d->kh <= DIRECT_MAX_KERNEL && d->kw <= DIRECT_MAX_KERNEL && table <= most &&
            d->kh * padded_width * d->c <= DIRECT_MAX_ROWS && d->n * d->oh * d->ow > 0;
 }
 
@@ -115,9 +178,14 @@ bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
         return false;
     rfi_kir_conv d;
     memset(&d, 0, sizeof d);
-    if (!describe_conv(p, n, &d) || !buffer_of(p, y, &d.y_buffer, &d.y_offset))
+    bool forward = describe_forward(p, n, &d);
+    if (!forward && (st->n_epilogue > 0 || !describe_weight_grad(p, n, &d)))
+        return false;
+    if (!buffer_of(p, y, &d.y_buffer, &d.y_offset))
         return false;
     d.y_layout = rfi_plan_layout(p, y->id);
+    if (!forward && d.y_layout != RFI_LAYOUT_PLAIN)
+        return false;
     if (!describe_epilogue(p, st, &d) || !wanted(&d))
         return false;
     if (out)
