@@ -1460,6 +1460,17 @@ static void call_kernel(render *R, const rfi_kir_kernel *k)
     rfi_free(live);
 }
 
+/* The module step whose kernel direct convolution step i calls: the first
+ * one with the same loop. */
+static int conv_kernel_of(const rfi_kir_module *m, int i)
+{
+    for (int j = 0; j < i; j++)
+        if (m->steps[j].kind == RFI_KIR_STEP_CONV &&
+            rfi_render_conv_same(&m->steps[j].conv, &m->steps[i].conv))
+            return j;
+    return i;
+}
+
 static void entry(render *R, const rfi_kir_module *m)
 {
     putf(R->sb, "/* Runs the %d steps on the buffer table (%d buffers). */\n", m->n_steps,
@@ -1478,7 +1489,9 @@ static void entry(render *R, const rfi_kir_module *m)
             putf(R->sb, "    if (s->call(s->rt, %d, bufs))\n        return %d;\n",
                           st->step, st->step + 1);
             break;
-        case RFI_KIR_STEP_CONV: rfi_render_conv_call(st, R->sb); break;
+        case RFI_KIR_STEP_CONV:
+            rfi_render_conv_call(st, m->steps[conv_kernel_of(m, i)].step, R->sb);
+            break;
         case RFI_KIR_STEP_COPY:
             comment(R, st->comment, 1);
             put(R->sb, "    memcpy(");
@@ -1630,7 +1643,7 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
             R.sb = &decl[i];
             R.def = &def[i];
             st = render_kernel(&R, m->steps[i].kernel);
-        } else if (m->steps[i].kind == RFI_KIR_STEP_CONV) {
+        } else if (m->steps[i].kind == RFI_KIR_STEP_CONV && conv_kernel_of(m, i) == i) {
             rfi_render_conv_kernel(&m->steps[i], &decl[i], &def[i]);
             R.need |= NEED_VECTORS | NEED_MAXMIN_F32;
         }

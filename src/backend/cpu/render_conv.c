@@ -23,12 +23,19 @@
  *
  *   WEIGHT_GRAD: the rows are cut into GRAD_CHUNKS chunks run in parallel,
  *   each folding its rows into its own partial gradient [kh][kw][c][o] on
- *   the entry point's stack; a register group holds up to 12 points of
- *   (ky, kx, ci) (6 for 16 lanes), one accumulator each, and for every
- *   output of the row loads one vector of the output gradient and adds
- *   input times gradient to every accumulator. _combine then adds the
- *   chunks' partials in chunk order into y [c, o, kh, kw], so the result
- *   does not depend on the thread count.
+ *   the entry point's stack. A register group holds up to 12 points of
+ *   (ky, kx, ci), one accumulator each (the c points of one (ky, kx) in a
+ *   loop over them when there are 4 to 12 input channels: one copy of the
+ *   code), and for every output of the row loads one vector of the output
+ *   gradient and adds input times gradient to every accumulator. _combine
+ *   then adds the chunks' partials in chunk order into y [c, o, kh, kw], so
+ *   the result does not depend on the thread count.
+ *
+ * The forward's blocks fit AVX2's 16 vector registers; a weight gradient's
+ * groups of 12 sixteen-lane accumulators want AVX-512's 32 (gcc spills some
+ * on a machine with 16, which stays correct). Steps whose loops are the same
+ * (the ResNet's four 8 -> 8 convolutions) share one kernel
+ * (rfi_render_conv_same): each costs gcc 40-140 ms.
  *
  * Sums run in f32 in (ky, kx, ci) or row order, as a library convolution's
  * do; the tests compare them with the interpreter within the usual
@@ -44,8 +51,8 @@
 /* Forward: rows per parallel chunk hold at least this many multiply-adds. */
 #define CHUNK_MACS 65536
 #define GRAD_CHUNKS 8
-#define GROUP_MAX_8 12
-#define GROUP_MAX_16 6
+#define GROUP_MAX 12 /* weight gradient: accumulators per register group */
+#define GROUP_MIN_LOOPED 4
 
 typedef struct conv_form {
     const rfi_kir_conv *d;
@@ -81,9 +88,9 @@ static const char *indent(int depth)
     return spaces + sizeof spaces - 1 - 4 * depth;
 }
 
-static void kernel_name(const rfi_kir_step *st, char *buf, size_t n)
+static void kernel_name(int step, char *buf, size_t n)
 {
-    snprintf(buf, n, "k%d_conv", st->step);
+    snprintf(buf, n, "k%d_conv", step);
 }
 
 /* ---- Shared pieces ------------------------------------------------------------------ */
@@ -302,36 +309,68 @@ static void gradient_row(rfi_strbuf *sb, const conv_form *f, char *base, size_t 
     snprintf(base, n, "drow");
 }
 
-/* One register group: the partial sums of points t0 .. t1 - 1 of
- * (ky, kx, ci) over the row's outputs. */
-static void gradient_group(rfi_strbuf *sb, const conv_form *f, int64_t t0, int64_t t1,
-                           const char *base, int64_t step)
+/* One register group: the partial sums of `count` points of (ky, kx, ci)
+ * over the row's outputs. Point u of the group is accumulated at acc +
+ * u_acc(u) and reads rows at p + u_row(u): with `first` >= 0 the points
+ * are first .. first + count - 1 of t = (ky * kw + kx) * c + ci (literal
+ * offsets), else ci = u at `ak` and `xk` (a loop over (ky, kx) around). */
+static void gradient_group(rfi_strbuf *sb, const conv_form *f, int64_t first, int64_t count,
+                           const char *base, int64_t step, int depth)
 {
     const rfi_kir_conv *d = f->d;
-    long long O = (long long)d->o;
-    rfi_sb_printf(sb, "            {\n");
-    for (int64_t t = t0; t < t1; t++)
-        rfi_sb_printf(sb, "                %s a%lld;\n"
-                          "                memcpy(&a%lld, acc + %lld, sizeof a%lld);\n",
-                      f->vec, (long long)(t - t0), (long long)(t - t0), (long long)t * O,
-                      (long long)(t - t0));
-    rfi_sb_printf(sb,
-                  "                for (int64_t j = 0; j < %lld; j++) {\n"
-                  "                    %s dv;\n"
-                  "                    memcpy(&dv, %s + j * %lld, sizeof dv);\n"
-                  "                    const float *restrict p = rows + j * %lld;\n",
-                  (long long)d->ow, f->vec, base, (long long)step,
-                  (long long)(d->stride[1] * d->c));
-    for (int64_t t = t0; t < t1; t++) { /* t = (ky * kw + kx) * c + ci */
+    const char *in = indent(depth), *in1 = indent(depth + 1), *in2 = indent(depth + 2);
+    const char *acc = first >= 0 ? "acc" : "ak", *row = first >= 0 ? "rows" : "xk";
+    int64_t acc_at[GROUP_MAX], row_at[GROUP_MAX];
+    for (int64_t u = 0; u < count; u++) {
+        int64_t t = first >= 0 ? first + u : u;
         int64_t ci = t % d->c, kx = t / d->c % d->kw, ky = t / d->c / d->kw;
-        rfi_sb_printf(sb, "                    a%lld += p[%lld] * dv;\n", (long long)(t - t0),
-                      (long long)((ky * f->width + kx) * d->c + ci));
+        acc_at[u] = t * d->o;
+        row_at[u] = first >= 0 ? (ky * f->width + kx) * d->c + ci : u;
     }
-    rfi_sb_printf(sb, "                }\n");
-    for (int64_t t = t0; t < t1; t++)
-        rfi_sb_printf(sb, "                memcpy(acc + %lld, &a%lld, sizeof a%lld);\n",
-                      (long long)t * O, (long long)(t - t0), (long long)(t - t0));
-    rfi_sb_printf(sb, "            }\n");
+    rfi_sb_printf(sb, "%s{\n", in);
+    for (int64_t u = 0; u < count; u++)
+        rfi_sb_printf(sb, "%s%s a%lld;\n%smemcpy(&a%lld, %s + %lld, sizeof a%lld);\n", in1,
+                      f->vec, (long long)u, in1, (long long)u, acc, (long long)acc_at[u],
+                      (long long)u);
+    rfi_sb_printf(sb,
+                  "%sfor (int64_t j = 0; j < %lld; j++) {\n"
+                  "%s%s dv;\n"
+                  "%smemcpy(&dv, %s + j * %lld, sizeof dv);\n"
+                  "%sconst float *restrict p = %s + j * %lld;\n",
+                  in1, (long long)d->ow, in2, f->vec, in2, base, (long long)step, in2, row,
+                  (long long)(d->stride[1] * d->c));
+    for (int64_t u = 0; u < count; u++)
+        rfi_sb_printf(sb, "%sa%lld += p[%lld] * dv;\n", in2, (long long)u, (long long)row_at[u]);
+    rfi_sb_printf(sb, "%s}\n", in1);
+    for (int64_t u = 0; u < count; u++)
+        rfi_sb_printf(sb, "%smemcpy(%s + %lld, &a%lld, sizeof a%lld);\n", in1, acc,
+                      (long long)acc_at[u], (long long)u, (long long)u);
+    rfi_sb_printf(sb, "%s}\n", in);
+}
+
+/* The groups of one row: with at least GROUP_MIN_LOOPED input channels
+ * (and at most a group's worth), one group of c points in a loop over
+ * (ky, kx); else every point spelled out, in groups of GROUP_MAX (less
+ * code for many channels, enough independent sums for few). */
+static void gradient_groups(rfi_strbuf *sb, const conv_form *f, const char *base, int64_t step)
+{
+    const rfi_kir_conv *d = f->d;
+    if (d->c >= GROUP_MIN_LOOPED && d->c <= GROUP_MAX) {
+        rfi_sb_printf(sb,
+                      "            for (int64_t k = 0; k < %lld; k++) {\n"
+                      "                float *restrict ak = acc + k * %lld;\n"
+                      "                const float *restrict xk = rows + (k / %lld * %lld + k %% %lld) "
+                      "* %lld;\n",
+                      (long long)(d->kh * d->kw), (long long)(d->c * d->o), (long long)d->kw,
+                      (long long)f->width, (long long)d->kw, (long long)d->c);
+        gradient_group(sb, f, -1, d->c, base, step, 4);
+        rfi_sb_printf(sb, "            }\n");
+        return;
+    }
+    int64_t points = d->c * d->kh * d->kw;
+    for (int64_t t0 = 0; t0 < points; t0 += GROUP_MAX)
+        gradient_group(sb, f, t0, t0 + GROUP_MAX < points ? GROUP_MAX : points - t0, base, step,
+                       3);
 }
 
 static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf *def)
@@ -360,9 +399,7 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
     char base[200];
     int64_t step;
     gradient_row(def, f, base, sizeof base, &step);
-    int64_t points = C * KH * KW, group = f->lanes == 16 ? GROUP_MAX_16 : GROUP_MAX_8;
-    for (int64_t t0 = 0; t0 < points; t0 += group)
-        gradient_group(def, f, t0, t0 + group < points ? t0 + group : points, base, step);
+    gradient_groups(def, f, base, step);
     rfi_sb_printf(def, "        }\n    }\n}\n\n");
     rfi_sb_printf(def,
                   "RF_KERNEL void %s_combine(const struct %s_ctx *c)\n{\n"
@@ -385,7 +422,7 @@ void rfi_render_conv_kernel(const rfi_kir_step *st, rfi_strbuf *decl, rfi_strbuf
 {
     conv_form f = form_of(&st->conv);
     char kname[32];
-    kernel_name(st, kname, sizeof kname);
+    kernel_name(st->step, kname, sizeof kname);
     comment(decl, st, &f);
     ctx_struct(decl, &st->conv, kname);
     rfi_sb_printf(decl, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi);\n", kname);
@@ -408,13 +445,29 @@ static void pointer(rfi_strbuf *sb, int buffer, size_t offset)
         rfi_sb_printf(sb, "(float *)bufs[%d]", buffer);
 }
 
-void rfi_render_conv_call(const rfi_kir_step *st, rfi_strbuf *sb)
+bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
+{
+    if (a->kind != b->kind || a->n != b->n || a->c != b->c || a->h != b->h || a->w != b->w ||
+        a->o != b->o || a->kh != b->kh || a->kw != b->kw || a->oh != b->oh || a->ow != b->ow ||
+        a->x_layout != b->x_layout || a->w_layout != b->w_layout ||
+        a->y_layout != b->y_layout || a->n_epi != b->n_epi)
+        return false;
+    for (int s = 0; s < 2; s++)
+        if (a->stride[s] != b->stride[s] || a->pad[s] != b->pad[s])
+            return false;
+    for (int e = 0; e < a->n_epi; e++)
+        if (a->epi[e] != b->epi[e])
+            return false;
+    return true;
+}
+
+void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, rfi_strbuf *sb)
 {
     const rfi_kir_conv *d = &st->conv;
     conv_form f = form_of(d);
     bool grad = d->kind == RFI_KIR_CONV_WEIGHT_GRAD;
     char kname[32];
-    kernel_name(st, kname, sizeof kname);
+    kernel_name(kernel_step, kname, sizeof kname);
     rfi_sb_printf(sb, "    {\n");
     if (grad)
         rfi_sb_printf(sb, "        float part[%lld];\n",
