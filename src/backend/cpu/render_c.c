@@ -10,6 +10,8 @@
  * and the entry point rf_module_run_v1, which runs
  * the steps in order: kernels directly or through the runtime's parallel_for
  * when they are large, calls through the runtime's `call`, copies by memcpy.
+ * Direct convolution steps get their kernels and blocks from render_conv.c
+ * (one kernel for steps with the same loop).
  *
  * REDUCE kernels get one of three loop schedules (see "Reduction schedules"),
  * chosen from the memory strides of their loads: plain (kept loops outside);
