@@ -137,21 +137,24 @@ typedef enum rfi_kir_step_kind {
 
 /* A direct convolution (RFI_KIR_STEP_CONV): a plan's CALL CONV step in one
  * of the two forms a renderer writes as loops (kir_conv.c): f32, two
- * spatial dims, no groups, no dilation, padding >= 0, x [n, c, h, w] in
+ * spatial dims, no groups, no rhs dilation, padding >= 0, x [n, c, h, w] in
  * x_layout, and
  *   FORWARD: w the kernel [o, c, kh, kw] row-major, y [n, o, oh, ow] in
  *     y_layout with
  *     y[n, o, i, j] = epilogue(sum over ci, a, b of
- *       x[n, ci, i*stride[0] + a - pad[0], j*stride[1] + b - pad[1]] * w[o, ci, a, b])
- *     then the epilogue ops in order: BIAS (+ a vector over o), RELU, ADD
- *     (+ a tensor in y's shape and layout);
+ *       xd[n, ci, i*stride[0] + a - pad[0], j*stride[1] + b - pad[1]] * w[o, ci, a, b])
+ *     where xd is x dilated by `dilation` (xd[.., u, v] = x[.., u/d0, v/d1]
+ *     where d0 divides u and d1 divides v, else 0: the input gradient of a
+ *     strided convolution; dilation > 1 only with stride 1), then the
+ *     epilogue ops in order: BIAS (+ a vector over o), RELU, ADD (+ a
+ *     tensor in y's shape and layout);
  *   WEIGHT_GRAD: w the output gradient [n, o, oh, ow] in w_layout, y the
  *     kernel's gradient [c, o, kh, kw] row-major (as the autodiff's
  *     convolution computes it, before its transpose) with
  *     y[ci, o, a, b] = sum over n, i, j of
  *       x[n, ci, i*stride[0] + a - pad[0], j*stride[1] + b - pad[1]] * w[n, o, i, j]
  *     and no epilogue.
- * x is zero outside [0, h) x [0, w). */
+ * x (xd) is zero outside its extent. */
 typedef enum rfi_kir_conv_kind {
     RFI_KIR_CONV_FORWARD,
     RFI_KIR_CONV_WEIGHT_GRAD,
@@ -163,6 +166,7 @@ typedef struct rfi_kir_conv {
     int64_t o, kh, kw;      /* the kernel's */
     int64_t oh, ow;         /* the output's spatial dims */
     int64_t stride[2], pad[2];
+    int64_t dilation[2];    /* FORWARD: x's (lhs) dilation; else 1 */
     int x_buffer, w_buffer, y_buffer;
     size_t x_offset, w_offset, y_offset;
     rfi_layout x_layout, w_layout, y_layout;

@@ -1,28 +1,32 @@
 /* kir_conv.c: which CALL CONV steps a backend generates as direct
  * convolutions (kir.h RFI_KIR_STEP_CONV), and their description.
  *
- * The forms: an f32 convolution with two spatial dims, no feature or batch
- * groups, no lhs dilation and padding >= 0, and either
- *   FORWARD: no rhs dilation, materialised operands, a row-major kernel,
- *     and an epilogue of a per-channel bias, relu and residual adds in the
- *     result's layout: the forward convolutions of a network, and the input
- *     gradients of its stride-1 layers (a convolution with the flipped
- *     kernel); or
+ * The forms: an f32 convolution with two spatial dims and no feature or
+ * batch groups, either
+ *   FORWARD: no rhs dilation, lhs dilation only at stride 1, padding >= 0,
+ *     materialised operands, a row-major kernel, and an epilogue of a
+ *     per-channel bias, relu and residual adds in the result's layout: the
+ *     forward convolutions of a network, the input gradients of its
+ *     stride-1 layers (a convolution with the flipped kernel) and those of
+ *     its strided layers (the same over the output gradient dilated by the
+ *     stride); or
  *   WEIGHT_GRAD: the weight gradient as the autodiff writes it,
  *     conv(transpose(x), transpose(dy)) with both transposes swapping dims 0
  *     and 1 and read as views of x and dy (plan.h conv_transposed_views),
- *     stride 1 and the forward's stride as rhs dilation, no epilogue.
- * The input gradients of strided layers (lhs dilation) have neither form.
+ *     stride 1, no lhs dilation, the forward's stride as rhs dilation, low
+ *     padding >= 0, no epilogue.
  *
- * The choice: fewer than 16 input channels and 8 or 16 output channels
- * (one vector of them), with kernels up to 7x7. There the library is at its
- * slowest: oneDNN ran the ResNet's 8 -> 8 channel 3x3 convolutions at ~95
- * GFLOP/s and its 1 -> 8 first layer at ~30, where the generated loop (one
- * vector of output channels times a row of outputs per register block;
- * render_conv.c) ran at 140-175 on this 2-core machine; its weight
- * gradients of the 1 -> 8 and the 1x1 8 -> 16 layers took 0.7-0.8 ms for
- * 6-15 MFLOP, with reorders to its blocked layouts, the loops 0.16-0.21 ms.
- * With 16 or more input channels oneDNN's blocked kernels reached 200+
+ * The choice: fewer than 16 input channels (16 for a dilated input) and 8
+ * or 16 output channels (one vector of them), with kernels up to 7x7.
+ * There the library is at its slowest: oneDNN ran the ResNet's 8 -> 8
+ * channel 3x3 convolutions at ~95 GFLOP/s and its 1 -> 8 first layer at
+ * ~30, where the generated loop (one vector of output channels times a row
+ * of outputs per register block; render_conv.c) ran at 140-175 on this
+ * 2-core machine; its weight gradients of the 1 -> 8 and the 1x1 8 -> 16
+ * layers took 0.7-0.8 ms for 6-15 MFLOP, with reorders to its blocked
+ * layouts, the loops 0.16-0.21 ms; its backward-data of the 16 -> 8
+ * strided layers 1.0-1.1 and 0.7-0.9 ms, the loops 0.75 and 0.53. With 16
+ * or more input channels (undilated) oneDNN's blocked kernels reached 200+
  * GFLOP/s, and with 32 output channels they were as fast as the loops or
  * faster (the cnn's 1 -> 32 first layer: forward 0.26 against 0.30-0.33
  * ms, weight gradient 0.21 against 0.25-0.31), so those stay calls. The
@@ -52,20 +56,22 @@ static bool buffer_of(const rfi_plan *p, const rfi_node *x, int *buffer, size_t 
 
 static bool is_f32(const rfi_node *x) { return x->dtype == RF_F32; }
 
-/* Whether n is an f32 convolution with two spatial dims, no groups, no lhs
- * dilation and low padding >= 0, whose stride and rhs dilation are 1 where
+/* Whether n is an f32 convolution with two spatial dims, no groups and low
+ * padding >= 0, whose stride, rhs dilation and lhs dilation are 1 where
  * asked and at most DIRECT_MAX_STRIDE otherwise. */
-static bool plain_conv(const rfi_node *n, bool unit_stride, bool unit_dilation)
+static bool plain_conv(const rfi_node *n, bool unit_stride, bool unit_rhs, bool unit_lhs)
 {
     const rfi_attrs *at = &n->attr;
     if (n->rank != 4 || !is_f32(n) || !is_f32(n->in[0]) || !is_f32(n->in[1]) ||
         at->i[0] != 1 || at->i[1] != 1)
         return false;
     for (int s = 0; s < 2; s++) {
-        int64_t stride = at->l[0][s], dilation = at->l[4][s];
-        if (at->l[3][s] != 1 || at->l[1][s] < 0 || stride < 1 || dilation < 1 ||
-            (unit_stride ? stride != 1 : stride > DIRECT_MAX_STRIDE) ||
-            (unit_dilation ? dilation != 1 : dilation > DIRECT_MAX_STRIDE))
+        const int64_t v[3] = {at->l[0][s], at->l[4][s], at->l[3][s]};
+        const bool unit[3] = {unit_stride, unit_rhs, unit_lhs};
+        for (int k = 0; k < 3; k++)
+            if (v[k] < 1 || v[k] > (unit[k] ? 1 : DIRECT_MAX_STRIDE))
+                return false;
+        if (at->l[1][s] < 0)
             return false;
     }
     return true;
@@ -76,7 +82,9 @@ static bool describe_forward(const rfi_plan *p, const rfi_node *n, rfi_kir_conv 
 {
     const rfi_node *x = n->in[0], *w = n->in[1];
     const rfi_attrs *at = &n->attr;
-    if (!plain_conv(n, false, true))
+    bool dilated = at->l[3][0] > 1 || at->l[3][1] > 1;
+    bool strided = at->l[0][0] > 1 || at->l[0][1] > 1;
+    if (!plain_conv(n, false, true, false) || (dilated && strided))
         return false;
     for (int s = 0; s < 2; s++)
         if (at->l[2][s] < 0)
@@ -92,6 +100,7 @@ static bool describe_forward(const rfi_plan *p, const rfi_node *n, rfi_kir_conv 
     for (int s = 0; s < 2; s++) {
         d->stride[s] = at->l[0][s];
         d->pad[s] = at->l[1][s];
+        d->dilation[s] = at->l[3][s];
     }
     d->x_layout = rfi_plan_layout(p, x->id);
     return true;
@@ -115,7 +124,7 @@ static const rfi_node *viewed(const rfi_plan *p, const rfi_node *n, int k)
 static bool describe_weight_grad(const rfi_plan *p, const rfi_node *n, rfi_kir_conv *d)
 {
     const rfi_node *x = viewed(p, n, 0), *dy = viewed(p, n, 1);
-    if (!x || !dy || !plain_conv(n, true, false))
+    if (!x || !dy || !plain_conv(n, true, false, true))
         return false;
     buffer_of(p, x, &d->x_buffer, &d->x_offset);
     buffer_of(p, dy, &d->w_buffer, &d->w_offset);
@@ -126,6 +135,7 @@ static bool describe_weight_grad(const rfi_plan *p, const rfi_node *n, rfi_kir_c
     for (int s = 0; s < 2; s++) {
         d->stride[s] = n->attr.l[4][s];
         d->pad[s] = n->attr.l[1][s];
+        d->dilation[s] = 1;
     }
     d->x_layout = rfi_plan_layout(p, x->id);
     d->w_layout = rfi_plan_layout(p, dy->id);
@@ -162,7 +172,8 @@ static bool wanted(const rfi_kir_conv *d)
     int64_t padded_width = (d->ow - 1) * d->stride[1] + d->kw;
     int64_t table = d->c * d->kh * d->kw * d->o;
     int64_t most = d->kind == RFI_KIR_CONV_FORWARD ? DIRECT_MAX_WEIGHTS : DIRECT_MAX_GRADIENT;
-    return d->c <= DIRECT_MAX_IN_CHANNELS && (d->o == 8 || d->o == 16) &&
+    bool dilated = d->dilation[0] > 1 || d->dilation[1] > 1;
+    return d->c <= DIRECT_MAX_IN_CHANNELS + dilated && (d->o == 8 || d->o == 16) &&
            d->kh <= DIRECT_MAX_KERNEL && d->kw <= DIRECT_MAX_KERNEL && table <= most &&
            d->kh * padded_width * d->c <= DIRECT_MAX_ROWS && d->n * d->oh * d->ow > 0;
 }

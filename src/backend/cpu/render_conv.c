@@ -19,7 +19,11 @@
  *   of accumulators (56 against 145 GFLOP/s on the ResNet's 8-channel
  *   layer). The block's sums go through a small `tile`, where the epilogue
  *   is applied per element with the interpreter's semantics and stored in
- *   y's layout.
+ *   y's layout. A dilated input (the input gradient of a strided layer) is
+ *   never expanded: rows between input rows are skipped (valid[ky]), and
+ *   the outputs of a row split into phases j mod d, each of which meets
+ *   every d-th tap at consecutive input columns (conv_phase), so no
+ *   multiply-add touches a zero of the dilation.
  *
  *   WEIGHT_GRAD: the rows are cut into GRAD_CHUNKS chunks run in parallel,
  *   each folding its rows into its own partial gradient [kh][kw][c][o] on
@@ -54,27 +58,88 @@
 #define GROUP_MAX 12 /* weight gradient: accumulators per register group */
 #define GROUP_MIN_LOOPED 4
 
+/* The outputs j = first + step * jj (jj < count) of a row that read the
+ * same taps b = tap0 + tap_step * m (m < taps) of the kernel, at table
+ * column col0 + jj * col_step + m: with lhs dilation d > 1 the outputs of
+ * one phase j mod d (only every d-th tap meets an input column), else all
+ * of them. */
+typedef struct conv_phase {
+    int64_t first, step, count;
+    int64_t tap0, tap_step, taps;
+    int64_t col0, col_step;
+    int64_t block, full_blocks; /* outputs per register block; blocks of that width */
+    int64_t last;               /* outputs of a last, narrower block (0: none) */
+} conv_phase;
+
+#define MAX_PHASES 4 /* kir_conv.c's largest dilation */
+
 typedef struct conv_form {
     const rfi_kir_conv *d;
-    int64_t lanes;              /* o: 8 or 16 */
-    int64_t width;              /* padded input row: (ow - 1) * stride + kw */
-    int64_t block, full_blocks; /* forward: outputs per register block; blocks of that width */
-    int64_t last;               /* outputs of a last, narrower block (0: none) */
-    int64_t chunks;             /* weight gradient: chunks of rows */
-    const char *vec;            /* rf_f32x8 or rf_f32x16 */
+    int64_t lanes;   /* o: 8 or 16 */
+    int64_t left;    /* table column of input column 0 */
+    int64_t width;   /* table columns: (ow - 1) * stride + kw without dilation */
+    int n_phases;
+    conv_phase phases[MAX_PHASES];
+    int64_t block_max; /* forward: the widest register block */
+    int64_t chunks;    /* weight gradient: chunks of rows folded into partials apart
+                        * (combined in chunk order: the result does not depend on
+                        * the thread count) */
+    const char *vec;   /* rf_f32x8 or rf_f32x16 */
 } conv_form;
+
+static void split_blocks(conv_phase *ph, int64_t most)
+{
+    int64_t blocks = ph->count > 0 ? (ph->count + most - 1) / most : 1;
+    ph->block = ph->count > 0 ? (ph->count + blocks - 1) / blocks : 1;
+    ph->full_blocks = ph->count % ph->block == 0 ? ph->count / ph->block : blocks - 1;
+    ph->last = ph->count - ph->full_blocks * ph->block;
+}
+
+/* Phases of the columns and the table's geometry. Without dilation: one
+ * phase, output j reads table columns j * stride + b, the input's column 0
+ * at table column pad. With dilation d: phase p's first tap b0 is the one
+ * that meets an input column at output p, (p + b0 - pad) / d that column. */
+static void column_phases(conv_form *f)
+{
+    const rfi_kir_conv *d = f->d;
+    int64_t dil = d->dilation[1], pad = d->pad[1];
+    int64_t most = f->lanes == 16 ? BLOCK_MAX_16 : BLOCK_MAX_8;
+    f->n_phases = 0;
+    int64_t low = 0, high = 0; /* table columns read, before shifting by `left` */
+    for (int64_t p = 0; p < dil && p < d->ow; p++) {
+        conv_phase *ph = &f->phases[f->n_phases++];
+        ph->first = p;
+        ph->step = dil;
+        ph->count = (d->ow - p + dil - 1) / dil;
+        ph->tap0 = ((pad - p) % dil + dil) % dil;
+        ph->tap_step = dil;
+        ph->taps = ph->tap0 < d->kw ? (d->kw - ph->tap0 + dil - 1) / dil : 0;
+        ph->col0 = (p + ph->tap0 - pad) / dil; /* exact */
+        ph->col_step = dil > 1 ? 1 : d->stride[1];
+        split_blocks(ph, most);
+        if (ph->taps == 0)
+            continue;
+        int64_t last_col = ph->col0 + (ph->count - 1) * ph->col_step + ph->taps - 1;
+        low = ph->col0 < low ? ph->col0 : low;
+        high = last_col > high ? last_col : high;
+    }
+    f->left = low < 0 ? -low : 0;
+    f->width = f->left + high + 1;
+    f->block_max = 1;
+    for (int k = 0; k < f->n_phases; k++) {
+        f->phases[k].col0 += f->left;
+        if (f->phases[k].block > f->block_max)
+            f->block_max = f->phases[k].block;
+    }
+}
 
 static conv_form form_of(const rfi_kir_conv *d)
 {
     conv_form f;
+    memset(&f, 0, sizeof f);
     f.d = d;
     f.lanes = d->o;
-    f.width = (d->ow - 1) * d->stride[1] + d->kw;
-    int64_t most = f.lanes == 16 ? BLOCK_MAX_16 : BLOCK_MAX_8;
-    int64_t blocks = (d->ow + most - 1) / most;
-    f.block = (d->ow + blocks - 1) / blocks;
-    f.full_blocks = d->ow % f.block == 0 ? blocks : blocks - 1; /* one body when equal */
-    f.last = d->ow - f.full_blocks * f.block;
+    column_phases(&f);
     int64_t rows = d->n * d->oh;
     f.chunks = rows < GRAD_CHUNKS ? rows : GRAD_CHUNKS;
     f.vec = f.lanes == 16 ? "rf_f32x16" : "rf_f32x8";
@@ -96,23 +161,33 @@ static void kernel_name(int step, char *buf, size_t n)
 /* ---- Shared pieces ------------------------------------------------------------------ */
 
 /* Fills rows[ky] for output row (n, i): the input row it reads, zero where
- * that row or column is padding. */
-static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth)
+ * that row or column is padding (or, dilated, between input rows); with
+ * `valid`, also valid[ky] = whether the row is an input row at all. */
+static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
 {
     const rfi_kir_conv *d = f->d;
     const char *in = indent(depth), *in1 = indent(depth + 1), *in2 = indent(depth + 2);
     long long C = (long long)d->c, H = (long long)d->h, W = (long long)d->w;
-    long long width = (long long)f->width, left = (long long)d->pad[1];
+    long long width = (long long)f->width, left = (long long)f->left;
+    long long dil = (long long)d->dilation[0];
     long long copied = width - left < W ? width - left : W; /* input columns read */
     rfi_sb_printf(sb,
                   "%sfor (int64_t ky = 0; ky < %lld; ky++) {\n"
                   "%sfloat *restrict row = rows + ky * %lld;\n"
-                  "%sconst int64_t y = i * %lld + ky - %lld;\n"
-                  "%smemset(row, 0, sizeof(float) * %lld);\n"
-                  "%sif (y < 0 || y >= %lld)\n%scontinue;\n",
+                  "%sconst int64_t u = i * %lld + ky - %lld, y = u / %lld;\n"
+                  "%smemset(row, 0, sizeof(float) * %lld);\n",
                   in, (long long)d->kh, in1, width * C, in1, (long long)d->stride[0],
-                  (long long)d->pad[0], in1, width * C, in1, H, in2);
-    if (copied > 0 && (d->x_layout == RFI_LAYOUT_NHWC || d->c == 1)) { /* contiguous [w][c] */
+                  (long long)d->pad[0], dil, in1, width * C);
+    if (dil > 1)
+        rfi_sb_printf(sb, "%sconst int ok = u >= 0 && u %% %lld == 0 && y < %lld;\n", in1, dil, H);
+    else
+        rfi_sb_printf(sb, "%sconst int ok = u >= 0 && y < %lld;\n", in1, H);
+    if (valid)
+        rfi_sb_printf(sb, "%svalid[ky] = (unsigned char)ok;\n", in1);
+    rfi_sb_printf(sb, "%sif (!ok)\n%scontinue;\n", in1, in2);
+    bool contiguous = d->x_layout == RFI_LAYOUT_NHWC || d->c == 1 ||
+                      (d->x_layout == RFI_LAYOUT_C16 && d->c == 16); /* [w][c] */
+    if (copied > 0 && contiguous) {
         rfi_sb_printf(sb, "%smemcpy(row + %lld, x + (n * %lld + y) * %lld, sizeof(float) * %lld);\n",
                       in1, left * C, H, W * C, copied * C);
     } else if (copied > 0) {
@@ -159,7 +234,8 @@ static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
                   (long long)d->stride[1], (long long)d->h, (long long)d->w, (long long)d->oh,
                   (long long)d->ow);
     if (forward)
-        rfi_sb_printf(sb, "\n * blocks of %lld outputs", (long long)f->block);
+        rfi_sb_printf(sb, "\n * %d phase%s, blocks of up to %lld outputs", f->n_phases,
+                      f->n_phases > 1 ? "s" : "", (long long)f->block_max);
     else
         rfi_sb_printf(sb, "\n * %lld chunks of rows", (long long)f->chunks);
     const char *text = st->comment ? strchr(st->comment, '\n') : NULL;
@@ -174,17 +250,23 @@ static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
 
 /* ---- Forward ----------------------------------------------------------------------- */
 
-/* Output (n, l, i, j0 + b) of y: `at` is its offset for lane 0 and
- * *lane_step the distance between lanes. */
-static void y_index(const conv_form *f, char *at, size_t n, int64_t *lane_step)
+/* Output (n, l, i, first + step * (j0 + b)) of y: `at` is its offset for
+ * lane 0 and *lane_step the distance between lanes. */
+static void y_index(const conv_form *f, const conv_phase *ph, char *at, size_t n,
+                    int64_t *lane_step)
 {
     const rfi_kir_conv *d = f->d;
     long long O = (long long)d->o, OH = (long long)d->oh, OW = (long long)d->ow;
+    char j[64];
+    if (ph->step == 1)
+        snprintf(j, sizeof j, "%lld + j0 + b", (long long)ph->first);
+    else
+        snprintf(j, sizeof j, "%lld + %lld * (j0 + b)", (long long)ph->first, (long long)ph->step);
     *lane_step = 1;
     if (d->y_layout == RFI_LAYOUT_NHWC || d->y_layout == RFI_LAYOUT_C16) /* one block of o */
-        snprintf(at, n, "((n * %lld + i) * %lld + j0 + b) * %lld", OH, OW, O);
+        snprintf(at, n, "((n * %lld + i) * %lld + %s) * %lld", OH, OW, j, O);
     else {
-        snprintf(at, n, "(n * %lld * %lld + i) * %lld + j0 + b", O, OH, OW);
+        snprintf(at, n, "(n * %lld * %lld + i) * %lld + %s", O, OH, OW, j);
         *lane_step = d->oh * d->ow;
     }
 }
@@ -203,37 +285,40 @@ static void epilogue(rfi_strbuf *sb, const rfi_kir_conv *d, int64_t lane_step)
     }
 }
 
-/* One register block of `cnt` outputs from column j0, inside the braces
- * `open` begins. */
-static void forward_block(rfi_strbuf *sb, const conv_form *f, int64_t cnt, const char *open)
+/* One register block of `cnt` outputs of phase ph from its output j0,
+ * inside the braces `open` begins. */
+static void forward_block(rfi_strbuf *sb, const conv_form *f, const conv_phase *ph, int64_t cnt,
+                          const char *open)
 {
     const rfi_kir_conv *d = f->d;
     long long C = (long long)d->c, L = (long long)f->lanes;
-    long long step = (long long)(d->stride[1] * d->c);
+    long long step = (long long)(ph->col_step * d->c);
     rfi_sb_printf(sb, "%s", open);
     for (int64_t b = 0; b < cnt; b++)
         rfi_sb_printf(sb, "            %s acc%lld = {0};\n", f->vec, (long long)b);
     rfi_sb_printf(sb,
-                  "            for (int64_t ky = 0; ky < %lld; ky++)\n"
-                  "                for (int64_t kx = 0; kx < %lld; kx++)\n"
+                  "            for (int64_t ky = 0; ky < %lld; ky++) {\n"
+                  "                if (!valid[ky])\n                    continue;\n"
+                  "                for (int64_t m = 0; m < %lld; m++)\n"
                   "                    for (int64_t ci = 0; ci < %lld; ci++) {\n"
                   "                        %s wv;\n"
-                  "                        memcpy(&wv, wt + ((ky * %lld + kx) * %lld + ci) * %lld, "
-                  "sizeof wv);\n"
+                  "                        memcpy(&wv, wt + ((ky * %lld + %lld + %lld * m) * %lld + ci) "
+                  "* %lld, sizeof wv);\n"
                   "                        const float *restrict p =\n"
-                  "                            rows + ky * %lld + (j0 * %lld + kx) * %lld + ci;\n",
-                  (long long)d->kh, (long long)d->kw, C, f->vec, (long long)d->kw, C, L,
-                  (long long)(f->width * d->c), (long long)d->stride[1], C);
+                  "                            rows + ky * %lld + (%lld + j0 * %lld + m) * %lld + ci;\n",
+                  (long long)d->kh, (long long)ph->taps, C, f->vec, (long long)d->kw,
+                  (long long)ph->tap0, (long long)ph->tap_step, C, L,
+                  (long long)(f->width * d->c), (long long)ph->col0, (long long)ph->col_step, C);
     for (int64_t b = 0; b < cnt; b++)
         rfi_sb_printf(sb, "                        acc%lld += p[%lld] * wv;\n", (long long)b,
                       (long long)b * step);
-    rfi_sb_printf(sb, "                    }\n");
+    rfi_sb_printf(sb, "                    }\n            }\n");
     for (int64_t b = 0; b < cnt; b++)
         rfi_sb_printf(sb, "            memcpy(tile + %lld, &acc%lld, sizeof acc%lld);\n",
                       (long long)b * L, (long long)b, (long long)b);
     char at[200];
     int64_t lane_step;
-    y_index(f, at, sizeof at, &lane_step);
+    y_index(f, ph, at, sizeof at, &lane_step);
     rfi_sb_printf(sb,
                   "            for (int64_t b = 0; b < %lld; b++) {\n"
                   "                const int64_t at = %s;\n"
@@ -264,24 +349,28 @@ static void forward_kernel(const conv_form *f, const char *kname, rfi_strbuf *de
                   "                for (int64_t kx = 0; kx < %lld; kx++)\n"
                   "                    wt[((ky * %lld + kx) * %lld + ci) * %lld + o] =\n"
                   "                        c->w[((o * %lld + ci) * %lld + ky) * %lld + kx];\n"
-                  "    float rows[%lld]; /* [kh][padded width][c] */\n"
+                  "    float rows[%lld]; /* [kh][table width][c] */\n"
+                  "    unsigned char valid[%lld];\n"
                   "    float tile[%lld];\n"
                   "    for (int64_t r = lo; r < hi; r++) {\n"
                   "        const int64_t n = r / %lld, i = r %% %lld;\n",
                   kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, C, KH, KW,
-                  (long long)(KH * f->width * C), (long long)(f->block * f->lanes),
+                  (long long)(KH * f->width * C), KH, (long long)(f->block_max * f->lanes),
                   (long long)d->oh, (long long)d->oh);
-    fill_rows(def, f, 2);
-    char open[128];
-    if (f->full_blocks > 0) {
-        snprintf(open, sizeof open, "        for (int64_t j0 = 0; j0 < %lld; j0 += %lld) {\n",
-                 (long long)(f->full_blocks * f->block), (long long)f->block);
-        forward_block(def, f, f->block, open);
-    }
-    if (f->last > 0) {
-        snprintf(open, sizeof open, "        {\n            const int64_t j0 = %lld;\n",
-                 (long long)(f->full_blocks * f->block));
-        forward_block(def, f, f->last, open);
+    fill_rows(def, f, 2, true);
+    for (int k = 0; k < f->n_phases; k++) {
+        const conv_phase *ph = &f->phases[k];
+        char open[128];
+        if (ph->full_blocks > 0) {
+            snprintf(open, sizeof open, "        for (int64_t j0 = 0; j0 < %lld; j0 += %lld) {\n",
+                     (long long)(ph->full_blocks * ph->block), (long long)ph->block);
+            forward_block(def, f, ph, ph->block, open);
+        }
+        if (ph->last > 0) {
+            snprintf(open, sizeof open, "        {\n            const int64_t j0 = %lld;\n",
+                     (long long)(ph->full_blocks * ph->block));
+            forward_block(def, f, ph, ph->last, open);
+        }
     }
     rfi_sb_printf(def, "    }\n}\n\n");
 }
@@ -395,7 +484,7 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
                   "        for (int64_t r = q * %lld / %lld; r < (q + 1) * %lld / %lld; r++) {\n"
                   "            const int64_t n = r / %lld, i = r %% %lld;\n",
                   table, table, rows, chunks, rows, chunks, (long long)d->oh, (long long)d->oh);
-    fill_rows(def, f, 3);
+    fill_rows(def, f, 3, false);
     char base[200];
     int64_t step;
     gradient_row(def, f, base, sizeof base, &step);
@@ -453,7 +542,8 @@ bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
         a->y_layout != b->y_layout || a->n_epi != b->n_epi)
         return false;
     for (int s = 0; s < 2; s++)
-        if (a->stride[s] != b->stride[s] || a->pad[s] != b->pad[s])
+        if (a->stride[s] != b->stride[s] || a->pad[s] != b->pad[s] ||
+            a->dilation[s] != b->dilation[s])
             return false;
     for (int e = 0; e < a->n_epi; e++)
         if (a->epi[e] != b->epi[e])
