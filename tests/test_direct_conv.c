@@ -7,10 +7,12 @@
  * and unequal register blocks (29 outputs as 10 + 10 + 9 and as 6 + 6 + 6
  * + 6 + 5, 15 as 5 + 5 + 5); inputs row-major, channels last or read whole;
  * results and output gradients channels last, channel-blocked and
- * row-major (RF_BLOCKED=0); epilogues of bias, relu and a residual add; and
+ * row-major (RF_BLOCKED=0); epilogues of bias, relu and a residual add;
  * the input gradient of a stride-1 layer (a convolution with the flipped
- * kernel), next to convolutions that stay library calls (3 and 10 output
- * channels, 16 input channels, strided input gradients).
+ * kernel) and of strided layers (the output gradient dilated by the stride:
+ * in rows only, columns only, both; with the residual's add), next to
+ * convolutions that stay library calls (3 output channels, 16 input
+ * channels).
  *
  * Each variant compiles a fresh copy of one model (same seed) and takes
  * three Adam steps on one batch; the suite runs this file with RF_CHECK=1,

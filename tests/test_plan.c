@@ -1107,17 +1107,19 @@ static void test_index_math(void)
 /* (i) Direct convolutions: with the option, the CALL CONV steps of a
  * few-channel CNN that kir_conv.c takes become RFI_KIR_STEP_CONV steps and
  * C loops: the forwards from 1 and 8 channels (bias and relu epilogues),
- * the second layer's input gradient (the flipped kernel) and the weight
- * gradients of the layers with fewer than 16 input channels. The fourth
- * layer (16 -> 16) and its gradients stay calls. Without the option
+ * the second layer's input gradient (the flipped kernel), the third's (a
+ * strided layer: its output gradient dilated by 2, 16 channels) and the
+ * weight gradients of the layers with fewer than 16 input channels. The
+ * fourth layer (16 -> 16) and its gradients stay calls. Without the option
  * nothing changes. */
 static void test_direct_convs(void)
 {
     rf_nn_seed(7);
+    rf_conv_opts stride2 = {.stride = {2, 2}};
     cnn_case k = cnn_case_trace(rf_chain(
         rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 8, 8, RF_ACT_RELU, NULL),
-        rf_conv2d(3, 3, 8, 16, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL),
-        rf_flatten_layer(), rf_dense(16 * 20 * 20, 10, RF_ACT_IDENTITY)));
+        rf_conv2d(3, 3, 8, 16, RF_ACT_RELU, &stride2), rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL),
+        rf_flatten_layer(), rf_dense(16 * 9 * 9, 10, RF_ACT_IDENTITY)));
     rfi_plan_opts o = rfi_plan_opts_default();
     o.conv_transposed_views = true;
     o.blocked_activations = true;
@@ -1131,7 +1133,7 @@ static void test_direct_convs(void)
             CHECK_OK(rfi_kir_lower(p, &km));
         if (km)
             CHECK_OK(rfi_render_c(km, &source));
-        int convs = 0, direct = 0, forwards = 0, grads = 0, lowered = 0;
+        int convs = 0, direct = 0, forwards = 0, grads = 0, dilated = 0, lowered = 0;
         for (int q = 0; p && q < p->n_steps; q++) {
             const rfi_step *st = &p->steps[q];
             if (st->kind != RFI_STEP_CALL || st->call != RFI_CALL_CONV)
@@ -1141,7 +1143,11 @@ static void test_direct_convs(void)
             if (!rfi_kir_direct_conv(p, q, &d))
                 continue;
             direct++;
-            CHECK(d.n == 4 && d.c < 16 && d.o % 8 == 0 && d.kh == 3 && d.kw == 3);
+            CHECK(d.n == 4 && d.c <= 16 && d.o % 8 == 0 && d.kh == 3 && d.kw == 3);
+            if (d.dilation[0] > 1) {
+                dilated++;
+                CHECK(d.dilation[0] == 2 && d.dilation[1] == 2 && d.c == 16 && d.o == 8);
+            }
             forwards += d.kind == RFI_KIR_CONV_FORWARD && d.n_epi == 2 &&
                         d.epi[0] == RFI_EPI_BIAS && d.epi[1] == RFI_EPI_RELU;
             if (d.kind == RFI_KIR_CONV_WEIGHT_GRAD) {
@@ -1153,9 +1159,10 @@ static void test_direct_convs(void)
         for (int s = 0; km && s < km->n_steps; s++)
             lowered += km->steps[s].kind == RFI_KIR_STEP_CONV;
         CHECK(convs >= 9);
-        CHECK(direct == (on ? 7 : 0)); /* three forwards, an input gradient, three weight gradients */
+        CHECK(direct == (on ? 8 : 0)); /* three forwards, two input gradients, three weight gradients */
         CHECK(forwards == (on ? 3 : 0));
         CHECK(grads == (on ? 3 : 0));
+        CHECK(dilated == (on ? 1 : 0));
         CHECK(lowered == direct);
         CHECK(source && (strstr(source, "direct convolution") != NULL) == on);
         CHECK(source && (strstr(source, "rf_f32x16 acc0") != NULL) == on); /* 8 -> 16 */
