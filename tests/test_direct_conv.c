@@ -72,35 +72,15 @@ static rf_model *residual(void)
 
 typedef rf_model *(*model_fn)(void);
 
-static void set_env(const char *name, const char *value)
-{
-    if (value)
-        setenv(name, value, 1);
-    else
-        unsetenv(name);
-}
-
 /* Three steps of a fresh model under the given settings; the losses in out. */
 static void run_variant(model_fn model, int64_t h, int64_t w, const char *label,
                         const char *blocked, const char *direct, double *out)
 {
-    set_env("RF_BLOCKED", blocked);
-    set_env("RF_DIRECT_CONV", direct);
-    const int32_t labels[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    tu_trainer t;
-    if (tu_trainer_make(&t, dev, model(), 8, h, w, 23, labels, 1e-3)) {
-        rf_array *batch[2] = {t.x, t.y};
-        for (int s = 0; s < STEPS; s++) {
-            out[s] = NAN;
-            CHECK_OK(rf_trainstep(loss, NULL, t.m, batch, 2, t.opt, &out[s], NULL));
-            CHECK(isfinite(out[s]));
-        }
-        printf("%s: loss %.7f -> %.7f\n", label, out[0], out[STEPS - 1]);
-        CHECK(out[STEPS - 1] < out[0]);
-    }
-    tu_trainer_free(&t);
-    set_env("RF_BLOCKED", NULL);
-    set_env("RF_DIRECT_CONV", NULL);
+    tu_set_env("RF_BLOCKED", blocked);
+    tu_set_env("RF_DIRECT_CONV", direct);
+    tu_train_steps(dev, model(), h, w, 23, loss, label, STEPS, out);
+    tu_set_env("RF_BLOCKED", NULL);
+    tu_set_env("RF_DIRECT_CONV", NULL);
 }
 
 static void compare_variants(model_fn model, int64_t h, int64_t w, const char *name)

@@ -114,6 +114,39 @@ static inline void tu_trainer_free(tu_trainer *t)
     rf_array_free(t->yh);
 }
 
+/* Sets (or with value NULL clears) one environment variable, for the
+ * variables a compile reads (RF_BLOCKED and the like). */
+static inline void tu_set_env(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+}
+
+/* `steps` trainsteps (at most 8) of a fresh model (host, consumed) on one
+ * batch of 8 seeded h x w images labelled 0..7 with Adam(1e-3): the losses
+ * into out, each checked finite and the last below the first; label heads
+ * the printed line. */
+static inline void tu_train_steps(rf_device *dev, rf_model *host, int64_t h, int64_t w,
+                                  uint64_t seed, rf_loss_fn loss, const char *label, int steps,
+                                  double *out)
+{
+    const int32_t labels[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    tu_trainer t;
+    if (tu_trainer_make(&t, dev, host, 8, h, w, seed, labels, 1e-3)) {
+        rf_array *batch[2] = {t.x, t.y};
+        for (int s = 0; s < steps; s++) {
+            out[s] = NAN;
+            CHECK_OK(rf_trainstep(loss, NULL, t.m, batch, 2, t.opt, &out[s], NULL));
+            CHECK(isfinite(out[s]));
+        }
+        printf("%s: loss %.7f -> %.7f\n", label, out[0], out[steps - 1]);
+        CHECK(out[steps - 1] < out[0]);
+    }
+    tu_trainer_free(&t);
+}
+
 /* Prints a summary and returns the exit code for main. */
 static inline int tu_finish(const char *name)
 {

@@ -45,6 +45,7 @@
  * do; the tests compare them with the interpreter within the usual
  * tolerance.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -71,7 +72,7 @@ typedef struct conv_phase {
     int64_t last;               /* outputs of a last, narrower block (0: none) */
 } conv_phase;
 
-#define MAX_PHASES 4 /* kir_conv.c's largest dilation */
+#define MAX_PHASES 4 /* kir_conv.c's largest dilation (DIRECT_MAX_STRIDE) */
 
 typedef struct conv_form {
     const rfi_kir_conv *d;
@@ -104,6 +105,7 @@ static void column_phases(conv_form *f)
     const rfi_kir_conv *d = f->d;
     int64_t dil = d->dilation[1], pad = d->pad[1];
     int64_t most = f->lanes == 16 ? BLOCK_MAX_16 : BLOCK_MAX_8;
+    assert(dil >= 1 && dil <= MAX_PHASES);
     f->n_phases = 0;
     int64_t low = 0, high = 0; /* table columns read, before shifting by `left` */
     for (int64_t p = 0; p < dil && p < d->ow; p++) {
