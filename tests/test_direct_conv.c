@@ -18,7 +18,10 @@
  * three Adam steps on one batch; the suite runs this file with RF_CHECK=1,
  * which compares every step against the interpreter, and the variants must
  * agree with the library's convolutions (RF_DIRECT_CONV=0) up to summation
- * order. test_plan checks which steps become loops.
+ * order. Then a sweep of single convolutions over drawn shapes (1-16
+ * input channels, 1x1 to 5x5 kernels, strides and dilations up to 3,
+ * padding up to 2 on either side) in each form, against the interpreter and
+ * the library. test_plan checks which steps become loops.
  */
 #include "test_util.h"
 
@@ -99,10 +102,153 @@ static void compare_variants(model_fn model, int64_t h, int64_t w, const char *n
     }
 }
 
+/* ---- A sweep of single convolutions ---------------------------------------------------- *
+ * y = conv(x, w) over arguments (row-major, so every direct form takes
+ * them), in the three forms, for shapes drawn from a fixed generator: the
+ * compiled run is checked against the interpreter (RF_CHECK) and, here,
+ * against the library (RF_DIRECT_CONV=0). */
+
+typedef enum { SWEEP_FORWARD, SWEEP_DILATED, SWEEP_WEIGHT_GRAD } sweep_kind;
+
+typedef struct sweep_case {
+    sweep_kind kind;
+    int64_t n, c, o, h, w, kh, kw;
+    int64_t stride[2], pad_lo[2], pad_hi[2], dilation[2];
+    int64_t grad[2]; /* WEIGHT_GRAD: the output gradient's spatial dims */
+} sweep_case;
+
+static const int64_t swap01[4] = {1, 0, 2, 3};
+
+static void sweep_fn(rf_trace *t, void *ctx)
+{
+    const sweep_case *k = ctx;
+    rf_conv_params p = rf_conv_params_default(2);
+    for (int d = 0; d < 2; d++) {
+        p.pad_lo[d] = k->pad_lo[d];
+        p.pad_hi[d] = k->pad_hi[d];
+        if (k->kind == SWEEP_WEIGHT_GRAD)
+            p.rhs_dilation[d] = k->stride[d];
+        else
+            p.stride[d] = k->stride[d], p.lhs_dilation[d] = k->dilation[d];
+    }
+    rf_tensor *x = rf_arg(t, 0), *w = rf_arg(t, 1);
+    if (k->kind == SWEEP_WEIGHT_GRAD) /* as the autodiff writes it */
+        rf_return(t, rf_conv(rf_transpose(x, swap01), rf_transpose(w, swap01), &p));
+    else
+        rf_return(t, rf_conv(x, w, &p));
+}
+
+static uint64_t sweep_state = 88172645463325252ull;
+
+static int64_t draw(int64_t lo, int64_t hi) /* uniform in [lo, hi] */
+{
+    sweep_state ^= sweep_state << 13;
+    sweep_state ^= sweep_state >> 7;
+    sweep_state ^= sweep_state << 17;
+    return lo + (int64_t)(sweep_state % (uint64_t)(hi - lo + 1));
+}
+
+/* The output extent of a convolution along one dim (<= 0: none). */
+static int64_t out_extent(int64_t in, int64_t k, int64_t stride, int64_t lo, int64_t hi,
+                          int64_t dil)
+{
+    int64_t dilated = (in - 1) * dil + 1 + lo + hi;
+    return dilated < k ? 0 : (dilated - k) / stride + 1;
+}
+
+static sweep_case draw_case(sweep_kind kind)
+{
+    sweep_case k;
+    memset(&k, 0, sizeof k);
+    k.kind = kind;
+    k.n = draw(1, 3);
+    k.c = draw(1, kind == SWEEP_DILATED ? 16 : 15);
+    k.o = draw(0, 1) ? 16 : 8;
+    k.kh = draw(1, 5), k.kw = draw(1, 5);
+    k.h = draw(k.kh, 17), k.w = draw(k.kw, 17);
+    for (int d = 0; d < 2; d++) {
+        k.stride[d] = kind == SWEEP_DILATED ? 1 : draw(1, 3);
+        k.dilation[d] = kind == SWEEP_DILATED ? draw(1, 3) : 1;
+        k.pad_lo[d] = draw(0, 2);
+        k.pad_hi[d] = draw(0, 2);
+    }
+    return k;
+}
+
+/* Runs case k with direct convolutions on or off; the output in *out. */
+static bool sweep_run(const sweep_case *k, const char *direct, rf_array **out)
+{
+    int64_t xd[4] = {k->n, k->c, k->h, k->w}, wd[4] = {k->o, k->c, k->kh, k->kw};
+    if (k->kind == SWEEP_WEIGHT_GRAD) /* w is the output gradient */
+        wd[0] = k->n, wd[1] = k->o, wd[2] = k->grad[0], wd[3] = k->grad[1];
+    rf_array *xh = rf_rand(RF_F32, xd, 4, 31), *wh = rf_rand(RF_F32, wd, 4, 32);
+    rf_array *args[2] = {xh ? rf_array_to(xh, dev) : NULL, wh ? rf_array_to(wh, dev) : NULL};
+    tu_set_env("RF_DIRECT_CONV", direct);
+    *out = NULL;
+    bool ok = args[0] && args[1];
+    if (ok)
+        CHECK_OK(rf_jit(sweep_fn, (void *)k, args, 2, out, 1));
+    tu_set_env("RF_DIRECT_CONV", NULL);
+    rf_array_free(args[0]);
+    rf_array_free(args[1]);
+    rf_array_free(xh);
+    rf_array_free(wh);
+    return ok && *out;
+}
+
+static void sweep(sweep_kind kind, int cases)
+{
+    for (int done = 0; done < cases;) {
+        sweep_case k = draw_case(kind);
+        int64_t oh = out_extent(k.h, k.kh, k.stride[0], k.pad_lo[0], k.pad_hi[0], k.dilation[0]);
+        int64_t ow = out_extent(k.w, k.kw, k.stride[1], k.pad_lo[1], k.pad_hi[1], k.dilation[1]);
+        /* outputs, and kir_conv.c's limit on the kernel's (gradient's) table */
+        int64_t table_max = kind == SWEEP_WEIGHT_GRAD ? 1536 : 4096;
+        if (oh <= 0 || ow <= 0 || k.c * k.kh * k.kw * k.o > table_max)
+            continue;
+        /* WEIGHT_GRAD: the forward's outputs, padded so the result is kh x kw */
+        if (k.kind == SWEEP_WEIGHT_GRAD)
+            for (int d = 0; d < 2; d++) {
+                int64_t in = d ? k.w : k.h, kk = d ? k.kw : k.kh;
+                k.grad[d] = d ? ow : oh;
+                k.pad_hi[d] = kk - in - k.pad_lo[d] + (k.grad[d] - 1) * k.stride[d];
+            }
+        done++;
+        rf_array *direct = NULL, *library = NULL;
+        if (sweep_run(&k, NULL, &direct) && sweep_run(&k, "0", &library)) {
+            int64_t n = rf_array_numel(direct);
+            float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+            CHECK(a && b && n == rf_array_numel(library));
+            if (a && b && n == rf_array_numel(library)) {
+                CHECK_OK(rf_array_read(direct, a, (size_t)n * sizeof(float)));
+                CHECK_OK(rf_array_read(library, b, (size_t)n * sizeof(float)));
+                int64_t bad = 0;
+                for (int64_t i = 0; i < n; i++)
+                    bad += !(fabsf(a[i] - b[i]) <= 1e-5f * (1 + fabsf(b[i])) * (float)k.c * 9);
+                if (bad)
+                    printf("sweep kind %d: c %lld o %lld %lldx%lld on %lldx%lld stride %lldx%lld "
+                           "dilation %lldx%lld: %lld of %lld differ\n", (int)kind, (long long)k.c,
+                           (long long)k.o, (long long)k.kh, (long long)k.kw, (long long)k.h,
+                           (long long)k.w, (long long)k.stride[0], (long long)k.stride[1],
+                           (long long)k.dilation[0], (long long)k.dilation[1], (long long)bad,
+                           (long long)n);
+                CHECK(bad == 0);
+            }
+            free(a);
+            free(b);
+        }
+        rf_array_free(direct);
+        rf_array_free(library);
+    }
+}
+
 int main(void)
 {
     dev = rf_device_cpu();
     compare_variants(odd_shapes, 13, 29, "odd shapes");
     compare_variants(residual, 12, 12, "residual");
+    sweep(SWEEP_FORWARD, 10);
+    sweep(SWEEP_DILATED, 8);
+    sweep(SWEEP_WEIGHT_GRAD, 8);
     return tu_finish("test_direct_conv");
 }

@@ -190,13 +190,15 @@ static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
     bool contiguous = d->x_layout == RFI_LAYOUT_NHWC || d->c == 1 ||
                       (d->x_layout == RFI_LAYOUT_C16 && d->c == 16); /* [w][c] */
     if (copied > 0 && contiguous) {
-        rfi_sb_printf(sb, "%smemcpy(row + %lld, x + (n * %lld + y) * %lld, sizeof(float) * %lld);\n",
+        rfi_sb_printf(sb,
+                      "%smemcpy(row + %lld, x + (n * %lld + y) * %lld, sizeof(float) * %lld);\n",
                       in1, left * C, H, W * C, copied * C);
     } else if (copied > 0) {
         char at[160];
         if (d->x_layout == RFI_LAYOUT_C16)
-            snprintf(at, sizeof at, "(((n * %lld + ci / 16) * %lld + y) * %lld + ix) * 16 + ci %% 16",
-                     C / 16, H, W);
+            snprintf(at, sizeof at,
+                     "(((n * %lld + ci / 16) * %lld + y) * %lld + ix) * 16 + ci %% 16", C / 16, H,
+                     W);
         else
             snprintf(at, sizeof at, "((n * %lld + ci) * %lld + y) * %lld + ix", C, H, W);
         rfi_sb_printf(sb,
@@ -304,10 +306,11 @@ static void forward_block(rfi_strbuf *sb, const conv_form *f, const conv_phase *
                   "                for (int64_t m = 0; m < %lld; m++)\n"
                   "                    for (int64_t ci = 0; ci < %lld; ci++) {\n"
                   "                        %s wv;\n"
-                  "                        memcpy(&wv, wt + ((ky * %lld + %lld + %lld * m) * %lld + ci) "
-                  "* %lld, sizeof wv);\n"
+                  "                        memcpy(&wv, wt + ((ky * %lld + %lld + %lld * m) * %lld "
+                  "+ ci) * %lld, sizeof wv);\n"
                   "                        const float *restrict p =\n"
-                  "                            rows + ky * %lld + (%lld + j0 * %lld + m) * %lld + ci;\n",
+                  "                            rows + ky * %lld + (%lld + j0 * %lld + m) * %lld "
+                  "+ ci;\n",
                   (long long)d->kh, (long long)ph->taps, C, f->vec, (long long)d->kw,
                   (long long)ph->tap0, (long long)ph->tap_step, C, L,
                   (long long)(f->width * d->c), (long long)ph->col0, (long long)ph->col_step, C);
@@ -450,8 +453,8 @@ static void gradient_groups(rfi_strbuf *sb, const conv_form *f, const char *base
         rfi_sb_printf(sb,
                       "            for (int64_t k = 0; k < %lld; k++) {\n"
                       "                float *restrict ak = acc + k * %lld;\n"
-                      "                const float *restrict xk = rows + (k / %lld * %lld + k %% %lld) "
-                      "* %lld;\n",
+                      "                const float *restrict xk =\n"
+                      "                    rows + (k / %lld * %lld + k %% %lld) * %lld;\n",
                       (long long)(d->kh * d->kw), (long long)(d->c * d->o), (long long)d->kw,
                       (long long)f->width, (long long)d->kw, (long long)d->c);
         gradient_group(sb, f, -1, d->c, base, step, 4);
@@ -498,7 +501,8 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
                   "        for (int64_t o = 0; o < %lld; o++)\n"
                   "            for (int64_t ky = 0; ky < %lld; ky++)\n"
                   "                for (int64_t kx = 0; kx < %lld; kx++) {\n"
-                  "                    const int64_t t = ((ky * %lld + kx) * %lld + ci) * %lld + o;\n"
+                  "                    const int64_t t =\n"
+                  "                        ((ky * %lld + kx) * %lld + ci) * %lld + o;\n"
                   "                    float v = 0.0f;\n"
                   "                    for (int64_t q = 0; q < %lld; q++)\n"
                   "                        v += c->part[q * %lld + t];\n"
