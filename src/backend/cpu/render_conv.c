@@ -232,7 +232,7 @@ static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
     bool forward = d->kind == RFI_KIR_CONV_FORWARD;
     rfi_sb_printf(sb,
                   "/* step %d: direct convolution%s, %lld -> %lld channels, %lldx%lld kernel, "
-                  "stride %lldx%lld, %lldx%lld -> %lldx%lld; ",
+                  "stride %lldx%lld, %lldx%lld -> %lldx%lld;",
                   st->step, forward ? "" : " (weight gradient)", (long long)d->c,
                   (long long)d->o, (long long)d->kh, (long long)d->kw, (long long)d->stride[0],
                   (long long)d->stride[1], (long long)d->h, (long long)d->w, (long long)d->oh,
