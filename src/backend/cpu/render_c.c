@@ -517,15 +517,17 @@ static void expression(render *R, const rfi_kir_ins *x)
 }
 
 /* ---- Kernels ------------------------------------------------------------------------ */
-static void indent(render *R, int depth)
+static void indent_to(rfi_strbuf *sb, int depth)
 {
     static const char spaces[] = "                                                  "
                                  "                                                  ";
     size_t n = 4 * (size_t)(depth > 0 ? depth : 0);
     for (; n > sizeof spaces - 1; n -= sizeof spaces - 1)
-        put_n(R->sb, spaces, sizeof spaces - 1);
-    put_n(R->sb, spaces, n);
+        put_n(sb, spaces, sizeof spaces - 1);
+    put_n(sb, spaces, n);
 }
+
+static void indent(render *R, int depth) { indent_to(R->sb, depth); }
 
 /* The live statements of one loop level; with `only`, just those whose only[id]
  * equals `want`. */
@@ -652,25 +654,30 @@ static void identity_literal(render *R)
 }
 
 /* text as a block comment at the given depth, one line per line. */
-static void comment(render *R, const char *text, int depth)
+void rfi_render_c_comment(rfi_strbuf *sb, const char *text, int depth)
 {
-    indent(R, depth);
-    put(R->sb, "/* ");
+    indent_to(sb, depth);
+    put(sb, "/* ");
     for (const char *c = text; c && *c;) {
         size_t run = strcspn(c, "\n*"); /* plain text up to the next line or star */
-        put_n(R->sb, c, run);
+        put_n(sb, c, run);
         c += run;
         if (*c == '\n') {
-            put_char(R->sb, '\n');
-            indent(R, depth);
-            put(R->sb, " * ");
+            put_char(sb, '\n');
+            indent_to(sb, depth);
+            put(sb, " * ");
             c++;
         } else if (*c == '*') {
-            put(R->sb, c[1] == '/' ? "* " : "*"); /* never close the comment early */
+            put(sb, c[1] == '/' ? "* " : "*"); /* never close the comment early */
             c++;
         }
     }
-    put(R->sb, " */\n");
+    put(sb, " */\n");
+}
+
+static void comment(render *R, const char *text, int depth)
+{
+    rfi_render_c_comment(R->sb, text, depth);
 }
 
 static void kernel_name(const rfi_kir_kernel *k, char *buf, size_t n)
@@ -1401,12 +1408,17 @@ static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
 
 /* ---- The entry point ---------------------------------------------------------------- */
 /* (type *)(bufs[buffer] + offset bytes) */
-static void pointer(render *R, const char *type, int buffer, size_t offset)
+void rfi_render_c_pointer(rfi_strbuf *sb, const char *type, int buffer, size_t offset)
 {
     if (offset)
-        putf(R->sb, "(%s *)(void *)((char *)bufs[%d] + %zu)", type, buffer, offset);
+        putf(sb, "(%s *)(void *)((char *)bufs[%d] + %zu)", type, buffer, offset);
     else
-        putf(R->sb, "(%s *)bufs[%d]", type, buffer);
+        putf(sb, "(%s *)bufs[%d]", type, buffer);
+}
+
+static void pointer(render *R, const char *type, int buffer, size_t offset)
+{
+    rfi_render_c_pointer(R->sb, type, buffer, offset);
 }
 
 /* A kernel's block in the entry point: its ctx, then the kernel, through

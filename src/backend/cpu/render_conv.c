@@ -226,30 +226,31 @@ static void ctx_struct(rfi_strbuf *sb, const rfi_kir_conv *d, const char *kname)
     rfi_sb_printf(sb, "};\n\n");
 }
 
+/* The kernel's comment: what it computes, then the step's IR nodes (the
+ * lines after the first of the lowering's comment). */
 static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
 {
     const rfi_kir_conv *d = &st->conv;
     bool forward = d->kind == RFI_KIR_CONV_FORWARD;
-    rfi_sb_printf(sb,
-                  "/* step %d: direct convolution%s, %lld -> %lld channels, %lldx%lld kernel, "
-                  "stride %lldx%lld, %lldx%lld -> %lldx%lld;",
+    rfi_strbuf text = {0};
+    rfi_sb_printf(&text,
+                  "step %d: direct convolution%s, %lld -> %lld channels, %lldx%lld kernel, "
+                  "stride %lldx%lld, %lldx%lld -> %lldx%lld;\n",
                   st->step, forward ? "" : " (weight gradient)", (long long)d->c,
                   (long long)d->o, (long long)d->kh, (long long)d->kw, (long long)d->stride[0],
                   (long long)d->stride[1], (long long)d->h, (long long)d->w, (long long)d->oh,
                   (long long)d->ow);
     if (forward)
-        rfi_sb_printf(sb, "\n * %d phase%s, blocks of up to %lld outputs", f->n_phases,
+        rfi_sb_printf(&text, "%d phase%s, blocks of up to %lld outputs", f->n_phases,
                       f->n_phases > 1 ? "s" : "", (long long)f->block_max);
     else
-        rfi_sb_printf(sb, "\n * %lld chunks of rows", (long long)f->chunks);
-    const char *text = st->comment ? strchr(st->comment, '\n') : NULL;
-    while (text && *text) { /* the step's IR nodes, after its first line */
-        const char *eol = strchr(text + 1, '\n');
-        size_t len = eol ? (size_t)(eol - text - 1) : strlen(text + 1);
-        rfi_sb_printf(sb, "\n *%.*s", (int)len, text + 1);
-        text = eol;
-    }
-    rfi_sb_printf(sb, " */\n");
+        rfi_sb_printf(&text, "%lld chunks of rows", (long long)f->chunks);
+    const char *nodes = st->comment ? strchr(st->comment, '\n') : NULL;
+    if (nodes)
+        rfi_sb_printf(&text, "%s", nodes);
+    sb->failed |= text.failed;
+    rfi_render_c_comment(sb, text.data ? text.data : "", 0);
+    rfi_sb_free(&text);
 }
 
 /* ---- Forward ----------------------------------------------------------------------- */
@@ -531,15 +532,6 @@ void rfi_render_conv_kernel(const rfi_kir_step *st, rfi_strbuf *decl, rfi_strbuf
     rfi_sb_printf(decl, "\n");
 }
 
-/* (float *)(bufs[buffer] + offset bytes) */
-static void pointer(rfi_strbuf *sb, int buffer, size_t offset)
-{
-    if (offset)
-        rfi_sb_printf(sb, "(float *)(void *)((char *)bufs[%d] + %zu)", buffer, offset);
-    else
-        rfi_sb_printf(sb, "(float *)bufs[%d]", buffer);
-}
-
 bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
 {
     if (a->kind != b->kind || a->n != b->n || a->c != b->c || a->h != b->h || a->w != b->w ||
@@ -569,15 +561,15 @@ void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, rfi_strbuf *s
         rfi_sb_printf(sb, "        float part[%lld];\n",
                       (long long)(f.chunks * d->c * d->kh * d->kw * d->o));
     rfi_sb_printf(sb, "        struct %s_ctx c = {", kname);
-    pointer(sb, d->x_buffer, d->x_offset);
+    rfi_render_c_pointer(sb, "float", d->x_buffer, d->x_offset);
     rfi_sb_printf(sb, ", ");
-    pointer(sb, d->w_buffer, d->w_offset);
+    rfi_render_c_pointer(sb, "float", d->w_buffer, d->w_offset);
     rfi_sb_printf(sb, ", ");
-    pointer(sb, d->y_buffer, d->y_offset);
+    rfi_render_c_pointer(sb, "float", d->y_buffer, d->y_offset);
     for (int e = 0; e < d->n_epi; e++)
         if (d->epi_buffer[e] >= 0) {
             rfi_sb_printf(sb, ", ");
-            pointer(sb, d->epi_buffer[e], d->epi_offset[e]);
+            rfi_render_c_pointer(sb, "float", d->epi_buffer[e], d->epi_offset[e]);
         }
     rfi_sb_printf(sb, grad ? ", part};\n" : "};\n");
     if (grad) {

@@ -1,5 +1,5 @@
 /* render_conv.h: the C text of a direct convolution step (render_conv.c),
- * for render_c.c. */
+ * for render_c.c, and the few helpers of render_c.c it uses. */
 #ifndef RF_BACKEND_CPU_RENDER_CONV_H
 #define RF_BACKEND_CPU_RENDER_CONV_H
 
@@ -15,5 +15,12 @@ RFI_FUNC bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
  * into sb, calling the kernel rendered for step kernel_step (st's own, or
  * an earlier step's that is the same). */
 RFI_FUNC void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, rfi_strbuf *sb);
+
+/* render_c.c's helpers the direct convolutions share: `text` as a C
+ * comment at `depth` (four spaces each; every line after the first gets
+ * " * ", and no "*" + "/" in the text can close it early), and the typed
+ * pointer to bufs[buffer] + offset bytes. */
+RFI_FUNC void rfi_render_c_comment(rfi_strbuf *sb, const char *text, int depth);
+RFI_FUNC void rfi_render_c_pointer(rfi_strbuf *sb, const char *type, int buffer, size_t offset);
 
 #endif
