@@ -872,6 +872,119 @@ static void test_checkpoint_errors(void)
     rf_model_free(b);
 }
 
+/* ---- Byte mutations -------------------------------------------------------------------------- */
+/* Every byte of a valid file replaced in turn by a few values that break
+ * JSON, numbers, lengths and magic words: each load must return a status
+ * (under the sanitizers: without touching memory it should not), and a
+ * failed load must leave the model and optimiser exactly as they were. */
+static const uint8_t mutations[] = {0x00, 0xff, '"', '9'};
+
+static void test_checkpoint_mutations(void)
+{
+    const char *good = tmp_path("good.safetensors"), *bad = tmp_path("bad.safetensors");
+    rf_model *ha = make_model(9, 3), *hb = make_model(10, 3);
+    rf_model *a = rf_model_to(ha, rf_device_cpu()), *b = rf_model_to(hb, rf_device_cpu());
+    rf_opt *oa = a ? rf_setup(rf_adam(0.001), a) : NULL;
+    rf_opt *ob = b ? rf_setup(rf_adam(0.001), b) : NULL;
+    size_t size = 0;
+    uint8_t *file = NULL, *copy = NULL;
+    CHECK(a && b && oa && ob);
+    if (!(a && b && oa && ob))
+        goto done;
+    CHECK_OK(rf_checkpoint_save(good, a, oa));
+    file = read_all(good, &size);
+    copy = file ? malloc(size) : NULL;
+    CHECK(copy != NULL);
+    if (!copy)
+        goto done;
+    int loaded = 0, refused = 0, changed = 0;
+    for (size_t at = 0; at < size; at++) {
+        for (size_t k = 0; k < sizeof mutations; k++) {
+            if (file[at] == mutations[k])
+                continue;
+            memcpy(copy, file, size);
+            copy[at] = mutations[k];
+            write_bytes(bad, copy, size);
+            snapshot before = take_snapshot(b, ob);
+            if (rf_checkpoint_load(bad, b, ob) == RF_OK) {
+                loaded++;
+                continue;
+            }
+            refused++;
+            snapshot after = take_snapshot(b, ob);
+            changed += !same_snapshot(&before, &after);
+        }
+    }
+    for (size_t len = 0; len < size; len++) { /* every truncation */
+        write_bytes(bad, file, len);
+        snapshot before = take_snapshot(b, ob);
+        CHECK(rf_checkpoint_load(bad, b, ob) != RF_OK);
+        snapshot after = take_snapshot(b, ob);
+        changed += !same_snapshot(&before, &after);
+    }
+    CHECK(changed == 0);
+    CHECK(refused > 0 && loaded > 0); /* header bytes refuse, most data bytes load */
+done:
+    free(copy);
+    free(file);
+    rf_opt_free(oa);
+    rf_opt_free(ob);
+    rf_model_free(a);
+    rf_model_free(b);
+    rf_model_free(ha);
+    rf_model_free(hb);
+}
+
+static void test_idx_mutations(void)
+{
+    uint8_t file[128], copy[128], data[24];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (uint8_t)(i * 7 + 1);
+    const uint32_t dims[2] = {2, 3};
+    const char *raw = tmp_path("bad.idx"), *gzp = tmp_path("bad.idx.gz");
+    for (int type = 0; type < 2; type++) { /* u8 [2,3] (6 bytes), f32 [2,3] (24) */
+        size_t n = idx_bytes(file, type ? 0x0D : 0x08, 2, dims, data, type ? 24 : 6);
+        for (int gz = 0; gz < 2; gz++) {
+            const char *p = gz ? gzp : raw;
+            for (size_t at = 0; at < n; at++)
+                for (size_t k = 0; k < sizeof mutations; k++) {
+                    memcpy(copy, file, n);
+                    copy[at] = mutations[k];
+                    write_file(p, copy, n, gz);
+                    rf_array *out = (rf_array *)1;
+                    if (rf_idx_load(p, &out) == RF_OK)
+                        rf_array_free(out);
+                    else
+                        CHECK(out == NULL);
+                }
+            for (size_t len = 0; len < n; len++) {
+                write_file(p, file, len, gz);
+                rf_array *out = (rf_array *)1;
+                CHECK_STATUS(rf_idx_load(p, &out), RF_E_CORRUPT);
+                CHECK(out == NULL);
+            }
+        }
+    }
+    /* The gzip stream itself corrupted: zlib's errors become statuses. */
+    size_t n = idx_bytes(file, 0x08, 2, dims, data, 6);
+    write_file(gzp, file, n, true);
+    size_t gsize = 0;
+    uint8_t *g = read_all(gzp, &gsize);
+    CHECK(g != NULL && gsize <= sizeof copy);
+    for (size_t at = 0; g && gsize <= sizeof copy && at < gsize; at++)
+        for (size_t k = 0; k < sizeof mutations; k++) {
+            memcpy(copy, g, gsize);
+            copy[at] = mutations[k];
+            write_bytes(gzp, copy, gsize);
+            rf_array *out = (rf_array *)1;
+            if (rf_idx_load(gzp, &out) == RF_OK)
+                rf_array_free(out);
+            else
+                CHECK(out == NULL);
+        }
+    free(g);
+}
+
 /* ---- Main ------------------------------------------------------------------------------------ */
 
 static void remove_tmpdir(void)
@@ -902,6 +1015,8 @@ int main(void)
     test_checkpoint_roundtrip();
     test_checkpoint_optimiser();
     test_checkpoint_errors();
+    test_checkpoint_mutations();
+    test_idx_mutations();
     remove_tmpdir();
     return tu_finish("test_data");
 }
