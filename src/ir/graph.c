@@ -294,11 +294,8 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
         }
     }
 
-    rfi_attrs a;
-    if (attr)
-        a = *attr;
-    else
-        memset(&a, 0, sizeof a);
+    static const rfi_attrs no_attrs;
+    const rfi_attrs *a = attr ? attr : &no_attrs; /* copied once, into the node */
     rf_dtype dt = dtype;
     int r = rank;
     int64_t d[RF_MAX_RANK] = {0};
@@ -314,36 +311,37 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
         d[i] = dims[i];
 
     char msg[RFI_ERRMSG_MAX];
-    rf_status st = rfi_infer(op, in, n_in, &a, &dt, d, &r, msg, sizeof msg);
+    rf_status st = rfi_infer(op, in, n_in, a, &dt, d, &r, msg, sizeof msg);
     if (st != RF_OK) {
         rfi_graph_fail(g, st, "%s", msg);
         return NULL;
     }
-    if (check_leaf_slot(g, op, &a, dt, d, r) != RF_OK)
+    if (check_leaf_slot(g, op, a, dt, d, r) != RF_OK)
         return NULL;
 
     rfi_node *x = rfi_arena_alloc(&g->arena, sizeof *x);
     rfi_node **ops = n_in ? rfi_arena_alloc(&g->arena, (size_t)n_in * sizeof *ops) : NULL;
     void *payload = NULL;
-    if (op == RFI_OP_CONSTANT && a.nbytes) {
-        payload = rfi_arena_alloc(&g->arena, a.nbytes);
+    if (op == RFI_OP_CONSTANT && a->nbytes) {
+        payload = rfi_arena_alloc(&g->arena, a->nbytes);
         if (payload)
-            memcpy(payload, a.data, a.nbytes);
+            memcpy(payload, a->data, a->nbytes);
     }
     void *nodes = g->nodes;
     bool grown = rfi_grow(&nodes, g->n_nodes, &g->cap_nodes, sizeof *g->nodes);
     g->nodes = nodes;
-    if (!x || (n_in && !ops) || (op == RFI_OP_CONSTANT && a.nbytes && !payload) || !grown) {
+    if (!x || (n_in && !ops) || (op == RFI_OP_CONSTANT && a->nbytes && !payload) || !grown) {
         rfi_graph_fail(g, RF_E_NOMEM, "%s: out of memory", name);
         return NULL;
     }
     for (int i = 0; i < n_in; i++)
         ops[i] = in[i];
+    x->attr = *a;
     if (op == RFI_OP_CONSTANT)
-        a.data = payload;
+        x->attr.data = payload;
     else {
-        a.data = NULL; /* only constants carry a payload */
-        a.nbytes = 0;
+        x->attr.data = NULL; /* only constants carry a payload */
+        x->attr.nbytes = 0;
     }
     x->g = g;
     x->id = g->n_nodes;
@@ -354,7 +352,6 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
     x->weak = false;
     x->n_in = n_in;
     x->in = ops;
-    x->attr = a;
     g->nodes[g->n_nodes++] = x;
     bind_leaf_slot(g, x);
     return x;
