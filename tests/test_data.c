@@ -697,18 +697,45 @@ static void fill_distinct(const char *path, rf_array *a, bool trainable, void *u
     rf_array_free(r);
 }
 
+/* Two models of make_model's structure on the CPU device, each with Adam. */
+typedef struct adam_pair {
+    rf_model *host_a, *host_b, *a, *b;
+    rf_opt *oa, *ob;
+} adam_pair;
+
+static bool adam_pair_new(adam_pair *p, uint64_t seed_a, uint64_t seed_b)
+{
+    p->host_a = make_model(seed_a, 3);
+    p->host_b = make_model(seed_b, 3);
+    p->a = rf_model_to(p->host_a, rf_device_cpu());
+    p->b = rf_model_to(p->host_b, rf_device_cpu());
+    p->oa = p->a ? rf_setup(rf_adam(0.001), p->a) : NULL;
+    p->ob = p->b ? rf_setup(rf_adam(0.001), p->b) : NULL;
+    bool ok = p->a && p->b && p->oa && p->ob;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "optimiser setup failed: %s\n", rf_errmsg());
+    return ok;
+}
+
+static void adam_pair_free(adam_pair *p)
+{
+    rf_opt_free(p->oa);
+    rf_opt_free(p->ob);
+    rf_model_free(p->a);
+    rf_model_free(p->b);
+    rf_model_free(p->host_a);
+    rf_model_free(p->host_b);
+}
+
 static void test_checkpoint_optimiser(void)
 {
     const char *path = tmp_path("opt.safetensors");
-    rf_model *ha = make_model(3, 3), *hb = make_model(4, 3);
-    rf_model *a = rf_model_to(ha, rf_device_cpu()), *b = rf_model_to(hb, rf_device_cpu());
-    rf_opt *oa = a ? rf_setup(rf_adam(0.001), a) : NULL;
-    rf_opt *ob = b ? rf_setup(rf_adam(0.001), b) : NULL;
-    CHECK(a && b && oa && ob);
-    if (!(a && b && oa && ob)) {
-        fprintf(stderr, "optimiser setup failed: %s\n", rf_errmsg());
+    adam_pair p;
+    if (!adam_pair_new(&p, 3, 4))
         goto done;
-    }
+    rf_model *a = p.a, *b = p.b;
+    rf_opt *oa = p.oa, *ob = p.ob;
     /* Distinct values in every optimiser array of both. */
     uint64_t seed = 100;
     rf_opt_visit(oa, fill_distinct, &seed);
@@ -729,12 +756,7 @@ static void test_checkpoint_optimiser(void)
     CHECK_MSG("\"opt.");
     CHECK_MSG("is missing");
 done:
-    rf_opt_free(oa);
-    rf_opt_free(ob);
-    rf_model_free(a);
-    rf_model_free(b);
-    rf_model_free(ha);
-    rf_model_free(hb);
+    adam_pair_free(&p);
 }
 
 /* Each bad file gives `expect`, a message containing `needle`, and leaves b as it was. */
@@ -882,16 +904,14 @@ static const uint8_t mutations[] = {0x00, 0xff, '"', '9'};
 static void test_checkpoint_mutations(void)
 {
     const char *good = tmp_path("good.safetensors"), *bad = tmp_path("bad.safetensors");
-    rf_model *ha = make_model(9, 3), *hb = make_model(10, 3);
-    rf_model *a = rf_model_to(ha, rf_device_cpu()), *b = rf_model_to(hb, rf_device_cpu());
-    rf_opt *oa = a ? rf_setup(rf_adam(0.001), a) : NULL;
-    rf_opt *ob = b ? rf_setup(rf_adam(0.001), b) : NULL;
     size_t size = 0;
     uint8_t *file = NULL, *copy = NULL;
-    CHECK(a && b && oa && ob);
-    if (!(a && b && oa && ob))
+    adam_pair p;
+    if (!adam_pair_new(&p, 9, 10))
         goto done;
-    CHECK_OK(rf_checkpoint_save(good, a, oa));
+    rf_model *b = p.b;
+    rf_opt *ob = p.ob;
+    CHECK_OK(rf_checkpoint_save(good, p.a, p.oa));
     file = read_all(good, &size);
     copy = file ? malloc(size) : NULL;
     CHECK(copy != NULL);
@@ -927,12 +947,7 @@ static void test_checkpoint_mutations(void)
 done:
     free(copy);
     free(file);
-    rf_opt_free(oa);
-    rf_opt_free(ob);
-    rf_model_free(a);
-    rf_model_free(b);
-    rf_model_free(ha);
-    rf_model_free(hb);
+    adam_pair_free(&p);
 }
 
 static void test_idx_mutations(void)
