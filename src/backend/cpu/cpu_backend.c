@@ -11,10 +11,11 @@
  * allocated per run.
  *
  * A warm compile of a ResNet training step (bench/rf_bench compile_resnet_warm)
- * is then, roughly: trace and autodiff 1.4 ms, optimise 1.4 ms, plan 0.4 ms,
- * description 0.15 ms, module from the index 0.5 ms, services 4-5 ms
- * (creating oneDNN's primitives; loading oneDNN, and oneDNN's own one-time
- * set-up, happen on the preload thread while this one traces: dnnl_loader.c).
+ * is then, roughly (fresh processes, quiet machine): trace 0.5 ms, autodiff
+ * and DCE 1.4 ms, optimise 1.9 ms, plan 0.45 ms, description and module from
+ * the index 0.7 ms, services 2.3-3.5 ms (creating oneDNN's primitives;
+ * loading oneDNN, and oneDNN's own one-time set-up, happen on the preload
+ * thread while this one traces: dnnl_loader.c).
  * Preparing the services' steps on two threads, and loading the module on a
  * second thread while the services are prepared, were measured and left out:
  * on the 2-core machine the benchmarks run on, shared with other jobs,
