@@ -49,7 +49,7 @@ int rfi_plan_step_pos(const rfi_plan_builder *b, int s) { return b->pos_of[s]; }
 rfi_plan_opts rfi_plan_opts_default(void)
 {
     rfi_plan_opts o;
-    o.matmul_call_min_flops = 32768;
+    o.matmul_call_min_flops = 131072;
     o.dot_loop_max_rows = 4;
     o.in_place_updates = true;
     /* RF_CALL_EPILOGUES=0 in the environment turns epilogues off (benches). */
