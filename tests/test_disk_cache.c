@@ -9,7 +9,10 @@
  * compiler and an unloadable object give RF_E_COMPILE with the command line,
  * the compiler's output and the kept source; the compiler inherits no stray
  * file descriptors; the directory is created 0700; memoised values (the
- * compiler's version line) round-trip and untrusted ones are ignored.
+ * compiler's version line) round-trip and untrusted ones are ignored;
+ * records (rfi_disk_cache_record_get/put) round-trip any bytes and read as
+ * missing for another key or context, with any byte altered, cut short, or
+ * writable by others.
  *
  * The program index (rfi_cc_load_program): a second load of a described
  * program, and a second process, generate no source; a truncated, garbled,
@@ -374,6 +377,82 @@ static void test_memo(void)
     char cmd[800];
     snprintf(cmd, sizeof cmd, "ls %s | grep -q '^cc-version-.*\\.memo$'", cache_dir);
     CHECK(system(cmd) == 0);
+}
+
+/* The one record file in the cache directory into path. */
+static bool record_file(char *path, size_t n)
+{
+    DIR *d = opendir(cache_dir);
+    int found = 0;
+    if (!d)
+        return false;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && strcmp(e->d_name + len - 4, ".rec") == 0 && found++ == 0)
+            snprintf(path, n, "%s/%s", cache_dir, e->d_name);
+    }
+    closedir(d);
+    return found == 1;
+}
+
+/* Whether the record of (key, context) reads back as exactly want. */
+static bool record_is(const char *key, const char *context, const char *want, size_t want_len)
+{
+    char *got = NULL;
+    size_t len = 0;
+    bool ok = rfi_disk_cache_record_get(key, strlen(key), context, &got, &len);
+    bool same = ok && got && len == want_len && memcmp(got, want, len) == 0 && got[len] == '\0';
+    rfi_free(got);
+    return same;
+}
+
+static void test_records(void)
+{
+    char payload[3000];
+    for (size_t i = 0; i < sizeof payload; i++)
+        payload[i] = (char)(i * 7 + 3); /* any bytes, NULs included */
+    const char *key = "the key\0", *ctx = "context one\n";
+    char *got = NULL;
+    size_t len = 0;
+    CHECK(!rfi_disk_cache_record_get(key, strlen(key), ctx, &got, &len) && !got);
+    rfi_disk_cache_record_put(key, strlen(key), ctx, payload, sizeof payload);
+    CHECK(record_is(key, ctx, payload, sizeof payload));
+    CHECK(!record_is(key, "context two\n", payload, sizeof payload)); /* another context */
+    CHECK(!record_is("the kez", ctx, payload, sizeof payload));         /* another key */
+    char path[700];
+    CHECK(record_file(path, sizeof path));
+    CHECK(mode_of(path) == 0600);
+    struct stat st;
+    CHECK(stat(path, &st) == 0);
+    /* every byte altered, one at a time: the record reads as missing */
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0);
+    int misses = 0, tried = 0;
+    for (off_t at = 0; fd >= 0 && at < st.st_size; at += 97) {
+        unsigned char c, flipped;
+        CHECK(pread(fd, &c, 1, at) == 1);
+        flipped = (unsigned char)(c ^ 0x20);
+        CHECK(pwrite(fd, &flipped, 1, at) == 1);
+        misses += !rfi_disk_cache_record_get(key, strlen(key), ctx, &got, &len);
+        rfi_free(got);
+        got = NULL;
+        tried++;
+        CHECK(pwrite(fd, &c, 1, at) == 1);
+    }
+    CHECK(misses == tried && tried > 10);
+    CHECK(record_is(key, ctx, payload, sizeof payload)); /* restored */
+    CHECK(fd >= 0 && ftruncate(fd, st.st_size - 1) == 0); /* cut short */
+    CHECK(!record_is(key, ctx, payload, sizeof payload));
+    if (fd >= 0)
+        close(fd);
+    rfi_disk_cache_record_put(key, strlen(key), ctx, payload, sizeof payload); /* rewritten */
+    CHECK(record_is(key, ctx, payload, sizeof payload));
+    CHECK(chmod(path, 0620) == 0); /* writable by the group: never trusted */
+    CHECK(!record_is(key, ctx, payload, sizeof payload));
+    CHECK(unlink(path) == 0);
+    rfi_disk_cache_record_put(key, strlen(key), ctx, "", 0); /* an empty payload is a payload */
+    CHECK(record_is(key, ctx, "", 0));
+    CHECK(record_file(path, sizeof path) && unlink(path) == 0);
 }
 
 /* Loads variant 0 with RF_CACHE_DIR=dir, which must be refused. */
@@ -836,6 +915,7 @@ int main(int argc, char **argv)
     test_corrupt_entry_is_rebuilt();
     test_writable_file_is_never_loaded();
     test_memo();
+    test_records();
     test_untrusted_dir_falls_back();
     test_dir_from_xdg_and_home();
     test_syntax_error_reports();

@@ -8,20 +8,25 @@
  * convolution, max-pooling, a dense layer, cross-entropy, Adam), so CALL
  * steps (oneDNN or the reference kernels) are part of it. Checks, each by
  * the counters of generated sources, index hits and compiler runs and by a
- * digest of the step's loss and updated parameters (bitwise):
+ * digest of the step's loss and updated parameters (bitwise), and by the
+ * count of compiles the lowering memo served (runtime/lower_memo.h):
  *   - the first compile generates and compiles; a second compile in the same
- *     process and one in a second process generate nothing and compute the
- *     same bits;
+ *     process and one in a second process take the lowered and optimised
+ *     programs from the memo, generate nothing and compute the same bits;
  *   - a cut-short or others-writable index file is ignored, the source is
  *     generated again (a disk hit, no compiler) and the index rewritten;
  *   - an index file whose module is gone falls back to generating and
  *     compiling;
- *   - RF_DUMP always generates (the C text is dumped);
+ *   - RF_DUMP always generates (the C text is dumped) and skips the memo;
+ *   - a memo record with a byte altered, writable by others, or missing is a
+ *     miss (the module still comes through the index) and is written again;
+ *   - RF_UNROLL_POOLS=0 (read by the optimise stage) gets a record of its own;
  *   - two programs with the same structural hash but independent nodes in
  *     another order get index entries of their own.
  *
  * Child mode (`test_warm_compile child`, environment inherited) compiles and
- * runs the step once and prints "sources=N index_hits=N compiles=N digest=H".
+ * runs the step once and prints
+ * "sources=N index_hits=N compiles=N memo_hits=N digest=H".
  */
 #include <dirent.h>
 #include <stdint.h>
@@ -30,6 +35,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cc.h"
+#include "runtime/lower_memo.h"
 #include "test_util.h"
 
 static char root[256];
@@ -113,7 +119,7 @@ static void digest_array(const char *path, rf_array *a, bool trainable, void *ud
 typedef struct outcome {
     bool ok;
     uint64_t digest;     /* the loss and every updated model array, bitwise */
-    uint64_t sources, index_hits, compiles; /* during the compile */
+    uint64_t sources, index_hits, compiles, memo_hits; /* during the compile */
 } outcome;
 
 /* Compiles the step on fresh copies of everything and runs it once. */
@@ -124,10 +130,12 @@ static outcome compile_and_run(void)
     rf_exec *e = NULL;
     rf_array *loss = NULL;
     uint64_t s0 = rfi_cc_n_sources(), i0 = rfi_cc_n_index_hits(), c0 = rfi_cc_n_compiles();
+    uint64_t m0 = rfi_lower_memo_n_hits();
     if (step_case_new(&c) && rf_compile(step_trace, &c, c.batch, 2, &e) == RF_OK) {
         o.sources = rfi_cc_n_sources() - s0;
         o.index_hits = rfi_cc_n_index_hits() - i0;
         o.compiles = rfi_cc_n_compiles() - c0;
+        o.memo_hits = rfi_lower_memo_n_hits() - m0;
         float l = 0;
         if (rf_exec_run(e, c.batch, 2, &loss, 1) == RF_OK &&
             rf_array_read(loss, &l, sizeof l) == RF_OK) {
@@ -194,19 +202,20 @@ static outcome child_outcome(void)
     int ws = 0;
     if (pid < 0 || waitpid(pid, &ws, 0) != pid || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
         return o;
-    unsigned long long s, i, c, d;
-    if (sscanf(buf, "sources=%llu index_hits=%llu compiles=%llu digest=%llx", &s, &i, &c, &d) ==
-        4)
-        o = (outcome){true, d, s, i, c};
+    unsigned long long s, i, c, m, d;
+    if (sscanf(buf, "sources=%llu index_hits=%llu compiles=%llu memo_hits=%llu digest=%llx", &s,
+               &i, &c, &m, &d) == 5)
+        o = (outcome){true, d, s, i, c, m};
     return o;
 }
 
 static int child_main(void)
 {
     outcome o = compile_and_run();
-    printf("sources=%llu index_hits=%llu compiles=%llu digest=%llx\n",
+    printf("sources=%llu index_hits=%llu compiles=%llu memo_hits=%llu digest=%llx\n",
            (unsigned long long)o.sources, (unsigned long long)o.index_hits,
-           (unsigned long long)o.compiles, (unsigned long long)o.digest);
+           (unsigned long long)o.compiles, (unsigned long long)o.memo_hits,
+           (unsigned long long)o.digest);
     return o.ok ? 0 : 1;
 }
 
@@ -214,30 +223,38 @@ static int child_main(void)
 
 static uint64_t fresh_digest;
 
-/* Checks one compile: what it generated, hit and compiled, and its bits. */
-static void check_outcome(outcome o, unsigned sources, unsigned index_hits, unsigned compiles)
+/* Checks one compile: what it generated, hit and compiled, whether the
+ * lowering memo served it, and its bits. */
+static void check_outcome(outcome o, unsigned sources, unsigned index_hits, unsigned compiles,
+                          unsigned memo_hits)
 {
     CHECK(o.ok);
     CHECK(o.sources == sources);
     CHECK(o.index_hits == index_hits);
     CHECK(o.compiles == compiles);
+    CHECK(o.memo_hits == memo_hits);
     CHECK(o.digest == fresh_digest);
-    if (o.ok && (o.sources != sources || o.index_hits != index_hits || o.compiles != compiles))
-        fprintf(stderr, "  got sources=%llu index_hits=%llu compiles=%llu, expected %u %u %u\n",
+    if (o.ok && (o.sources != sources || o.index_hits != index_hits || o.compiles != compiles ||
+                 o.memo_hits != memo_hits))
+        fprintf(stderr,
+                "  got sources=%llu index_hits=%llu compiles=%llu memo_hits=%llu, expected %u %u "
+                "%u %u\n",
                 (unsigned long long)o.sources, (unsigned long long)o.index_hits,
-                (unsigned long long)o.compiles, sources, index_hits, compiles);
+                (unsigned long long)o.compiles, (unsigned long long)o.memo_hits, sources,
+                index_hits, compiles, memo_hits);
 }
 
 static void test_warm_compiles_use_the_index(void)
 {
     outcome fresh = compile_and_run(); /* cold: generated and compiled */
-    CHECK(fresh.ok && fresh.sources == 1 && fresh.index_hits == 0 && fresh.compiles == 1);
+    CHECK(fresh.ok && fresh.sources == 1 && fresh.index_hits == 0 && fresh.compiles == 1 &&
+          fresh.memo_hits == 0);
     fresh_digest = fresh.digest;
     char idx[700];
     CHECK(only_file(".idx", idx, sizeof idx));
     CHECK(mode_of(idx) == 0600);
-    check_outcome(compile_and_run(), 0, 1, 0); /* same process */
-    check_outcome(child_outcome(), 0, 1, 0);   /* another process */
+    check_outcome(compile_and_run(), 0, 1, 0, 1); /* same process */
+    check_outcome(child_outcome(), 0, 1, 0, 1);   /* another process */
 }
 
 static void test_bad_index_file_is_rebuilt(void)
@@ -250,12 +267,12 @@ static void test_bad_index_file_is_rebuilt(void)
         CHECK(ftruncate(fileno(f), 100) == 0);
         fclose(f);
     }
-    check_outcome(compile_and_run(), 1, 0, 0); /* generated; the module is a disk hit */
-    check_outcome(compile_and_run(), 0, 1, 0); /* rewritten */
-    CHECK(chmod(idx, 0666) == 0);              /* writable by others: never trusted */
-    check_outcome(compile_and_run(), 1, 0, 0);
+    check_outcome(compile_and_run(), 1, 0, 0, 1); /* generated; the module is a disk hit */
+    check_outcome(compile_and_run(), 0, 1, 0, 1); /* rewritten */
+    CHECK(chmod(idx, 0666) == 0);                 /* writable by others: never trusted */
+    check_outcome(compile_and_run(), 1, 0, 0, 1);
     CHECK(mode_of(idx) == 0600);
-    check_outcome(child_outcome(), 0, 1, 0);
+    check_outcome(child_outcome(), 0, 1, 0, 1);
 }
 
 static void test_index_to_missing_module_falls_back(void)
@@ -263,8 +280,8 @@ static void test_index_to_missing_module_falls_back(void)
     char so[700];
     CHECK(only_file(".so", so, sizeof so));
     CHECK(unlink(so) == 0);
-    check_outcome(compile_and_run(), 1, 0, 1); /* generated and compiled again */
-    check_outcome(compile_and_run(), 0, 1, 0);
+    check_outcome(compile_and_run(), 1, 0, 1, 1); /* generated and compiled again */
+    check_outcome(compile_and_run(), 0, 1, 0, 1);
 }
 
 static void test_dump_always_generates(void)
@@ -272,12 +289,54 @@ static void test_dump_always_generates(void)
     char dump[600];
     snprintf(dump, sizeof dump, "%s/dump", root);
     setenv("RF_DUMP", dump, 1);
-    check_outcome(compile_and_run(), 1, 0, 0); /* the C text is wanted */
+    check_outcome(compile_and_run(), 1, 0, 0, 0); /* the C text (and every stage) is wanted */
     unsetenv("RF_DUMP");
     char cmd[800];
     snprintf(cmd, sizeof cmd, "ls %s | grep -q '\\.c\\.txt$\\|\\.c$'", dump);
     CHECK(system(cmd) == 0);
-    check_outcome(compile_and_run(), 0, 1, 0);
+    snprintf(cmd, sizeof cmd, "ls %s | grep -q '\\.ad\\.txt$'", dump);
+    CHECK(system(cmd) == 0); /* autodiff ran: no memo */
+    check_outcome(compile_and_run(), 0, 1, 0, 1);
+}
+
+/* The lowering memo's record: damaged, untrusted or missing, it is a miss
+ * (the program is lowered and optimised again, which finds the module
+ * through the index) and is written again. */
+static void test_bad_record_is_rebuilt(void)
+{
+    char rec[700];
+    CHECK(only_file(".rec", rec, sizeof rec));
+    CHECK(mode_of(rec) == 0600);
+    FILE *f = fopen(rec, "r+b");
+    CHECK(f != NULL);
+    if (f) { /* one byte of the payload altered: its digest no longer matches */
+        fseek(f, -100, SEEK_END);
+        int c = fgetc(f);
+        fseek(f, -100, SEEK_END);
+        fputc(c ^ 1, f);
+        fclose(f);
+    }
+    check_outcome(compile_and_run(), 0, 1, 0, 0);
+    check_outcome(compile_and_run(), 0, 1, 0, 1); /* rewritten */
+    CHECK(chmod(rec, 0606) == 0);                 /* writable by others: never trusted */
+    check_outcome(compile_and_run(), 0, 1, 0, 0);
+    CHECK(mode_of(rec) == 0600);
+    CHECK(unlink(rec) == 0);
+    check_outcome(child_outcome(), 0, 1, 0, 0);
+    check_outcome(child_outcome(), 0, 1, 0, 1);
+}
+
+/* What the backend's optimise stage reads from the environment is part of the
+ * record's context: RF_UNROLL_POOLS=0 gets a record (and a module) of its own. */
+static void test_optimise_switches_key_the_record(void)
+{
+    setenv("RF_UNROLL_POOLS", "0", 1);
+    outcome o = compile_and_run();
+    CHECK(o.ok && o.memo_hits == 0 && o.sources == 1 && o.compiles == 1);
+    o = compile_and_run();
+    CHECK(o.ok && o.memo_hits == 1 && o.sources == 0 && o.index_hits == 1);
+    unsetenv("RF_UNROLL_POOLS");
+    check_outcome(compile_and_run(), 0, 1, 0, 1);
 }
 
 /* exp(x) and tanh(x), created in either order: one structural hash, two
@@ -359,6 +418,8 @@ int main(int argc, char **argv)
     test_bad_index_file_is_rebuilt();
     test_index_to_missing_module_falls_back();
     test_dump_always_generates();
+    test_bad_record_is_rebuilt();
+    test_optimise_switches_key_the_record();
     test_node_order_is_part_of_the_description();
     tu_remove_tree(root);
     return tu_finish("test_warm_compile");

@@ -42,5 +42,7 @@ RFI_FUNC rf_status rfi_cse(const rfi_graph *g, rfi_graph **out);
  * of its cotangent (reordered terms).
  * RF_UNROLL_POOLS=0 in the environment: a plain copy. */
 RFI_FUNC rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out);
+/* Whether rfi_unroll_pools unrolls (RF_UNROLL_POOLS is not "0"). */
+RFI_FUNC bool rfi_unroll_pools_enabled(void);
 
 #endif

@@ -368,7 +368,7 @@ static rfi_node *unroll(unroller *u, const rfi_node *n, rfi_node *const *in)
     return NULL;
 }
 
-static bool unrolling_wanted(void)
+bool rfi_unroll_pools_enabled(void)
 {
     const char *v = getenv("RF_UNROLL_POOLS");
     return !(v && strcmp(v, "0") == 0);
@@ -388,7 +388,7 @@ rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out)
     rf_status st = map && ins ? rfi_graph_new_like(g, &c)
                               : rfi_error(RF_E_NOMEM, "unroll_pools: out of memory");
     unroller u = {c, NULL, 0, 0, NULL, 0, 0};
-    bool wanted = unrolling_wanted();
+    bool wanted = rfi_unroll_pools_enabled();
     for (int id = 0; st == RF_OK && id < g->n_nodes; id++) {
         const rfi_node *n = g->nodes[id];
         for (int k = 0; k < n->n_in; k++)

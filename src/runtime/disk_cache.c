@@ -5,8 +5,9 @@
  * (ownership, permissions, manifest, source and object hashes), serialises
  * builds of one key across processes with flock, keeps the program index
  * (description -> entry, checked byte for byte and pinned to the entry's
- * manifest), and writes every file under a temporary name before renaming it
- * into place. It does not compile or load anything itself (the caller's
+ * manifest) and the records (key -> payload, checked byte for byte and by
+ * the payload's hash), and writes every file under a temporary name before
+ * renaming it into place. It does not compile or load anything itself (the caller's
  * callbacks do) and never evicts entries.
  */
 #include "disk_cache.h"
@@ -692,6 +693,104 @@ bool rfi_disk_cache_find_indexed(const rfi_disk_cache_index *index, const char *
     if (!ok)
         rfi_disk_cache_result_free(res);
     return ok;
+}
+
+/* ---- Records ---------------------------------------------------------------------------- */
+
+#define RECORD_MAGIC "reflux record v1\n"
+
+/* The record file of (key, context) in the configured directory, when that
+ * exists and is private. The magic enters the name's hash, so a record's name
+ * never equals an entry key or an index name. */
+static bool record_path(const void *key, size_t key_len, const char *context, char *buf,
+                        size_t n)
+{
+    char dir[PATH_MAX];
+    if (!existing_private_dir(dir, sizeof dir - 64))
+        return false;
+    hash128 h = hash128_init();
+    hash128_part(&h, RECORD_MAGIC, strlen(RECORD_MAGIC));
+    hash128_part(&h, key, key_len);
+    hash128_part(&h, context, strlen(context));
+    char name[RFI_CACHE_KEY_HEX];
+    hash128_hex(h, name);
+    return (size_t)snprintf(buf, n, "%s/%s.rec", dir, name) < n;
+}
+
+/* Parses "<magic>key=K context=C payload=P digest=D\n" and the three parts
+ * after it; true when the file is exactly that, for this key and context, and
+ * the payload matches its digest. *at: the payload's offset. */
+static bool parse_record(const char *data, size_t len, const void *key, size_t key_len,
+                         const char *context, size_t *at, size_t *payload_len)
+{
+    size_t magic = strlen(RECORD_MAGIC), context_len = strlen(context);
+    if (len < magic || memcmp(data, RECORD_MAGIC, magic) != 0)
+        return false;
+    const char *head = data + magic;
+    const char *nl = memchr(head, '\n', len - magic);
+    unsigned long long k, c, n;
+    char digest[RFI_CACHE_KEY_HEX];
+    int used = 0;
+    if (!nl || sscanf(head, "key=%llu context=%llu payload=%llu digest=%32[0-9a-f]%n", &k, &c,
+                      &n, digest, &used) != 4 || head + used != nl || strlen(digest) != 32)
+        return false;
+    size_t start = (size_t)(nl + 1 - data);
+    if (k != key_len || c != context_len || n > len || len - start != k + c + n ||
+        memcmp(data + start, key, key_len) != 0 ||
+        memcmp(data + start + key_len, context, context_len) != 0)
+        return false;
+    char actual[RFI_CACHE_KEY_HEX];
+    content_hash(data + start + k + c, (size_t)n, actual);
+    if (memcmp(actual, digest, 32) != 0)
+        return false;
+    *at = start + (size_t)(k + c);
+    *payload_len = (size_t)n;
+    return true;
+}
+
+bool rfi_disk_cache_record_get(const void *key, size_t key_len, const char *context,
+                               char **payload, size_t *len)
+{
+    *payload = NULL;
+    *len = 0;
+    char path[PATH_MAX];
+    char *data = NULL;
+    size_t data_len = 0, at = 0, n = 0;
+    if (!key || key_len == 0 || !context ||
+        !record_path(key, key_len, context, path, sizeof path) ||
+        read_trusted(path, &data, &data_len) != FILE_OK)
+        return false;
+    if (!parse_record(data, data_len, key, key_len, context, &at, &n)) {
+        rfi_free(data);
+        return false;
+    }
+    memmove(data, data + at, n);
+    data[n] = '\0';
+    *payload = data;
+    *len = n;
+    return true;
+}
+
+void rfi_disk_cache_record_put(const void *key, size_t key_len, const char *context,
+                               const void *payload, size_t len)
+{
+    char path[PATH_MAX];
+    if (!key || key_len == 0 || !context || !payload ||
+        !record_path(key, key_len, context, path, sizeof path))
+        return;
+    int saved = errno;
+    char digest[RFI_CACHE_KEY_HEX];
+    content_hash(payload, len, digest);
+    rfi_strbuf file = {0};
+    rfi_sb_printf(&file, "%skey=%zu context=%zu payload=%zu digest=%s\n", RECORD_MAGIC, key_len,
+                  strlen(context), len, digest);
+    rfi_sb_put(&file, key, key_len);
+    rfi_sb_put(&file, context, strlen(context));
+    rfi_sb_put(&file, payload, len);
+    if (!file.failed)
+        (void)write_atomic(path, file.data, file.len);
+    rfi_sb_free(&file);
+    errno = saved;
 }
 
 /* ---- Memoised values ------------------------------------------------------------------- */

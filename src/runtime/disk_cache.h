@@ -25,6 +25,7 @@
  *           so concurrent processes compile once; a waiter then finds the
  *           entry). Lock files are left in place: removing them would race.
  *   I.idx   an index entry (see "The program index" below)
+ *   R.rec   a record (see "Records" below)
  * Every file is written under a temporary name and renamed into place.
  *
  * Security: an entry file that is not a regular file owned by the effective
@@ -131,6 +132,22 @@ RFI_FUNC bool rfi_disk_cache_find_indexed(const rfi_disk_cache_index *index,
 /* The 128-bit content hash the manifests use (32 hex digits): for callers
  * that put a digest of large data into a description. */
 RFI_FUNC void rfi_disk_cache_digest(const void *data, size_t len, char out[RFI_CACHE_KEY_HEX]);
+
+/* Records: results cheaper to read than to compute again (rf_compile's
+ * lowering memo), as files R.rec in the configured directory, R the 128-bit
+ * hash of (key, context). A record holds its key and context, compared byte
+ * for byte on every read (a hash collision never returns another's payload),
+ * and its payload's content hash, checked on every read (a cut-short or
+ * altered record reads as missing). Trusted like entry files (regular, owned
+ * by the user, writable by no one else); written atomically. get: true with
+ * *payload (rfi_malloc'd, NUL-terminated, *len bytes before the NUL) when a
+ * valid record exists; false otherwise, silently. put: best effort, silent on
+ * failure; never creates the directory. Neither touches the thread's error
+ * message. */
+RFI_FUNC bool rfi_disk_cache_record_get(const void *key, size_t key_len, const char *context,
+                                        char **payload, size_t *len);
+RFI_FUNC void rfi_disk_cache_record_put(const void *key, size_t key_len, const char *context,
+                                        const void *payload, size_t len);
 
 /* Small one-line values memoised in the cache directory as <name>.memo (the
  * C compiler's `--version` line, keyed by the compiler binary's identity, so a

@@ -72,6 +72,16 @@ typedef struct rfi_backend {
      * work runs behind the caller's back: a program that exits right after
      * a failed compile must not race the library's own teardown. */
     void (*settle)(void);
+    /* A backend that rewrites the program before it plans it gives the
+     * rewrite as a stage of its own (NULL: none; prepare alone is used), so
+     * rf_compile can keep its result on disk (lower_memo.h). optimise must
+     * be a pure function of the program, this build of the library, and what
+     * optimise_context appends (the environment switches it reads).
+     * prepare_optimised(g, opt, state) is prepare(g, state) given
+     * opt = optimise(g); it takes opt over, even when it fails. */
+    rf_status (*optimise)(const rfi_graph *g, rfi_graph **opt);
+    void (*optimise_context)(rfi_strbuf *b);
+    rf_status (*prepare_optimised)(const rfi_graph *g, rfi_graph *opt, void **state);
 } rfi_backend;
 
 RFI_FUNC extern const rfi_backend rfi_interp_backend;

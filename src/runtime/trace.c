@@ -1,11 +1,14 @@
 /* trace.c: the tracing entry points (arguments, captures, updates, outputs,
  * trace errors, tensor accessors) and the compile pipeline:
  *   validate arguments -> trace fn once -> autodiff -> verify -> dead-code
- *   elimination -> verify -> backend prepare -> rf_exec.
+ *   elimination -> verify -> the backend's optimise stage -> backend prepare
+ *   -> rf_exec, the stages from autodiff to optimise taken from the lowering
+ *   memo on disk when it has them (lower_memo.h).
  *
  * It does not define ops (ops.c), graph storage (graph.c), the passes or the
  * backends; running an executable is exec.c.
  */
+#include "lower_memo.h"
 #include "runtime.h"
 
 #include <stdio.h>
@@ -421,6 +424,31 @@ static const rfi_backend *warm_up_backend(const rf_compile_opts *opts, rf_array 
     return b;
 }
 
+/* The lowered program and, for a backend with an optimise stage, the
+ * optimised one, from the traced program g (consumed): out of the lowering
+ * memo when it has them, else made here and kept in memo for recording. */
+static rf_status lower_and_optimise(rfi_graph *g, const rfi_backend *backend, rfi_lower_memo *memo,
+                                    bool use_memo, rfi_graph **prog, rfi_graph **opt,
+                                    uint64_t *hash)
+{
+    if (use_memo && rfi_lower_memo_find(memo, prog, opt, hash)) {
+        rfi_graph_free(g);
+        return RF_OK;
+    }
+    rf_status st = lower(g, prog);
+    if (st == RF_OK && backend->optimise)
+        st = backend->optimise(*prog, opt);
+    if (st != RF_OK) {
+        rfi_graph_free(*prog);
+        *prog = NULL;
+        return st;
+    }
+    *hash = rfi_hash(*prog);
+    if (use_memo)
+        rfi_lower_memo_keep(memo, *prog, *opt, *hash);
+    return RF_OK;
+}
+
 static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,
                                 const rf_compile_opts *opts, rf_exec **out)
 {
@@ -433,13 +461,17 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
         return rfi_error(RF_E_INVALID, "rf_compile: the traced function returned nothing "
                          "(call rf_return or rf_assign)");
     }
-    rfi_graph *prog;
-    st = lower(g, &prog);
-    if (st != RF_OK)
-        return st;
-
     const rfi_backend *backend;
-    st = pick_backend("rf_compile", prog->device, &backend);
+    st = pick_backend("rf_compile", g->device, &backend);
+    if (st != RF_OK) {
+        rfi_graph_free(g);
+        return st;
+    }
+    rfi_lower_memo memo;
+    bool use_memo = rfi_lower_memo_begin(&memo, g, backend);
+    rfi_graph *prog = NULL, *opt = NULL;
+    uint64_t hash = 0;
+    st = lower_and_optimise(g, backend, &memo, use_memo, &prog, &opt, &hash);
     rf_exec *e = NULL;
     if (st == RF_OK) {
         e = rfi_calloc(1, sizeof *e);
@@ -447,7 +479,14 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
             st = rfi_error(RF_E_NOMEM, "rf_compile: out of memory");
     }
     if (st == RF_OK)
-        st = backend->prepare(prog, &e->state);
+        st = backend->optimise ? backend->prepare_optimised(prog, opt, &e->state)
+                               : backend->prepare(prog, &e->state);
+    else
+        rfi_graph_free(opt);
+    if (st == RF_OK && use_memo)
+        rfi_lower_memo_record(&memo);
+    if (use_memo)
+        rfi_lower_memo_end(&memo);
     if (st != RF_OK) {
         rfi_free(e);
         rfi_graph_free(prog);
@@ -455,7 +494,7 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
     }
     e->prog = prog;
     e->backend = backend;
-    e->hash = rfi_hash(prog);
+    e->hash = hash;
     e->device = prog->device;
     st = rfi_exec_init_buffers(e);
     if (st != RF_OK) {

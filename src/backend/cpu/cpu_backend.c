@@ -10,12 +10,16 @@
  * fill the buffer table and call the module's one entry point. Nothing is
  * allocated per run.
  *
+ * Optimising is a stage of its own (rfi_backend.optimise), so that rf_compile
+ * can keep its result in the lowering memo on disk (runtime/lower_memo.h): a
+ * warm compile then starts here at cpu_prepare_optimised.
+ *
  * A warm compile of a ResNet training step (bench/rf_bench compile_resnet_warm)
- * is then, roughly (fresh processes, quiet machine): trace 0.5 ms, autodiff
- * and DCE 1.4 ms, optimise 1.9 ms, plan 0.45 ms, description and module from
- * the index 0.7 ms, services 2.3-3.5 ms (creating oneDNN's primitives;
- * loading oneDNN, and oneDNN's own one-time set-up, happen on the preload
- * thread while this one traces: dnnl_loader.c).
+ * is then, roughly (fresh processes, busy machine): trace 0.5-0.9 ms, the
+ * lowered and optimised programs from the memo 1.1-1.6 ms, plan 0.45 ms after
+ * waiting for oneDNN's dlopen (about 2 ms from the compile's start, on the
+ * preload thread: dnnl_loader.c), description and module from the index
+ * 0.8 ms, services 2-3.5 ms (creating oneDNN's primitives).
  * Preparing the services' steps on two threads, and loading the module on a
  * second thread while the services are prepared, were measured and left out:
  * on the 2-core machine the benchmarks run on, shared with other jobs,
@@ -34,6 +38,7 @@
  * It does not know about layers or training, and it computes nothing itself.
  */
 #include "../../passes/passes.h"
+#include "../../runtime/program_codec.h"
 #include "../kir.h"
 #include "../plan.h"
 #include "cc.h"
@@ -137,13 +142,14 @@ static bool dumping(void)
  *     any change to the generator's code changes it, so nothing is ever
  *     hand-bumped; no build-id, no description, no index;
  *   - RF_MODULE_ABI and every plan option;
- *   - the program node by node in SSA order, with operands by node id. Not
- *     rfi_hash: that is 64 bits and ignores the order of independent nodes,
- *     which the plan's steps and buffer offsets follow, so two programs with
- *     one hash may have different modules. Constants up to DESC_INLINE_BYTES
- *     are copied (the renderer may inline them), larger ones as a 128-bit
- *     digest (they reach the module as buffers, never as code);
- *   - the program's name (the generator does not read it today; it is cheap).
+ *   - the program's description (program_codec.h): node by node in SSA
+ *     order, with operands by node id. Not rfi_hash: that is 64 bits and
+ *     ignores the order of independent nodes, which the plan's steps and
+ *     buffer offsets follow, so two programs with one hash may have
+ *     different modules. Constants up to RFI_DESC_INLINE_BYTES are copied
+ *     (the renderer may inline them), larger ones as a 128-bit digest (they
+ *     reach the module as buffers, never as code). It includes the
+ *     program's name (the generator does not read it today; it is cheap).
  * Plan options are described field by field (the assertion below catches a
  * new field that changes the struct's size). The plan, the lowering and the
  * renderer read nothing but the program and these options (the environment
@@ -152,38 +158,7 @@ static bool dumping(void)
  * The index stores the whole description and compares it byte for byte;
  * varints keep it small (18 KB for the ResNet step). */
 
-#define DESC_MAGIC "reflux cpu program description v1"
-#define DESC_INLINE_BYTES 256
-
-/* LEB128 of a zigzag-encoded signed value. */
-static void desc_int(rfi_strbuf *b, int64_t v)
-{
-    uint64_t u = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
-    unsigned char out[10];
-    size_t n = 0;
-    do {
-        out[n] = (unsigned char)(u & 0x7f);
-        u >>= 7;
-        out[n] |= u ? 0x80 : 0;
-        n++;
-    } while (u);
-    rfi_sb_put(b, out, n);
-}
-
-static void desc_str(rfi_strbuf *b, const char *s)
-{
-    size_t n = strlen(s);
-    desc_int(b, (int64_t)n);
-    rfi_sb_put(b, s, n);
-}
-
-static void desc_type(rfi_strbuf *b, rf_dtype dt, const int64_t *dims, int rank)
-{
-    desc_int(b, dt);
-    desc_int(b, rank);
-    for (int i = 0; i < rank && i < RF_MAX_RANK; i++)
-        desc_int(b, dims[i]);
-}
+#define DESC_MAGIC "reflux cpu program description v2"
 
 /* Every field of rfi_plan_opts (see above for what the assertion catches). */
 _Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 8,
@@ -191,80 +166,13 @@ _Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 8,
 
 static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
 {
-    desc_int(b, o->matmul_call_min_flops);
-    desc_int(b, o->dot_loop_max_rows);
-    desc_int(b, o->in_place_updates);
-    desc_int(b, o->call_epilogues);
-    desc_int(b, o->conv_transposed_views);
-    desc_int(b, o->blocked_activations);
-    desc_int(b, o->direct_convs);
-}
-
-static void desc_constant(rfi_strbuf *b, const rfi_node *x)
-{
-    desc_int(b, (int64_t)x->attr.nbytes);
-    if (!x->attr.data || x->attr.nbytes <= DESC_INLINE_BYTES) {
-        desc_int(b, 0);
-        if (x->attr.data)
-            rfi_sb_put(b, x->attr.data, x->attr.nbytes);
-        return;
-    }
-    char digest[RFI_CACHE_KEY_HEX];
-    rfi_disk_cache_digest(x->attr.data, x->attr.nbytes, digest);
-    desc_int(b, 1);
-    rfi_sb_put(b, digest, 32);
-}
-
-static void desc_node(rfi_strbuf *b, const rfi_node *x)
-{
-    desc_int(b, x->op);
-    desc_type(b, x->dtype, x->dims, x->rank);
-    desc_int(b, x->weak);
-    for (int k = 0; k < RFI_N_INTS; k++)
-        desc_int(b, x->attr.i[k]);
-    for (int k = 0; k < RFI_N_LISTS; k++) {
-        int n = x->attr.nl[k] >= 0 && x->attr.nl[k] <= RF_MAX_RANK ? x->attr.nl[k] : 0;
-        desc_int(b, x->attr.nl[k]);
-        for (int j = 0; j < n; j++)
-            desc_int(b, x->attr.l[k][j]);
-    }
-    if (x->op == RFI_OP_CONSTANT)
-        desc_constant(b, x);
-    desc_int(b, x->n_in);
-    for (int k = 0; k < x->n_in; k++)
-        desc_int(b, x->id - x->in[k]->id); /* small: operands are usually near */
-}
-
-static void desc_program(rfi_strbuf *b, const rfi_graph *g)
-{
-    desc_str(b, g->name ? g->name : "");
-    desc_int(b, g->n_args);
-    for (int k = 0; k < g->n_args; k++)
-        desc_type(b, g->arg_dtypes[k], g->arg_dims[k], g->arg_ranks[k]);
-    desc_int(b, g->n_captures);
-    for (int k = 0; k < g->n_captures; k++) {
-        const rf_array *a = g->captures[k];
-        if (a)
-            desc_type(b, a->dtype, a->dims, a->rank);
-        else
-            desc_int(b, -1);
-    }
-    desc_int(b, g->n_nodes);
-    for (int i = 0; i < g->n_nodes; i++) {
-        if (g->nodes[i]->id != i) { /* never in a verified program; no index then */
-            b->failed = true;
-            return;
-        }
-        desc_node(b, g->nodes[i]);
-    }
-    desc_int(b, g->n_outputs);
-    for (int k = 0; k < g->n_outputs; k++)
-        desc_int(b, g->outputs[k]->id);
-    desc_int(b, g->n_updates);
-    for (int k = 0; k < g->n_updates; k++) {
-        desc_int(b, g->updates[k].capture);
-        desc_int(b, g->updates[k].value->id);
-    }
+    rfi_codec_put_int(b, o->matmul_call_min_flops);
+    rfi_codec_put_int(b, o->dot_loop_max_rows);
+    rfi_codec_put_int(b, o->in_place_updates);
+    rfi_codec_put_int(b, o->call_epilogues);
+    rfi_codec_put_int(b, o->conv_transposed_views);
+    rfi_codec_put_int(b, o->blocked_activations);
+    rfi_codec_put_int(b, o->direct_convs);
 }
 
 /* The description of (program, options) into b; false (b empty) when there is
@@ -274,11 +182,10 @@ static bool describe(const rfi_graph *g, const rfi_plan_opts *opts, rfi_strbuf *
     char build_id[160];
     if (!rfi_cc_build_id((uintptr_t)rfi_render_c, build_id, sizeof build_id))
         return false;
-    desc_str(b, DESC_MAGIC);
-    desc_str(b, build_id);
-    desc_int(b, RF_MODULE_ABI);
+    rfi_sb_printf(b, "%s\n%s\n", DESC_MAGIC, build_id);
+    rfi_codec_put_int(b, RF_MODULE_ABI);
     desc_plan_opts(b, opts);
-    desc_program(b, g);
+    rfi_program_describe(b, g);
     if (b->failed) {
         rfi_sb_free(b);
         return false;
@@ -357,14 +264,23 @@ static bool check_mode(void)
     return v && *v && strcmp(v, "0") != 0;
 }
 
-static rf_status cpu_prepare(const rfi_graph *g, void **state)
+/* What optimise reads beyond the program (rfi_backend.optimise_context). */
+static void cpu_optimise_context(rfi_strbuf *b)
+{
+    rfi_sb_printf(b, "unroll_pools=%d\n", (int)rfi_unroll_pools_enabled());
+}
+
+static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void **state)
 {
     cpu_state *s = rfi_calloc(1, sizeof *s);
-    if (!s)
+    if (!s) {
+        rfi_graph_free(opt);
         return rfi_error(RF_E_NOMEM, "rf_compile: out of memory");
+    }
+    s->opt = opt;
     const char *name = g->name ? g->name : "program";
-    rf_status st = optimise(g, &s->opt);
-    if (st == RF_OK) {
+    rf_status st = RF_OK;
+    {
         uint64_t hash = dumping() ? rfi_hash(s->opt) : 0; /* names the dumps only */
         if (dumping()) {
             char *text = rfi_print(s->opt);
@@ -399,6 +315,13 @@ static rf_status cpu_prepare(const rfi_graph *g, void **state)
     }
     *state = s;
     return RF_OK;
+}
+
+static rf_status cpu_prepare(const rfi_graph *g, void **state)
+{
+    rfi_graph *opt;
+    rf_status st = optimise(g, &opt);
+    return st == RF_OK ? cpu_prepare_optimised(g, opt, state) : st;
 }
 
 /* ---- run --------------------------------------------------------------------------- */
@@ -538,4 +461,7 @@ const rfi_backend rfi_cpu_backend = {
     .memory = cpu_memory,
     .warm_up = rfi_dnnl_preload,
     .settle = rfi_dnnl_settle,
+    .optimise = optimise,
+    .optimise_context = cpu_optimise_context,
+    .prepare_optimised = cpu_prepare_optimised,
 };
