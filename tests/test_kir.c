@@ -14,7 +14,8 @@
  * within a few ulps for vectorised libm functions (the largest error per op
  * is printed), and within 1e-6 relative for reductions. Reduction tests also
  * check which loop form each kernel got (plain, interchanged, split into
- * partial folds, or an unrolled window), so every form is compared.
+ * partial folds, or an unrolled window), so every form is compared, and
+ * sibling reductions the planner joins are checked folded side by side.
  */
 #include <dlfcn.h>
 #include <float.h>
@@ -1401,6 +1402,111 @@ static void test_split_reductions(void)
     rfi_free(id);
 }
 
+/* The kernel of km whose stores include node `root`, or NULL. */
+static const rfi_kir_kernel *kernel_storing(const rfi_kir_module *km, const rfi_node *root)
+{
+    for (int s = 0; s < km->n_steps; s++) {
+        const rfi_kir_kernel *k = km->steps[s].kernel;
+        for (int t = 0; k && t < k->n_stores; t++)
+            if (k->stores[t].node == root->id)
+                return k;
+    }
+    return NULL;
+}
+
+/* Sibling reductions (fuse.c, kir.h): the planner joins reductions of one kind
+ * over one operand shape and axes that share an input into one REDUCE step,
+ * which folds them side by side (acc, acc1, ...) in one pass: BatchNorm's
+ * backward sums (split form, kept outside the inner loops), sums over two
+ * kept axes, sums to a scalar, and row sums (plain form). A max beside sums,
+ * a sum over other axes and a sum that reads another's result stay apart.
+ * Against the interpreter, within the sum tolerance; with the option off,
+ * every reduction is a step of its own. */
+static void test_sibling_reductions(void)
+{
+    targ a[4] = {{RF_F32, 4, {24, 3, 20, 25}}, {RF_F32, 4, {24, 3, 20, 25}}, {RF_F32, 1, {3}},
+                 {RF_F32, 2, {200, 20}}};
+    rfi_graph *g = g_new(a, 4);
+    rfi_node *x = g_arg(g, 0), *dy = g_arg(g, 1), *mean = g_arg(g, 2), *rows = g_arg(g, 3);
+    int64_t map[] = {1};
+    rfi_node *xc = bin(g, RFI_OP_SUB, x, bcast(g, mean, map, x->dims, 4));
+    static const int64_t nchw[] = {0, 2, 3}, nh[] = {0, 2}, all[] = {0, 1, 2, 3}, last[] = {1};
+    rfi_node *sum_dy = reduce(g, dy, RF_REDUCE_SUM, nchw, 3);
+    rfi_node *shifted = bin(g, RFI_OP_SUB, dy, bcast(g, sum_dy, map, x->dims, 4));
+    /* each product its own node: one used by several steps would be materialised */
+    rfi_node *ys[] = {
+        sum_dy,                                                     /* 0-2: one split step */
+        reduce(g, bin(g, RFI_OP_MUL, dy, xc), RF_REDUCE_SUM, nchw, 3),
+        reduce(g, un(g, RFI_OP_NEG, bin(g, RFI_OP_MUL, dy, x)), RF_REDUCE_SUM, nchw, 3),
+        reduce(g, dy, RF_REDUCE_MAX, nchw, 3),                      /* another kind */
+        reduce(g, shifted, RF_REDUCE_SUM, nchw, 3),                 /* reads sum_dy */
+        reduce(g, dy, RF_REDUCE_SUM, nh, 2),                        /* 5-6: two kept axes */
+        reduce(g, bin(g, RFI_OP_MUL, dy, x), RF_REDUCE_SUM, nh, 2),
+        reduce(g, dy, RF_REDUCE_SUM, all, 4),                       /* 7-8: scalars */
+        reduce(g, bin(g, RFI_OP_MUL, dy, x), RF_REDUCE_SUM, all, 4),
+        reduce(g, rows, RF_REDUCE_SUM, last, 1),                    /* 9-10: plain rows */
+        reduce(g, bin(g, RFI_OP_MUL, rows, rows), RF_REDUCE_SUM, last, 1),
+    };
+    enum { N = sizeof ys / sizeof ys[0] };
+    for (int i = 0; i < N; i++)
+        CHECK_OK(rfi_graph_add_output(g, ys[i]));
+    const int step_of[N] = {0, 0, 0, 1, 2, 3, 3, 4, 4, 5, 5}; /* ys in one step share a group */
+    const char *labels[N] = {"sum dy", "sum dy*xc", "sum -dy*x", "max dy", "sum dy - sum",
+                             "nh sum dy", "nh sum dy*x", "scalar dy", "scalar dy*x",
+                             "row sum", "row sum of squares"};
+    const tol tols[N] = {SUM, SUM, SUM, BITS, SUM, SUM, SUM, SUM, SUM, SUM, SUM};
+    float *xd = rfi_malloc(36000 * sizeof *xd), *dyd = rfi_malloc(36000 * sizeof *dyd);
+    float *rd = rfi_malloc(4000 * sizeof *rd), md[3] = {0.25f, -0.5f, 0.0f};
+    for (int i = 0; i < 36000; i++) {
+        xd[i] = (float)((i * 7919 % 2001) - 1000) * 1e-3f;
+        dyd[i] = (float)((i * 7907 % 1999) - 999) * 1e-3f;
+    }
+    for (int i = 0; i < 4000; i++)
+        rd[i] = (float)((i * 31 % 97) - 48) * 0.01f;
+    const void *args[4] = {xd, dyd, md, rd};
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.matmul_call_min_flops = INT64_MAX;
+    o.sibling_reductions = false;
+    rfi_plan *apart = NULL, *p = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &apart));
+    CHECK(apart && rfi_plan_count(apart, RFI_STEP_REDUCE) == N);
+    o.sibling_reductions = true;
+    CHECK_OK(rfi_plan_build(g, &o, &p));
+    CHECK(p && rfi_plan_count(p, RFI_STEP_REDUCE) == 6);
+
+    rfi_kir_module *km = NULL;
+    module m;
+    if (p && build(p, &m, &km)) {
+        const rfi_kir_kernel *ks[N];
+        for (int i = 0; i < N; i++) {
+            ks[i] = kernel_storing(km, ys[i]);
+            CHECK(ks[i] != NULL);
+        }
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < N && ks[i] && ks[j]; j++)
+                CHECK((ks[i] == ks[j]) == (step_of[i] == step_of[j]));
+        if (ks[0] && ks[5] && ks[7] && ks[9]) {
+            CHECK(ks[0]->n_folds == 3 && ks[5]->n_folds == 2 && ks[9]->n_folds == 2);
+            CHECK(kernel_has(m.source, ks[0], "accs2[")); /* split, kept outer */
+            CHECK(kernel_has(m.source, ks[5], "accs1["));
+            CHECK(kernel_has(m.source, ks[7], "c->part[q * 2 + 1] = acc1;")); /* scalars */
+            CHECK(kernel_has(m.source, ks[9], "reduction(+:acc, acc1)")); /* plain */
+        }
+        module_free(&m);
+    }
+    rfi_kir_free(km);
+    if (p)
+        check_program(g, p, args, labels, tols);
+    if (apart)
+        check_program(g, apart, args, labels, tols);
+    rfi_plan_free(p);
+    rfi_plan_free(apart);
+    rfi_graph_free(g);
+    rfi_free(xd);
+    rfi_free(dyd);
+    rfi_free(rd);
+}
+
 /* Windows (pooling): small ones (up to 16 points) are unrolled into a loop
  * without reduced loops, vectorised along the last axis; larger ones run
  * interchanged (the kept axis innermost and vectorised, loads stepping by the
@@ -1604,6 +1710,7 @@ int main(void)
     test_structure();
     test_coalesce();
     test_split_reductions();
+    test_sibling_reductions();
     test_windows();
     test_split_division();
     test_errors();

@@ -637,9 +637,14 @@ static void test_mlp_train_step(void)
         for (int q = 0; q < p->n_steps; q++)
             if (p->steps[q].kind == RFI_STEP_CALL)
                 CHECK(p->steps[q].call == RFI_CALL_MATMUL);
-        /* REDUCE (10): the logsoftmax max and sum, the loss's two sums, the
-         * backward row sums of the logsoftmax (3) and the bias gradients (3). */
-        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 10);
+        /* REDUCE (8): the logsoftmax max and sum, the loss's two sums, the
+         * backward row sums of the logsoftmax (3 sibling reductions of one
+         * step: one pass over their input) and the bias gradients (3). */
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 8);
+        int three_roots = 0;
+        for (int q = 0; q < p->n_steps; q++)
+            three_roots += p->steps[q].kind == RFI_STEP_REDUCE && p->steps[q].n_roots == 3;
+        CHECK(three_roots == 1);
         /* LOOP (10): exp(z - max), log(sum), the loss, two [128,1]/[128]
          * backward row scalars, dlogits, two relu backward masks; ONE flat
          * Adam loop over all 535818 parameters (segmented: it also stores the

@@ -56,9 +56,10 @@
  *   opts.matmul_call_min_flops multiply-adds -> CALL MATMUL, unless its lhs
  *   has at most opts.dot_loop_max_rows rows (a matrix-vector product: a
  *   REDUCE step whatever its size); CONVOLUTION -> CALL CONV; ARGMAX, ARGMIN,
- *   GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG -> CALL FALLBACK; REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a
- *   REDUCE step; everything else -> LOOP. A new LOOP root joins an existing
- *   LOOP step of identical dims that reads at least one of the same inputs
+ *   GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG -> CALL FALLBACK; REDUCE,
+ *   REDUCE_WINDOW and smaller DOT_GENERAL -> a REDUCE step; everything else
+ *   -> LOOP. A new LOOP root joins an existing LOOP step of identical dims
+ *   that reads at least one of the same inputs
  *   (the latest such step among the last JOIN_WINDOW steps) when it can run
  *   there: the step comes after every step producing the root's inputs, or
  *   else the step can be moved to the end (no later step reads its roots and
@@ -66,6 +67,13 @@
  *   A segment root compares by its flat vector's shape. This puts the flat
  *   optimiser update of all parameters and moments (one shape, [total]) into
  *   one loop, parameters included.
+ *   Likewise (opts.sibling_reductions) a REDUCE root joins, by the same
+ *   placement rules, a REDUCE step of at most RFI_MAX_SIBLINGS - 1 REDUCE
+ *   roots of the same kind, result type, operand shape and type and
+ *   reduced axes (results of rank <= 2) that reads at least one of the same
+ *   inputs: the kernel folds them side by side in one pass over the data
+ *   (kir.h). BatchNorm's backward makes four such sums over its output
+ *   gradient and its input.
  *
  * CALL epilogues (opts.call_epilogues). An f32 MATMUL or CONV call node C
  *   takes the chain of its elementwise users into the call while each link
@@ -754,6 +762,54 @@ static int find_loop_to_join(const rfi_plan_builder *b, int x, const rfi_intlist
     return -1;
 }
 
+/* Whether reductions a and b are siblings: one kind, one operand shape and
+ * type, one set of reduced axes, so one pass over the operand's points can
+ * fold both. Results of rank <= 2 only: they keep the plain layout. */
+static bool sibling_reductions(const rfi_node *a, const rfi_node *b)
+{
+    if (a->op != RFI_OP_REDUCE || b->op != RFI_OP_REDUCE || a->attr.i[0] != b->attr.i[0] ||
+        a->dtype != b->dtype || !same_dims(a, b) || a->rank > 2 ||
+        a->in[0]->dtype != b->in[0]->dtype || !same_dims(a->in[0], b->in[0]) ||
+        a->attr.nl[0] != b->attr.nl[0])
+        return false;
+    for (int i = 0; i < a->attr.nl[0]; i++)
+        if (a->attr.l[0][i] != b->attr.l[0][i])
+            return false;
+    return true;
+}
+
+/* The REDUCE step reduction x (reading `inputs`) joins as a sibling, or -1;
+ * *move as for find_loop_to_join, whose placement rules this follows. */
+static int find_reduce_to_join(const rfi_plan_builder *b, int x, const rfi_intlist *inputs,
+                               bool *move)
+{
+    int ready = -1;
+    for (int i = 0; i < inputs->n; i++) {
+        int s = b->step_of[inputs->v[i]];
+        int pos = s >= 0 ? rfi_plan_step_pos(b, s) : -1;
+        ready = pos > ready ? pos : ready;
+    }
+    const rfi_node *node = b->g->nodes[x];
+    int stop = b->n_steps > JOIN_WINDOW ? b->n_steps - JOIN_WINDOW : 0;
+    for (int pos = b->n_steps - 1; pos >= stop; pos--) {
+        int s = b->order[pos];
+        const rfi_bstep *st = &b->steps[s];
+        if (st->kind != RFI_STEP_REDUCE || st->epi >= 0 || st->roots.n >= RFI_MAX_SIBLINGS ||
+            !sibling_reductions(b->g->nodes[st->roots.v[0]], node) ||
+            !lists_meet(inputs, &st->inputs))
+            continue;
+        if (pos > ready) {
+            *move = false;
+            return s;
+        }
+        if (!lists_meet(inputs, &st->roots) && !roots_read_later(b, s, pos)) {
+            *move = true;
+            return s;
+        }
+    }
+    return -1;
+}
+
 static void move_to_end(rfi_plan_builder *b, int s)
 {
     int pos = rfi_plan_step_pos(b, s);
@@ -788,6 +844,8 @@ static rf_status schedule_root(rfi_plan_builder *b, int x)
     int s = -1;
     if (st == RF_OK && kind == RFI_STEP_LOOP)
         s = find_loop_to_join(b, x, &inputs, &move);
+    if (st == RF_OK && kind == RFI_STEP_REDUCE && epi < 0 && b->opts.sibling_reductions)
+        s = find_reduce_to_join(b, x, &inputs, &move);
     if (st == RF_OK && s >= 0 && move)
         move_to_end(b, s);
     if (st == RF_OK && s < 0) {

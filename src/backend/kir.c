@@ -20,6 +20,7 @@ rfi_kir_kernel *rfi_kir_kernel_new(int step)
     k->step = step;
     k->red_value = -1;
     k->red_guard = -1;
+    k->n_folds = 1;
     return k;
 }
 
@@ -548,9 +549,13 @@ int rfi_kir_convert(rfi_kir_kernel *k, rf_dtype dt, int a, int node)
     return intern(k, x);
 }
 
-int rfi_kir_acc(rfi_kir_kernel *k)
+int rfi_kir_acc(rfi_kir_kernel *k) { return rfi_kir_acc_of(k, 0); }
+
+int rfi_kir_acc_of(rfi_kir_kernel *k, int fold)
 {
-    return intern(k, blank(RFI_KIR_ACC, k->acc_dtype));
+    rfi_kir_ins x = blank(RFI_KIR_ACC, k->acc_dtype);
+    x.i = fold;
+    return intern(k, x);
 }
 
 int rfi_kir_base_get(rfi_kir_kernel *k, int buffer, size_t offset, rf_dtype dt, size_t nbytes,
@@ -618,8 +623,9 @@ void rfi_kir_liveness(const rfi_kir_kernel *k, bool *live)
         live[k->stores[s].index] = true;
         live[k->stores[s].value] = true;
     }
-    if (k->red_value >= 0)
-        live[k->red_value] = true;
+    for (int j = 0; j < k->n_folds; j++)
+        if (rfi_kir_fold_value(k, j) >= 0)
+            live[rfi_kir_fold_value(k, j)] = true;
     if (k->red_guard >= 0)
         live[k->red_guard] = true;
     for (int id = k->n_ins - 1; id >= 0; id--) {
@@ -711,8 +717,10 @@ static bool loops_merge(const rfi_kir_kernel *k, int d, loop_dep *dep)
     for (int s = 0; s < k->n_stores; s++)
         if (!dep_merges(dep[k->stores[s].index], de) || !dep_merges(dep[k->stores[s].value], de))
             return false;
-    return (k->red_value < 0 || dep_merges(dep[k->red_value], de)) &&
-           (k->red_guard < 0 || dep_merges(dep[k->red_guard], de));
+    for (int j = 0; j < k->n_folds; j++)
+        if (rfi_kir_fold_value(k, j) >= 0 && !dep_merges(dep[rfi_kir_fold_value(k, j)], de))
+            return false;
+    return k->red_guard < 0 || dep_merges(dep[k->red_guard], de);
 }
 
 /* Instruction x of the old kernel rebuilt in n (operands already mapped by map). */
@@ -735,7 +743,7 @@ static int replay_ins(rfi_kir_kernel *n, const rfi_kir_ins *x, const int *map, i
     case RFI_KIR_COMPARE: return rfi_kir_compare(n, x->cmp, a, b, x->node);
     case RFI_KIR_SELECT: return rfi_kir_select(n, a, b, c, x->node);
     case RFI_KIR_CONVERT: return rfi_kir_convert(n, x->dtype, a, x->node);
-    case RFI_KIR_ACC: return rfi_kir_acc(n);
+    case RFI_KIR_ACC: return rfi_kir_acc_of(n, (int)x->i);
     default: return rfi_kir_index(n, x->op, a, b);
     }
 }
@@ -780,6 +788,11 @@ static rfi_kir_kernel *merge_loops(const rfi_kir_kernel *k, int d)
     for (int id = 0; id < k->n_ins; id++)
         map[id] = replay_ins(n, &k->ins[id], map, d);
     n->red_value = k->red_value >= 0 ? map[k->red_value] : -1;
+    n->n_folds = k->n_folds;
+    for (int j = 1; j < k->n_folds; j++) {
+        int v = k->sibling_values[j - 1];
+        n->sibling_values[j - 1] = v >= 0 ? map[v] : -1;
+    }
     n->red_guard = k->red_guard >= 0 ? map[k->red_guard] : -1;
     int64_t always;
     if (n->red_guard >= 0 && rfi_kir_is_const(n, n->red_guard, &always) && always)
@@ -872,7 +885,7 @@ static void print_ins(rfi_strbuf *sb, const rfi_kir_kernel *k, int id)
         rfi_sb_printf(sb, "%s.%s v%d, v%d", op_names[x->op], cmp_names[x->cmp], x->a, x->b);
         break;
     case RFI_KIR_SELECT: rfi_sb_printf(sb, "select v%d, v%d, v%d", x->a, x->b, x->c); break;
-    case RFI_KIR_ACC: rfi_sb_printf(sb, "acc"); break;
+    case RFI_KIR_ACC: rfi_sb_printf(sb, x->i ? "acc %lld" : "acc", (long long)x->i); break;
     default: rfi_sb_printf(sb, "%s v%d, v%d", op_names[x->op], x->a, x->b); break;
     }
     if (x->node >= 0)
@@ -892,6 +905,8 @@ static void print_kernel(rfi_strbuf *sb, const rfi_kir_kernel *k)
         for (int d = 0; d < k->red_rank; d++)
             rfi_sb_printf(sb, d ? ",%lld" : "%lld", (long long)k->red_dims[d]);
         rfi_sb_printf(sb, "] fold v%d", k->red_value);
+        for (int j = 1; j < k->n_folds; j++)
+            rfi_sb_printf(sb, ", v%d", k->sibling_values[j - 1]);
         if (k->red_guard >= 0)
             rfi_sb_printf(sb, " if v%d", k->red_guard);
     }

@@ -24,7 +24,13 @@
  * matmul; the data's own type for float max and min, which are exact; i64 for
  * integer data) into one accumulator per outer point, only
  * where `red_guard` holds, starting from the identity; RFI_KIR_ACC reads the
- * result after the inner loops. Renderers choose the loop order and may
+ * result after the inner loops. A REDUCE kernel may fold up to
+ * RFI_KIR_MAX_FOLDS values side by side (sibling reductions of one plan
+ * step over one iteration space, fuse.c): fold j folds rfi_kir_fold_value(k,
+ * j) into an accumulator of its own, with the kind, accumulator type,
+ * identity and guard they share, and RFI_KIR_ACC's `i` names the fold whose
+ * result it reads; one pass over the data then feeds them all. Renderers
+ * choose the loop order and may
  * split the fold into partial folds combined in order where that keeps the
  * result within the rules (cpu/render_c.c). A REDUCE step may also lower to
  * a kernel without inner loops: a small reduce_window folds its points by
@@ -65,7 +71,7 @@ typedef enum rfi_kir_op {
     RFI_KIR_COMPARE, /* a cmp b on values of one dtype -> bool (NaN: false but NE) */
     RFI_KIR_SELECT,  /* a (bool) ? b : c */
     RFI_KIR_CONVERT, /* a into dtype (the IR's CONVERT) */
-    RFI_KIR_ACC,     /* the accumulator after the inner loops (dtype acc_dtype) */
+    RFI_KIR_ACC,     /* fold i's accumulator after the inner loops (dtype acc_dtype) */
     RFI_KIR_OP_COUNT
 } rfi_kir_op;
 
@@ -78,7 +84,7 @@ typedef struct rfi_kir_ins {
     int var;        /* VAR */
     int base;       /* LOAD */
     double f;       /* CONST of a float dtype */
-    int64_t i;      /* CONST of the other dtypes */
+    int64_t i;      /* CONST of the other dtypes; ACC: the fold */
     int node;       /* the IR node whose value this is, or -1 */
     int level;      /* see above */
     int64_t lo, hi; /* index values (i64, bool): every value lies in [lo, hi] */
@@ -96,6 +102,8 @@ typedef struct rfi_kir_base {
     bool noalias;
     int node; /* the first node read or written through it (for names) */
 } rfi_kir_base;
+
+#define RFI_KIR_MAX_FOLDS RFI_MAX_SIBLINGS
 
 typedef struct rfi_kir_store {
     int base, index, value; /* instructions index and value */
@@ -115,8 +123,10 @@ typedef struct rfi_kir_kernel {
     rf_dtype acc_dtype; /* RF_F64, RF_I64, or RF_F32 (f32 dots, f32 max/min) */
     double red_identity_f;
     int64_t red_identity_i;
-    int red_value;     /* instruction folded per inner point */
+    int red_value;     /* instruction folded per inner point (fold 0) */
     int red_guard;     /* bool instruction, or -1: always fold */
+    int n_folds;       /* REDUCE: 1 + the sibling folds */
+    int sibling_values[RFI_KIR_MAX_FOLDS - 1]; /* what folds 1.. fold */
     rfi_kir_base *bases;
     int n_bases, cap_bases;
     rfi_kir_ins *ins;
@@ -212,7 +222,13 @@ RFI_FUNC int rfi_kir_binary(rfi_kir_kernel *k, rfi_op op, rf_dtype dt, int a, in
 RFI_FUNC int rfi_kir_compare(rfi_kir_kernel *k, rf_cmp cmp, int a, int b, int node);
 RFI_FUNC int rfi_kir_select(rfi_kir_kernel *k, int pred, int a, int b, int node);
 RFI_FUNC int rfi_kir_convert(rfi_kir_kernel *k, rf_dtype dt, int a, int node);
-RFI_FUNC int rfi_kir_acc(rfi_kir_kernel *k);
+RFI_FUNC int rfi_kir_acc(rfi_kir_kernel *k); /* fold 0's */
+RFI_FUNC int rfi_kir_acc_of(rfi_kir_kernel *k, int fold);
+/* The value fold j of a REDUCE kernel folds (j < k->n_folds). */
+static inline int rfi_kir_fold_value(const rfi_kir_kernel *k, int j)
+{
+    return j == 0 ? k->red_value : k->sibling_values[j - 1];
+}
 /* The base for (buffer, offset, dtype), added if new; nbytes grows to cover. */
 RFI_FUNC int rfi_kir_base_get(rfi_kir_kernel *k, int buffer, size_t offset, rf_dtype dt,
                               size_t nbytes, bool written, int node);

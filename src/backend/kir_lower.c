@@ -957,7 +957,10 @@ static void set_identity(rfi_kir_kernel *k, rf_reduce_kind kind, rf_dtype xt)
     }
 }
 
-static rf_status reduce_value(lower *L, const rfi_node *n, const int *m, int *value)
+/* The value reduce n folds at kept point m. inner[q] is the index of n's
+ * q-th reduced dim: made here when -1 (a new inner loop), else reused (a
+ * sibling reduction of the same step reduces the same dims). */
+static rf_status reduce_value(lower *L, const rfi_node *n, const int *m, int *inner, int *value)
 {
     const rfi_node *x = n->in[0];
     rfi_kir_kernel *k = L->k;
@@ -965,10 +968,40 @@ static rf_status reduce_value(lower *L, const rfi_node *n, const int *m, int *va
     for (int a = 0; a < n->attr.nl[0]; a++)
         reduced[n->attr.l[0][a]] = true;
     int xm[RF_MAX_RANK];
-    for (int d = 0, r = 0; d < x->rank; d++)
-        xm[d] = reduced[d] ? loop_var(L, x->dims[d], true) : m[r++];
+    for (int d = 0, r = 0, q = 0; d < x->rank; d++) {
+        if (!reduced[d]) {
+            xm[d] = m[r++];
+            continue;
+        }
+        if (inner[q] < 0)
+            inner[q] = loop_var(L, x->dims[d], true);
+        xm[d] = inner[q++];
+    }
     set_identity(k, (rf_reduce_kind)n->attr.i[0], x->dtype);
     return operand_at(L, x, xm, value);
+}
+
+/* Folds 1.. of a REDUCE step: its other roots, sibling reductions of root 0
+ * over the same dims (fuse.c), folded in the same pass over the inner loops. */
+static rf_status sibling_folds(lower *L, const rfi_step *st, const int *m, int *inner)
+{
+    rfi_kir_kernel *k = L->k;
+    for (int r = 1; r < st->n_roots; r++) {
+        const rfi_node *n = L->g->nodes[st->roots[r]];
+        if (n->op != RFI_OP_REDUCE || r >= RFI_KIR_MAX_FOLDS)
+            return unsupported(L, n, "is not a reduction that can fold beside another");
+        int v = -1;
+        rf_status s = reduce_value(L, n, m, inner, &v);
+        if (s != RF_OK)
+            return s;
+        k->sibling_values[r - 1] = rfi_kir_convert(k, k->acc_dtype, v, -1);
+        k->n_folds = r + 1;
+        int result = rfi_kir_convert(k, n->dtype, rfi_kir_acc_of(k, r), n->id);
+        kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
+        if ((s = store_root(L, n, &ix, result)) != RF_OK)
+            return s;
+    }
+    return RF_OK;
 }
 
 static rf_status window_value(lower *L, const rfi_node *n, const int *m, int *value)
@@ -1132,7 +1165,9 @@ static rf_status lower_reduce(lower *L, const rfi_step *st, const box *part)
                    ? loop_var(L, n->dims[d], false)
                    : iop(L, RFI_KIR_IADD, loop_var(L, part->hi[d] - part->lo[d], false),
                          cst(L, part->lo[d]));
-    int v = -1;
+    int v = -1, inner[RF_MAX_RANK];
+    for (int q = 0; q < RF_MAX_RANK; q++)
+        inner[q] = -1;
     rf_status s;
     if (n->op == RFI_OP_REDUCE_WINDOW && window_unrolls(n)) {
         k->is_reduce = false;
@@ -1141,7 +1176,7 @@ static rf_status lower_reduce(lower *L, const rfi_step *st, const box *part)
         return s != RF_OK ? s : store_root(L, n, &ix, rfi_kir_convert(k, n->dtype, v, n->id));
     }
     if (n->op == RFI_OP_REDUCE)
-        s = reduce_value(L, n, m, &v);
+        s = reduce_value(L, n, m, inner, &v);
     else if (n->op == RFI_OP_REDUCE_WINDOW)
         s = window_value(L, n, m, &v);
     else if (n->op == RFI_OP_DOT_GENERAL)
@@ -1154,7 +1189,8 @@ static rf_status lower_reduce(lower *L, const rfi_step *st, const box *part)
     k->red_value = rfi_kir_convert(k, k->acc_dtype, v, -1);
     int result = rfi_kir_convert(k, n->dtype, rfi_kir_acc(k), n->id);
     kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
-    return store_root(L, n, &ix, result);
+    s = store_root(L, n, &ix, result);
+    return s == RF_OK ? sibling_folds(L, st, m, inner) : s;
 }
 
 /* The interior [*a, *b) of reduce_window n along dim d: the results whose

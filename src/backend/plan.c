@@ -58,6 +58,8 @@ rfi_plan_opts rfi_plan_opts_default(void)
     o.conv_transposed_views = false;
     o.blocked_activations = false;
     o.direct_convs = false;
+    const char *sib = getenv("RF_SIBLING_REDUCTIONS");
+    o.sibling_reductions = !(sib && strcmp(sib, "0") == 0);
     return o;
 }
 

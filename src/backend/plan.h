@@ -74,6 +74,7 @@ typedef enum rfi_epi_kind {
 } rfi_epi_kind;
 
 #define RFI_EPI_MAX 4 /* the most ops one epilogue holds */
+#define RFI_MAX_SIBLINGS 4 /* the most reductions one REDUCE step folds side by side */
 
 typedef struct rfi_epi_op {
     rfi_epi_kind kind;
@@ -184,6 +185,11 @@ typedef struct rfi_plan_opts {
      * steps turns it on (the cpu backend; RF_DIRECT_CONV=0 in the
      * environment: off). */
     bool direct_convs;
+    /* Sibling reductions (the same kind over the same operand shape and
+     * axes, sharing an input: BatchNorm's backward sums) join one REDUCE
+     * step, which folds them side by side in one pass (kir.h). Default on;
+     * RF_SIBLING_REDUCTIONS=0 in the environment: off. */
+    bool sibling_reductions;
 } rfi_plan_opts;
 
 RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);

@@ -173,6 +173,7 @@ static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
     rfi_codec_put_int(b, o->conv_transposed_views);
     rfi_codec_put_int(b, o->blocked_activations);
     rfi_codec_put_int(b, o->direct_convs);
+    rfi_codec_put_int(b, o->sibling_reductions);
 }
 
 /* The description of (program, options) into b; false (b empty) when there is

@@ -221,6 +221,15 @@ static void make_name(char name[32], const char *prefix, int a, bool with_b, int
     *end = '\0';
 }
 
+/* Fold j's accumulator: acc, acc1, acc2, ... */
+static void acc_name(char name[32], int j)
+{
+    if (j == 0)
+        memcpy(name, "acc", 4);
+    else
+        make_name(name, "acc", j, false, 0);
+}
+
 static void name_values(render *R, const bool *live)
 {
     const rfi_kir_kernel *k = R->k;
@@ -233,7 +242,7 @@ static void name_values(render *R, const bool *live)
             else
                 make_name(name, "r", x->var - k->rank, false, 0);
         } else if (x->op == RFI_KIR_ACC) {
-            memcpy(name, "acc", 4);
+            acc_name(name, (int)x->i);
         } else if (x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND) {
             make_name(name, "ok", id, false, 0);
         } else if (x->op >= RFI_KIR_IADD && x->op <= RFI_KIR_IMAX) {
@@ -622,8 +631,8 @@ static void fold_text(render *R, int depth, const char *acc, const char *value)
     }
 }
 
-/* The fold of the kernel's value into the lvalue `acc`, where its guard holds. */
-static void fold_into(render *R, int depth, const char *acc)
+/* The fold of fold j's value into the lvalue `acc`, where the guard holds. */
+static void fold_value_into(render *R, int depth, const char *acc, int j)
 {
     const rfi_kir_kernel *k = R->k;
     if (k->red_guard >= 0) {
@@ -634,13 +643,24 @@ static void fold_into(render *R, int depth, const char *acc)
         depth++;
     }
     char value[64];
-    operand_text(R, k->red_value, value, sizeof value);
+    operand_text(R, rfi_kir_fold_value(k, j), value, sizeof value);
     fold_text(R, depth, acc, value);
 }
 
+/* The fold of the kernel's (one) value into the lvalue `acc`. */
+static void fold_into(render *R, int depth, const char *acc)
+{
+    fold_value_into(R, depth, acc, 0);
+}
+
+/* Every fold into its accumulator (acc, acc1, ...). */
 static void fold(render *R, int depth)
 {
-    fold_into(R, depth, "acc");
+    for (int j = 0; j < R->k->n_folds; j++) {
+        char acc[32];
+        acc_name(acc, j);
+        fold_value_into(R, depth, acc, j);
+    }
 }
 
 /* The reduction's identity as a literal of the accumulator type. */
@@ -651,6 +671,19 @@ static void identity_literal(render *R)
         float_literal(R->sb, k->red_identity_f, k->acc_dtype);
     else
         int_literal(R->sb, k->red_identity_i, RF_I64);
+}
+
+/* Declares every fold's accumulator at its identity. */
+static void declare_accs(render *R, int depth)
+{
+    for (int j = 0; j < R->k->n_folds; j++) {
+        char acc[32];
+        acc_name(acc, j);
+        indent(R, depth);
+        putf(R->sb, "%s %s = ", ctype(R->k->acc_dtype), acc);
+        identity_literal(R);
+        put(R->sb, ";\n");
+    }
 }
 
 /* text as a block comment at the given depth, one line per line. */
@@ -712,7 +745,9 @@ static void kernel_name(const rfi_kir_kernel *k, char *buf, size_t n)
  * sums and products (wrapping), and reassociates float sums only as their
  * vectorised loops already do; float products (whose over- and underflow
  * depend on the grouping) are never split. The chunk count does not depend on
- * the number of threads, so neither do the results. */
+ * the number of threads, so neither do the results. A kernel with sibling
+ * folds (kir.h) runs plain or split, each fold with its own accumulator
+ * (acc, acc1, ...) or its own row of partials per chunk (accs, accs1, ...). */
 typedef enum sched_form { SCHED_PLAIN, SCHED_INTERCHANGED, SCHED_SPLIT } sched_form;
 
 typedef struct schedule {
@@ -798,7 +833,7 @@ static int64_t split_chunks(const rfi_kir_kernel *k, const bool *live)
     if (kept * rfi_numel(k->red_dims, k->red_rank) <= PARALLEL_MIN ||
         !outermost_in_memory(k, live, k->rank))
         return 0;
-    int64_t chunks = SPLIT_ACCS / kept;
+    int64_t chunks = SPLIT_ACCS / (kept * k->n_folds);
     if (chunks > SPLIT_CHUNKS)
         chunks = SPLIT_CHUNKS;
     if (chunks > k->red_dims[0])
@@ -812,7 +847,7 @@ static schedule choose_schedule(const rfi_kir_kernel *k, const bool *live)
     if ((sc.chunks = split_chunks(k, live)) > 0) {
         sc.form = SCHED_SPLIT;
         sc.kept = rfi_numel(k->dims, k->rank);
-    } else if (interchange_reduction(k, live)) {
+    } else if (k->n_folds == 1 && interchange_reduction(k, live)) {
         sc.form = SCHED_INTERCHANGED;
     }
     return sc;
@@ -828,8 +863,9 @@ static void ctx_struct(render *R, const bool *base_used, const char *kname, cons
                           ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
                           R->base_names[b]);
     if (sc->form == SCHED_SPLIT)
-        putf(R->sb, "    %s *restrict part; /* [%lld chunks][%lld points] partial folds */\n",
-                      ctype(k->acc_dtype), (long long)sc->chunks, (long long)sc->kept);
+        putf(R->sb,
+             "    %s *restrict part; /* [%lld chunks][%d folds][%lld points] partial folds */\n",
+             ctype(k->acc_dtype), (long long)sc->chunks, k->n_folds, (long long)sc->kept);
     put(R->sb, "};\n\n");
 }
 
@@ -890,7 +926,10 @@ static void open_reduced_loops(render *R, int first, int depth, const schedule *
         int at = depth + d - first;
         if (d == k->red_rank - 1 && simd_sum(k)) {
             indent(R, at);
-            put(R->sb, "#pragma omp simd reduction(+:acc)\n");
+            put(R->sb, "#pragma omp simd reduction(+:acc");
+            for (int j = 1; j < k->n_folds; j++)
+                putf(R->sb, ", acc%d", j);
+            put(R->sb, ")\n");
         }
         if (d == 0 && sc->form == SCHED_SPLIT) {
             open_chunk_loop(R, at, sc);
@@ -906,10 +945,7 @@ static void reduction_loops(render *R, const bool *live, int depth)
 {
     const rfi_kir_kernel *k = R->k;
     schedule plain = {SCHED_PLAIN, 0, 0};
-    indent(R, depth);
-    putf(R->sb, "%s acc = ", ctype(k->acc_dtype));
-    identity_literal(R);
-    put(R->sb, ";\n");
+    declare_accs(R, depth);
     open_reduced_loops(R, 0, depth, &plain);
     statements(R, live, 2, depth + k->red_rank);
     fold(R, depth + k->red_rank);
@@ -973,7 +1009,8 @@ static void reach(const rfi_kir_kernel *k, int id, bool *m)
 /* fold[i]: instruction i is needed by the fold or its guard; out[i]: by a store. */
 static void fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live, bool *out_live)
 {
-    reach(k, k->red_value, fold_live);
+    for (int j = 0; j < k->n_folds; j++)
+        reach(k, rfi_kir_fold_value(k, j), fold_live);
     reach(k, k->red_guard, fold_live);
     for (int st = 0; st < k->n_stores; st++) {
         reach(k, k->stores[st].index, out_live);
@@ -1062,6 +1099,38 @@ static void interchanged_body(render *R, const bool *live, const bool *out)
 }
 
 /* ---- Split reductions ------------------------------------------------------------------- */
+/* Fold j's row of partials in a chunk: accs, accs1, accs2, ... */
+static void partials_name(char name[32], int j)
+{
+    if (j == 0)
+        memcpy(name, "accs", 5);
+    else
+        make_name(name, "accs", j, false, 0);
+}
+
+/* Each fold's accumulator from its row of partials at kept index kl (C text). */
+static void load_partials(render *R, int depth, const char *kl)
+{
+    for (int j = 0; j < R->k->n_folds; j++) {
+        char acc[32], row[32];
+        acc_name(acc, j);
+        partials_name(row, j);
+        indent(R, depth);
+        putf(R->sb, "%s %s = %s[%s];\n", ctype(R->k->acc_dtype), acc, row, kl);
+    }
+}
+
+static void store_partials(render *R, int depth, const char *kl)
+{
+    for (int j = 0; j < R->k->n_folds; j++) {
+        char acc[32], row[32];
+        acc_name(acc, j);
+        partials_name(row, j);
+        indent(R, depth);
+        putf(R->sb, "%s[%s] = %s;\n", row, kl, acc);
+    }
+}
+
 /* The chunk function: chunks [lo, hi), each folding its range of r0 into its
  * row of partial accumulators. Reductions over r0 alone, and those whose
  * loads walk memory along the last kept axis but not along the innermost
@@ -1077,20 +1146,30 @@ static void split_body(render *R, const bool *live, const schedule *sc)
     const char *acc_t = ctype(k->acc_dtype);
     statements(R, live, 0, 1);
     put(R->sb, "    for (int64_t q = lo; q < hi; q++) {\n");
-    if (k->rank == 0) { /* one point: its partial in a scalar */
-        putf(R->sb, "        %s acc = ", acc_t);
-        identity_literal(R);
-        put(R->sb, ";\n");
+    int folds = k->n_folds;
+    if (k->rank == 0) { /* one point: its partials in scalars */
+        declare_accs(R, 2);
         open_reduced_loops(R, 0, 2, sc);
         statements(R, live, 2, 2 + k->red_rank);
         fold(R, 2 + k->red_rank);
         close_loops(R, 2, k->red_rank);
-        put(R->sb, "        c->part[q] = acc;\n    }\n");
+        if (folds == 1)
+            put(R->sb, "        c->part[q] = acc;\n");
+        for (int j = 0; j < folds && folds > 1; j++) {
+            char acc[32];
+            acc_name(acc, j);
+            putf(R->sb, "        c->part[q * %d + %d] = %s;\n", folds, j, acc);
+        }
+        put(R->sb, "    }\n");
         return;
     }
-    putf(R->sb, "        %s *restrict accs = c->part + q * %lld;\n", acc_t, (long long)sc->kept);
+    putf(R->sb, "        %s *restrict accs = c->part + q * %lld;\n", acc_t,
+                  (long long)(folds * sc->kept));
+    for (int j = 1; j < folds; j++)
+        putf(R->sb, "        %s *restrict accs%d = accs + %lld;\n", acc_t, j,
+                      (long long)(j * sc->kept));
     putf(R->sb, "        for (int64_t a = 0; a < %lld; a++)\n            accs[a] = ",
-                  (long long)sc->kept);
+                  (long long)(folds * sc->kept));
     identity_literal(R);
     put(R->sb, ";\n");
     if (k->red_rank == 1 || interchange_reduction(k, live)) {
@@ -1104,25 +1183,21 @@ static void split_body(render *R, const bool *live, const schedule *sc)
         int in = 2 + k->red_rank + k->rank;
         statements(R, live, 1, in);
         statements(R, live, 2, in);
-        indent(R, in);
-        putf(R->sb, "%s acc = accs[%s];\n", acc_t, kl);
+        load_partials(R, in, kl);
         fold(R, in);
-        indent(R, in);
-        putf(R->sb, "accs[%s] = acc;\n", kl);
+        store_partials(R, in, kl);
         close_loops(R, 2, k->red_rank + k->rank);
     } else {
         open_chunk_loop(R, 2, sc);
         open_kept_loops(R, 3, false);
         int in = 3 + k->rank;
         statements(R, live, 1, in);
-        indent(R, in);
-        putf(R->sb, "%s acc = accs[%s];\n", acc_t, kl);
+        load_partials(R, in, kl);
         open_reduced_loops(R, 1, in, sc);
         statements(R, live, 2, in + k->red_rank - 1);
         fold(R, in + k->red_rank - 1);
         close_loops(R, in, k->red_rank - 1);
-        indent(R, in);
-        putf(R->sb, "accs[%s] = acc;\n", kl);
+        store_partials(R, in, kl);
         close_loops(R, 2, 1 + k->rank);
     }
     put(R->sb, "    }\n");
@@ -1136,10 +1211,7 @@ static void combine_function(render *R, const char *kname, const bool *live, con
     const rfi_kir_kernel *k = R->k;
     char kl[320], part[400];
     kept_index(k, kl, sizeof kl);
-    if (sc->kept == 1)
-        snprintf(part, sizeof part, "c->part[q]");
-    else
-        snprintf(part, sizeof part, "c->part[q * %lld + %s]", (long long)sc->kept, kl);
+    int folds = k->n_folds;
     putf(R->sb, "/* Folds each point's %lld partials in chunk order, then stores. */\n",
                   (long long)sc->chunks);
     putf(R->sb, "RF_KERNEL void %s_combine(const struct %s_ctx *c)\n{\n", kname, kname);
@@ -1147,13 +1219,23 @@ static void combine_function(render *R, const char *kname, const bool *live, con
     statements(R, live, 0, 1);
     open_kept_loops(R, 1, false);
     int in = 1 + k->rank;
-    indent(R, in);
-    putf(R->sb, "%s acc = ", ctype(k->acc_dtype));
-    identity_literal(R);
-    put(R->sb, ";\n");
-    indent(R, in);
-    putf(R->sb, "for (int64_t q = 0; q < %lld; q++)\n", (long long)sc->chunks);
-    fold_text(R, in + 1, "acc", part);
+    declare_accs(R, in);
+    for (int j = 0; j < folds; j++) {
+        char acc[32], row[64] = "";
+        acc_name(acc, j);
+        if (j > 0)
+            snprintf(row, sizeof row, " + %lld", (long long)(j * sc->kept));
+        if (sc->kept == 1 && folds == 1)
+            snprintf(part, sizeof part, "c->part[q]");
+        else if (sc->kept == 1)
+            snprintf(part, sizeof part, "c->part[q * %d%s]", folds, row);
+        else
+            snprintf(part, sizeof part, "c->part[q * %lld%s + %s]",
+                     (long long)(folds * sc->kept), row, kl);
+        indent(R, in);
+        putf(R->sb, "for (int64_t q = 0; q < %lld; q++)\n", (long long)sc->chunks);
+        fold_text(R, in + 1, acc, part);
+    }
     statements(R, live, 1, in);
     statements(R, live, 3, in);
     stores(R, in);
@@ -1219,7 +1301,7 @@ static void plain_body(render *R, const bool *live)
 
 static bool unroll_reduction(const rfi_kir_kernel *k)
 {
-    return k->is_reduce && k->rank == 1 && k->red_rank == 1 && simd_sum(k) &&
+    return k->is_reduce && k->n_folds == 1 && k->rank == 1 && k->red_rank == 1 && simd_sum(k) &&
            k->dims[0] >= 2 * UNROLL_OUTPUTS && k->red_dims[0] >= UNROLL_MIN_POINTS;
 }
 
@@ -1441,7 +1523,7 @@ static void call_kernel(render *R, const rfi_kir_kernel *k)
     put(R->sb, "    {\n");
     if (sc.form == SCHED_SPLIT)
         putf(R->sb, "        %s part[%lld];\n", ctype(k->acc_dtype),
-                      (long long)(sc.chunks * sc.kept));
+                      (long long)(sc.chunks * k->n_folds * sc.kept));
     putf(R->sb, "        struct %s_ctx c = {", kname);
     bool first = true;
     for (int b = 0; b < k->n_bases; b++) {
