@@ -727,40 +727,9 @@ static const rfi_node *loop_shape(const rfi_plan_builder *b, int x)
     return b->g->nodes[b->seg_flat[x] >= 0 ? b->seg_flat[x] : x];
 }
 
-/* How far back (in steps) a LOOP root looks for a step to join: bounds the
+/* How far back (in steps) a root looks for a step to join: bounds the
  * planner's time on long programs. */
 #define JOIN_WINDOW 256
-
-/* The LOOP step root x (reading `inputs`) joins, or -1; *move says the step
- * must first move to the end of the order. */
-static int find_loop_to_join(const rfi_plan_builder *b, int x, const rfi_intlist *inputs,
-                             bool *move)
-{
-    int ready = -1;
-    for (int i = 0; i < inputs->n; i++) {
-        int s = b->step_of[inputs->v[i]];
-        int pos = s >= 0 ? rfi_plan_step_pos(b, s) : -1;
-        ready = pos > ready ? pos : ready;
-    }
-    const rfi_node *node = loop_shape(b, x);
-    int stop = b->n_steps > JOIN_WINDOW ? b->n_steps - JOIN_WINDOW : 0;
-    for (int pos = b->n_steps - 1; pos >= stop; pos--) {
-        int s = b->order[pos];
-        const rfi_bstep *st = &b->steps[s];
-        if (st->kind != RFI_STEP_LOOP || !same_dims(loop_shape(b, st->roots.v[0]), node) ||
-            !lists_meet(inputs, &st->inputs))
-            continue;
-        if (pos > ready) {
-            *move = false;
-            return s;
-        }
-        if (!lists_meet(inputs, &st->roots) && !roots_read_later(b, s, pos)) {
-            *move = true;
-            return s;
-        }
-    }
-    return -1;
-}
 
 /* Whether reductions a and b are siblings: one kind, one operand shape and
  * type, one set of reduced axes, so one pass over the operand's points can
@@ -778,10 +747,21 @@ static bool sibling_reductions(const rfi_node *a, const rfi_node *b)
     return true;
 }
 
-/* The REDUCE step reduction x (reading `inputs`) joins as a sibling, or -1;
- * *move as for find_loop_to_join, whose placement rules this follows. */
-static int find_reduce_to_join(const rfi_plan_builder *b, int x, const rfi_intlist *inputs,
-                               bool *move)
+/* Whether root x could run in step st: a LOOP root in a LOOP step of its
+ * shape, a reduction in a REDUCE step of its siblings with room for one more. */
+static bool step_takes(const rfi_plan_builder *b, const rfi_bstep *st, int x)
+{
+    const rfi_node *first = b->g->nodes[st->roots.v[0]];
+    if (st->kind == RFI_STEP_LOOP)
+        return same_dims(loop_shape(b, st->roots.v[0]), loop_shape(b, x));
+    return st->kind == RFI_STEP_REDUCE && st->epi < 0 && st->roots.n < RFI_MAX_SIBLINGS &&
+           sibling_reductions(first, b->g->nodes[x]);
+}
+
+/* The step root x (reading `inputs`, of kind `kind`) joins, or -1; *move says
+ * the step must first move to the end of the order. */
+static int find_step_to_join(const rfi_plan_builder *b, int x, rfi_step_kind kind,
+                             const rfi_intlist *inputs, bool *move)
 {
     int ready = -1;
     for (int i = 0; i < inputs->n; i++) {
@@ -789,14 +769,11 @@ static int find_reduce_to_join(const rfi_plan_builder *b, int x, const rfi_intli
         int pos = s >= 0 ? rfi_plan_step_pos(b, s) : -1;
         ready = pos > ready ? pos : ready;
     }
-    const rfi_node *node = b->g->nodes[x];
     int stop = b->n_steps > JOIN_WINDOW ? b->n_steps - JOIN_WINDOW : 0;
     for (int pos = b->n_steps - 1; pos >= stop; pos--) {
         int s = b->order[pos];
         const rfi_bstep *st = &b->steps[s];
-        if (st->kind != RFI_STEP_REDUCE || st->epi >= 0 || st->roots.n >= RFI_MAX_SIBLINGS ||
-            !sibling_reductions(b->g->nodes[st->roots.v[0]], node) ||
-            !lists_meet(inputs, &st->inputs))
+        if (st->kind != kind || !step_takes(b, st, x) || !lists_meet(inputs, &st->inputs))
             continue;
         if (pos > ready) {
             *move = false;
@@ -842,10 +819,9 @@ static rf_status schedule_root(rfi_plan_builder *b, int x)
         st = rfi_error(RF_E_NOMEM, "plan: out of memory");
     bool move = false;
     int s = -1;
-    if (st == RF_OK && kind == RFI_STEP_LOOP)
-        s = find_loop_to_join(b, x, &inputs, &move);
-    if (st == RF_OK && kind == RFI_STEP_REDUCE && epi < 0 && b->opts.sibling_reductions)
-        s = find_reduce_to_join(b, x, &inputs, &move);
+    if (st == RF_OK && (kind == RFI_STEP_LOOP ||
+                        (kind == RFI_STEP_REDUCE && epi < 0 && b->opts.sibling_reductions)))
+        s = find_step_to_join(b, x, kind, &inputs, &move);
     if (st == RF_OK && s >= 0 && move)
         move_to_end(b, s);
     if (st == RF_OK && s < 0) {
