@@ -4,10 +4,10 @@
  * executable per batch shape (the test set's last batch is smaller, so there
  * are two), reporting time per epoch and test accuracy:
  *
- *     epoch=5 train_loss=0.1748 test_acc=0.9170 seconds=23.2 eval_executables=2
+ *     epoch=5 train_loss=0.1761 test_acc=0.9171 seconds=20.4 eval_executables=2
  *
  * Defaults: width 16 (77754 parameters), batch 128, Adam(2e-3) cut to 0.3x for
- * the fourth of 5 epochs and 0.1x for the last (22-26 s per epoch on 2
+ * the fourth of 5 epochs and 0.1x for the last (20-27 s per epoch on 2
  * cores shared with other jobs, 0.917 at the end).
  *
  * Usage: resnet [--epochs N] [--batch N] [--width C] [--limit N] [--test-limit N]
