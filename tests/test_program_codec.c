@@ -2,9 +2,10 @@
  *
  * Programs come from rf_compile on the interpreter (its executable keeps the
  * lowered program) and from the compiling backend's optimise stage run on
- * that: a small MLP's training step (withgradient, Adam's update), and a
- * program with a constant larger than a description inlines, a weak scalar,
- * random numbers, two outputs and an assignment. Checks:
+ * that: a small MLP's training step (withgradient, Adam's update, on
+ * test_util.h's tu_trainer), and a program with a constant larger than a
+ * description inlines, a weak scalar, random numbers, two outputs and an
+ * assignment. Checks:
  *   - encode then decode gives the same program: the same printed text, the
  *     same description, the same rfi_hash, the same captured arrays and
  *     random streams, every byte used;
@@ -21,27 +22,22 @@
 
 /* ---- Programs ------------------------------------------------------------------------- */
 
-static rf_tensor *mse_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+static rf_tensor *ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
 {
     (void)n, (void)aux, (void)ctx;
-    return rf_mse(rf_apply(m, b[0]), b[1]);
+    return rf_logitcrossentropy(rf_apply(m, b[0]), b[1]);
 }
 
-typedef struct step_case {
-    rf_model *model;
-    rf_opt *opt;
-    rf_array *batch[2];
-} step_case;
-
+/* The training step of a tu_trainer (test_util.h): withgradient and Adam's update. */
 static void step_trace(rf_trace *t, void *ctx)
 {
-    step_case *c = ctx;
+    tu_trainer *c = ctx;
     rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
     rf_grads *g = NULL;
-    rf_tensor *loss = rf_withgradient(t, mse_loss, NULL, c->model, batch, 2, NULL, &g);
+    rf_tensor *loss = rf_withgradient(t, ce_loss, NULL, c->m, batch, 2, NULL, &g);
     if (!loss)
         return;
-    rf_update(t, c->opt, c->model, g);
+    rf_update(t, c->opt, c->m, g);
     rf_return(t, loss);
 }
 
@@ -71,28 +67,14 @@ static rf_exec *lowered(rf_trace_fn fn, void *ctx, rf_array *const *args, int na
     return e;
 }
 
-static bool step_case_new(step_case *c)
+/* A small MLP's step on a batch of 16 images of 2x2: 4 => 8 tanh => 10. */
+static bool mlp_trainer(tu_trainer *t)
 {
-    memset(c, 0, sizeof *c);
+    const int32_t labels[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5};
     rf_nn_seed(3);
-    rf_model *host = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY));
-    c->model = host ? rf_model_to(host, rf_device_cpu()) : NULL;
-    rf_model_free(host);
-    c->opt = c->model ? rf_setup(rf_adam(1e-2), c->model) : NULL;
-    rf_array *x = rf_randn(RF_F32, RF_SHAPE(16, 4), 1), *y = rf_randn(RF_F32, RF_SHAPE(16, 2), 2);
-    c->batch[0] = x ? rf_array_to(x, rf_device_cpu()) : NULL;
-    c->batch[1] = y ? rf_array_to(y, rf_device_cpu()) : NULL;
-    rf_array_free(x);
-    rf_array_free(y);
-    return c->model && c->opt && c->batch[0] && c->batch[1];
-}
-
-static void step_case_free(step_case *c)
-{
-    rf_opt_free(c->opt);
-    rf_model_free(c->model);
-    rf_array_free(c->batch[0]);
-    rf_array_free(c->batch[1]);
+    rf_model *host = rf_chain(rf_flatten_layer(), rf_dense(4, 8, RF_ACT_TANH),
+                              rf_dense(8, 10, RF_ACT_IDENTITY));
+    return tu_trainer_make(t, rf_device_cpu(), host, 16, 2, 2, 1, labels, 1e-2);
 }
 
 static bool misc_case_new(misc_case *c)
@@ -173,12 +155,11 @@ static void check_program(const rf_exec *e, const char *what)
 
 static void test_round_trips(void)
 {
-    step_case s;
-    CHECK(step_case_new(&s));
-    rf_exec *e = lowered(step_trace, &s, s.batch, 2);
+    tu_trainer s;
+    rf_exec *e = mlp_trainer(&s) ? lowered(step_trace, &s, (rf_array *[]){s.x, s.y}, 2) : NULL;
     check_program(e, "mlp step");
     rf_exec_free(e);
-    step_case_free(&s);
+    tu_trainer_free(&s);
 
     misc_case m;
     CHECK(misc_case_new(&m));
@@ -263,9 +244,8 @@ static void decode_any(const rfi_graph *g, const void *bytes, size_t len, int *r
 
 static void test_corrupted_encodings(void)
 {
-    step_case s;
-    CHECK(step_case_new(&s));
-    rf_exec *e = lowered(step_trace, &s, s.batch, 2);
+    tu_trainer s;
+    rf_exec *e = mlp_trainer(&s) ? lowered(step_trace, &s, (rf_array *[]){s.x, s.y}, 2) : NULL;
     rfi_strbuf enc = {0};
     if (e)
         CHECK(rfi_program_encode(&enc, e->prog, e->prog->captures, e->prog->n_captures));
@@ -293,7 +273,7 @@ static void test_corrupted_encodings(void)
     free(copy);
     rfi_sb_free(&enc);
     rf_exec_free(e);
-    step_case_free(&s);
+    tu_trainer_free(&s);
 }
 
 int main(void)

@@ -517,18 +517,26 @@ rf_status rfi_disk_cache_get_indexed(const char *source, const char *context,
 
 #define INDEX_MAGIC "reflux program index v1\n"
 
-/* The index file of (description, context) in dir. The magic enters the name's
- * hash, so an index name never equals an entry key. */
-static bool index_file(const char *dir, const rfi_disk_cache_index *index, const char *context,
-                       char *buf, size_t n)
+/* dir/<the 128-bit hash of (magic, key, context)><ext> into buf. The magic
+ * enters the name's hash, so index and record names never equal an entry key
+ * or each other. */
+static bool keyed_path(const char *dir, const char *magic, const void *key, size_t key_len,
+                       const char *context, const char *ext, char *buf, size_t n)
 {
     hash128 h = hash128_init();
-    hash128_part(&h, INDEX_MAGIC, strlen(INDEX_MAGIC));
-    hash128_part(&h, index->data, index->len);
+    hash128_part(&h, magic, strlen(magic));
+    hash128_part(&h, key, key_len);
     hash128_part(&h, context, strlen(context));
     char name[RFI_CACHE_KEY_HEX];
     hash128_hex(h, name);
-    return (size_t)snprintf(buf, n, "%s/%s.idx", dir, name) < n;
+    return (size_t)snprintf(buf, n, "%s/%s%s", dir, name, ext) < n;
+}
+
+/* The index file of (description, context) in dir. */
+static bool index_file(const char *dir, const rfi_disk_cache_index *index, const char *context,
+                       char *buf, size_t n)
+{
+    return keyed_path(dir, INDEX_MAGIC, index->data, index->len, context, ".idx", buf, n);
 }
 
 /* Writes the index file: the magic, the entry's key, its manifest as it is
@@ -700,21 +708,13 @@ bool rfi_disk_cache_find_indexed(const rfi_disk_cache_index *index, const char *
 #define RECORD_MAGIC "reflux record v1\n"
 
 /* The record file of (key, context) in the configured directory, when that
- * exists and is private. The magic enters the name's hash, so a record's name
- * never equals an entry key or an index name. */
+ * exists and is private. */
 static bool record_path(const void *key, size_t key_len, const char *context, char *buf,
                         size_t n)
 {
     char dir[PATH_MAX];
-    if (!existing_private_dir(dir, sizeof dir - 64))
-        return false;
-    hash128 h = hash128_init();
-    hash128_part(&h, RECORD_MAGIC, strlen(RECORD_MAGIC));
-    hash128_part(&h, key, key_len);
-    hash128_part(&h, context, strlen(context));
-    char name[RFI_CACHE_KEY_HEX];
-    hash128_hex(h, name);
-    return (size_t)snprintf(buf, n, "%s/%s.rec", dir, name) < n;
+    return existing_private_dir(dir, sizeof dir - 64) &&
+           keyed_path(dir, RECORD_MAGIC, key, key_len, context, ".rec", buf, n);
 }
 
 /* Parses "<magic>key=K context=C payload=P digest=D\n" and the three parts

@@ -30,6 +30,12 @@ static void safe_name(char *dst, size_t n, const char *name)
         snprintf(dst, n, "program");
 }
 
+bool rfi_dump_wanted(void)
+{
+    const char *dir = getenv("RF_DUMP");
+    return dir && *dir;
+}
+
 void rfi_dump(const char *name, uint64_t hash, const char *stage, const char *text)
 {
     const char *dir = getenv("RF_DUMP");

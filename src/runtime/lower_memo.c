@@ -12,7 +12,6 @@
 #include "program_codec.h"
 
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define MEMO_MAGIC "reflux lowering memo v1"
@@ -21,17 +20,11 @@ static atomic_uint_fast64_t n_hits;
 
 uint64_t rfi_lower_memo_n_hits(void) { return atomic_load(&n_hits); }
 
-static bool dumping(void)
-{
-    const char *dir = getenv("RF_DUMP");
-    return dir && *dir;
-}
-
 bool rfi_lower_memo_begin(rfi_lower_memo *m, const rfi_graph *t, const rfi_backend *b)
 {
     memset(m, 0, sizeof *m);
     char build_id[160];
-    if (!b->optimise || !b->optimise_context || !b->prepare_optimised || dumping() ||
+    if (!b->optimise || !b->optimise_context || !b->prepare_optimised || rfi_dump_wanted() ||
         !rfi_cc_build_id((uintptr_t)rfi_lower_memo_begin, build_id, sizeof build_id))
         return false;
     rfi_sb_printf(&m->context, "%s\nbuild=%s\nbackend=%s\n", MEMO_MAGIC, build_id, b->name);

@@ -99,6 +99,9 @@ RFI_FUNC rf_status rfi_dce(const rfi_graph *g, rfi_graph **out);
 /* RF_DUMP support: writes `text` to $RF_DUMP/<name>-<hash>.<stage>.txt when
  * RF_DUMP is set. Failures to write only warn on stderr. */
 RFI_FUNC void rfi_dump(const char *name, uint64_t hash, const char *stage, const char *text);
+/* Whether RF_DUMP is set: callers skip printing programs nobody reads (they
+ * cost milliseconds), and the caches step aside, since a dump wants every stage. */
+RFI_FUNC bool rfi_dump_wanted(void);
 
 struct rf_exec {
     rfi_graph *prog;         /* final program (owned); holds the capture references */

@@ -325,8 +325,7 @@ rf_status rf_trace_text(rf_trace_fn fn, void *ctx, rf_array *const *args, int na
 /* Writes the program text of one pipeline stage when RF_DUMP asks for it. */
 static void dump_stage(const rfi_graph *g, const char *name, uint64_t hash, const char *stage)
 {
-    const char *dir = getenv("RF_DUMP");
-    if (!dir || !*dir)
+    if (!rfi_dump_wanted())
         return;
     char *text = rfi_print(g);
     if (!text) {
@@ -390,8 +389,7 @@ static rf_status lower(rfi_graph *g, rfi_graph **out)
     char name[256];
     snprintf(name, sizeof name, "%s", g->name ? g->name : "program");
     /* One prefix for the three dumps of this compile (hashed only when dumping). */
-    const char *dump_dir = getenv("RF_DUMP");
-    uint64_t hash = dump_dir && *dump_dir ? rfi_hash(g) : 0;
+    uint64_t hash = rfi_dump_wanted() ? rfi_hash(g) : 0;
     dump_stage(g, name, hash, "traced");
     rf_status st = run_pass(rfi_autodiff, &g);
     if (st == RF_OK) {

@@ -119,14 +119,6 @@ static rf_status make_arena(cpu_state *s)
     return RF_OK;
 }
 
-/* Whether RF_DUMP asks for the stage dumps (rfi_dump checks it too; this only
- * avoids printing programs and plans nobody reads: they cost milliseconds). */
-static bool dumping(void)
-{
-    const char *dir = getenv("RF_DUMP");
-    return dir && *dir;
-}
-
 /* ---- The program description (the disk cache's index key) ------------------------ *
  * A warm compile used to lower and render the whole program (~6 ms of the
  * ~16 ms a ResNet step's warm compile took) only to find that the disk cache
@@ -211,7 +203,7 @@ static rf_status generate_source(void *ctx, char **source)
     rf_status st = rfi_kir_lower(job->plan, &kir);
     if (st == RF_OK)
         st = rfi_render_c(kir, source);
-    if (st == RF_OK && dumping()) {
+    if (st == RF_OK && rfi_dump_wanted()) {
         char *plan_text = rfi_plan_print(job->plan);
         if (plan_text)
             rfi_dump(job->name, job->hash, "plan", plan_text);
@@ -229,7 +221,7 @@ static rf_status build_module(cpu_state *s, const rfi_plan_opts *opts, const cha
                               uint64_t hash)
 {
     rfi_strbuf desc = {0};
-    if (!dumping())
+    if (!rfi_dump_wanted())
         (void)describe(s->opt, opts, &desc);
     source_job job = {s->plan, name, hash};
     rf_status st = rfi_cc_load_program(desc.data, desc.len, generate_source, &job, name,
@@ -282,8 +274,8 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
     const char *name = g->name ? g->name : "program";
     rf_status st = RF_OK;
     {
-        uint64_t hash = dumping() ? rfi_hash(s->opt) : 0; /* names the dumps only */
-        if (dumping()) {
+        uint64_t hash = rfi_dump_wanted() ? rfi_hash(s->opt) : 0; /* names the dumps only */
+        if (rfi_dump_wanted()) {
             char *text = rfi_print(s->opt);
             if (text)
                 rfi_dump(name, hash, "optimised", text);
