@@ -1399,9 +1399,14 @@ static void unrolled_body(render *R, const bool *live)
         memcpy(saved, R->names, (size_t)k->n_ins * sizeof *saved);
         output_dependent(k, dep);
         put(R->sb, "    int64_t i0 = lo;\n");
-        if (!unrolled_block(R, live, dep, saved))
-            put(R->sb, "    /* (not unrolled: names too long) */\n");
-        put(R->sb, "    for (; i0 < hi; i0++) {\n");
+        if (unrolled_block(R, live, dep, saved))
+            /* fewer than UNROLL_OUTPUTS outputs are left; saying so keeps gcc,
+             * once the kernel is inlined with constant bounds, from warning
+             * that a later iteration of this loop would overflow an index */
+            putf(R->sb, "    for (const int64_t tail_end = i0 + (hi - i0) %% %d; i0 < tail_end; "
+                        "i0++) {\n", UNROLL_OUTPUTS);
+        else
+            put(R->sb, "    /* (not unrolled: names too long) */\n    for (; i0 < hi; i0++) {\n");
         statements(R, live, 1, 2);
         reduction_loops(R, live, 2);
         stores(R, 2);
