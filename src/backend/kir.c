@@ -616,6 +616,69 @@ void rfi_kir_mark_aliasing(rfi_kir_kernel *k)
     }
 }
 
+/* ---- Rebasing constant offsets -------------------------------------------------------- *
+ * A base that every live load and store indexes as x + c, with one constant
+ * c > 0, moves c elements up and is indexed by x: the same addresses. The
+ * pieces of a segmented update (each parameter's Adam step, reading its
+ * moments in flat vectors at its own offset) then differ in their pointers
+ * only, and the renderer can give them one function (render_c.c). */
+
+/* The constant c of an index x + c (constants come second: rfi_kir_index). */
+static bool offset_index(const rfi_kir_kernel *k, int id, int64_t *c)
+{
+    const rfi_kir_ins *x = &k->ins[id];
+    return x->op == RFI_KIR_IADD && rfi_kir_is_const(k, x->b, c);
+}
+
+/* The offset every live access to base b shares (0: none to take out). */
+static int64_t shared_offset(const rfi_kir_kernel *k, const bool *live, int b)
+{
+    int64_t shared = 0, c;
+    bool seen = false;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        if (!live[id] || x->op != RFI_KIR_LOAD || x->base != b)
+            continue;
+        if (!offset_index(k, x->a, &c) || (seen && c != shared))
+            return 0;
+        shared = c, seen = true;
+    }
+    for (int s = 0; s < k->n_stores; s++) {
+        if (k->stores[s].base != b)
+            continue;
+        if (!offset_index(k, k->stores[s].index, &c) || (seen && c != shared))
+            return 0;
+        shared = c, seen = true;
+    }
+    return shared > 0 ? shared : 0;
+}
+
+rf_status rfi_kir_rebase(rfi_kir_kernel *k)
+{
+    bool *live = rfi_malloc(((size_t)k->n_ins + 1) * sizeof *live);
+    if (!live)
+        return rfi_error(RF_E_NOMEM, "kir: out of memory rebasing step %d", k->step);
+    rfi_kir_liveness(k, live);
+    for (int b = 0; b < k->n_bases; b++) {
+        rfi_kir_base *base = &k->bases[b];
+        int64_t c = shared_offset(k, live, b);
+        size_t shift = (size_t)c * rf_dtype_size(base->dtype);
+        if (c == 0 || shift > base->nbytes)
+            continue;
+        base->offset += shift;
+        base->nbytes -= shift;
+        /* in place: the hash-consing table is not consulted after lowering */
+        for (int id = 0; id < k->n_ins; id++)
+            if (live[id] && k->ins[id].op == RFI_KIR_LOAD && k->ins[id].base == b)
+                k->ins[id].a = k->ins[k->ins[id].a].a;
+        for (int s = 0; s < k->n_stores; s++)
+            if (k->stores[s].base == b)
+                k->stores[s].index = k->ins[k->stores[s].index].a;
+    }
+    rfi_free(live);
+    return RF_OK;
+}
+
 void rfi_kir_liveness(const rfi_kir_kernel *k, bool *live)
 {
     memset(live, 0, (size_t)k->n_ins * sizeof(bool));

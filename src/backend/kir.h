@@ -239,6 +239,12 @@ RFI_FUNC rf_status rfi_kir_add_store(rfi_kir_kernel *k, int base, int index, int
  * over [.., 784]. The points and the fold order stay the same. *k may be
  * replaced (the old kernel is freed). */
 RFI_FUNC rf_status rfi_kir_coalesce(rfi_kir_kernel **k);
+/* Moves each base that every live access indexes as x + c (one constant
+ * c > 0) up by c elements, its accesses then indexed by x: the same
+ * addresses, and kernels that differ in such offsets only read alike. For a
+ * finished kernel (it edits instructions in place), before
+ * rfi_kir_mark_aliasing. */
+RFI_FUNC rf_status rfi_kir_rebase(rfi_kir_kernel *k);
 /* Sets every base's noalias flag from the byte ranges (call once, when complete). */
 RFI_FUNC void rfi_kir_mark_aliasing(rfi_kir_kernel *k);
 /* Whether index instruction `id` is affine in loop variable `var`: true with

@@ -1271,6 +1271,8 @@ static rfi_kir_step *add_step(rfi_kir_module *m, rfi_kir_step_kind kind, int ste
 static rf_status add_kernel(lower *L, rfi_kir_module *m, int s, const char *what)
 {
     rf_status st = rfi_kir_coalesce(&L->k);
+    if (st == RF_OK)
+        st = rfi_kir_rebase(L->k);
     if (st != RF_OK)
         return st;
     rfi_kir_mark_aliasing(L->k);
