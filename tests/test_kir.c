@@ -1509,6 +1509,91 @@ static void test_sibling_reductions(void)
     rfi_free(rd);
 }
 
+/* Shared functions (render_c.c) and rebased offsets (rfi_kir_rebase): 36
+ * kernels, each exp(x[i : i + 100]) * 2 + 1 for its own i, read x through a
+ * base moved up by i elements and run the first one's function; one with
+ * tanh instead, and one that reads x at two offsets (no single offset to take
+ * out), have functions of their own. A module of fewer than 32 kernels keeps
+ * one function per kernel. Against the interpreter. */
+static rfi_node *slice_1d(rfi_graph *g, rfi_node *x, int64_t start, int64_t len)
+{
+    rfi_attrs a = {0};
+    int64_t lo[] = {start}, hi[] = {start + len}, stride[] = {1}, dims[] = {len};
+    set_list(&a, 0, lo, 1);
+    set_list(&a, 1, hi, 1);
+    set_list(&a, 2, stride, 1);
+    return mk(g, RFI_OP_SLICE, &x, 1, &a, x->dtype, dims, 1);
+}
+
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *at = strstr(text, needle); at; at = strstr(at + 1, needle))
+        n++;
+    return n;
+}
+
+static void test_shared_functions(int n_alike)
+{
+    enum { LEN = 100, MAX_ALIKE = 36 };
+    targ a = {RF_F32, 1, {LEN + MAX_ALIKE + 1}};
+    rfi_graph *g = g_new(&a, 1);
+    rfi_node *x = g_arg(g, 0), *ys[MAX_ALIKE + 2];
+    int64_t map[1] = {0}, dims[] = {LEN};
+    rfi_node *two = bcast(g, scalar(g, RF_F32, 2.0), map, dims, 1);
+    rfi_node *one = bcast(g, scalar(g, RF_F32, 1.0), map, dims, 1);
+    for (int i = 0; i < n_alike; i++)
+        ys[i] = bin(g, RFI_OP_ADD,
+                    bin(g, RFI_OP_MUL, un(g, RFI_OP_EXP, slice_1d(g, x, i, LEN)), two), one);
+    ys[n_alike] = bin(g, RFI_OP_ADD,
+                      bin(g, RFI_OP_MUL, un(g, RFI_OP_TANH, slice_1d(g, x, 3, LEN)), two), one);
+    ys[n_alike + 1] = bin(g, RFI_OP_ADD, slice_1d(g, x, 5, LEN), slice_1d(g, x, 6, LEN));
+    int n = n_alike + 2;
+    for (int i = 0; i < n; i++)
+        CHECK_OK(rfi_graph_add_output(g, ys[i]));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km)) {
+        bool shares = n >= 32;
+        CHECK(count_of(m.source, "the functions of") == (shares ? n_alike - 1 : 0));
+        const rfi_kir_kernel *k7 = kernel_of(km, ys[7]);
+        CHECK(k7 && k7->n_bases >= 1);
+        for (int b = 0; k7 && b < k7->n_bases; b++)
+            if (!k7->bases[b].written)
+                CHECK(k7->bases[b].offset == 7 * sizeof(float)); /* x moved up by 7 */
+        const rfi_kir_kernel *k0 = kernel_of(km, ys[0]);
+        char line[160];
+        if (k0 && k7) {
+            snprintf(line, sizeof line, "(k%d_%s: the functions of k%d_%s,", k7->step, k7->name,
+                     k0->step, k0->name);
+            CHECK((strstr(m.source, line) != NULL) == shares);
+        }
+        const rfi_kir_kernel *kt = kernel_of(km, ys[n_alike]), *k2 = kernel_of(km, ys[n - 1]);
+        CHECK(kt && kernel_has(m.source, kt, "tanh"));
+        CHECK(k2 && kernel_has(m.source, k2, "i0 + 5;") && kernel_has(m.source, k2, "i0 + 6;"));
+        for (int b = 0; k2 && b < k2->n_bases; b++)
+            CHECK(k2->bases[b].written || k2->bases[b].offset == 0); /* x stays put */
+    }
+    module_free(&m);
+    rfi_kir_free(km);
+    float xd[LEN + MAX_ALIKE + 1];
+    for (int i = 0; i < LEN + MAX_ALIKE + 1; i++)
+        xd[i] = (float)((i * 29 % 41) - 20) * 0.125f;
+    const void *args[1] = {xd};
+    const char *labels[MAX_ALIKE + 2];
+    tol tols[MAX_ALIKE + 2];
+    for (int i = 0; i < n; i++) {
+        labels[i] = i < n_alike ? "shared exp kernel" : i == n_alike ? "tanh kernel"
+                                                                     : "two-offset kernel";
+        tols[i] = i <= n_alike ? ULPS : EXACT; /* vectorised exp and tanh */
+    }
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+}
+
 /* Windows (pooling): small ones (up to 16 points) are unrolled into a loop
  * without reduced loops, vectorised along the last axis; larger ones run
  * interchanged (the kept axis innermost and vectorised, loads stepping by the
@@ -1715,6 +1800,8 @@ int main(void)
     test_sibling_reductions();
     test_windows();
     test_split_division();
+    test_shared_functions(36);
+    test_shared_functions(20);
     test_errors();
     test_float_unary(RF_F32);
     test_float_unary(RF_F64);

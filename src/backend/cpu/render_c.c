@@ -125,6 +125,9 @@ typedef struct render {
     char (*names)[32];               /* per instruction */
     char (*base_names)[32];          /* per base */
     rfi_strbuf *def;                 /* where a kernel's functions go (sb: the rest) */
+    bool neutral;                    /* names from positions, not nodes (shared functions) */
+    const int *function_of;          /* per module step: the step whose functions it calls */
+    bool share;                      /* kernels may call others' functions (shares_functions) */
 } render;
 
 static const char *ctype(rf_dtype dt)
@@ -230,13 +233,20 @@ static void acc_name(char name[32], int j)
         make_name(name, "acc", j, false, 0);
 }
 
-static void name_values(render *R, const bool *live)
+/* Names the values and bases: from their IR nodes, or in neutral form
+ * (shared functions, below) by their order among the live values and the
+ * bases used. */
+static void name_values(render *R, const bool *live, const bool *base_used)
 {
     const rfi_kir_kernel *k = R->k;
+    int ordinal = 0;
     for (int id = 0; id < k->n_ins; id++) {
         const rfi_kir_ins *x = &k->ins[id];
         char *name = R->names[id];
-        if (x->op == RFI_KIR_VAR) {
+        if (R->neutral && x->op != RFI_KIR_VAR && x->op != RFI_KIR_ACC) {
+            /* (a dead value's name is never printed; by id, it would not match) */
+            make_name(name, live[id] ? "v" : "dead", live[id] ? ordinal++ : id, false, 0);
+        } else if (x->op == RFI_KIR_VAR) {
             if (x->var < k->rank)
                 make_name(name, "i", x->var, false, 0);
             else
@@ -257,11 +267,15 @@ static void name_values(render *R, const bool *live)
             make_name(name, "t", id, false, 0);
         }
     }
+    ordinal = 0;
     for (int b = 0; b < k->n_bases; b++) {
         int same = 0;
         for (int p = 0; p < b; p++)
             same += k->bases[p].node == k->bases[b].node;
-        if (same)
+        if (R->neutral)
+            make_name(R->base_names[b], base_used[b] ? "p" : "unused", base_used[b] ? ordinal++ : b,
+                      false, 0);
+        else if (same)
             make_name(R->base_names[b], "p", b, true, k->bases[b].node);
         else
             make_name(R->base_names[b], "p_", k->bases[b].node, false, 0);
@@ -716,6 +730,15 @@ static void comment(render *R, const char *text, int depth)
 static void kernel_name(const rfi_kir_kernel *k, char *buf, size_t n)
 {
     snprintf(buf, n, "k%d_%s", k->step, k->name);
+}
+
+/* The name of the functions R renders for R->k ("K" in neutral form). */
+static void rendered_name(const render *R, char *buf, size_t n)
+{
+    if (R->neutral)
+        snprintf(buf, n, "K");
+    else
+        kernel_name(R->k, buf, n);
 }
 
 /* ---- Reduction schedules ------------------------------------------------------------- *
@@ -1429,8 +1452,9 @@ static void kernel_functions(render *R, const bool *live, bool *fold_live, bool 
     const rfi_kir_kernel *k = R->k;
     schedule sc = choose_schedule(k, live);
     char kname[64];
-    kernel_name(k, kname, sizeof kname);
-    comment(R, k->comment ? k->comment : kname, 0);
+    rendered_name(R, kname, sizeof kname);
+    if (!R->neutral)
+        comment(R, k->comment ? k->comment : kname, 0);
     ctx_struct(R, base_used, kname, &sc);
     /* declared before any part's code: the entry point's part calls it */
     putf(R->sb, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi);\n", kname);
@@ -1479,7 +1503,7 @@ static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
         R->k = k;
         rfi_kir_liveness(k, live);
         bases_used(k, live, true, base_used);
-        name_values(R, live);
+        name_values(R, live, base_used);
         kernel_functions(R, live, fold_live, out_live, base_used);
     }
     rfi_free(live);
@@ -1491,6 +1515,86 @@ static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
     R->names = NULL;
     R->base_names = NULL;
     return ok ? RF_OK : rfi_error(RF_E_NOMEM, "render_c: out of memory");
+}
+
+/* ---- Kernels that share functions ------------------------------------------------------ *
+ * Two kernels whose functions read the same in neutral names (values and
+ * bases named by position, the function "K"), ctx struct included, differ
+ * only in the pointers their ctx holds (rfi_kir_rebase has moved constant
+ * offsets into those): the later one's step calls the earlier one's
+ * functions with a ctx of its own. The pieces of a segmented optimiser
+ * update and the kernels of a network's repeated blocks come out alike, and
+ * gcc compiles each such function once. */
+#define SHARE_MIN_KERNELS 32
+
+/* Whether m is large enough for shared functions to pay: a small module
+ * compiles quickly anyway, and its kernels, each called once, are inlined
+ * into the entry point with constant bounds (the tiny training step, whose
+ * optimiser pieces are 2 to 32 elements long: 2.14 us a step so, 2.17 with
+ * shared functions). */
+static bool shares_functions(const rfi_kir_module *m)
+{
+    int kernels = 0;
+    for (int i = 0; i < m->n_steps; i++)
+        kernels += m->steps[i].kind == RFI_KIR_STEP_KERNEL;
+    return kernels >= SHARE_MIN_KERNELS;
+}
+
+typedef struct kernel_text {
+    rfi_strbuf text; /* the neutral form */
+    uint64_t hash;
+} kernel_text;
+
+static rf_status neutral_text(render *R, const rfi_kir_kernel *k, kernel_text *out)
+{
+    rfi_strbuf *sb = R->sb, *def = R->def;
+    R->sb = R->def = &out->text;
+    R->neutral = true;
+    rf_status st = render_kernel(R, k);
+    R->sb = sb, R->def = def;
+    R->neutral = false;
+    if (st == RF_OK && out->text.failed)
+        st = rfi_error(RF_E_NOMEM, "render_c: out of memory");
+    out->hash = rfi_hash_bytes(RFI_HASH_INIT, out->text.data, out->text.len);
+    return st;
+}
+
+/* The earlier kernel step of m whose functions step i can call (i itself
+ * when none), from the neutral texts of the steps before it. */
+static int same_functions(const rfi_kir_module *m, const kernel_text *texts,
+                          const int *function_of, int i)
+{
+    const kernel_text *t = &texts[i];
+    for (int j = 0; j < i; j++) {
+        const kernel_text *u = &texts[j];
+        if (m->steps[j].kind == RFI_KIR_STEP_KERNEL && function_of[j] == j &&
+            u->hash == t->hash && u->text.len == t->text.len &&
+            memcmp(u->text.data, t->text.data, t->text.len) == 0)
+            return j;
+    }
+    return i;
+}
+
+/* Renders kernel step i into R->sb (declarations) and R->def (functions), or
+ * when an earlier step's functions do its work, only its comment. */
+static rf_status kernel_piece(render *R, const rfi_kir_module *m, kernel_text *texts,
+                              int *function_of, int i)
+{
+    const rfi_kir_kernel *k = m->steps[i].kernel;
+    if (!R->share) {
+        function_of[i] = i;
+        return render_kernel(R, k);
+    }
+    rf_status st = neutral_text(R, k, &texts[i]);
+    function_of[i] = st == RF_OK ? same_functions(m, texts, function_of, i) : i;
+    if (st != RF_OK || function_of[i] == i)
+        return st == RF_OK ? render_kernel(R, k) : st;
+    char kname[64], shared[64];
+    kernel_name(k, kname, sizeof kname);
+    kernel_name(m->steps[function_of[i]].kernel, shared, sizeof shared);
+    comment(R, k->comment ? k->comment : kname, 0);
+    putf(R->sb, "/* (%s: the functions of %s, on its own buffers) */\n\n", kname, shared);
+    return RF_OK;
 }
 
 /* ---- The entry point ---------------------------------------------------------------- */
@@ -1510,10 +1614,10 @@ static void pointer(render *R, const char *type, int buffer, size_t offset)
 
 /* A kernel's block in the entry point: its ctx, then the kernel, through
  * parallel_for when large; a split reduction's partials live in the block. */
-static void call_kernel(render *R, const rfi_kir_kernel *k)
+static void call_kernel(render *R, const rfi_kir_kernel *k, const rfi_kir_kernel *fn)
 {
     char kname[64];
-    kernel_name(k, kname, sizeof kname);
+    kernel_name(fn, kname, sizeof kname);
     bool *base_used = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof(bool));
     bool *live = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof(bool));
     if (!base_used || !live) {
@@ -1584,7 +1688,9 @@ static void entry(render *R, const rfi_kir_module *m)
         const rfi_kir_step *st = &m->steps[i];
         putf(R->sb, "    if (mark)\n        mark(s->prof, %d);\n", st->step);
         switch (st->kind) {
-        case RFI_KIR_STEP_KERNEL: call_kernel(R, st->kernel); break;
+        case RFI_KIR_STEP_KERNEL:
+            call_kernel(R, st->kernel, m->steps[R->function_of[i]].kernel);
+            break;
         case RFI_KIR_STEP_CALL:
             comment(R, st->comment, 1);
             putf(R->sb, "    if (s->call(s->rt, %d, bufs))\n        return %d;\n",
@@ -1715,6 +1821,8 @@ static void put_pieces(rfi_strbuf *out, const rfi_strbuf *decl, const rfi_strbuf
             continue; /* a step that is no kernel */
         if (decl[i].data)
             put_n(out, decl[i].data, decl[i].len);
+        if (def[i].len == 0)
+            continue; /* a kernel that calls another's functions */
         if (parts > 1) { /* the part its middle byte falls in */
             size_t part = (done + def[i].len / 2) * (size_t)parts / (total ? total : 1);
             if (part >= (size_t)parts)
@@ -1738,12 +1846,17 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
     int n = m->n_steps + 1; /* pieces: one per step (most empty), then the entry point */
     rfi_strbuf *decl = rfi_calloc((size_t)n, sizeof *decl);
     rfi_strbuf *def = rfi_calloc((size_t)n, sizeof *def);
-    rf_status st = decl && def ? RF_OK : rfi_error(RF_E_NOMEM, "render_c: out of memory");
+    kernel_text *texts = rfi_calloc((size_t)n, sizeof *texts);
+    int *function_of = rfi_calloc((size_t)n, sizeof *function_of);
+    R.function_of = function_of;
+    R.share = shares_functions(m);
+    rf_status st = decl && def && texts && function_of
+                       ? RF_OK : rfi_error(RF_E_NOMEM, "render_c: out of memory");
     for (int i = 0; i < m->n_steps && st == RF_OK; i++)
         if (m->steps[i].kind == RFI_KIR_STEP_KERNEL) {
             R.sb = &decl[i];
             R.def = &def[i];
-            st = render_kernel(&R, m->steps[i].kernel);
+            st = kernel_piece(&R, m, texts, function_of, i);
         } else if (m->steps[i].kind == RFI_KIR_STEP_CONV && conv_kernel_of(m, i) == i) {
             rfi_render_conv_kernel(&m->steps[i], &decl[i], &def[i]);
             R.need |= NEED_VECTORS | NEED_MAXMIN_F32;
@@ -1776,12 +1889,18 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
         put_pieces(&out, decl, def, n, total, parts);
     }
     failed |= out.failed;
-    for (int i = 0; decl && def && i < n; i++) {
-        rfi_sb_free(&decl[i]);
-        rfi_sb_free(&def[i]);
+    for (int i = 0; i < n; i++) {
+        if (decl)
+            rfi_sb_free(&decl[i]);
+        if (def)
+            rfi_sb_free(&def[i]);
+        if (texts)
+            rfi_sb_free(&texts[i].text);
     }
     rfi_free(decl);
     rfi_free(def);
+    rfi_free(texts);
+    rfi_free(function_of);
     if (st != RF_OK || failed) {
         rfi_sb_free(&out);
         return st != RF_OK ? st : rfi_error(RF_E_NOMEM, "render_c: out of memory");
