@@ -1680,7 +1680,7 @@ static void entry(render *R, const rfi_kir_module *m)
 {
     putf(R->sb, "/* Runs the %d steps on the buffer table (%d buffers). */\n", m->n_steps,
                   m->n_buffers);
-    put(R->sb, "__attribute__((visibility(\"default\")))\n");
+    put(R->sb, "RF_ENTRY\n");
     put(R->sb, "int rf_module_run_v1(const rf_module_services *s, void *const *bufs)\n{\n");
     put(R->sb, "    (void)s;\n    (void)bufs;\n");
     put(R->sb, "    void (*const mark)(void *, int) = s->mark;\n");
@@ -1796,7 +1796,12 @@ static void prelude(rfi_strbuf *sb, const render *R)
  * 20 KB rather than 40: the cnn's training step (104 KB of C) then compiles
  * in 4 parts in 320-345 ms instead of whole in 413-438 ms (3 runs each of
  * `rf_bench --workload cnn`); the mlp's and the ResNet's compiles did not move
- * (one part; at most MAX_PARTS). */
+ * (one part; at most MAX_PARTS).
+ * In a module of parts the entry point calls kernels of other parts, which
+ * it cannot inline: it is glue (a ctx per kernel, a call), compiled by gcc
+ * without optimisation (RF_ENTRY). The ResNet step's entry point, 64 KB of
+ * C in a part of its own, took 0.37 s of gcc's time at -O2, 0.34 at -O1 and
+ * 0.13 at -O0, while its extra cost at run time is a few ns per kernel call. */
 #define PART_BYTES (20 * 1024)
 #define MAX_PARTS 8
 
@@ -1807,6 +1812,11 @@ static const char parts_block[] =
     "#else /* one part of several, compiled apart and linked into one module */\n"
     "#define RF_KERNEL __attribute__((visibility(\"hidden\")))\n"
     "#define RF_IN_PART(p) ((p) == RF_PART)\n"
+    "#endif\n"
+    "#if defined(RF_PART) && defined(__GNUC__) && !defined(__clang__)\n"
+    "#define RF_ENTRY __attribute__((visibility(\"default\"), optimize(\"O0\")))\n"
+    "#else\n"
+    "#define RF_ENTRY __attribute__((visibility(\"default\")))\n"
     "#endif\n\n";
 
 /* The pieces into out (kernels in step order, then the entry point): each
