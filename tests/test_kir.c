@@ -1510,11 +1510,12 @@ static void test_sibling_reductions(void)
 }
 
 /* Shared functions (render_c.c) and rebased offsets (rfi_kir_rebase): 36
- * kernels, each exp(x[i : i + 100]) * 2 + 1 for its own i, read x through a
+ * kernels, each exp(x[i : i + len]) * 2 + 1 for its own i, read x through a
  * base moved up by i elements and run the first one's function; one with
  * tanh instead, and one that reads x at two offsets (no single offset to take
- * out), have functions of their own. A module of fewer than 32 kernels keeps
- * one function per kernel. Against the interpreter. */
+ * out), have functions of their own. A module whose kernels iterate over
+ * fewer than 2^16 points in all keeps one function per kernel. Against the
+ * interpreter. */
 static rfi_node *slice_1d(rfi_graph *g, rfi_node *x, int64_t start, int64_t len)
 {
     rfi_attrs a = {0};
@@ -1533,21 +1534,22 @@ static int count_of(const char *text, const char *needle)
     return n;
 }
 
-static void test_shared_functions(int n_alike)
+static void test_shared_functions(int64_t len)
 {
-    enum { LEN = 100, MAX_ALIKE = 36 };
-    targ a = {RF_F32, 1, {LEN + MAX_ALIKE + 1}};
+    enum { ALIKE = 36, MAX_LEN = 2000 };
+    const int n_alike = ALIKE;
+    targ a = {RF_F32, 1, {len + ALIKE + 1}};
     rfi_graph *g = g_new(&a, 1);
-    rfi_node *x = g_arg(g, 0), *ys[MAX_ALIKE + 2];
-    int64_t map[1] = {0}, dims[] = {LEN};
+    rfi_node *x = g_arg(g, 0), *ys[ALIKE + 2];
+    int64_t map[1] = {0}, dims[] = {len};
     rfi_node *two = bcast(g, scalar(g, RF_F32, 2.0), map, dims, 1);
     rfi_node *one = bcast(g, scalar(g, RF_F32, 1.0), map, dims, 1);
     for (int i = 0; i < n_alike; i++)
         ys[i] = bin(g, RFI_OP_ADD,
-                    bin(g, RFI_OP_MUL, un(g, RFI_OP_EXP, slice_1d(g, x, i, LEN)), two), one);
+                    bin(g, RFI_OP_MUL, un(g, RFI_OP_EXP, slice_1d(g, x, i, len)), two), one);
     ys[n_alike] = bin(g, RFI_OP_ADD,
-                      bin(g, RFI_OP_MUL, un(g, RFI_OP_TANH, slice_1d(g, x, 3, LEN)), two), one);
-    ys[n_alike + 1] = bin(g, RFI_OP_ADD, slice_1d(g, x, 5, LEN), slice_1d(g, x, 6, LEN));
+                      bin(g, RFI_OP_MUL, un(g, RFI_OP_TANH, slice_1d(g, x, 3, len)), two), one);
+    ys[n_alike + 1] = bin(g, RFI_OP_ADD, slice_1d(g, x, 5, len), slice_1d(g, x, 6, len));
     int n = n_alike + 2;
     for (int i = 0; i < n; i++)
         CHECK_OK(rfi_graph_add_output(g, ys[i]));
@@ -1556,7 +1558,7 @@ static void test_shared_functions(int n_alike)
     rfi_kir_module *km = NULL;
     module m;
     if (build(p, &m, &km)) {
-        bool shares = n >= 32;
+        bool shares = len * n >= (1 << 16);
         CHECK(count_of(m.source, "the functions of") == (shares ? n_alike - 1 : 0));
         const rfi_kir_kernel *k7 = kernel_of(km, ys[7]);
         CHECK(k7 && k7->n_bases >= 1);
@@ -1578,12 +1580,12 @@ static void test_shared_functions(int n_alike)
     }
     module_free(&m);
     rfi_kir_free(km);
-    float xd[LEN + MAX_ALIKE + 1];
-    for (int i = 0; i < LEN + MAX_ALIKE + 1; i++)
+    float xd[MAX_LEN + ALIKE + 1];
+    for (int i = 0; i < len + ALIKE + 1 && i < MAX_LEN + ALIKE + 1; i++)
         xd[i] = (float)((i * 29 % 41) - 20) * 0.125f;
     const void *args[1] = {xd};
-    const char *labels[MAX_ALIKE + 2];
-    tol tols[MAX_ALIKE + 2];
+    const char *labels[ALIKE + 2];
+    tol tols[ALIKE + 2];
     for (int i = 0; i < n; i++) {
         labels[i] = i < n_alike ? "shared exp kernel" : i == n_alike ? "tanh kernel"
                                                                      : "two-offset kernel";
@@ -1800,8 +1802,8 @@ int main(void)
     test_sibling_reductions();
     test_windows();
     test_split_division();
-    test_shared_functions(36);
-    test_shared_functions(20);
+    test_shared_functions(2000);
+    test_shared_functions(100);
     test_errors();
     test_float_unary(RF_F32);
     test_float_unary(RF_F64);

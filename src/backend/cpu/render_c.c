@@ -1525,19 +1525,22 @@ static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
  * functions with a ctx of its own. The pieces of a segmented optimiser
  * update and the kernels of a network's repeated blocks come out alike, and
  * gcc compiles each such function once. */
-#define SHARE_MIN_KERNELS 32
+#define SHARE_MIN_POINTS (1 << 16)
 
-/* Whether m is large enough for shared functions to pay: a small module
- * compiles quickly anyway, and its kernels, each called once, are inlined
- * into the entry point with constant bounds (the tiny training step, whose
- * optimiser pieces are 2 to 32 elements long: 2.14 us a step so, 2.17 with
- * shared functions). */
+/* Whether m's kernels together iterate over enough points for shared
+ * functions to cost nothing that shows: a kernel that calls another's
+ * function cannot be inlined into the entry point with its constant bounds,
+ * a few ns per call. The tiny training step (about 1000 points, 2.14 us)
+ * took 2.17 us with its optimiser pieces, 2 to 32 elements long, sharing. */
 static bool shares_functions(const rfi_kir_module *m)
 {
-    int kernels = 0;
-    for (int i = 0; i < m->n_steps; i++)
-        kernels += m->steps[i].kind == RFI_KIR_STEP_KERNEL;
-    return kernels >= SHARE_MIN_KERNELS;
+    int64_t points = 0;
+    for (int i = 0; i < m->n_steps && points < SHARE_MIN_POINTS; i++)
+        if (m->steps[i].kind == RFI_KIR_STEP_KERNEL) {
+            const rfi_kir_kernel *k = m->steps[i].kernel;
+            points += rfi_numel(k->dims, k->rank) * rfi_numel(k->red_dims, k->red_rank);
+        }
+    return points >= SHARE_MIN_POINTS;
 }
 
 typedef struct kernel_text {
