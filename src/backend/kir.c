@@ -623,11 +623,14 @@ void rfi_kir_mark_aliasing(rfi_kir_kernel *k)
  * moments in flat vectors at its own offset) then differ in their pointers
  * only, and the renderer can give them one function (render_c.c). */
 
-/* The constant c of an index x + c (constants come second: rfi_kir_index). */
+/* The constant c of an index x + c (constants come second: rfi_kir_index)
+ * with x >= 0, so that the moved base still starts at the lowest byte read
+ * (rfi_kir_mark_aliasing compares byte ranges). */
 static bool offset_index(const rfi_kir_kernel *k, int id, int64_t *c)
 {
     const rfi_kir_ins *x = &k->ins[id];
-    return x->op == RFI_KIR_IADD && rfi_kir_is_const(k, x->b, c);
+    return x->op == RFI_KIR_IADD && rfi_kir_is_const(k, x->b, c) &&
+           range_known(&k->ins[x->a]) && k->ins[x->a].lo >= 0;
 }
 
 /* The offset every live access to base b shares (0: none to take out). */
