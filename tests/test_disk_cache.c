@@ -12,7 +12,9 @@
  * compiler's version line) round-trip and untrusted ones are ignored;
  * records (rfi_disk_cache_record_get/put) round-trip any bytes and read as
  * missing for another key or context, with any byte altered, cut short, or
- * writable by others.
+ * writable by others. The size limit (RF_CACHE_MAX_MB) deletes the entry used
+ * least recently, never one whose lock another holder has, nor the entry
+ * just built, nor files that are not the cache's; 0 means no limit.
  *
  * The program index (rfi_cc_load_program): a second load of a described
  * program, and a second process, generate no source; a truncated, garbled,
@@ -29,11 +31,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/cpu/cc.h"
+#include "runtime/disk_cache.h"
 #include "test_util.h"
 
 static char root[256];      /* the test's temporary directory */
@@ -888,6 +893,104 @@ static void test_no_index_in_fallback_dir(void)
     setenv("RF_CACHE_DIR", cache_dir, 1);
 }
 
+/* ---- The size limit ---------------------------------------------------------------------- */
+
+static size_t fake_object_bytes; /* what fake_compile writes */
+
+/* A "compiler" that writes fake_object_bytes bytes: no C compiler needed. */
+static rf_status fake_compile(void *ctx, const char *src_path, const char *out_path)
+{
+    (void)ctx, (void)src_path;
+    FILE *f = fopen(out_path, "wb");
+    if (!f)
+        return rfi_error(RF_E_IO, "fake compile: cannot write %s", out_path);
+    for (size_t i = 0; i < fake_object_bytes; i++)
+        fputc('x', f);
+    fclose(f);
+    return RF_OK;
+}
+
+static rf_status fake_load(void *ctx, const char *path)
+{
+    (void)ctx, (void)path;
+    return RF_OK;
+}
+
+static const rfi_disk_cache_ops fake_ops = {fake_compile, fake_load, NULL, ".so", ".c"};
+
+/* Gets the entry of `source` through the fake ops; returns whether it was
+ * compiled (-1: the call failed). Then waits 20 ms, so the next file
+ * operation has a later modification time. */
+static int fake_get(const char *source)
+{
+    rfi_disk_cache_result res;
+    rf_status st = rfi_disk_cache_get(source, "size-limit-context", &fake_ops, &res);
+    CHECK_OK(st);
+    int compiled = st == RF_OK ? res.compiled : -1;
+    if (st == RF_OK)
+        rfi_disk_cache_result_free(&res);
+    struct timespec pause = {0, 20 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    return compiled;
+}
+
+/* Whether the entry of `source` is in dir (its manifest and its object). */
+static bool fake_present(const char *dir, const char *source)
+{
+    char key[RFI_CACHE_KEY_HEX], ok[700], so[700];
+    rfi_disk_cache_key(source, "size-limit-context", key);
+    snprintf(ok, sizeof ok, "%s/%s.ok", dir, key);
+    snprintf(so, sizeof so, "%s/%s.so", dir, key);
+    return exists(ok) && exists(so);
+}
+
+static void test_size_limit(void)
+{
+    char dir[600], notes[700], lock[700], key[RFI_CACHE_KEY_HEX];
+    snprintf(dir, sizeof dir, "%s/limited", root);
+    setenv("RF_CACHE_DIR", dir, 1);
+    setenv("RF_CACHE_MAX_MB", "1", 1);
+    fake_object_bytes = 400 << 10;
+    CHECK(fake_get("entry A") == 1);
+    CHECK(fake_get("entry B") == 1);
+    CHECK(fake_get("entry A") == 0); /* a hit: A is now used later than B */
+    /* Not the cache's: never counted, never deleted. */
+    snprintf(notes, sizeof notes, "%s/notes.txt", dir);
+    FILE *f = fopen(notes, "wb");
+    CHECK(f != NULL);
+    for (int i = 0; f && i < (2 << 20); i++)
+        fputc('n', f);
+    if (f)
+        fclose(f);
+    /* 1.2 MB of entries > 1 MB: B, used least recently, goes (down to 0.8 MB). */
+    CHECK(fake_get("entry C") == 1);
+    CHECK(fake_present(dir, "entry A") && fake_present(dir, "entry C"));
+    CHECK(!fake_present(dir, "entry B"));
+    CHECK(exists(notes));
+    /* An entry whose lock someone holds stays: A is the oldest now, C goes instead. */
+    rfi_disk_cache_key("entry A", "size-limit-context", key);
+    snprintf(lock, sizeof lock, "%s/%s.lock", dir, key);
+    int fd = open(lock, O_RDWR);
+    CHECK(fd >= 0 && flock(fd, LOCK_EX) == 0);
+    CHECK(fake_get("entry D") == 1);
+    if (fd >= 0)
+        close(fd);
+    CHECK(fake_present(dir, "entry A") && fake_present(dir, "entry D"));
+    CHECK(!fake_present(dir, "entry C"));
+    /* The entry just built stays even when it alone is over the limit. */
+    fake_object_bytes = 3 << 20;
+    CHECK(fake_get("entry E") == 1);
+    CHECK(fake_present(dir, "entry E"));
+    CHECK(!fake_present(dir, "entry A") && !fake_present(dir, "entry D"));
+    /* 0: no limit. */
+    setenv("RF_CACHE_MAX_MB", "0", 1);
+    CHECK(fake_get("entry F") == 1);
+    CHECK(fake_present(dir, "entry E") && fake_present(dir, "entry F"));
+    CHECK(fake_get("entry A") == 1); /* rebuilt after its eviction */
+    unsetenv("RF_CACHE_MAX_MB");
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) {
@@ -928,6 +1031,7 @@ int main(int argc, char **argv)
     test_index_compares_the_description();
     test_no_index_in_fallback_dir();
     test_build_id();
+    test_size_limit();
     tu_remove_tree(root);
     return tu_finish("test_disk_cache");
 }

@@ -7,8 +7,9 @@
  * (description -> entry, checked byte for byte and pinned to the entry's
  * manifest) and the records (key -> payload, checked byte for byte and by
  * the payload's hash), and writes every file under a temporary name before
- * renaming it into place. It does not compile or load anything itself (the caller's
- * callbacks do) and never evicts entries.
+ * renaming it into place, and keeps the directory under its size limit by
+ * deleting what was used least recently. It does not compile or load
+ * anything itself (the caller's callbacks do).
  */
 #include "disk_cache.h"
 
@@ -19,8 +20,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MANIFEST_MAGIC "reflux module cache entry v1\n"
@@ -259,6 +262,15 @@ static int write_atomic(const char *path, const void *data, size_t len)
     return 0;
 }
 
+/* Marks a file as just used (its modification time: what the size limit
+ * evicts by). Best effort. */
+static void mark_used(const char *path)
+{
+    int saved = errno;
+    (void)utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
+    errno = saved;
+}
+
 /* ---- Entries ------------------------------------------------------------------------------- */
 
 typedef struct entry_paths {
@@ -412,6 +424,8 @@ static rf_status get_locked(const entry_paths *p, const char *source, const char
     *compiled = false;
     if (entry_valid(p, source, context)) {
         rf_status st = ops->load(ops->ctx, p->obj);
+        if (st == RF_OK)
+            mark_used(p->ok);
         if (st != RF_E_CORRUPT)
             return st;
     }
@@ -430,6 +444,7 @@ static rf_status get_locked(const entry_paths *p, const char *source, const char
 
 static void index_record(const entry_paths *p, const char *key, const char *context,
                          const rfi_disk_cache_index *index);
+static void trim_dir(const char *dir, const char *keep_key, const rfi_disk_cache_ops *ops);
 
 /* Finds or builds the entry in dir; with an index description (never for a
  * private fallback directory), records it for the entry, under the entry's lock. */
@@ -498,6 +513,8 @@ rf_status rfi_disk_cache_get_indexed(const char *source, const char *context,
     if (st == RF_OK) {
         res->persistent = true;
         st = get_in_dir(dir, source, context, index && index->len ? index : NULL, ops, res);
+        if (st == RF_OK && res->compiled)
+            trim_dir(dir, res->key, ops);
         rfi_free(dir);
     } else if (st != RF_E_NOMEM) {
         warn_fallback(rf_errmsg());
@@ -667,6 +684,8 @@ static bool load_pinned(const char *dir, const index_entry *e, const char *conte
     int fd = set_paths(p, dir, e->key, ops) ? lock_entry(p) : -1;
     if (fd >= 0) {
         ok = pinned_entry_valid(p, e, context) && ops->load(ops->ctx, p->obj) == RF_OK;
+        if (ok)
+            mark_used(p->ok);
         close(fd);
     }
     if (ok) {
@@ -697,6 +716,8 @@ bool rfi_disk_cache_find_indexed(const rfi_disk_cache_index *index, const char *
     bool ok = read_trusted(path, &data, &len) == FILE_OK &&
               parse_index(data, len, index, context, &e) &&
               load_pinned(dir, &e, context, ops, res);
+    if (ok)
+        mark_used(path);
     rfi_free(data);
     if (!ok)
         rfi_disk_cache_result_free(res);
@@ -768,6 +789,7 @@ bool rfi_disk_cache_record_get(const void *key, size_t key_len, const char *cont
     data[n] = '\0';
     *payload = data;
     *len = n;
+    mark_used(path);
     return true;
 }
 
@@ -833,6 +855,159 @@ void rfi_disk_cache_memo_put(const char *name, const char *value)
         (void)write_atomic(path, value, strlen(value));
         errno = saved;
     }
+}
+
+/* ---- The size limit ---------------------------------------------------------------------- *
+ * After a compile adds an entry, when the cache's files take more than
+ * RF_CACHE_MAX_MB megabytes (default DEFAULT_MAX_MB; 0: no limit), the least
+ * recently used entries, index files and records are deleted until they take
+ * at most TRIM_TO_PERCENT of it. Used: an entry's manifest, an index file or a
+ * record is marked (its modification time) whenever it is read and trusted,
+ * so a warm process keeps what it uses. Only the cache's own files count and
+ * go: entry files K.ok, K<object ext>, K<source ext>, K.idx and K.rec with K
+ * 32 hex digits, trusted (owned by the user, writable by no one else); lock
+ * files stay (removing them would race), and so do memo files, temporary
+ * files and anything else. An entry goes only under its lock, taken without
+ * waiting: one that another process is building or loading stays, and so
+ * does the entry just built. A process that has loaded an object keeps it
+ * mapped when its file goes. */
+#define DEFAULT_MAX_MB 1024
+#define TRIM_TO_PERCENT 80
+
+/* The limit in bytes; 0: none. */
+static uint64_t max_cache_bytes(void)
+{
+    const char *v = getenv("RF_CACHE_MAX_MB");
+    uint64_t mb = DEFAULT_MAX_MB;
+    if (v && *v) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (errno == 0 && end && *end == '\0' && v[0] != '-' && n <= (1ull << 40))
+            mb = n;
+    }
+    return mb << 20;
+}
+
+/* One thing the limit may delete: an entry (its files by key) or a single file. */
+typedef struct cache_item {
+    char name[RFI_CACHE_KEY_HEX + 16]; /* an entry's key, or the file's name */
+    bool entry;
+    struct timespec used; /* the manifest's (or file's) modification time */
+    uint64_t bytes;
+} cache_item;
+
+typedef struct cache_items {
+    cache_item *v;
+    int n, cap;
+} cache_items;
+
+static bool hex_key(const char *name)
+{
+    return strspn(name, "0123456789abcdef") >= 32;
+}
+
+static cache_item *item_for(cache_items *items, const char *name, size_t len, bool entry)
+{
+    for (int i = 0; entry && i < items->n; i++)
+        if (items->v[i].entry && strncmp(items->v[i].name, name, len) == 0)
+            return &items->v[i];
+    if (!rfi_grow((void **)&items->v, items->n, &items->cap, sizeof *items->v))
+        return NULL;
+    cache_item *it = &items->v[items->n++];
+    memset(it, 0, sizeof *it);
+    memcpy(it->name, name, len);
+    it->entry = entry;
+    return it;
+}
+
+static bool later(struct timespec a, struct timespec b)
+{
+    return a.tv_sec != b.tv_sec ? a.tv_sec > b.tv_sec : a.tv_nsec > b.tv_nsec;
+}
+
+/* Adds dir's file `name` (stat st) to the items it belongs to; false when
+ * it is none of the cache's files. */
+static bool add_file(cache_items *items, const char *name, const struct stat *st,
+                     const rfi_disk_cache_ops *ops)
+{
+    if (!hex_key(name) || !trusted_file(st))
+        return false;
+    const char *ext = name + 32;
+    bool manifest = strcmp(ext, ".ok") == 0;
+    bool entry = manifest || strcmp(ext, ops->object_ext) == 0 ||
+                 strcmp(ext, ops->source_ext) == 0;
+    if (!entry && strcmp(ext, ".idx") != 0 && strcmp(ext, ".rec") != 0)
+        return false;
+    cache_item *it = item_for(items, name, entry ? 32 : strlen(name), entry);
+    if (!it)
+        return false;
+    it->bytes += (uint64_t)st->st_size;
+    /* an entry without a manifest (a failed build's source) is as old as its files */
+    if (manifest || (!it->used.tv_sec && !it->used.tv_nsec) ||
+        (!entry && later(st->st_mtim, it->used)))
+        it->used = st->st_mtim;
+    return true;
+}
+
+static int by_use(const void *a, const void *b)
+{
+    const cache_item *x = a, *y = b;
+    return later(x->used, y->used) ? 1 : later(y->used, x->used) ? -1 : strcmp(x->name, y->name);
+}
+
+/* Deletes one item; false when an entry is locked by someone else. */
+static bool delete_item(const char *dir, const cache_item *it, const rfi_disk_cache_ops *ops)
+{
+    char path[PATH_MAX];
+    if (!it->entry)
+        return (size_t)snprintf(path, sizeof path, "%s/%s", dir, it->name) < sizeof path &&
+               unlink(path) == 0;
+    entry_paths *p = rfi_malloc(sizeof *p);
+    if (!p || !set_paths(p, dir, it->name, ops)) {
+        rfi_free(p);
+        return false;
+    }
+    int fd = open(p->lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0;
+    if (ok)
+        remove_entry(p, false);
+    if (fd >= 0)
+        close(fd);
+    rfi_free(p);
+    return ok;
+}
+
+static void trim_dir(const char *dir, const char *keep_key, const rfi_disk_cache_ops *ops)
+{
+    uint64_t limit = max_cache_bytes();
+    DIR *d = limit ? opendir(dir) : NULL;
+    if (!d)
+        return;
+    int saved = errno;
+    cache_items items = {0};
+    uint64_t total = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        struct stat st;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            add_file(&items, de->d_name, &st, ops))
+            total += (uint64_t)st.st_size;
+    }
+    closedir(d);
+    if (total > limit && items.n > 0) {
+        qsort(items.v, (size_t)items.n, sizeof *items.v, by_use);
+        uint64_t target = limit / 100 * TRIM_TO_PERCENT;
+        for (int i = 0; i < items.n && total > target; i++) {
+            const cache_item *it = &items.v[i];
+            if (it->entry && strncmp(it->name, keep_key, 32) == 0)
+                continue;
+            if (delete_item(dir, it, ops))
+                total -= it->bytes < total ? it->bytes : total;
+        }
+    }
+    rfi_free(items.v);
+    errno = saved;
 }
 
 void rfi_disk_cache_result_free(rfi_disk_cache_result *res)

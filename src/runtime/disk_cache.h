@@ -58,9 +58,16 @@
  * Index files are written atomically like every other file; no index is
  * kept in a private fallback directory.
  *
+ * Size: after a compile adds an entry, when the entries, index files and
+ * records take more than RF_CACHE_MAX_MB megabytes (default 1024; 0: no
+ * limit), those used least recently are deleted down to 80% of it. Reading
+ * and trusting an entry, index file or record marks it used (its
+ * modification time). An entry is deleted only under its lock, taken
+ * without waiting, and never the one just built; lock files, memo files and
+ * files the cache does not own stay (disk_cache.c, "The size limit").
+ *
  * This file does not compile anything, does not know what a description
- * means, does not evict old entries or index files (delete the directory to
- * clear it), and keeps no global state beyond the once-per-process fallback
+ * means, and keeps no global state beyond the once-per-process fallback
  * warning.
  */
 #ifndef RF_RUNTIME_DISK_CACHE_H
