@@ -889,11 +889,12 @@ static uint64_t max_cache_bytes(void)
     return mb << 20;
 }
 
-/* One thing the limit may delete: an entry (its files by key) or a single file. */
+/* One thing the limit may delete: an entry (its files, by key) or a single
+ * file. Collected one file at a time, then an entry's files merged. */
 typedef struct cache_item {
-    char name[RFI_CACHE_KEY_HEX + 16]; /* an entry's key, or the file's name */
-    bool entry;
-    struct timespec used; /* the manifest's (or file's) modification time */
+    char name[RFI_CACHE_KEY_HEX + 8]; /* an entry's key, or the file's name */
+    bool entry, manifest;             /* manifest: holds (or merged) the entry's K.ok */
+    struct timespec used;             /* the manifest's (or file's) modification time */
     uint64_t bytes;
 } cache_item;
 
@@ -902,52 +903,63 @@ typedef struct cache_items {
     int n, cap;
 } cache_items;
 
-static bool hex_key(const char *name)
-{
-    return strspn(name, "0123456789abcdef") >= 32;
-}
-
-static cache_item *item_for(cache_items *items, const char *name, size_t len, bool entry)
-{
-    for (int i = 0; entry && i < items->n; i++)
-        if (items->v[i].entry && strncmp(items->v[i].name, name, len) == 0)
-            return &items->v[i];
-    if (!rfi_grow((void **)&items->v, items->n, &items->cap, sizeof *items->v))
-        return NULL;
-    cache_item *it = &items->v[items->n++];
-    memset(it, 0, sizeof *it);
-    memcpy(it->name, name, len);
-    it->entry = entry;
-    return it;
-}
-
 static bool later(struct timespec a, struct timespec b)
 {
     return a.tv_sec != b.tv_sec ? a.tv_sec > b.tv_sec : a.tv_nsec > b.tv_nsec;
 }
 
-/* Adds dir's file `name` (stat st) to the items it belongs to; false when
- * it is none of the cache's files. */
+/* Adds dir's file `name` (stat st) as an item; false when it is none of the
+ * cache's files (or out of memory: the file is then left alone). */
 static bool add_file(cache_items *items, const char *name, const struct stat *st,
                      const rfi_disk_cache_ops *ops)
 {
-    if (!hex_key(name) || !trusted_file(st))
+    size_t len = strlen(name);
+    if (len >= sizeof items->v[0].name || strspn(name, "0123456789abcdef") != 32 ||
+        !trusted_file(st))
         return false;
     const char *ext = name + 32;
     bool manifest = strcmp(ext, ".ok") == 0;
     bool entry = manifest || strcmp(ext, ops->object_ext) == 0 ||
                  strcmp(ext, ops->source_ext) == 0;
-    if (!entry && strcmp(ext, ".idx") != 0 && strcmp(ext, ".rec") != 0)
+    if ((!entry && strcmp(ext, ".idx") != 0 && strcmp(ext, ".rec") != 0) ||
+        !rfi_grow((void **)&items->v, items->n, &items->cap, sizeof *items->v))
         return false;
-    cache_item *it = item_for(items, name, entry ? 32 : strlen(name), entry);
-    if (!it)
-        return false;
-    it->bytes += (uint64_t)st->st_size;
-    /* an entry without a manifest (a failed build's source) is as old as its files */
-    if (manifest || (!it->used.tv_sec && !it->used.tv_nsec) ||
-        (!entry && later(st->st_mtim, it->used)))
-        it->used = st->st_mtim;
+    cache_item *it = &items->v[items->n++];
+    memset(it, 0, sizeof *it);
+    memcpy(it->name, name, entry ? 32 : len);
+    it->entry = entry;
+    it->manifest = manifest;
+    it->used = st->st_mtim;
+    it->bytes = (uint64_t)st->st_size;
     return true;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    const cache_item *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (int)y->entry - (int)x->entry;
+}
+
+/* Merges each entry's files (adjacent once sorted by name) into one item:
+ * their bytes, and the manifest's time (without one, a failed build's kept
+ * source, the newest file's). */
+static void merge_entries(cache_items *items)
+{
+    qsort(items->v, (size_t)items->n, sizeof *items->v, by_name);
+    int out = 0;
+    for (int i = 0; i < items->n; i++) {
+        cache_item *it = &items->v[i], *prev = out ? &items->v[out - 1] : NULL;
+        if (prev && it->entry && prev->entry && strcmp(prev->name, it->name) == 0) {
+            prev->bytes += it->bytes;
+            if (it->manifest || (!prev->manifest && later(it->used, prev->used)))
+                prev->used = it->used;
+            prev->manifest |= it->manifest;
+        } else {
+            items->v[out++] = *it;
+        }
+    }
+    items->n = out;
 }
 
 static int by_use(const void *a, const void *b)
@@ -996,6 +1008,7 @@ static void trim_dir(const char *dir, const char *keep_key, const rfi_disk_cache
     }
     closedir(d);
     if (total > limit && items.n > 0) {
+        merge_entries(&items);
         qsort(items.v, (size_t)items.n, sizeof *items.v, by_use);
         uint64_t target = limit / 100 * TRIM_TO_PERCENT;
         for (int i = 0; i < items.n && total > target; i++) {
