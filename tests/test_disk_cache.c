@@ -12,9 +12,10 @@
  * compiler's version line) round-trip and untrusted ones are ignored;
  * records (rfi_disk_cache_record_get/put) round-trip any bytes and read as
  * missing for another key or context, with any byte altered, cut short, or
- * writable by others. The size limit (RF_CACHE_MAX_MB) deletes the entry used
- * least recently, never one whose lock another holder has, nor the entry
- * just built, nor files that are not the cache's; 0 means no limit.
+ * writable by others. The size limit (RF_CACHE_MAX_MB) deletes the entries
+ * used least recently (another backend's with all their files), never one
+ * whose lock another holder has, nor the entry just built, nor temporary
+ * files or files that are not the cache's; 0 means no limit.
  *
  * The program index (rfi_cc_load_program): a second load of a described
  * program, and a second process, generate no source; a truncated, garbled,
@@ -917,14 +918,16 @@ static rf_status fake_load(void *ctx, const char *path)
 }
 
 static const rfi_disk_cache_ops fake_ops = {fake_compile, fake_load, NULL, ".so", ".c"};
+/* another backend's files in the same directory */
+static const rfi_disk_cache_ops other_ops = {fake_compile, fake_load, NULL, ".bin", ".src"};
 
-/* Gets the entry of `source` through the fake ops; returns whether it was
- * compiled (-1: the call failed). Then waits 20 ms, so the next file
- * operation has a later modification time. */
-static int fake_get(const char *source)
+/* Gets the entry of `source` through ops; returns whether it was compiled
+ * (-1: the call failed). Then waits 20 ms, so the next file operation has a
+ * later modification time. */
+static int fake_get_with(const char *source, const rfi_disk_cache_ops *ops)
 {
     rfi_disk_cache_result res;
-    rf_status st = rfi_disk_cache_get(source, "size-limit-context", &fake_ops, &res);
+    rf_status st = rfi_disk_cache_get(source, "size-limit-context", ops, &res);
     CHECK_OK(st);
     int compiled = st == RF_OK ? res.compiled : -1;
     if (st == RF_OK)
@@ -932,6 +935,16 @@ static int fake_get(const char *source)
     struct timespec pause = {0, 20 * 1000 * 1000};
     nanosleep(&pause, NULL);
     return compiled;
+}
+
+static int fake_get(const char *source) { return fake_get_with(source, &fake_ops); }
+
+/* dir/<key of source><ext> into buf. */
+static void fake_file(char *buf, size_t n, const char *dir, const char *source, const char *ext)
+{
+    char key[RFI_CACHE_KEY_HEX];
+    rfi_disk_cache_key(source, "size-limit-context", key);
+    snprintf(buf, n, "%s/%s%s", dir, key, ext);
 }
 
 /* Whether the entry of `source` is in dir (its manifest and its object). */
@@ -946,11 +959,19 @@ static bool fake_present(const char *dir, const char *source)
 
 static void test_size_limit(void)
 {
-    char dir[600], notes[700], lock[700], key[RFI_CACHE_KEY_HEX];
+    char dir[600], notes[700], lock[700], key[RFI_CACHE_KEY_HEX], other[700], tmp[700];
     snprintf(dir, sizeof dir, "%s/limited", root);
     setenv("RF_CACHE_DIR", dir, 1);
     setenv("RF_CACHE_MAX_MB", "1", 1);
     fake_object_bytes = 400 << 10;
+    CHECK(fake_get_with("entry Z", &other_ops) == 1); /* another backend's, used first */
+    fake_file(other, sizeof other, dir, "entry Z", ".bin");
+    fake_file(tmp, sizeof tmp, dir, "entry Z", ".so.tmp.99.0"); /* someone's write */
+    FILE *t = fopen(tmp, "wb");
+    CHECK(t != NULL);
+    if (t)
+        fclose(t);
+    CHECK(exists(other));
     CHECK(fake_get("entry A") == 1);
     CHECK(fake_get("entry B") == 1);
     CHECK(fake_get("entry A") == 0); /* a hit: A is now used later than B */
@@ -962,11 +983,13 @@ static void test_size_limit(void)
         fputc('n', f);
     if (f)
         fclose(f);
-    /* 1.2 MB of entries > 1 MB: B, used least recently, goes (down to 0.8 MB). */
+    /* 1.6 MB of entries > 1 MB: Z (all its files) and B, used least recently,
+     * go (down to 0.8 MB); A, used after B, stays. */
     CHECK(fake_get("entry C") == 1);
     CHECK(fake_present(dir, "entry A") && fake_present(dir, "entry C"));
     CHECK(!fake_present(dir, "entry B"));
-    CHECK(exists(notes));
+    CHECK(!exists(other));
+    CHECK(exists(notes) && exists(tmp));
     /* An entry whose lock someone holds stays: A is the oldest now, C goes instead. */
     rfi_disk_cache_key("entry A", "size-limit-context", key);
     snprintf(lock, sizeof lock, "%s/%s.lock", dir, key);

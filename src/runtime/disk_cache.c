@@ -444,7 +444,7 @@ static rf_status get_locked(const entry_paths *p, const char *source, const char
 
 static void index_record(const entry_paths *p, const char *key, const char *context,
                          const rfi_disk_cache_index *index);
-static void trim_dir(const char *dir, const char *keep_key, const rfi_disk_cache_ops *ops);
+static void trim_dir(const char *dir, const char *keep_key);
 
 /* Finds or builds the entry in dir; with an index description (never for a
  * private fallback directory), records it for the entry, under the entry's lock. */
@@ -514,7 +514,7 @@ rf_status rfi_disk_cache_get_indexed(const char *source, const char *context,
         res->persistent = true;
         st = get_in_dir(dir, source, context, index && index->len ? index : NULL, ops, res);
         if (st == RF_OK && res->compiled)
-            trim_dir(dir, res->key, ops);
+            trim_dir(dir, res->key);
         rfi_free(dir);
     } else if (st != RF_E_NOMEM) {
         warn_fallback(rf_errmsg());
@@ -864,10 +864,11 @@ void rfi_disk_cache_memo_put(const char *name, const char *value)
  * at most TRIM_TO_PERCENT of it. Used: an entry's manifest, an index file or a
  * record is marked (its modification time) whenever it is read and trusted,
  * so a warm process keeps what it uses. Only the cache's own files count and
- * go: entry files K.ok, K<object ext>, K<source ext>, K.idx and K.rec with K
- * 32 hex digits, trusted (owned by the user, writable by no one else); lock
- * files stay (removing them would race), and so do memo files, temporary
- * files and anything else. An entry goes only under its lock, taken without
+ * go: K.idx, K.rec and an entry's files K<ext> (any other extension: another
+ * backend's objects count too), K 32 hex digits, trusted (owned by the user,
+ * writable by no one else); lock files stay (removing them would race), and
+ * so do memo files, temporary files (someone's write in progress) and
+ * anything else. An entry goes only under its lock, taken without
  * waiting: one that another process is building or loading stays, and so
  * does the entry just built. A process that has loaded an object keeps it
  * mapped when its file goes. */
@@ -889,137 +890,156 @@ static uint64_t max_cache_bytes(void)
     return mb << 20;
 }
 
-/* One thing the limit may delete: an entry (its files, by key) or a single
- * file. Collected one file at a time, then an entry's files merged. */
-typedef struct cache_item {
-    char name[RFI_CACHE_KEY_HEX + 8]; /* an entry's key, or the file's name */
-    bool entry, manifest;             /* manifest: holds (or merged) the entry's K.ok */
-    struct timespec used;             /* the manifest's (or file's) modification time */
+/* A file the limit may delete: an entry's (K<ext>, any extension but .idx,
+ * .rec and .lock, so another backend's objects count too), an index file or
+ * a record. Temporary files (".tmp.") are someone's write in progress. */
+typedef struct cache_file {
+    char name[RFI_CACHE_KEY_HEX + 8];
+    bool entry, manifest;
+    struct timespec mtime;
     uint64_t bytes;
-} cache_item;
+} cache_file;
 
-typedef struct cache_items {
-    cache_item *v;
+typedef struct cache_files {
+    cache_file *v;
     int n, cap;
-} cache_items;
+} cache_files;
+
+/* What goes at once: an entry's files (adjacent once sorted by name), or
+ * one index file or record. used: the manifest's time (an entry without
+ * one, a failed build's kept source, takes its newest file's). */
+typedef struct cache_group {
+    int first, count;
+    bool entry, manifest;
+    struct timespec used;
+    uint64_t bytes;
+} cache_group;
 
 static bool later(struct timespec a, struct timespec b)
 {
     return a.tv_sec != b.tv_sec ? a.tv_sec > b.tv_sec : a.tv_nsec > b.tv_nsec;
 }
 
-/* Adds dir's file `name` (stat st) as an item; false when it is none of the
- * cache's files (or out of memory: the file is then left alone). */
-static bool add_file(cache_items *items, const char *name, const struct stat *st,
-                     const rfi_disk_cache_ops *ops)
+/* Adds dir's file `name` (stat st); false when it is none of the files the
+ * limit may delete (or out of memory: the file is then left alone). */
+static bool add_file(cache_files *files, const char *name, const struct stat *st)
 {
     size_t len = strlen(name);
-    if (len >= sizeof items->v[0].name || strspn(name, "0123456789abcdef") != 32 ||
-        !trusted_file(st))
+    if (len >= sizeof files->v[0].name || strspn(name, "0123456789abcdef") != 32 ||
+        name[32] != '.' || strstr(name, ".tmp.") || strcmp(name + 32, ".lock") == 0 ||
+        !trusted_file(st) ||
+        !rfi_grow((void **)&files->v, files->n, &files->cap, sizeof *files->v))
         return false;
     const char *ext = name + 32;
-    bool manifest = strcmp(ext, ".ok") == 0;
-    bool entry = manifest || strcmp(ext, ops->object_ext) == 0 ||
-                 strcmp(ext, ops->source_ext) == 0;
-    if ((!entry && strcmp(ext, ".idx") != 0 && strcmp(ext, ".rec") != 0) ||
-        !rfi_grow((void **)&items->v, items->n, &items->cap, sizeof *items->v))
-        return false;
-    cache_item *it = &items->v[items->n++];
-    memset(it, 0, sizeof *it);
-    memcpy(it->name, name, entry ? 32 : len);
-    it->entry = entry;
-    it->manifest = manifest;
-    it->used = st->st_mtim;
-    it->bytes = (uint64_t)st->st_size;
+    cache_file *f = &files->v[files->n++];
+    memcpy(f->name, name, len + 1);
+    f->entry = strcmp(ext, ".idx") != 0 && strcmp(ext, ".rec") != 0;
+    f->manifest = strcmp(ext, ".ok") == 0;
+    f->mtime = st->st_mtim;
+    f->bytes = (uint64_t)st->st_size;
     return true;
 }
 
 static int by_name(const void *a, const void *b)
 {
-    const cache_item *x = a, *y = b;
-    int c = strcmp(x->name, y->name);
-    return c ? c : (int)y->entry - (int)x->entry;
+    return strcmp(((const cache_file *)a)->name, ((const cache_file *)b)->name);
 }
 
-/* Merges each entry's files (adjacent once sorted by name) into one item:
- * their bytes, and the manifest's time (without one, a failed build's kept
- * source, the newest file's). */
-static void merge_entries(cache_items *items)
+static bool same_entry(const cache_file *a, const cache_file *b)
 {
-    qsort(items->v, (size_t)items->n, sizeof *items->v, by_name);
-    int out = 0;
-    for (int i = 0; i < items->n; i++) {
-        cache_item *it = &items->v[i], *prev = out ? &items->v[out - 1] : NULL;
-        if (prev && it->entry && prev->entry && strcmp(prev->name, it->name) == 0) {
-            prev->bytes += it->bytes;
-            if (it->manifest || (!prev->manifest && later(it->used, prev->used)))
-                prev->used = it->used;
-            prev->manifest |= it->manifest;
-        } else {
-            items->v[out++] = *it;
+    return a->entry && b->entry && memcmp(a->name, b->name, 32) == 0;
+}
+
+/* Sorts the files by name and returns their groups (NULL: out of memory). */
+static cache_group *group_files(cache_files *files, int *n_groups)
+{
+    qsort(files->v, (size_t)files->n, sizeof *files->v, by_name);
+    cache_group *g = rfi_calloc((size_t)files->n + 1, sizeof *g);
+    int n = 0;
+    for (int i = 0; g && i < files->n; i++) {
+        const cache_file *f = &files->v[i];
+        cache_group *cur = n > 0 && same_entry(&files->v[i - 1], f) ? &g[n - 1] : NULL;
+        if (!cur) {
+            cur = &g[n++];
+            cur->first = i;
+            cur->entry = f->entry;
+            cur->used = f->mtime;
+        } else if (f->manifest || (!cur->manifest && later(f->mtime, cur->used))) {
+            cur->used = f->mtime;
         }
+        cur->manifest |= f->manifest;
+        cur->count++;
+        cur->bytes += f->bytes;
     }
-    items->n = out;
+    *n_groups = n;
+    return g;
 }
 
 static int by_use(const void *a, const void *b)
 {
-    const cache_item *x = a, *y = b;
-    return later(x->used, y->used) ? 1 : later(y->used, x->used) ? -1 : strcmp(x->name, y->name);
+    const cache_group *x = a, *y = b;
+    return later(x->used, y->used) ? 1 : later(y->used, x->used) ? -1 : x->first - y->first;
 }
 
-/* Deletes one item; false when an entry is locked by someone else. */
-static bool delete_item(const char *dir, const cache_item *it, const rfi_disk_cache_ops *ops)
+/* Deletes a group's files, an entry's under its lock (the manifest first:
+ * without it the rest is never trusted); false when someone holds the lock. */
+static bool delete_group(const char *dir, const cache_files *files, const cache_group *g)
 {
     char path[PATH_MAX];
-    if (!it->entry)
-        return (size_t)snprintf(path, sizeof path, "%s/%s", dir, it->name) < sizeof path &&
-               unlink(path) == 0;
-    entry_paths *p = rfi_malloc(sizeof *p);
-    if (!p || !set_paths(p, dir, it->name, ops)) {
-        rfi_free(p);
-        return false;
+    int fd = -1;
+    if (g->entry) {
+        if ((size_t)snprintf(path, sizeof path, "%s/%.32s.lock", dir,
+                             files->v[g->first].name) >= sizeof path)
+            return false;
+        fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            if (fd >= 0)
+                close(fd);
+            return false;
+        }
     }
-    int fd = open(p->lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    bool ok = fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0;
-    if (ok)
-        remove_entry(p, false);
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = g->first; k < g->first + g->count; k++)
+            if (files->v[k].manifest == (pass == 0) &&
+                (size_t)snprintf(path, sizeof path, "%s/%s", dir, files->v[k].name) < sizeof path)
+                unlink(path);
     if (fd >= 0)
         close(fd);
-    rfi_free(p);
-    return ok;
+    return true;
 }
 
-static void trim_dir(const char *dir, const char *keep_key, const rfi_disk_cache_ops *ops)
+static void trim_dir(const char *dir, const char *keep_key)
 {
     uint64_t limit = max_cache_bytes();
     DIR *d = limit ? opendir(dir) : NULL;
     if (!d)
         return;
     int saved = errno;
-    cache_items items = {0};
+    cache_files files = {0};
     uint64_t total = 0;
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         struct stat st;
         if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            add_file(&items, de->d_name, &st, ops))
+            add_file(&files, de->d_name, &st))
             total += (uint64_t)st.st_size;
     }
     closedir(d);
-    if (total > limit && items.n > 0) {
-        merge_entries(&items);
-        qsort(items.v, (size_t)items.n, sizeof *items.v, by_use);
+    int n = 0;
+    cache_group *groups = total > limit ? group_files(&files, &n) : NULL;
+    if (groups) {
+        qsort(groups, (size_t)n, sizeof *groups, by_use);
         uint64_t target = limit / 100 * TRIM_TO_PERCENT;
-        for (int i = 0; i < items.n && total > target; i++) {
-            const cache_item *it = &items.v[i];
-            if (it->entry && strncmp(it->name, keep_key, 32) == 0)
+        for (int i = 0; i < n && total > target; i++) {
+            const cache_group *g = &groups[i];
+            if (g->entry && memcmp(files.v[g->first].name, keep_key, 32) == 0)
                 continue;
-            if (delete_item(dir, it, ops))
-                total -= it->bytes < total ? it->bytes : total;
+            if (delete_group(dir, &files, g))
+                total -= g->bytes < total ? g->bytes : total;
         }
     }
-    rfi_free(items.v);
+    rfi_free(groups);
+    rfi_free(files.v);
     errno = saved;
 }
 
