@@ -22,23 +22,11 @@
 
 /* ---- Programs ------------------------------------------------------------------------- */
 
-static rf_tensor *ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
-{
-    (void)n, (void)aux, (void)ctx;
-    return rf_logitcrossentropy(rf_apply(m, b[0]), b[1]);
-}
-
 /* The training step of a tu_trainer (test_util.h): withgradient and Adam's update. */
 static void step_trace(rf_trace *t, void *ctx)
 {
     tu_trainer *c = ctx;
-    rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
-    rf_grads *g = NULL;
-    rf_tensor *loss = rf_withgradient(t, ce_loss, NULL, c->m, batch, 2, NULL, &g);
-    if (!loss)
-        return;
-    rf_update(t, c->opt, c->m, g);
-    rf_return(t, loss);
+    tu_train_step(t, c->m, c->opt);
 }
 
 typedef struct misc_case {

@@ -114,6 +114,28 @@ static inline void tu_trainer_free(tu_trainer *t)
     rf_array_free(t->yh);
 }
 
+/* Cross-entropy of the model's logits on the batch (images, labels). */
+static inline rf_tensor *tu_ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
+                                    void *ctx)
+{
+    (void)n, (void)aux, (void)ctx;
+    return rf_logitcrossentropy(rf_apply(m, b[0]), b[1]);
+}
+
+/* Inside a trace whose arguments 0 and 1 are a batch: one training step of
+ * m with opt (tu_ce_loss's gradient, the optimiser's update), the loss
+ * returned. */
+static inline void tu_train_step(rf_trace *t, rf_model *m, rf_opt *opt)
+{
+    rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
+    rf_grads *g = NULL;
+    rf_tensor *loss = rf_withgradient(t, tu_ce_loss, NULL, m, batch, 2, NULL, &g);
+    if (!loss)
+        return;
+    rf_update(t, opt, m, g);
+    rf_return(t, loss);
+}
+
 /* Sets (or with value NULL clears) one environment variable, for the
  * variables a compile reads (RF_BLOCKED and the like). */
 static inline void tu_set_env(const char *name, const char *value)

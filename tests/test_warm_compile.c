@@ -43,12 +43,6 @@ static char cache_dir[512];
 
 /* ---- The step -------------------------------------------------------------------------- */
 
-static rf_tensor *ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
-{
-    (void)n, (void)aux, (void)ctx;
-    return rf_logitcrossentropy(rf_apply(m, b[0]), b[1]);
-}
-
 typedef struct step_case {
     rf_model *model;
     rf_opt *opt;
@@ -58,13 +52,7 @@ typedef struct step_case {
 static void step_trace(rf_trace *t, void *ctx)
 {
     step_case *c = ctx;
-    rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
-    rf_grads *g = NULL;
-    rf_tensor *loss = rf_withgradient(t, ce_loss, NULL, c->model, batch, 2, NULL, &g);
-    if (!loss)
-        return;
-    rf_update(t, c->opt, c->model, g);
-    rf_return(t, loss);
+    tu_train_step(t, c->model, c->opt);
 }
 
 /* The same model, optimiser and batch every time (fixed seeds). */

@@ -981,24 +981,36 @@ static rf_status reduce_value(lower *L, const rfi_node *n, const int *m, int *in
     return operand_at(L, x, xm, value);
 }
 
+/* Makes v (at kept point m) the value fold j folds, and stores root n, the
+ * fold's result in n's type. */
+static rf_status fold_root(lower *L, const rfi_node *n, const int *m, int j, int v)
+{
+    rfi_kir_kernel *k = L->k;
+    int folded = rfi_kir_convert(k, k->acc_dtype, v, -1);
+    if (j == 0)
+        k->red_value = folded;
+    else
+        k->sibling_values[j - 1] = folded;
+    if (j >= k->n_folds)
+        k->n_folds = j + 1;
+    int result = rfi_kir_convert(k, n->dtype, rfi_kir_acc_of(k, j), n->id);
+    kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
+    return store_root(L, n, &ix, result);
+}
+
 /* Folds 1.. of a REDUCE step: its other roots, sibling reductions of root 0
  * over the same dims (fuse.c), folded in the same pass over the inner loops. */
 static rf_status sibling_folds(lower *L, const rfi_step *st, const int *m, int *inner)
 {
-    rfi_kir_kernel *k = L->k;
     for (int r = 1; r < st->n_roots; r++) {
         const rfi_node *n = L->g->nodes[st->roots[r]];
         if (n->op != RFI_OP_REDUCE || r >= RFI_KIR_MAX_FOLDS)
             return unsupported(L, n, "is not a reduction that can fold beside another");
         int v = -1;
         rf_status s = reduce_value(L, n, m, inner, &v);
+        if (s == RF_OK)
+            s = fold_root(L, n, m, r, v);
         if (s != RF_OK)
-            return s;
-        k->sibling_values[r - 1] = rfi_kir_convert(k, k->acc_dtype, v, -1);
-        k->n_folds = r + 1;
-        int result = rfi_kir_convert(k, n->dtype, rfi_kir_acc_of(k, r), n->id);
-        kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
-        if ((s = store_root(L, n, &ix, result)) != RF_OK)
             return s;
     }
     return RF_OK;
@@ -1186,10 +1198,7 @@ static rf_status lower_reduce(lower *L, const rfi_step *st, const box *part)
                                  "or dot_general)");
     if (s != RF_OK)
         return s;
-    k->red_value = rfi_kir_convert(k, k->acc_dtype, v, -1);
-    int result = rfi_kir_convert(k, n->dtype, rfi_kir_acc(k), n->id);
-    kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
-    s = store_root(L, n, &ix, result);
+    s = fold_root(L, n, m, 0, v);
     return s == RF_OK ? sibling_folds(L, st, m, inner) : s;
 }
 

@@ -13,6 +13,7 @@
  */
 #include "disk_cache.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -20,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -399,13 +399,14 @@ static rf_status build_entry(const entry_paths *p, const char *source, const cha
     return RF_OK;
 }
 
-/* Opens and locks (LOCK_EX) the entry's lock file; returns the fd or -1. */
-static int lock_entry(const entry_paths *p)
+/* Opens and locks (LOCK_EX) a lock file, waiting for it or not; returns the
+ * fd or -1 (errno EWOULDBLOCK: held by someone else, when not waiting). */
+static int lock_path(const char *path, bool wait)
 {
-    int fd = open(p->lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
-    while (flock(fd, LOCK_EX) != 0) {
+    while (flock(fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
         if (errno != EINTR) {
             int e = errno;
             close(fd);
@@ -415,6 +416,9 @@ static int lock_entry(const entry_paths *p)
     }
     return fd;
 }
+
+/* Opens and locks (LOCK_EX) the entry's lock file; returns the fd or -1. */
+static int lock_entry(const entry_paths *p) { return lock_path(p->lock, true); }
 
 /* Under the entry's lock: load a valid entry, else (re)build and load it. A
  * valid entry whose load answers RF_E_CORRUPT is rebuilt once. */
@@ -989,14 +993,9 @@ static bool delete_group(const char *dir, const cache_files *files, const cache_
     int fd = -1;
     if (g->entry) {
         if ((size_t)snprintf(path, sizeof path, "%s/%.32s.lock", dir,
-                             files->v[g->first].name) >= sizeof path)
+                             files->v[g->first].name) >= sizeof path ||
+            (fd = lock_path(path, false)) < 0)
             return false;
-        fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
-            if (fd >= 0)
-                close(fd);
-            return false;
-        }
     }
     for (int pass = 0; pass < 2; pass++)
         for (int k = g->first; k < g->first + g->count; k++)

@@ -272,23 +272,20 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
     }
     s->opt = opt;
     const char *name = g->name ? g->name : "program";
-    rf_status st = RF_OK;
-    {
-        uint64_t hash = rfi_dump_wanted() ? rfi_hash(s->opt) : 0; /* names the dumps only */
-        if (rfi_dump_wanted()) {
-            char *text = rfi_print(s->opt);
-            if (text)
-                rfi_dump(name, hash, "optimised", text);
-            rfi_free(text);
-        }
-        rfi_plan_opts opts = rfi_plan_opts_default();
-        opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
-        opts.blocked_activations = blocked_wanted();
-        opts.direct_convs = direct_convs_wanted();
-        st = rfi_plan_build(s->opt, &opts, &s->plan);
-        if (st == RF_OK)
-            st = build_module(s, &opts, name, hash);
+    uint64_t hash = rfi_dump_wanted() ? rfi_hash(s->opt) : 0; /* names the dumps only */
+    if (rfi_dump_wanted()) {
+        char *text = rfi_print(s->opt);
+        if (text)
+            rfi_dump(name, hash, "optimised", text);
+        rfi_free(text);
     }
+    rfi_plan_opts opts = rfi_plan_opts_default();
+    opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
+    opts.blocked_activations = blocked_wanted();
+    opts.direct_convs = direct_convs_wanted();
+    rf_status st = rfi_plan_build(s->opt, &opts, &s->plan);
+    if (st == RF_OK)
+        st = build_module(s, &opts, name, hash);
     if (st == RF_OK)
         st = rfi_cpu_services_prepare(s->plan, &s->services);
     if (st == RF_OK) {

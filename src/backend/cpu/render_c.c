@@ -224,14 +224,17 @@ static void make_name(char name[32], const char *prefix, int a, bool with_b, int
     *end = '\0';
 }
 
-/* Fold j's accumulator: acc, acc1, acc2, ... */
-static void acc_name(char name[32], int j)
+/* prefix for fold 0, then prefix1, prefix2, ... (the prefix is short) */
+static void fold_name(char name[32], const char *prefix, int j)
 {
     if (j == 0)
-        memcpy(name, "acc", 4);
+        snprintf(name, 32, "%s", prefix);
     else
-        make_name(name, "acc", j, false, 0);
+        make_name(name, prefix, j, false, 0);
 }
+
+/* Fold j's accumulator: acc, acc1, acc2, ... */
+static void acc_name(char name[32], int j) { fold_name(name, "acc", j); }
 
 /* Names the values and bases: from their IR nodes, or in neutral form
  * (shared functions, below) by their order among the live values and the
@@ -1122,35 +1125,19 @@ static void interchanged_body(render *R, const bool *live, const bool *out)
 }
 
 /* ---- Split reductions ------------------------------------------------------------------- */
-/* Fold j's row of partials in a chunk: accs, accs1, accs2, ... */
-static void partials_name(char name[32], int j)
-{
-    if (j == 0)
-        memcpy(name, "accs", 5);
-    else
-        make_name(name, "accs", j, false, 0);
-}
-
-/* Each fold's accumulator from its row of partials at kept index kl (C text). */
-static void load_partials(render *R, int depth, const char *kl)
+/* Each fold's accumulator from (load) or back into its row of partials in
+ * the chunk (accs, accs1, ...) at kept index kl (C text). */
+static void copy_partials(render *R, int depth, const char *kl, bool load)
 {
     for (int j = 0; j < R->k->n_folds; j++) {
         char acc[32], row[32];
         acc_name(acc, j);
-        partials_name(row, j);
+        fold_name(row, "accs", j);
         indent(R, depth);
-        putf(R->sb, "%s %s = %s[%s];\n", ctype(R->k->acc_dtype), acc, row, kl);
-    }
-}
-
-static void store_partials(render *R, int depth, const char *kl)
-{
-    for (int j = 0; j < R->k->n_folds; j++) {
-        char acc[32], row[32];
-        acc_name(acc, j);
-        partials_name(row, j);
-        indent(R, depth);
-        putf(R->sb, "%s[%s] = %s;\n", row, kl, acc);
+        if (load)
+            putf(R->sb, "%s %s = %s[%s];\n", ctype(R->k->acc_dtype), acc, row, kl);
+        else
+            putf(R->sb, "%s[%s] = %s;\n", row, kl, acc);
     }
 }
 
@@ -1206,21 +1193,21 @@ static void split_body(render *R, const bool *live, const schedule *sc)
         int in = 2 + k->red_rank + k->rank;
         statements(R, live, 1, in);
         statements(R, live, 2, in);
-        load_partials(R, in, kl);
+        copy_partials(R, in, kl, true);
         fold(R, in);
-        store_partials(R, in, kl);
+        copy_partials(R, in, kl, false);
         close_loops(R, 2, k->red_rank + k->rank);
     } else {
         open_chunk_loop(R, 2, sc);
         open_kept_loops(R, 3, false);
         int in = 3 + k->rank;
         statements(R, live, 1, in);
-        load_partials(R, in, kl);
+        copy_partials(R, in, kl, true);
         open_reduced_loops(R, 1, in, sc);
         statements(R, live, 2, in + k->red_rank - 1);
         fold(R, in + k->red_rank - 1);
         close_loops(R, in, k->red_rank - 1);
-        store_partials(R, in, kl);
+        copy_partials(R, in, kl, false);
         close_loops(R, 2, 1 + k->rank);
     }
     put(R->sb, "    }\n");
