@@ -2,7 +2,8 @@
  * loops (src/backend/kir_conv.c, src/backend/cpu/render_conv.c) give the
  * interpreter's results, in every form the loops take: forwards and weight
  * gradients from 1, 3 and 8 input channels to 8 (one 8-lane vector) and 16
- * (one 16-lane vector) output channels; 3x3, 3x5 and 1x1 kernels; strides of
+ * (one 16-lane vector) output channels, weight gradients to 24 and 32 in
+ * 8-channel blocks; 3x3, 3x5 and 1x1 kernels; strides of
  * 1 and 2 in either dim; padding in either dim; rows that split into equal
  * and unequal register blocks (29 outputs as 10 + 10 + 9 and as 6 + 6 + 6
  * + 6 + 5, 15 as 5 + 5 + 5); inputs row-major, channels last or read whole;
@@ -71,6 +72,20 @@ static rf_model *residual(void)
                     rf_skip(rf_conv2d(3, 3, 8, 8, RF_ACT_IDENTITY, &p1), RF_COMBINE_ADD),
                     rf_conv2d(3, 3, 8, 16, RF_ACT_RELU, &s2), rf_flatten_layer(),
                     rf_dense(16 * 6 * 6, 10, RF_ACT_IDENTITY));
+}
+
+/* 12x12 images: 1 -> 32 and 4 -> 24 (then 24 -> 16), whose weight gradients are loops over
+ * 8-channel blocks where activations are in 8-channel blocks (AVX2; the
+ * suite also runs this file with RF_LAYOUT_BLOCK=8 and 16), calls else. */
+static rf_model *wide_outputs(void)
+{
+    rf_nn_seed(23);
+    rf_conv_opts p1 = conv_opts(1, 1, 1, 1);
+    return rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, &p1),
+                    rf_conv2d(3, 3, 32, 4, RF_ACT_RELU, &p1),
+                    rf_conv2d(3, 3, 4, 24, RF_ACT_RELU, &p1),
+                    rf_conv2d(3, 3, 24, 16, RF_ACT_RELU, &p1), rf_flatten_layer(),
+                    rf_dense(16 * 12 * 12, 10, RF_ACT_IDENTITY));
 }
 
 typedef rf_model *(*model_fn)(void);
@@ -247,6 +262,7 @@ int main(void)
     dev = rf_device_cpu();
     compare_variants(odd_shapes, 13, 29, "odd shapes");
     compare_variants(residual, 12, 12, "residual");
+    compare_variants(wide_outputs, 12, 12, "wide outputs");
     sweep(SWEEP_FORWARD, 10);
     sweep(SWEEP_DILATED, 8);
     sweep(SWEEP_WEIGHT_GRAD, 8);

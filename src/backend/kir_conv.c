@@ -17,20 +17,22 @@
  *     padding >= 0, no epilogue.
  *
  * The choice: fewer than 16 input channels (16 for a dilated input) and 8
- * or 16 output channels (one vector of them), with kernels up to 7x7.
- * There the library is at its slowest: oneDNN ran the ResNet's 8 -> 8
+ * or 16 output channels (one vector of them), with kernels up to 7x7; and,
+ * where the machine's vectors hold 8 floats, weight gradients of few input
+ * channels to more outputs (vectors_of_8 below). There the library is at
+ * its slowest: on a 2-core AVX-512 machine, oneDNN ran the ResNet's 8 -> 8
  * channel 3x3 convolutions at ~95 GFLOP/s and its 1 -> 8 first layer at
  * ~30, where the generated loop (one vector of output channels times a row
- * of outputs per register block; render_conv.c) ran at 140-175 on this
- * 2-core machine; its weight gradients of the 1 -> 8 and the 1x1 8 -> 16
- * layers took 0.7-0.8 ms for 6-15 MFLOP, with reorders to its blocked
- * layouts, the loops 0.16-0.21 ms; its backward-data of the 16 -> 8
- * strided layers 1.0-1.1 and 0.7-0.9 ms, the loops 0.75 and 0.53. With 16
- * or more input channels (undilated) oneDNN's blocked kernels reached 200+
- * GFLOP/s, and with 32 output channels they were as fast as the loops or
- * faster (the cnn's 1 -> 32 first layer: forward 0.26 against 0.30-0.33
- * ms, weight gradient 0.21 against 0.25-0.31), so those stay calls. The
- * limits keep the renderer's stack tables small: the kernel reordered for
+ * of outputs per register block; render_conv.c) ran at 140-175; its
+ * weight gradients of the 1 -> 8 and the 1x1 8 -> 16 layers took 0.7-0.8
+ * ms for 6-15 MFLOP, with reorders to its blocked layouts, the loops
+ * 0.16-0.21 ms; its backward-data of the 16 -> 8 strided layers 1.0-1.1
+ * and 0.7-0.9 ms, the loops 0.75 and 0.53. With 16 or more input channels
+ * (undilated) oneDNN's blocked kernels reached 200+ GFLOP/s, and with 32
+ * output channels they were as fast as the loops or faster there (the
+ * cnn's 1 -> 32 first layer: forward 0.26 against 0.30-0.33 ms, weight
+ * gradient 0.21 against 0.25-0.31), so those stay calls, but for the AVX2
+ * weight gradients. The limits keep the renderer's stack tables small: the kernel reordered for
  * the loop or one chunk's partial weight gradient (c*kh*kw*o floats) and
  * the padded input rows (kh rows of the width the outputs read).
  */
@@ -44,6 +46,7 @@
 #define DIRECT_MAX_WEIGHTS 4096 /* c * kh * kw * o floats: the forward's kernel table */
 #define DIRECT_MAX_GRADIENT 1536 /* the same for a weight gradient's partials (per chunk) */
 #define DIRECT_MAX_ROWS 8192    /* kh * padded width * c floats */
+#define DIRECT_MAX_VECTORS 8    /* a weight gradient's vectors of 8 output channels */
 
 /* Materialised node x's buffer and offset; false when x has none (inline). */
 static bool buffer_of(const rfi_plan *p, const rfi_node *x, int *buffer, size_t *offset)
@@ -166,6 +169,19 @@ static bool describe_epilogue(const rfi_plan *p, const rfi_step *st, rfi_kir_con
     return true;
 }
 
+/* A weight gradient of few input channels to more than 16 outputs, whose
+ * output gradient is in 8-channel blocks (where the machine's vectors hold
+ * 8 floats: AVX2): one loop over the blocks, a vector each. oneDNN's AVX2
+ * weight-gradient kernel pads the input channels to a block of 8, where its
+ * AVX-512 one has a first-layer form: the cnn's 1 -> 32 layer (64 images)
+ * took 3.0-3.3 ms in oneDNN against 0.58 in the loops on a 2-core AVX2
+ * machine (the step 16.5-16.9 ms against 11.8-12.4). */
+static bool vectors_of_8(const rfi_kir_conv *d)
+{
+    return d->kind == RFI_KIR_CONV_WEIGHT_GRAD && d->w_layout == RFI_LAYOUT_C8 &&
+           d->o % 8 == 0 && d->o <= DIRECT_MAX_VECTORS * 8;
+}
+
 /* The channel counts and sizes the generated loops are chosen for. */
 static bool wanted(const rfi_kir_conv *d)
 {
@@ -173,9 +189,19 @@ static bool wanted(const rfi_kir_conv *d)
     int64_t table = d->c * d->kh * d->kw * d->o;
     int64_t most = d->kind == RFI_KIR_CONV_FORWARD ? DIRECT_MAX_WEIGHTS : DIRECT_MAX_GRADIENT;
     bool dilated = d->dilation[0] > 1 || d->dilation[1] > 1;
-    return d->c <= DIRECT_MAX_IN_CHANNELS + dilated && (d->o == 8 || d->o == 16) &&
+    bool one_vector = d->o == 8 || d->o == 16;
+    return d->c <= DIRECT_MAX_IN_CHANNELS + dilated && (one_vector || vectors_of_8(d)) &&
            d->kh <= DIRECT_MAX_KERNEL && d->kw <= DIRECT_MAX_KERNEL && table <= most &&
            d->kh * padded_width * d->c <= DIRECT_MAX_ROWS && d->n * d->oh * d->ow > 0;
+}
+
+/* The loops hold the output channels in one vector, stored (or, for a
+ * weight gradient, loaded) at consecutive addresses: a channel-blocked
+ * result or output gradient must have blocks of exactly o channels. */
+static bool one_block_of_o(const rfi_kir_conv *d)
+{
+    rfi_layout l = d->kind == RFI_KIR_CONV_FORWARD ? d->y_layout : d->w_layout;
+    return !rfi_layout_blocked(l) || rfi_layout_block(l) == d->o || vectors_of_8(d);
 }
 
 bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
@@ -197,7 +223,7 @@ bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
     d.y_layout = rfi_plan_layout(p, y->id);
     if (!forward && d.y_layout != RFI_LAYOUT_PLAIN)
         return false;
-    if (!describe_epilogue(p, st, &d) || !wanted(&d))
+    if (!describe_epilogue(p, st, &d) || !wanted(&d) || !one_block_of_o(&d))
         return false;
     if (out)
         *out = d;

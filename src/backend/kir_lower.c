@@ -224,7 +224,7 @@ static int base_of(lower *L, const rfi_node *n, bool written)
 /* The element offset of index ix in n's buffer: row-major, or by n's layout
  * (plan.h, rfi_layout_offset) from the multi-index: channels last, or
  * channel-blocked, which the division splitting (kir.c) makes affine when
- * the channel is block * 16 + lane. */
+ * the channel is block * B + lane. */
 static int buffer_index(lower *L, const rfi_node *n, kidx *ix)
 {
     if (rfi_node_numel(n) == 1)
@@ -238,13 +238,13 @@ static int buffer_index(lower *L, const rfi_node *n, kidx *ix)
         at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, n->dims[3])), m[3]);
         return iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, n->dims[1])), m[1]);
     }
-    int lane = iop(L, RFI_KIR_IREM, m[1], cst(L, RFI_LAYOUT_BLOCK));
-    int block = iop(L, RFI_KIR_IDIV, m[1], cst(L, RFI_LAYOUT_BLOCK));
-    int at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[0], cst(L, n->dims[1] / RFI_LAYOUT_BLOCK)),
-                 block);
+    int64_t b = rfi_layout_block(layout);
+    int lane = iop(L, RFI_KIR_IREM, m[1], cst(L, b));
+    int block = iop(L, RFI_KIR_IDIV, m[1], cst(L, b));
+    int at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[0], cst(L, n->dims[1] / b)), block);
     at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, n->dims[2])), m[2]);
     at = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, n->dims[3])), m[3]);
-    return iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, RFI_LAYOUT_BLOCK)), lane);
+    return iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, at, cst(L, b)), lane);
 }
 
 static int load_node(lower *L, const rfi_node *n, kidx *ix)
@@ -608,18 +608,18 @@ static void reset_kernel(lower *L, int step)
     L->wants_multi = false;
 }
 
-/* The outer loops over root r's shape, in the order its buffer stores it:
- * row-major, or for a channel-blocked root [N, C/16, H, W, 16] with channel
- * block * 16 + lane, so the kernel walks the buffer contiguously. m receives
+/* The outer loops over root r's shape, in the order a channel-blocked
+ * buffer [N, C/b, H, W, b] stores it, with channel
+ * block * B + lane, so the kernel walks the buffer contiguously. m receives
  * r's multi-index. */
-static void blocked_loops(lower *L, const rfi_node *r, int *m)
+static void blocked_loops(lower *L, const rfi_node *r, int64_t b, int *m)
 {
     m[0] = loop_var(L, r->dims[0], false);
-    int block = loop_var(L, r->dims[1] / RFI_LAYOUT_BLOCK, false);
+    int block = loop_var(L, r->dims[1] / b, false);
     m[2] = loop_var(L, r->dims[2], false);
     m[3] = loop_var(L, r->dims[3], false);
-    int lane = loop_var(L, RFI_LAYOUT_BLOCK, false);
-    m[1] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, RFI_LAYOUT_BLOCK)), lane);
+    int lane = loop_var(L, b, false);
+    m[1] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, b)), lane);
 }
 
 /* [N, H, W, C] order: channels innermost. */
@@ -641,8 +641,10 @@ static void shape_loops(lower *L, const rfi_node *n, int *m)
 /* The outer loops over root r's shape in the order its buffer stores it. */
 static void root_loops(lower *L, const rfi_node *r, int *m)
 {
-    switch (rfi_plan_layout(L->p, r->id)) {
-    case RFI_LAYOUT_C16: blocked_loops(L, r, m); return;
+    rfi_layout layout = rfi_plan_layout(L->p, r->id);
+    switch (layout) {
+    case RFI_LAYOUT_C8:
+    case RFI_LAYOUT_C16: blocked_loops(L, r, rfi_layout_block(layout), m); return;
     case RFI_LAYOUT_NHWC: channels_last_loops(L, r, m); return;
     default: shape_loops(L, r, m);
     }
@@ -671,7 +673,7 @@ static bool step_reads_layout(const lower *L, const rfi_step *st, rfi_layout l)
  * walks its operand's blocks whatever its result's layout, and a reduction
  * keeping the channels (a bias gradient) runs them as block and lane loops,
  * the lane last, so that the renderer interchanges it (reduced loops outside,
- * 16 lanes contiguous inside) instead of striding through the operand once
+ * the block's lanes contiguous inside) instead of striding through the operand once
  * per channel. */
 static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m)
 {
@@ -682,10 +684,11 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
         channels_last_loops(L, n, m);
         return;
     }
-    bool blocked_x = x && x->rank == 4 && x->dims[1] % RFI_LAYOUT_BLOCK == 0 &&
-                     step_reads_layout(L, st, RFI_LAYOUT_C16);
+    int64_t b = rfi_layout_block(L->p->channel_blocks);
+    bool blocked_x = x && x->rank == 4 && b > 0 && x->dims[1] % b == 0 &&
+                     step_reads_layout(L, st, L->p->channel_blocks);
     if (blocked_x && window && rfi_plan_layout(L->p, n->id) != RFI_LAYOUT_NHWC) {
-        blocked_loops(L, n, m);
+        blocked_loops(L, n, b, m);
         return;
     }
     bool reduced[RF_MAX_RANK] = {false};
@@ -699,11 +702,11 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
     int channel = reduced[0] ? 0 : 1, block = -1; /* the result's dim holding x's channels */
     for (int d = 0; d < n->rank; d++)
         if (d == channel)
-            block = loop_var(L, n->dims[d] / RFI_LAYOUT_BLOCK, false);
+            block = loop_var(L, n->dims[d] / b, false);
         else
             m[d] = loop_var(L, n->dims[d], false);
-    int lane = loop_var(L, RFI_LAYOUT_BLOCK, false);
-    m[channel] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, RFI_LAYOUT_BLOCK)), lane);
+    int lane = loop_var(L, b, false);
+    m[channel] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, b)), lane);
 }
 
 /* The root whose layout orders a LOOP step's loops: one not row-major if

@@ -1,5 +1,5 @@
 /* layout.c: the plan's layout pass (plan.h): which activations live in a
- * convolution's layout, channel-blocked (RFI_LAYOUT_C16) or channels last
+ * convolution's layout, channel-blocked (RFI_LAYOUT_C8 or C16) or channels last
  * (RFI_LAYOUT_NHWC), instead of row-major.
  *
  * Why: oneDNN's convolutions run on channel-blocked layouts (channels last
@@ -11,7 +11,8 @@
  * masks and reductions between convolutions read and write the library's
  * layout directly.
  *
- * A value is laid out (C16 when C is a multiple of 16, else NHWC) when
+ * A value is laid out (channel-blocked when C is a multiple of the plan's
+ * block, else NHWC) when
  *   - it can be: an [N, C, H, W] arena value with C >= 2 whose bytes no
  *     other node aliases (a reshape would read them row-major); calls take
  *     f32 values only (generated steps any dtype: the i32 codes of a max
@@ -22,7 +23,7 @@
  *     input (operand 0) or writing it, and a blocked one adding it as a
  *     residual (services.c reorders a residual whose layout is not the
  *     result's; see residual_takes for channels last);
- *     a select_and_scatter (the max-pool gradient, C16 only) reading or
+ *     a select_and_scatter (the max-pool gradient, blocked only) reading or
  *     writing it; never a matmul, another call or a copy;
  *   - and it pays: a convolution writes or reads it, or a generated or
  *     scatter step computes it from, or into, a laid-out value of the same
@@ -46,18 +47,19 @@ typedef struct layout_pass {
 } layout_pass;
 
 /* The layout an [N, C, H, W] value takes when it leaves row-major order:
- * 16-channel blocks when C is a multiple of 16, else channels last (what
- * oneDNN's convolutions use for few channels). */
-static rfi_layout layout_for(const rfi_node *x)
+ * the plan's channel blocks when C is a multiple of their size, else
+ * channels last (what oneDNN's convolutions use for few channels). */
+static rfi_layout layout_for(const rfi_plan *p, const rfi_node *x)
 {
     if (x->rank != 4 || x->dims[1] < 2)
         return RFI_LAYOUT_PLAIN;
-    return x->dims[1] % RFI_LAYOUT_BLOCK == 0 ? RFI_LAYOUT_C16 : RFI_LAYOUT_NHWC;
+    return x->dims[1] % rfi_layout_block(p->channel_blocks) == 0 ? p->channel_blocks
+                                                                   : RFI_LAYOUT_NHWC;
 }
 
 static bool blockable(const rfi_plan *p, const rfi_node *x)
 {
-    return p->loc[x->id].kind == RFI_LOC_ARENA && layout_for(x) != RFI_LAYOUT_PLAIN &&
+    return p->loc[x->id].kind == RFI_LOC_ARENA && layout_for(p, x) != RFI_LAYOUT_PLAIN &&
            rfi_node_numel(x) > 0;
 }
 
@@ -103,7 +105,7 @@ static bool has_residual(const rfi_step *s)
  * reordering it row-major. */
 static bool residual_takes(rfi_layout l)
 {
-    return l == RFI_LAYOUT_C16;
+    return rfi_layout_blocked(l);
 }
 
 /* A convolution whose kernel has more positions than its result: the
@@ -128,18 +130,18 @@ static void touch_call(layout_pass *L, const rfi_step *s)
         if (view)
             x = x->in[0];
         bool takes = (activations && j == 0) || view ||
-                     (scatter && j < 2 && layout_for(x) == RFI_LAYOUT_C16);
+                     (scatter && j < 2 && rfi_layout_blocked(layout_for(L->p, x)));
         touch(L, x, takes && x->dtype == RF_F32, conv);
     }
     for (int e = 0; e < s->n_epilogue; e++)
         if (s->epilogue[e].operand >= 0) { /* the services reorder a residual to the result's */
             const rfi_node *y = L->g->nodes[s->epilogue[e].operand];
             touch(L, y, conv && s->epilogue[e].kind == RFI_EPI_ADD && y->dtype == RF_F32 &&
-                            residual_takes(layout_for(y)), false);
+                            residual_takes(layout_for(L->p, y)), false);
         }
     const rfi_node *root = L->g->nodes[s->roots[0]];
-    bool takes = (activations && (!has_residual(s) || residual_takes(layout_for(root)))) ||
-                 (scatter && layout_for(root) == RFI_LAYOUT_C16);
+    bool takes = (activations && (!has_residual(s) || residual_takes(layout_for(L->p, root)))) ||
+                 (scatter && rfi_layout_blocked(layout_for(L->p, root)));
     touch(L, root, takes && root->dtype == RF_F32, conv);
 }
 
@@ -192,7 +194,7 @@ static bool spread(layout_pass *L)
                 const rfi_node *x = L->g->nodes[L->touched.v[j]];
                 if (L->ok[x->id] && L->p->layout[x->id] == RFI_LAYOUT_PLAIN &&
                     same_images(x, y)) {
-                    L->p->layout[x->id] = (unsigned char)layout_for(x);
+                    L->p->layout[x->id] = (unsigned char)layout_for(L->p, x);
                     changed = true;
                 }
             }
@@ -222,7 +224,7 @@ rf_status rfi_plan_choose_layouts(rfi_plan *p)
         walk_step(&L, q);
     for (int x = 0; x < g->n_nodes; x++)
         if (L.ok[x] && L.by_conv[x])
-            p->layout[x] = (unsigned char)layout_for(g->nodes[x]);
+            p->layout[x] = (unsigned char)layout_for(p, g->nodes[x]);
     while (!L.failed && spread(&L)) {
     }
     rfi_free(L.ok);

@@ -57,6 +57,7 @@ rfi_plan_opts rfi_plan_opts_default(void)
     o.call_epilogues = !(epi && strcmp(epi, "0") == 0);
     o.conv_transposed_views = false;
     o.blocked_activations = false;
+    o.channel_blocks = RFI_LAYOUT_C16;
     o.direct_convs = false;
     const char *sib = getenv("RF_SIBLING_REDUCTIONS");
     o.sibling_reductions = !(sib && strcmp(sib, "0") == 0);
@@ -284,6 +285,8 @@ rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan
         st = rfi_memplan(&b);
     if (st == RF_OK)
         st = finish_steps(&b);
+    p->channel_blocks =
+        rfi_layout_blocked(b.opts.channel_blocks) ? b.opts.channel_blocks : RFI_LAYOUT_C16;
     if (st == RF_OK && b.opts.blocked_activations)
         st = rfi_plan_choose_layouts(p);
     p->direct_convs = b.opts.direct_convs;
@@ -416,7 +419,7 @@ static void print_loc(rfi_strbuf *sb, const rfi_plan *p, int x)
     case RFI_LOC_ALIAS: rfi_sb_printf(sb, "alias %%%d", l->alias); break;
     default: break;
     }
-    static const char *const layout_names[] = {"", " c16", " nhwc"};
+    static const char *const layout_names[] = {"", " nhwc", " c8", " c16"};
     rfi_sb_printf(sb, " (%zu bytes)%s\n", bytes, layout_names[rfi_plan_layout(p, x)]);
 }
 

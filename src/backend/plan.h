@@ -27,10 +27,11 @@
  *
  * Layouts. A buffer holds its node row-major, except the activations the
  * layout pass (layout.c) keeps in a convolution's layout, the same bytes
- * reordered: RFI_LAYOUT_C16, an [N, C, H, W] arena value with C a multiple
- * of 16 stored as [N, C/16, H, W, 16] (oneDNN's nChw16c), or, with other
- * channel counts, RFI_LAYOUT_NHWC (channels last). Every step addresses
- * such a buffer through rfi_layout_offset's mapping.
+ * reordered: channel-blocked, an [N, C, H, W] arena value with C a multiple
+ * of the block B stored as [N, C/B, H, W, B] (oneDNN's nChw8c or nChw16c:
+ * RFI_LAYOUT_C8 or RFI_LAYOUT_C16, whichever the CPU's vectors hold), or,
+ * with other channel counts, RFI_LAYOUT_NHWC (channels last). Every step
+ * addresses such a buffer through rfi_layout_offset's mapping.
  */
 #ifndef RF_BACKEND_PLAN_H
 #define RF_BACKEND_PLAN_H
@@ -39,11 +40,17 @@
 
 typedef enum rfi_layout {
     RFI_LAYOUT_PLAIN = 0, /* row-major */
-    RFI_LAYOUT_C16,       /* [N, C, H, W] stored as [N, C/16, H, W, 16] */
     RFI_LAYOUT_NHWC,      /* [N, C, H, W] stored as [N, H, W, C] (channels last) */
+    RFI_LAYOUT_C8,        /* [N, C, H, W] stored as [N, C/8, H, W, 8] */
+    RFI_LAYOUT_C16,       /* [N, C, H, W] stored as [N, C/16, H, W, 16] */
 } rfi_layout;
 
-#define RFI_LAYOUT_BLOCK 16 /* channels per block of RFI_LAYOUT_C16 */
+/* Channels per block of a channel-blocked layout; 0 for the others. */
+static inline int rfi_layout_block(rfi_layout l)
+{
+    return l == RFI_LAYOUT_C8 ? 8 : l == RFI_LAYOUT_C16 ? 16 : 0;
+}
+static inline bool rfi_layout_blocked(rfi_layout l) { return rfi_layout_block(l) > 0; }
 
 typedef enum rfi_step_kind {
     RFI_STEP_LOOP,   /* fused elementwise loop nest over the roots' shape */
@@ -145,6 +152,7 @@ typedef struct rfi_plan {
     /* Per node: its buffer's rfi_layout (NULL: every buffer is plain). */
     unsigned char *layout;
     bool direct_convs;   /* opts.direct_convs */
+    rfi_layout channel_blocks; /* opts.channel_blocks */
     rfi_arena mem;       /* owns the arrays above */
 } rfi_plan;
 
@@ -178,6 +186,10 @@ typedef struct rfi_plan_opts {
      * layout (the cpu backend, with oneDNN loaded; RF_BLOCKED=0 in the
      * environment: off). */
     bool blocked_activations;
+    /* The channel-blocked layout those activations take: RFI_LAYOUT_C8 or
+     * RFI_LAYOUT_C16, the block the library's convolutions run on with the
+     * machine's vectors (default C16; the cpu backend chooses, layout.c). */
+    rfi_layout channel_blocks;
     /* The backend writes the CALL CONV steps of the form kir_conv.c takes
      * (few channels, where the library is slowest) as generated loops
      * (kir.h RFI_KIR_STEP_CONV) instead of calling the library. The plan
@@ -212,9 +224,8 @@ static inline int64_t rfi_layout_offset(rfi_layout l, const int64_t *dims, int64
         return ((n * dims[1] + c) * dims[2] + h) * dims[3] + w;
     if (l == RFI_LAYOUT_NHWC)
         return ((n * dims[2] + h) * dims[3] + w) * dims[1] + c;
-    int64_t blocks = dims[1] / RFI_LAYOUT_BLOCK;
-    return (((n * blocks + c / RFI_LAYOUT_BLOCK) * dims[2] + h) * dims[3] + w) *
-               RFI_LAYOUT_BLOCK + c % RFI_LAYOUT_BLOCK;
+    int64_t block = rfi_layout_block(l), blocks = dims[1] / block;
+    return (((n * blocks + c / block) * dims[2] + h) * dims[3] + w) * block + c % block;
 }
 /* The layout of node x's buffer. */
 static inline rfi_layout rfi_plan_layout(const rfi_plan *p, int x)

@@ -626,6 +626,7 @@ dnnl_format_tag_t rfi_dnnl_layout_tag(rfi_layout layout, bool swapped)
 {
     switch (layout) {
     case RFI_LAYOUT_PLAIN: return swapped ? dnnl_bacd : dnnl_abcd;
+    case RFI_LAYOUT_C8: return swapped ? dnnl_Abcd8a : dnnl_aBcd8b;
     case RFI_LAYOUT_C16: return swapped ? dnnl_Abcd16a : dnnl_aBcd16b;
     case RFI_LAYOUT_NHWC: return swapped ? dnnl_format_tag_undef : dnnl_acdb;
     default: return dnnl_format_tag_undef;
@@ -658,7 +659,7 @@ static dnnl_format_tag_t arg_tag(const rfi_cpu_conv *c, const dnnl_conv_spec *sp
     if (layout == RFI_LAYOUT_PLAIN || t->ndims != 4 || (sp->kind == PATH_BWD_DATA && k == 1) ||
         (k < 2 && c->views[k] && sp->kind != PATH_BWD_WEIGHTS) ||
         (k == 2 && bias_from(c, epi_ops)) ||
-        (layout == RFI_LAYOUT_C16 && t->dims[t->swapped ? 0 : 1] % 16 != 0))
+        (rfi_layout_blocked(layout) && t->dims[t->swapped ? 0 : 1] % rfi_layout_block(layout)))
         return dnnl_format_tag_undef;
     return rfi_dnnl_layout_tag(layout, t->swapped);
 }

@@ -153,7 +153,7 @@ static rf_status make_arena(cpu_state *s)
 #define DESC_MAGIC "reflux cpu program description v2"
 
 /* Every field of rfi_plan_opts (see above for what the assertion catches). */
-_Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 8,
+_Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 16,
                "rfi_plan_opts changed: describe the new option in desc_plan_opts");
 
 static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
@@ -164,6 +164,7 @@ static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
     rfi_codec_put_int(b, o->call_epilogues);
     rfi_codec_put_int(b, o->conv_transposed_views);
     rfi_codec_put_int(b, o->blocked_activations);
+    rfi_codec_put_int(b, o->channel_blocks);
     rfi_codec_put_int(b, o->direct_convs);
     rfi_codec_put_int(b, o->sibling_reductions);
 }
@@ -243,6 +244,19 @@ static bool blocked_wanted(void)
     return rfi_dnnl_load() == RF_OK;
 }
 
+/* The channel-blocked layout of those activations: the block oneDNN's
+ * kernels use on this CPU (8 or 16 channels), unless RF_LAYOUT_BLOCK=8 or
+ * 16 in the environment says (tests run both on any machine). A mismatch
+ * costs speed only: oneDNN reorders to its own block inside the call. */
+static rfi_layout channel_blocks_wanted(void)
+{
+    const char *v = getenv("RF_LAYOUT_BLOCK");
+    int block = v && (!strcmp(v, "8") || !strcmp(v, "16")) ? atoi(v)
+                : rfi_dnnl_load() == RF_OK                 ? rfi_dnnl_channel_block()
+                                                           : 16;
+    return block == 8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+}
+
 /* Few-channel convolutions as generated loops (kir_conv.c); RF_DIRECT_CONV=0
  * in the environment leaves them to the library (benches, tests). */
 static bool direct_convs_wanted(void)
@@ -282,6 +296,7 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
     rfi_plan_opts opts = rfi_plan_opts_default();
     opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
     opts.blocked_activations = blocked_wanted();
+    opts.channel_blocks = channel_blocks_wanted();
     opts.direct_convs = direct_convs_wanted();
     rf_status st = rfi_plan_build(s->opt, &opts, &s->plan);
     if (st == RF_OK)

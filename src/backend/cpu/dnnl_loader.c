@@ -96,6 +96,13 @@ static void load_library(void)
     load_status = RF_OK;
 }
 
+int rfi_dnnl_channel_block(void)
+{
+    /* Every AVX-512 ISA's value has this bit; no AVX2, AVX or SSE one has. */
+    return rfi_dnnl.get_effective_cpu_isa() & dnnl_cpu_isa_avx512_mic & ~dnnl_cpu_isa_avx2 ? 16
+                                                                                          : 8;
+}
+
 /* Creates primitive pd describes and drops both (warm_up_primitives). */
 static void create_and_drop(dnnl_primitive_desc_t pd)
 {
@@ -136,7 +143,9 @@ static void warm_up_primitives(void)
         rfi_dnnl.primitive_desc_create(&pd, &matmul, NULL, engine, NULL) == dnnl_success)
         create_and_drop(pd);
     if (rfi_dnnl.memory_desc_init_by_tag(&src, 4, image, dnnl_f32, dnnl_nchw) == dnnl_success &&
-        rfi_dnnl.memory_desc_init_by_tag(&blocked, 4, image, dnnl_f32, dnnl_nChw16c) ==
+        rfi_dnnl.memory_desc_init_by_tag(&blocked, 4, image, dnnl_f32,
+                                         rfi_dnnl_channel_block() == 16 ? dnnl_nChw16c
+                                                                        : dnnl_nChw8c) ==
             dnnl_success &&
         rfi_dnnl.reorder_primitive_desc_create(&pd, &src, engine, &blocked, engine, NULL) ==
             dnnl_success)

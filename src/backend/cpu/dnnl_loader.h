@@ -64,7 +64,8 @@
     X(primitive_desc_query_md)                                                             \
     X(primitive_create)                                                                    \
     X(primitive_destroy)                                                                   \
-    X(primitive_execute)
+    X(primitive_execute)                                                                   \
+    X(get_effective_cpu_isa)
 
 #define RFI_DNNL_MEMBER(name) __typeof__(dnnl_##name) *name;
 typedef struct rfi_dnnl_api {
@@ -85,6 +86,11 @@ RFI_FUNC rf_status rfi_dnnl_load(void);
  * when it is loaded or loading); rfi_dnnl_load waits for the load. The
  * thread then creates a few small primitives to warm oneDNN up. */
 RFI_FUNC void rfi_dnnl_preload(void);
+/* The channels per block of the blocked activation layouts oneDNN's
+ * convolution kernels run on (nChw8c or nChw16c): 16 where its ISA has
+ * AVX-512's 16-float vectors, else 8. Valid once rfi_dnnl_load() returned
+ * RF_OK. */
+RFI_FUNC int rfi_dnnl_channel_block(void);
 /* Waits until the background thread rfi_dnnl_preload started, if any, has
  * finished (returns at once otherwise). */
 RFI_FUNC void rfi_dnnl_settle(void);

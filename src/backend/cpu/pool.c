@@ -68,6 +68,7 @@ struct rfi_cpu_native {
      * the operand's, the source's and the result's layouts */
     bool layouts;
     rfi_layout lay[3];
+    int lanes; /* with layouts: the channels per block (8 or 16) */
 };
 
 const char *rfi_cpu_native_path(const rfi_cpu_native *k)
@@ -381,21 +382,21 @@ static bool scatter_tables(rfi_cpu_native *k)
 
 /* ---- The fast path over channel-blocked tensors -------------------------------------- *
  * Non-overlapping windows over the last two dims of [N, C, H, W] tensors any
- * of which may be channel-blocked. Work items are (image, 16-channel block)
- * pairs; inside one, every window is selected for 16 channels at once (the
- * lanes: contiguous in a blocked tensor), and every element of the result's
- * block is written (the selected value, or 0). */
+ * of which may be channel-blocked (all with the same block of B = 8 or 16
+ * channels). Work items are (image, B-channel block) pairs; inside one,
+ * every window is selected for B channels at once (the lanes: contiguous in
+ * a blocked tensor), and every element of the result's block is written
+ * (the selected value, or 0). */
 
 typedef struct lane_map {
     int64_t item, lane, row, col; /* element strides: per work item, channel, row, column */
 } lane_map;
 
-static lane_map lanes_of(rfi_layout l, int64_t rows, int64_t cols)
+static lane_map lanes_of(rfi_layout l, int64_t block, int64_t rows, int64_t cols)
 {
-    if (l == RFI_LAYOUT_C16)
-        return (lane_map){rows * cols * RFI_LAYOUT_BLOCK, 1, cols * RFI_LAYOUT_BLOCK,
-                          RFI_LAYOUT_BLOCK};
-    return (lane_map){rows * cols * RFI_LAYOUT_BLOCK, rows * cols, cols, 1};
+    if (rfi_layout_blocked(l))
+        return (lane_map){rows * cols * block, 1, cols * block, block};
+    return (lane_map){rows * cols * block, rows * cols, cols, 1};
 }
 
 typedef struct blocked_job {
@@ -408,9 +409,9 @@ typedef struct blocked_job {
 static void blocked_window(const blocked_job *j, const float *x, const float *src, float *out)
 {
     const rfi_cpu_native *k = j->k;
-    enum { L = RFI_LAYOUT_BLOCK };
-    float best[L], val[L];
-    int32_t sel[L];
+    const int L = k->lanes;
+    float best[16], val[16];
+    int32_t sel[16];
     for (int l = 0; l < L; l++) {
         best[l] = x[l * j->xm.lane];
         sel[l] = 0;
@@ -433,16 +434,15 @@ static void blocked_window(const blocked_job *j, const float *x, const float *sr
     }
 }
 
-/* The usual case: 2x2 windows, operand and result blocked (16 contiguous
+/* The usual case: 2x2 windows, operand and result blocked (L contiguous
  * lanes per position), branch-free on integer keys as windows_2x2 so that
- * the lanes vectorise. */
-static inline void blocked_window_2x2(const blocked_job *j, const float *restrict x,
+ * the lanes vectorise (L a constant where it is inlined). */
+static inline void blocked_window_2x2(const blocked_job *j, const int L, const float *restrict x,
                                       const float *restrict src, float *restrict out)
 {
-    enum { L = RFI_LAYOUT_BLOCK };
     const float *restrict x1 = x + j->xm.row;
     float *restrict out1 = out + j->om.row;
-    uint32_t val[L];
+    uint32_t val[16];
     if (j->sm.lane == 1)
         for (int l = 0; l < L; l++) {
             float v = 0.0f + src[l]; /* -0 becomes +0, as the reference's sum */
@@ -465,16 +465,32 @@ static inline void blocked_window_2x2(const blocked_job *j, const float *restric
     }
 }
 
-static void zero_lanes(float *p, const lane_map *m)
+static void zero_lanes(float *p, const lane_map *m, int lanes)
 {
-    for (int l = 0; l < RFI_LAYOUT_BLOCK; l++)
+    for (int l = 0; l < lanes; l++)
         p[l * m->lane] = 0.0f;
+}
+
+/* blocked_window_2x2 with its lane count known to the compiler. */
+static void blocked_window_2x2_8(const blocked_job *j, const float *x, const float *src,
+                                 float *out)
+{
+    blocked_window_2x2(j, 8, x, src, out);
+}
+
+static void blocked_window_2x2_16(const blocked_job *j, const float *x, const float *src,
+                                  float *out)
+{
+    blocked_window_2x2(j, 16, x, src, out);
 }
 
 static void blocked_items(void *ctx, int64_t lo, int64_t hi)
 {
     const blocked_job *j = ctx;
     const rfi_cpu_native *k = j->k;
+    const int64_t L = k->lanes;
+    void (*window_2x2)(const blocked_job *, const float *, const float *, float *) =
+        L == 8 ? blocked_window_2x2_8 : blocked_window_2x2_16;
     int64_t wh = k->win[0], ww = k->win[1], rows = k->sd[0] * wh, cols = k->sd[1] * ww;
     bool fast = wh == 2 && ww == 2 && j->xm.lane == 1 && j->om.lane == 1;
     for (int64_t it = lo; it < hi; it++) {
@@ -483,49 +499,55 @@ static void blocked_items(void *ctx, int64_t lo, int64_t hi)
         for (int64_t a = 0; a < k->sd[0]; a++)
             for (int64_t b = 0; b < k->sd[1]; b++)
                 if (fast)
-                    blocked_window_2x2(j, x + a * 2 * j->xm.row + b * 2 * RFI_LAYOUT_BLOCK,
-                                       src + a * j->sm.row + b * j->sm.col,
-                                       out + a * 2 * j->om.row + b * 2 * RFI_LAYOUT_BLOCK);
+                    window_2x2(j, x + a * 2 * j->xm.row + b * 2 * L,
+                               src + a * j->sm.row + b * j->sm.col,
+                               out + a * 2 * j->om.row + b * 2 * L);
                 else
                     blocked_window(j, x + a * wh * j->xm.row + b * ww * j->xm.col,
                                    src + a * j->sm.row + b * j->sm.col,
                                    out + a * wh * j->om.row + b * ww * j->om.col);
         for (int64_t h = 0; h < k->xd[0]; h++) /* what no window covers */
             for (int64_t w = h < rows ? cols : 0; w < k->xd[1]; w++)
-                zero_lanes(out + h * j->om.row + w * j->om.col, &j->om);
+                zero_lanes(out + h * j->om.row + w * j->om.col, &j->om, k->lanes);
     }
 }
 
 static int64_t grain_for(int64_t per_item);
 
-/* The work item stride of a plain tensor is 16 channels' planes; that of a
+/* The work item stride of a plain tensor is B channels' planes; that of a
  * blocked one its block: the same count of elements, so one item index
  * addresses all three. */
 static void run_blocked(const rfi_cpu_native *k, const float *x, const float *src, float *out)
 {
     const rfi_node *n = k->node;
     int64_t c = n->dims[1];
-    blocked_job job = {k, x, src, out, lanes_of(k->lay[0], k->xd[0], k->xd[1]),
-                       lanes_of(k->lay[1], k->sd[0], k->sd[1]),
-                       lanes_of(k->lay[2], k->xd[0], k->xd[1])};
-    int64_t items = n->dims[0] * (c / RFI_LAYOUT_BLOCK);
-    rfi_parallel_for(items, grain_for(k->x_plane * RFI_LAYOUT_BLOCK), blocked_items, &job);
+    int64_t b = k->lanes;
+    blocked_job job = {k, x, src, out, lanes_of(k->lay[0], b, k->xd[0], k->xd[1]),
+                       lanes_of(k->lay[1], b, k->sd[0], k->sd[1]),
+                       lanes_of(k->lay[2], b, k->xd[0], k->xd[1])};
+    int64_t items = n->dims[0] * (c / b);
+    rfi_parallel_for(items, grain_for(k->x_plane * b), blocked_items, &job);
 }
 
 bool rfi_cpu_native_take_layouts(rfi_cpu_native *k, const rfi_layout lay[3])
 {
-    bool any = false;
+    int block = 0;
     for (int t = 0; t < 3; t++) {
         if (lay[t] == RFI_LAYOUT_NHWC)
             return false; /* channels last: the services reorder */
-        any |= lay[t] == RFI_LAYOUT_C16;
+        if (rfi_layout_blocked(lay[t])) {
+            if (block && block != rfi_layout_block(lay[t]))
+                return false;
+            block = rfi_layout_block(lay[t]);
+        }
     }
-    if (!any)
+    if (!block)
         return true;
     const rfi_node *n = k->node;
     if (k->kind != NATIVE_SCATTER_FAST || k->f64 || n->rank != 4 || k->wr != 2 ||
-        n->dims[1] % RFI_LAYOUT_BLOCK != 0)
+        n->dims[1] % block != 0)
         return false;
+    k->lanes = block;
     k->layouts = true;
     memcpy(k->lay, lay, sizeof k->lay);
     return true;

@@ -4,9 +4,11 @@
  * rf_f32x8 and rf_f32x16, rf_max_f32).
  *
  * The output channels (8 or 16: kir_conv.c) are the lanes of one GNU C
- * vector. For each output row (image n, row i) a kernel copies the kh
- * input rows that row reads into a zero-padded table `rows` [kh][padded
- * width][c] (channels innermost, whatever x's layout), so the inner loops
+ * vector (a weight gradient's more channels in 8-channel blocks: one
+ * vector per block, in a loop over the blocks). For each output row (image
+ * n, row i) a kernel copies the kh input rows that row reads into a
+ * zero-padded table `rows` [kh][padded width][c] (channels innermost,
+ * whatever x's layout), so the inner loops
  * have no bounds tests, and multiplies input scalars (broadcast) by
  * vectors over the output channels:
  *
@@ -76,7 +78,8 @@ typedef struct conv_phase {
 
 typedef struct conv_form {
     const rfi_kir_conv *d;
-    int64_t lanes;   /* o: 8 or 16 */
+    int64_t lanes;   /* output channels per vector: o (8 or 16), or the block
+                      * of a weight gradient's blocked output gradient */
     int64_t left;    /* table column of input column 0 */
     int64_t width;   /* table columns: (ow - 1) * stride + kw without dilation */
     int n_phases;
@@ -140,7 +143,9 @@ static conv_form form_of(const rfi_kir_conv *d)
     conv_form f;
     memset(&f, 0, sizeof f);
     f.d = d;
-    f.lanes = d->o;
+    /* a blocked output gradient's block (kir_conv.c: o itself or 8), else o */
+    bool grad_blocked = d->kind == RFI_KIR_CONV_WEIGHT_GRAD && rfi_layout_blocked(d->w_layout);
+    f.lanes = grad_blocked ? rfi_layout_block(d->w_layout) : d->o;
     column_phases(&f);
     int64_t rows = d->n * d->oh;
     f.chunks = rows < GRAD_CHUNKS ? rows : GRAD_CHUNKS;
@@ -187,18 +192,18 @@ static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
     if (valid)
         rfi_sb_printf(sb, "%svalid[ky] = (unsigned char)ok;\n", in1);
     rfi_sb_printf(sb, "%sif (!ok)\n%scontinue;\n", in1, in2);
-    bool contiguous = d->x_layout == RFI_LAYOUT_NHWC || d->c == 1 ||
-                      (d->x_layout == RFI_LAYOUT_C16 && d->c == 16); /* [w][c] */
+    long long B = rfi_layout_block(d->x_layout);
+    bool contiguous = d->x_layout == RFI_LAYOUT_NHWC || d->c == 1 || d->c == B; /* [w][c] */
     if (copied > 0 && contiguous) {
         rfi_sb_printf(sb,
                       "%smemcpy(row + %lld, x + (n * %lld + y) * %lld, sizeof(float) * %lld);\n",
                       in1, left * C, H, W * C, copied * C);
     } else if (copied > 0) {
         char at[160];
-        if (d->x_layout == RFI_LAYOUT_C16)
+        if (B > 0)
             snprintf(at, sizeof at,
-                     "(((n * %lld + ci / 16) * %lld + y) * %lld + ix) * 16 + ci %% 16", C / 16, H,
-                     W);
+                     "(((n * %lld + ci / %lld) * %lld + y) * %lld + ix) * %lld + ci %% %lld", C / B,
+                     B, H, W, B, B);
         else
             snprintf(at, sizeof at, "((n * %lld + ci) * %lld + y) * %lld + ix", C, H, W);
         rfi_sb_printf(sb,
@@ -268,7 +273,7 @@ static void y_index(const conv_form *f, const conv_phase *ph, char *at, size_t n
     else
         snprintf(j, sizeof j, "%lld + %lld * (j0 + b)", (long long)ph->first, (long long)ph->step);
     *lane_step = 1;
-    if (d->y_layout == RFI_LAYOUT_NHWC || d->y_layout == RFI_LAYOUT_C16) /* one block of o */
+    if (d->y_layout == RFI_LAYOUT_NHWC || rfi_layout_blocked(d->y_layout)) /* one block of o */
         snprintf(at, n, "((n * %lld + i) * %lld + %s) * %lld", OH, OW, j, O);
     else {
         snprintf(at, n, "(n * %lld * %lld + i) * %lld + %s", O, OH, OW, j);
@@ -383,16 +388,22 @@ static void forward_kernel(const conv_form *f, const char *kname, rfi_strbuf *de
 
 /* ---- Weight gradient ------------------------------------------------------------------ */
 
-/* Row (n, i) of the output gradient: the vector at column j is at
- * `base` + j * *step. A row-major gradient is gathered into `drow` [ow][o]
- * first. */
+/* Row (n, i) of the output gradient: the vector of output channels ob * L
+ * .. ob * L + L - 1 (L lanes) at column j is at `base` + j * *step. A
+ * row-major gradient is gathered into `drow` [ow][o] first. */
 static void gradient_row(rfi_strbuf *sb, const conv_form *f, char *base, size_t n, int64_t *step)
 {
     const rfi_kir_conv *d = f->d;
     long long O = (long long)d->o, OH = (long long)d->oh, OW = (long long)d->ow;
+    long long L = (long long)f->lanes;
     *step = d->o;
-    if (d->w_layout == RFI_LAYOUT_NHWC || d->w_layout == RFI_LAYOUT_C16) { /* one block of o */
-        snprintf(base, n, "c->w + (n * %lld + i) * %lld", OH, OW * O);
+    if (rfi_layout_blocked(d->w_layout)) { /* [N, O/L, OH, OW, L] */
+        snprintf(base, n, "c->w + ((n * %lld + ob) * %lld + i) * %lld", O / L, OH, OW * L);
+        *step = L;
+        return;
+    }
+    if (d->w_layout == RFI_LAYOUT_NHWC) {
+        snprintf(base, n, "c->w + (n * %lld + i) * %lld + ob * %lld", OH, OW * O, L);
         return;
     }
     rfi_sb_printf(sb,
@@ -401,7 +412,7 @@ static void gradient_row(rfi_strbuf *sb, const conv_form *f, char *base, size_t 
                   "                    drow[j * %lld + o] = c->w[((n * %lld + o) * %lld + i) * "
                   "%lld + j];\n",
                   O, OW, O, O, OH, OW);
-    snprintf(base, n, "drow");
+    snprintf(base, n, "drow + ob * %lld", L);
 }
 
 /* One register group: the partial sums of `count` points of (ky, kx, ci)
@@ -447,25 +458,27 @@ static void gradient_group(rfi_strbuf *sb, const conv_form *f, int64_t first, in
  * (and at most a group's worth), one group of c points in a loop over
  * (ky, kx); else every point spelled out, in groups of GROUP_MAX (less
  * code for many channels, enough independent sums for few). */
-static void gradient_groups(rfi_strbuf *sb, const conv_form *f, const char *base, int64_t step)
+static void gradient_groups(rfi_strbuf *sb, const conv_form *f, const char *base, int64_t step,
+                            int depth)
 {
     const rfi_kir_conv *d = f->d;
+    const char *in = indent(depth), *in1 = indent(depth + 1), *in2 = indent(depth + 2);
     if (d->c >= GROUP_MIN_LOOPED && d->c <= GROUP_MAX) {
         rfi_sb_printf(sb,
-                      "            for (int64_t k = 0; k < %lld; k++) {\n"
-                      "                float *restrict ak = acc + k * %lld;\n"
-                      "                const float *restrict xk =\n"
-                      "                    rows + (k / %lld * %lld + k %% %lld) * %lld;\n",
-                      (long long)(d->kh * d->kw), (long long)(d->c * d->o), (long long)d->kw,
-                      (long long)f->width, (long long)d->kw, (long long)d->c);
-        gradient_group(sb, f, -1, d->c, base, step, 4);
-        rfi_sb_printf(sb, "            }\n");
+                      "%sfor (int64_t k = 0; k < %lld; k++) {\n"
+                      "%sfloat *restrict ak = acc + k * %lld;\n"
+                      "%sconst float *restrict xk =\n"
+                      "%srows + (k / %lld * %lld + k %% %lld) * %lld;\n",
+                      in, (long long)(d->kh * d->kw), in1, (long long)(d->c * d->o), in1, in2,
+                      (long long)d->kw, (long long)f->width, (long long)d->kw, (long long)d->c);
+        gradient_group(sb, f, -1, d->c, base, step, depth + 1);
+        rfi_sb_printf(sb, "%s}\n", in);
         return;
     }
     int64_t points = d->c * d->kh * d->kw;
     for (int64_t t0 = 0; t0 < points; t0 += GROUP_MAX)
         gradient_group(sb, f, t0, t0 + GROUP_MAX < points ? GROUP_MAX : points - t0, base, step,
-                       3);
+                       depth);
 }
 
 static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf *def)
@@ -481,12 +494,12 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
                   "    const float *restrict x = c->x;\n"
                   "    float rows[%lld]; /* [kh][padded width][c] */\n",
                   kname, kname, (long long)(KH * f->width * C));
-    if (d->w_layout != RFI_LAYOUT_NHWC && d->w_layout != RFI_LAYOUT_C16)
+    if (d->w_layout != RFI_LAYOUT_NHWC && !rfi_layout_blocked(d->w_layout))
         rfi_sb_printf(def, "    float drow[%lld]; /* [ow][o] */\n", (long long)(d->ow * O));
     rfi_sb_printf(def,
                   "    for (int64_t q = lo; q < hi; q++) {\n"
-                  "        float *restrict acc = c->part + q * %lld;\n"
-                  "        memset(acc, 0, sizeof(float) * %lld);\n"
+                  "        float *restrict part = c->part + q * %lld;\n"
+                  "        memset(part, 0, sizeof(float) * %lld);\n"
                   "        for (int64_t r = q * %lld / %lld; r < (q + 1) * %lld / %lld; r++) {\n"
                   "            const int64_t n = r / %lld, i = r %% %lld;\n",
                   table, table, rows, chunks, rows, chunks, (long long)d->oh, (long long)d->oh);
@@ -494,8 +507,12 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
     char base[200];
     int64_t step;
     gradient_row(def, f, base, sizeof base, &step);
-    gradient_groups(def, f, base, step);
-    rfi_sb_printf(def, "        }\n    }\n}\n\n");
+    rfi_sb_printf(def,
+                  "            for (int64_t ob = 0; ob < %lld; ob++) { /* vectors of o */\n"
+                  "                float *restrict acc = part + ob * %lld;\n",
+                  O / (long long)f->lanes, (long long)f->lanes);
+    gradient_groups(def, f, base, step, 4);
+    rfi_sb_printf(def, "            }\n        }\n    }\n}\n\n");
     rfi_sb_printf(def,
                   "RF_KERNEL void %s_combine(const struct %s_ctx *c)\n{\n"
                   "    for (int64_t ci = 0; ci < %lld; ci++)\n"
