@@ -583,7 +583,7 @@ static void test_syntax_error_reports(void)
     CHECK(m == NULL);
     CHECK_MSG("compiling module broken failed (exit status 1)");
     CHECK_MSG("-O2 -std=c11 -fPIC -shared -fopenmp-simd -fno-math-errno -fno-trapping-math "
-              "-funswitch-loops -march=native -o ");
+              "-funswitch-loops -march=native -ffp-contract=fast -o ");
     CHECK_MSG("-lm");
     CHECK_MSG("oops"); /* the compiler's diagnostic */
     CHECK_MSG("error");
