@@ -1196,8 +1196,7 @@ static void test_direct_convs(void)
 /* (j) With 8-channel blocks (an AVX2 machine's), the weight gradients of
  * few input channels to more than 16 outputs become loops too, one vector
  * per block (kir_conv.c vectors_of_8): 1 -> 32 and 4 -> 24 here; with
- * 16-channel blocks they stay calls. A 16-channel result in 8-channel
- * blocks is not one vector, so the 8 -> 16 forward stays a call. */
+ * 16-channel blocks they stay calls. */
 static void test_direct_weight_grads_c8(void)
 {
     rf_nn_seed(8);
