@@ -1123,6 +1123,20 @@ static void test_index_math(void)
     cnn_case_free(&k);
 }
 
+/* The plan of g under o, its kernel IR and its C (returned, owned; NULL on
+ * failure, which the checks report). */
+static char *plan_and_render(const rfi_graph *g, const rfi_plan_opts *o, rfi_plan **p,
+                             rfi_kir_module **km)
+{
+    char *source = NULL;
+    CHECK_OK(rfi_plan_build(g, o, p));
+    if (*p)
+        CHECK_OK(rfi_kir_lower(*p, km));
+    if (*km)
+        CHECK_OK(rfi_render_c(*km, &source));
+    return source;
+}
+
 /* (i) Direct convolutions: with the option, the CALL CONV steps of a
  * few-channel CNN that kir_conv.c takes become RFI_KIR_STEP_CONV steps and
  * C loops: the forwards from 1 and 8 channels (bias and relu epilogues),
@@ -1146,12 +1160,7 @@ static void test_direct_convs(void)
         o.direct_convs = on;
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
-        char *source = NULL;
-        CHECK_OK(rfi_plan_build(k.g, &o, &p));
-        if (p)
-            CHECK_OK(rfi_kir_lower(p, &km));
-        if (km)
-            CHECK_OK(rfi_render_c(km, &source));
+        char *source = plan_and_render(k.g, &o, &p, &km);
         int convs = 0, direct = 0, forwards = 0, grads = 0, dilated = 0, lowered = 0;
         for (int q = 0; p && q < p->n_steps; q++) {
             const rfi_step *st = &p->steps[q];
@@ -1212,12 +1221,7 @@ static void test_direct_weight_grads_c8(void)
         o.channel_blocks = c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
-        char *source = NULL;
-        CHECK_OK(rfi_plan_build(k.g, &o, &p));
-        if (p)
-            CHECK_OK(rfi_kir_lower(p, &km));
-        if (km)
-            CHECK_OK(rfi_render_c(km, &source));
+        char *source = plan_and_render(k.g, &o, &p, &km);
         int wide_grads = 0;
         for (int q = 0; p && q < p->n_steps; q++) {
             rfi_kir_conv d;
