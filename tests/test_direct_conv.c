@@ -74,9 +74,10 @@ static rf_model *residual(void)
                     rf_dense(16 * 6 * 6, 10, RF_ACT_IDENTITY));
 }
 
-/* 12x12 images: 1 -> 32 and 4 -> 24 (then 24 -> 16), whose weight gradients are loops over
- * 8-channel blocks where activations are in 8-channel blocks (AVX2; the
- * suite also runs this file with RF_LAYOUT_BLOCK=8 and 16), calls else. */
+/* 12x12 images: 1 -> 32 and 4 -> 24 (then 24 -> 16), whose weight
+ * gradients are loops over 8-channel blocks where activations are in
+ * 8-channel blocks (AVX2; the suite also runs this file with
+ * RF_LAYOUT_BLOCK=8 and 16), calls else. */
 static rf_model *wide_outputs(void)
 {
     rf_nn_seed(23);

@@ -32,9 +32,10 @@
  * output channels they were as fast as the loops or faster there (the
  * cnn's 1 -> 32 first layer: forward 0.26 against 0.30-0.33 ms, weight
  * gradient 0.21 against 0.25-0.31), so those stay calls, but for the AVX2
- * weight gradients. The limits keep the renderer's stack tables small: the kernel reordered for
- * the loop or one chunk's partial weight gradient (c*kh*kw*o floats) and
- * the padded input rows (kh rows of the width the outputs read).
+ * weight gradients. The limits keep the renderer's stack tables small: the
+ * kernel reordered for the loop or one chunk's partial weight gradient
+ * (c*kh*kw*o floats) and the padded input rows (kh rows of the width the
+ * outputs read).
  */
 #include <string.h>
 

@@ -609,9 +609,8 @@ static void reset_kernel(lower *L, int step)
 }
 
 /* The outer loops over root r's shape, in the order a channel-blocked
- * buffer [N, C/b, H, W, b] stores it, with channel
- * block * B + lane, so the kernel walks the buffer contiguously. m receives
- * r's multi-index. */
+ * buffer [N, C/b, H, W, b] stores it, with channel block * b + lane, so the
+ * kernel walks the buffer contiguously. m receives r's multi-index. */
 static void blocked_loops(lower *L, const rfi_node *r, int64_t b, int *m)
 {
     m[0] = loop_var(L, r->dims[0], false);
@@ -673,8 +672,8 @@ static bool step_reads_layout(const lower *L, const rfi_step *st, rfi_layout l)
  * walks its operand's blocks whatever its result's layout, and a reduction
  * keeping the channels (a bias gradient) runs them as block and lane loops,
  * the lane last, so that the renderer interchanges it (reduced loops outside,
- * the block's lanes contiguous inside) instead of striding through the operand once
- * per channel. */
+ * the block's lanes contiguous inside) instead of striding through the
+ * operand once per channel. */
 static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m)
 {
     const rfi_node *x = n->n_in > 0 ? n->in[0] : NULL;
