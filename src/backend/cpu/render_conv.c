@@ -6,10 +6,12 @@
  * The output channels (8 or 16: kir_conv.c) are the lanes of one GNU C
  * vector (a weight gradient's more channels in 8-channel blocks: one
  * vector per block, in a loop over the blocks). For each output row (image
- * n, row i) a kernel copies the kh input rows that row reads into a
- * zero-padded table `rows` [kh][padded width][c] (channels innermost,
- * whatever x's layout), so the inner loops
- * have no bounds tests, and multiplies input scalars (broadcast) by
+ * n, row i) a kernel finds the kh input rows that row reads in a
+ * zero-padded table `rows` [kh slots][padded width][c] (channels innermost,
+ * whatever x's layout), copying only those the previous output row did not
+ * read (input row u lives in slot u mod kh: copies and zeroing of the table
+ * were ~5% of a ResNet step when every row copied all kh), so the inner
+ * loops have no bounds tests, and multiplies input scalars (broadcast) by
  * vectors over the output channels:
  *
  *   FORWARD: a register block holds up to 14 outputs of the row (7 for 16
@@ -167,31 +169,63 @@ static void kernel_name(int step, char *buf, size_t n)
 
 /* ---- Shared pieces ------------------------------------------------------------------ */
 
-/* Fills rows[ky] for output row (n, i): the input row it reads, zero where
- * that row or column is padding (or, dilated, between input rows); with
- * `valid`, also valid[ky] = whether the row is an input row at all. */
+/* The row table's declarations: kh slots of the padded width, zero once
+ * (padding columns are never written again), none holding a row yet. */
+static void rows_table(rfi_strbuf *sb, const conv_form *f)
+{
+    long long KH = (long long)f->d->kh, size = KH * (long long)(f->width * f->d->c);
+    rfi_sb_printf(sb,
+                  "    float rows[%lld]; /* [kh slots][padded width][c] */\n"
+                  "    const float *rowp[%lld]; /* the slot of each ky */\n"
+                  "    int64_t held[%lld]; /* what each slot holds: n * h + y, -1 zeros, -2 none */\n"
+                  "    memset(rows, 0, sizeof rows);\n"
+                  "    for (int64_t k = 0; k < %lld; k++)\n"
+                  "        held[k] = -2;\n",
+                  size, KH, KH, KH);
+}
+
+/* Points rowp[ky] at the input row output row (n, i) reads with tap row ky:
+ * input row u goes to slot u mod kh, where the next output rows, which read
+ * kh - 1 of the same rows, find it again, so each input row is copied about
+ * once per image rather than kh times. A row that is padding (or, dilated,
+ * between input rows) is zeros; with `valid`, valid[ky] says whether it is
+ * an input row at all and such rows are not zeroed (the caller skips them). */
 static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
 {
     const rfi_kir_conv *d = f->d;
     const char *in = indent(depth), *in1 = indent(depth + 1), *in2 = indent(depth + 2);
-    long long C = (long long)d->c, H = (long long)d->h, W = (long long)d->w;
+    long long C = (long long)d->c, H = (long long)d->h, W = (long long)d->w, KH = (long long)d->kh;
     long long width = (long long)f->width, left = (long long)f->left;
     long long dil = (long long)d->dilation[0];
     long long copied = width - left < W ? width - left : W; /* input columns read */
     rfi_sb_printf(sb,
                   "%sfor (int64_t ky = 0; ky < %lld; ky++) {\n"
-                  "%sfloat *restrict row = rows + ky * %lld;\n"
                   "%sconst int64_t u = i * %lld + ky - %lld, y = u / %lld;\n"
-                  "%smemset(row, 0, sizeof(float) * %lld);\n",
-                  in, (long long)d->kh, in1, width * C, in1, (long long)d->stride[0],
-                  (long long)d->pad[0], dil, in1, width * C);
+                  "%sconst int64_t slot = (u %% %lld + %lld) %% %lld;\n"
+                  "%sfloat *restrict row = rows + slot * %lld;\n"
+                  "%srowp[ky] = row;\n",
+                  in, KH, in1, (long long)d->stride[0], (long long)d->pad[0], dil, in1, KH, KH,
+                  KH, in1, width * C, in1);
     if (dil > 1)
         rfi_sb_printf(sb, "%sconst int ok = u >= 0 && u %% %lld == 0 && y < %lld;\n", in1, dil, H);
     else
         rfi_sb_printf(sb, "%sconst int ok = u >= 0 && y < %lld;\n", in1, H);
     if (valid)
-        rfi_sb_printf(sb, "%svalid[ky] = (unsigned char)ok;\n", in1);
-    rfi_sb_printf(sb, "%sif (!ok)\n%scontinue;\n", in1, in2);
+        rfi_sb_printf(sb, "%svalid[ky] = (unsigned char)ok;\n%sif (!ok)\n%scontinue;\n", in1,
+                      in1, in2);
+    else
+        rfi_sb_printf(sb,
+                      "%sif (!ok) {\n"
+                      "%sif (held[slot] != -1)\n"
+                      "%s    memset(row, 0, sizeof(float) * %lld);\n"
+                      "%sheld[slot] = -1;\n"
+                      "%scontinue;\n"
+                      "%s}\n",
+                      in1, in2, in2, width * C, in2, in2, in1);
+    rfi_sb_printf(sb,
+                  "%sif (held[slot] == n * %lld + y)\n%scontinue;\n"
+                  "%sheld[slot] = n * %lld + y;\n",
+                  in1, H, in2, in1, H);
     long long B = rfi_layout_block(d->x_layout);
     bool contiguous = d->x_layout == RFI_LAYOUT_NHWC || d->c == 1 || d->c == B; /* [w][c] */
     if (copied > 0 && contiguous) {
@@ -315,11 +349,10 @@ static void forward_block(rfi_strbuf *sb, const conv_form *f, const conv_phase *
                   "                        memcpy(&wv, wt + ((ky * %lld + %lld + %lld * m) * %lld "
                   "+ ci) * %lld, sizeof wv);\n"
                   "                        const float *restrict p =\n"
-                  "                            rows + ky * %lld + (%lld + j0 * %lld + m) * %lld "
-                  "+ ci;\n",
+                  "                            rowp[ky] + (%lld + j0 * %lld + m) * %lld + ci;\n",
                   (long long)d->kh, (long long)ph->taps, C, f->vec, (long long)d->kw,
-                  (long long)ph->tap0, (long long)ph->tap_step, C, L,
-                  (long long)(f->width * d->c), (long long)ph->col0, (long long)ph->col_step, C);
+                  (long long)ph->tap0, (long long)ph->tap_step, C, L, (long long)ph->col0,
+                  (long long)ph->col_step, C);
     for (int64_t b = 0; b < cnt; b++)
         rfi_sb_printf(sb, "                        acc%lld += p[%lld] * wv;\n", (long long)b,
                       (long long)b * step);
@@ -360,13 +393,14 @@ static void forward_kernel(const conv_form *f, const char *kname, rfi_strbuf *de
                   "                for (int64_t kx = 0; kx < %lld; kx++)\n"
                   "                    wt[((ky * %lld + kx) * %lld + ci) * %lld + o] =\n"
                   "                        c->w[((o * %lld + ci) * %lld + ky) * %lld + kx];\n"
-                  "    float rows[%lld]; /* [kh][table width][c] */\n"
                   "    unsigned char valid[%lld];\n"
-                  "    float tile[%lld];\n"
+                  "    float tile[%lld];\n",
+                  kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, C, KH, KW, KH,
+                  (long long)(f->block_max * f->lanes));
+    rows_table(def, f);
+    rfi_sb_printf(def,
                   "    for (int64_t r = lo; r < hi; r++) {\n"
                   "        const int64_t n = r / %lld, i = r %% %lld;\n",
-                  kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, C, KH, KW,
-                  (long long)(KH * f->width * C), KH, (long long)(f->block_max * f->lanes),
                   (long long)d->oh, (long long)d->oh);
     fill_rows(def, f, 2, true);
     for (int k = 0; k < f->n_phases; k++) {
@@ -417,21 +451,23 @@ static void gradient_row(rfi_strbuf *sb, const conv_form *f, char *base, size_t 
 
 /* One register group: the partial sums of `count` points of (ky, kx, ci)
  * over the row's outputs. Point u of the group is accumulated at acc +
- * u_acc(u) and reads rows at p + u_row(u): with `first` >= 0 the points
- * are first .. first + count - 1 of t = (ky * kw + kx) * c + ci (literal
- * offsets), else ci = u at `ak` and `xk` (a loop over (ky, kx) around). */
+ * u_acc(u) and reads its tap row at u_row(u) from column j's start: with
+ * `first` >= 0 the points are first .. first + count - 1 of t = (ky * kw +
+ * kx) * c + ci (literal offsets from p<ky>, one pointer per tap row the
+ * group reads), else ci = u at `ak` and `xk` (a loop over (ky, kx) around). */
 static void gradient_group(rfi_strbuf *sb, const conv_form *f, int64_t first, int64_t count,
                            const char *base, int64_t step, int depth)
 {
     const rfi_kir_conv *d = f->d;
     const char *in = indent(depth), *in1 = indent(depth + 1), *in2 = indent(depth + 2);
-    const char *acc = first >= 0 ? "acc" : "ak", *row = first >= 0 ? "rows" : "xk";
-    int64_t acc_at[GROUP_MAX], row_at[GROUP_MAX];
+    const char *acc = first >= 0 ? "acc" : "ak";
+    int64_t acc_at[GROUP_MAX], row_at[GROUP_MAX], row_of[GROUP_MAX];
     for (int64_t u = 0; u < count; u++) {
         int64_t t = first >= 0 ? first + u : u;
         int64_t ci = t % d->c, kx = t / d->c % d->kw, ky = t / d->c / d->kw;
         acc_at[u] = t * d->o;
-        row_at[u] = first >= 0 ? (ky * f->width + kx) * d->c + ci : u;
+        row_at[u] = first >= 0 ? kx * d->c + ci : u;
+        row_of[u] = first >= 0 ? ky : 0;
     }
     rfi_sb_printf(sb, "%s{\n", in);
     for (int64_t u = 0; u < count; u++)
@@ -441,12 +477,20 @@ static void gradient_group(rfi_strbuf *sb, const conv_form *f, int64_t first, in
     rfi_sb_printf(sb,
                   "%sfor (int64_t j = 0; j < %lld; j++) {\n"
                   "%s%s dv;\n"
-                  "%smemcpy(&dv, %s + j * %lld, sizeof dv);\n"
-                  "%sconst float *restrict p = %s + j * %lld;\n",
-                  in1, (long long)d->ow, in2, f->vec, in2, base, (long long)step, in2, row,
-                  (long long)(d->stride[1] * d->c));
+                  "%smemcpy(&dv, %s + j * %lld, sizeof dv);\n",
+                  in1, (long long)d->ow, in2, f->vec, in2, base, (long long)step);
+    long long column = (long long)(d->stride[1] * d->c);
     for (int64_t u = 0; u < count; u++)
-        rfi_sb_printf(sb, "%sa%lld += p[%lld] * dv;\n", in2, (long long)u, (long long)row_at[u]);
+        if (u == 0 || row_of[u] != row_of[u - 1]) {
+            if (first >= 0)
+                rfi_sb_printf(sb, "%sconst float *restrict p%lld = rowp[%lld] + j * %lld;\n",
+                              in2, (long long)row_of[u], (long long)row_of[u], column);
+            else
+                rfi_sb_printf(sb, "%sconst float *restrict p0 = xk + j * %lld;\n", in2, column);
+        }
+    for (int64_t u = 0; u < count; u++)
+        rfi_sb_printf(sb, "%sa%lld += p%lld[%lld] * dv;\n", in2, (long long)u,
+                      (long long)row_of[u], (long long)row_at[u]);
     rfi_sb_printf(sb, "%s}\n", in1);
     for (int64_t u = 0; u < count; u++)
         rfi_sb_printf(sb, "%smemcpy(%s + %lld, &a%lld, sizeof a%lld);\n", in1, acc,
@@ -462,15 +506,14 @@ static void gradient_groups(rfi_strbuf *sb, const conv_form *f, const char *base
                             int depth)
 {
     const rfi_kir_conv *d = f->d;
-    const char *in = indent(depth), *in1 = indent(depth + 1), *in2 = indent(depth + 2);
+    const char *in = indent(depth), *in1 = indent(depth + 1);
     if (d->c >= GROUP_MIN_LOOPED && d->c <= GROUP_MAX) {
         rfi_sb_printf(sb,
                       "%sfor (int64_t k = 0; k < %lld; k++) {\n"
                       "%sfloat *restrict ak = acc + k * %lld;\n"
-                      "%sconst float *restrict xk =\n"
-                      "%srows + (k / %lld * %lld + k %% %lld) * %lld;\n",
-                      in, (long long)(d->kh * d->kw), in1, (long long)(d->c * d->o), in1, in2,
-                      (long long)d->kw, (long long)f->width, (long long)d->kw, (long long)d->c);
+                      "%sconst float *restrict xk = rowp[k / %lld] + k %% %lld * %lld;\n",
+                      in, (long long)(d->kh * d->kw), in1, (long long)(d->c * d->o), in1,
+                      (long long)d->kw, (long long)d->kw, (long long)d->c);
         gradient_group(sb, f, -1, d->c, base, step, depth + 1);
         rfi_sb_printf(sb, "%s}\n", in);
         return;
@@ -491,9 +534,9 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
     rfi_sb_printf(def,
                   "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi)\n{\n"
                   "    const struct %s_ctx *c = ctx;\n"
-                  "    const float *restrict x = c->x;\n"
-                  "    float rows[%lld]; /* [kh][padded width][c] */\n",
-                  kname, kname, (long long)(KH * f->width * C));
+                  "    const float *restrict x = c->x;\n",
+                  kname, kname);
+    rows_table(def, f);
     if (d->w_layout != RFI_LAYOUT_NHWC && !rfi_layout_blocked(d->w_layout))
         rfi_sb_printf(def, "    float drow[%lld]; /* [ow][o] */\n", (long long)(d->ow * O));
     rfi_sb_printf(def,
