@@ -128,7 +128,9 @@ RF_API rf_tensor *rf_reduce(rf_tensor *x, rf_reduce_kind kind, const int64_t *ax
 RF_API rf_tensor *rf_sum(rf_tensor *x, const int64_t *axes, int naxes, bool keepdims);
 RF_API rf_tensor *rf_reduce_max(rf_tensor *x, const int64_t *axes, int naxes, bool keepdims);
 RF_API rf_tensor *rf_mean(rf_tensor *x, const int64_t *axes, int naxes, bool keepdims);
-/* Biased variance (divides by the count), as Flux's normalisation layers use. */
+/* Biased variance (divides by the count), as Flux's normalisation layers use.
+ * Its gradient is 2 (x - mean) / count: the path through the mean, which is
+ * zero, is not traced (the mean is a stop_gradient inside). */
 RF_API rf_tensor *rf_var(rf_tensor *x, const int64_t *axes, int naxes, bool keepdims);
 RF_API rf_tensor *rf_sum_all(rf_tensor *x);  /* scalar */
 RF_API rf_tensor *rf_mean_all(rf_tensor *x); /* scalar */

@@ -446,9 +446,16 @@ rf_tensor *rf_mean(rf_tensor *x, const int64_t *axes, int naxes, bool keepdims)
     return mean_named("rf_mean", x, axes, naxes, keepdims);
 }
 
+/* mean((x - m)^2) with m = mean(x). The gradient that reaches x through m is
+ * -2 mean(x - m) times the rest: zero, so m is a stop_gradient and the
+ * reverse pass is the textbook 2 (x - m) / count. Differentiating through m
+ * would cost every batch normalisation's backward a further pass over its
+ * input (a sum of rounding noise) and two small loops; the first derivative
+ * is the same, but a second derivative through m would not be (reverse mode
+ * here is first order only). */
 rf_tensor *rf_var(rf_tensor *x, const int64_t *axes, int naxes, bool keepdims)
 {
-    rfi_node *m = mean_named("rf_var", x, axes, naxes, true);
+    rfi_node *m = rf_stop_gradient(mean_named("rf_var", x, axes, naxes, true));
     rfi_node *d = rf_sub(x, m);
     return mean_named("rf_var", rf_mul(d, d), axes, naxes, keepdims);
 }
