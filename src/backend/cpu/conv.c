@@ -51,6 +51,7 @@
 
 #include "../../runtime/threadpool.h"
 #include "services.h"
+#include "table_reorder.h"
 
 #define COL_BUDGET_BYTES ((size_t)32 << 20) /* the most col memory one chunk uses */
 /* Forward convolutions with larger kernels go to im2col: oneDNN's direct
@@ -77,6 +78,7 @@ typedef struct conv_arg {
     int arg; /* DNNL_ARG_* */
     dnnl_memory_t user, inner;
     dnnl_primitive_t reorder;
+    rfi_table_reorder table; /* instead of reorder, for a small tensor (a kernel) */
     size_t at; /* workspace offset of inner */
     dnnl_memory_desc_t user_md, inner_md;
     /* Inputs only, set by rfi_cpu_conv_share_input: inner lives in `shared`
@@ -528,6 +530,7 @@ static void destroy_dnnl_conv(dnnl_conv *dc)
             rfi_dnnl.memory_destroy(a->inner);
         if (a->reorder)
             rfi_dnnl.primitive_destroy(a->reorder);
+        rfi_table_reorder_free(&a->table);
     }
     for (int k = 0; k < RFI_EPI_MAX; k++)
         if (dc->post_mem[k])
@@ -691,10 +694,20 @@ static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool o
     a->at = *ws;
     *ws += rfi_ws_align(rfi_dnnl.memory_desc_get_size(want));
     st = rfi_dnnl.memory_create(&a->inner, want, eng, DNNL_MEMORY_NONE);
+    const dnnl_memory_desc_t *from = output ? want : &user, *to = output ? &user : want;
+    if (st == dnnl_success && rfi_table_reorder_fits(from, to))
+        return rfi_table_reorder_make(from, to, !output, &a->table) == RF_OK ? dnnl_success
+                                                                            : dnnl_out_of_memory;
     if (st == dnnl_success)
-        st = output ? rfi_dnnl_reorder_create(want, &user, eng, &a->reorder)
-                    : rfi_dnnl_reorder_create(&user, want, eng, &a->reorder);
+        st = rfi_dnnl_reorder_create(from, to, eng, &a->reorder);
     return st;
+}
+
+/* Whether argument a is copied between the IR's buffer and the primitive's
+ * layout around the call (by a oneDNN reorder or a table). */
+static bool arg_copied(const conv_arg *a)
+{
+    return a->reorder || a->table.from;
 }
 
 /* A forward primitive applying as much of c's epilogue as oneDNN runs well,
@@ -830,10 +843,14 @@ static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0
     }
     for (int k = 0; k < 2 && st == dnnl_success; k++) {
         conv_arg *a = &dc->args[k];
-        if (a->reorder && (!a->shared || a->fills)) {
-            dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, a->user}, {DNNL_ARG_TO, a->inner}};
-            st = rfi_dnnl.primitive_execute(a->reorder, s, 2, r);
+        if (!arg_copied(a) || (a->shared && !a->fills))
+            continue;
+        if (a->table.from) {
+            rfi_table_reorder_run(&a->table, user[k], a->shared ? a->shared : ws + a->at);
+            continue;
         }
+        dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, a->user}, {DNNL_ARG_TO, a->inner}};
+        st = rfi_dnnl.primitive_execute(a->reorder, s, 2, r);
     }
     if (st == dnnl_success)
         st = rfi_dnnl.primitive_execute(dc->prim, s, nargs, args);
@@ -844,6 +861,8 @@ static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0
     }
     if (st == dnnl_success)
         st = rfi_dnnl.stream_wait(s);
+    if (st == dnnl_success && dc->args[2].table.from)
+        rfi_table_reorder_run(&dc->args[2].table, (const float *)(ws + dc->args[2].at), out);
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "convolution", "execute");
 }
 
@@ -1073,7 +1092,7 @@ bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k, const dnnl_memory_des
         (c->path == PATH_BWD_DATA && k == 1)) /* that input is the kernel packed per call */
         return false;
     const conv_arg *a = &c->dc.args[k];
-    if (!a->reorder)
+    if (!arg_copied(a))
         return false;
     *user = &a->user_md;
     *inner = &a->inner_md;
