@@ -17,7 +17,8 @@
  *     padding >= 0, no epilogue.
  *
  * The choice: fewer than 16 input channels (16 for a dilated input) and 8
- * or 16 output channels (one vector of them), with kernels up to 7x7; and,
+ * or 16 output channels (one vector of them; 16 only where the machine's
+ * vectors hold 16 floats), with kernels up to 7x7; and,
  * where the machine's vectors hold 8 floats, weight gradients of few input
  * channels to more outputs (vectors_of_8 below). There the library is at
  * its slowest: on a 2-core AVX-512 machine, oneDNN ran the ResNet's 8 -> 8
