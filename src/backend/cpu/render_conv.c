@@ -177,7 +177,7 @@ static void rows_table(rfi_strbuf *sb, const conv_form *f)
     rfi_sb_printf(sb,
                   "    float rows[%lld]; /* [kh slots][padded width][c] */\n"
                   "    const float *rowp[%lld]; /* the slot of each ky */\n"
-                  "    int64_t held[%lld]; /* what each slot holds: n * h + y, -1 zeros, -2 none */\n"
+                  "    int64_t held[%lld]; /* each slot's row: n * h + y; -1 zeros; -2 none */\n"
                   "    memset(rows, 0, sizeof rows);\n"
                   "    for (int64_t k = 0; k < %lld; k++)\n"
                   "        held[k] = -2;\n",
