@@ -78,7 +78,7 @@ typedef struct conv_arg {
     int arg; /* DNNL_ARG_* */
     dnnl_memory_t user, inner;
     dnnl_primitive_t reorder;
-    rfi_table_reorder table; /* instead of reorder, for a small tensor (a kernel) */
+    rfi_table_reorder table; /* instead of reorder, for a kernel (table_reorder.h) */
     size_t at; /* workspace offset of inner */
     dnnl_memory_desc_t user_md, inner_md;
     /* Inputs only, set by rfi_cpu_conv_share_input: inner lives in `shared`
@@ -695,7 +695,8 @@ static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool o
     *ws += rfi_ws_align(rfi_dnnl.memory_desc_get_size(want));
     st = rfi_dnnl.memory_create(&a->inner, want, eng, DNNL_MEMORY_NONE);
     const dnnl_memory_desc_t *from = output ? want : &user, *to = output ? &user : want;
-    if (st == dnnl_success && rfi_table_reorder_fits(from, to))
+    bool kernel = arg == DNNL_ARG_WEIGHTS || arg == DNNL_ARG_DIFF_WEIGHTS;
+    if (st == dnnl_success && kernel && rfi_table_reorder_fits(from, to))
         return rfi_table_reorder_make(from, to, !output, &a->table) == RF_OK ? dnnl_success
                                                                             : dnnl_out_of_memory;
     if (st == dnnl_success)

@@ -8,7 +8,9 @@
  * takes ~10 ms. A kernel has at most a few thousand elements: walking a
  * table of int32 offsets over it costs microseconds per call, about what
  * calling the library costs, and building the table costs less than the
- * JIT. Activations (megabytes) keep oneDNN's reorders.
+ * JIT. Activations keep oneDNN's reorders (conv.c uses tables for kernels
+ * only): they are megabytes at training batch sizes, and oneDNN's reorders
+ * run on every core.
  *
  * A table is owned by whoever made it (rfi_table_reorder_free).
  */
