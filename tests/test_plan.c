@@ -1137,6 +1137,27 @@ static char *plan_and_render(const rfi_graph *g, const rfi_plan_opts *o, rfi_pla
     return source;
 }
 
+#define MOST_DIRECT 32
+
+/* The direct convolutions of g's plan under o, in step order, into d (at
+ * most MOST_DIRECT, checked); returns their count. *source: the plan's C
+ * (owned; NULL on failure, which the checks report). */
+static int direct_steps(const rfi_graph *g, const rfi_plan_opts *o, rfi_kir_conv *d,
+                        char **source)
+{
+    rfi_plan *p = NULL;
+    rfi_kir_module *km = NULL;
+    *source = plan_and_render(g, o, &p, &km);
+    int n = 0;
+    for (int q = 0; p && q < p->n_steps; q++)
+        if (rfi_kir_direct_conv(p, q, &d[n < MOST_DIRECT ? n : MOST_DIRECT - 1]))
+            n++;
+    CHECK(n <= MOST_DIRECT);
+    rfi_kir_free(km);
+    rfi_plan_free(p);
+    return n < MOST_DIRECT ? n : MOST_DIRECT;
+}
+
 /* (i) Direct convolutions: with the option, the CALL CONV steps of a
  * few-channel CNN that kir_conv.c takes become RFI_KIR_STEP_CONV steps and
  * C loops: the forwards from 1 and 8 channels (bias and relu epilogues),
@@ -1206,23 +1227,15 @@ static void test_direct_convs(void)
     o.blocked_activations = false;
     for (int c8 = 0; c8 < 2; c8++) {
         o.channel_blocks = c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
-        rfi_plan *p = NULL;
-        rfi_kir_module *km = NULL;
-        char *source = plan_and_render(k.g, &o, &p, &km);
-        int direct = 0, sixteen = 0;
-        for (int q = 0; p && q < p->n_steps; q++) {
-            rfi_kir_conv d;
-            if (!rfi_kir_direct_conv(p, q, &d))
-                continue;
-            direct++;
-            sixteen += d.o == 16;
-        }
+        rfi_kir_conv d[MOST_DIRECT];
+        char *source = NULL;
+        int direct = direct_steps(k.g, &o, d, &source), sixteen = 0;
+        for (int i = 0; i < direct; i++)
+            sixteen += d[i].o == 16;
         CHECK(direct == (c8 ? 6 : 8));
         CHECK(sixteen == (c8 ? 0 : 2));
         CHECK(source && (strstr(source, "rf_f32x16 acc0") != NULL) == !c8);
         rfi_free(source);
-        rfi_kir_free(km);
-        rfi_plan_free(p);
     }
     cnn_case_free(&k);
 }
@@ -1244,26 +1257,20 @@ static void test_direct_weight_grads_c8(void)
     o.direct_convs = true;
     for (int c8 = 0; c8 < 2; c8++) {
         o.channel_blocks = c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
-        rfi_plan *p = NULL;
-        rfi_kir_module *km = NULL;
-        char *source = plan_and_render(k.g, &o, &p, &km);
-        int wide_grads = 0;
-        for (int q = 0; p && q < p->n_steps; q++) {
-            rfi_kir_conv d;
-            if (!rfi_kir_direct_conv(p, q, &d))
-                continue;
-            CHECK(d.kind == RFI_KIR_CONV_WEIGHT_GRAD || d.o == 8);
-            if (d.o > 16) {
+        rfi_kir_conv d[MOST_DIRECT];
+        char *source = NULL;
+        int direct = direct_steps(k.g, &o, d, &source), wide_grads = 0;
+        for (int i = 0; i < direct; i++) {
+            CHECK(d[i].kind == RFI_KIR_CONV_WEIGHT_GRAD || d[i].o == 8);
+            if (d[i].o > 16) {
                 wide_grads++;
-                CHECK(d.kind == RFI_KIR_CONV_WEIGHT_GRAD && d.w_layout == RFI_LAYOUT_C8 &&
-                      (d.c == 1 || d.c == 4));
+                CHECK(d[i].kind == RFI_KIR_CONV_WEIGHT_GRAD && d[i].w_layout == RFI_LAYOUT_C8 &&
+                      (d[i].c == 1 || d[i].c == 4));
             }
         }
         CHECK(wide_grads == (c8 ? 2 : 0));
         CHECK(source && (strstr(source, "/* vectors of o */") != NULL) == c8);
         rfi_free(source);
-        rfi_kir_free(km);
-        rfi_plan_free(p);
     }
     cnn_case_free(&k);
 }

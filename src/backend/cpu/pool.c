@@ -388,6 +388,8 @@ static bool scatter_tables(rfi_cpu_native *k)
  * a blocked tensor), and every element of the result's block is written
  * (the selected value, or 0). */
 
+#define MAX_LANES 16 /* the widest channel block */
+
 typedef struct lane_map {
     int64_t item, lane, row, col; /* element strides: per work item, channel, row, column */
 } lane_map;
@@ -410,8 +412,8 @@ static void blocked_window(const blocked_job *j, const float *x, const float *sr
 {
     const rfi_cpu_native *k = j->k;
     const int L = k->lanes;
-    float best[16], val[16];
-    int32_t sel[16];
+    float best[MAX_LANES], val[MAX_LANES];
+    int32_t sel[MAX_LANES];
     for (int l = 0; l < L; l++) {
         best[l] = x[l * j->xm.lane];
         sel[l] = 0;
@@ -442,7 +444,7 @@ static inline void blocked_window_2x2(const blocked_job *j, const int L, const f
 {
     const float *restrict x1 = x + j->xm.row;
     float *restrict out1 = out + j->om.row;
-    uint32_t val[16];
+    uint32_t val[MAX_LANES];
     if (j->sm.lane == 1)
         for (int l = 0; l < L; l++) {
             float v = 0.0f + src[l]; /* -0 becomes +0, as the reference's sum */
