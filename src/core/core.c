@@ -186,11 +186,20 @@ struct rfi_arena_chunk {
     _Alignas(16) unsigned char mem[];
 };
 
+/* Under AddressSanitizer every allocation is a chunk of its own, of exactly its size,
+ * so that a read past one is caught, not served from its neighbour: a node's attr read
+ * beyond the lists the node stores (ir.h), say. */
+#ifdef __SANITIZE_ADDRESS__
+enum { ARENA_CHUNK = 0, ARENA_ROUND = 1 };
+#else
+enum { ARENA_CHUNK = 65536, ARENA_ROUND = 16 };
+#endif
+
 void *rfi_arena_alloc(rfi_arena *a, size_t n)
 {
-    n = (n + 15) & ~(size_t)15;
+    n = (n + ARENA_ROUND - 1) & ~(size_t)(ARENA_ROUND - 1);
     if (!a->head || a->used + n > a->cap) {
-        size_t cap = n > 65536 ? n : 65536;
+        size_t cap = n > ARENA_CHUNK ? n : ARENA_CHUNK;
         rfi_arena_chunk *c = rfi_malloc(sizeof *c + cap);
         if (!c)
             return NULL;

@@ -8,6 +8,7 @@
  */
 #include "ir.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -267,6 +268,31 @@ static void bind_leaf_slot(rfi_graph *g, rfi_node *x)
         g->capture_nodes[idx] = x;
 }
 
+/* rfi_node_new allocates a node up to its last stored list (ir.h): attr must end it. */
+_Static_assert(offsetof(rfi_node, attr) + sizeof(rfi_attrs) == sizeof(rfi_node),
+               "attr is the node's last member");
+
+int rfi_attrs_lists(const rfi_attrs *a)
+{
+    int n = RFI_N_LISTS;
+    while (n > 0 && a->nl[n - 1] <= 0)
+        n--;
+    return n;
+}
+
+void rfi_attrs_copy(rfi_attrs *dst, const rfi_attrs *src)
+{
+    int lists = rfi_attrs_lists(src);
+    memset(dst, 0, sizeof *dst);
+    memcpy(dst, src, offsetof(rfi_attrs, l) + (size_t)lists * sizeof src->l[0]);
+}
+
+void rfi_node_copy(rfi_node *dst, const rfi_node *src)
+{
+    memcpy(dst, src, offsetof(rfi_node, attr));
+    rfi_attrs_copy(&dst->attr, &src->attr);
+}
+
 rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
                        const rfi_attrs *attr, rf_dtype dtype, const int64_t *dims, int rank)
 {
@@ -319,7 +345,9 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
     if (check_leaf_slot(g, op, a, dt, d, r) != RF_OK)
         return NULL;
 
-    rfi_node *x = rfi_arena_alloc(&g->arena, sizeof *x);
+    size_t lists = (size_t)rfi_attrs_lists(a);
+    size_t node_bytes = offsetof(rfi_node, attr.l) + lists * sizeof a->l[0];
+    rfi_node *x = rfi_arena_alloc(&g->arena, node_bytes);
     rfi_node **ops = n_in ? rfi_arena_alloc(&g->arena, (size_t)n_in * sizeof *ops) : NULL;
     void *payload = NULL;
     if (op == RFI_OP_CONSTANT && a->nbytes) {
@@ -336,7 +364,7 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
     }
     for (int i = 0; i < n_in; i++)
         ops[i] = in[i];
-    x->attr = *a;
+    memcpy(&x->attr, a, offsetof(rfi_attrs, l) + lists * sizeof a->l[0]);
     if (op == RFI_OP_CONSTANT)
         x->attr.data = payload;
     else {

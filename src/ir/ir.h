@@ -141,13 +141,23 @@ RFI_FUNC extern const rfi_op_info rfi_op_table[RFI_OP_COUNT];
 
 #define RFI_N_INTS 4
 #define RFI_N_LISTS 5
+/* An op's attributes. A node keeps only its lists up to the last non-empty one
+ * (rfi_attrs_lists): l is the last member here and attr the last of the node, and
+ * rfi_node_new allocates no further. Most nodes carry no list at all, and the 5 x 8
+ * entries were two thirds of a node: a traced or decoded program now touches half
+ * the fresh pages, each of which costs more to fault in than to fill. So read a
+ * node's attr through a pointer, or take a whole copy with rfi_attrs_copy; never
+ * assign it whole. A builder's rfi_attrs on the stack is complete, as always. */
 typedef struct rfi_attrs {
     int64_t i[RFI_N_INTS];                /* op-specific integers (see the table above) */
     int nl[RFI_N_LISTS];                  /* lengths of the op-specific lists */
-    int64_t l[RFI_N_LISTS][RF_MAX_RANK];
     const void *data;                     /* CONSTANT payload (graph arena) */
     size_t nbytes;
+    int64_t l[RFI_N_LISTS][RF_MAX_RANK];  /* last: see above */
 } rfi_attrs;
+
+/* How many lists a stores: one past its last non-empty list. */
+RFI_FUNC int rfi_attrs_lists(const rfi_attrs *a);
 
 typedef struct rf_trace rfi_graph;
 
@@ -165,6 +175,11 @@ struct rf_tensor {
     rfi_attrs attr;
 };
 typedef struct rf_tensor rfi_node;
+
+/* A complete copy of src (a node's attr or a builder's) into *dst, unused entries zero. */
+RFI_FUNC void rfi_attrs_copy(rfi_attrs *dst, const rfi_attrs *src);
+/* A complete copy of node src into *dst (a node on the stack): never *dst = *src. */
+RFI_FUNC void rfi_node_copy(rfi_node *dst, const rfi_node *src);
 
 typedef struct rfi_update {
     int capture;    /* index into g->captures */

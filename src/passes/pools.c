@@ -340,7 +340,10 @@ static rfi_node *codes_of(unroller *u, rfi_node *x, const rfi_attrs *at, const w
         return NULL;
     u->memo = memo;
     rfi_node *codes = window_codes(u->c, x, w);
-    u->memo[u->n_memo++] = (codes_memo){x, *at, codes};
+    codes_memo *m = &u->memo[u->n_memo++];
+    m->x = x;
+    rfi_attrs_copy(&m->window, at);
+    m->codes = codes;
     return codes;
 }
 

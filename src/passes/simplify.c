@@ -151,12 +151,13 @@ static rfi_node *fold_splats(simp *s, const rfi_node *n, rfi_node *const *in)
         const rfi_node *sc = splat_scalar(in[k]);
         if (!sc)
             return NULL;
-        scalar_in[k] = *n->in[k];
+        rfi_node_copy(&scalar_in[k], n->in[k]);
         scalar_in[k].rank = 0;
         scalar_ptrs[k] = &scalar_in[k];
         values[k] = sc->attr.data;
     }
-    rfi_node scalar_node = *n;
+    rfi_node scalar_node;
+    rfi_node_copy(&scalar_node, n);
     scalar_node.rank = 0;
     scalar_node.in = scalar_ptrs;
     unsigned char out[16] = {0};
@@ -343,7 +344,8 @@ static bool is_identity_list(const int64_t *v, int n)
 static rfi_node *simplify_transpose(simp *s, const rfi_node *n, rfi_node *const *in)
 {
     rfi_node *x = in[0];
-    rfi_attrs a = n->attr;
+    rfi_attrs a;
+    rfi_attrs_copy(&a, &n->attr);
     if (x->op == RFI_OP_TRANSPOSE) {
         for (int i = 0; i < n->rank; i++)
             a.l[0][i] = x->attr.l[0][n->attr.l[0][i]];
@@ -360,10 +362,12 @@ static rfi_node *simplify_transpose(simp *s, const rfi_node *n, rfi_node *const 
 static rfi_node *simplify_broadcast(simp *s, const rfi_node *n, rfi_node *const *in)
 {
     rfi_node *x = in[0];
-    rfi_attrs a = n->attr;
+    rfi_attrs a;
+    rfi_attrs_copy(&a, &n->attr);
     if (x->op == RFI_OP_BROADCAST_IN_DIM) {
         rfi_node *inner = x->in[0];
-        rfi_attrs composed = n->attr;
+        rfi_attrs composed;
+        rfi_attrs_copy(&composed, &n->attr);
         composed.nl[0] = inner->rank;
         for (int k = 0; k < inner->rank; k++)
             composed.l[0][k] = n->attr.l[0][x->attr.l[0][k]];
@@ -414,7 +418,8 @@ static bool fold_transposed_operand(const rfi_node *n, rfi_node **in, rfi_attrs 
 static rfi_node *simplify_dot(simp *s, const rfi_node *n, rfi_node *const *in)
 {
     rfi_node *ops[2] = {in[0], in[1]};
-    rfi_attrs a = n->attr;
+    rfi_attrs a;
+    rfi_attrs_copy(&a, &n->attr);
     bool changed = fold_transposed_operand(n, ops, &a, 0);
     changed |= fold_transposed_operand(n, ops, &a, 1);
     if (!changed)
@@ -448,7 +453,8 @@ static rfi_node *mask_pooled_gradient(simp *s, const rfi_node *n, rfi_node *cons
     for (int d = 0; d < x->rank; d++)
         if (sas->attr.l[2][d] != 0 || sas->attr.l[3][d] != 0)
             return NULL;
-    rfi_attrs pool = sas->attr;
+    rfi_attrs pool;
+    rfi_attrs_copy(&pool, &sas->attr);
     pool.i[0] = RF_REDUCE_MAX;
     rf_dtype dt = x->dtype;
     int rank = 0;
