@@ -13,6 +13,8 @@
  * |terms| (the product's f32 accumulation), both as oneDNN post-ops and
  * applied after the call (a forced im2col path).
  *
+ * The channel block guessed from the CPU's features matches oneDNN's.
+ *
  * Plans are built by hand: one graph per case whose ARGUMENT operands feed
  * one node computed by a single CALL step into the arena (at an offset) or an
  * output buffer.
@@ -1178,6 +1180,23 @@ static void test_conv_views(void)
     printf("conv views: weight gradients checked against the interpreter\n");
 }
 
+/* The channel block the CPU backend plans with before oneDNN has loaded
+ * (cpu_backend.c's plan_and_load) is the one oneDNN reports once loaded; with
+ * oneDNN held to a lower ISA by the environment there is no guess. */
+static void test_channel_block_guess(void)
+{
+    int guess = rfi_dnnl_channel_block_guess();
+    CHECK(guess == 8 || guess == 16);
+    if (rfi_dnnl_load() == RF_OK)
+        CHECK(guess == rfi_dnnl_channel_block());
+    setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1); /* read by oneDNN once, already */
+    CHECK(rfi_dnnl_channel_block_guess() == 0);
+    unsetenv("ONEDNN_MAX_CPU_ISA");
+    setenv("DNNL_MAX_CPU_ISA", "AVX2", 1);
+    CHECK(rfi_dnnl_channel_block_guess() == 0);
+    unsetenv("DNNL_MAX_CPU_ISA");
+}
+
 int main(void)
 {
     test_pool_sum();
@@ -1196,6 +1215,7 @@ int main(void)
     test_fallback();
     test_bad_calls();
     test_epilogues();
+    test_channel_block_guess();
     printf("%d cases against the reference\n", cases_run);
     return tu_finish("test_services");
 }

@@ -15,11 +15,11 @@
  * warm compile then starts here at cpu_prepare_optimised.
  *
  * A warm compile of a ResNet training step (bench/rf_bench compile_resnet_warm)
- * is then, roughly (fresh processes, busy machine): trace 0.5-0.9 ms, the
- * lowered and optimised programs from the memo 1.1-1.6 ms, plan 0.45 ms after
- * waiting for oneDNN's dlopen (about 2 ms from the compile's start, on the
- * preload thread: dnnl_loader.c), description and module from the index
- * 0.8 ms, services 2-3.5 ms (creating oneDNN's primitives).
+ * is then, roughly (fresh processes, busy machine, oneDNN loaded by the
+ * preload thread meanwhile: dnnl_loader.c): trace 0.6-0.9 ms, the lowered and
+ * optimised programs from the memo 1.5 ms, plan 0.7 ms (on a guess of what
+ * oneDNN will say: plan_on_guess), description and module from the index
+ * 1 ms, services ~3.5 ms (creating oneDNN's primitives).
  * Preparing the services' steps on two threads, and loading the module on a
  * second thread while the services are prepared, were measured and left out:
  * on the 2-core machine the benchmarks run on, shared with other jobs,
@@ -235,23 +235,28 @@ static rf_status build_module(cpu_state *s, const rfi_plan_opts *opts, const cha
 
 /* Activations in oneDNN's layouts (plan.h) need oneDNN, whose reorders the
  * services use around calls that do not take them; RF_BLOCKED=0 in the
- * environment turns them off (benches, tests). */
-static bool blocked_wanted(void)
+ * environment turns them off (benches, tests). With `loaded` false this is
+ * the guess made before oneDNN has loaded: that it will (plan_and_load). */
+static bool blocked_wanted(bool loaded)
 {
     const char *v = getenv("RF_BLOCKED");
     if (v && strcmp(v, "0") == 0)
         return false;
-    return rfi_dnnl_load() == RF_OK;
+    return !loaded || rfi_dnnl_load() == RF_OK;
 }
 
 /* The channel-blocked layout of those activations: the block oneDNN's
  * kernels use on this CPU (8 or 16 channels), unless RF_LAYOUT_BLOCK=8 or
  * 16 in the environment says (tests run both on any machine). A mismatch
- * costs speed only: oneDNN reorders to its own block inside the call. */
-static rfi_layout channel_blocks_wanted(void)
+ * costs speed only: oneDNN reorders to its own block inside the call. With
+ * `loaded` false, the block the CPU's features say oneDNN will choose, where
+ * they can tell, so that planning need not wait for the library. */
+static rfi_layout channel_blocks_wanted(bool loaded)
 {
     const char *v = getenv("RF_LAYOUT_BLOCK");
+    int guess = loaded ? 0 : rfi_dnnl_channel_block_guess();
     int block = v && (!strcmp(v, "8") || !strcmp(v, "16")) ? atoi(v)
+                : guess                                    ? guess
                 : rfi_dnnl_load() == RF_OK                 ? rfi_dnnl_channel_block()
                                                            : 16;
     return block == 8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
@@ -277,6 +282,30 @@ static void cpu_optimise_context(rfi_strbuf *b)
     rfi_sb_printf(b, "unroll_pools=%d\n", (int)rfi_unroll_pools_enabled());
 }
 
+/* The plan. Its layouts depend on oneDNN (blocked_wanted, channel_blocks_wanted),
+ * which the preload thread may still be loading when a compile gets here
+ * (dnnl_loader.c); waiting for it left the main thread idle for 1-2 ms of a warm
+ * compile. So the plan is made on a guess, checked against the loaded library
+ * after, and made again in the rare case the guess was wrong (no oneDNN, or a CPU
+ * whose features said otherwise), before any module is generated for it. */
+static rf_status plan_on_guess(cpu_state *s, rfi_plan_opts *opts)
+{
+    for (int loaded = 0; loaded < 2; loaded++) {
+        bool blocked = blocked_wanted(loaded);
+        rfi_layout blocks = channel_blocks_wanted(loaded);
+        if (loaded && blocked == opts->blocked_activations && blocks == opts->channel_blocks)
+            return RF_OK; /* the guess held */
+        rfi_plan_free(s->plan);
+        s->plan = NULL;
+        opts->blocked_activations = blocked;
+        opts->channel_blocks = blocks;
+        rf_status st = rfi_plan_build(s->opt, opts, &s->plan);
+        if (st != RF_OK)
+            return st;
+    }
+    return RF_OK;
+}
+
 static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void **state)
 {
     cpu_state *s = rfi_calloc(1, sizeof *s);
@@ -295,10 +324,8 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
     }
     rfi_plan_opts opts = rfi_plan_opts_default();
     opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
-    opts.blocked_activations = blocked_wanted();
-    opts.channel_blocks = channel_blocks_wanted();
     opts.direct_convs = direct_convs_wanted();
-    rf_status st = rfi_plan_build(s->opt, &opts, &s->plan);
+    rf_status st = plan_on_guess(s, &opts);
     if (st == RF_OK)
         st = build_module(s, &opts, name, hash);
     if (st == RF_OK)

@@ -15,16 +15,16 @@
  * environment at that very moment, which is why it happens before any of the
  * backend's threads exist (the preload thread included).
  *
- * rfi_dnnl_preload starts the dlopen (about 2 ms: libdnnl, libgomp and
- * libstdc++) on a detached thread, so that it overlaps a compile's tracing,
- * autodiff, passes and plan, which need no library; the first rfi_dnnl_load
- * then waits for it inside pthread_once. Measured: a warm ResNet compile in a
- * fresh process 1.5 ms shorter. The same thread then creates a few small
- * primitives (warm_up_primitives), whose one-time set-up inside oneDNN the
- * compile's own primitives would otherwise pay. rf_compile waits for the
- * thread before it returns (rfi_dnnl_settle), so none of this runs while a
- * program that just failed to compile exits and oneDNN's statics are torn
- * down.
+ * rfi_dnnl_preload starts the dlopen (3-4 ms: libdnnl, libgomp and
+ * libstdc++, mostly the kernel faulting in relocated pages) on a detached
+ * thread, so that it overlaps work that needs no library: the caller's own
+ * set-up, since the runtime asks for it as soon as data lands on the CPU
+ * device (rf_array_to, and so rf_model_to), and a compile's tracing, memo,
+ * plan and module; the first rfi_dnnl_load then waits for it inside
+ * pthread_once. The same thread then creates a few small primitives
+ * (warm_up_primitives), whose one-time set-up inside oneDNN the compile's
+ * own primitives would otherwise pay. rf_compile waits for the thread before
+ * it returns (rfi_dnnl_settle), and so do exit and fork (start_preload).
  *
  * Deliberately not here: unloading (the handle is kept for the process's
  * life), other threading runtimes' settings.
@@ -103,6 +103,24 @@ int rfi_dnnl_channel_block(void)
                                                                                           : 8;
 }
 
+/* oneDNN's AVX-512 ISAs: avx512_core (F, BW, VL, DQ) and avx512_mic (F, CD, ER,
+ * PF); gcc's checks include the OS's support for the vector state. */
+int rfi_dnnl_channel_block_guess(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA"))
+        return 0;
+    __builtin_cpu_init();
+    bool core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    bool mic = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+               __builtin_cpu_supports("avx512er") && __builtin_cpu_supports("avx512pf");
+    return core || mic ? 16 : 8;
+#else
+    return 0;
+#endif
+}
+
 /* Creates primitive pd describes and drops both (warm_up_primitives). */
 static void create_and_drop(dnnl_primitive_desc_t pd)
 {
@@ -172,12 +190,15 @@ static void *preload_thread(void *arg)
 }
 
 /* A detached loader thread; when none can start, the first rfi_dnnl_load
- * loads the library itself. */
+ * loads the library itself. exit and fork wait for it first: exit must not
+ * run oneDNN's destructors under its feet, and a child forked in the middle
+ * of its dlopen would inherit the loader's lock held by a thread it lacks. */
 static void start_preload(void)
 {
     pthread_t t;
     pthread_attr_t attr;
-    if (pthread_attr_init(&attr) != 0)
+    if (atexit(rfi_dnnl_settle) != 0 || pthread_atfork(rfi_dnnl_settle, NULL, NULL) != 0 ||
+        pthread_attr_init(&attr) != 0)
         return;
     pthread_mutex_lock(&preload_lock);
     preloading = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&

@@ -91,6 +91,10 @@ RFI_FUNC void rfi_dnnl_preload(void);
  * AVX-512's 16-float vectors, else 8. Valid once rfi_dnnl_load() returned
  * RF_OK. */
 RFI_FUNC int rfi_dnnl_channel_block(void);
+/* What rfi_dnnl_channel_block will say, told from the CPU's features without
+ * loading the library; 0 when they cannot tell (ONEDNN_MAX_CPU_ISA or
+ * DNNL_MAX_CPU_ISA in the environment may hold oneDNN below the CPU). */
+RFI_FUNC int rfi_dnnl_channel_block_guess(void);
 /* Waits until the background thread rfi_dnnl_preload started, if any, has
  * finished (returns at once otherwise). */
 RFI_FUNC void rfi_dnnl_settle(void);
