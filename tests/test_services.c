@@ -1181,7 +1181,7 @@ static void test_conv_views(void)
 }
 
 /* The channel block the CPU backend plans with before oneDNN has loaded
- * (cpu_backend.c's plan_and_load) is the one oneDNN reports once loaded; with
+ * (cpu_backend.c's plan_on_guess) is the one oneDNN reports once loaded; with
  * oneDNN held to a lower ISA by the environment there is no guess. */
 static void test_channel_block_guess(void)
 {
@@ -1216,6 +1216,7 @@ int main(void)
     test_bad_calls();
     test_epilogues();
     test_channel_block_guess();
+    test_pool_inline_and_nested(); /* again, on OpenMP's threads now that oneDNN is loaded */
     printf("%d cases against the reference\n", cases_run);
     return tu_finish("test_services");
 }

@@ -20,7 +20,8 @@
  * (the loader sets GOMP_SPINCOUNT), which plays the role of the spin above.
  *
  * Deliberately no work stealing, priorities, per-call allocation, or
- * nested parallelism: a call made while the pool is busy runs inline.
+ * nested parallelism: a call made while the pool is busy, or from inside an
+ * OpenMP region, runs inline.
  */
 #include "threadpool.h"
 
@@ -246,6 +247,10 @@ void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
         return;
     }
     const rfi_openmp_api *api = atomic_load_explicit(&openmp, memory_order_acquire);
+    if (api && api->num_threads() > 1) { /* inside a region: nested, so inline */
+        body(ctx, 0, n);
+        return;
+    }
     if (api) {
         openmp_job job = {api, body, ctx, n, chunks};
         api->parallel(openmp_body, &job, (unsigned)chunks, 0);
