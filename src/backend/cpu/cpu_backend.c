@@ -236,7 +236,7 @@ static rf_status build_module(cpu_state *s, const rfi_plan_opts *opts, const cha
 /* Activations in oneDNN's layouts (plan.h) need oneDNN, whose reorders the
  * services use around calls that do not take them; RF_BLOCKED=0 in the
  * environment turns them off (benches, tests). With `loaded` false this is
- * the guess made before oneDNN has loaded: that it will (plan_and_load). */
+ * the guess made before oneDNN has loaded: that it will (plan_on_guess). */
 static bool blocked_wanted(bool loaded)
 {
     const char *v = getenv("RF_BLOCKED");
