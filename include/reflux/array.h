@@ -39,9 +39,7 @@ typedef struct rf_to_opts {
 
 /* A copy of `a` on `dev` (f64 becomes f32 when `dev` is a compute device).
  * Moving to the host never converts. Owned. Errors: RF_E_INVALID, RF_E_NOMEM,
- * RF_E_DEVICE. The first copy to the CPU device also starts loading the
- * compiling backend's libraries (oneDNN) on a background thread, so that the
- * first compile finds them loaded; exit and fork wait for that thread. */
+ * RF_E_DEVICE. */
 RF_API rf_array *rf_array_to(const rf_array *a, rf_device *dev);
 RF_API rf_array *rf_array_to_opts(const rf_array *a, rf_device *dev, const rf_to_opts *opts);
 

@@ -262,8 +262,6 @@ rf_array *rf_array_to_opts(const rf_array *a, rf_device *dev, const rf_to_opts *
         for (int64_t i = 0; i < a->numel; i++)
             dst[i] = (float)src[i];
     }
-    if (rfi_device_is_compute(dev))
-        rfi_backend_warm_up(dev);
     return b;
 }
 

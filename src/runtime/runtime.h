@@ -86,11 +86,6 @@ typedef struct rfi_backend {
 
 RFI_FUNC extern const rfi_backend rfi_interp_backend;
 RFI_FUNC extern const rfi_backend rfi_cpu_backend;
-/* Lets the backend that would run programs on dev start loading its libraries
- * in the background (rfi_backend.warm_up): rf_array_to calls it when data lands
- * on a compute device, the first sign that a compile will follow. Returns that
- * backend, or NULL. */
-RFI_FUNC const rfi_backend *rfi_backend_warm_up(const rf_device *dev);
 
 /* ---- Program pipeline ---------------------------------------------------------------
  * Autodiff: a copy of g in which every GRAD node is replaced by ordinary ops

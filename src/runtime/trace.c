@@ -406,25 +406,20 @@ static rf_status lower(rfi_graph *g, rfi_graph **out)
     return RF_OK;
 }
 
-const rfi_backend *rfi_backend_warm_up(const rf_device *dev)
-{
-    const rfi_backend *b = backend_for(dev);
-    if (b && b->warm_up)
-        b->warm_up();
-    return b;
-}
-
 /* Lets the backend start loading its libraries while this thread traces and
- * differentiates, if data on the device has not already: the one backend_for
- * will pick for the device pick_device will choose (unchecked here: tracing
- * reports bad arguments). Returns that backend, or NULL. */
+ * differentiates: the one backend_for will pick for the device pick_device
+ * will choose (unchecked here: tracing reports bad arguments). Returns that
+ * backend, or NULL. */
 static const rfi_backend *warm_up_backend(const rf_compile_opts *opts, rf_array *const *args,
                                           int nargs)
 {
     const rf_device *dev = opts && opts->device              ? opts->device
                            : args && nargs > 0 && args[0] ? rf_array_device(args[0])
                                                           : rf_device_default();
-    return rfi_backend_warm_up(dev);
+    const rfi_backend *b = backend_for(dev);
+    if (b && b->warm_up)
+        b->warm_up();
+    return b;
 }
 
 /* The lowered program and, for a backend with an optimise stage, the

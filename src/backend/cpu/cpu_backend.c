@@ -19,7 +19,8 @@
  * preload thread meanwhile: dnnl_loader.c): trace 0.6-0.9 ms, the lowered and
  * optimised programs from the memo 1.5 ms, plan 0.7 ms (on a guess of what
  * oneDNN will say: plan_on_guess), description and module from the index
- * 1 ms, services ~3.5 ms (creating oneDNN's primitives).
+ * 1 ms (its dlopen waits while oneDNN's holds the loader's lock), services
+ * ~3.5 ms (creating oneDNN's primitives).
  * Preparing the services' steps on two threads, and loading the module on a
  * second thread while the services are prepared, were measured and left out:
  * on the 2-core machine the benchmarks run on, shared with other jobs,

@@ -16,15 +16,18 @@
  * backend's threads exist (the preload thread included).
  *
  * rfi_dnnl_preload starts the dlopen (3-4 ms: libdnnl, libgomp and
- * libstdc++, mostly the kernel faulting in relocated pages) on a detached
- * thread, so that it overlaps work that needs no library: the caller's own
- * set-up, since the runtime asks for it as soon as data lands on the CPU
- * device (rf_array_to, and so rf_model_to), and a compile's tracing, memo,
- * plan and module; the first rfi_dnnl_load then waits for it inside
+ * libstdc++, mostly the kernel faulting in relocated pages) on a background
+ * thread, so that it overlaps a compile's tracing, memo, plan and module,
+ * which need no library; the first rfi_dnnl_load then waits for it inside
  * pthread_once. The same thread then creates a few small primitives
  * (warm_up_primitives), whose one-time set-up inside oneDNN the compile's
- * own primitives would otherwise pay. rf_compile waits for the thread before
- * it returns (rfi_dnnl_settle), and so do exit and fork (start_preload).
+ * own primitives would otherwise pay. rf_compile joins the thread before it
+ * returns (rfi_dnnl_settle), so none of this runs while a program that just
+ * failed to compile exits and oneDNN's statics are torn down. Starting it
+ * earlier (at the first copy to the CPU device) was tried and taken out: a
+ * program may exit while it runs, and oneDNN's destructors registered during
+ * the load run before any exit handler registered ahead of them, so no
+ * handler of ours can make exit wait for the thread.
  *
  * Deliberately not here: unloading (the handle is kept for the process's
  * life), other threading runtimes' settings.
@@ -171,10 +174,10 @@ static void warm_up_primitives(void)
     rfi_dnnl.engine_destroy(engine);
 }
 
-/* Whether the preload thread is still at work, and its signal when done. */
+/* The preload thread, until someone has joined it. */
 static pthread_mutex_t preload_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t preload_done = PTHREAD_COND_INITIALIZER;
-static bool preloading;
+static pthread_t preload_tid;
+static bool preload_joinable;
 
 static void *preload_thread(void *arg)
 {
@@ -182,36 +185,30 @@ static void *preload_thread(void *arg)
     pthread_once(&load_once, load_library);
     if (load_status == RF_OK)
         warm_up_primitives();
-    pthread_mutex_lock(&preload_lock);
-    preloading = false;
-    pthread_cond_broadcast(&preload_done);
-    pthread_mutex_unlock(&preload_lock);
     return NULL;
 }
 
-/* A detached loader thread; when none can start, the first rfi_dnnl_load
- * loads the library itself. exit and fork wait for it first: exit must not
- * run oneDNN's destructors under its feet, and a child forked in the middle
- * of its dlopen would inherit the loader's lock held by a thread it lacks. */
+/* The loader thread; when none can start, the first rfi_dnnl_load loads the
+ * library itself. */
 static void start_preload(void)
 {
-    pthread_t t;
-    pthread_attr_t attr;
-    if (atexit(rfi_dnnl_settle) != 0 || pthread_atfork(rfi_dnnl_settle, NULL, NULL) != 0 ||
-        pthread_attr_init(&attr) != 0)
-        return;
     pthread_mutex_lock(&preload_lock);
-    preloading = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
-                 pthread_create(&t, &attr, preload_thread, NULL) == 0;
+    preload_joinable = pthread_create(&preload_tid, NULL, preload_thread, NULL) == 0;
     pthread_mutex_unlock(&preload_lock);
-    pthread_attr_destroy(&attr);
 }
 
+/* Joins the thread, not just waits for its work: until it has exited, its
+ * own teardown (thread-local destructors, libgomp's) still runs, and a
+ * caller's exit must not overtake that either (a sanitizer build crashed in
+ * exit when the thread only signalled that it was done). The thread takes no
+ * lock of ours, so joining under the lock is safe. */
 void rfi_dnnl_settle(void)
 {
     pthread_mutex_lock(&preload_lock);
-    while (preloading)
-        pthread_cond_wait(&preload_done, &preload_lock);
+    if (preload_joinable) {
+        pthread_join(preload_tid, NULL);
+        preload_joinable = false;
+    }
     pthread_mutex_unlock(&preload_lock);
 }
 

@@ -95,8 +95,8 @@ RFI_FUNC int rfi_dnnl_channel_block(void);
  * loading the library; 0 when they cannot tell (ONEDNN_MAX_CPU_ISA or
  * DNNL_MAX_CPU_ISA in the environment may hold oneDNN below the CPU). */
 RFI_FUNC int rfi_dnnl_channel_block_guess(void);
-/* Waits until the background thread rfi_dnnl_preload started, if any, has
- * finished (returns at once otherwise). */
+/* Joins the background thread rfi_dnnl_preload started, if any and not yet
+ * joined (returns at once otherwise). */
 RFI_FUNC void rfi_dnnl_settle(void);
 
 #endif
