@@ -188,7 +188,8 @@ typedef struct rfi_plan_opts {
     bool blocked_activations;
     /* The channel-blocked layout those activations take: RFI_LAYOUT_C8 or
      * RFI_LAYOUT_C16, the block the library's convolutions run on with the
-     * machine's vectors (default C16; cpu_backend.c chooses from oneDNN's ISA). */
+     * machine's vectors (default C16; cpu_backend.c chooses: oneDNN's block,
+     * guessed from the CPU's features until oneDNN has loaded, then checked). */
     rfi_layout channel_blocks;
     /* The backend writes the CALL CONV steps of the form kir_conv.c takes
      * (few channels, where the library is slowest) as generated loops
