@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/services.h"
 #include "backend/interp/interp.h"
@@ -740,7 +741,7 @@ static void test_pool_sum(void)
     sum_job j = {data, visits, 0, 0, INT64_MAX};
     rfi_parallel_for(N, 1000, sum_body, &j);
     CHECK(atomic_load(&j.sum) == serial);
-    CHECK(atomic_load(&j.chunks) >= 1 && atomic_load(&j.chunks) <= rfi_threadpool_size());
+    CHECK(atomic_load(&j.chunks) >= 1 && atomic_load(&j.chunks) <= 4 * rfi_threadpool_size());
     CHECK(atomic_load(&j.min_chunk) >= 1000);
     int64_t bad = 0;
     for (int64_t i = 0; i < N; i++)
@@ -821,6 +822,46 @@ static void test_pool_inline_and_nested(void)
     many_calls(&fail_a);
     pthread_join(t, NULL);
     CHECK(fail_a == 0 && fail_b == 0);
+}
+
+typedef struct claim_job {
+    atomic_int done;      /* chunks finished, the first one not counted */
+    atomic_int chunks;    /* chunks run */
+    atomic_bool gave_up;  /* the first chunk stopped waiting for the others */
+} claim_job;
+
+/* The first chunk waits (up to 10 s) until every other chunk is done: with a
+ * fixed share per thread its own later chunks could never run meanwhile. */
+static void claim_body(void *ctx, int64_t lo, int64_t hi)
+{
+    claim_job *j = ctx;
+    (void)hi;
+    int64_t chunks = 4 * (int64_t)rfi_threadpool_size();
+    atomic_fetch_add(&j->chunks, 1);
+    if (lo != 0) {
+        atomic_fetch_add(&j->done, 1);
+        return;
+    }
+    for (int waited_ms = 0; atomic_load(&j->done) < chunks - 1; waited_ms++) {
+        if (waited_ms == 10000) {
+            atomic_store(&j->gave_up, true);
+            return;
+        }
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+}
+
+/* A thread held up in one chunk does not hold up the rest of the range: the
+ * other threads claim the chunks it would have run. */
+static void test_pool_free_threads_claim_the_rest(void)
+{
+    if (rfi_threadpool_size() < 2)
+        return;
+    claim_job j = {0, 0, false};
+    rfi_parallel_for(4 * (int64_t)rfi_threadpool_size(), 1, claim_body, &j);
+    CHECK(!atomic_load(&j.gave_up));
+    CHECK(atomic_load(&j.chunks) == 4 * rfi_threadpool_size());
 }
 
 /* ---- CALL epilogues ---------------------------------------------------------------- */
@@ -1201,6 +1242,7 @@ int main(void)
 {
     test_pool_sum();
     test_pool_inline_and_nested();
+    test_pool_free_threads_claim_the_rest();
     test_matmul();
     test_conv(NULL);
     test_conv("im2col");
@@ -1217,6 +1259,7 @@ int main(void)
     test_epilogues();
     test_channel_block_guess();
     test_pool_inline_and_nested(); /* again, on OpenMP's threads now that oneDNN is loaded */
+    test_pool_free_threads_claim_the_rest();
     printf("%d cases against the reference\n", cases_run);
     return tu_finish("test_services");
 }

@@ -8,7 +8,7 @@
  * thread counts as one of them, so size - 1 workers are started, on the first
  * parallel_for that needs them. Once an OpenMP runtime is adopted
  * (rfi_threadpool_use_openmp), parallel_for runs on its threads instead,
- * with the same size and the same static split.
+ * with the same size and the same chunks.
  *
  * Calls never allocate. One parallel_for runs at a time: a call made while
  * the pool is busy (a nested call from inside a body, or another thread's
@@ -41,10 +41,12 @@ RFI_FUNC void rfi_threadpool_use_openmp(const rfi_openmp_api *api);
 RFI_FUNC int rfi_threadpool_size(void);
 
 /* Runs body(ctx, lo, hi) over disjoint ranges covering [0, n) and returns when
- * all are done. The range is split statically into at most size() chunks of at
- * least `grain` iterations (grain < 1 counts as 1), as equal as possible; the
- * calling thread runs chunks too. With one chunk (n < 2 * grain, a pool of one,
- * or a busy pool) body(ctx, 0, n) runs inline. n <= 0 does nothing. */
+ * all are done. The range is cut into at most 4 * size() chunks of at least
+ * `grain` iterations (grain < 1 counts as 1), as equal as possible, which the
+ * threads (the calling one too) claim in order as they become free; where the
+ * chunks fall depends only on n, grain and size(). With one chunk (n < 2 *
+ * grain, a pool of one, or a busy pool) body(ctx, 0, n) runs inline. n <= 0
+ * does nothing. */
 RFI_FUNC void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx);
 
 #endif
