@@ -1308,7 +1308,8 @@ static int kernels_of(const rfi_kir_module *km, const rfi_node *root)
     return n;
 }
 
-typedef enum form { PLAIN, INTERCHANGED, SPLIT, UNROLLED } form;
+/* PRESUM: split, adding blocks of f32 values in f32 before the double fold. */
+typedef enum form { PLAIN, INTERCHANGED, SPLIT, PRESUM, UNROLLED } form;
 
 /* Checks which loop form the renderer chose for each root (in a hand plan):
  * for a padded window, its interior's; pieces[i]: the kernels root i takes
@@ -1329,8 +1330,12 @@ static void check_forms(rfi_graph *g, rfi_node *const *ys, const form *forms, co
             CHECK(kernels_of(km, ys[i]) == (pieces ? pieces[i] : 1));
             bool split = kernel_has(m.source, k, "c->part");
             bool interchanged = !split && kernel_has(m.source, k, "accs[");
-            form got = !k->is_reduce ? UNROLLED : split ? SPLIT : interchanged ? INTERCHANGED
-                                                                             : PLAIN;
+            bool presum = split && kernel_has(m.source, k, "ps0 += ");
+            form got = !k->is_reduce ? UNROLLED
+                       : presum      ? PRESUM
+                       : split       ? SPLIT
+                       : interchanged ? INTERCHANGED
+                                      : PLAIN;
             if (got != forms[i])
                 fprintf(stderr, "root %%%d (k%d_%s): form %d, want %d\n", ys[i]->id, k->step,
                         k->name, (int)got, (int)forms[i]);
@@ -1376,7 +1381,10 @@ static void test_split_reductions(void)
         reduce(g, near_one, RF_REDUCE_PROD, nchw, 3),   /* float product: not split */
     };
     enum { N = sizeof ys / sizeof ys[0] };
-    const form forms[N] = {SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, SPLIT, PLAIN};
+    /* f32 sums pre-add in blocks where the kept axis is innermost (two kept
+     * axes, a bias gradient), not with the kept loops outside (NCHW's channel)
+     * or without a kept loop (a scalar) */
+    const form forms[N] = {SPLIT, SPLIT, SPLIT, PRESUM, SPLIT, PRESUM, SPLIT, SPLIT, SPLIT, PLAIN};
     const char *labels[N] = {"split sum of squares", "split max", "split min",
                              "split sum two kept", "split sum scalar", "split bias sum",
                              "split bias max", "split i32 sum", "split i32 prod",
