@@ -21,13 +21,17 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "backend/cpu/dnnl_loader.h"
 #include "backend/cpu/services.h"
 #include "backend/interp/interp.h"
 #include "runtime/threadpool.h"
@@ -864,6 +868,65 @@ static void test_pool_free_threads_claim_the_rest(void)
     CHECK(atomic_load(&j.chunks) == 4 * rfi_threadpool_size());
 }
 
+/* ---- Loading oneDNN in the background ---------------------------------------------- */
+
+typedef struct affinity_job {
+    cpu_set_t allowed;
+    atomic_int bad;
+} affinity_job;
+
+static void check_affinity(void *ctx, int64_t lo, int64_t hi)
+{
+    affinity_job *j = ctx;
+    (void)lo;
+    (void)hi;
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0 || !CPU_EQUAL(&mine, &j->allowed))
+        atomic_fetch_add(&j->bad, 1);
+}
+
+/* A process confined to one CPU, where the loader thread cannot start off
+ * the caller's CPU (dnnl_loader.c), loads oneDNN as well: in a child, forked
+ * before this process has threads (its own loader runs once). Returns the
+ * child's status: 0 loaded, 1 unavailable, else a failure. */
+static int preload_confined_child(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+        bool confined = sched_setaffinity(0, sizeof one, &one) == 0;
+        rfi_dnnl_preload();
+        rfi_dnnl_settle();
+        _exit(!confined ? 3 : rfi_dnnl_load() == RF_OK ? 0 : 1);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Starting the loader off the caller's CPU must not confine anyone: the
+ * caller keeps its CPUs, and the threads that run loops afterwards (OpenMP's,
+ * once oneDNN is loaded) may use them all. Runs before anything else loads
+ * the library. */
+static void test_preload_affinity(int confined_child)
+{
+    affinity_job j;
+    atomic_init(&j.bad, 0);
+    CHECK(sched_getaffinity(0, sizeof j.allowed, &j.allowed) == 0);
+    rfi_dnnl_preload();
+    rfi_dnnl_settle();
+    bool lib = rfi_dnnl_load() == RF_OK;
+    CHECK(confined_child == (lib ? 0 : 1));
+    cpu_set_t now;
+    CHECK(sched_getaffinity(0, sizeof now, &now) == 0 && CPU_EQUAL(&now, &j.allowed));
+    rfi_parallel_for(4 * (int64_t)rfi_threadpool_size(), 1, check_affinity, &j);
+    CHECK(atomic_load(&j.bad) == 0);
+    printf("preload: oneDNN %s (also on one CPU), the caller's and the loop threads' CPUs "
+           "unchanged\n", lib ? "loaded" : "unavailable");
+}
+
 /* ---- CALL epilogues ---------------------------------------------------------------- */
 
 typedef struct epi_prog {
@@ -1240,9 +1303,11 @@ static void test_channel_block_guess(void)
 
 int main(void)
 {
+    int confined_child = preload_confined_child(); /* before any thread exists */
     test_pool_sum();
     test_pool_inline_and_nested();
     test_pool_free_threads_claim_the_rest();
+    test_preload_affinity(confined_child); /* loads oneDNN: the pool moves to OpenMP */
     test_matmul();
     test_conv(NULL);
     test_conv("im2col");
