@@ -413,11 +413,11 @@ static void module_free(module *m)
 /* ---- Comparing ------------------------------------------------------------------------- */
 /* EXACT: equal values (either zero matches either, any NaN any NaN); BITS: equal
  * bits (any NaN matches any NaN): which zero a max or min keeps; ULPS: 4 ulps
- * or 1e-6 relative; SUM: float sums, reordered and, split, with blocks of f32
- * values added in f32 before the double fold (render_c.c, PRESUM), as an f32
- * math library sums: error against max(|want|, 1) up to 1e-5, the
- * equivalence bound for f32 (the split ones' worst, 1.3e-6, shows in the
- * table of largest errors). */
+ * or 1e-6 relative; SUM: float sums, which compiled code groups differently
+ * and, split, adds in blocks of f32 values before the double fold (render_c.c,
+ * PRESUM), as an f32 math library's sums do: error against max(|want|, 1) up
+ * to 1e-5, the equivalence bound for f32 (the split ones' worst, 1.3e-6, shows
+ * in the table of largest errors). */
 typedef enum tol { EXACT, BITS, ULPS, SUM } tol;
 
 /* Largest error seen per op label. */

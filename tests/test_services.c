@@ -893,9 +893,10 @@ static int preload_confined_child(void)
 {
     pid_t pid = fork();
     if (pid == 0) {
+        int cpu = sched_getcpu();
         cpu_set_t one;
         CPU_ZERO(&one);
-        CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+        CPU_SET(cpu >= 0 ? cpu : 0, &one);
         bool confined = sched_setaffinity(0, sizeof one, &one) == 0;
         rfi_dnnl_preload();
         rfi_dnnl_settle();

@@ -227,11 +227,11 @@ void rfi_threadpool_use_openmp(const rfi_openmp_api *api)
 /* A job's chunks, dealt out in blocks of consecutive chunks, one block per
  * thread: block b holds chunks [front, back) of its `span` word (front << 32
  * | back). Its owner takes chunks from the front; a thread whose own block is
- * empty takes them from the back of the others'. So with threads of equal
- * speed each runs the same chunks in every loop of a step, so it finds what
- * it wrote a loop earlier in its own core's caches (with every chunk claimed
- * in order by whichever thread came first, a ResNet step ran ~10% slower),
- * and a slow one is relieved of its last chunks. */
+ * empty takes them from the back of the others'. Threads of equal speed then
+ * run the same chunks in every loop of a step and find what they wrote a loop
+ * earlier in their own core's caches (with every chunk claimed in order by
+ * whichever thread came first, a ResNet step ran ~10% slower), and a slow one
+ * is relieved of its last chunks. */
 typedef struct chunk_deal {
     int64_t n, chunks;
     int blocks;

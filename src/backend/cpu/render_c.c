@@ -772,8 +772,8 @@ static void rendered_name(const render *R, char *buf, size_t n)
  * vectorised loops already do, but that a split sum of f32 values adds blocks
  * of PRESUM of them in f32 before its double fold (below); float products
  * (whose over- and underflow depend on the grouping) are never split. The
- * chunk count does not depend on
- * the number of threads, so neither do the results. A kernel with sibling
+ * chunk count does not depend on the number of threads, so neither do the
+ * results. A kernel with sibling
  * folds (kir.h) runs plain or split, each fold with its own accumulator
  * (acc, acc1, ...) or its own row of partials per chunk (accs, accs1, ...). */
 typedef enum sched_form { SCHED_PLAIN, SCHED_INTERCHANGED, SCHED_SPLIT } sched_form;
@@ -1153,8 +1153,6 @@ static void copy_partials(render *R, int depth, const char *kl, bool load)
  * the ResNet's four sums of 8 channels ran 2-2.8x faster alone (400 ->
  * 300 us in the step; all its reductions 3.5 -> 2.9 ms). */
 #define PRESUM 4
-
-static void fold_kept_points(render *R, const bool *live, const char *kl, int depth);
 
 /* The extent of the innermost reduced loop a split body runs (r0 over one
  * chunk: its shortest). */
