@@ -280,11 +280,17 @@ int rfi_attrs_lists(const rfi_attrs *a)
     return n;
 }
 
+/* The bytes of a's attributes a node stores: all but its lists past the last
+ * non-empty one. */
+static size_t stored_attr_bytes(const rfi_attrs *a)
+{
+    return offsetof(rfi_attrs, l) + (size_t)rfi_attrs_lists(a) * sizeof a->l[0];
+}
+
 void rfi_attrs_copy(rfi_attrs *dst, const rfi_attrs *src)
 {
-    int lists = rfi_attrs_lists(src);
     memset(dst, 0, sizeof *dst);
-    memcpy(dst, src, offsetof(rfi_attrs, l) + (size_t)lists * sizeof src->l[0]);
+    memcpy(dst, src, stored_attr_bytes(src));
 }
 
 void rfi_node_copy(rfi_node *dst, const rfi_node *src)
@@ -345,9 +351,8 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
     if (check_leaf_slot(g, op, a, dt, d, r) != RF_OK)
         return NULL;
 
-    size_t lists = (size_t)rfi_attrs_lists(a);
-    size_t node_bytes = offsetof(rfi_node, attr.l) + lists * sizeof a->l[0];
-    rfi_node *x = rfi_arena_alloc(&g->arena, node_bytes);
+    size_t attr_bytes = stored_attr_bytes(a);
+    rfi_node *x = rfi_arena_alloc(&g->arena, offsetof(rfi_node, attr) + attr_bytes);
     rfi_node **ops = n_in ? rfi_arena_alloc(&g->arena, (size_t)n_in * sizeof *ops) : NULL;
     void *payload = NULL;
     if (op == RFI_OP_CONSTANT && a->nbytes) {
@@ -364,7 +369,7 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
     }
     for (int i = 0; i < n_in; i++)
         ops[i] = in[i];
-    memcpy(&x->attr, a, offsetof(rfi_attrs, l) + lists * sizeof a->l[0]);
+    memcpy(&x->attr, a, attr_bytes);
     if (op == RFI_OP_CONSTANT)
         x->attr.data = payload;
     else {

@@ -116,11 +116,11 @@ int rfi_dnnl_channel_block_guess(void)
     if (getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA"))
         return 0;
     __builtin_cpu_init();
-    bool core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    bool mic = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-               __builtin_cpu_supports("avx512er") && __builtin_cpu_supports("avx512pf");
-    return core || mic ? 16 : 8;
+    bool core = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512dq");
+    bool mic = __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512er") &&
+               __builtin_cpu_supports("avx512pf");
+    return __builtin_cpu_supports("avx512f") && (core || mic) ? 16 : 8;
 #else
     return 0;
 #endif

@@ -1177,7 +1177,7 @@ static bool presum_wanted(const rfi_kir_kernel *k, const bool *live, const sched
 }
 
 /* The kept loops of a split body at depth around the rest: the values, the
- * partials loaded, folded and stored back. */
+ * partials loaded, folded and stored back (inside the reduced loops). */
 static void fold_kept_points(render *R, const bool *live, const char *kl, int depth)
 {
     int in = depth + R->k->rank;
@@ -1340,14 +1340,8 @@ static void split_body(render *R, const bool *live, const schedule *sc)
             putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
                           (long long)k->red_dims[d], d);
         }
-        open_kept_loops(R, 2 + k->red_rank, true);
-        int in = 2 + k->red_rank + k->rank;
-        statements(R, live, 1, in);
-        statements(R, live, 2, in);
-        copy_partials(R, in, kl, true);
-        fold(R, in);
-        copy_partials(R, in, kl, false);
-        close_loops(R, 2, k->red_rank + k->rank);
+        fold_kept_points(R, live, kl, 2 + k->red_rank);
+        close_loops(R, 2, k->red_rank);
     } else {
         open_chunk_loop(R, 2, sc);
         open_kept_loops(R, 3, false);
