@@ -10,6 +10,8 @@
  *
  * Usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]
  *                      [--limit N] [--csv PATH] [--svg PATH] [--data DIR]
+ * (--help prints it; an unknown option or a value that does not parse, such
+ * as --epochs 0 or --lr x, exits with status 2 before anything is loaded).
  *
  * The data comes from the Debian package dataset-fashion-mnist
  * (/usr/share/datasets/fashion-mnist).
@@ -17,10 +19,15 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <reflux.h>
 
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+enum { MAX_EPOCHS = 256 }; /* the learning curve's arrays */
 
 struct options {
     const char *model, *csv, *svg, *data;
@@ -153,26 +160,88 @@ static int fail(const char *what)
     return 1;
 }
 
-static void parse(int argc, char **argv, struct options *o)
+static const char usage[] =
+    "usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]\n"
+    "                     [--limit N] [--csv PATH] [--svg PATH] [--data DIR]\n";
+
+/* A whole-string integer in [lo, hi], or a whole-string finite number > 0:
+ * "--epochs 5x" or "--lr fast" is an error, not 5 or 0. */
+static int parse_int(const char *v, long long lo, long long hi, long long *out)
 {
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *k = argv[i], *v = argv[i + 1];
-        if (!strcmp(k, "--model")) o->model = v;
-        else if (!strcmp(k, "--epochs")) o->epochs = atoi(v);
-        else if (!strcmp(k, "--batch")) o->batch = atoll(v);
-        else if (!strcmp(k, "--lr")) o->lr = atof(v);
-        else if (!strcmp(k, "--limit")) o->limit = atoll(v);
-        else if (!strcmp(k, "--csv")) o->csv = v;
-        else if (!strcmp(k, "--svg")) o->svg = v;
-        else if (!strcmp(k, "--data")) o->data = v;
-        else fprintf(stderr, "fashion_mnist: ignoring unknown option %s\n", k);
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int parse_positive(const char *v, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x > 0) || !isfinite(x))
+        return -1;
+    *out = x;
+    return 0;
+}
+
+/* 0 to run, 1 after --help, -1 (with a message) on a bad command line. */
+static int parse(int argc, char **argv, struct options *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
+            fputs(usage, stdout);
+            return 1;
+        }
+        if (i + 1 == argc) {
+            fprintf(stderr, "fashion_mnist: %s needs a value\n%s", k, usage);
+            return -1;
+        }
+        const char *v = argv[++i];
+        long long n = 0;
+        int bad = 0;
+        if (!strcmp(k, "--model")) {
+            o->model = v;
+            bad = strcmp(v, "cnn") && strcmp(v, "mlp");
+        } else if (!strcmp(k, "--epochs")) {
+            bad = parse_int(v, 1, MAX_EPOCHS, &n);
+            o->epochs = (int)n;
+        } else if (!strcmp(k, "--batch")) {
+            bad = parse_int(v, 1, 1 << 20, &n);
+            o->batch = n;
+        } else if (!strcmp(k, "--limit")) {
+            bad = parse_int(v, 0, INT64_MAX, &n);
+            o->limit = n;
+        } else if (!strcmp(k, "--lr")) {
+            bad = parse_positive(v, &o->lr);
+        } else if (!strcmp(k, "--csv")) {
+            o->csv = v;
+        } else if (!strcmp(k, "--svg")) {
+            o->svg = v;
+        } else if (!strcmp(k, "--data")) {
+            o->data = v;
+        } else {
+            fprintf(stderr, "fashion_mnist: unknown option %s\n%s", k, usage);
+            return -1;
+        }
+        if (bad) {
+            fprintf(stderr, "fashion_mnist: bad value for %s: '%s'\n%s", k, v, usage);
+            return -1;
+        }
     }
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     struct options o = {"cnn", "fashion_mnist.csv", "fashion_mnist.svg", NULL, 5, 64, 0, 1e-3};
-    parse(argc, argv, &o);
+    int parsed = parse(argc, argv, &o);
+    if (parsed)
+        return parsed > 0 ? 0 : 2;
     rf_device *dev = rf_device_default();
 
     rf_array *xtrain, *ytrain, *xtest, *ytest;
@@ -202,9 +271,9 @@ int main(int argc, char **argv)
     if (!train || !test || rf_loader_to(train, dev) || rf_loader_to(test, dev))
         return fail("making the loaders");
 
-    double losses[256], accs[256];
+    double losses[MAX_EPOCHS], accs[MAX_EPOCHS];
     struct evaluator ev = {{NULL, NULL}, {0, 0}};
-    int epochs = o.epochs < 256 ? o.epochs : 256;
+    int epochs = o.epochs;
     for (int e = 0; e < epochs; e++) {
         /* Step decay for the last epochs: a learning-rate change is runtime
          * state, so it recompiles nothing (the cache line below shows it). */

@@ -12,10 +12,15 @@
  *
  * Usage: resnet [--epochs N] [--batch N] [--width C] [--limit N] [--test-limit N]
  *               [--lr X]
+ * (--help prints it; an unknown option or a value that does not parse exits
+ * with status 2 before anything is loaded).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <reflux.h>
 
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,18 +103,77 @@ static int fail(const char *what)
     return 1;
 }
 
+static const char usage[] =
+    "usage: resnet [--epochs N] [--batch N] [--width C] [--limit N] [--test-limit N]\n"
+    "              [--lr X]\n";
+
+/* A whole-string integer in [lo, hi], or a whole-string finite number > 0:
+ * "--epochs 5x" or "--lr fast" is an error, not 5 or 0. Returns -1 if not. */
+static int parse_int(const char *v, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int parse_positive(const char *v, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x > 0) || !isfinite(x))
+        return -1;
+    *out = x;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int epochs = 5;
     int64_t batch = 128, width = 16, limit = 0, test_limit = 0;
     double lr = 2e-3;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--epochs")) epochs = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--width")) width = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--limit")) limit = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--test-limit")) test_limit = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--lr")) lr = atof(argv[i + 1]);
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (i + 1 == argc) {
+            fprintf(stderr, "resnet: %s needs a value\n%s", k, usage);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long long n = 0;
+        int bad;
+        if (!strcmp(k, "--epochs")) {
+            bad = parse_int(v, 1, 1000, &n);
+            epochs = (int)n;
+        } else if (!strcmp(k, "--batch")) {
+            bad = parse_int(v, 1, 1 << 20, &n);
+            batch = n;
+        } else if (!strcmp(k, "--width")) {
+            bad = parse_int(v, 1, 4096, &n);
+            width = n;
+        } else if (!strcmp(k, "--limit")) {
+            bad = parse_int(v, 0, INT64_MAX, &n);
+            limit = n;
+        } else if (!strcmp(k, "--test-limit")) {
+            bad = parse_int(v, 0, INT64_MAX, &n);
+            test_limit = n;
+        } else if (!strcmp(k, "--lr")) {
+            bad = parse_positive(v, &lr);
+        } else {
+            fprintf(stderr, "resnet: unknown option %s\n%s", k, usage);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "resnet: bad value for %s: '%s'\n%s", k, v, usage);
+            return 2;
+        }
     }
     rf_device *dev = rf_device_default();
     rf_array *xtrain, *ytrain, *xtest, *ytest;
