@@ -2,8 +2,8 @@
  * loops (src/backend/kir_conv.c, src/backend/cpu/render_conv.c) give the
  * interpreter's results, in every form the loops take: forwards and weight
  * gradients from 1, 3 and 8 input channels to 8 (one 8-lane vector) and 16
- * (one 16-lane vector) output channels, weight gradients to 24 and 32 in
- * 8-channel blocks; 3x3, 3x5 and 1x1 kernels; strides of
+ * (one 16-lane vector; with 8-channel blocks, forwards in two 8-lane ones)
+ * output channels, weight gradients to 24 and 32 in 8-channel blocks; 3x3, 3x5 and 1x1 kernels; strides of
  * 1 and 2 in either dim; padding in either dim; rows that split into equal
  * and unequal register blocks (29 outputs as 10 + 10 + 9 and as 6 + 6 + 6
  * + 6 + 5, 15 as 5 + 5 + 5); inputs row-major, channels last or read whole;

@@ -1166,9 +1166,9 @@ static int direct_steps(const rfi_graph *g, const rfi_plan_opts *o, rfi_kir_conv
  * weight gradients of the layers with fewer than 16 input channels. The
  * fourth layer (16 -> 16) and its gradients stay calls. Without the option
  * nothing changes. With row-major activations and 8-channel blocks (the
- * vectors of an AVX2 machine) the 8 -> 16 forward and its weight gradient
- * stay calls: 16 outputs would be one 16-lane vector, which such a machine
- * runs slowly. */
+ * vectors of an AVX2 machine) the 8 -> 16 forward is a loop over two
+ * vectors of 8 channels (a 16-lane vector, which such a machine runs
+ * slowly, nowhere) and its weight gradient stays a call. */
 static void test_direct_convs(void)
 {
     rf_nn_seed(7);
@@ -1229,12 +1229,17 @@ static void test_direct_convs(void)
         o.channel_blocks = c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
         rfi_kir_conv d[MOST_DIRECT];
         char *source = NULL;
-        int direct = direct_steps(k.g, &o, d, &source), sixteen = 0;
-        for (int i = 0; i < direct; i++)
+        int direct = direct_steps(k.g, &o, d, &source), sixteen = 0, in_eights = 0;
+        for (int i = 0; i < direct; i++) {
             sixteen += d[i].o == 16;
-        CHECK(direct == (c8 ? 6 : 8));
-        CHECK(sixteen == (c8 ? 0 : 2));
+            in_eights += d[i].o == 16 && d[i].lanes == 8 && d[i].kind == RFI_KIR_CONV_FORWARD;
+            CHECK(d[i].lanes == (d[i].o == 16 && c8 ? 8 : d[i].o));
+        }
+        CHECK(direct == (c8 ? 7 : 8));
+        CHECK(sixteen == (c8 ? 1 : 2));
+        CHECK(in_eights == (c8 ? 1 : 0));
         CHECK(source && (strstr(source, "rf_f32x16 acc0") != NULL) == !c8);
+        CHECK(source && (strstr(source, "ob < 2; ob++) { /* vectors of o */") != NULL) == c8);
         rfi_free(source);
     }
     cnn_case_free(&k);

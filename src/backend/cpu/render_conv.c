@@ -4,8 +4,9 @@
  * rf_f32x8 and rf_f32x16, rf_max_f32).
  *
  * The output channels (8 or 16: kir_conv.c) are the lanes of one GNU C
- * vector (a weight gradient's more channels in 8-channel blocks: one
- * vector per block, in a loop over the blocks). For each output row (image
+ * vector, or, where the machine's vectors hold 8 floats, of one vector per
+ * block of 8 in a loop over the blocks (a forward's 16, a weight
+ * gradient's up to 64; rfi_kir_conv.lanes). For each output row (image
  * n, row i) a kernel finds the kh input rows that row reads in a
  * zero-padded table `rows` [kh slots][padded width][c] (channels innermost,
  * whatever x's layout), copying only those the previous output row did not
@@ -145,9 +146,7 @@ static conv_form form_of(const rfi_kir_conv *d)
     conv_form f;
     memset(&f, 0, sizeof f);
     f.d = d;
-    /* a blocked output gradient's block (kir_conv.c: o itself or 8), else o */
-    bool grad_blocked = d->kind == RFI_KIR_CONV_WEIGHT_GRAD && rfi_layout_blocked(d->w_layout);
-    f.lanes = grad_blocked ? rfi_layout_block(d->w_layout) : d->o;
+    f.lanes = d->lanes;
     column_phases(&f);
     int64_t rows = d->n * d->oh;
     f.chunks = rows < GRAD_CHUNKS ? rows : GRAD_CHUNKS;
@@ -294,34 +293,37 @@ static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
 
 /* ---- Forward ----------------------------------------------------------------------- */
 
-/* Output (n, l, i, first + step * (j0 + b)) of y: `at` is its offset for
- * lane 0 and *lane_step the distance between lanes. */
+/* Output (n, ob * lanes + l, i, first + step * (j0 + b)) of y: `at` is its
+ * offset for lane 0 and *lane_step the distance between lanes. */
 static void y_index(const conv_form *f, const conv_phase *ph, char *at, size_t n,
                     int64_t *lane_step)
 {
     const rfi_kir_conv *d = f->d;
     long long O = (long long)d->o, OH = (long long)d->oh, OW = (long long)d->ow;
+    long long L = (long long)f->lanes;
     char j[64];
     if (ph->step == 1)
         snprintf(j, sizeof j, "%lld + j0 + b", (long long)ph->first);
     else
         snprintf(j, sizeof j, "%lld + %lld * (j0 + b)", (long long)ph->first, (long long)ph->step);
     *lane_step = 1;
-    if (d->y_layout == RFI_LAYOUT_NHWC || rfi_layout_blocked(d->y_layout)) /* one block of o */
-        snprintf(at, n, "((n * %lld + i) * %lld + %s) * %lld", OH, OW, j, O);
+    if (rfi_layout_blocked(d->y_layout)) /* [N, O/L, OH, OW, L]: blocks of the lanes */
+        snprintf(at, n, "(((n * %lld + ob) * %lld + i) * %lld + %s) * %lld", O / L, OH, OW, j, L);
+    else if (d->y_layout == RFI_LAYOUT_NHWC)
+        snprintf(at, n, "((n * %lld + i) * %lld + %s) * %lld + ob * %lld", OH, OW, j, O, L);
     else {
-        snprintf(at, n, "(n * %lld * %lld + i) * %lld + %s", O, OH, OW, j);
+        snprintf(at, n, "((n * %lld + ob * %lld) * %lld + i) * %lld + %s", O, L, OH, OW, j);
         *lane_step = d->oh * d->ow;
     }
 }
 
 /* The epilogue's ops on v, in order (kir.h rfi_kir_conv). */
-static void epilogue(rfi_strbuf *sb, const rfi_kir_conv *d, int64_t lane_step)
+static void epilogue(rfi_strbuf *sb, const rfi_kir_conv *d, int64_t lane_step, int depth)
 {
-    const char *in = indent(5);
+    const char *in = indent(depth);
     for (int e = 0; e < d->n_epi; e++) {
         if (d->epi[e] == RFI_EPI_BIAS)
-            rfi_sb_printf(sb, "%sv = v + c->e%d[l];\n", in, e);
+            rfi_sb_printf(sb, "%sv = v + c->e%d[ob * %lld + l];\n", in, e, (long long)d->lanes);
         else if (d->epi[e] == RFI_EPI_RELU)
             rfi_sb_printf(sb, "%sv = rf_max_f32(v, 0.0f);\n", in);
         else /* RFI_EPI_ADD, in y's layout */
@@ -329,52 +331,53 @@ static void epilogue(rfi_strbuf *sb, const rfi_kir_conv *d, int64_t lane_step)
     }
 }
 
-/* One register block of `cnt` outputs of phase ph from its output j0,
- * inside the braces `open` begins. */
+/* One register block of `cnt` outputs of phase ph from its output j0, for
+ * the vector ob of output channels, inside the braces `open` begins (at
+ * `depth`). */
 static void forward_block(rfi_strbuf *sb, const conv_form *f, const conv_phase *ph, int64_t cnt,
-                          const char *open)
+                          const char *open, int depth)
 {
     const rfi_kir_conv *d = f->d;
-    long long C = (long long)d->c, L = (long long)f->lanes;
+    long long C = (long long)d->c, O = (long long)d->o, L = (long long)f->lanes;
     long long step = (long long)(ph->col_step * d->c);
-    rfi_sb_printf(sb, "%s", open);
+    const char *in = indent(depth), *in1 = indent(depth + 1), *in2 = indent(depth + 2),
+               *in3 = indent(depth + 3), *in4 = indent(depth + 4);
+    rfi_sb_printf(sb, "%s%s", in, open);
     for (int64_t b = 0; b < cnt; b++)
-        rfi_sb_printf(sb, "            %s acc%lld = {0};\n", f->vec, (long long)b);
+        rfi_sb_printf(sb, "%s%s acc%lld = {0};\n", in1, f->vec, (long long)b);
     rfi_sb_printf(sb,
-                  "            for (int64_t ky = 0; ky < %lld; ky++) {\n"
-                  "                if (!valid[ky])\n                    continue;\n"
-                  "                for (int64_t m = 0; m < %lld; m++)\n"
-                  "                    for (int64_t ci = 0; ci < %lld; ci++) {\n"
-                  "                        %s wv;\n"
-                  "                        memcpy(&wv, wt + ((ky * %lld + %lld + %lld * m) * %lld "
-                  "+ ci) * %lld, sizeof wv);\n"
-                  "                        const float *restrict p =\n"
-                  "                            rowp[ky] + (%lld + j0 * %lld + m) * %lld + ci;\n",
-                  (long long)d->kh, (long long)ph->taps, C, f->vec, (long long)d->kw,
-                  (long long)ph->tap0, (long long)ph->tap_step, C, L, (long long)ph->col0,
-                  (long long)ph->col_step, C);
+                  "%sfor (int64_t ky = 0; ky < %lld; ky++) {\n"
+                  "%sif (!valid[ky])\n%scontinue;\n"
+                  "%sfor (int64_t m = 0; m < %lld; m++)\n"
+                  "%sfor (int64_t ci = 0; ci < %lld; ci++) {\n"
+                  "%s%s wv;\n"
+                  "%smemcpy(&wv, wt + ((ky * %lld + %lld + %lld * m) * %lld + ci) * %lld"
+                  " + ob * %lld,\n"
+                  "%s       sizeof wv);\n"
+                  "%sconst float *restrict p =\n"
+                  "%s    rowp[ky] + (%lld + j0 * %lld + m) * %lld + ci;\n",
+                  in1, (long long)d->kh, in2, in3, in2, (long long)ph->taps, in3, C, in4, f->vec,
+                  in4, (long long)d->kw, (long long)ph->tap0, (long long)ph->tap_step, C, O, L,
+                  in4, in4, in4, (long long)ph->col0, (long long)ph->col_step, C);
     for (int64_t b = 0; b < cnt; b++)
-        rfi_sb_printf(sb, "                        acc%lld += p[%lld] * wv;\n", (long long)b,
-                      (long long)b * step);
-    rfi_sb_printf(sb, "                    }\n            }\n");
+        rfi_sb_printf(sb, "%sacc%lld += p[%lld] * wv;\n", in4, (long long)b, (long long)b * step);
+    rfi_sb_printf(sb, "%s}\n%s}\n", in3, in1);
     for (int64_t b = 0; b < cnt; b++)
-        rfi_sb_printf(sb, "            memcpy(tile + %lld, &acc%lld, sizeof acc%lld);\n",
+        rfi_sb_printf(sb, "%smemcpy(tile + %lld, &acc%lld, sizeof acc%lld);\n", in1,
                       (long long)b * L, (long long)b, (long long)b);
     char at[200];
     int64_t lane_step;
     y_index(f, ph, at, sizeof at, &lane_step);
     rfi_sb_printf(sb,
-                  "            for (int64_t b = 0; b < %lld; b++) {\n"
-                  "                const int64_t at = %s;\n"
-                  "                #pragma omp simd\n"
-                  "                for (int64_t l = 0; l < %lld; l++) {\n"
-                  "                    float v = tile[b * %lld + l];\n",
-                  (long long)cnt, at, L, L);
-    epilogue(sb, d, lane_step);
-    rfi_sb_printf(sb,
-                  "                    c->y[at + l * %lld] = v;\n"
-                  "                }\n            }\n        }\n",
-                  (long long)lane_step);
+                  "%sfor (int64_t b = 0; b < %lld; b++) {\n"
+                  "%sconst int64_t at = %s;\n"
+                  "%s#pragma omp simd\n"
+                  "%sfor (int64_t l = 0; l < %lld; l++) {\n"
+                  "%sfloat v = tile[b * %lld + l];\n",
+                  in1, (long long)cnt, in2, at, in2, in2, L, in3, L);
+    epilogue(sb, d, lane_step, depth + 3);
+    rfi_sb_printf(sb, "%sc->y[at + l * %lld] = v;\n%s}\n%s}\n%s}\n", in3,
+                  (long long)lane_step, in2, in1, in);
 }
 
 static void forward_kernel(const conv_form *f, const char *kname, rfi_strbuf *def)
@@ -403,21 +406,23 @@ static void forward_kernel(const conv_form *f, const char *kname, rfi_strbuf *de
                   "        const int64_t n = r / %lld, i = r %% %lld;\n",
                   (long long)d->oh, (long long)d->oh);
     fill_rows(def, f, 2, true);
+    rfi_sb_printf(def, "        for (int64_t ob = 0; ob < %lld; ob++) { /* vectors of o */\n",
+                  O / (long long)f->lanes);
     for (int k = 0; k < f->n_phases; k++) {
         const conv_phase *ph = &f->phases[k];
         char open[128];
         if (ph->full_blocks > 0) {
-            snprintf(open, sizeof open, "        for (int64_t j0 = 0; j0 < %lld; j0 += %lld) {\n",
+            snprintf(open, sizeof open, "for (int64_t j0 = 0; j0 < %lld; j0 += %lld) {\n",
                      (long long)(ph->full_blocks * ph->block), (long long)ph->block);
-            forward_block(def, f, ph, ph->block, open);
+            forward_block(def, f, ph, ph->block, open, 3);
         }
         if (ph->last > 0) {
-            snprintf(open, sizeof open, "        {\n            const int64_t j0 = %lld;\n",
+            snprintf(open, sizeof open, "{\n%sconst int64_t j0 = %lld;\n", indent(4),
                      (long long)(ph->full_blocks * ph->block));
-            forward_block(def, f, ph, ph->last, open);
+            forward_block(def, f, ph, ph->last, open, 3);
         }
     }
-    rfi_sb_printf(def, "    }\n}\n\n");
+    rfi_sb_printf(def, "        }\n    }\n}\n\n");
 }
 
 /* ---- Weight gradient ------------------------------------------------------------------ */
@@ -595,7 +600,8 @@ void rfi_render_conv_kernel(const rfi_kir_step *st, rfi_strbuf *decl, rfi_strbuf
 bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
 {
     if (a->kind != b->kind || a->n != b->n || a->c != b->c || a->h != b->h || a->w != b->w ||
-        a->o != b->o || a->kh != b->kh || a->kw != b->kw || a->oh != b->oh || a->ow != b->ow ||
+        a->o != b->o || a->lanes != b->lanes || a->kh != b->kh || a->kw != b->kw ||
+        a->oh != b->oh || a->ow != b->ow ||
         a->x_layout != b->x_layout || a->w_layout != b->w_layout ||
         a->y_layout != b->y_layout || a->n_epi != b->n_epi)
         return false;
