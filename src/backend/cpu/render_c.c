@@ -1864,7 +1864,14 @@ static void prelude(rfi_strbuf *sb, const render *R)
     if (need & NEED_VECTORS)
         put(sb, "/* GNU C vectors: one register (or two) of output channels */\n"
                 "typedef float rf_f32x8 __attribute__((vector_size(32)));\n"
-                "typedef float rf_f32x16 __attribute__((vector_size(64)));\n\n");
+                "typedef float rf_f32x16 __attribute__((vector_size(64)));\n"
+                "/* gcc's predictive commoning (on at -O2) keeps the input values one tap\n"
+                " * shares with the next in registers, which spills the accumulators */\n"
+                "#if defined(__GNUC__) && !defined(__clang__)\n"
+                "#define RF_CONV_LOOP __attribute__((optimize(\"no-predictive-commoning\")))\n"
+                "#else\n"
+                "#define RF_CONV_LOOP\n"
+                "#endif\n\n");
     if (need & NEED_SAT)
         putf(sb,
             "/* float -> integer: truncate toward zero, saturate, NaN -> 0 */\n"
