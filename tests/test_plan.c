@@ -1166,8 +1166,8 @@ static int direct_steps(const rfi_graph *g, const rfi_plan_opts *o, rfi_kir_conv
  * weight gradients of the layers with fewer than 16 input channels. The
  * fourth layer (16 -> 16) and its gradients stay calls. Without the option
  * nothing changes. With row-major activations and 8-channel blocks (the
- * vectors of an AVX2 machine) the 8 -> 16 forward is a loop over two
- * vectors of 8 channels (a 16-lane vector, which such a machine runs
+ * vectors of an AVX2 machine) the 8 -> 16 forward holds two vectors of 8
+ * channels per register block (a 16-lane vector, which such a machine runs
  * slowly, nowhere) and its weight gradient stays a call. */
 static void test_direct_convs(void)
 {
@@ -1241,7 +1241,7 @@ static void test_direct_convs(void)
         CHECK(sixteen == (c8 ? 1 : 2));
         CHECK(in_eights == (c8 ? 1 : 0));
         CHECK(source && (strstr(source, "rf_f32x16 acc0") != NULL) == !c8);
-        CHECK(source && (strstr(source, "ob < 2; ob++) { /* vectors of o */") != NULL) == c8);
+        CHECK(source && (strstr(source, "ob < 2; ob += 2) { /* vectors of o */") != NULL) == c8);
         rfi_free(source);
     }
     cnn_case_free(&k);
