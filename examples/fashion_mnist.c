@@ -19,13 +19,13 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <reflux.h>
 
-#include <errno.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "cli.h"
 
 enum { MAX_EPOCHS = 256 }; /* the learning curve's arrays */
 
@@ -164,30 +164,6 @@ static const char usage[] =
     "usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]\n"
     "                     [--limit N] [--csv PATH] [--svg PATH] [--data DIR]\n";
 
-/* A whole-string integer in [lo, hi], or a whole-string finite number > 0:
- * "--epochs 5x" or "--lr fast" is an error, not 5 or 0. */
-static int parse_int(const char *v, long long lo, long long hi, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        return -1;
-    *out = x;
-    return 0;
-}
-
-static int parse_positive(const char *v, double *out)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x > 0) || !isfinite(x))
-        return -1;
-    *out = x;
-    return 0;
-}
-
 /* 0 to run, 1 after --help, -1 (with a message) on a bad command line. */
 static int parse(int argc, char **argv, struct options *o)
 {
@@ -208,16 +184,16 @@ static int parse(int argc, char **argv, struct options *o)
             o->model = v;
             bad = strcmp(v, "cnn") && strcmp(v, "mlp");
         } else if (!strcmp(k, "--epochs")) {
-            bad = parse_int(v, 1, MAX_EPOCHS, &n);
+            bad = cli_int(v, 1, MAX_EPOCHS, &n);
             o->epochs = (int)n;
         } else if (!strcmp(k, "--batch")) {
-            bad = parse_int(v, 1, 1 << 20, &n);
+            bad = cli_int(v, 1, 1 << 20, &n);
             o->batch = n;
         } else if (!strcmp(k, "--limit")) {
-            bad = parse_int(v, 0, INT64_MAX, &n);
+            bad = cli_int(v, 0, INT64_MAX, &n);
             o->limit = n;
         } else if (!strcmp(k, "--lr")) {
-            bad = parse_positive(v, &o->lr);
+            bad = cli_positive(v, &o->lr);
         } else if (!strcmp(k, "--csv")) {
             o->csv = v;
         } else if (!strcmp(k, "--svg")) {

@@ -18,14 +18,13 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <reflux.h>
 
-#include <errno.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "resnet_model.h"
 
 static rf_tensor *loss(rf_model *m, rf_tensor *const *batch, int n, rf_aux *aux, void *ctx)
@@ -107,30 +106,6 @@ static const char usage[] =
     "usage: resnet [--epochs N] [--batch N] [--width C] [--limit N] [--test-limit N]\n"
     "              [--lr X]\n";
 
-/* A whole-string integer in [lo, hi], or a whole-string finite number > 0:
- * "--epochs 5x" or "--lr fast" is an error, not 5 or 0. Returns -1 if not. */
-static int parse_int(const char *v, long long lo, long long hi, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi)
-        return -1;
-    *out = x;
-    return 0;
-}
-
-static int parse_positive(const char *v, double *out)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !(x > 0) || !isfinite(x))
-        return -1;
-    *out = x;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     int epochs = 5;
@@ -150,22 +125,22 @@ int main(int argc, char **argv)
         long long n = 0;
         int bad;
         if (!strcmp(k, "--epochs")) {
-            bad = parse_int(v, 1, 1000, &n);
+            bad = cli_int(v, 1, 1000, &n);
             epochs = (int)n;
         } else if (!strcmp(k, "--batch")) {
-            bad = parse_int(v, 1, 1 << 20, &n);
+            bad = cli_int(v, 1, 1 << 20, &n);
             batch = n;
         } else if (!strcmp(k, "--width")) {
-            bad = parse_int(v, 1, 4096, &n);
+            bad = cli_int(v, 1, 4096, &n);
             width = n;
         } else if (!strcmp(k, "--limit")) {
-            bad = parse_int(v, 0, INT64_MAX, &n);
+            bad = cli_int(v, 0, INT64_MAX, &n);
             limit = n;
         } else if (!strcmp(k, "--test-limit")) {
-            bad = parse_int(v, 0, INT64_MAX, &n);
+            bad = cli_int(v, 0, INT64_MAX, &n);
             test_limit = n;
         } else if (!strcmp(k, "--lr")) {
-            bad = parse_positive(v, &lr);
+            bad = cli_positive(v, &lr);
         } else {
             fprintf(stderr, "resnet: unknown option %s\n%s", k, usage);
             return 2;

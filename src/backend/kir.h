@@ -174,7 +174,7 @@ typedef struct rfi_kir_conv {
     rfi_kir_conv_kind kind;
     int64_t n, c, h, w;     /* x's dims */
     int64_t o, kh, kw;      /* the kernel's */
-    int64_t lanes;          /* output channels per vector: o, or 8 in a loop over o / 8 */
+    int64_t lanes;          /* output channels per vector: o, or 8 (o / 8 vectors) */
     int64_t oh, ow;         /* the output's spatial dims */
     int64_t stride[2], pad[2];
     int64_t dilation[2];    /* FORWARD: x's (lhs) dilation; else 1 */

@@ -185,12 +185,12 @@ static bool vectors_of_8(const rfi_kir_conv *d)
 }
 
 /* A forward convolution to 16 output channels where the machine's vectors
- * hold 8 floats: the loops run once per block of 8 of them (a vector each),
- * rereading the row table. On a 2-core AVX2 machine oneDNN ran the
- * ResNet's 8 -> 16 strided layers at ~106 GFLOP/s (3x3, 0.54 ms) and ~15
- * (1x1, 0.21 ms), the loops at ~132 (0.44 ms) and ~19 (0.17 ms). With 32
- * output channels oneDNN is faster: the cnn's 1 -> 32 first layer took
- * 0.28 ms there and 0.52 ms as such a loop. */
+ * hold 8 floats: two vectors of 8 (render_conv.c keeps both in each register
+ * block). On a 2-core AVX2 machine the ResNet's 3x3 8 -> 16 strided layer
+ * took 0.42-0.43 ms as such a loop against oneDNN's 0.49-0.50, its 1x1
+ * projection about the same either way. With 32 output channels oneDNN is
+ * faster: the cnn's 1 -> 32 first layer took 0.46 ms there and 0.54 ms as
+ * a loop of 4 vectors (one thread). */
 static bool forward_vectors_of_8(const rfi_plan *p, const rfi_kir_conv *d)
 {
     return d->kind == RFI_KIR_CONV_FORWARD && p->channel_blocks == RFI_LAYOUT_C8 && d->o == 16;
@@ -215,10 +215,9 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
            d->kh * padded_width * d->c <= DIRECT_MAX_ROWS && d->n * d->oh * d->ow > 0;
 }
 
-/* The loops hold 8 or 16 output channels in one vector (lanes_of), stored
- * (or, for a weight gradient, loaded) at consecutive addresses: a
- * channel-blocked result or output gradient must have blocks of exactly
- * that many, and o must be a whole number of vectors. */
+/* The output channels in one vector of the loops: o, or 8 for the forms
+ * above that take 8 at a time (a weight gradient: its output gradient's
+ * channel block). */
 static int64_t lanes_of(const rfi_plan *p, const rfi_kir_conv *d)
 {
     if (d->kind == RFI_KIR_CONV_FORWARD)
@@ -226,6 +225,10 @@ static int64_t lanes_of(const rfi_plan *p, const rfi_kir_conv *d)
     return rfi_layout_blocked(d->w_layout) ? rfi_layout_block(d->w_layout) : d->o;
 }
 
+/* A vector's channels are stored (or, for a weight gradient, loaded) at
+ * consecutive addresses: a channel-blocked result or output gradient must
+ * have blocks of exactly that many, and o must be a whole number of
+ * vectors. */
 static bool one_block_of_lanes(const rfi_kir_conv *d)
 {
     rfi_layout l = d->kind == RFI_KIR_CONV_FORWARD ? d->y_layout : d->w_layout;

@@ -23,14 +23,15 @@
  *   several vectors of output channels a block holds up to 4 of them
  *   (7 outputs times 2 vectors, ...), so each input element loaded feeds
  *   that many accumulators (the ResNet's 1x1 8 -> 16 strided layer ~10%
- *   faster than one vector at a time, its 3x3 one ~2%, on one thread). gcc -O2
- *   keeps such named vectors in registers, where it did not keep an array
- *   of accumulators (56 against 145 GFLOP/s on the ResNet's 8-channel
- *   layer), once its predictive commoning is off (RF_CONV_LOOP: with one
- *   input channel it carried a tap's inputs to the next in registers and
- *   spilled the accumulators; the 1 -> 8 layer 0.26 -> 0.17 ms). The
- *   block's sums go through a small `tile`, where the epilogue is applied
- *   per element with the interpreter's semantics and stored in y's layout. A dilated input (the input gradient of a strided layer) is
+ *   faster than one vector at a time, its 3x3 one ~2%, on one thread).
+ *   gcc -O2 keeps such named vectors in registers, where it did not keep
+ *   an array of accumulators (56 against 145 GFLOP/s on the ResNet's
+ *   8-channel layer), once its predictive commoning is off (RF_CONV_LOOP:
+ *   with one input channel it carried a tap's inputs to the next in
+ *   registers and spilled the accumulators; the 1 -> 8 layer 0.26 -> 0.17
+ *   ms). The block's sums go through a small `tile`, where the epilogue is
+ *   applied per element with the interpreter's semantics and stored in y's
+ *   layout. A dilated input (the input gradient of a strided layer) is
  *   never expanded: rows between input rows are skipped (valid[ky]), and
  *   the outputs of a row split into phases j mod d, each of which meets
  *   every d-th tap at consecutive input columns (conv_phase), so no
