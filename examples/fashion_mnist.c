@@ -10,8 +10,9 @@
  *
  * Usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]
  *                      [--limit N] [--csv PATH] [--svg PATH] [--data DIR]
- * (--help prints it; an unknown option or a value that does not parse, such
- * as --epochs 0 or --lr x, exits with status 2 before anything is loaded).
+ * (--help prints it; an unknown option or a value that does not parse or is
+ * out of range, such as --epochs 0 or --lr x, exits with status 2 before
+ * anything is loaded; --epochs takes 1 to 256).
  *
  * The data comes from the Debian package dataset-fashion-mnist
  * (/usr/share/datasets/fashion-mnist).
@@ -162,7 +163,8 @@ static int fail(const char *what)
 
 static const char usage[] =
     "usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]\n"
-    "                     [--limit N] [--csv PATH] [--svg PATH] [--data DIR]\n";
+    "                     [--limit N] [--csv PATH] [--svg PATH] [--data DIR]\n"
+    "(--epochs: 1 to 256)\n";
 
 /* 0 to run, 1 after --help, -1 (with a message) on a bad command line. */
 static int parse(int argc, char **argv, struct options *o)
