@@ -44,9 +44,9 @@ RFI_FUNC int rfi_threadpool_size(void);
  * all are done. The range is cut into at most 4 * size() chunks of at least
  * `grain` iterations (grain < 1 counts as 1), as equal as possible, which the
  * threads (the calling one too) run as they become free (threadpool.c says in
- * which order); where the chunks fall depends only on n, grain and size(). With one chunk (n < 2 *
- * grain, a pool of one, or a busy pool) body(ctx, 0, n) runs inline. n <= 0
- * does nothing. */
+ * which order); where the chunks fall depends only on n, grain and size().
+ * With one chunk (n < 2 * grain, a pool of one, or a busy pool) body(ctx, 0,
+ * n) runs inline. n <= 0 does nothing. */
 RFI_FUNC void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx);
 
 #endif

@@ -773,9 +773,9 @@ static void rendered_name(const render *R, char *buf, size_t n)
  * of PRESUM of them in f32 before its double fold (below); float products
  * (whose over- and underflow depend on the grouping) are never split. The
  * chunk count does not depend on the number of threads, so neither do the
- * results. A kernel with sibling
- * folds (kir.h) runs plain or split, each fold with its own accumulator
- * (acc, acc1, ...) or its own row of partials per chunk (accs, accs1, ...). */
+ * results. A kernel with sibling folds (kir.h) runs plain or split, each fold
+ * with its own accumulator (acc, acc1, ...) or its own row of partials per
+ * chunk (accs, accs1, ...). */
 typedef enum sched_form { SCHED_PLAIN, SCHED_INTERCHANGED, SCHED_SPLIT } sched_form;
 
 typedef struct schedule {
@@ -966,6 +966,17 @@ static void open_reduced_loops(render *R, int first, int depth, const schedule *
         indent(R, at);
         putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
                       (long long)k->red_dims[d], d);
+    }
+}
+
+/* Opens the reduced loops r1 .. r<end - 1> at depth, plain (a split body's
+ * loops inside the chunk loop r0). */
+static void open_inner_reduced_loops(render *R, int end, int depth)
+{
+    for (int d = 1; d < end; d++) {
+        indent(R, depth + d - 1);
+        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+                      (long long)R->k->red_dims[d], d);
     }
 }
 
@@ -1256,12 +1267,10 @@ static void presum_body(render *R, const bool *live, const schedule *sc, const c
     }
     without_fold_conversions(k, live, block_live);
     int last = k->red_rank - 1, depth = 2;
-    if (last > 0)
+    if (last > 0) {
         open_chunk_loop(R, depth++, sc);
-    for (int d = 1; d < last; d++) {
-        indent(R, depth++);
-        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
-                      (long long)k->red_dims[d], d);
+        open_inner_reduced_loops(R, last, depth);
+        depth += last - 1;
     }
     char lo[64], hi[64];
     if (last == 0) {
@@ -1335,11 +1344,7 @@ static void split_body(render *R, const bool *live, const schedule *sc)
         presum_body(R, live, sc, kl);
     } else if (k->red_rank == 1 || interchange_reduction(k, live)) {
         open_chunk_loop(R, 2, sc);
-        for (int d = 1; d < k->red_rank; d++) {
-            indent(R, 2 + d);
-            putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
-                          (long long)k->red_dims[d], d);
-        }
+        open_inner_reduced_loops(R, k->red_rank, 3);
         fold_kept_points(R, live, kl, 2 + k->red_rank);
         close_loops(R, 2, k->red_rank);
     } else {
