@@ -1876,7 +1876,18 @@ static void prelude(rfi_strbuf *sb, const render *R)
                 "#define RF_CONV_LOOP __attribute__((optimize(\"no-predictive-commoning\")))\n"
                 "#else\n"
                 "#define RF_CONV_LOOP\n"
-                "#endif\n\n");
+                "#endif\n"
+                "/* asks for the cache lines of n floats from p (a row the next output\n"
+                " * row reads), so that they arrive while this row is computed */\n"
+                "static inline void rf_prefetch_floats(const float *p, int64_t n)\n{\n"
+                "#if defined(__GNUC__)\n"
+                "    for (int64_t k = 0; k < n; k += 16)\n"
+                "        __builtin_prefetch(p + k);\n"
+                "    __builtin_prefetch(p + n - 1);\n"
+                "#else\n"
+                "    (void)p, (void)n;\n"
+                "#endif\n"
+                "}\n\n");
     if (need & NEED_SAT)
         putf(sb,
             "/* float -> integer: truncate toward zero, saturate, NaN -> 0 */\n"
