@@ -1221,8 +1221,8 @@ static void test_direct_convs(void)
         CHECK(source && (strstr(source, "convolution (weight gradient)") != NULL) == on);
         /* without gcc's predictive commoning (render_c.c's prelude says why) */
         CHECK(source && (strstr(source, "RF_KERNEL RF_CONV_LOOP void") != NULL) == on);
-        /* the input rows of the next output row, and (weight gradients) the output
-         * gradient's next row, are asked for while this row is computed, never
+        /* the input rows of a later output row, and (weight gradients) that row of
+         * the output gradient, are asked for while this row is computed, never
          * past the array's last row */
         CHECK(source && (strstr(source, "rf_prefetch_floats(x + ") != NULL) == on);
         CHECK(source && (strstr(source, "rf_prefetch_floats(c->w + ") != NULL) == on);

@@ -1877,7 +1877,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
                 "#else\n"
                 "#define RF_CONV_LOOP\n"
                 "#endif\n"
-                "/* asks for the cache lines of n floats from p (a row the next output\n"
+                "/* asks for the cache lines of n floats from p (a row a later output\n"
                 " * row reads), so that they arrive while this row is computed */\n"
                 "static inline void rf_prefetch_floats(const float *p, int64_t n)\n{\n"
                 "#if defined(__GNUC__)\n"

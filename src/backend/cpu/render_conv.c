@@ -14,11 +14,12 @@
  * were ~5% of a ResNet step when every row copied all kh), so the inner
  * loops have no bounds tests, and multiplies input scalars (broadcast) by
  * vectors over the output channels. Having copied a row, it asks for the
- * cache lines of the row the next output row will copy (rf_prefetch_floats;
- * a weight gradient also for the output gradient's next row): a row is read
- * in a burst and then computed on for about a thousand cycles, and without
- * the hint the burst waited for memory (perf put ~6% of a ResNet run in
- * those copies; the direct convolutions ran 11-14% faster with it):
+ * cache lines of the row it will copy two output rows on (rf_prefetch_floats,
+ * PREFETCH_AHEAD; a weight gradient also for that row of the output
+ * gradient): a row is read in a burst and then computed on for about a
+ * thousand cycles, and without the hint the burst waited for memory (perf
+ * put ~6% of a ResNet run in those copies; the direct convolutions ran
+ * 11-14% faster with a hint one row ahead, ~5% more with two):
  *
  *   FORWARD: a register block holds up to 14 outputs of the row (7 for 16
  *   lanes), one accumulator each; for every (ky, kx, ci) it loads one
@@ -76,6 +77,10 @@
 #define GRAD_CHUNKS 8
 #define GROUP_MAX 12 /* weight gradient: accumulators per register group */
 #define GROUP_MIN_LOOPED 4
+/* Output rows ahead that a kernel asks for the rows it will read: 2 ran the
+ * ResNet step's direct convolutions ~5% faster than 1 on one thread (twice
+ * 4 alternating runs), 3 and 4 about as 2. */
+#define PREFETCH_AHEAD 2
 
 /* The outputs j = first + step * jj (jj < count) of a row that read the
  * same taps b = tap0 + tap_step * m (m < taps) of the kernel, at table
@@ -287,7 +292,8 @@ static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
     }
     if (copied > 0) {
         char next[96];
-        snprintf(next, sizeof next, "n * %lld + y + %lld", H, (long long)d->stride[0]);
+        snprintf(next, sizeof next, "n * %lld + y + %lld", H,
+                 (long long)(d->stride[0] * PREFETCH_AHEAD));
         long long planes = contiguous ? 1 : B > 0 ? C / B : C;
         long long floats = contiguous ? W * C : B > 0 ? W * B : W;
         long long used = contiguous ? copied * C : B > 0 ? copied * B : copied;
@@ -511,8 +517,8 @@ static void gradient_row(rfi_strbuf *sb, const conv_form *f, char *base, size_t 
     snprintf(base, n, "drow + ob * %lld", L);
 }
 
-/* Asks for the output gradient's next row (r + 1: [N, O/L, OH, OW, L],
- * [N, OH, OW, O] or [N, O, OH, OW]) while this one is folded. */
+/* Asks for the output gradient's row PREFETCH_AHEAD rows on ([N, O/L, OH,
+ * OW, L], [N, OH, OW, O] or [N, O, OH, OW]) while this one is folded. */
 static void prefetch_gradient_row(rfi_strbuf *sb, const conv_form *f)
 {
     const rfi_kir_conv *d = f->d;
@@ -521,7 +527,9 @@ static void prefetch_gradient_row(rfi_strbuf *sb, const conv_form *f)
     bool blocked = rfi_layout_blocked(d->w_layout), nhwc = d->w_layout == RFI_LAYOUT_NHWC;
     long long planes = blocked ? O / L : nhwc ? 1 : O;
     long long floats = blocked ? OW * L : nhwc ? OW * O : OW;
-    prefetch_row(sb, "c->w", "r + 1", (long long)d->n * OH, OH, planes, floats, floats, 3);
+    char next[32];
+    snprintf(next, sizeof next, "r + %d", PREFETCH_AHEAD);
+    prefetch_row(sb, "c->w", next, (long long)d->n * OH, OH, planes, floats, floats, 3);
 }
 
 /* One register group: the partial sums of `count` points of (ky, kx, ci)
