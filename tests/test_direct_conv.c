@@ -3,10 +3,11 @@
  * interpreter's results, in every form the loops take: forwards and weight
  * gradients from 1, 3 and 8 input channels to 8 (one 8-lane vector) and 16
  * (one 16-lane vector; with 8-channel blocks, forwards in two 8-lane ones)
- * output channels, weight gradients to 24 and 32 in 8-channel blocks; 3x3, 3x5 and 1x1 kernels; strides of
- * 1 and 2 in either dim; padding in either dim; rows that split into equal
- * and unequal register blocks (29 outputs as 10 + 10 + 9 and as 6 + 6 + 6
- * + 6 + 5, 15 as 5 + 5 + 5); inputs row-major, channels last or read whole;
+ * output channels, weight gradients to 24 and 32 in 8-channel blocks; 3x3,
+ * 3x5 and 1x1 kernels; strides of 1 and 2 in either dim; padding in either
+ * dim; rows that split into equal and unequal register blocks (29 outputs
+ * as 10 + 10 + 9 and as 6 + 6 + 6 + 6 + 5, 15 as 5 + 5 + 5); inputs
+ * row-major, channels last or read whole;
  * results and output gradients channels last, channel-blocked and
  * row-major (RF_BLOCKED=0); epilogues of bias, relu and a residual add;
  * the input gradient of a stride-1 layer (a convolution with the flipped

@@ -294,10 +294,9 @@ static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
         char next[96];
         snprintf(next, sizeof next, "n * %lld + y + %lld", H,
                  (long long)(d->stride[0] * PREFETCH_AHEAD));
-        long long planes = contiguous ? 1 : B > 0 ? C / B : C;
-        long long floats = contiguous ? W * C : B > 0 ? W * B : W;
-        long long used = contiguous ? copied * C : B > 0 ? copied * B : copied;
-        prefetch_row(sb, "x", next, (long long)d->n * H, H, planes, floats, used, depth + 1);
+        long long per = contiguous ? C : B > 0 ? B : 1; /* channels side by side in a row */
+        prefetch_row(sb, "x", next, (long long)d->n * H, H, C / per, W * per, copied * per,
+                     depth + 1);
     }
     rfi_sb_printf(sb, "%s}\n", in);
 }
@@ -525,11 +524,10 @@ static void prefetch_gradient_row(rfi_strbuf *sb, const conv_form *f)
     long long O = (long long)d->o, OH = (long long)d->oh, OW = (long long)d->ow;
     long long L = (long long)f->lanes;
     bool blocked = rfi_layout_blocked(d->w_layout), nhwc = d->w_layout == RFI_LAYOUT_NHWC;
-    long long planes = blocked ? O / L : nhwc ? 1 : O;
-    long long floats = blocked ? OW * L : nhwc ? OW * O : OW;
+    long long per = blocked ? L : nhwc ? O : 1; /* channels side by side in a row */
     char next[32];
     snprintf(next, sizeof next, "r + %d", PREFETCH_AHEAD);
-    prefetch_row(sb, "c->w", next, (long long)d->n * OH, OH, planes, floats, floats, 3);
+    prefetch_row(sb, "c->w", next, (long long)d->n * OH, OH, O / per, OW * per, OW * per, 3);
 }
 
 /* One register group: the partial sums of `count` points of (ky, kx, ci)
