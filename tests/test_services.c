@@ -1285,11 +1285,21 @@ static void test_conv_views(void)
     printf("conv views: weight gradients checked against the interpreter\n");
 }
 
-/* The channel block the CPU backend plans with before oneDNN has loaded
- * (cpu_backend.c's plan_on_guess) is the one oneDNN reports once loaded; with
+/* Every oneDNN ISA maps to its vectors' channel block; the block the CPU
+ * backend plans with before oneDNN has loaded (cpu_backend.c's
+ * plan_on_guess) is the one oneDNN reports once loaded; with
  * oneDNN held to a lower ISA by the environment there is no guess. */
 static void test_channel_block_guess(void)
 {
+    unsigned narrow[] = {dnnl_cpu_isa_all, dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx,
+                         dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx2_vnni};
+    unsigned wide[] = {dnnl_cpu_isa_avx512_mic,       dnnl_cpu_isa_avx512_mic_4ops,
+                       dnnl_cpu_isa_avx512_core,      dnnl_cpu_isa_avx512_core_vnni,
+                       dnnl_cpu_isa_avx512_core_bf16, dnnl_cpu_isa_avx512_core_amx};
+    for (size_t i = 0; i < sizeof narrow / sizeof narrow[0]; i++)
+        CHECK(rfi_dnnl_isa_channel_block(narrow[i]) == 8);
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
+        CHECK(rfi_dnnl_isa_channel_block(wide[i]) == 16);
     int guess = rfi_dnnl_channel_block_guess();
     CHECK(guess == 8 || guess == 16);
     if (rfi_dnnl_load() == RF_OK)

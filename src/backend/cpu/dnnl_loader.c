@@ -101,11 +101,20 @@ static void load_library(void)
     load_status = RF_OK;
 }
 
+int rfi_dnnl_isa_channel_block(unsigned isa)
+{
+    /* An ISA's value is a mask of feature bits that includes its
+     * predecessors'. The AVX-512 ones (mic 0xf, core 0x27 and core's vnni,
+     * bf16 and amx extensions) have mic's or core's own bit; AVX2, AVX, SSE
+     * and avx2_vnni (0x407) have neither. */
+    unsigned avx512_bits = (dnnl_cpu_isa_avx512_mic | dnnl_cpu_isa_avx512_core) &
+                           ~(unsigned)dnnl_cpu_isa_avx2;
+    return isa & avx512_bits ? 16 : 8;
+}
+
 int rfi_dnnl_channel_block(void)
 {
-    /* Every AVX-512 ISA's value has this bit; no AVX2, AVX or SSE one has. */
-    return rfi_dnnl.get_effective_cpu_isa() & dnnl_cpu_isa_avx512_mic & ~dnnl_cpu_isa_avx2 ? 16
-                                                                                          : 8;
+    return rfi_dnnl_isa_channel_block((unsigned)rfi_dnnl.get_effective_cpu_isa());
 }
 
 /* oneDNN's AVX-512 ISAs: avx512_core (F, BW, VL, DQ) and avx512_mic (F, CD, ER,

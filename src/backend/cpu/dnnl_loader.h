@@ -91,6 +91,8 @@ RFI_FUNC void rfi_dnnl_preload(void);
  * AVX-512's 16-float vectors, else 8. Valid once rfi_dnnl_load() returned
  * RF_OK. */
 RFI_FUNC int rfi_dnnl_channel_block(void);
+/* The same told from a dnnl_cpu_isa_t value (rfi_dnnl_channel_block's rule). */
+RFI_FUNC int rfi_dnnl_isa_channel_block(unsigned isa);
 /* What rfi_dnnl_channel_block will say, told from the CPU's features without
  * loading the library; 0 when they cannot tell (ONEDNN_MAX_CPU_ISA or
  * DNNL_MAX_CPU_ISA in the environment may hold oneDNN below the CPU). */
