@@ -19,6 +19,7 @@
  * one node computed by a single CALL step into the arena (at an offset) or an
  * output buffer.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -908,9 +909,9 @@ static int preload_confined_child(void)
 }
 
 /* Starting the loader off the caller's CPU must not confine anyone: the
- * caller keeps its CPUs, and the threads that run loops afterwards (OpenMP's,
- * once oneDNN is loaded) may use them all. Runs before anything else loads
- * the library. */
+ * caller keeps its CPUs, the threads that run loops afterwards (OpenMP's,
+ * once oneDNN is loaded) may use them all, and OpenMP counts them all. Runs
+ * before anything else loads the library. */
 static void test_preload_affinity(int confined_child)
 {
     affinity_job j;
@@ -924,8 +925,18 @@ static void test_preload_affinity(int confined_child)
     CHECK(sched_getaffinity(0, sizeof now, &now) == 0 && CPU_EQUAL(&now, &j.allowed));
     rfi_parallel_for(4 * (int64_t)rfi_threadpool_size(), 1, check_affinity, &j);
     CHECK(atomic_load(&j.bad) == 0);
+    /* OpenMP, loaded on the loader thread, counted every CPU of the process:
+     * its default thread count is that count (read at its load). */
+    int (*omp_max_threads)(void) = NULL;
+    void *dnnl = lib ? dlopen(RFI_DNNL_LIBRARY, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+    if (dnnl) {
+        *(void **)&omp_max_threads = dlsym(dnnl, "omp_get_max_threads");
+        if (omp_max_threads && !getenv("OMP_NUM_THREADS"))
+            CHECK(omp_max_threads() == CPU_COUNT(&j.allowed));
+        dlclose(dnnl);
+    }
     printf("preload: oneDNN %s (also on one CPU), the caller's and the loop threads' CPUs "
-           "unchanged\n", lib ? "loaded" : "unavailable");
+           "unchanged, OpenMP counts them all\n", lib ? "loaded" : "unavailable");
 }
 
 /* ---- CALL epilogues ---------------------------------------------------------------- */
