@@ -20,7 +20,8 @@
  * thread, so that it overlaps a compile's tracing, memo, plan and module,
  * which need no library; the first rfi_dnnl_load then waits for it inside
  * pthread_once. It starts off the caller's CPU (keep_off_callers_cpu), so the
- * two overlap on 2 cores. The same thread then creates a few small primitives
+ * two overlap on 2 cores, and lifts that confinement before the dlopen
+ * (preload_thread says why). The same thread then creates a few small primitives
  * (warm_up_primitives), whose one-time set-up inside oneDNN the compile's
  * own primitives would otherwise pay. rf_compile joins the thread before it
  * returns (rfi_dnnl_settle), so none of this runs while a program that just
