@@ -197,9 +197,9 @@ static bool preload_confined;
 /* The thread lifts its confinement before it loads anything: libgomp, loaded
  * with oneDNN, counts the CPUs it may use from the loading thread's affinity.
  * Counted 1 of 2, it took its two threads for oversubscription and slept
- * after 100 spins at every wait (one epoch of the Fashion-MNIST CNN: 36000
- * context switches and 5.3-5.6 s, against 4000-4700 and 4.9-5.3 s once it
- * counts both). The thread stays on the CPU it started on, as the scheduler
+ * after 100 spins at every wait (one epoch of the Fashion-MNIST CNN: 35000-
+ * 36600 context switches and 5.3-5.4 s, against 4000-4700 and 4.9-5.3 s once
+ * it counts both). The thread stays on the CPU it started on, as the scheduler
  * keeps a running thread where it is allowed to be. */
 static void *preload_thread(void *arg)
 {
