@@ -675,6 +675,69 @@ static void test_unrolled_pools(void)
     unsetenv("RF_UNROLL_POOLS");
 }
 
+/* conv(select_and_scatter(x, s), w) with x [2, 3, 7, 5] pooled by 2x2 windows
+ * (a row and a column uncovered), w [4, 3, 3, 3], padding `pad` on both
+ * sides and lhs dilation `dil`, through rfi_unroll_pools: returns whether the
+ * convolution reads the unpadded spread gradient, with its outputs that read
+ * only padding put back by a pad after it when `cut`, after checking the
+ * results bitwise (finite kernel). */
+static bool conv_took_border(int64_t pad, int64_t dil, bool *cut)
+{
+    const int64_t xd[4] = {2, 3, 7, 5}, win[4] = {1, 1, 2, 2};
+    int64_t sd[4];
+    rfi_node *x, *src;
+    rfi_attrs a;
+    rfi_graph *g = pool_graph(xd, win, win, 0, RF_F32, sd, &x, &src, &a);
+    rfi_node *sas_in[2] = {x, src};
+    rfi_node *sas = node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, RF_F32, NULL, 0);
+    const int64_t wd[4] = {4, 3, 3, 3};
+    float wv[108];
+    for (int i = 0; i < 108; i++)
+        wv[i] = (float)(i % 5) - 1.5f;
+    rfi_attrs c = attrs0();
+    for (int k = 0; k < 5; k++)
+        c.nl[k] = 2;
+    for (int d = 0; d < 2; d++) {
+        c.l[0][d] = c.l[4][d] = 1;
+        c.l[1][d] = c.l[2][d] = pad;
+        c.l[3][d] = dil;
+    }
+    c.i[0] = c.i[1] = 1;
+    rfi_node *conv_in[2] = {sas, konst(g, RF_F32, wd, 4, wv)};
+    rfi_graph_add_output(g, node(g, RFI_OP_CONVOLUTION, conv_in, 2, &c, RF_F32, NULL, 0));
+    float xv[210], sv[48];
+    for (int i = 0; i < 210; i++)
+        xv[i] = (float)((i * 7) % 11) - 4.0f;
+    for (int i = 0; i < 48; i++)
+        sv[i] = i % 9 == 4 ? -0.0f : (float)(i % 7) - 2.5f;
+    void *args[2] = {xv, sv};
+    rfi_graph *out = apply(rfi_unroll_pools, g);
+    bool took = false;
+    *cut = false;
+    for (int i = 0; out && i < out->n_nodes; i++) {
+        const rfi_node *v = out->nodes[i];
+        if (v->op == RFI_OP_CONVOLUTION)
+            took = v->in[0]->op != RFI_OP_PAD && v->in[0]->dims[2] == 6;
+        if (v->op == RFI_OP_PAD && v->in[0]->op == RFI_OP_CONVOLUTION)
+            *cut = v->attr.l[1][2] == 1 && v->attr.l[1][3] == 1 && v->attr.l[0][2] == 0;
+    }
+    if (out)
+        CHECK(same_results(g, out, args));
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    return took;
+}
+
+static void test_conv_over_pool_border(void)
+{
+    bool cut;
+    CHECK(conv_took_border(2, 1, &cut)); /* the input gradient of a 3x3 layer */
+    CHECK(cut);
+    CHECK(conv_took_border(1, 1, &cut)); /* the last outputs still read the input */
+    CHECK(!cut);
+    CHECK(!conv_took_border(2, 2, &cut)); /* lhs dilation: the pad stays */
+}
+
 /* ---- Constants ------------------------------------------------------------------------ */
 
 static void test_constants(void)
@@ -1176,6 +1239,7 @@ int main(void)
     test_transposed_dot_operands();
     test_pooled_gradient_mask();
     test_unrolled_pools();
+    test_conv_over_pool_border();
     test_constants();
     test_large_constants();
     test_cse();

@@ -39,7 +39,9 @@ RFI_FUNC rf_status rfi_cse(const rfi_graph *g, rfi_graph **out);
  * the windows' strided slices, the gradient reading a code per window
  * that records where its maximum was (pools.c). Exact, like rfi_simplify,
  * except that a sum of such a gradient over its window becomes the same sum
- * of its cotangent (reordered terms).
+ * of its cotangent (reordered terms), and that a convolution over the zero
+ * border of such a gradient takes it as padding and gives +0 where it read
+ * only padding (NaN there for an infinite kernel).
  * RF_UNROLL_POOLS=0 in the environment: a plain copy. */
 RFI_FUNC rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out);
 /* Whether rfi_unroll_pools unrolls (RF_UNROLL_POOLS is not "0"). */

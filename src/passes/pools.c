@@ -34,6 +34,11 @@
  * double by both backends, as the compiled loops' vectorised sums already
  * reorder).
  *
+ * And a convolution over such a gradient's uncovered border (the input
+ * gradient of the layer before the pool) takes the border's zeros as its own
+ * padding, its outputs that then read only padding cut off and padded back
+ * (conv_over_border): exact for a finite kernel.
+ *
  * Deliberately not here: overlapping or padded windows, sum pools, integer
  * data (they keep their ops). Run by the compiling backends only (the
  * interpreter keeps the ops it defines them by).
@@ -347,6 +352,70 @@ static rfi_node *codes_of(unroller *u, rfi_node *x, const rfi_attrs *at, const w
     return codes;
 }
 
+/* ---- A convolution over a gradient's border ---------------------------------------- */
+
+/* x is a rank-0 float constant +0 (all bytes zero). */
+static bool is_plus_zero(const rfi_node *x)
+{
+    static const unsigned char zero[8];
+    return x->op == RFI_OP_CONSTANT && x->rank == 0 && rfi_dtype_is_float(x->dtype) &&
+           x->attr.data && memcmp(x->attr.data, zero, rf_dtype_size(x->dtype)) == 0;
+}
+
+/* conv(pad(a, +0), w) with the pad on spatial dims only (>= 0, no interior)
+ * and no lhs dilation is conv(a, w) with that pad added to the conv's own:
+ * the interpreter defines a padding position as contributing 0 * w, as the
+ * pad's zeros do, in the same order. Here it meets the border a pool gradient
+ * leaves (scatter_by_codes): the input gradient of the convolution before
+ * a pool that did not cover its output (the cnn's 11x11 -> 5x5).
+ *
+ * Outputs at the end of a spatial dim that then read only padding (their
+ * first position past the input) are zero; they are cut from the
+ * convolution and put back as a pad of +0 after it, which is exact for a
+ * finite kernel (0 * inf would be NaN). The cnn's input gradient then runs
+ * as oneDNN's backward-data of 10x10 to 12x12 instead of 11x11 to 13x13:
+ * 1.08-1.17 against 1.30-1.38 ms alone on two threads. */
+static rfi_node *conv_over_border(unroller *u, const rfi_node *n, rfi_node *const *in)
+{
+    const rfi_node *pad = in[0], *w = in[1];
+    int nsp = n->rank - 2;
+    if (!rfi_dtype_is_float(n->dtype) || pad->op != RFI_OP_PAD || !is_plus_zero(pad->in[1]))
+        return NULL;
+    for (int d = 0; d < pad->rank; d++) {
+        int64_t lo = pad->attr.l[0][d], hi = pad->attr.l[1][d];
+        if (lo < 0 || hi < 0 || pad->attr.l[2][d] != 0 || (d < 2 && (lo || hi)))
+            return NULL;
+    }
+    rfi_attrs a;
+    rfi_attrs_copy(&a, &n->attr);
+    int64_t cut[RF_MAX_RANK] = {0};
+    bool cutting = false;
+    for (int s = 0; s < nsp; s++) {
+        int64_t len = pad->in[0]->dims[2 + s], stride = a.l[0][s];
+        if (a.l[3][s] != 1 || len < 1 || a.l[1][s] < 0)
+            return NULL;
+        a.l[1][s] += pad->attr.l[0][2 + s];
+        a.l[2][s] += pad->attr.l[1][2 + s];
+        int64_t lo = a.l[1][s], reading = (len - 1 + lo) / stride + 1;
+        int64_t hi = (reading - 1) * stride + (w->dims[2 + s] - 1) * a.l[4][s] + 1 - len - lo;
+        if (reading < n->dims[2 + s] && hi >= 0) {
+            cut[2 + s] = n->dims[2 + s] - reading;
+            a.l[2][s] = hi;
+            cutting = true;
+        }
+    }
+    rfi_node *ops[2] = {pad->in[0], (rfi_node *)w};
+    rfi_node *c = rfi_node_new(u->c, RFI_OP_CONVOLUTION, ops, 2, &a, n->dtype, NULL, 0);
+    if (!cutting || !c)
+        return c;
+    rfi_attrs p;
+    memset(&p, 0, sizeof p);
+    p.nl[0] = p.nl[1] = p.nl[2] = n->rank;
+    memcpy(p.l[1], cut, sizeof(int64_t) * (size_t)n->rank);
+    rfi_node *pad_in[2] = {c, scalar(u->c, n->dtype, 0.0)};
+    return rfi_node_new(u->c, RFI_OP_PAD, pad_in, 2, &p, n->dtype, NULL, 0);
+}
+
 /* The rewrite of n over its mapped operands, or NULL to copy it (u->c's
  * status tells a failure). */
 static rfi_node *unroll(unroller *u, const rfi_node *n, rfi_node *const *in)
@@ -368,6 +437,8 @@ static rfi_node *unroll(unroller *u, const rfi_node *n, rfi_node *const *in)
     }
     if (n->op == RFI_OP_REDUCE && rfi_dtype_is_float(n->dtype))
         return sum_of_grad(u, n, in[0]);
+    if (n->op == RFI_OP_CONVOLUTION)
+        return conv_over_border(u, n, in);
     return NULL;
 }
 
