@@ -12,7 +12,9 @@
  * row-major (RF_BLOCKED=0); epilogues of bias, relu and a residual add;
  * the input gradient of a stride-1 layer (a convolution with the flipped
  * kernel) and of strided layers (the output gradient dilated by the stride:
- * in rows only, columns only, both; with the residual's add), next to
+ * in rows only, columns only, both; with the residual's add), weight
+ * gradients reading an output gradient spread by a max pool's codes (2x2
+ * and 3x3 windows), next to
  * convolutions that stay library calls (3 output channels, 16 input
  * channels).
  *
@@ -88,6 +90,33 @@ static rf_model *wide_outputs(void)
                     rf_conv2d(3, 3, 4, 24, RF_ACT_RELU, &p1),
                     rf_conv2d(3, 3, 24, 16, RF_ACT_RELU, &p1), rf_flatten_layer(),
                     rf_dense(16 * 12 * 12, 10, RF_ACT_IDENTITY));
+}
+
+/* 12x12 images: 1 -> 32, a 2x2 max pool, 32 -> 4, 4 -> 16, a 3x3 max pool.
+ * The first layer's weight gradient reads its output gradient spread by the
+ * pool's codes (kir.h, spread; no step materialises it) where it is a loop
+ * (channel-blocked); the second pool's spread gradient also feeds the
+ * 4 -> 16 layer's input gradient, so that layer's weight gradient reads it
+ * materialised. */
+static rf_model *pooled(void)
+{
+    rf_nn_seed(24);
+    rf_conv_opts p1 = conv_opts(1, 1, 1, 1);
+    return rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, &p1), rf_maxpool(2, 2, 0, 0),
+                    rf_conv2d(3, 3, 32, 4, RF_ACT_RELU, &p1),
+                    rf_conv2d(3, 3, 4, 16, RF_ACT_RELU, &p1), rf_maxpool(3, 3, 0, 0),
+                    rf_flatten_layer(), rf_dense(16 * 2 * 2, 10, RF_ACT_IDENTITY));
+}
+
+/* 12x12 images: 1 -> 16 and a 3x3 max pool, whose spread gradient the
+ * weight gradient reads in 16-channel blocks, in 8-channel ones (two
+ * vectors) and row-major (where a vector holds 16 floats). */
+static rf_model *pooled_3x3(void)
+{
+    rf_nn_seed(25);
+    rf_conv_opts p1 = conv_opts(1, 1, 1, 1);
+    return rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, &p1), rf_maxpool(3, 3, 0, 0),
+                    rf_flatten_layer(), rf_dense(16 * 4 * 4, 10, RF_ACT_IDENTITY));
 }
 
 typedef rf_model *(*model_fn)(void);
@@ -265,6 +294,8 @@ int main(void)
     compare_variants(odd_shapes, 13, 29, "odd shapes");
     compare_variants(residual, 12, 12, "residual");
     compare_variants(wide_outputs, 12, 12, "wide outputs");
+    compare_variants(pooled, 12, 12, "pooled");
+    compare_variants(pooled_3x3, 12, 12, "pooled 3x3");
     sweep(SWEEP_FORWARD, 10);
     sweep(SWEEP_DILATED, 8);
     sweep(SWEEP_WEIGHT_GRAD, 8);

@@ -1255,7 +1255,7 @@ static void test_direct_convs(void)
 
 /* (j) With 8-channel blocks (an AVX2 machine's), the weight gradients of
  * few input channels to more than 16 outputs become loops too, one vector
- * per block (kir_conv.c vectors_of_8): 1 -> 32 and 4 -> 24 here; with
+ * per block (kir_conv.c gradient_vectors): 1 -> 32 and 4 -> 24 here; with
  * 16-channel blocks they stay calls. */
 static void test_direct_weight_grads_c8(void)
 {
@@ -1288,6 +1288,68 @@ static void test_direct_weight_grads_c8(void)
     cnn_case_free(&k);
 }
 
+/* (k) A first layer's weight gradient over a max pool's spread gradient
+ * (kir.h, spread): after the passes the CPU backend runs, the 1 -> 32
+ * layer's weight gradient is a loop (16- or 8-channel blocks) that reads the
+ * pooled cotangent and the codes, and the LOOP step that spread them to the
+ * 26x26 output gradient is left out of the module. Without direct
+ * convolutions that step stays. */
+static void test_spread_weight_grad(void)
+{
+    rf_nn_seed(9);
+    cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
+                                         rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
+                                         rf_dense(32 * 13 * 13, 10, RF_ACT_IDENTITY)));
+    rfi_graph *simple = NULL, *shared = NULL, *g = NULL;
+    CHECK_OK(rfi_simplify(k.g, &simple));
+    if (simple)
+        CHECK_OK(rfi_cse(simple, &shared));
+    if (shared)
+        CHECK_OK(rfi_unroll_pools(shared, &g));
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    o.blocked_activations = true;
+    for (int v = 0; g && v < 3; v++) {
+        o.direct_convs = v > 0;
+        o.channel_blocks = v == 2 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+        rfi_plan *p = NULL;
+        rfi_kir_module *km = NULL;
+        char *source = plan_and_render(g, &o, &p, &km);
+        int spread = 0, left_out = -1, lowered_loops = 0, loops = 0;
+        for (int q = 0; p && q < p->n_steps; q++) {
+            rfi_kir_conv d;
+            loops += p->steps[q].kind == RFI_STEP_LOOP;
+            if (!rfi_kir_direct_conv(p, q, &d) || !d.spread)
+                continue;
+            spread++;
+            left_out = d.spread_step;
+            CHECK(d.kind == RFI_KIR_CONV_WEIGHT_GRAD && d.c == 1 && d.o == 32);
+            CHECK(d.win[0] == 2 && d.win[1] == 2 && d.lanes == (v == 2 ? 8 : 16));
+            CHECK(d.w_layout == (v == 2 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16));
+            const rfi_step *st = &p->steps[d.spread_step];
+            CHECK(st->kind == RFI_STEP_LOOP && st->n_roots == 1 &&
+                  p->g->nodes[st->roots[0]]->dims[2] == 26);
+        }
+        for (int q = 0; p && q < p->n_steps; q++) { /* a segmented loop lowers to pieces */
+            bool lowered = false;
+            for (int s = 0; km && s < km->n_steps; s++)
+                lowered |= km->steps[s].step == q;
+            lowered_loops += lowered && p->steps[q].kind == RFI_STEP_LOOP;
+            CHECK(!lowered || q != left_out);
+        }
+        CHECK(spread == (v > 0));
+        CHECK(lowered_loops == loops - (v > 0));
+        CHECK(source && (strstr(source, "spread from c->w") != NULL) == (v > 0));
+        rfi_free(source);
+        rfi_kir_free(km);
+        rfi_plan_free(p);
+    }
+    rfi_graph_free(g);
+    rfi_graph_free(shared);
+    rfi_graph_free(simple);
+    cnn_case_free(&k);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -1306,5 +1368,6 @@ int main(void)
     test_index_math();
     test_direct_convs();
     test_direct_weight_grads_c8();
+    test_spread_weight_grad();
     return tu_finish("test_plan");
 }

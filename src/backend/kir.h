@@ -163,7 +163,13 @@ typedef enum rfi_kir_step_kind {
  *     convolution computes it, before its transpose) with
  *     y[ci, o, a, b] = sum over n, i, j of
  *       x[n, ci, i*stride[0] + a - pad[0], j*stride[1] + b - pad[1]] * w[n, o, i, j]
- *     and no epilogue.
+ *     and no epilogue. With `spread` the output gradient is a max pool's
+ *     gradient (passes/pools.c) that no step materialises: w[n, o, i, j] =
+ *     codes[n, o, i / win[0], j / win[1]] == i % win[0] * win[1] + j % win[1]
+ *     ? +0 + g[n, o, i / win[0], j / win[1]] : +0, with g (the pooled
+ *     cotangent [n, o, oh / win[0], ow / win[1]]) at w_buffer and the i32
+ *     codes at codes_buffer, both in w_layout; plan step spread_step, which
+ *     would have materialised it, is left out of the module.
  * x (xd) is zero outside its extent. */
 typedef enum rfi_kir_conv_kind {
     RFI_KIR_CONV_FORWARD,
@@ -185,6 +191,10 @@ typedef struct rfi_kir_conv {
     rfi_epi_kind epi[RFI_EPI_MAX];
     int epi_buffer[RFI_EPI_MAX]; /* BIAS, ADD: the operand's buffer; else -1 */
     size_t epi_offset[RFI_EPI_MAX];
+    bool spread;            /* WEIGHT_GRAD: w is a pool gradient spread from g by codes */
+    int64_t win[2];         /* spread: the pool's windows */
+    int codes_buffer, spread_step;
+    size_t codes_offset;
 } rfi_kir_conv;
 
 typedef struct rfi_kir_step {

@@ -19,8 +19,9 @@
  * The choice: fewer than 16 input channels (16 for a dilated input) and 8
  * or 16 output channels (one vector of them; 16 only where the machine's
  * vectors hold 16 floats), with kernels up to 7x7; and,
- * where the machine's vectors hold 8 floats, weight gradients of few input
- * channels to more outputs (vectors_of_8 below). There the library is at
+ * where the machine's vectors hold 8 floats or the output gradient is a
+ * spread pool gradient, weight gradients of few input channels to more
+ * outputs (gradient_vectors below). There the library is at
  * its slowest: on a 2-core AVX-512 machine, oneDNN ran the ResNet's 8 -> 8
  * channel 3x3 convolutions at ~95 GFLOP/s and its 1 -> 8 first layer at
  * ~30, where the generated loop (one vector of output channels times a row
@@ -38,6 +39,7 @@
  * (c*kh*kw*o floats) and the padded input rows (kh rows of the width the
  * outputs read).
  */
+#include <math.h>
 #include <string.h>
 
 #include "kir.h"
@@ -48,7 +50,7 @@
 #define DIRECT_MAX_WEIGHTS 4096 /* c * kh * kw * o floats: the forward's kernel table */
 #define DIRECT_MAX_GRADIENT 1536 /* the same for a weight gradient's partials (per chunk) */
 #define DIRECT_MAX_ROWS 8192    /* kh * padded width * c floats */
-#define DIRECT_MAX_VECTORS 8    /* a weight gradient's vectors of 8 output channels */
+#define DIRECT_MAX_VECTORS 8    /* a weight gradient's outputs: 8 vectors of 8 at most */
 
 /* Materialised node x's buffer and offset; false when x has none (inline). */
 static bool buffer_of(const rfi_plan *p, const rfi_node *x, int *buffer, size_t *offset)
@@ -122,6 +124,106 @@ static const rfi_node *viewed(const rfi_plan *p, const rfi_node *n, int k)
     return t->in[0];
 }
 
+/* ---- An output gradient spread by a max pool's codes ----------------------------------- */
+
+/* x is broadcast_in_dim of v mapping its dims to `map` (n entries). */
+static bool broadcast_of(const rfi_node *x, const rfi_node *v, const int64_t *map, int n)
+{
+    if (x->op != RFI_OP_BROADCAST_IN_DIM || x->in[0] != v || x->attr.nl[0] != n)
+        return false;
+    return memcmp(x->attr.l[0], map, sizeof(int64_t) * (size_t)n) == 0;
+}
+
+/* x is a splat of f32 +0 (a broadcast of a rank-0 constant with zero bytes). */
+static bool is_plus_zero_splat(const rfi_node *x)
+{
+    const rfi_node *k = x->op == RFI_OP_BROADCAST_IN_DIM ? x->in[0] : x;
+    float v = 1.0f;
+    if (k->op != RFI_OP_CONSTANT || k->rank != 0 || k->dtype != RF_F32 || !k->attr.data)
+        return false;
+    memcpy(&v, k->attr.data, sizeof v);
+    return v == 0.0f && !signbit(v);
+}
+
+/* k is an i32 constant [wh, ww] numbering its points 0, 1, ... row-major. */
+static bool is_point_numbers(const rfi_node *k, int64_t wh, int64_t ww)
+{
+    if (k->op != RFI_OP_CONSTANT || k->dtype != RF_I32 || k->rank != 2 || k->dims[0] != wh ||
+        k->dims[1] != ww || !k->attr.data)
+        return false;
+    for (int64_t p = 0; p < wh * ww; p++) {
+        int32_t v;
+        memcpy(&v, (const char *)k->attr.data + p * (int64_t)sizeof v, sizeof v);
+        if (v != p)
+            return false;
+    }
+    return true;
+}
+
+/* The one step that materialises dy and nothing else, when no node but the
+ * transpose t reads dy and nothing but conv n reads t; else -1. */
+static int sole_step_of(const rfi_plan *p, const rfi_node *dy, const rfi_node *t,
+                        const rfi_node *n)
+{
+    const rfi_graph *g = p->g;
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == dy || g->outputs[i] == t)
+            return -1;
+    for (int i = 0; i < g->n_updates; i++)
+        if (g->updates[i].value == dy)
+            return -1;
+    for (int id = dy->id + 1; id < g->n_nodes; id++) {
+        const rfi_node *u = g->nodes[id];
+        for (int k = 0; k < u->n_in; k++)
+            if ((u->in[k] == dy && u != t) || (u->in[k] == t && u != n))
+                return -1;
+    }
+    for (int s = 0; s < p->n_steps; s++)
+        if (p->steps[s].kind == RFI_STEP_LOOP && p->steps[s].n_roots == 1 &&
+            p->steps[s].roots[0] == dy->id)
+            return s;
+    return -1;
+}
+
+/* dy [N, O, OH, OW], read by weight-gradient convolution n through transpose
+ * t, is exactly the spread of passes/pools.c's scatter_by_codes with 2-D
+ * windows that cover it,
+ *   reshape(select(codes_b == points_b, +0 + g_b, +0)) over [N, O, PH, WH, PW, WW],
+ * from materialised codes and g in one layout, and only n reads it: d gets
+ * the spread's description. */
+static bool describe_spread(const rfi_plan *p, const rfi_node *dy, const rfi_node *t,
+                            const rfi_node *n, rfi_kir_conv *d)
+{
+    static const int64_t over_windows[4] = {0, 1, 2, 4}, window_points[2] = {3, 5};
+    const rfi_node *sel = dy->op == RFI_OP_RESHAPE ? dy->in[0] : NULL;
+    if (!sel || sel->op != RFI_OP_SELECT || sel->rank != 6 || dy->rank != 4 ||
+        sel->dims[0] != dy->dims[0] || sel->dims[1] != dy->dims[1] ||
+        sel->dims[2] * sel->dims[3] != dy->dims[2] || sel->dims[4] * sel->dims[5] != dy->dims[3])
+        return false;
+    const rfi_node *eq = sel->in[0], *value = sel->in[1];
+    if (eq->op != RFI_OP_COMPARE || eq->attr.i[0] != RF_EQ || !is_plus_zero_splat(sel->in[2]) ||
+        value->op != RFI_OP_ADD || !is_plus_zero_splat(value->in[0]))
+        return false;
+    const rfi_node *codes = eq->in[0]->in[0], *g = value->in[1]->in[0];
+    const rfi_node *points = eq->in[1]->in[0];
+    if (!broadcast_of(eq->in[0], codes, over_windows, 4) || codes->dtype != RF_I32 ||
+        !broadcast_of(eq->in[1], points, window_points, 2) ||
+        !is_point_numbers(points, sel->dims[3], sel->dims[5]) ||
+        !broadcast_of(value->in[1], g, over_windows, 4) || g->dtype != RF_F32)
+        return false;
+    int step = sole_step_of(p, dy, t, n);
+    if (step < 0 || rfi_plan_layout(p, codes->id) != rfi_plan_layout(p, g->id) ||
+        !buffer_of(p, codes, &d->codes_buffer, &d->codes_offset) ||
+        !buffer_of(p, g, &d->w_buffer, &d->w_offset))
+        return false;
+    d->spread = true;
+    d->spread_step = step;
+    d->win[0] = sel->dims[3];
+    d->win[1] = sel->dims[5];
+    d->w_layout = rfi_plan_layout(p, g->id);
+    return true;
+}
+
 /* WEIGHT_GRAD: conv(lhs = x^T [c, n, h, w], rhs = dy^T [o, n, oh, ow]) =
  * [c, o, kh, kw], res[c, o, q] = sum over n, p of lhs[c, n, q + p*r - lo] *
  * rhs[o, n, p] (r its rhs dilation: the forward's stride; lo its low
@@ -132,7 +234,10 @@ static bool describe_weight_grad(const rfi_plan *p, const rfi_node *n, rfi_kir_c
     if (!x || !dy || !plain_conv(n, true, false, true))
         return false;
     buffer_of(p, x, &d->x_buffer, &d->x_offset);
-    buffer_of(p, dy, &d->w_buffer, &d->w_offset);
+    if (!describe_spread(p, dy, n->in[1], n, d)) {
+        buffer_of(p, dy, &d->w_buffer, &d->w_offset);
+        d->w_layout = rfi_plan_layout(p, dy->id);
+    }
     d->kind = RFI_KIR_CONV_WEIGHT_GRAD;
     d->n = x->dims[0], d->c = x->dims[1], d->h = x->dims[2], d->w = x->dims[3];
     d->o = dy->dims[1], d->kh = n->dims[2], d->kw = n->dims[3];
@@ -143,7 +248,6 @@ static bool describe_weight_grad(const rfi_plan *p, const rfi_node *n, rfi_kir_c
         d->dilation[s] = 1;
     }
     d->x_layout = rfi_plan_layout(p, x->id);
-    d->w_layout = rfi_plan_layout(p, dy->id);
     return dy->dims[0] == d->n;
 }
 
@@ -171,17 +275,28 @@ static bool describe_epilogue(const rfi_plan *p, const rfi_step *st, rfi_kir_con
     return true;
 }
 
-/* A weight gradient of few input channels to more than 16 outputs, whose
- * output gradient is in 8-channel blocks (where the machine's vectors hold
- * 8 floats: AVX2): one loop over the blocks, a vector each. oneDNN's AVX2
- * weight-gradient kernel pads the input channels to a block of 8, where its
- * AVX-512 one has a first-layer form: the cnn's 1 -> 32 layer (64 images)
- * took 3.0-3.3 ms in oneDNN against 0.58 in the loops on a 2-core AVX2
- * machine (the step 16.5-16.9 ms against 11.8-12.4). */
-static bool vectors_of_8(const rfi_kir_conv *d)
+/* A weight gradient of few input channels to more outputs than a vector
+ * holds, whose output gradient is channel-blocked: one loop over the blocks,
+ * a vector each, when
+ *   - the blocks hold 8 (where the machine's vectors hold 8 floats: AVX2).
+ *     oneDNN's AVX2 weight-gradient kernel pads the input channels to a
+ *     block of 8, where its AVX-512 one has a first-layer form: the cnn's
+ *     1 -> 32 layer (64 images) took 3.0-3.3 ms in oneDNN against 0.58 in
+ *     the loops on a 2-core AVX2 machine (the step 16.5-16.9 ms against
+ *     11.8-12.4);
+ *   - or the output gradient is a spread pool gradient (describe_spread),
+ *     any block: the loop reads the pooled cotangent and the codes, 1/4 of
+ *     the spread (1.4 + 1.4 MB against 5.5 MB for the cnn's first layer),
+ *     and the step that wrote the spread goes. On a 2-core AVX-512 machine
+ *     that loop alone took as long as oneDNN's kernel (0.18-0.21 against
+ *     0.18-0.22 ms in the step), and the spread's loop took 0.19-0.26 ms. */
+static bool gradient_vectors(const rfi_kir_conv *d)
 {
-    return d->kind == RFI_KIR_CONV_WEIGHT_GRAD && d->w_layout == RFI_LAYOUT_C8 &&
-           d->o % 8 == 0 && d->o <= DIRECT_MAX_VECTORS * 8;
+    if (d->kind != RFI_KIR_CONV_WEIGHT_GRAD || !rfi_layout_blocked(d->w_layout) ||
+        (d->w_layout != RFI_LAYOUT_C8 && !d->spread))
+        return false;
+    int64_t block = rfi_layout_block(d->w_layout);
+    return d->o % block == 0 && d->o <= DIRECT_MAX_VECTORS * 8;
 }
 
 /* A forward convolution to 16 output channels where the machine's vectors
@@ -201,7 +316,7 @@ static bool forward_vectors_of_8(const rfi_plan *p, const rfi_kir_conv *d)
  * floats (the plan's channel blocks say which): gcc lowers a 16-lane vector
  * on AVX2 to pairs of 8-lane operations with spills, and an 8 -> 16
  * strided forward took 5.6 ms as such a loop against oneDNN's 0.9; there
- * the loops take 8 at a time (vectors_of_8, forward_vectors_of_8). */
+ * the loops take 8 at a time (gradient_vectors, forward_vectors_of_8). */
 static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
 {
     int64_t padded_width = (d->ow - 1) * d->stride[1] + d->kw;
@@ -209,7 +324,7 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
     int64_t most = d->kind == RFI_KIR_CONV_FORWARD ? DIRECT_MAX_WEIGHTS : DIRECT_MAX_GRADIENT;
     bool dilated = d->dilation[0] > 1 || d->dilation[1] > 1;
     bool one_vector = d->o == 8 || (d->o == 16 && p->channel_blocks == RFI_LAYOUT_C16);
-    bool vectors = vectors_of_8(d) || forward_vectors_of_8(p, d);
+    bool vectors = gradient_vectors(d) || forward_vectors_of_8(p, d);
     return d->c <= DIRECT_MAX_IN_CHANNELS + dilated && (one_vector || vectors) &&
            d->kh <= DIRECT_MAX_KERNEL && d->kw <= DIRECT_MAX_KERNEL && table <= most &&
            d->kh * padded_width * d->c <= DIRECT_MAX_ROWS && d->n * d->oh * d->ow > 0;

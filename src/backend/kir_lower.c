@@ -1428,6 +1428,19 @@ static rf_status lower_copy_step(const rfi_plan *p, rfi_kir_module *m, int s)
     return RF_OK;
 }
 
+/* Per plan step: whether a direct convolution computes its value itself (a
+ * spread pool gradient, kir.h), so that it is not lowered. NULL: no memory. */
+static bool *left_out_steps(const rfi_plan *p)
+{
+    bool *left_out = rfi_calloc((size_t)(p->n_steps > 0 ? p->n_steps : 1), sizeof(bool));
+    for (int s = 0; left_out && s < p->n_steps; s++) {
+        rfi_kir_conv conv;
+        if (rfi_kir_direct_conv(p, s, &conv) && conv.spread)
+            left_out[conv.spread_step] = true;
+    }
+    return left_out;
+}
+
 rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
 {
     *out = NULL;
@@ -1444,8 +1457,11 @@ rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
         return rfi_error(RF_E_NOMEM, "kir: out of memory");
     }
     m->n_buffers = rfi_plan_n_buffers(p);
-    rf_status st = RF_OK;
+    bool *left_out = left_out_steps(p);
+    rf_status st = left_out ? RF_OK : rfi_error(RF_E_NOMEM, "kir: out of memory");
     for (int s = 0; s < p->n_steps && st == RF_OK; s++) {
+        if (left_out[s])
+            continue;
         switch (p->steps[s].kind) {
         case RFI_STEP_LOOP:
         case RFI_STEP_REDUCE: st = lower_kernel_step(&L, m, s); break;
@@ -1458,6 +1474,7 @@ rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
     rfi_kir_kernel_free(L.k);
     rfi_free((void *)L.is_root);
     rfi_free(L.memo);
+    rfi_free(left_out);
     if (st != RF_OK) {
         rfi_kir_free(m);
         return st;

@@ -49,7 +49,9 @@
  *   (ky, kx, ci), one accumulator each (the c points of one (ky, kx) in a
  *   loop over them when there are 4 to 12 input channels: one copy of the
  *   code), and for every output of the row loads one vector of the output
- *   gradient and adds input times gradient to every accumulator. _combine
+ *   gradient and adds input times gradient to every accumulator (a spread
+ *   pool gradient, kir.h, is first written row by row into a small table
+ *   from the pooled cotangent and the codes: spread_row). _combine
  *   then adds the chunks' partials in chunk order into y [c, o, kh, kw], so
  *   the result does not depend on the thread count.
  *
@@ -314,6 +316,8 @@ static void ctx_struct(rfi_strbuf *sb, const rfi_kir_conv *d, const char *kname)
             rfi_sb_printf(sb, "    const float *restrict e%d;\n", e);
     if (d->kind == RFI_KIR_CONV_WEIGHT_GRAD)
         rfi_sb_printf(sb, "    float *restrict part; /* [chunks][kh][kw][c][o] */\n");
+    if (d->spread)
+        rfi_sb_printf(sb, "    const int32_t *restrict codes; /* w: the pooled cotangent */\n");
     rfi_sb_printf(sb, "};\n\n");
 }
 
@@ -336,6 +340,10 @@ static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
                       f->n_phases > 1 ? "s" : "", (long long)f->block_max);
     else
         rfi_sb_printf(&text, "%lld chunks of rows", (long long)f->chunks);
+    if (d->spread)
+        rfi_sb_printf(&text, ";\nthe output gradient spread here from a %lldx%lld pool's "
+                      "codes (step %d left out)", (long long)d->win[0], (long long)d->win[1],
+                      d->spread_step);
     const char *nodes = st->comment ? strchr(st->comment, '\n') : NULL;
     if (nodes)
         rfi_sb_printf(&text, "%s", nodes);
@@ -489,15 +497,61 @@ static void forward_kernel(const conv_form *f, const char *kname, rfi_strbuf *de
 
 /* ---- Weight gradient ------------------------------------------------------------------ */
 
+/* Row (n, i) of a spread output gradient (kir.h), written into `drow`
+ * [ow][o]: each element the pooled cotangent's where its window's code
+ * names its point, else +0, computed as the interpreter computes the spread
+ * (+0 + g). The cotangent is loaded whatever the code (a conditional load
+ * kept gcc from vectorising the loop), and a blocked one a block of
+ * channels at a time, contiguous. */
+static void spread_row(rfi_strbuf *sb, const conv_form *f)
+{
+    const rfi_kir_conv *d = f->d;
+    long long O = (long long)d->o, OW = (long long)d->ow, L = (long long)f->lanes;
+    long long WH = (long long)d->win[0], WW = (long long)d->win[1];
+    long long PH = (long long)(d->oh / d->win[0]), PW = (long long)(d->ow / d->win[1]);
+    bool blocked = rfi_layout_blocked(d->w_layout);
+    long long per = blocked ? L : O; /* channels of one inner loop */
+    char at[160];
+    if (blocked) /* [N, O/L, PH, PW, L] */
+        snprintf(at, sizeof at,
+                 "(((n * %lld + ob) * %lld + i / %lld) * %lld + j / %lld) * %lld + o", O / L, PH,
+                 WH, PW, WW, L);
+    else if (d->w_layout == RFI_LAYOUT_NHWC) /* [N, PH, PW, O] */
+        snprintf(at, sizeof at, "((n * %lld + i / %lld) * %lld + j / %lld) * %lld + o", PH, WH,
+                 PW, WW, O);
+    else /* [N, O, PH, PW] */
+        snprintf(at, sizeof at, "((n * %lld + o) * %lld + i / %lld) * %lld + j / %lld", O, PH, WH,
+                 PW, WW);
+    rfi_sb_printf(sb,
+                  "            for (int64_t ob = 0; ob < %lld; ob++) /* spread from c->w */\n"
+                  "                for (int64_t j = 0; j < %lld; j++) {\n"
+                  "                    const int32_t point =\n"
+                  "                        (int32_t)(i %% %lld * %lld + j %% %lld);\n"
+                  "                    float *restrict to = drow + j * %lld + ob * %lld;\n"
+                  "                    #pragma omp simd\n"
+                  "                    for (int64_t o = 0; o < %lld; o++) {\n"
+                  "                        const int64_t at = %s;\n"
+                  "                        const float v = 0.0f + c->w[at];\n"
+                  "                        to[o] = c->codes[at] == point ? v : 0.0f;\n"
+                  "                    }\n"
+                  "                }\n",
+                  O / per, OW, WH, WW, WW, O, per, per, at);
+}
+
 /* Row (n, i) of the output gradient: the vector of output channels ob * L
  * .. ob * L + L - 1 (L lanes) at column j is at `base` + j * *step. A
- * row-major gradient is gathered into `drow` [ow][o] first. */
+ * row-major or spread gradient is gathered into `drow` [ow][o] first. */
 static void gradient_row(rfi_strbuf *sb, const conv_form *f, char *base, size_t n, int64_t *step)
 {
     const rfi_kir_conv *d = f->d;
     long long O = (long long)d->o, OH = (long long)d->oh, OW = (long long)d->ow;
     long long L = (long long)f->lanes;
     *step = d->o;
+    if (d->spread) {
+        spread_row(sb, f);
+        snprintf(base, n, "drow + ob * %lld", L);
+        return;
+    }
     if (rfi_layout_blocked(d->w_layout)) { /* [N, O/L, OH, OW, L] */
         snprintf(base, n, "c->w + ((n * %lld + ob) * %lld + i) * %lld", O / L, OH, OW * L);
         *step = L;
@@ -618,7 +672,7 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
                   "    const float *restrict x = c->x;\n",
                   kname, kname);
     rows_table(def, f);
-    if (d->w_layout != RFI_LAYOUT_NHWC && !rfi_layout_blocked(d->w_layout))
+    if (d->spread || (d->w_layout != RFI_LAYOUT_NHWC && !rfi_layout_blocked(d->w_layout)))
         rfi_sb_printf(def, "    float drow[%lld]; /* [ow][o] */\n", (long long)(d->ow * O));
     rfi_sb_printf(def,
                   "    for (int64_t q = lo; q < hi; q++) {\n"
@@ -631,7 +685,8 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
     char base[200];
     int64_t step;
     gradient_row(def, f, base, sizeof base, &step);
-    prefetch_gradient_row(def, f);
+    if (!d->spread) /* a spread row reads 1/win of a row of the (small) cotangent */
+        prefetch_gradient_row(def, f);
     rfi_sb_printf(def,
                   "            for (int64_t ob = 0; ob < %lld; ob++) { /* vectors of o */\n"
                   "                float *restrict acc = part + ob * %lld;\n",
@@ -680,7 +735,8 @@ bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
         a->o != b->o || a->lanes != b->lanes || a->kh != b->kh || a->kw != b->kw ||
         a->oh != b->oh || a->ow != b->ow ||
         a->x_layout != b->x_layout || a->w_layout != b->w_layout ||
-        a->y_layout != b->y_layout || a->n_epi != b->n_epi)
+        a->y_layout != b->y_layout || a->n_epi != b->n_epi || a->spread != b->spread ||
+        (a->spread && (a->win[0] != b->win[0] || a->win[1] != b->win[1])))
         return false;
     for (int s = 0; s < 2; s++)
         if (a->stride[s] != b->stride[s] || a->pad[s] != b->pad[s] ||
@@ -714,7 +770,12 @@ void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, rfi_strbuf *s
             rfi_sb_printf(sb, ", ");
             rfi_render_c_pointer(sb, "float", d->epi_buffer[e], d->epi_offset[e]);
         }
-    rfi_sb_printf(sb, grad ? ", part};\n" : "};\n");
+    rfi_sb_printf(sb, grad ? ", part" : "");
+    if (d->spread) {
+        rfi_sb_printf(sb, ", ");
+        rfi_render_c_pointer(sb, "int32_t", d->codes_buffer, d->codes_offset);
+    }
+    rfi_sb_printf(sb, "};\n");
     if (grad) {
         rfi_sb_printf(sb, "        s->parallel_for(s->rt, %lld, 1, %s, &c);\n"
                           "        %s_combine(&c);\n    }\n",
