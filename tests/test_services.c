@@ -477,8 +477,9 @@ static bool has_avx512_core(void)
 /* The rule's choices that depend on the form: Winograd for 3x3 stride-1
  * forward and weight-gradient forms with >= 32 channels (where oneDNN has it:
  * AVX-512 CPUs), backward-data for the widely padded input gradient of an
- * unpadded 3x3, and the direct kernels once RF_CONV_WINOGRAD=0. Each result
- * is within the contraction bound of run_case (1e-5 of sum |x||w|). */
+ * unpadded 3x3, Winograd's where that gradient is whole 4x4 tiles (12x12),
+ * and the direct kernels once RF_CONV_WINOGRAD=0. Each result is within the
+ * contraction bound of run_case (1e-5 of sum |x||w|). */
 static void test_conv_rule_paths(void)
 {
     static const conv_case forward = {"wide 3x3 forward", 4, {4, 32, 9, 9}, {48, 32, 3, 3},
@@ -487,7 +488,12 @@ static void test_conv_rule_paths(void)
                                           {40, 4, 9, 9}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1};
     static const conv_case input_grad = {"unpadded 3x3 input grad", 4, {4, 40, 9, 9},
                                          {32, 40, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0}, 1, 1};
+    static const conv_case tiled_grad = {"unpadded 3x3 input grad, 12x12", 4, {4, 40, 10, 10},
+                                         {32, 40, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0}, 1, 1};
     bool avx512 = has_avx512_core();
+    case_result t = run_conv(&tiled_grad, RF_F32, false);
+    printf("conv rule: %s -> %s (%.3g)\n", tiled_grad.name, t.path, t.worst);
+    CHECK(!strcmp(t.path, avx512 ? "bwd-data-winograd" : "bwd-data"));
     case_result f = run_conv(&forward, RF_F32, false);
     case_result k = run_conv(&kernel_grad, RF_F32, true);
     case_result d = run_conv(&input_grad, RF_F32, false);
@@ -504,9 +510,11 @@ static void test_conv_rule_paths(void)
     setenv("RF_CONV_WINOGRAD", "0", 1);
     f = run_conv(&forward, RF_F32, false);
     k = run_conv(&kernel_grad, RF_F32, false);
+    t = run_conv(&tiled_grad, RF_F32, false);
     unsetenv("RF_CONV_WINOGRAD");
     CHECK(!strcmp(f.path, "forward"));
     CHECK(!strcmp(k.path, "bwd-weights"));
+    CHECK(!strcmp(t.path, "bwd-data"));
 }
 
 /* RF_CONV_WINOGRAD=1: Winograd wherever oneDNN takes it, below the channel

@@ -23,10 +23,10 @@
  * form the autodiff emits (image-sized kernel), its forward for small
  * kernels, its backward-data for lhs-dilated forms (the input gradient of a
  * strided convolution), each in its preferred blocked layouts with reorders
- * from and to the plain buffers. Forward and backward-weights 3x3 forms with
- * enough channels use oneDNN's Winograd algorithm instead of its direct one
- * (winograd_wanted: measured faster there, and its rounding error stays
- * within the tests' 1e-5 bound relative to sum |x||w|). RF_CONV_PATH
+ * from and to the plain buffers. 3x3 forms with enough channels (and, for
+ * backward-data, whole 4x4 tiles) use oneDNN's Winograd algorithm instead of
+ * its direct one (winograd_wanted: measured faster there, and its rounding
+ * error stays within the tests' 1e-5 bound relative to sum |x||w|). RF_CONV_PATH
  * (im2col, forward, bwd-weights, bwd-data) in the environment before prepare
  * forces a path (if the form allows it; else im2col): for tests and
  * benchmarks.
@@ -882,22 +882,24 @@ static int64_t narrowest_channels(const dnnl_conv_spec *sp)
  * images against oneDNN's direct kernels, both on blocked layouts: 32 -> 64
  * channels at 13x13 1.9x faster forward and 1.7x backward-weights, 64 -> 64
  * at 7x7 1.35x and 1.8x, 32 -> 32 at 14x14 1.1x; but 16 -> 16 at 14x14 2.6x
- * slower forward and 8 -> 8 at 28x28 1.3x slower. Backward-data gained
- * nothing measurable and is not offered. */
+ * slower forward and 8 -> 8 at 28x28 1.3x slower. Backward-data, which
+ * tiles its result (the forward's input) in 4x4, only where that splits into
+ * whole tiles: the cnn's 64 -> 32 input gradient (64 images, two threads)
+ * took 0.77-0.81 ms against 1.10-1.11 direct at 12x12, but 1.34-1.47
+ * against 1.35-1.37 at 13x13 (16 tiles for 169 points). */
 static bool winograd_wanted(const dnnl_conv_spec *sp)
 {
     const char *env = getenv("RF_CONV_WINOGRAD");
     if (env && *env == '0')
         return false;
-    if (sp->kind != PATH_FORWARD && sp->kind != PATH_BWD_WEIGHTS)
-        return false;
     if (env && *env == '1')
         return true;
-    const tensor_spec *w = &sp->t[sp->wei];
+    const tensor_spec *w = &sp->t[sp->wei], *x = &sp->t[sp->src];
     if (w->ndims != 4 || w->dims[2] != 3 || w->dims[3] != 3)
         return false;
     for (int d = 0; d < 2; d++)
-        if (sp->strides[d] != 1 || sp->dilates[d] != 0)
+        if (sp->strides[d] != 1 || sp->dilates[d] != 0 ||
+            (sp->kind == PATH_BWD_DATA && x->dims[2 + d] % 4 != 0))
             return false;
     return narrowest_channels(sp) >= WINOGRAD_MIN_CHANNELS;
 }
