@@ -126,12 +126,14 @@ static const rfi_node *viewed(const rfi_plan *p, const rfi_node *n, int k)
 
 /* ---- An output gradient spread by a max pool's codes ----------------------------------- */
 
-/* x is broadcast_in_dim of v mapping its dims to `map` (n entries). */
-static bool broadcast_of(const rfi_node *x, const rfi_node *v, const int64_t *map, int n)
+/* The operand of x when x is broadcast_in_dim mapping its dims to `map` (n
+ * entries), else NULL. */
+static const rfi_node *broadcast_operand(const rfi_node *x, const int64_t *map, int n)
 {
-    if (x->op != RFI_OP_BROADCAST_IN_DIM || x->in[0] != v || x->attr.nl[0] != n)
-        return false;
-    return memcmp(x->attr.l[0], map, sizeof(int64_t) * (size_t)n) == 0;
+    if (x->op != RFI_OP_BROADCAST_IN_DIM || x->attr.nl[0] != n ||
+        memcmp(x->attr.l[0], map, sizeof(int64_t) * (size_t)n) != 0)
+        return NULL;
+    return x->in[0];
 }
 
 /* x is a splat of f32 +0 (a broadcast of a rank-0 constant with zero bytes). */
@@ -204,12 +206,11 @@ static bool describe_spread(const rfi_plan *p, const rfi_node *dy, const rfi_nod
     if (eq->op != RFI_OP_COMPARE || eq->attr.i[0] != RF_EQ || !is_plus_zero_splat(sel->in[2]) ||
         value->op != RFI_OP_ADD || !is_plus_zero_splat(value->in[0]))
         return false;
-    const rfi_node *codes = eq->in[0]->in[0], *g = value->in[1]->in[0];
-    const rfi_node *points = eq->in[1]->in[0];
-    if (!broadcast_of(eq->in[0], codes, over_windows, 4) || codes->dtype != RF_I32 ||
-        !broadcast_of(eq->in[1], points, window_points, 2) ||
-        !is_point_numbers(points, sel->dims[3], sel->dims[5]) ||
-        !broadcast_of(value->in[1], g, over_windows, 4) || g->dtype != RF_F32)
+    const rfi_node *codes = broadcast_operand(eq->in[0], over_windows, 4);
+    const rfi_node *points = broadcast_operand(eq->in[1], window_points, 2);
+    const rfi_node *g = broadcast_operand(value->in[1], over_windows, 4);
+    if (!codes || codes->dtype != RF_I32 || !points ||
+        !is_point_numbers(points, sel->dims[3], sel->dims[5]) || !g || g->dtype != RF_F32)
         return false;
     int step = sole_step_of(p, dy, t, n);
     if (step < 0 || rfi_plan_layout(p, codes->id) != rfi_plan_layout(p, g->id) ||
