@@ -162,39 +162,29 @@ static bool is_point_numbers(const rfi_node *k, int64_t wh, int64_t ww)
     return true;
 }
 
-/* The one step that materialises dy and nothing else, when no node but the
- * transpose t reads dy and nothing but conv n reads t; else -1. */
-static int sole_step_of(const rfi_plan *p, const rfi_node *dy, const rfi_node *t,
-                        const rfi_node *n)
+/* The one step that materialises dy and nothing else, when dy's one user is
+ * the transpose t (which reads it) and t's is the convolution (which reads
+ * t), outputs and updates counted as users; else -1. */
+static int sole_step_of(const rfi_plan *p, const rfi_node *dy, const rfi_node *t)
 {
-    const rfi_graph *g = p->g;
-    for (int i = 0; i < g->n_outputs; i++)
-        if (g->outputs[i] == dy || g->outputs[i] == t)
-            return -1;
-    for (int i = 0; i < g->n_updates; i++)
-        if (g->updates[i].value == dy)
-            return -1;
-    for (int id = dy->id + 1; id < g->n_nodes; id++) {
-        const rfi_node *u = g->nodes[id];
-        for (int k = 0; k < u->n_in; k++)
-            if ((u->in[k] == dy && u != t) || (u->in[k] == t && u != n))
-                return -1;
-    }
-    for (int s = 0; s < p->n_steps; s++)
+    int *uses = rfi_use_counts(p->g);
+    bool sole = uses && uses[dy->id] == 1 && uses[t->id] == 1;
+    rfi_free(uses);
+    for (int s = 0; sole && s < p->n_steps; s++)
         if (p->steps[s].kind == RFI_STEP_LOOP && p->steps[s].n_roots == 1 &&
             p->steps[s].roots[0] == dy->id)
             return s;
     return -1;
 }
 
-/* dy [N, O, OH, OW], read by weight-gradient convolution n through transpose
+/* dy [N, O, OH, OW], read by a weight-gradient convolution through transpose
  * t, is exactly the spread of passes/pools.c's scatter_by_codes with 2-D
  * windows that cover it,
  *   reshape(select(codes_b == points_b, +0 + g_b, +0)) over [N, O, PH, WH, PW, WW],
- * from materialised codes and g in one layout, and only n reads it: d gets
- * the spread's description. */
+ * from materialised codes and g in one layout, and only that convolution
+ * reads it: d gets the spread's description. */
 static bool describe_spread(const rfi_plan *p, const rfi_node *dy, const rfi_node *t,
-                            const rfi_node *n, rfi_kir_conv *d)
+                            rfi_kir_conv *d)
 {
     static const int64_t over_windows[4] = {0, 1, 2, 4}, window_points[2] = {3, 5};
     const rfi_node *sel = dy->op == RFI_OP_RESHAPE ? dy->in[0] : NULL;
@@ -212,7 +202,7 @@ static bool describe_spread(const rfi_plan *p, const rfi_node *dy, const rfi_nod
     if (!codes || codes->dtype != RF_I32 || !points ||
         !is_point_numbers(points, sel->dims[3], sel->dims[5]) || !g || g->dtype != RF_F32)
         return false;
-    int step = sole_step_of(p, dy, t, n);
+    int step = sole_step_of(p, dy, t);
     if (step < 0 || rfi_plan_layout(p, codes->id) != rfi_plan_layout(p, g->id) ||
         !buffer_of(p, codes, &d->codes_buffer, &d->codes_offset) ||
         !buffer_of(p, g, &d->w_buffer, &d->w_offset))
@@ -235,7 +225,7 @@ static bool describe_weight_grad(const rfi_plan *p, const rfi_node *n, rfi_kir_c
     if (!x || !dy || !plain_conv(n, true, false, true))
         return false;
     buffer_of(p, x, &d->x_buffer, &d->x_offset);
-    if (!describe_spread(p, dy, n->in[1], n, d)) {
+    if (!describe_spread(p, dy, n->in[1], d)) {
         buffer_of(p, dy, &d->w_buffer, &d->w_offset);
         d->w_layout = rfi_plan_layout(p, dy->id);
     }
