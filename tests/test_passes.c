@@ -728,6 +728,93 @@ static bool conv_took_border(int64_t pad, int64_t dil, bool *cut)
     return took;
 }
 
+/* The weight gradient conv(transpose(a), transpose(sas)) of a 3x3-ish layer
+ * whose output [2, 4, 7, 5] a 2x2 pool covers but for a row and a column
+ * (sas = select_and_scatter, so the spread has a +0 border), with the
+ * layer's padding `pad` (low and high), rhs dilation `dil` and a [2, 3, H,
+ * W] input sized for a 3x3 result, through rfi_unroll_pools: returns
+ * whether the convolution's kernel is the unpadded 6x4 spread, with in
+ * *cut_x how many rows of a it reads fewer (0: not sliced) and in *pad_hi
+ * its high padding, after checking the results bitwise. With `one` the
+ * border is an explicit pad of 1, not +0. */
+static bool kernel_took_border(int64_t pad, int64_t dil, bool one, int64_t *cut_x,
+                               int64_t *pad_hi)
+{
+    const int64_t xd[4] = {2, 4, 7, 5}, win[4] = {1, 1, 2, 2};
+    const int64_t ad[4] = {2, 3, 2 + 6 * dil + 1 - 2 * pad, 2 + 4 * dil + 1 - 2 * pad};
+    int64_t sd[4];
+    rfi_node *x, *src;
+    rfi_attrs a;
+    rfi_graph *g = pool_graph(xd, win, win, 0, RF_F32, sd, &x, &src, &a);
+    rfi_node *sas_in[2] = {x, src};
+    rfi_node *dy = node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, RF_F32, NULL, 0);
+    if (one) {
+        float v = 1.0f;
+        rfi_attrs p = attrs0();
+        p.nl[0] = p.nl[1] = p.nl[2] = 4;
+        p.l[1][2] = p.l[1][3] = 1;
+        rfi_node *inner = node(g, RFI_OP_SLICE, &dy, 1,
+                               &(rfi_attrs){.nl = {4, 4, 4},
+                                            .l = {{0, 0, 0, 0}, {2, 4, 6, 4}, {1, 1, 1, 1}}},
+                               RF_F32, NULL, 0);
+        rfi_node *pad_in[2] = {inner, konst(g, RF_F32, NULL, 0, &v)};
+        dy = node(g, RFI_OP_PAD, pad_in, 2, &p, RF_F32, NULL, 0);
+    }
+    float av[2 * 3 * 15 * 11];
+    for (int i = 0; i < 2 * 3 * 15 * 11; i++)
+        av[i] = (float)((i * 5) % 13) * 0.25f - 1.375f;
+    rfi_node *act = konst(g, RF_F32, ad, 4, av);
+    rfi_attrs c = attrs0();
+    for (int k = 0; k < 5; k++)
+        c.nl[k] = 2;
+    for (int d = 0; d < 2; d++) {
+        c.l[0][d] = c.l[3][d] = 1;
+        c.l[1][d] = c.l[2][d] = pad;
+        c.l[4][d] = dil;
+    }
+    c.i[0] = c.i[1] = 1;
+    const int64_t swap[4] = {1, 0, 2, 3};
+    rfi_node *conv_in[2] = {transpose(g, act, swap), transpose(g, dy, swap)};
+    rfi_graph_add_output(g, node(g, RFI_OP_CONVOLUTION, conv_in, 2, &c, RF_F32, NULL, 0));
+    float xv[140], sv[48];
+    for (int i = 0; i < 140; i++)
+        xv[i] = (float)((i * 7) % 11) - 4.0f;
+    for (int i = 0; i < 48; i++)
+        sv[i] = (float)(i % 7) - 2.5f;
+    void *args[2] = {xv, sv};
+    rfi_graph *out = apply(rfi_unroll_pools, g);
+    bool took = false;
+    *cut_x = *pad_hi = -1;
+    for (int i = 0; out && i < out->n_nodes; i++) {
+        const rfi_node *v = out->nodes[i];
+        if (v->op != RFI_OP_CONVOLUTION)
+            continue;
+        took = v->in[1]->dims[2] == 6 && v->in[1]->dims[3] == 4;
+        *cut_x = ad[2] - v->in[0]->dims[2];
+        *pad_hi = v->attr.l[2][0];
+    }
+    if (out)
+        CHECK(same_results(g, out, args));
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    return took;
+}
+
+static void test_kernel_over_pool_border(void)
+{
+    int64_t cut, hi;
+    CHECK(kernel_took_border(0, 1, false, &cut, &hi)); /* the cnn's: a is read as 8x6 */
+    CHECK(cut == 1 && hi == 0);
+    CHECK(kernel_took_border(1, 1, false, &cut, &hi)); /* a padded layer: less padding */
+    CHECK(cut == 0 && hi == 0);
+    CHECK(kernel_took_border(0, 2, false, &cut, &hi)); /* a strided layer's */
+    CHECK(cut == 2 && hi == 0);
+    CHECK(kernel_took_border(1, 2, false, &cut, &hi)); /* both */
+    CHECK(cut == 1 && hi == 0);
+    CHECK(!kernel_took_border(0, 1, true, &cut, &hi)); /* a border of ones: kept */
+    CHECK(cut == 0);
+}
+
 static void test_conv_over_pool_border(void)
 {
     bool cut;
@@ -1240,6 +1327,7 @@ int main(void)
     test_pooled_gradient_mask();
     test_unrolled_pools();
     test_conv_over_pool_border();
+    test_kernel_over_pool_border();
     test_constants();
     test_large_constants();
     test_cse();

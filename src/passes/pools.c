@@ -417,6 +417,103 @@ static rfi_node *conv_over_border(unroller *u, const rfi_node *n, rfi_node *cons
     return rfi_node_new(u->c, RFI_OP_PAD, pad_in, 2, &p, n->dtype, NULL, 0);
 }
 
+/* x itself, or the operand of a transpose x, with the permutation that maps
+ * x's dims to it (x dim d is its dim perm[d]). */
+static const rfi_node *under_transpose(const rfi_node *x, int64_t *perm)
+{
+    bool t = x->op == RFI_OP_TRANSPOSE;
+    for (int d = 0; d < x->rank; d++)
+        perm[d] = t ? x->attr.l[0][d] : d;
+    return t ? x->in[0] : x;
+}
+
+/* x, or the transpose (by perm) of x when `transposed`. */
+static rfi_node *transposed_like(rfi_graph *c, rfi_node *x, bool transposed, const int64_t *perm)
+{
+    if (!transposed || !x)
+        return x;
+    rfi_attrs a;
+    memset(&a, 0, sizeof a);
+    a.nl[0] = x->rank;
+    memcpy(a.l[0], perm, sizeof(int64_t) * (size_t)x->rank);
+    return rfi_node_new(c, RFI_OP_TRANSPOSE, &x, 1, &a, x->dtype, NULL, 0);
+}
+
+/* x without its last cut[d] elements along each dim d. */
+static rfi_node *cut_end(rfi_graph *c, rfi_node *x, const int64_t *cut)
+{
+    rfi_attrs a;
+    memset(&a, 0, sizeof a);
+    bool any = false;
+    for (int d = 0; d < x->rank; d++) {
+        a.l[1][d] = x->dims[d] - cut[d];
+        a.l[2][d] = 1;
+        any = any || cut[d] > 0;
+    }
+    if (!any)
+        return x;
+    a.nl[0] = a.nl[1] = a.nl[2] = x->rank;
+    return rfi_node_new(c, RFI_OP_SLICE, &x, 1, &a, x->dtype, NULL, 0);
+}
+
+/* A convolution whose kernel (rhs, possibly through a transpose) is a pad of
+ * +0 at the high end of its spatial dims: the kernel taps in the padding
+ * multiply +0 into the sum, so the convolution runs with the unpadded kernel
+ * and the input (lhs, possibly through a transpose) cut, first from its own
+ * high padding, then from its end, to the positions the remaining taps read.
+ * Exact for a finite input, up to the sign of a zero result (a dropped +0
+ * term turned -0 into +0). Here it meets the weight gradient of the
+ * convolution before a pool that did not cover its output, which the
+ * autodiff writes as conv(transpose(x), transpose(dy)) over the padded
+ * spread (the cnn's 11x11 -> 5x5 pool): the 10x10 spread is then the
+ * kernel, the pad of 2 MB is not written, and x is read as 12x12. */
+static rfi_node *kernel_over_border(unroller *u, const rfi_node *n, rfi_node *const *in)
+{
+    int64_t kperm[RF_MAX_RANK], xperm[RF_MAX_RANK];
+    const rfi_node *pad = under_transpose(in[1], kperm), *x = under_transpose(in[0], xperm);
+    int nsp = n->rank - 2;
+    if (!rfi_dtype_is_float(n->dtype) || pad->op != RFI_OP_PAD || !is_plus_zero(pad->in[1]) ||
+        n->attr.i[0] != 1 || n->attr.i[1] != 1)
+        return NULL;
+    int64_t taps_cut[RF_MAX_RANK] = {0};
+    bool cutting = false;
+    for (int e = 0; e < n->rank; e++) { /* e: a dim of the kernel, kperm[e] of the pad */
+        int64_t lo = pad->attr.l[0][kperm[e]], hi = pad->attr.l[1][kperm[e]];
+        if (lo != 0 || hi < 0 || pad->attr.l[2][kperm[e]] != 0 || (e < 2 && hi != 0))
+            return NULL;
+        if (e >= 2)
+            taps_cut[e - 2] = hi;
+        cutting = cutting || hi > 0;
+    }
+    if (!cutting)
+        return NULL;
+    rfi_attrs a;
+    rfi_attrs_copy(&a, &n->attr);
+    int64_t x_cut[RF_MAX_RANK] = {0};
+    for (int s = 0; s < nsp; s++) {
+        int64_t len = in[0]->dims[2 + s], taps = in[1]->dims[2 + s] - taps_cut[s];
+        int64_t stride = a.l[0][s], high = a.l[2][s], dilation = a.l[4][s];
+        if (a.l[3][s] != 1 || high < 0 || a.l[1][s] < 0 || taps < 1)
+            return NULL;
+        /* the padded input's extent, and what the remaining taps read of it */
+        int64_t extent = len + a.l[1][s] + high;
+        int64_t read = (n->dims[2 + s] - 1) * stride + (taps - 1) * dilation + 1;
+        int64_t excess = extent - read, from_padding = excess < high ? excess : high;
+        if (excess < 0 || excess - from_padding >= len)
+            return NULL;
+        a.l[2][s] = high - from_padding;
+        x_cut[xperm[2 + s]] = excess - from_padding;
+    }
+    bool kt = in[1]->op == RFI_OP_TRANSPOSE, xt = in[0]->op == RFI_OP_TRANSPOSE;
+    rfi_node *ops[2] = {
+        transposed_like(u->c, cut_end(u->c, (rfi_node *)x, x_cut), xt, xperm),
+        transposed_like(u->c, pad->in[0], kt, kperm),
+    };
+    if (!ops[0] || !ops[1])
+        return NULL;
+    return rfi_node_new(u->c, RFI_OP_CONVOLUTION, ops, 2, &a, n->dtype, NULL, 0);
+}
+
 /* The rewrite of n over its mapped operands, or NULL to copy it (u->c's
  * status tells a failure). */
 static rfi_node *unroll(unroller *u, const rfi_node *n, rfi_node *const *in)
@@ -438,8 +535,10 @@ static rfi_node *unroll(unroller *u, const rfi_node *n, rfi_node *const *in)
     }
     if (n->op == RFI_OP_REDUCE && rfi_dtype_is_float(n->dtype))
         return sum_of_grad(u, n, in[0]);
-    if (n->op == RFI_OP_CONVOLUTION)
-        return conv_over_border(u, n, in);
+    if (n->op == RFI_OP_CONVOLUTION) {
+        rfi_node *r = conv_over_border(u, n, in);
+        return r || u->c->status != RF_OK ? r : kernel_over_border(u, n, in);
+    }
     return NULL;
 }
 
