@@ -37,7 +37,11 @@
  * And a convolution over such a gradient's uncovered border (the input
  * gradient of the layer before the pool) takes the border's zeros as its own
  * padding, its outputs that then read only padding cut off and padded back
- * (conv_over_border): exact for a finite kernel.
+ * (conv_over_border): exact for a finite kernel. A convolution that takes
+ * such a gradient as its kernel (the weight gradient of that layer) runs
+ * with the unpadded kernel over the part of its input the remaining taps
+ * read (kernel_over_border): exact for a finite input, up to the sign of a
+ * zero result.
  *
  * Deliberately not here: overlapping or padded windows, sum pools, integer
  * data (they keep their ops). Run by the compiling backends only (the
