@@ -776,8 +776,8 @@ static bool kernel_took_border(int64_t pad, int64_t dil, bool one, int64_t *cut_
     const int64_t swap[4] = {1, 0, 2, 3};
     rfi_node *conv_in[2] = {transpose(g, act, swap), transpose(g, dy, swap)};
     rfi_graph_add_output(g, node(g, RFI_OP_CONVOLUTION, conv_in, 2, &c, RF_F32, NULL, 0));
-    float xv[140], sv[48];
-    for (int i = 0; i < 140; i++)
+    float xv[280], sv[48];
+    for (int i = 0; i < 280; i++)
         xv[i] = (float)((i * 7) % 11) - 4.0f;
     for (int i = 0; i < 48; i++)
         sv[i] = (float)(i % 7) - 2.5f;
