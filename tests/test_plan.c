@@ -1294,6 +1294,30 @@ static void test_direct_weight_grads_c8(void)
  * pooled cotangent and the codes, and the LOOP step that spread them to the
  * 26x26 output gradient is left out of the module. Without direct
  * convolutions that step stays. */
+/* The module's direct forwards that run their pool's kernel (kir.h
+ * pool_kernel), each checked: 32 channels in two vectors of 16, 2x2 windows,
+ * the pool's kernel lowered, run by it alone, its outermost loop over
+ * [batch][2 channel blocks][13 window rows]. */
+static int pooled_forwards(const rfi_kir_module *km, int64_t batch)
+{
+    int pooled = 0;
+    for (int s = 0; km && s < km->n_steps; s++) {
+        const rfi_kir_conv *d = &km->steps[s].conv;
+        if (km->steps[s].kind != RFI_KIR_STEP_CONV || d->pool_kernel < 0)
+            continue;
+        pooled++;
+        const rfi_kir_step *pk = &km->steps[d->pool_kernel];
+        CHECK(d->kind == RFI_KIR_CONV_FORWARD && d->o == 32 && d->lanes == 16);
+        CHECK(d->pool_rows == 2 && d->pool_groups == 2 && pk->pooled_by == s);
+        CHECK(pk->kind == RFI_KIR_STEP_KERNEL && pk->step == d->pool_step);
+        CHECK(pk->kernel->dims[0] == batch * 2 * 13);
+        for (int t = 0; t < km->n_steps; t++)
+            CHECK(t == s || km->steps[t].conv.pool_kernel != d->pool_kernel ||
+                  km->steps[t].kind != RFI_KIR_STEP_CONV);
+    }
+    return pooled;
+}
+
 static void test_spread_weight_grad(void)
 {
     rf_nn_seed(9);
@@ -1340,6 +1364,55 @@ static void test_spread_weight_grad(void)
         CHECK(spread == (v > 0));
         CHECK(lowered_loops == loops - (v > 0));
         CHECK(source && (strstr(source, "spread from c->w") != NULL) == (v > 0));
+        /* the pool's result goes row-major to the dense layer, its codes
+         * channel-blocked: the forward does not run the pool's loop */
+        CHECK(pooled_forwards(km, 0) == 0);
+        rfi_free(source);
+        rfi_kir_free(km);
+        rfi_plan_free(p);
+    }
+    rfi_graph_free(g);
+    rfi_graph_free(shared);
+    rfi_graph_free(simple);
+    cnn_case_free(&k);
+}
+
+/* A 1 -> 32 first layer with a 2x2 pool whose result (and codes) stay
+ * channel-blocked for the next convolution: with 16-channel blocks its
+ * forward is a loop that runs the pool's kernel after each pair of rows
+ * (the entry point does not call that kernel); with 8-channel blocks, or
+ * without direct convolutions, they stay a call and a loop. */
+static void test_pooled_forward(void)
+{
+    rf_nn_seed(10);
+    cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
+                                         rf_maxpool(2, 2, 0, 0),
+                                         rf_conv2d(3, 3, 32, 16, RF_ACT_RELU, NULL),
+                                         rf_flatten_layer(),
+                                         rf_dense(16 * 11 * 11, 10, RF_ACT_IDENTITY)));
+    rfi_graph *simple = NULL, *shared = NULL, *g = NULL;
+    CHECK_OK(rfi_simplify(k.g, &simple));
+    if (simple)
+        CHECK_OK(rfi_cse(simple, &shared));
+    if (shared)
+        CHECK_OK(rfi_unroll_pools(shared, &g));
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    o.blocked_activations = true;
+    for (int v = 0; g && v < 3; v++) {
+        o.direct_convs = v > 0;
+        o.channel_blocks = v == 2 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+        rfi_plan *p = NULL;
+        rfi_kir_module *km = NULL;
+        char *source = plan_and_render(g, &o, &p, &km);
+        CHECK(pooled_forwards(km, 4) == (v == 1));
+        CHECK(source && (strstr(source, "pool over them") != NULL) == (v == 1));
+        /* the pool's kernel (step 1) is called from the forward's loop or
+         * by the entry point, not both */
+        CHECK(source && (strstr(source, "k1_max(c->pool, q, q + 1);") != NULL) == (v == 1));
+        bool entry_calls =
+            source && (strstr(source, "k1_max(&c, ") || strstr(source, ", k1_max, &c)"));
+        CHECK(entry_calls == (v != 1));
         rfi_free(source);
         rfi_kir_free(km);
         rfi_plan_free(p);
@@ -1369,5 +1442,6 @@ int main(void)
     test_direct_convs();
     test_direct_weight_grads_c8();
     test_spread_weight_grad();
+    test_pooled_forward();
     return tu_finish("test_plan");
 }

@@ -170,7 +170,14 @@ typedef enum rfi_kir_step_kind {
  *     cotangent [n, o, oh / win[0], ow / win[1]]) at w_buffer and the i32
  *     codes at codes_buffer, both in w_layout; plan step spread_step, which
  *     would have materialised it, is left out of the module.
- * x (xd) is zero outside its extent. */
+ * x (xd) is zero outside its extent. A FORWARD convolution whose result only
+ * plan step pool_step reads, through slices of whole windows of pool_rows
+ * rows (a pool over it, passes/pools.c), runs that step's kernel (module
+ * step pool_kernel) itself: after each pool_rows output rows of an image,
+ * for the iterations of that kernel's outermost loop that read them (its
+ * outermost loop runs over [n][pool_groups][oh / pool_rows]), so the pool
+ * reads the rows from the cache they were just written to. pool_step < 0:
+ * none; pool_kernel < 0: not (yet) lowered, the step runs on its own. */
 typedef enum rfi_kir_conv_kind {
     RFI_KIR_CONV_FORWARD,
     RFI_KIR_CONV_WEIGHT_GRAD,
@@ -195,6 +202,8 @@ typedef struct rfi_kir_conv {
     int64_t win[2];         /* spread: the pool's windows */
     int codes_buffer, spread_step;
     size_t codes_offset;
+    int pool_step, pool_kernel;
+    int64_t pool_rows, pool_groups;
 } rfi_kir_conv;
 
 typedef struct rfi_kir_step {
@@ -206,6 +215,7 @@ typedef struct rfi_kir_step {
     int dst_buffer, src_buffer;
     size_t dst_offset, src_offset, nbytes;
     rfi_kir_conv conv; /* CONV */
+    int pooled_by;     /* KERNEL: the CONV step that runs it (its pool_kernel), or -1 */
 } rfi_kir_step;
 
 typedef struct rfi_kir_module {

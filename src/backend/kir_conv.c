@@ -51,6 +51,7 @@
 #define DIRECT_MAX_GRADIENT 1536 /* the same for a weight gradient's partials (per chunk) */
 #define DIRECT_MAX_ROWS 8192    /* kh * padded width * c floats */
 #define DIRECT_MAX_VECTORS 8    /* a weight gradient's outputs: 8 vectors of 8 at most */
+#define POOLED_MAX_OUT 32       /* a pooled forward's outputs: 2 vectors of 16 at most */
 
 /* Materialised node x's buffer and offset; false when x has none (inline). */
 static bool buffer_of(const rfi_plan *p, const rfi_node *x, int *buffer, size_t *offset)
@@ -242,6 +243,73 @@ static bool describe_weight_grad(const rfi_plan *p, const rfi_node *n, rfi_kir_c
     return dy->dims[0] == d->n;
 }
 
+/* ---- A pool over the result ---------------------------------------------------------- */
+
+/* x is a slice of y [N, C, OH, OW] that a pool over windows of `rows` rows
+ * reads: dims 0 and 1 whole, every rows-th row from a row < rows, covering
+ * them (OH = rows * x's rows), any columns. rows 0: any (set here). */
+static bool is_window_slice(const rfi_node *x, const rfi_node *y, int64_t *rows)
+{
+    const rfi_attrs *a = &x->attr;
+    if (x->op != RFI_OP_SLICE || x->in[0] != y || x->rank != 4)
+        return false;
+    for (int d = 0; d < 2; d++)
+        if (a->l[0][d] != 0 || a->l[2][d] != 1 || x->dims[d] != y->dims[d])
+            return false;
+    if (*rows == 0)
+        *rows = a->l[2][2];
+    return a->l[2][2] == *rows && a->l[0][2] < *rows && x->dims[2] * *rows == y->dims[2];
+}
+
+/* The step that is the only reader of the forward convolution's result y,
+ * when it is a LOOP step over [N, C, OH / rows, ...] in y's layout that reads
+ * y only through window slices (is_window_slice), and y is laid out in
+ * channel blocks of d->lanes; else -1. */
+static int pool_step_of(const rfi_plan *p, const rfi_node *y, const rfi_kir_conv *d,
+                        int64_t *rows)
+{
+    rfi_layout layout = rfi_plan_layout(p, y->id);
+    if (!rfi_layout_blocked(layout) || rfi_layout_block(layout) != d->lanes)
+        return -1;
+    int *uses = rfi_use_counts(p->g);
+    int readers = 0, step = -1;
+    *rows = 0;
+    bool ok = uses != NULL;
+    for (int id = 0; ok && id < p->g->n_nodes; id++) {
+        const rfi_node *x = p->g->nodes[id];
+        for (int k = 0; ok && k < x->n_in; k++)
+            if (x->in[k] == y) {
+                readers++;
+                ok = is_window_slice(x, y, rows) && p->loc[x->id].kind == RFI_LOC_INLINE;
+            }
+    }
+    ok = ok && readers > 0 && uses[y->id] == readers;
+    rfi_free(uses);
+    /* the steps computing those slices: exactly one LOOP step */
+    for (int s = 0; ok && s < p->n_steps; s++) {
+        const rfi_step *st = &p->steps[s];
+        bool reads = false;
+        for (int f = 0; f < st->n_fused && !reads; f++) {
+            const rfi_node *x = p->g->nodes[st->fused[f]];
+            reads = x->op == RFI_OP_SLICE && x->in[0] == y;
+        }
+        if (reads) {
+            ok = step < 0 && st->kind == RFI_STEP_LOOP;
+            step = s;
+        }
+    }
+    if (!ok || step < 0)
+        return -1;
+    const rfi_step *st = &p->steps[step];
+    for (int r = 0; r < st->n_roots; r++) {
+        const rfi_node *x = p->g->nodes[st->roots[r]];
+        if (x->rank != 4 || x->dims[0] != y->dims[0] || x->dims[1] != y->dims[1] ||
+            x->dims[2] * *rows != y->dims[2] || rfi_plan_layout(p, x->id) != layout)
+            return -1;
+    }
+    return step;
+}
+
 /* The step's epilogue in d; false when an op is not one the loop applies. */
 static bool describe_epilogue(const rfi_plan *p, const rfi_step *st, rfi_kir_conv *d)
 {
@@ -302,6 +370,17 @@ static bool forward_vectors_of_8(const rfi_plan *p, const rfi_kir_conv *d)
     return d->kind == RFI_KIR_CONV_FORWARD && p->channel_blocks == RFI_LAYOUT_C8 && d->o == 16;
 }
 
+/* A forward convolution to 32 output channels in vectors of 16 with a pool
+ * over its result (pool_step): a loop that writes the 5.5 MB result of the
+ * cnn's 1 -> 32 first layer row by row and pools each pair of rows while
+ * they are in the cache, where oneDNN's kernel and the pool's loop each
+ * went through the whole of it. */
+static bool pooled_vectors(const rfi_plan *p, const rfi_kir_conv *d)
+{
+    return d->kind == RFI_KIR_CONV_FORWARD && d->pool_step >= 0 &&
+           p->channel_blocks == RFI_LAYOUT_C16 && d->o % 16 == 0 && d->o <= POOLED_MAX_OUT;
+}
+
 /* The channel counts and sizes the generated loops are chosen for. Sixteen
  * output channels are one vector only where the machine's vectors hold 16
  * floats (the plan's channel blocks say which): gcc lowers a 16-lane vector
@@ -315,7 +394,7 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
     int64_t most = d->kind == RFI_KIR_CONV_FORWARD ? DIRECT_MAX_WEIGHTS : DIRECT_MAX_GRADIENT;
     bool dilated = d->dilation[0] > 1 || d->dilation[1] > 1;
     bool one_vector = d->o == 8 || (d->o == 16 && p->channel_blocks == RFI_LAYOUT_C16);
-    bool vectors = gradient_vectors(d) || forward_vectors_of_8(p, d);
+    bool vectors = gradient_vectors(d) || forward_vectors_of_8(p, d) || pooled_vectors(p, d);
     return d->c <= DIRECT_MAX_IN_CHANNELS + dilated && (one_vector || vectors) &&
            d->kh <= DIRECT_MAX_KERNEL && d->kw <= DIRECT_MAX_KERNEL && table <= most &&
            d->kh * padded_width * d->c <= DIRECT_MAX_ROWS && d->n * d->oh * d->ow > 0;
@@ -327,7 +406,7 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
 static int64_t lanes_of(const rfi_plan *p, const rfi_kir_conv *d)
 {
     if (d->kind == RFI_KIR_CONV_FORWARD)
-        return forward_vectors_of_8(p, d) ? 8 : d->o;
+        return forward_vectors_of_8(p, d) ? 8 : pooled_vectors(p, d) ? 16 : d->o;
     return rfi_layout_blocked(d->w_layout) ? rfi_layout_block(d->w_layout) : d->o;
 }
 
@@ -352,6 +431,7 @@ bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
         return false;
     rfi_kir_conv d;
     memset(&d, 0, sizeof d);
+    d.pool_step = d.pool_kernel = -1;
     bool forward = describe_forward(p, n, &d);
     if (!forward && (st->n_epilogue > 0 || !describe_weight_grad(p, n, &d)))
         return false;
@@ -360,6 +440,11 @@ bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
     d.y_layout = rfi_plan_layout(p, y->id);
     if (!forward && d.y_layout != RFI_LAYOUT_PLAIN)
         return false;
+    if (forward && p->channel_blocks == RFI_LAYOUT_C16 && d.y_layout == RFI_LAYOUT_C16) {
+        d.lanes = 16; /* what pooled_vectors takes */
+        d.pool_step = pool_step_of(p, y, &d, &d.pool_rows);
+        d.pool_groups = d.o / 16;
+    }
     if (!describe_epilogue(p, st, &d) || !wanted(p, &d))
         return false;
     d.lanes = lanes_of(p, &d);

@@ -1275,6 +1275,7 @@ static rfi_kir_step *add_step(rfi_kir_module *m, rfi_kir_step_kind kind, int ste
     memset(s, 0, sizeof *s);
     s->kind = kind;
     s->step = step;
+    s->pooled_by = -1;
     return s;
 }
 
@@ -1428,6 +1429,28 @@ static rf_status lower_copy_step(const rfi_plan *p, rfi_kir_module *m, int s)
     return RF_OK;
 }
 
+/* The module's last step, the kernel of plan step s, when a direct forward
+ * convolution before it pools over its result (kir.h pool_step): that
+ * convolution runs it, if its outermost loop is [n][pool_groups][rows of
+ * windows] (its first dim the product of those: a prefix of the result's
+ * laid-out dims). Else the kernel runs on its own. */
+static void link_pool(rfi_kir_module *m, int s)
+{
+    rfi_kir_step *ks = m->n_steps > 0 ? &m->steps[m->n_steps - 1] : NULL;
+    if (!ks || ks->kind != RFI_KIR_STEP_KERNEL || ks->step != s || ks->kernel->rank < 1)
+        return;
+    for (int i = 0; i < m->n_steps - 1; i++) {
+        rfi_kir_conv *d = &m->steps[i].conv;
+        if (m->steps[i].kind != RFI_KIR_STEP_CONV || d->pool_step != s)
+            continue;
+        if (ks->kernel->dims[0] == d->n * d->pool_groups * (d->oh / d->pool_rows)) {
+            d->pool_kernel = m->n_steps - 1;
+            ks->pooled_by = i;
+        }
+        return;
+    }
+}
+
 /* Per plan step: whether a direct convolution computes its value itself (a
  * spread pool gradient, kir.h), so that it is not lowered. NULL: no memory. */
 static bool *left_out_steps(const rfi_plan *p)
@@ -1464,6 +1487,9 @@ rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
             continue;
         switch (p->steps[s].kind) {
         case RFI_STEP_LOOP:
+            if ((st = lower_kernel_step(&L, m, s)) == RF_OK)
+                link_pool(m, s);
+            break;
         case RFI_STEP_REDUCE: st = lower_kernel_step(&L, m, s); break;
         case RFI_STEP_CALL: st = lower_call_step(p, m, s); break;
         case RFI_STEP_COPY: st = lower_copy_step(p, m, s); break;

@@ -1752,6 +1752,53 @@ static void pointer(render *R, const char *type, int buffer, size_t offset)
     rfi_render_c_pointer(R->sb, type, buffer, offset);
 }
 
+/* "struct <kname>_ctx <var> = {" and kernel k's bases that base_used marks,
+ * without the closing brace; returns whether there were none. */
+static bool kernel_ctx(render *R, const rfi_kir_kernel *k, const bool *base_used,
+                       const char *kname, const char *var)
+{
+    putf(R->sb, "        struct %s_ctx %s = {", kname, var);
+    bool none = true;
+    for (int b = 0; b < k->n_bases; b++) {
+        if (!base_used[b])
+            continue;
+        const rfi_kir_base *x = &k->bases[b];
+        put(R->sb, none ? "" : ", ");
+        pointer(R, ctype(x->dtype), x->buffer, x->offset);
+        none = false;
+    }
+    return none;
+}
+
+/* A direct convolution's block in the entry point when it runs its pool's
+ * kernel k (function fn) itself: that kernel's ctx, `pool`, then the
+ * convolution's ctx and call in the same block. */
+static void call_pooled_conv(render *R, const rfi_kir_module *m, int i)
+{
+    const rfi_kir_step *st = &m->steps[i];
+    const rfi_kir_kernel *k = m->steps[st->conv.pool_kernel].kernel;
+    const rfi_kir_kernel *fn = m->steps[R->function_of[st->conv.pool_kernel]].kernel;
+    char kname[64];
+    kernel_name(fn, kname, sizeof kname);
+    bool *base_used = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof(bool));
+    bool *live = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof(bool));
+    if (base_used && live) {
+        rfi_kir_liveness(k, live);
+        bases_used(k, live, true, base_used);
+        /* a LOOP kernel: one function over [lo, hi), no partials */
+        R->sb->failed |= choose_schedule(k, live).form == SCHED_SPLIT;
+        put(R->sb, "    {\n");
+        kernel_ctx(R, k, base_used, kname, "pool");
+        put(R->sb, "};\n");
+        rfi_render_conv_call(st, st->step, "pool", R->sb); /* shares no kernel */
+        put(R->sb, "    }\n");
+    } else {
+        R->sb->failed = true;
+    }
+    rfi_free(base_used);
+    rfi_free(live);
+}
+
 /* A kernel's block in the entry point: its ctx, then the kernel, through
  * parallel_for when large; a split reduction's partials live in the block. */
 static void call_kernel(render *R, const rfi_kir_kernel *k, const rfi_kir_kernel *fn)
@@ -1773,16 +1820,7 @@ static void call_kernel(render *R, const rfi_kir_kernel *k, const rfi_kir_kernel
     if (sc.form == SCHED_SPLIT)
         putf(R->sb, "        %s part[%lld];\n", ctype(k->acc_dtype),
                       (long long)(sc.chunks * k->n_folds * sc.kept));
-    putf(R->sb, "        struct %s_ctx c = {", kname);
-    bool first = true;
-    for (int b = 0; b < k->n_bases; b++) {
-        if (!base_used[b])
-            continue;
-        const rfi_kir_base *x = &k->bases[b];
-        put(R->sb, first ? "" : ", ");
-        pointer(R, ctype(x->dtype), x->buffer, x->offset);
-        first = false;
-    }
+    bool first = kernel_ctx(R, k, base_used, kname, "c");
     if (sc.form == SCHED_SPLIT)
         put(R->sb, first ? "part" : ", part");
     put(R->sb, "};\n");
@@ -1829,7 +1867,8 @@ static void entry(render *R, const rfi_kir_module *m)
         putf(R->sb, "    if (mark)\n        mark(s->prof, %d);\n", st->step);
         switch (st->kind) {
         case RFI_KIR_STEP_KERNEL:
-            call_kernel(R, st->kernel, m->steps[R->function_of[i]].kernel);
+            if (st->pooled_by < 0) /* else the convolution before it ran it */
+                call_kernel(R, st->kernel, m->steps[R->function_of[i]].kernel);
             break;
         case RFI_KIR_STEP_CALL:
             comment(R, st->comment, 1);
@@ -1837,7 +1876,10 @@ static void entry(render *R, const rfi_kir_module *m)
                           st->step, st->step + 1);
             break;
         case RFI_KIR_STEP_CONV:
-            rfi_render_conv_call(st, m->steps[conv_kernel_of(m, i)].step, R->sb);
+            if (st->conv.pool_kernel >= 0)
+                call_pooled_conv(R, m, i);
+            else
+                rfi_render_conv_call(st, m->steps[conv_kernel_of(m, i)].step, NULL, R->sb);
             break;
         case RFI_KIR_STEP_COPY:
             comment(R, st->comment, 1);
@@ -2029,8 +2071,14 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
             R.sb = &decl[i];
             R.def = &def[i];
             st = kernel_piece(&R, m, texts, function_of, i);
-        } else if (m->steps[i].kind == RFI_KIR_STEP_CONV && conv_kernel_of(m, i) == i) {
-            rfi_render_conv_kernel(&m->steps[i], &decl[i], &def[i]);
+        }
+    for (int i = 0; i < m->n_steps && st == RF_OK; i++) /* after: they may call kernels */
+        if (m->steps[i].kind == RFI_KIR_STEP_CONV && conv_kernel_of(m, i) == i) {
+            char pool_name[64] = "";
+            int pk = m->steps[i].conv.pool_kernel;
+            if (pk >= 0)
+                kernel_name(m->steps[function_of[pk]].kernel, pool_name, sizeof pool_name);
+            rfi_render_conv_kernel(&m->steps[i], pool_name, &decl[i], &def[i]);
             R.need |= NEED_VECTORS | NEED_MAXMIN_F32;
         }
     size_t total = 0, body = 0;

@@ -318,6 +318,8 @@ static void ctx_struct(rfi_strbuf *sb, const rfi_kir_conv *d, const char *kname)
         rfi_sb_printf(sb, "    float *restrict part; /* [chunks][kh][kw][c][o] */\n");
     if (d->spread)
         rfi_sb_printf(sb, "    const int32_t *restrict codes; /* w: the pooled cotangent */\n");
+    if (d->pool_kernel >= 0)
+        rfi_sb_printf(sb, "    void *pool; /* the pool's kernel's ctx */\n");
     rfi_sb_printf(sb, "};\n\n");
 }
 
@@ -340,6 +342,9 @@ static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
                       f->n_phases > 1 ? "s" : "", (long long)f->block_max);
     else
         rfi_sb_printf(&text, "%lld chunks of rows", (long long)f->chunks);
+    if (d->pool_kernel >= 0)
+        rfi_sb_printf(&text, ";\nafter each %lld rows of an image, step %d's pool over them",
+                      (long long)d->pool_rows, d->pool_step);
     if (d->spread)
         rfi_sb_printf(&text, ";\nthe output gradient spread here from a %lldx%lld pool's "
                       "codes (step %d left out)", (long long)d->win[0], (long long)d->win[1],
@@ -449,7 +454,46 @@ static void forward_block(rfi_strbuf *sb, const conv_form *f, const conv_phase *
                   (long long)lane_step, in3, in2, in);
 }
 
-static void forward_kernel(const conv_form *f, const char *kname, rfi_strbuf *def)
+/* The row loop's head: row r of the parallel range is output row (n, i),
+ * or with a pool over the result the pool_rows rows of (n, window row pr). */
+static void forward_rows_head(rfi_strbuf *def, const rfi_kir_conv *d)
+{
+    long long OH = (long long)d->oh;
+    if (d->pool_kernel < 0) {
+        rfi_sb_printf(def,
+                      "    for (int64_t r = lo; r < hi; r++) {\n"
+                      "        const int64_t n = r / %lld, i = r %% %lld;\n", OH, OH);
+        return;
+    }
+    long long R = (long long)d->pool_rows, PH = OH / R;
+    rfi_sb_printf(def,
+                  "    for (int64_t r = lo; r < hi; r++) {\n"
+                  "        const int64_t n = r / %lld, pr = r %% %lld;\n"
+                  "        for (int64_t i = pr * %lld; i < pr * %lld + %lld; i++) {\n",
+                  PH, PH, R, R, R);
+}
+
+/* The row loop's tail: with a pool, its kernel over the window rows just
+ * written, one outermost iteration per channel group. */
+static void forward_rows_tail(rfi_strbuf *def, const rfi_kir_conv *d, const char *pool_name)
+{
+    if (d->pool_kernel < 0) {
+        rfi_sb_printf(def, "    }\n");
+        return;
+    }
+    long long G = (long long)d->pool_groups, PH = (long long)(d->oh / d->pool_rows);
+    rfi_sb_printf(def,
+                  "        }\n"
+                  "        for (int64_t g = 0; g < %lld; g++) {\n"
+                  "            const int64_t q = (n * %lld + g) * %lld + pr;\n"
+                  "            %s(c->pool, q, q + 1);\n"
+                  "        }\n"
+                  "    }\n",
+                  G, G, PH, pool_name);
+}
+
+static void forward_kernel(const conv_form *f, const char *kname, const char *pool_name,
+                           rfi_strbuf *def)
 {
     const rfi_kir_conv *d = f->d;
     long long C = (long long)d->c, O = (long long)d->o, KH = (long long)d->kh,
@@ -470,29 +514,28 @@ static void forward_kernel(const conv_form *f, const char *kname, rfi_strbuf *de
                   kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, C, KH, KW, KH,
                   (long long)(f->block_max * f->vecs * f->lanes));
     rows_table(def, f);
-    rfi_sb_printf(def,
-                  "    for (int64_t r = lo; r < hi; r++) {\n"
-                  "        const int64_t n = r / %lld, i = r %% %lld;\n",
-                  (long long)d->oh, (long long)d->oh);
-    fill_rows(def, f, 2, true);
-    rfi_sb_printf(def,
-                  "        for (int64_t ob = 0; ob < %lld; ob += %lld) { /* vectors of o */\n",
-                  O / (long long)f->lanes, (long long)f->vecs);
+    forward_rows_head(def, d);
+    int depth = d->pool_kernel >= 0 ? 3 : 2; /* a row's code, inside the loop over rows */
+    fill_rows(def, f, depth, true);
+    rfi_sb_printf(def, "%sfor (int64_t ob = 0; ob < %lld; ob += %lld) { /* vectors of o */\n",
+                  indent(depth), O / (long long)f->lanes, (long long)f->vecs);
     for (int k = 0; k < f->n_phases; k++) {
         const conv_phase *ph = &f->phases[k];
         char open[128];
         if (ph->full_blocks > 0) {
             snprintf(open, sizeof open, "for (int64_t j0 = 0; j0 < %lld; j0 += %lld) {\n",
                      (long long)(ph->full_blocks * ph->block), (long long)ph->block);
-            forward_block(def, f, ph, ph->block, open, 3);
+            forward_block(def, f, ph, ph->block, open, depth + 1);
         }
         if (ph->last > 0) {
-            snprintf(open, sizeof open, "{\n%sconst int64_t j0 = %lld;\n", indent(4),
+            snprintf(open, sizeof open, "{\n%sconst int64_t j0 = %lld;\n", indent(depth + 2),
                      (long long)(ph->full_blocks * ph->block));
-            forward_block(def, f, ph, ph->last, open, 3);
+            forward_block(def, f, ph, ph->last, open, depth + 1);
         }
     }
-    rfi_sb_printf(def, "        }\n    }\n}\n\n");
+    rfi_sb_printf(def, "%s}\n", indent(depth));
+    forward_rows_tail(def, d, pool_name);
+    rfi_sb_printf(def, "}\n\n");
 }
 
 /* ---- Weight gradient ------------------------------------------------------------------ */
@@ -711,7 +754,8 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
 
 /* ---- The step ------------------------------------------------------------------------- */
 
-void rfi_render_conv_kernel(const rfi_kir_step *st, rfi_strbuf *decl, rfi_strbuf *def)
+void rfi_render_conv_kernel(const rfi_kir_step *st, const char *pool_name, rfi_strbuf *decl,
+                            rfi_strbuf *def)
 {
     conv_form f = form_of(&st->conv);
     char kname[32];
@@ -724,13 +768,18 @@ void rfi_render_conv_kernel(const rfi_kir_step *st, rfi_strbuf *decl, rfi_strbuf
                       kname);
         weight_grad_kernel(&f, kname, def);
     } else {
-        forward_kernel(&f, kname, def);
+        if (st->conv.pool_kernel >= 0) /* defined with its step, maybe after this one */
+            rfi_sb_printf(def, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi);\n\n",
+                          pool_name);
+        forward_kernel(&f, kname, pool_name, def);
     }
     rfi_sb_printf(decl, "\n");
 }
 
 bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
 {
+    if (a->pool_kernel >= 0 || b->pool_kernel >= 0) /* each runs its own pool's kernel */
+        return false;
     if (a->kind != b->kind || a->n != b->n || a->c != b->c || a->h != b->h || a->w != b->w ||
         a->o != b->o || a->lanes != b->lanes || a->kh != b->kh || a->kw != b->kw ||
         a->oh != b->oh || a->ow != b->ow ||
@@ -748,7 +797,8 @@ bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
     return true;
 }
 
-void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, rfi_strbuf *sb)
+void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, const char *pool_ctx,
+                          rfi_strbuf *sb)
 {
     const rfi_kir_conv *d = &st->conv;
     conv_form f = form_of(d);
@@ -775,6 +825,8 @@ void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, rfi_strbuf *s
         rfi_sb_printf(sb, ", ");
         rfi_render_c_pointer(sb, "int32_t", d->codes_buffer, d->codes_offset);
     }
+    if (d->pool_kernel >= 0)
+        rfi_sb_printf(sb, ", &%s", pool_ctx);
     rfi_sb_printf(sb, "};\n");
     if (grad) {
         rfi_sb_printf(sb, "        s->parallel_for(s->rt, %lld, 1, %s, &c);\n"
@@ -782,8 +834,9 @@ void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, rfi_strbuf *s
                       (long long)f.chunks, kname, kname);
         return;
     }
-    int64_t rows = d->n * d->oh;
-    int64_t row_macs = d->ow * d->o * d->c * d->kh * d->kw;
+    int64_t per_range_row = d->pool_kernel >= 0 ? d->pool_rows : 1; /* output rows */
+    int64_t rows = d->n * d->oh / per_range_row;
+    int64_t row_macs = d->ow * d->o * d->c * d->kh * d->kw * per_range_row;
     int64_t grain = (CHUNK_MACS + row_macs - 1) / (row_macs > 0 ? row_macs : 1);
     if (rows > grain)
         rfi_sb_printf(sb, "        s->parallel_for(s->rt, %lld, %lld, %s, &c);\n",
