@@ -21,7 +21,9 @@
  * vectors hold 16 floats), with kernels up to 7x7; and,
  * where the machine's vectors hold 8 floats or the output gradient is a
  * spread pool gradient, weight gradients of few input channels to more
- * outputs (gradient_vectors below). There the library is at
+ * outputs (gradient_vectors below); and, where they hold 16, forwards to
+ * 32 outputs whose result only a pool's loop reads (pooled_vectors), which
+ * the loop then runs row by row (kir.h pool_step). There the library is at
  * its slowest: on a 2-core AVX-512 machine, oneDNN ran the ResNet's 8 -> 8
  * channel 3x3 convolutions at ~95 GFLOP/s and its 1 -> 8 first layer at
  * ~30, where the generated loop (one vector of output channels times a row
