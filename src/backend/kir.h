@@ -171,8 +171,9 @@ typedef enum rfi_kir_step_kind {
  *     codes at codes_buffer, both in w_layout; plan step spread_step, which
  *     would have materialised it, is left out of the module.
  * x (xd) is zero outside its extent. A FORWARD convolution whose result only
- * plan step pool_step reads, through slices of whole windows of pool_rows
- * rows (a pool over it, passes/pools.c), runs that step's kernel (module
+ * the next plan step, pool_step, reads, through slices of whole windows of
+ * pool_rows rows (a pool over it, passes/pools.c), and whose results share
+ * no bytes with the convolution's operands, runs that step's kernel (module
  * step pool_kernel) itself: after each pool_rows output rows of an image,
  * for the iterations of that kernel's outermost loop that read them (its
  * outermost loop runs over [n][pool_groups][oh / pool_rows]), so the pool

@@ -263,11 +263,44 @@ static bool is_window_slice(const rfi_node *x, const rfi_node *y, int64_t *rows)
     return a->l[2][2] == *rows && a->l[0][2] < *rows && x->dims[2] * *rows == y->dims[2];
 }
 
-/* The step that is the only reader of the forward convolution's result y,
- * when it is a LOOP step over [N, C, OH / rows, ...] in y's layout that reads
- * y only through window slices (is_window_slice), and y is laid out in
- * channel blocks of d->lanes; else -1. */
-static int pool_step_of(const rfi_plan *p, const rfi_node *y, const rfi_kir_conv *d,
+/* Whether materialised nodes a and b share bytes. */
+static bool overlap(const rfi_plan *p, const rfi_node *a, const rfi_node *b)
+{
+    int ba, bb;
+    size_t oa, ob;
+    if (!buffer_of(p, a, &ba, &oa) || !buffer_of(p, b, &bb, &ob) || ba != bb)
+        return false;
+    return oa < ob + rfi_node_nbytes(b) && ob < oa + rfi_node_nbytes(a);
+}
+
+/* Whether step s's results may be written while convolution step `conv`
+ * still runs: s comes right after it (no step between reads what they
+ * overwrite, and s reads nothing computed after the convolution), and none
+ * of them shares bytes with an operand of the convolution. */
+static bool runs_early(const rfi_plan *p, int conv, int s)
+{
+    const rfi_step *cs = &p->steps[conv], *st = &p->steps[s];
+    const rfi_node *n = p->g->nodes[cs->core];
+    if (s != conv + 1)
+        return false;
+    for (int r = 0; r < st->n_roots; r++) {
+        const rfi_node *x = p->g->nodes[st->roots[r]];
+        if (overlap(p, x, n->in[0]) || overlap(p, x, n->in[1]))
+            return false;
+        for (int e = 0; e < cs->n_epilogue; e++)
+            if (cs->epilogue[e].operand >= 0 &&
+                overlap(p, x, p->g->nodes[cs->epilogue[e].operand]))
+                return false;
+    }
+    return true;
+}
+
+/* The step that is the only reader of the result y of forward convolution
+ * step `conv`, when it is a LOOP step over [N, C, OH / rows, ...] in y's
+ * layout that reads y only through window slices (is_window_slice) and may
+ * run during the convolution (runs_early), and y is laid out in channel
+ * blocks of d->lanes; else -1. */
+static int pool_step_of(const rfi_plan *p, int conv, const rfi_node *y, const rfi_kir_conv *d,
                         int64_t *rows)
 {
     rfi_layout layout = rfi_plan_layout(p, y->id);
@@ -300,7 +333,7 @@ static int pool_step_of(const rfi_plan *p, const rfi_node *y, const rfi_kir_conv
             step = s;
         }
     }
-    if (!ok || step < 0)
+    if (!ok || step < 0 || !runs_early(p, conv, step))
         return -1;
     const rfi_step *st = &p->steps[step];
     for (int r = 0; r < st->n_roots; r++) {
@@ -444,7 +477,7 @@ bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
         return false;
     if (forward && p->channel_blocks == RFI_LAYOUT_C16 && d.y_layout == RFI_LAYOUT_C16) {
         d.lanes = 16; /* what pooled_vectors takes */
-        d.pool_step = pool_step_of(p, y, &d, &d.pool_rows);
+        d.pool_step = pool_step_of(p, step, y, &d, &d.pool_rows);
         d.pool_groups = d.o / 16;
     }
     if (!describe_epilogue(p, st, &d) || !wanted(p, &d))
