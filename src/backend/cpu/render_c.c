@@ -1770,33 +1770,45 @@ static bool kernel_ctx(render *R, const rfi_kir_kernel *k, const bool *base_used
     return none;
 }
 
-/* A direct convolution's block in the entry point when it runs its pool's
- * kernel k (function fn) itself: that kernel's ctx, `pool`, then the
- * convolution's ctx and call in the same block. */
-static void call_pooled_conv(render *R, const rfi_kir_module *m, int i)
+/* The bases kernel k's live instructions load or store (an array the caller
+ * frees) and its schedule; NULL (R's text failed) when out of memory. */
+static bool *bases_of_call(render *R, const rfi_kir_kernel *k, schedule *sc)
 {
-    const rfi_kir_step *st = &m->steps[i];
-    const rfi_kir_kernel *k = m->steps[st->conv.pool_kernel].kernel;
-    const rfi_kir_kernel *fn = m->steps[R->function_of[st->conv.pool_kernel]].kernel;
-    char kname[64];
-    kernel_name(fn, kname, sizeof kname);
     bool *base_used = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof(bool));
     bool *live = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof(bool));
     if (base_used && live) {
         rfi_kir_liveness(k, live);
         bases_used(k, live, true, base_used);
-        /* a LOOP kernel: one function over [lo, hi), no partials */
-        R->sb->failed |= choose_schedule(k, live).form == SCHED_SPLIT;
-        put(R->sb, "    {\n");
-        kernel_ctx(R, k, base_used, kname, "pool");
-        put(R->sb, "};\n");
-        rfi_render_conv_call(st, st->step, "pool", R->sb); /* shares no kernel */
-        put(R->sb, "    }\n");
+        *sc = choose_schedule(k, live);
     } else {
+        rfi_free(base_used);
+        base_used = NULL;
         R->sb->failed = true;
     }
-    rfi_free(base_used);
     rfi_free(live);
+    return base_used;
+}
+
+/* A direct convolution's block in the entry point when it runs its pool's
+ * kernel itself: that kernel's ctx, `pool`, then the convolution's ctx and
+ * call in the same block. */
+static void call_pooled_conv(render *R, const rfi_kir_module *m, int i)
+{
+    const rfi_kir_step *st = &m->steps[i];
+    const rfi_kir_kernel *k = m->steps[st->conv.pool_kernel].kernel;
+    char kname[64];
+    kernel_name(m->steps[R->function_of[st->conv.pool_kernel]].kernel, kname, sizeof kname);
+    schedule sc;
+    bool *base_used = bases_of_call(R, k, &sc);
+    if (!base_used)
+        return;
+    R->sb->failed |= sc.form == SCHED_SPLIT; /* a LOOP kernel: no partials */
+    put(R->sb, "    {\n");
+    kernel_ctx(R, k, base_used, kname, "pool");
+    put(R->sb, "};\n");
+    rfi_render_conv_call(st, st->step, "pool", R->sb); /* shares no kernel */
+    put(R->sb, "    }\n");
+    rfi_free(base_used);
 }
 
 /* A kernel's block in the entry point: its ctx, then the kernel, through
@@ -1805,17 +1817,10 @@ static void call_kernel(render *R, const rfi_kir_kernel *k, const rfi_kir_kernel
 {
     char kname[64];
     kernel_name(fn, kname, sizeof kname);
-    bool *base_used = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof(bool));
-    bool *live = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof(bool));
-    if (!base_used || !live) {
-        rfi_free(base_used);
-        rfi_free(live);
-        R->sb->failed = true;
+    schedule sc;
+    bool *base_used = bases_of_call(R, k, &sc);
+    if (!base_used)
         return;
-    }
-    rfi_kir_liveness(k, live);
-    bases_used(k, live, true, base_used);
-    schedule sc = choose_schedule(k, live);
     put(R->sb, "    {\n");
     if (sc.form == SCHED_SPLIT)
         putf(R->sb, "        %s part[%lld];\n", ctype(k->acc_dtype),
@@ -1840,7 +1845,6 @@ static void call_kernel(render *R, const rfi_kir_kernel *k, const rfi_kir_kernel
     }
     put(R->sb, "    }\n");
     rfi_free(base_used);
-    rfi_free(live);
 }
 
 /* The module step whose kernel direct convolution step i calls: the first
