@@ -675,6 +675,23 @@ static void test_unrolled_pools(void)
     unsetenv("RF_UNROLL_POOLS");
 }
 
+/* A 2-D convolution's attributes: stride 1, padding `pad` on both sides of
+ * both spatial dims, lhs and rhs dilations, no groups. */
+static rfi_attrs conv2d_attrs(int64_t pad, int64_t lhs_dilation, int64_t rhs_dilation)
+{
+    rfi_attrs c = attrs0();
+    for (int k = 0; k < 5; k++)
+        c.nl[k] = 2;
+    for (int d = 0; d < 2; d++) {
+        c.l[0][d] = 1;
+        c.l[1][d] = c.l[2][d] = pad;
+        c.l[3][d] = lhs_dilation;
+        c.l[4][d] = rhs_dilation;
+    }
+    c.i[0] = c.i[1] = 1;
+    return c;
+}
+
 /* conv(select_and_scatter(x, s), w) with x [2, 3, 7, 5] pooled by 2x2 windows
  * (a row and a column uncovered), w [4, 3, 3, 3], padding `pad` on both
  * sides and lhs dilation `dil`, through rfi_unroll_pools: returns whether the
@@ -694,15 +711,7 @@ static bool conv_took_border(int64_t pad, int64_t dil, bool *cut)
     float wv[108];
     for (int i = 0; i < 108; i++)
         wv[i] = (float)(i % 5) - 1.5f;
-    rfi_attrs c = attrs0();
-    for (int k = 0; k < 5; k++)
-        c.nl[k] = 2;
-    for (int d = 0; d < 2; d++) {
-        c.l[0][d] = c.l[4][d] = 1;
-        c.l[1][d] = c.l[2][d] = pad;
-        c.l[3][d] = dil;
-    }
-    c.i[0] = c.i[1] = 1;
+    rfi_attrs c = conv2d_attrs(pad, dil, 1);
     rfi_node *conv_in[2] = {sas, konst(g, RF_F32, wd, 4, wv)};
     rfi_graph_add_output(g, node(g, RFI_OP_CONVOLUTION, conv_in, 2, &c, RF_F32, NULL, 0));
     float xv[210], sv[48];
@@ -764,15 +773,7 @@ static bool kernel_took_border(int64_t pad, int64_t dil, bool one, int64_t *cut_
     for (int i = 0; i < 2 * 3 * 15 * 11; i++)
         av[i] = (float)((i * 5) % 13) * 0.25f - 1.375f;
     rfi_node *act = konst(g, RF_F32, ad, 4, av);
-    rfi_attrs c = attrs0();
-    for (int k = 0; k < 5; k++)
-        c.nl[k] = 2;
-    for (int d = 0; d < 2; d++) {
-        c.l[0][d] = c.l[3][d] = 1;
-        c.l[1][d] = c.l[2][d] = pad;
-        c.l[4][d] = dil;
-    }
-    c.i[0] = c.i[1] = 1;
+    rfi_attrs c = conv2d_attrs(pad, 1, dil);
     const int64_t swap[4] = {1, 0, 2, 3};
     rfi_node *conv_in[2] = {transpose(g, act, swap), transpose(g, dy, swap)};
     rfi_graph_add_output(g, node(g, RFI_OP_CONVOLUTION, conv_in, 2, &c, RF_F32, NULL, 0));

@@ -1294,6 +1294,33 @@ static void test_direct_weight_grads_c8(void)
  * pooled cotangent and the codes, and the LOOP step that spread them to the
  * 26x26 output gradient is left out of the module. Without direct
  * convolutions that step stays. */
+/* traced after simplify, CSE and unroll_pools, as the compiling backend runs
+ * them (NULL on failure; the caller frees it). */
+static rfi_graph *unrolled_graph(const rfi_graph *traced)
+{
+    rfi_graph *simple = NULL, *shared = NULL, *g = NULL;
+    CHECK_OK(rfi_simplify(traced, &simple));
+    if (simple)
+        CHECK_OK(rfi_cse(simple, &shared));
+    if (shared)
+        CHECK_OK(rfi_unroll_pools(shared, &g));
+    rfi_graph_free(shared);
+    rfi_graph_free(simple);
+    return g;
+}
+
+/* The planner's options for the pool tests' variant v: 0 no direct
+ * convolutions, 1 direct ones with 16-channel blocks, 2 with 8-channel ones. */
+static rfi_plan_opts pool_variant(int v)
+{
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    o.blocked_activations = true;
+    o.direct_convs = v > 0;
+    o.channel_blocks = v == 2 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+    return o;
+}
+
 /* The module's direct forwards that run their pool's kernel (kir.h
  * pool_kernel), each checked: 32 channels in two vectors of 16, 2x2 windows,
  * the pool's kernel lowered, run by it alone, its outermost loop over
@@ -1324,18 +1351,9 @@ static void test_spread_weight_grad(void)
     cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
                                          rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
                                          rf_dense(32 * 13 * 13, 10, RF_ACT_IDENTITY)));
-    rfi_graph *simple = NULL, *shared = NULL, *g = NULL;
-    CHECK_OK(rfi_simplify(k.g, &simple));
-    if (simple)
-        CHECK_OK(rfi_cse(simple, &shared));
-    if (shared)
-        CHECK_OK(rfi_unroll_pools(shared, &g));
-    rfi_plan_opts o = rfi_plan_opts_default();
-    o.conv_transposed_views = true;
-    o.blocked_activations = true;
+    rfi_graph *g = unrolled_graph(k.g);
     for (int v = 0; g && v < 3; v++) {
-        o.direct_convs = v > 0;
-        o.channel_blocks = v == 2 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+        rfi_plan_opts o = pool_variant(v);
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
         char *source = plan_and_render(g, &o, &p, &km);
@@ -1372,8 +1390,6 @@ static void test_spread_weight_grad(void)
         rfi_plan_free(p);
     }
     rfi_graph_free(g);
-    rfi_graph_free(shared);
-    rfi_graph_free(simple);
     cnn_case_free(&k);
 }
 
@@ -1390,18 +1406,9 @@ static void test_pooled_forward(void)
                                          rf_conv2d(3, 3, 32, 16, RF_ACT_RELU, NULL),
                                          rf_flatten_layer(),
                                          rf_dense(16 * 11 * 11, 10, RF_ACT_IDENTITY)));
-    rfi_graph *simple = NULL, *shared = NULL, *g = NULL;
-    CHECK_OK(rfi_simplify(k.g, &simple));
-    if (simple)
-        CHECK_OK(rfi_cse(simple, &shared));
-    if (shared)
-        CHECK_OK(rfi_unroll_pools(shared, &g));
-    rfi_plan_opts o = rfi_plan_opts_default();
-    o.conv_transposed_views = true;
-    o.blocked_activations = true;
+    rfi_graph *g = unrolled_graph(k.g);
     for (int v = 0; g && v < 3; v++) {
-        o.direct_convs = v > 0;
-        o.channel_blocks = v == 2 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+        rfi_plan_opts o = pool_variant(v);
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
         char *source = plan_and_render(g, &o, &p, &km);
@@ -1418,8 +1425,6 @@ static void test_pooled_forward(void)
         rfi_plan_free(p);
     }
     rfi_graph_free(g);
-    rfi_graph_free(shared);
-    rfi_graph_free(simple);
     cnn_case_free(&k);
 }
 
