@@ -509,8 +509,9 @@ static rfi_node *kernel_over_border(unroller *u, const rfi_node *n, rfi_node *co
         x_cut[xperm[2 + s]] = excess - from_padding;
     }
     bool kt = in[1]->op == RFI_OP_TRANSPOSE, xt = in[0]->op == RFI_OP_TRANSPOSE;
+    rfi_node *cut = cut_end(u->c, (rfi_node *)x, x_cut); /* x itself when nothing is cut */
     rfi_node *ops[2] = {
-        transposed_like(u->c, cut_end(u->c, (rfi_node *)x, x_cut), xt, xperm),
+        cut == x ? in[0] : transposed_like(u->c, cut, xt, xperm),
         transposed_like(u->c, pad->in[0], kt, kperm),
     };
     if (!ops[0] || !ops[1])
