@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ad/vjp.h"
 #include "passes/passes.h"
 #include "runtime/runtime.h"
 
@@ -431,35 +432,6 @@ static const rfi_node *under_transpose(const rfi_node *x, int64_t *perm)
     return t ? x->in[0] : x;
 }
 
-/* x, or the transpose (by perm) of x when `transposed`. */
-static rfi_node *transposed_like(rfi_graph *c, rfi_node *x, bool transposed, const int64_t *perm)
-{
-    if (!transposed || !x)
-        return x;
-    rfi_attrs a;
-    memset(&a, 0, sizeof a);
-    a.nl[0] = x->rank;
-    memcpy(a.l[0], perm, sizeof(int64_t) * (size_t)x->rank);
-    return rfi_node_new(c, RFI_OP_TRANSPOSE, &x, 1, &a, x->dtype, NULL, 0);
-}
-
-/* x without its last cut[d] elements along each dim d. */
-static rfi_node *cut_end(rfi_graph *c, rfi_node *x, const int64_t *cut)
-{
-    rfi_attrs a;
-    memset(&a, 0, sizeof a);
-    bool any = false;
-    for (int d = 0; d < x->rank; d++) {
-        a.l[1][d] = x->dims[d] - cut[d];
-        a.l[2][d] = 1;
-        any = any || cut[d] > 0;
-    }
-    if (!any)
-        return x;
-    a.nl[0] = a.nl[1] = a.nl[2] = x->rank;
-    return rfi_node_new(c, RFI_OP_SLICE, &x, 1, &a, x->dtype, NULL, 0);
-}
-
 /* A convolution whose kernel (rhs, possibly through a transpose) is a pad of
  * +0 at the high end of its spatial dims: the kernel taps in the padding
  * multiply +0 into the sum, so the convolution runs with the unpadded kernel
@@ -508,11 +480,15 @@ static rfi_node *kernel_over_border(unroller *u, const rfi_node *n, rfi_node *co
         a.l[2][s] = high - from_padding;
         x_cut[xperm[2 + s]] = excess - from_padding;
     }
-    bool kt = in[1]->op == RFI_OP_TRANSPOSE, xt = in[0]->op == RFI_OP_TRANSPOSE;
-    rfi_node *cut = cut_end(u->c, (rfi_node *)x, x_cut); /* x itself when nothing is cut */
+    const int64_t zeros[RF_MAX_RANK] = {0};
+    int64_t kept[RF_MAX_RANK];
+    for (int d = 0; d < x->rank; d++)
+        kept[d] = x->dims[d] - x_cut[d];
+    /* perms are the identity where there was no transpose (then no node) */
+    rfi_node *cut = rfi_ad_slice(u->c, (rfi_node *)x, zeros, kept, NULL); /* x: nothing cut */
     rfi_node *ops[2] = {
-        cut == x ? in[0] : transposed_like(u->c, cut, xt, xperm),
-        transposed_like(u->c, pad->in[0], kt, kperm),
+        cut == x ? in[0] : rfi_ad_transpose(u->c, cut, xperm),
+        rfi_ad_transpose(u->c, pad->in[0], kperm),
     };
     if (!ops[0] || !ops[1])
         return NULL;
