@@ -675,6 +675,20 @@ static void test_unrolled_pools(void)
     unsetenv("RF_UNROLL_POOLS");
 }
 
+/* A graph of arguments x [xd] and s (x pooled by 2x2 windows), and in *sas
+ * select_and_scatter(x, s): a pool's gradient, which unroll_pools spreads. */
+static rfi_graph *spread_graph(const int64_t *xd, rfi_node **sas)
+{
+    const int64_t win[4] = {1, 1, 2, 2};
+    int64_t sd[4];
+    rfi_node *x, *src;
+    rfi_attrs a;
+    rfi_graph *g = pool_graph(xd, win, win, 0, RF_F32, sd, &x, &src, &a);
+    rfi_node *in[2] = {x, src};
+    *sas = node(g, RFI_OP_SELECT_AND_SCATTER, in, 2, &a, RF_F32, NULL, 0);
+    return g;
+}
+
 /* A 2-D convolution's attributes: stride 1, padding `pad` on both sides of
  * both spatial dims, lhs and rhs dilations, no groups. */
 static rfi_attrs conv2d_attrs(int64_t pad, int64_t lhs_dilation, int64_t rhs_dilation)
@@ -700,13 +714,9 @@ static rfi_attrs conv2d_attrs(int64_t pad, int64_t lhs_dilation, int64_t rhs_dil
  * results bitwise (finite kernel). */
 static bool conv_took_border(int64_t pad, int64_t dil, bool *cut)
 {
-    const int64_t xd[4] = {2, 3, 7, 5}, win[4] = {1, 1, 2, 2};
-    int64_t sd[4];
-    rfi_node *x, *src;
-    rfi_attrs a;
-    rfi_graph *g = pool_graph(xd, win, win, 0, RF_F32, sd, &x, &src, &a);
-    rfi_node *sas_in[2] = {x, src};
-    rfi_node *sas = node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, RF_F32, NULL, 0);
+    const int64_t xd[4] = {2, 3, 7, 5};
+    rfi_node *sas;
+    rfi_graph *g = spread_graph(xd, &sas);
     const int64_t wd[4] = {4, 3, 3, 3};
     float wv[108];
     for (int i = 0; i < 108; i++)
@@ -749,14 +759,10 @@ static bool conv_took_border(int64_t pad, int64_t dil, bool *cut)
 static bool kernel_took_border(int64_t pad, int64_t dil, bool one, int64_t *cut_x,
                                int64_t *pad_hi)
 {
-    const int64_t xd[4] = {2, 4, 7, 5}, win[4] = {1, 1, 2, 2};
+    const int64_t xd[4] = {2, 4, 7, 5};
     const int64_t ad[4] = {2, 3, 2 + 6 * dil + 1 - 2 * pad, 2 + 4 * dil + 1 - 2 * pad};
-    int64_t sd[4];
-    rfi_node *x, *src;
-    rfi_attrs a;
-    rfi_graph *g = pool_graph(xd, win, win, 0, RF_F32, sd, &x, &src, &a);
-    rfi_node *sas_in[2] = {x, src};
-    rfi_node *dy = node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, RF_F32, NULL, 0);
+    rfi_node *dy;
+    rfi_graph *g = spread_graph(xd, &dy);
     if (one) {
         float v = 1.0f;
         rfi_attrs p = attrs0();
