@@ -1288,12 +1288,6 @@ static void test_direct_weight_grads_c8(void)
     cnn_case_free(&k);
 }
 
-/* (k) A first layer's weight gradient over a max pool's spread gradient
- * (kir.h, spread): after the passes the CPU backend runs, the 1 -> 32
- * layer's weight gradient is a loop (16- or 8-channel blocks) that reads the
- * pooled cotangent and the codes, and the LOOP step that spread them to the
- * 26x26 output gradient is left out of the module. Without direct
- * convolutions that step stays. */
 /* traced after simplify, CSE and unroll_pools, as the compiling backend runs
  * them (NULL on failure; the caller frees it). */
 static rfi_graph *unrolled_graph(const rfi_graph *traced)
@@ -1345,6 +1339,12 @@ static int pooled_forwards(const rfi_kir_module *km, int64_t batch)
     return pooled;
 }
 
+/* (k) A first layer's weight gradient over a max pool's spread gradient
+ * (kir.h, spread): after the passes the CPU backend runs, the 1 -> 32
+ * layer's weight gradient is a loop (16- or 8-channel blocks) that reads the
+ * pooled cotangent and the codes, and the LOOP step that spread them to the
+ * 26x26 output gradient is left out of the module. Without direct
+ * convolutions that step stays. */
 static void test_spread_weight_grad(void)
 {
     rf_nn_seed(9);
