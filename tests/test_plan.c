@@ -18,6 +18,7 @@
  */
 #include "backend/kir.h"
 #include "backend/plan.h"
+#include "backend/plan_internal.h"
 #include "passes/passes.h"
 #include "test_util.h"
 
@@ -1339,6 +1340,102 @@ static int pooled_forwards(const rfi_kir_module *km, int64_t batch)
     return pooled;
 }
 
+/* ---- (l) memory planning around a left-out step ------------------------------------------- */
+
+static void five_values_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *a = rf_neg(x), *g = rf_exp(x), *s = rf_add(a, g), *u = rf_tanh(x);
+    rf_return(t, rf_mul(s, u));
+}
+
+/* Steps a, g, s(a, g) left out, u, c(s, u), one root each, placed by
+ * memplan.c alone: the reader c of the unstored s computes it from a and g
+ * (as a spread weight gradient reads the codes and the pooled cotangent),
+ * so a and g must keep their bytes until c, though no listed input says so;
+ * u may not take them. Without the rule u lands on a's bytes. */
+static void test_memplan_left_out(void)
+{
+    rf_array *x = dev_zeros(RF_SHAPE(64));
+    rfi_graph *g = rfi_graph_new(cpu, "left_out");
+    int64_t dims[1][RF_MAX_RANK] = {{64}};
+    rf_dtype dt = RF_F32;
+    int rank = 1;
+    CHECK_OK(rfi_graph_set_args(g, 1, &dt, &rank, (const int64_t(*)[RF_MAX_RANK])dims));
+    five_values_fn(g, NULL);
+    CHECK_OK(g->status);
+    enum { A, G, S, U, C, STEPS };
+    const rfi_node *c = g->outputs[0], *sum = c->in[0], *u = c->in[1];
+    const int ids[STEPS] = {sum->in[0]->id, sum->in[1]->id, sum->id, u->id, c->id};
+    const int reads[STEPS][2] = {{-1, -1}, {-1, -1}, {A, G}, {-1, -1}, {S, U}};
+    rfi_plan plan = {0};
+    plan.g = g;
+    rfi_loc *loc = calloc((size_t)g->n_nodes, sizeof *loc);
+    int *step_of = malloc((size_t)g->n_nodes * sizeof *step_of);
+    rfi_bstep bsteps[STEPS] = {0};
+    rfi_step steps[STEPS] = {0};
+    int order[STEPS], pos_of[STEPS];
+    for (int x = 0; loc && step_of && x < g->n_nodes; x++) {
+        loc[x].alias = -1;
+        step_of[x] = -1;
+    }
+    for (int q = 0; loc && step_of && q < STEPS; q++) {
+        loc[ids[q]].kind = q == S ? RFI_LOC_UNSTORED : RFI_LOC_ARENA;
+        step_of[ids[q]] = q;
+        order[q] = pos_of[q] = q;
+        steps[q].roots = (int *)&ids[q];
+        steps[q].n_roots = 1;
+        steps[q].left_out = q == S;
+        for (int k = 0; k < 2; k++)
+            if (reads[q][k] >= 0)
+                CHECK(rfi_intlist_push(&bsteps[q].inputs, ids[reads[q][k]]));
+    }
+    plan.loc = loc;
+    plan.steps = steps;
+    plan.n_steps = STEPS;
+    rfi_plan_builder b = {0};
+    b.g = g;
+    b.p = &plan;
+    b.n = g->n_nodes;
+    b.step_of = step_of;
+    b.steps = bsteps;
+    b.n_steps = STEPS;
+    b.order = order;
+    b.pos_of = pos_of;
+    if (loc && step_of) {
+        CHECK_OK(rfi_memplan(&b));
+        size_t bytes = 64 * sizeof(float), at_u = loc[ids[U]].offset;
+        for (int k = A; k <= G; k++)
+            CHECK(at_u + bytes <= loc[ids[k]].offset || loc[ids[k]].offset + bytes <= at_u);
+        CHECK(plan.arena_bytes == 4 * bytes); /* a, g, u, c: nothing for s */
+    }
+    for (int q = 0; q < STEPS; q++)
+        rfi_intlist_free(&bsteps[q].inputs);
+    free(step_of);
+    free(loc);
+    rfi_graph_free(g);
+    rf_array_free(x);
+}
+
+/* The operands a spread weight gradient d at step `conv` reads in place of
+ * its left-out output gradient (the codes and the pooled cotangent) keep
+ * their bytes until it runs: no step in between writes over them. */
+static void check_spread_operands_live(const rfi_plan *p, const rfi_kir_conv *d, int conv)
+{
+    size_t bytes = (size_t)(d->n * d->o * (d->oh / d->win[0]) * (d->ow / d->win[1])) * 4;
+    const int buffers[2] = {d->codes_buffer, d->w_buffer};
+    const size_t offsets[2] = {d->codes_offset, d->w_offset};
+    for (int q = d->spread_step + 1; q <= conv; q++)
+        for (int r = 0; r < p->steps[q].n_roots; r++) {
+            int id = p->steps[q].roots[r], b;
+            size_t off, size = rfi_node_nbytes(p->g->nodes[id]);
+            rfi_plan_buffer(p, id, &b, &off);
+            for (int k = 0; k < 2; k++)
+                CHECK(b != buffers[k] || off >= offsets[k] + bytes || offsets[k] >= off + size);
+        }
+}
+
 /* (k) A first layer's weight gradient over a max pool's spread gradient
  * (kir.h, spread): after the passes the CPU backend runs, the 1 -> 32
  * layer's weight gradient is a loop (16- or 8-channel blocks) that reads the
@@ -1352,12 +1449,14 @@ static void test_spread_weight_grad(void)
                                          rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
                                          rf_dense(32 * 13 * 13, 10, RF_ACT_IDENTITY)));
     rfi_graph *g = unrolled_graph(k.g);
+    size_t arena[3] = {0};
     for (int v = 0; g && v < 3; v++) {
         rfi_plan_opts o = pool_variant(v);
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
         char *source = plan_and_render(g, &o, &p, &km);
         int spread = 0, left_out = -1, lowered_loops = 0, loops = 0;
+        size_t spread_bytes = 0;
         for (int q = 0; p && q < p->n_steps; q++) {
             rfi_kir_conv d;
             loops += p->steps[q].kind == RFI_STEP_LOOP;
@@ -1371,6 +1470,8 @@ static void test_spread_weight_grad(void)
             const rfi_step *st = &p->steps[d.spread_step];
             CHECK(st->kind == RFI_STEP_LOOP && st->n_roots == 1 &&
                   p->g->nodes[st->roots[0]]->dims[2] == 26);
+            check_spread_operands_live(p, &d, q);
+            spread_bytes = rfi_node_nbytes(p->g->nodes[st->roots[0]]);
         }
         for (int q = 0; p && q < p->n_steps; q++) { /* a segmented loop lowers to pieces */
             bool lowered = false;
@@ -1382,6 +1483,12 @@ static void test_spread_weight_grad(void)
         CHECK(spread == (v > 0));
         CHECK(lowered_loops == loops - (v > 0));
         CHECK(source && (strstr(source, "spread from c->w") != NULL) == (v > 0));
+        for (int q = 0; p && q < p->n_steps; q++) /* the spread's bytes are not planned */
+            CHECK(p->steps[q].left_out == (q == left_out) &&
+                  (p->loc[p->steps[q].roots[0]].kind == RFI_LOC_UNSTORED) == (q == left_out));
+        if (p) /* here the spread was the arena's largest buffer */
+            arena[v] = p->arena_bytes;
+        CHECK(v == 0 || (spread_bytes > 0 && arena[v] + spread_bytes <= arena[0]));
         /* the pool's result goes row-major to the dense layer, its codes
          * channel-blocked: the forward does not run the pool's loop */
         CHECK(pooled_forwards(km, 0) == 0);
@@ -1447,6 +1554,7 @@ int main(void)
     test_direct_convs();
     test_direct_weight_grads_c8();
     test_spread_weight_grad();
+    test_memplan_left_out();
     test_pooled_forward();
     return tu_finish("test_plan");
 }

@@ -1451,19 +1451,6 @@ static void link_pool(rfi_kir_module *m, int s)
     }
 }
 
-/* Per plan step: whether a direct convolution computes its value itself (a
- * spread pool gradient, kir.h), so that it is not lowered. NULL: no memory. */
-static bool *left_out_steps(const rfi_plan *p)
-{
-    bool *left_out = rfi_calloc((size_t)(p->n_steps > 0 ? p->n_steps : 1), sizeof(bool));
-    for (int s = 0; left_out && s < p->n_steps; s++) {
-        rfi_kir_conv conv;
-        if (rfi_kir_direct_conv(p, s, &conv) && conv.spread)
-            left_out[conv.spread_step] = true;
-    }
-    return left_out;
-}
-
 rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
 {
     *out = NULL;
@@ -1480,10 +1467,9 @@ rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
         return rfi_error(RF_E_NOMEM, "kir: out of memory");
     }
     m->n_buffers = rfi_plan_n_buffers(p);
-    bool *left_out = left_out_steps(p);
-    rf_status st = left_out ? RF_OK : rfi_error(RF_E_NOMEM, "kir: out of memory");
+    rf_status st = RF_OK;
     for (int s = 0; s < p->n_steps && st == RF_OK; s++) {
-        if (left_out[s])
+        if (p->steps[s].left_out) /* a direct convolution computes its root */
             continue;
         switch (p->steps[s].kind) {
         case RFI_STEP_LOOP:
@@ -1500,7 +1486,6 @@ rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
     rfi_kir_kernel_free(L.k);
     rfi_free((void *)L.is_root);
     rfi_free(L.memo);
-    rfi_free(left_out);
     if (st != RF_OK) {
         rfi_kir_free(m);
         return st;

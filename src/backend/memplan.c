@@ -10,8 +10,10 @@
  * (coalescing neighbours, the arena's top growing when nothing fits), every
  * size rounded up to RFI_PLAN_ALIGN bytes; arena_bytes is the peak top.
  *
- * Arguments, captures, constants, outputs and in-place updates are not in the
- * arena. Not here: deciding which nodes are materialised (fuse.c).
+ * Arguments, captures, constants, outputs, in-place updates and the unstored
+ * roots of left-out steps are not in the arena. Runs after the plan's steps
+ * and layouts are final (plan.c). Not here: deciding which nodes are
+ * materialised (fuse.c).
  */
 #include <string.h>
 
@@ -87,12 +89,17 @@ static bool free_block(free_list *fl, size_t off, size_t size)
     return true;
 }
 
-/* def/last positions of every arena node (-1 for others). */
+/* def/last positions of every arena node (-1 for others). A left-out
+ * step's root is computed by the step that reads it, from the left-out
+ * step's own inputs (plan.h rfi_step), so those live until the root's last
+ * read; the root itself takes no bytes. */
 static void lifetimes(const rfi_plan_builder *b, int *def, int *last)
 {
+    const rfi_plan *p = b->p;
     for (int x = 0; x < b->n; x++) {
         def[x] = last[x] = -1;
-        if (b->p->loc[x].kind == RFI_LOC_ARENA && b->step_of[x] >= 0)
+        rfi_loc_kind kind = p->loc[x].kind;
+        if ((kind == RFI_LOC_ARENA || kind == RFI_LOC_UNSTORED) && b->step_of[x] >= 0)
             def[x] = last[x] = rfi_plan_step_pos(b, b->step_of[x]);
     }
     for (int q = 0; q < b->n_steps; q++) {
@@ -102,6 +109,16 @@ static void lifetimes(const rfi_plan_builder *b, int *def, int *last)
             if (def[t] >= 0 && q > last[t])
                 last[t] = q;
         }
+    }
+    for (int q = 0; q < b->n_steps; q++) {
+        if (!p->steps[q].left_out)
+            continue;
+        int root = p->steps[q].roots[0];
+        const rfi_intlist *in = &b->steps[b->order[q]].inputs;
+        for (int i = 0; i < in->n; i++)
+            if (def[in->v[i]] >= 0 && last[in->v[i]] < last[root])
+                last[in->v[i]] = last[root];
+        def[root] = last[root] = -1;
     }
 }
 

@@ -3,12 +3,14 @@
  * the plan's arena, CALL epilogues included), the buffer table, counts and
  * the readable dump.
  *
- * It does not decide fusion or offsets itself, and knows nothing about how
- * a backend turns steps into code.
+ * It does not decide fusion or offsets itself. Of how a backend turns steps
+ * into code it knows one thing: which steps a direct convolution computes
+ * itself (kir_conv.c), so that memory is not planned for them.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "kir.h"
 #include "plan_internal.h"
 
 /* ---- Small shared helpers ------------------------------------------------------------- */
@@ -245,12 +247,34 @@ static rf_status finish_steps(rfi_plan_builder *b)
         s->n_fused = fused.n;
         s->copy_to_output = bs->copy_to_output;
         s->copy_to_capture = bs->copy_to_capture;
+        s->left_out = false;
         rfi_intlist_free(&fused);
         if (!s->roots || !s->fused || !finish_epilogue(b, bs, s))
             return rfi_error(RF_E_NOMEM, "plan: out of memory");
     }
     p->n_steps = b->n_steps;
     return segment_arrays(b);
+}
+
+/* The steps whose root a direct convolution computes itself (kir_conv.c: a
+ * spread output gradient) are left out, their roots unstored, before the
+ * memory is planned, so the arena holds no bytes that nothing writes. The
+ * decision reads the steps, the locations' kinds and the layouts, never
+ * offsets: the lowering, asking again after memory planning, gets the same
+ * answer. */
+static void leave_out_spreads(rfi_plan *p)
+{
+    for (int s = 0; s < p->n_steps; s++) {
+        rfi_kir_conv conv;
+        if (!rfi_kir_direct_conv(p, s, &conv) || !conv.spread)
+            continue;
+        rfi_step *spread = &p->steps[conv.spread_step];
+        rfi_loc *root = &p->loc[spread->roots[0]];
+        if (root->kind == RFI_LOC_ARENA) {
+            spread->left_out = true;
+            root->kind = RFI_LOC_UNSTORED;
+        }
+    }
 }
 
 rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan **out)
@@ -282,14 +306,16 @@ rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan
     if (st == RF_OK)
         st = rfi_fuse_place_results(&b);
     if (st == RF_OK)
-        st = rfi_memplan(&b);
-    if (st == RF_OK)
         st = finish_steps(&b);
     p->channel_blocks =
         rfi_layout_blocked(b.opts.channel_blocks) ? b.opts.channel_blocks : RFI_LAYOUT_C16;
     if (st == RF_OK && b.opts.blocked_activations)
         st = rfi_plan_choose_layouts(p);
     p->direct_convs = b.opts.direct_convs;
+    if (st == RF_OK)
+        leave_out_spreads(p);
+    if (st == RF_OK)
+        st = rfi_memplan(&b);
     if (p->loc)
         builder_free(&b);
     if (st != RF_OK) {
@@ -391,6 +417,8 @@ static void print_step(rfi_strbuf *sb, const rfi_plan *p, int q)
         return;
     }
     print_ids(sb, "roots", s->roots, s->n_roots);
+    if (s->left_out)
+        rfi_sb_printf(sb, " left_out");
     if (s->n_fused > 0)
         print_ids(sb, "fused", s->fused, s->n_fused);
     const rfi_node *r = p->g->nodes[s->roots[0]];
@@ -417,6 +445,7 @@ static void print_loc(rfi_strbuf *sb, const rfi_plan *p, int x)
     case RFI_LOC_OUTPUT: rfi_sb_printf(sb, "output %d", l->index); break;
     case RFI_LOC_IN_PLACE: rfi_sb_printf(sb, "in_place capture %d", l->index); break;
     case RFI_LOC_ALIAS: rfi_sb_printf(sb, "alias %%%d", l->alias); break;
+    case RFI_LOC_UNSTORED: rfi_sb_printf(sb, "unstored"); break;
     default: break;
     }
     static const char *const layout_names[] = {"", " nhwc", " c8", " c16"};

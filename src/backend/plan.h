@@ -105,6 +105,10 @@ typedef struct rfi_step {
     int core;
     rfi_epi_op *epilogue;
     int n_epilogue;
+    /* A LOOP step whose one root a direct convolution computes itself as it
+     * reads it (the spread output gradient of kir.h): the step is not run and
+     * its root is RFI_LOC_UNSTORED. */
+    bool left_out;
 } rfi_step;
 
 typedef enum rfi_loc_kind {
@@ -116,6 +120,7 @@ typedef enum rfi_loc_kind {
     RFI_LOC_OUTPUT,     /* index = output buffer, written directly */
     RFI_LOC_IN_PLACE,   /* index = capture: an update value written into its capture */
     RFI_LOC_ALIAS,      /* same bytes as node `alias` (a materialised node) */
+    RFI_LOC_UNSTORED,   /* the root of a left-out step (rfi_step): no bytes */
     RFI_LOC_KIND_COUNT
 } rfi_loc_kind;
 
@@ -194,8 +199,10 @@ typedef struct rfi_plan_opts {
     /* The backend writes the CALL CONV steps of the form kir_conv.c takes
      * (few channels, where the library is slowest) as generated loops
      * (kir.h RFI_KIR_STEP_CONV) instead of calling the library. The plan
-     * itself does not change. Default off: a backend that renders such
-     * steps turns it on (the cpu backend; RF_DIRECT_CONV=0 in the
+     * changes only where such a loop computes an operand itself (a spread
+     * output gradient): that operand's step is left out and its bytes are
+     * not planned (rfi_step left_out). Default off: a backend that renders
+     * such steps turns it on (the cpu backend; RF_DIRECT_CONV=0 in the
      * environment: off). */
     bool direct_convs;
     /* Sibling reductions (the same kind over the same operand shape and
