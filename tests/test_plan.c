@@ -1222,6 +1222,10 @@ static void test_direct_convs(void)
         CHECK(source && (strstr(source, "convolution (weight gradient)") != NULL) == on);
         /* without gcc's predictive commoning (render_c.c's prelude says why) */
         CHECK(source && (strstr(source, "RF_KERNEL RF_CONV_LOOP void") != NULL) == on);
+        /* the 8 -> 16 loop's vectors are 16 floats: 512-bit ones where there are */
+        CHECK(source && (strstr(source, "RF_KERNEL RF_CONV_LOOP RF_LANES16 void") != NULL) == on);
+        CHECK(source && strstr(source, "#define RF_LANES16 __attribute__((target(\"prefer-vector"
+                               "-width=512\")))") != NULL);
         /* the input rows of a later output row, and (weight gradients) that row of
          * the output gradient, are asked for while this row is computed, never
          * past the array's last row */
@@ -1527,6 +1531,9 @@ static void test_pooled_forward(void)
         bool entry_calls =
             source && (strstr(source, "k1_max(&c, ") || strstr(source, ", k1_max, &c)"));
         CHECK(entry_calls == (v != 1));
+        /* the pool's kernel loops over the 16 lanes of a block innermost (with
+         * 16-channel blocks: one 512-bit vector, RF_LANES16), over 8 with 8 */
+        CHECK(source && (strstr(source, "RF_KERNEL RF_LANES16 void k1_max(") != NULL) == (v != 2));
         rfi_free(source);
         rfi_kir_free(km);
         rfi_plan_free(p);

@@ -110,6 +110,7 @@ enum {
     NEED_LOGISTIC_F32 = 1u << 6,
     NEED_LOGISTIC_F64 = 1u << 7,
     NEED_VECTORS = 1u << 8, /* the GNU vector types of direct convolutions */
+    NEED_LANES16 = 1u << 9, /* RF_LANES16 */
 };
 
 /* libm functions with vector variants in libmvec, declared `omp declare simd`. */
@@ -1403,9 +1404,19 @@ static void combine_function(render *R, const char *kname, const bool *live, con
     put(R->sb, "}\n\n");
 }
 
+/* Whether k's innermost loop is 16 points of an elementwise kernel: the
+ * lanes of a 16-channel block, one 512-bit vector (RF_LANES16). */
+static bool lanes16(const rfi_kir_kernel *k)
+{
+    return k->red_rank == 0 && k->rank >= 1 && k->dims[k->rank - 1] == 16;
+}
+
 static void function_head(render *R, const char *kname)
 {
-    putf(R->sb, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi)\n{\n", kname);
+    bool wide = lanes16(R->k);
+    R->need |= wide ? NEED_LANES16 : 0;
+    putf(R->sb, "RF_KERNEL%s void %s(void *ctx, int64_t lo, int64_t hi)\n{\n",
+         wide ? " RF_LANES16" : "", kname);
     putf(R->sb, "    const struct %s_ctx *c = ctx;\n", kname);
 }
 
@@ -1912,6 +1923,15 @@ static void prelude(rfi_strbuf *sb, const render *R)
         }
     put(sb, "\n");
     unsigned need = R->need;
+    if (need & (NEED_VECTORS | NEED_LANES16))
+        put(sb, "/* a loop over the 16 lanes of a channel block, or over 16-float vectors:\n"
+                " * gcc's tuning for AVX-512 machines prefers 256-bit vectors, which takes\n"
+                " * two halves and a loop per block */\n"
+                "#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)\n"
+                "#define RF_LANES16 __attribute__((target(\"prefer-vector-width=512\")))\n"
+                "#else\n"
+                "#define RF_LANES16\n"
+                "#endif\n");
     if (need & NEED_VECTORS)
         put(sb, "/* GNU C vectors: one register (or two) of output channels */\n"
                 "typedef float rf_f32x8 __attribute__((vector_size(32)));\n"

@@ -492,6 +492,9 @@ static void forward_rows_tail(rfi_strbuf *def, const rfi_kir_conv *d, const char
                   G, G, PH, pool_name);
 }
 
+/* " RF_LANES16" (render_c.c) for a loop whose vectors are 16 floats. */
+static const char *lanes16(const conv_form *f) { return f->lanes == 16 ? " RF_LANES16" : ""; }
+
 static void forward_kernel(const conv_form *f, const char *kname, const char *pool_name,
                            rfi_strbuf *def)
 {
@@ -499,7 +502,7 @@ static void forward_kernel(const conv_form *f, const char *kname, const char *po
     long long C = (long long)d->c, O = (long long)d->o, KH = (long long)d->kh,
               KW = (long long)d->kw;
     rfi_sb_printf(def,
-                  "RF_KERNEL RF_CONV_LOOP void %s(void *ctx, int64_t lo, int64_t hi)\n{\n"
+                  "RF_KERNEL RF_CONV_LOOP%s void %s(void *ctx, int64_t lo, int64_t hi)\n{\n"
                   "    const struct %s_ctx *c = ctx;\n"
                   "    const float *restrict x = c->x;\n"
                   "    float wt[%lld]; /* [kh][kw][c][o] */\n"
@@ -511,7 +514,7 @@ static void forward_kernel(const conv_form *f, const char *kname, const char *po
                   "                        c->w[((o * %lld + ci) * %lld + ky) * %lld + kx];\n"
                   "    unsigned char valid[%lld];\n"
                   "    float tile[%lld];\n",
-                  kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, C, KH, KW, KH,
+                  lanes16(f), kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, C, KH, KW, KH,
                   (long long)(f->block_max * f->vecs * f->lanes));
     rows_table(def, f);
     forward_rows_head(def, d);
@@ -710,10 +713,10 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
     long long table = C * KH * KW * O, rows = (long long)(d->n * d->oh);
     long long chunks = (long long)f->chunks;
     rfi_sb_printf(def,
-                  "RF_KERNEL RF_CONV_LOOP void %s(void *ctx, int64_t lo, int64_t hi)\n{\n"
+                  "RF_KERNEL RF_CONV_LOOP%s void %s(void *ctx, int64_t lo, int64_t hi)\n{\n"
                   "    const struct %s_ctx *c = ctx;\n"
                   "    const float *restrict x = c->x;\n",
-                  kname, kname);
+                  lanes16(f), kname, kname);
     rows_table(def, f);
     if (d->spread || (d->w_layout != RFI_LAYOUT_NHWC && !rfi_layout_blocked(d->w_layout)))
         rfi_sb_printf(def, "    float drow[%lld]; /* [ow][o] */\n", (long long)(d->ow * O));
