@@ -619,6 +619,37 @@ static void test_matvec(void)
     rf_array_free(w);
 }
 
+/* A module's parts (render_c.c) share gcc's time: with each kernel's
+ * functions costing their bytes plus 2048 (PIECE_COST), the mlp step's parts
+ * differ by less than its largest piece. By bytes alone it had 16 small
+ * kernels in one part and 3 large ones in the other. */
+static void check_parts_balanced(const char *source)
+{
+    enum { MOST = 8, PIECE_COST = 2048 };
+    size_t cost[MOST] = {0}, total = 0, largest = 0;
+    int parts = 0;
+    const char *count = source ? strstr(source, "#define RF_PARTS ") : NULL;
+    CHECK(count && sscanf(count, "#define RF_PARTS %d", &parts) == 1);
+    for (const char *at = source ? strstr(source, "#if RF_IN_PART(") : NULL; at;
+         at = strstr(at + 1, "#if RF_IN_PART(")) {
+        int part = atoi(at + strlen("#if RF_IN_PART("));
+        const char *end = strstr(at, "#endif");
+        CHECK(end && part >= 0 && part < parts && part < MOST);
+        if (!end || part < 0 || part >= MOST)
+            break;
+        size_t piece = (size_t)(end - at) + PIECE_COST;
+        cost[part] += piece;
+        total += piece;
+        largest = piece > largest ? piece : largest;
+    }
+    size_t most = 0, least = total;
+    for (int q = 0; q < parts && q < MOST; q++) {
+        most = cost[q] > most ? cost[q] : most;
+        least = cost[q] < least ? cost[q] : least;
+    }
+    CHECK(parts >= 2 && least > 0 && most - least < largest); /* bytes alone: 40 KB and 18 KB */
+}
+
 static void test_mlp_train_step(void)
 {
     rf_nn_seed(1);
@@ -672,6 +703,14 @@ static void test_mlp_train_step(void)
         CHECK(p->arena_bytes < f.sum_arena);
         printf("mlp: %d steps, %d arena buffers, peak %zu bytes (%zu without reuse)\n",
                p->n_steps, f.n_arena, p->arena_bytes, f.sum_arena);
+        rfi_kir_module *km = NULL;
+        char *source = NULL;
+        CHECK_OK(rfi_kir_lower(p, &km));
+        if (km)
+            CHECK_OK(rfi_render_c(km, &source));
+        check_parts_balanced(source);
+        rfi_free(source);
+        rfi_kir_free(km);
     }
     rfi_plan_free(p);
     rfi_graph_free(g);

@@ -2014,10 +2014,17 @@ static void prelude(rfi_strbuf *sb, const render *R)
  * the driver compiles in parallel and links (cc.c): each kernel's functions
  * and the entry point are compiled in one part (RF_IN_PART), the prelude, the
  * ctx structs and the kernels' declarations in all. Compiled as one file,
- * the same source is the whole module. Parts hold about the same number of
- * bytes of functions, in step order, the entry point last. gcc's time per
- * byte varies from kernel to kernel, so there are more parts than cores: the
- * driver starts them all and the cores even out the differences. Parts of
+ * the same source is the whole module. Parts hold about the same share of
+ * gcc's time (piece_cost: the bytes of a kernel's functions plus PIECE_COST
+ * per kernel, in step order, the entry point last): by bytes alone, the
+ * mlp's step put its 16 small kernels in one part (0.44-0.49 s of gcc) and
+ * 3 large ones in the other (0.10-0.11 s); with the per-kernel cost its two
+ * parts took 0.30-0.32 and 0.30 s, and its cold compile 397-404 against
+ * 547-789 ms (3 alternating runs of `rf_bench --workload compile_mlp_cold`;
+ * the cnn's and the ResNet's steps the same within the noise). gcc's time
+ * per byte still varies from kernel to kernel, so there are more parts than
+ * cores: the driver starts them all and the cores even out the differences.
+ * Their count comes from the bytes of functions, one per PART_BYTES. Parts of
  * 20 KB rather than 40: the cnn's training step (104 KB of C) then compiles
  * in 4 parts in 320-345 ms instead of whole in 413-438 ms (3 runs each of
  * `rf_bench --workload cnn`); the ResNet's did not move (at most MAX_PARTS).
@@ -2032,6 +2039,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
  * 0.13 at -O0, while its extra cost at run time is a few ns per kernel call. */
 #define PART_BYTES (20 * 1024)
 #define MAX_PARTS 8
+#define PIECE_COST 2048
 
 static const char parts_block[] =
     "#ifndef RF_PART /* compiled whole: every part, kernels static */\n"
@@ -2050,10 +2058,16 @@ static const char parts_block[] =
 /* The pieces into out (kernels in step order, then the entry point): each
  * one's declarations, then its functions, inside its part's guard when the
  * module has several parts. */
+/* A piece's share of gcc's time, in bytes: its functions' bytes plus
+ * PIECE_COST for the passes every function goes through, however small. */
+static size_t piece_cost(const rfi_strbuf *def) { return def->len ? def->len + PIECE_COST : 0; }
+
 static void put_pieces(rfi_strbuf *out, const rfi_strbuf *decl, const rfi_strbuf *def,
-                       int n, size_t total, int parts)
+                       int n, int parts)
 {
-    size_t done = 0;
+    size_t total = 0, done = 0;
+    for (int i = 0; i < n; i++)
+        total += piece_cost(&def[i]);
     for (int i = 0; i < n; i++) {
         if (decl[i].len == 0 && def[i].len == 0)
             continue; /* a step that is no kernel */
@@ -2061,8 +2075,8 @@ static void put_pieces(rfi_strbuf *out, const rfi_strbuf *decl, const rfi_strbuf
             put_n(out, decl[i].data, decl[i].len);
         if (def[i].len == 0)
             continue; /* a kernel that calls another's functions */
-        if (parts > 1) { /* the part its middle byte falls in */
-            size_t part = (done + def[i].len / 2) * (size_t)parts / (total ? total : 1);
+        if (parts > 1) { /* the part the middle of its cost falls in */
+            size_t part = (done + piece_cost(&def[i]) / 2) * (size_t)parts / (total ? total : 1);
             if (part >= (size_t)parts)
                 part = (size_t)parts - 1;
             putf(out, "#if RF_IN_PART(%d)\n\n", (int)part);
@@ -2071,7 +2085,7 @@ static void put_pieces(rfi_strbuf *out, const rfi_strbuf *decl, const rfi_strbuf
             put_n(out, def[i].data, def[i].len);
         if (parts > 1)
             put(out, "#endif\n\n");
-        done += def[i].len;
+        done += piece_cost(&def[i]);
     }
 }
 
@@ -2130,7 +2144,7 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
                           parts, parts - 1);
         put_n(&out, parts_block, sizeof parts_block - 1);
         prelude(&out, &R);
-        put_pieces(&out, decl, def, n, total, parts);
+        put_pieces(&out, decl, def, n, parts);
     }
     failed |= out.failed;
     for (int i = 0; i < n; i++) {
