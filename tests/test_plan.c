@@ -1122,7 +1122,8 @@ static void free_kernels(rfi_kir_module *km, rfi_plan *p)
  * its evaluation flattens a max pool of a 16-channel (blocked) activation for
  * the dense layer. Both kernels loop over shapes where every division and
  * remainder of their indices splits away: the update's pieces loop over
- * their parameter's shape, the flatten over the pool's. */
+ * their parameter's shape, the pool over its blocked operand's blocks (lanes
+ * innermost), storing the pool row-major; the flatten is an alias of it. */
 static void test_index_math(void)
 {
     rf_nn_seed(5);
@@ -1148,15 +1149,26 @@ static void test_index_math(void)
     rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(8, 1, 28, 28), NULL);
     rfi_graph *g = trace_program(forward_fn, k.m, &x, 1);
     km = g ? kernels_of_program(g, &p) : NULL;
-    int flattens = 0;
+    int pools = 0, flattens = 0;
     for (int s = 0; km && s < km->n_steps; s++) {
         const rfi_kir_kernel *kk = km->steps[s].kernel;
-        if (!kk || kk->n_stores != 1 || p->g->nodes[kk->stores[0].node]->op != RFI_OP_RESHAPE)
+        if (!kk || kk->n_stores != 1)
             continue;
-        flattens++;
+        const rfi_node *stored = p->g->nodes[kk->stores[0].node];
+        CHECK(stored->op != RFI_OP_RESHAPE);
+        if (stored->op != RFI_OP_MAX || stored->rank != 4)
+            continue;
+        pools++;
         CHECK(divisions(kk) == 0);
+        CHECK(kk->rank >= 2 && kk->dims[kk->rank - 1] == 16); /* the lanes of a block */
+        CHECK(!blocked_node(p, stored->id));
     }
-    CHECK(flattens == 1);
+    for (int x = 0; p && x < p->g->n_nodes; x++)
+        if (p->g->nodes[x]->op == RFI_OP_RESHAPE && p->g->nodes[x]->in[0]->op == RFI_OP_MAX) {
+            flattens++;
+            CHECK(p->loc[x].kind == RFI_LOC_ALIAS);
+        }
+    CHECK(pools == 1 && flattens == 1);
     free_kernels(km, p);
     rfi_graph_free(g);
     rf_array_free(x);

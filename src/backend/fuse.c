@@ -12,7 +12,9 @@
  * Always materialised: program outputs and update values; the operands of
  *   CALL steps (with opts.conv_transposed_views, an f32 ungrouped CONV call's
  *   operand that transposes dims 0 and 1 stays inline and its own operand is
- *   materialised instead: the call reads it as a view); every op that is not
+ *   materialised instead: the call reads it as a view; a MATMUL or FALLBACK
+ *   call's operand that reshapes a fusible non-leaf value, a flatten, has
+ *   that value materialised instead and becomes its alias); every op that is not
  *   fusible (REDUCE, REDUCE_WINDOW, ARGMAX, ARGMIN, DOT_GENERAL, CONVOLUTION,
  *   GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG).
  *
@@ -254,9 +256,26 @@ static bool conv_view(const rfi_plan_builder *b, const rfi_node *x, int k)
     return true;
 }
 
+/* The node whose buffer CALL x reads as its operand k: the operand itself,
+ * or for a view the transpose's operand, or for a reshape of a fusible value
+ * (a flatten before a matmul) the reshape's operand, so that the reshape is
+ * an alias of its bytes and the loop computing them runs over the operand's
+ * dims, in the order its own inputs are laid out, rather than over the
+ * reshaped ones. Convolutions keep their reshaped operand: it may take a
+ * blocked layout, an alias may not. */
+static int call_reads(const rfi_plan_builder *b, const rfi_node *x, int k)
+{
+    const rfi_node *in = x->in[k];
+    if (conv_view(b, x, k))
+        return in->in[0]->id;
+    if (in->op == RFI_OP_RESHAPE && x->op != RFI_OP_CONVOLUTION && !b->is_output[in->id] &&
+        is_fusible(in->in[0]->op) && !is_leaf(in->in[0]))
+        return in->in[0]->id;
+    return in->id;
+}
+
 /* Nodes that must have a buffer whatever their users: outputs, update
- * values, non-fusible ops and the operands of CALL steps (for a view, the
- * transpose's operand instead). */
+ * values, non-fusible ops and what CALL steps read (call_reads). */
 static void mark_forced(const rfi_plan_builder *b, bool *forced)
 {
     const rfi_graph *g = b->g;
@@ -270,7 +289,7 @@ static void mark_forced(const rfi_plan_builder *b, bool *forced)
             forced[i] = true;
         if (call_kind(b, x) != RFI_CALL_NONE)
             for (int k = 0; k < x->n_in; k++)
-                forced[conv_view(b, x, k) ? x->in[k]->in[0]->id : x->in[k]->id] = true;
+                forced[call_reads(b, x, k)] = true;
     }
 }
 

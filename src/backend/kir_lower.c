@@ -708,6 +708,31 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
     m[channel] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, b)), lane);
 }
 
+/* Whether a row-major rank-4 root r of step st reads a channel-blocked
+ * buffer holding the same images and channels (a max pool written out
+ * row-major for a flatten): its loops then walk that buffer's blocks, the
+ * lanes innermost, and the stores stride instead of the loads. In row-major
+ * order each of the pool's four loads per result strides by a block. */
+static bool walks_blocked_input(const lower *L, const rfi_step *st, const rfi_node *r)
+{
+    int64_t b = rfi_layout_block(L->p->channel_blocks);
+    if (r->rank != 4 || b <= 0 || r->dims[1] % b != 0 ||
+        rfi_plan_layout(L->p, r->id) != RFI_LAYOUT_PLAIN)
+        return false;
+    for (int i = 0; i < st->n_roots + st->n_fused; i++) {
+        const rfi_node *v =
+            L->g->nodes[i < st->n_roots ? st->roots[i] : st->fused[i - st->n_roots]];
+        for (int j = 0; j < v->n_in; j++) {
+            const rfi_node *x = v->in[j];
+            if (L->p->loc[x->id].kind != RFI_LOC_INLINE && x->rank == 4 &&
+                x->dims[0] == r->dims[0] && x->dims[1] == r->dims[1] &&
+                rfi_plan_layout(L->p, x->id) == L->p->channel_blocks)
+                return true;
+        }
+    }
+    return false;
+}
+
 /* The root whose layout orders a LOOP step's loops: one not row-major if
  * any (a pool's blocked codes beside its row-major result), else the first. */
 static const rfi_node *ordering_root(const lower *L, const rfi_step *st)
@@ -763,6 +788,8 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
     }
     if (flat)
         vars[0] = loop_var(L, rfi_node_numel(r0), false);
+    else if (walks_blocked_input(L, st, ordering_root(L, st)))
+        blocked_loops(L, r0, rfi_layout_block(L->p->channel_blocks), vars);
     else
         root_loops(L, ordering_root(L, st), vars);
     for (int r = 0; r < st->n_roots; r++) {
@@ -789,7 +816,8 @@ static rf_status lower_loop(lower *L, const rfi_step *st)
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
     kernel_name(L->k, r0);
     bool flat = r0->rank >= 2 &&
-                rfi_plan_layout(L->p, ordering_root(L, st)->id) == RFI_LAYOUT_PLAIN;
+                rfi_plan_layout(L->p, ordering_root(L, st)->id) == RFI_LAYOUT_PLAIN &&
+                !walks_blocked_input(L, st, ordering_root(L, st));
     rf_status s = lower_loop_as(L, st, flat);
     if (s == RF_OK && flat && L->wants_multi) { /* flat needs div/mod: use the shape */
         reset_kernel(L, L->k ? L->k->step : 0);
