@@ -1374,8 +1374,9 @@ static rfi_plan_opts pool_variant(int v)
 /* The module's direct forwards that run their pool's kernel (kir.h
  * pool_kernel), each checked: 32 channels in two vectors of 16, 2x2 windows,
  * the pool's kernel lowered, run by it alone, its outermost loop over
- * [batch][2 channel blocks][13 window rows]. */
-static int pooled_forwards(const rfi_kir_module *km, int64_t batch)
+ * [batch][2 channel blocks][13 window rows], the plan's step running the
+ * pool and its result in the tile, taking no bytes. */
+static int pooled_forwards(const rfi_plan *p, const rfi_kir_module *km, int64_t batch)
 {
     int pooled = 0;
     for (int s = 0; km && s < km->n_steps; s++) {
@@ -1388,6 +1389,9 @@ static int pooled_forwards(const rfi_kir_module *km, int64_t batch)
         CHECK(d->pool_rows == 2 && d->pool_groups == 2 && pk->pooled_by == s);
         CHECK(pk->kind == RFI_KIR_STEP_KERNEL && pk->step == d->pool_step);
         CHECK(pk->kernel->dims[0] == batch * 2 * 13);
+        const rfi_step *st = &p->steps[km->steps[s].step];
+        CHECK(st->runs_pool && d->tiled && d->tile_floats == (26 + 2) * 26 * 16);
+        CHECK(p->loc[st->roots[0]].kind == RFI_LOC_TILE);
         for (int t = 0; t < km->n_steps; t++)
             CHECK(t == s || km->steps[t].conv.pool_kernel != d->pool_kernel ||
                   km->steps[t].kind != RFI_KIR_STEP_CONV);
@@ -1409,8 +1413,12 @@ static void five_values_fn(rf_trace *t, void *ctx)
  * memplan.c alone: the reader c of the unstored s computes it from a and g
  * (as a spread weight gradient reads the codes and the pooled cotangent),
  * so a and g must keep their bytes until c, though no listed input says so;
- * u may not take them. Without the rule u lands on a's bytes. */
-static void test_memplan_left_out(void)
+ * u may not take them. Without the rule u lands on a's bytes.
+ * With `pooled`, s(a, g) instead runs the next step u(s) itself (a
+ * convolution running its pool, s in its tile) and c reads u: u is written
+ * while s still reads a and g, so u may not take their bytes either, and s
+ * takes none. */
+static void memplan_around(bool pooled)
 {
     rf_array *x = dev_zeros(RF_SHAPE(64));
     rfi_graph *g = rfi_graph_new(cpu, "left_out");
@@ -1423,7 +1431,11 @@ static void test_memplan_left_out(void)
     enum { A, G, S, U, C, STEPS };
     const rfi_node *c = g->outputs[0], *sum = c->in[0], *u = c->in[1];
     const int ids[STEPS] = {sum->in[0]->id, sum->in[1]->id, sum->id, u->id, c->id};
-    const int reads[STEPS][2] = {{-1, -1}, {-1, -1}, {A, G}, {-1, -1}, {S, U}};
+    int reads[STEPS][2] = {{-1, -1}, {-1, -1}, {A, G}, {-1, -1}, {S, U}};
+    if (pooled) {
+        reads[U][0] = S;
+        reads[C][0] = U;
+    }
     rfi_plan plan = {0};
     plan.g = g;
     rfi_loc *loc = calloc((size_t)g->n_nodes, sizeof *loc);
@@ -1436,12 +1448,13 @@ static void test_memplan_left_out(void)
         step_of[x] = -1;
     }
     for (int q = 0; loc && step_of && q < STEPS; q++) {
-        loc[ids[q]].kind = q == S ? RFI_LOC_UNSTORED : RFI_LOC_ARENA;
+        loc[ids[q]].kind = q != S ? RFI_LOC_ARENA : pooled ? RFI_LOC_TILE : RFI_LOC_UNSTORED;
         step_of[ids[q]] = q;
         order[q] = pos_of[q] = q;
         steps[q].roots = (int *)&ids[q];
         steps[q].n_roots = 1;
-        steps[q].left_out = q == S;
+        steps[q].left_out = q == S && !pooled;
+        steps[q].runs_pool = q == S && pooled;
         for (int k = 0; k < 2; k++)
             if (reads[q][k] >= 0)
                 CHECK(rfi_intlist_push(&bsteps[q].inputs, ids[reads[q][k]]));
@@ -1463,7 +1476,8 @@ static void test_memplan_left_out(void)
         size_t bytes = 64 * sizeof(float), at_u = loc[ids[U]].offset;
         for (int k = A; k <= G; k++)
             CHECK(at_u + bytes <= loc[ids[k]].offset || loc[ids[k]].offset + bytes <= at_u);
-        CHECK(plan.arena_bytes == 4 * bytes); /* a, g, u, c: nothing for s */
+        /* a, g, u, c: nothing for s; pooled, c may take a's bytes */
+        CHECK(plan.arena_bytes == (pooled ? 3 : 4) * bytes);
     }
     for (int q = 0; q < STEPS; q++)
         rfi_intlist_free(&bsteps[q].inputs);
@@ -1471,6 +1485,12 @@ static void test_memplan_left_out(void)
     free(loc);
     rfi_graph_free(g);
     rf_array_free(x);
+}
+
+static void test_memplan_left_out(void)
+{
+    memplan_around(false);
+    memplan_around(true);
 }
 
 /* The operands a spread weight gradient d at step `conv` reads in place of
@@ -1546,7 +1566,9 @@ static void test_spread_weight_grad(void)
         CHECK(v == 0 || (spread_bytes > 0 && arena[v] + spread_bytes <= arena[0]));
         /* the pool's result goes row-major to the dense layer, its codes
          * channel-blocked: the forward does not run the pool's loop */
-        CHECK(pooled_forwards(km, 0) == 0);
+        CHECK(pooled_forwards(p, km, 0) == 0);
+        for (int q = 0; p && q < p->n_steps; q++)
+            CHECK(!p->steps[q].runs_pool);
         rfi_free(source);
         rfi_kir_free(km);
         rfi_plan_free(p);
@@ -1574,11 +1596,12 @@ static void test_pooled_forward(void)
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
         char *source = plan_and_render(g, &o, &p, &km);
-        CHECK(pooled_forwards(km, 4) == (v == 1));
+        CHECK(pooled_forwards(p, km, 4) == (v == 1));
         CHECK(source && (strstr(source, "pool over them") != NULL) == (v == 1));
-        /* the pool's kernel (step 1) is called from the forward's loop or
-         * by the entry point, not both */
-        CHECK(source && (strstr(source, "k1_max(c->pool, q, q + 1);") != NULL) == (v == 1));
+        /* the pool's kernel (step 1) is called from the forward's loop, on
+         * its tile, or by the entry point, not both */
+        CHECK(source && (strstr(source, "k1_max(c->pool, q, q + 1, yt);") != NULL) == (v == 1));
+        CHECK(source && (strstr(source, "float ytile[") != NULL) == (v == 1));
         bool entry_calls =
             source && (strstr(source, "k1_max(&c, ") || strstr(source, ", k1_max, &c)"));
         CHECK(entry_calls == (v != 1));
@@ -1591,6 +1614,46 @@ static void test_pooled_forward(void)
     }
     rfi_graph_free(g);
     cnn_case_free(&k);
+}
+
+/* The same layers on 2 images of 64x64: one image's two rows of the first
+ * layer's result span 62 KB of its blocked layout (its second channel block
+ * starts 62 rows later), more than the tile takes, so the result stays in
+ * memory while the forward still runs the pool after each pair of rows. */
+static void test_pooled_forward_untiled(void)
+{
+    rf_nn_seed(11);
+    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                              rf_conv2d(3, 3, 32, 16, RF_ACT_RELU, NULL), rf_flatten_layer(),
+                              rf_dense(16 * 29 * 29, 10, RF_ACT_IDENTITY));
+    rf_model *m = rf_model_to(host, cpu);
+    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(2, 1, 64, 64), NULL);
+    rfi_graph *traced = trace_program(forward_fn, m, &x, 1);
+    rfi_graph *g = traced ? unrolled_graph(traced) : NULL;
+    rfi_plan_opts o = pool_variant(1);
+    rfi_plan *p = NULL;
+    rfi_kir_module *km = NULL;
+    char *source = g ? plan_and_render(g, &o, &p, &km) : NULL;
+    int pooled = 0;
+    for (int s = 0; km && s < km->n_steps; s++) {
+        const rfi_kir_conv *d = &km->steps[s].conv;
+        if (km->steps[s].kind != RFI_KIR_STEP_CONV || d->pool_kernel < 0)
+            continue;
+        pooled++;
+        const rfi_step *st = &p->steps[km->steps[s].step];
+        CHECK(st->runs_pool && !d->tiled && d->tile_floats == 0);
+        CHECK(p->loc[st->roots[0]].kind == RFI_LOC_ARENA);
+    }
+    CHECK(pooled == 1);
+    CHECK(source && strstr(source, "k1_max(c->pool, q, q + 1);") && !strstr(source, "ytile"));
+    rfi_free(source);
+    rfi_kir_free(km);
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rfi_graph_free(traced);
+    rf_array_free(x);
+    rf_model_free(m);
+    rf_model_free(host);
 }
 
 int main(void)
@@ -1614,5 +1677,6 @@ int main(void)
     test_spread_weight_grad();
     test_memplan_left_out();
     test_pooled_forward();
+    test_pooled_forward_untiled();
     return tu_finish("test_plan");
 }

@@ -93,6 +93,11 @@ typedef struct rfi_kir_ins {
 /* A typed pointer a kernel addresses: buffer `buffer` of the table plus `offset`
  * bytes, `nbytes` bytes from there. `noalias`: no other base of the kernel
  * overlaps these bytes (a renderer may then mark it restrict). */
+/* The buffer of a base in the tile of the convolution that runs the kernel
+ * (rfi_kir_conv tiled): the kernel's fourth argument, which points where
+ * the element at the result's index 0 would be. */
+#define RFI_KIR_TILE_BUFFER (-2)
+
 typedef struct rfi_kir_base {
     int buffer;
     size_t offset;
@@ -172,13 +177,18 @@ typedef enum rfi_kir_step_kind {
  *     would have materialised it, is left out of the module.
  * x (xd) is zero outside its extent. A FORWARD convolution whose result only
  * the next plan step, pool_step, reads, through slices of whole windows of
- * pool_rows rows (a pool over it, passes/pools.c), and whose results share
- * no bytes with the convolution's operands, runs that step's kernel (module
- * step pool_kernel) itself: after each pool_rows output rows of an image,
- * for the iterations of that kernel's outermost loop that read them (its
- * outermost loop runs over [n][pool_groups][oh / pool_rows]), so the pool
- * reads the rows from the cache they were just written to. pool_step < 0:
- * none; pool_kernel < 0: not (yet) lowered, the step runs on its own. */
+ * pool_rows rows (a pool over it, passes/pools.c), when the plan lets it
+ * (rfi_step runs_pool: the convolution's operands outlive that step), runs
+ * that step's kernel (module step pool_kernel) itself: after each pool_rows
+ * output rows of an image, for the iterations of that kernel's outermost
+ * loop that read them (its outermost loop runs over [n][pool_groups][oh /
+ * pool_rows]), so the pool reads the rows from the cache they were just
+ * written to. pool_step < 0: none; pool_kernel < 0: not (yet) lowered, the
+ * step runs on its own. tile_floats > 0: the span of the result's layout
+ * that one image's pool_rows rows cover, in every channel block, is small
+ * enough for a tile on the convolution's stack; with `tiled` (the result is
+ * RFI_LOC_TILE) the rows go there instead of memory, and the pool's kernel
+ * reads them through its tile argument (RFI_KIR_TILE_BUFFER). */
 typedef enum rfi_kir_conv_kind {
     RFI_KIR_CONV_FORWARD,
     RFI_KIR_CONV_WEIGHT_GRAD,
@@ -205,6 +215,8 @@ typedef struct rfi_kir_conv {
     size_t codes_offset;
     int pool_step, pool_kernel;
     int64_t pool_rows, pool_groups;
+    int64_t tile_floats;
+    bool tiled;
 } rfi_kir_conv;
 
 typedef struct rfi_kir_step {

@@ -54,6 +54,7 @@
 #define DIRECT_MAX_ROWS 8192    /* kh * padded width * c floats */
 #define DIRECT_MAX_VECTORS 8    /* a weight gradient's outputs: 8 vectors of 8 at most */
 #define POOLED_MAX_OUT 32       /* a pooled forward's outputs: 2 vectors of 16 at most */
+#define TILE_MAX_FLOATS 16384   /* a pooled forward's tile: 64 KB of its stack */
 
 /* Materialised node x's buffer and offset; false when x has none (inline). */
 static bool buffer_of(const rfi_plan *p, const rfi_node *x, int *buffer, size_t *offset)
@@ -263,43 +264,22 @@ static bool is_window_slice(const rfi_node *x, const rfi_node *y, int64_t *rows)
     return a->l[2][2] == *rows && a->l[0][2] < *rows && x->dims[2] * *rows == y->dims[2];
 }
 
-/* Whether materialised nodes a and b share bytes. */
-static bool overlap(const rfi_plan *p, const rfi_node *a, const rfi_node *b)
-{
-    int ba, bb;
-    size_t oa, ob;
-    if (!buffer_of(p, a, &ba, &oa) || !buffer_of(p, b, &bb, &ob) || ba != bb)
-        return false;
-    return oa < ob + rfi_node_nbytes(b) && ob < oa + rfi_node_nbytes(a);
-}
-
 /* Whether step s's results may be written while convolution step `conv`
  * still runs: s comes right after it (no step between reads what they
- * overwrite, and s reads nothing computed after the convolution), and none
- * of them shares bytes with an operand of the convolution. */
+ * overwrite, and s reads nothing computed after the convolution), and the
+ * plan keeps the convolution's operands live until s (rfi_step runs_pool),
+ * so none of s's results shares bytes with them. */
 static bool runs_early(const rfi_plan *p, int conv, int s)
 {
-    const rfi_step *cs = &p->steps[conv], *st = &p->steps[s];
-    const rfi_node *n = p->g->nodes[cs->core];
-    if (s != conv + 1)
-        return false;
-    for (int r = 0; r < st->n_roots; r++) {
-        const rfi_node *x = p->g->nodes[st->roots[r]];
-        if (overlap(p, x, n->in[0]) || overlap(p, x, n->in[1]))
-            return false;
-        for (int e = 0; e < cs->n_epilogue; e++)
-            if (cs->epilogue[e].operand >= 0 &&
-                overlap(p, x, p->g->nodes[cs->epilogue[e].operand]))
-                return false;
-    }
-    return true;
+    return s == conv + 1 && p->steps[conv].runs_pool;
 }
 
 /* The step that is the only reader of the result y of forward convolution
  * step `conv`, when it is a LOOP step over [N, C, OH / rows, ...] in y's
  * layout that reads y only through window slices (is_window_slice) and may
  * run during the convolution (runs_early), and y is laid out in channel
- * blocks of d->lanes; else -1. */
+ * blocks of d->lanes; else -1. The decision reads no offsets: the plan asks
+ * before memory planning (plan.c) and the lowering after. */
 static int pool_step_of(const rfi_plan *p, int conv, const rfi_node *y, const rfi_kir_conv *d,
                         int64_t *rows)
 {
@@ -479,6 +459,10 @@ bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
         d.lanes = 16; /* what pooled_vectors takes */
         d.pool_step = pool_step_of(p, step, y, &d, &d.pool_rows);
         d.pool_groups = d.o / 16;
+        /* [N, O / 16, OH, OW, 16]: rows i .. i + pool_rows - 1 of one image */
+        int64_t span = ((d.pool_groups - 1) * d.oh + d.pool_rows) * d.ow * 16;
+        d.tile_floats = d.pool_step >= 0 && span <= TILE_MAX_FLOATS ? span : 0;
+        d.tiled = d.pool_step >= 0 && p->loc[y->id].kind == RFI_LOC_TILE;
     }
     if (!describe_epilogue(p, st, &d) || !wanted(p, &d))
         return false;

@@ -210,6 +210,9 @@ static int base_of(lower *L, const rfi_node *n, bool written)
 {
     int buffer = 0;
     size_t offset = 0;
+    if (L->p->loc[n->id].kind == RFI_LOC_TILE && !written) /* read by its convolution's pool */
+        return rfi_kir_base_get(L->k, RFI_KIR_TILE_BUFFER, 0, n->dtype, rfi_node_nbytes(n),
+                                false, n->id);
     rfi_plan_buffer(L->p, n->id, &buffer, &offset);
     if (buffer < 0 || buffer >= rfi_plan_n_buffers(L->p)) {
         if (L->status == RF_OK)
@@ -1461,22 +1464,29 @@ static rf_status lower_copy_step(const rfi_plan *p, rfi_kir_module *m, int s)
  * convolution before it pools over its result (kir.h pool_step): that
  * convolution runs it, if its outermost loop is [n][pool_groups][rows of
  * windows] (its first dim the product of those: a prefix of the result's
- * laid-out dims). Else the kernel runs on its own. */
-static void link_pool(rfi_kir_module *m, int s)
+ * laid-out dims). Else the kernel runs on its own, which a tiled result
+ * (kept in the convolution's tile only) does not allow. */
+static rf_status link_pool(rfi_kir_module *m, int s)
 {
     rfi_kir_step *ks = m->n_steps > 0 ? &m->steps[m->n_steps - 1] : NULL;
-    if (!ks || ks->kind != RFI_KIR_STEP_KERNEL || ks->step != s || ks->kernel->rank < 1)
-        return;
+    if (!ks || ks->kind != RFI_KIR_STEP_KERNEL || ks->step != s)
+        return RF_OK;
     for (int i = 0; i < m->n_steps - 1; i++) {
         rfi_kir_conv *d = &m->steps[i].conv;
         if (m->steps[i].kind != RFI_KIR_STEP_CONV || d->pool_step != s)
             continue;
-        if (ks->kernel->dims[0] == d->n * d->pool_groups * (d->oh / d->pool_rows)) {
+        if (ks->kernel->rank >= 1 &&
+            ks->kernel->dims[0] == d->n * d->pool_groups * (d->oh / d->pool_rows)) {
             d->pool_kernel = m->n_steps - 1;
             ks->pooled_by = i;
+        } else if (d->tiled) {
+            return rfi_error(RF_E_INTERNAL, "kir: step %d: the pool over the tiled result of "
+                             "step %d does not loop over its windows' rows first", s,
+                             m->steps[i].step);
         }
-        return;
+        return RF_OK;
     }
+    return RF_OK;
 }
 
 rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
@@ -1502,7 +1512,7 @@ rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
         switch (p->steps[s].kind) {
         case RFI_STEP_LOOP:
             if ((st = lower_kernel_step(&L, m, s)) == RF_OK)
-                link_pool(m, s);
+                st = link_pool(m, s);
             break;
         case RFI_STEP_REDUCE: st = lower_kernel_step(&L, m, s); break;
         case RFI_STEP_CALL: st = lower_call_step(p, m, s); break;

@@ -92,7 +92,9 @@ static bool free_block(free_list *fl, size_t off, size_t size)
 /* def/last positions of every arena node (-1 for others). A left-out
  * step's root is computed by the step that reads it, from the left-out
  * step's own inputs (plan.h rfi_step), so those live until the root's last
- * read; the root itself takes no bytes. */
+ * read; the root itself takes no bytes. A convolution that runs its pool
+ * (runs_pool) still reads its inputs while the pool's step, the next,
+ * writes: they live until that step. */
 static void lifetimes(const rfi_plan_builder *b, int *def, int *last)
 {
     const rfi_plan *p = b->p;
@@ -109,6 +111,14 @@ static void lifetimes(const rfi_plan_builder *b, int *def, int *last)
             if (def[t] >= 0 && q > last[t])
                 last[t] = q;
         }
+    }
+    for (int q = 0; q + 1 < b->n_steps; q++) {
+        if (!p->steps[q].runs_pool)
+            continue;
+        const rfi_intlist *in = &b->steps[b->order[q]].inputs;
+        for (int i = 0; i < in->n; i++)
+            if (def[in->v[i]] >= 0 && last[in->v[i]] < q + 1)
+                last[in->v[i]] = q + 1;
     }
     for (int q = 0; q < b->n_steps; q++) {
         if (!p->steps[q].left_out)

@@ -109,6 +109,12 @@ typedef struct rfi_step {
      * reads it (the spread output gradient of kir.h): the step is not run and
      * its root is RFI_LOC_UNSTORED. */
     bool left_out;
+    /* A CALL CONV step whose direct convolution runs the next step, a pool
+     * over its result, row by row (kir.h pool_step): the convolution's
+     * operands live until that step, so the pool's results never share
+     * their bytes, and its result is RFI_LOC_TILE when one image's window
+     * rows fit the convolution's tile (rfi_kir_conv tile_floats). */
+    bool runs_pool;
 } rfi_step;
 
 typedef enum rfi_loc_kind {
@@ -121,6 +127,8 @@ typedef enum rfi_loc_kind {
     RFI_LOC_IN_PLACE,   /* index = capture: an update value written into its capture */
     RFI_LOC_ALIAS,      /* same bytes as node `alias` (a materialised node) */
     RFI_LOC_UNSTORED,   /* the root of a left-out step (rfi_step): no bytes */
+    RFI_LOC_TILE,       /* the result of a convolution that runs its pool: no arena
+                         * bytes, the rows the pool reads are in the convolution's tile */
     RFI_LOC_KIND_COUNT
 } rfi_loc_kind;
 

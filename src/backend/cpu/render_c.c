@@ -882,12 +882,37 @@ static schedule choose_schedule(const rfi_kir_kernel *k, const bool *live)
     return sc;
 }
 
+/* Base b is in the tile of the convolution that runs the kernel (kir.h):
+ * the kernel's argument `tile`, not a member of its ctx. */
+static bool in_tile(const rfi_kir_kernel *k, int b)
+{
+    return k->bases[b].buffer == RFI_KIR_TILE_BUFFER;
+}
+
+/* The base in a tile, or -1 (a pool reads one convolution's result). */
+static int tile_base(const rfi_kir_kernel *k)
+{
+    for (int b = 0; b < k->n_bases; b++)
+        if (in_tile(k, b))
+            return b;
+    return -1;
+}
+
+/* A kernel's parameters: a pool's kernel that its convolution runs on a
+ * tile takes the tile too. */
+static void parameters(render *R, const rfi_kir_kernel *k)
+{
+    int t = tile_base(k);
+    putf(R->sb, "(void *ctx, int64_t lo, int64_t hi%s%s%s)", t >= 0 ? ", const " : "",
+         t >= 0 ? ctype(k->bases[t].dtype) : "", t >= 0 ? " *tile" : "");
+}
+
 static void ctx_struct(render *R, const bool *base_used, const char *kname, const schedule *sc)
 {
     const rfi_kir_kernel *k = R->k;
     putf(R->sb, "struct %s_ctx {\n", kname);
     for (int b = 0; b < k->n_bases; b++)
-        if (base_used[b])
+        if (base_used[b] && !in_tile(k, b))
             putf(R->sb, "    %s%s *%s%s;\n", k->bases[b].written ? "" : "const ",
                           ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
                           R->base_names[b]);
@@ -902,11 +927,17 @@ static void ctx_struct(render *R, const bool *base_used, const char *kname, cons
 static void declare_bases(render *R, const bool *used)
 {
     const rfi_kir_kernel *k = R->k;
-    for (int b = 0; b < k->n_bases; b++)
-        if (used[b])
-            putf(R->sb, "    %s%s *%s%s = c->%s;\n", k->bases[b].written ? "" : "const ",
-                          ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
-                          R->base_names[b], R->base_names[b]);
+    for (int b = 0; b < k->n_bases; b++) {
+        if (!used[b])
+            continue;
+        const rfi_kir_base *x = &k->bases[b];
+        putf(R->sb, "    %s%s *%s%s = ", x->written ? "" : "const ", ctype(x->dtype),
+             x->noalias ? "restrict " : "", R->base_names[b]);
+        if (!in_tile(k, b))
+            putf(R->sb, "c->%s;\n", R->base_names[b]);
+        else
+            putf(R->sb, "tile + %zu;\n", x->offset / rf_dtype_size(x->dtype));
+    }
 }
 
 /* used[b]: base b is loaded by a live instruction (or, with `stored`, stored to). */
@@ -1415,9 +1446,9 @@ static void function_head(render *R, const char *kname)
 {
     bool wide = lanes16(R->k);
     R->need |= wide ? NEED_LANES16 : 0;
-    putf(R->sb, "RF_KERNEL%s void %s(void *ctx, int64_t lo, int64_t hi)\n{\n",
-         wide ? " RF_LANES16" : "", kname);
-    putf(R->sb, "    const struct %s_ctx *c = ctx;\n", kname);
+    putf(R->sb, "RF_KERNEL%s void %s", wide ? " RF_LANES16" : "", kname);
+    parameters(R, R->k);
+    putf(R->sb, "\n{\n    const struct %s_ctx *c = ctx;\n", kname);
 }
 
 /* A split reduction's two functions; fold_live and out_live are scratch. */
@@ -1605,7 +1636,9 @@ static void kernel_functions(render *R, const bool *live, bool *fold_live, bool 
         comment(R, k->comment ? k->comment : kname, 0);
     ctx_struct(R, base_used, kname, &sc);
     /* declared before any part's code: the entry point's part calls it */
-    putf(R->sb, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi);\n", kname);
+    putf(R->sb, "RF_KERNEL void %s", kname);
+    parameters(R, k);
+    put(R->sb, ";\n");
     if (sc.form == SCHED_SPLIT)
         putf(R->sb, "RF_KERNEL void %s_combine(const struct %s_ctx *c);\n", kname, kname);
     put(R->sb, "\n");
@@ -1771,7 +1804,7 @@ static bool kernel_ctx(render *R, const rfi_kir_kernel *k, const bool *base_used
     putf(R->sb, "        struct %s_ctx %s = {", kname, var);
     bool none = true;
     for (int b = 0; b < k->n_bases; b++) {
-        if (!base_used[b])
+        if (!base_used[b] || in_tile(k, b))
             continue;
         const rfi_kir_base *x = &k->bases[b];
         put(R->sb, none ? "" : ", ");

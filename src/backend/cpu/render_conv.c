@@ -343,8 +343,9 @@ static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
     else
         rfi_sb_printf(&text, "%lld chunks of rows", (long long)f->chunks);
     if (d->pool_kernel >= 0)
-        rfi_sb_printf(&text, ";\nafter each %lld rows of an image, step %d's pool over them",
-                      (long long)d->pool_rows, d->pool_step);
+        rfi_sb_printf(&text, ";\nafter each %lld rows of an image, step %d's pool over them%s",
+                      (long long)d->pool_rows, d->pool_step,
+                      d->tiled ? ",\nthe rows held in a tile, not memory" : "");
     if (d->spread)
         rfi_sb_printf(&text, ";\nthe output gradient spread here from a %lldx%lld pool's "
                       "codes (step %d left out)", (long long)d->win[0], (long long)d->win[1],
@@ -450,8 +451,8 @@ static void forward_block(rfi_strbuf *sb, const conv_form *f, const conv_phase *
                   "%sfloat v = tile[(b * %lld + q) * %lld + l];\n",
                   in1, (long long)cnt, in2, V, in3, at, in3, in3, L, in4, V, L);
     epilogue(sb, d, lane_step, depth + 4);
-    rfi_sb_printf(sb, "%sc->y[at + l * %lld] = v;\n%s}\n%s}\n%s}\n", in4,
-                  (long long)lane_step, in3, in2, in);
+    rfi_sb_printf(sb, "%s%s[at + l * %lld] = v;\n%s}\n%s}\n%s}\n", in4,
+                  d->tiled ? "yt" : "c->y", (long long)lane_step, in3, in2, in);
 }
 
 /* The row loop's head: row r of the parallel range is output row (n, i),
@@ -468,9 +469,16 @@ static void forward_rows_head(rfi_strbuf *def, const rfi_kir_conv *d)
     long long R = (long long)d->pool_rows, PH = OH / R;
     rfi_sb_printf(def,
                   "    for (int64_t r = lo; r < hi; r++) {\n"
-                  "        const int64_t n = r / %lld, pr = r %% %lld;\n"
-                  "        for (int64_t i = pr * %lld; i < pr * %lld + %lld; i++) {\n",
-                  PH, PH, R, R, R);
+                  "        const int64_t n = r / %lld, pr = r %% %lld;\n",
+                  PH, PH);
+    if (d->tiled) /* the bytes y's index `first` would have, moved to the tile */
+        rfi_sb_printf(def,
+                      "        const int64_t first = (n * %lld * %lld + pr * %lld) * %lld;\n"
+                      "        float *const yt = (float *)((uintptr_t)ytile - "
+                      "(uintptr_t)first * sizeof(float));\n",
+                      (long long)d->pool_groups, OH, R, (long long)d->ow * 16);
+    rfi_sb_printf(def, "        for (int64_t i = pr * %lld; i < pr * %lld + %lld; i++) {\n", R, R,
+                  R);
 }
 
 /* The row loop's tail: with a pool, its kernel over the window rows just
@@ -486,10 +494,10 @@ static void forward_rows_tail(rfi_strbuf *def, const rfi_kir_conv *d, const char
                   "        }\n"
                   "        for (int64_t g = 0; g < %lld; g++) {\n"
                   "            const int64_t q = (n * %lld + g) * %lld + pr;\n"
-                  "            %s(c->pool, q, q + 1);\n"
+                  "            %s(c->pool, q, q + 1%s);\n"
                   "        }\n"
                   "    }\n",
-                  G, G, PH, pool_name);
+                  G, G, PH, pool_name, d->tiled ? ", yt" : "");
 }
 
 /* " RF_LANES16" (render_c.c) for a loop whose vectors are 16 floats. */
@@ -516,6 +524,8 @@ static void forward_kernel(const conv_form *f, const char *kname, const char *po
                   "    float tile[%lld];\n",
                   lanes16(f), kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, C, KH, KW, KH,
                   (long long)(f->block_max * f->vecs * f->lanes));
+    if (d->tiled) /* one image's window rows of y, in every channel block */
+        rfi_sb_printf(def, "    _Alignas(64) float ytile[%lld];\n", (long long)d->tile_floats);
     rows_table(def, f);
     forward_rows_head(def, d);
     int depth = d->pool_kernel >= 0 ? 3 : 2; /* a row's code, inside the loop over rows */
@@ -772,8 +782,8 @@ void rfi_render_conv_kernel(const rfi_kir_step *st, const char *pool_name, rfi_s
         weight_grad_kernel(&f, kname, def);
     } else {
         if (st->conv.pool_kernel >= 0) /* defined with its step, maybe after this one */
-            rfi_sb_printf(def, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi);\n\n",
-                          pool_name);
+            rfi_sb_printf(def, "RF_KERNEL void %s(void *ctx, int64_t lo, int64_t hi%s);\n\n",
+                          pool_name, st->conv.tiled ? ", const float *tile" : "");
         forward_kernel(&f, kname, pool_name, def);
     }
     rfi_sb_printf(decl, "\n");
@@ -817,7 +827,10 @@ void rfi_render_conv_call(const rfi_kir_step *st, int kernel_step, const char *p
     rfi_sb_printf(sb, ", ");
     rfi_render_c_pointer(sb, "float", d->w_buffer, d->w_offset);
     rfi_sb_printf(sb, ", ");
-    rfi_render_c_pointer(sb, "float", d->y_buffer, d->y_offset);
+    if (d->tiled)
+        rfi_sb_printf(sb, "NULL /* y: the tile */");
+    else
+        rfi_render_c_pointer(sb, "float", d->y_buffer, d->y_offset);
     for (int e = 0; e < d->n_epi; e++)
         if (d->epi_buffer[e] >= 0) {
             rfi_sb_printf(sb, ", ");
