@@ -73,7 +73,7 @@ static void forward_fn(rf_trace *t, void *ctx) { rf_return(t, rf_apply(ctx, rf_a
 static void forward_variant(const char *label, const char *blocked, float *out)
 {
     tu_set_env("RF_BLOCKED", blocked);
-    rf_model *m = rf_model_to(pooled_cnn(), dev);
+    rf_model *host = pooled_cnn(), *m = host ? rf_model_to(host, dev) : NULL;
     rf_array *xh = rf_rand(RF_F32, RF_SHAPE(8, 1, 24, 24), 17);
     rf_array *x = xh ? rf_array_to(xh, dev) : NULL, *y = NULL;
     CHECK(m && x);
@@ -88,6 +88,7 @@ static void forward_variant(const char *label, const char *blocked, float *out)
     rf_array_free(x);
     rf_array_free(xh);
     rf_model_free(m);
+    rf_model_free(host);
     tu_set_env("RF_BLOCKED", NULL);
 }
 
