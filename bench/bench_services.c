@@ -64,7 +64,7 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
     loc[y->id].kind = RFI_LOC_OUTPUT;
     int root = y->id;
     rfi_step step = {RFI_STEP_CALL, call_kind(y), &root, 1, NULL, 0, -1, -1, root, NULL, 0,
-                     false, false};
+                     false, false, false};
     rfi_plan plan = {0};
     plan.g = g;
     plan.loc = loc;

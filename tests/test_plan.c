@@ -214,10 +214,12 @@ static plan_facts check_invariants(const rfi_plan *p)
             CHECK(!read[cn->id]); /* nothing reads the old value after it is overwritten */
         }
     }
-    /* every located node maps to a buffer of the table */
+    /* every located node maps to a buffer of the table (but the unstored
+     * and those held in a convolution's tile) */
     bool buffers_ok = true;
     for (int x = 0; x < n; x++) {
-        if (p->loc[x].kind == RFI_LOC_INLINE)
+        rfi_loc_kind kind = p->loc[x].kind;
+        if (kind == RFI_LOC_INLINE || kind == RFI_LOC_UNSTORED || kind == RFI_LOC_TILE)
             continue;
         int b;
         size_t off;
@@ -1656,6 +1658,76 @@ static void test_pooled_forward_untiled(void)
     rf_model_free(host);
 }
 
+/* Whether arena nodes a and b share bytes. */
+static bool share_bytes(const rfi_plan *p, int a, int b)
+{
+    a = resolve(p, a), b = resolve(p, b);
+    if (p->loc[a].kind != RFI_LOC_ARENA || p->loc[b].kind != RFI_LOC_ARENA)
+        return false;
+    size_t oa = p->loc[a].offset, ob = p->loc[b].offset;
+    return oa < ob + rfi_node_nbytes(p->g->nodes[b]) && ob < oa + rfi_node_nbytes(p->g->nodes[a]);
+}
+
+/* The examples' cnn (32 and 64 channels): its second layer's input and
+ * weight gradients, library convolutions, become neighbours that run at the
+ * same time (runs_with_next) once the crop of the weight gradient's input,
+ * a loop between them that does not read the input gradient, has moved
+ * before them; the second reads nothing of the first, and neither's
+ * operands or results share bytes with the other's result; the module calls
+ * only the first. Without the option no step is paired. */
+static void test_concurrent_convs(void)
+{
+    rf_nn_seed(12);
+    cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
+                                         rf_maxpool(2, 2, 0, 0),
+                                         rf_conv2d(3, 3, 32, 64, RF_ACT_RELU, NULL),
+                                         rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
+                                         rf_dense(64 * 5 * 5, 10, RF_ACT_IDENTITY)));
+    rfi_graph *g = unrolled_graph(k.g);
+    for (int on = 0; g && on < 2; on++) {
+        rfi_plan_opts o = pool_variant(1);
+        o.concurrent_convs = on;
+        rfi_plan *p = NULL;
+        rfi_kir_module *km = NULL;
+        char *source = plan_and_render(g, &o, &p, &km);
+        int pairs = 0, n = p ? p->g->n_nodes : 0;
+        char *read = calloc((size_t)n + 1, 1), *seen = calloc((size_t)n + 1, 1);
+        char *read_b = calloc((size_t)n + 1, 1);
+        for (int q = 0; p && read && seen && read_b && q + 1 < p->n_steps; q++) {
+            if (!p->steps[q].runs_with_next)
+                continue;
+            pairs++;
+            const rfi_step *a = &p->steps[q], *b = &p->steps[q + 1];
+            CHECK(a->kind == RFI_STEP_CALL && a->call == RFI_CALL_CONV);
+            CHECK(b->kind == RFI_STEP_CALL && b->call == RFI_CALL_CONV);
+            CHECK(!rfi_kir_direct_conv(p, q, NULL) && !rfi_kir_direct_conv(p, q + 1, NULL));
+            step_reads(p, q + 1, read_b, seen);
+            CHECK(!read_b[resolve(p, a->roots[0])]);
+            step_reads(p, q, read, seen);
+            for (int x = 0; x < n; x++) {
+                if (read[x] || x == a->roots[0])
+                    CHECK(!share_bytes(p, x, b->roots[0]));
+                if (read_b[x])
+                    CHECK(!share_bytes(p, x, a->roots[0]));
+            }
+            /* the crop of the weight gradient's input ran before both */
+            CHECK(q > 0 && p->steps[q - 1].kind == RFI_STEP_LOOP &&
+                  p->g->nodes[p->steps[q - 1].roots[0]]->op == RFI_OP_SLICE);
+            check_invariants(p);
+        }
+        CHECK(pairs == on);
+        CHECK(source && (strstr(source, "(run with step") != NULL) == (on == 1));
+        free(read);
+        free(seen);
+        free(read_b);
+        rfi_free(source);
+        rfi_kir_free(km);
+        rfi_plan_free(p);
+    }
+    rfi_graph_free(g);
+    cnn_case_free(&k);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -1678,5 +1750,6 @@ int main(void)
     test_memplan_left_out();
     test_pooled_forward();
     test_pooled_forward_untiled();
+    test_concurrent_convs();
     return tu_finish("test_plan");
 }

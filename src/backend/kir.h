@@ -229,6 +229,9 @@ typedef struct rfi_kir_step {
     size_t dst_offset, src_offset, nbytes;
     rfi_kir_conv conv; /* CONV */
     int pooled_by;     /* KERNEL: the CONV step that runs it (its pool_kernel), or -1 */
+    /* CALL: the services run it with the call before (plan.h runs_with_next),
+     * so the module does not call it. */
+    bool with_previous;
 } rfi_kir_step;
 
 typedef struct rfi_kir_module {

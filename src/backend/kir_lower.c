@@ -1426,6 +1426,7 @@ static rf_status lower_call_step(const rfi_plan *p, rfi_kir_module *m, int s)
         return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
     if (direct)
         ks->conv = conv;
+    ks->with_previous = !direct && s > 0 && p->steps[s - 1].runs_with_next;
     return RF_OK;
 }
 

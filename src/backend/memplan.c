@@ -94,7 +94,9 @@ static bool free_block(free_list *fl, size_t off, size_t size)
  * step's own inputs (plan.h rfi_step), so those live until the root's last
  * read; the root itself takes no bytes. A convolution that runs its pool
  * (runs_pool) still reads its inputs while the pool's step, the next,
- * writes: they live until that step. */
+ * writes: they live until that step. A step that runs with the next one
+ * (runs_with_next) reads its inputs and writes its roots while the next
+ * step runs: both live until that step too. */
 static void lifetimes(const rfi_plan_builder *b, int *def, int *last)
 {
     const rfi_plan *p = b->p;
@@ -113,12 +115,17 @@ static void lifetimes(const rfi_plan_builder *b, int *def, int *last)
         }
     }
     for (int q = 0; q + 1 < b->n_steps; q++) {
-        if (!p->steps[q].runs_pool)
+        if (!p->steps[q].runs_pool && !p->steps[q].runs_with_next)
             continue;
         const rfi_intlist *in = &b->steps[b->order[q]].inputs;
         for (int i = 0; i < in->n; i++)
             if (def[in->v[i]] >= 0 && last[in->v[i]] < q + 1)
                 last[in->v[i]] = q + 1;
+        for (int r = 0; p->steps[q].runs_with_next && r < p->steps[q].n_roots; r++) {
+            int x = p->steps[q].roots[r];
+            if (def[x] >= 0 && last[x] < q + 1)
+                last[x] = q + 1;
+        }
     }
     for (int q = 0; q < b->n_steps; q++) {
         if (!p->steps[q].left_out)

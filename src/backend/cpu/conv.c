@@ -1076,6 +1076,11 @@ void rfi_cpu_conv_free(rfi_cpu_conv *c)
     rfi_free(c);
 }
 
+bool rfi_cpu_conv_is_winograd(const rfi_cpu_conv *c)
+{
+    return c && !c->empty && c->path != PATH_IM2COL && c->winograd;
+}
+
 bool rfi_cpu_conv_takes_views(const rfi_cpu_conv *c)
 {
     return c && !c->empty && c->path == PATH_BWD_WEIGHTS;

@@ -1920,8 +1920,11 @@ static void entry(render *R, const rfi_kir_module *m)
             break;
         case RFI_KIR_STEP_CALL:
             comment(R, st->comment, 1);
-            putf(R->sb, "    if (s->call(s->rt, %d, bufs))\n        return %d;\n",
-                          st->step, st->step + 1);
+            if (st->with_previous) /* services.c runs it beside the call before */
+                putf(R->sb, "    /* (run with step %d's call) */\n", st->step - 1);
+            else
+                putf(R->sb, "    if (s->call(s->rt, %d, bufs))\n        return %d;\n",
+                     st->step, st->step + 1);
             break;
         case RFI_KIR_STEP_CONV:
             if (st->conv.pool_kernel >= 0)

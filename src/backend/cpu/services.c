@@ -24,7 +24,9 @@
  * interpreter's arithmetic (each op in double, rounded to the dtype once).
  * One oneDNN engine and stream per executable; one workspace (the largest any
  * step needs: oneDNN scratchpads, packed operands, im2col columns) shared by
- * the steps, which run one at a time.
+ * the steps, which run one at a time, but for the pairs of Winograd
+ * convolutions that run side by side (plan.h runs_with_next, pair_winograd):
+ * those have a second stream and the workspace after the first's part.
  * Convolutions a step or two apart that read one value in one blocked
  * layout share its copy (share_conv_inputs): a training step reorders each
  * cotangent once for its input and weight gradients. The copies live in
@@ -46,6 +48,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,12 +99,20 @@ typedef struct call_state {
     relayout *in_plain;     /* per operand */
     relayout epi_plain[RFI_EPI_MAX];
     relayout out_plain;
+    /* The plan's runs_with_next: the step called with this one, else -1.
+     * paired: this call runs beside its pair's other (a thread each, the
+     * library on one thread); the two use disjoint parts of the workspace,
+     * from ws_at on. */
+    int partner;
+    bool paired;
+    size_t ws_at;
 } call_state;
 
 struct rfi_cpu_services {
     const rfi_plan *plan;
     dnnl_engine_t engine;
     dnnl_stream_t stream;
+    dnnl_stream_t stream2; /* the second call of a pair's (partner) */
     call_state *steps; /* plan->n_steps */
     int n_steps;
     void *workspace_block; /* allocation; workspace is it aligned to 64 */
@@ -300,16 +311,16 @@ static void free_relayout(relayout *r)
     memset(r, 0, sizeof *r);
 }
 
-static rf_status run_relayout(const rfi_cpu_services *s, relayout *r, const void *from, void *to)
+static rf_status run_relayout(dnnl_stream_t stream, relayout *r, const void *from, void *to)
 {
     dnnl_status_t st = rfi_dnnl.memory_set_data_handle(r->from, (void *)from);
     if (st == dnnl_success)
         st = rfi_dnnl.memory_set_data_handle(r->to, to);
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, r->from}, {DNNL_ARG_TO, r->to}};
     if (st == dnnl_success)
-        st = rfi_dnnl.primitive_execute(r->reorder, s->stream, 2, args);
+        st = rfi_dnnl.primitive_execute(r->reorder, stream, 2, args);
     if (st == dnnl_success)
-        st = rfi_dnnl.stream_wait(s->stream);
+        st = rfi_dnnl.stream_wait(stream);
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "layout copy", "execute");
 }
 
@@ -425,8 +436,13 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
         const rfi_plan *p = s->plan;
         rfi_layout layouts[3] = {layout_of(p, cs->value[0]), layout_of(p, cs->value[1]),
                                  layout_of(p, p->g->nodes[p->steps[k].roots[0]])};
+        /* one of a pair runs on one thread: made for one (oneDNN fixes its
+         * split then; a 2-thread kernel on one ran about as slowly as both) */
+        cs->lib_threads = cs->paired ? 1 : s->threads;
+        set_library_threads(s, cs->lib_threads);
         st = rfi_cpu_conv_prepare(n, cs->epi, cs->n_epi, cs->view, layouts, s->engine,
                                   &cs->conv, workspace);
+        set_library_threads(s, s->threads);
         if (st == RF_OK)
             cs->kind = RFI_CALL_CONV;
         cs->epi_applied = st == RF_OK ? rfi_cpu_conv_epilogue_ops(cs->conv) : 0;
@@ -446,6 +462,59 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
     return st == RF_OK ? take_layouts(s, k) : st;
 }
 
+/* prepare_step with the step's workspace copies reserved after its own need. */
+static rf_status prepare_call(rfi_cpu_services *s, int k, size_t *need)
+{
+    *need = 0;
+    rf_status st = prepare_step(s, k, need);
+    reserve_view_copies(&s->steps[k], need);
+    reserve_relayouts(&s->steps[k], need);
+    return st;
+}
+
+/* Frees what preparing call step k made (its arena arrays stay). */
+static void release_step(call_state *cs)
+{
+    rfi_cpu_matmul_free(cs->matmul);
+    rfi_cpu_conv_free(cs->conv);
+    rfi_cpu_native_free(cs->native);
+    for (int j = 0; cs->in_plain && j < cs->n_in; j++)
+        free_relayout(&cs->in_plain[j]);
+    for (int e = 0; e < RFI_EPI_MAX; e++)
+        free_relayout(&cs->epi_plain[e]);
+    free_relayout(&cs->out_plain);
+}
+
+/* A pair of Winograd convolutions (the cnn's second layer's input and weight
+ * gradients) runs beside each other, each on one thread, made again for one
+ * thread (oneDNN fixes its split over threads when it makes a primitive; a
+ * 2-thread kernel run on one was about as slow as the two one after the
+ * other). Measured on two cores with 64 images: 2.7-3.0 ms for the two
+ * beside each other against 3.4-3.9 ms one after the other on both threads.
+ * Other pairs stay one after the other: the ResNet's direct convolutions,
+ * which split well over threads, took 4-14% longer beside each other. The
+ * second's part of the workspace follows the first's (need: per step). */
+static rf_status pair_winograd(rfi_cpu_services *s, int k, size_t *need)
+{
+    int pair[2] = {k, s->steps[k].partner};
+    for (int i = 0; i < 2; i++)
+        if (s->threads < 2 || s->steps[pair[i]].kind != RFI_CALL_CONV ||
+            !rfi_cpu_conv_is_winograd(s->steps[pair[i]].conv))
+            return RF_OK;
+    rf_status st = RF_OK;
+    for (int i = 0; i < 2 && st == RF_OK; i++) {
+        call_state *cs = &s->steps[pair[i]];
+        int partner = cs->partner;
+        release_step(cs);
+        memset(cs, 0, sizeof *cs);
+        cs->partner = partner;
+        cs->paired = true;
+        st = prepare_call(s, pair[i], &need[pair[i]]);
+    }
+    s->steps[pair[1]].ws_at = rfi_ws_align(need[k]);
+    return st;
+}
+
 /* Loads oneDNN and makes the engine and stream; without the library (the
  * loader's error stays set for whoever wants to know why) steps fall back. */
 static rf_status create_library(rfi_cpu_services *s)
@@ -457,9 +526,22 @@ static rf_status create_library(rfi_cpu_services *s)
     if (st != dnnl_success)
         return rfi_dnnl_error(st, "services", "engine_create");
     st = rfi_dnnl.stream_create(&s->stream, s->engine, dnnl_stream_default_flags);
+    if (st == dnnl_success)
+        st = rfi_dnnl.stream_create(&s->stream2, s->engine, dnnl_stream_default_flags);
     if (st != dnnl_success)
         return rfi_dnnl_error(st, "services", "stream_create");
     return RF_OK;
+}
+
+/* The pairs of calls the module makes as one (plan.h runs_with_next): the
+ * second runs when the first is called, after it, or beside it (paired, see
+ * pair_winograd). */
+static void pair_steps(rfi_cpu_services *s)
+{
+    for (int k = 0; k < s->n_steps; k++) {
+        bool with_next = s->plan->steps[k].runs_with_next && k + 1 < s->n_steps;
+        s->steps[k].partner = with_next ? k + 1 : -1;
+    }
 }
 
 /* One convolution input that is reordered from the IR's buffer. */
@@ -478,7 +560,7 @@ static int list_conv_copies(rfi_cpu_services *s, conv_copy *list)
     int n = 0;
     for (int k = 0; k < s->n_steps; k++) {
         call_state *cs = &s->steps[k];
-        for (int j = 0; cs->kind == RFI_CALL_CONV && j < 2; j++) {
+        for (int j = 0; cs->kind == RFI_CALL_CONV && !cs->paired && j < 2; j++) {
             conv_copy c = {k, j, cs->node->in[j], NULL, NULL, 0, false};
             /* a view the call does not take is a transposed copy, not the value */
             if (cs->view[j] || !rfi_cpu_conv_input_copy(cs->conv, j, &c.user, &c.inner, &c.bytes))
@@ -595,14 +677,20 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     rf_status st = s->steps ? create_library(s)
                             : rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
     set_library_threads(s, s->threads);
+    size_t *need = rfi_calloc((size_t)p->n_steps + 1, sizeof *need);
+    if (st == RF_OK && !need)
+        st = rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
+    if (st == RF_OK)
+        pair_steps(s);
+    for (int k = 0; k < p->n_steps && st == RF_OK; k++)
+        st = prepare_call(s, k, &need[k]);
+    for (int k = 0; k < p->n_steps && st == RF_OK; k++)
+        if (s->steps[k].partner >= 0)
+            st = pair_winograd(s, k, need);
     size_t most = 0;
-    for (int k = 0; k < p->n_steps && st == RF_OK; k++) {
-        size_t need = 0;
-        st = prepare_step(s, k, &need);
-        reserve_view_copies(&s->steps[k], &need);
-        reserve_relayouts(&s->steps[k], &need);
-        most = need > most ? need : most;
-    }
+    for (int k = 0; need && k < p->n_steps; k++)
+        most = s->steps[k].ws_at + need[k] > most ? s->steps[k].ws_at + need[k] : most;
+    rfi_free(need);
     if (st == RF_OK)
         st = share_conv_inputs(s);
     if (st == RF_OK && most > 0) {
@@ -746,14 +834,12 @@ static rf_status apply_epilogue(const call_state *cs, void *out)
     return RF_OK;
 }
 
-int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
+/* Runs call step `step` with its part of the workspace, ws, on `stream`. */
+static rf_status run_call(const rfi_cpu_services *s, int step, void *const *buffers,
+                          dnnl_stream_t stream)
 {
-    rfi_cpu_services *s = rt;
-    if (!s || step < 0 || step >= s->n_steps || s->steps[step].kind == RFI_CALL_NONE) {
-        rfi_error(RF_E_INTERNAL, "cpu: call of step %d, which is not a call step", step);
-        return 1;
-    }
     call_state *cs = &s->steps[step];
+    char *ws = (char *)s->workspace + cs->ws_at;
     rf_status st = RF_OK;
     for (int j = 0; j < cs->n_in; j++)
         cs->operands[j] = buffer_at(buffers, cs->in[j]);
@@ -761,14 +847,14 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
         relayout *r = &cs->in_plain[j];
         if (!r->reorder)
             continue;
-        void *copy = (char *)s->workspace + r->at;
-        st = run_relayout(s, r, cs->operands[j], copy);
+        void *copy = ws + r->at;
+        st = run_relayout(stream, r, cs->operands[j], copy);
         cs->operands[j] = copy;
     }
     for (int j = 0; j < 2; j++) {
         if (!cs->view[j])
             continue;
-        void *copy = (char *)s->workspace + cs->view_at[j];
+        void *copy = ws + cs->view_at[j];
         copy_view(cs->node->in[j], cs->operands[j], copy);
         cs->operands[j] = copy;
     }
@@ -776,35 +862,86 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
         cs->epi_src[e] = cs->epi_in[e].buffer >= 0 ? buffer_at(buffers, cs->epi_in[e]) : NULL;
         relayout *r = &cs->epi_plain[e];
         if (r->reorder && st == RF_OK) {
-            void *copy = (char *)s->workspace + r->at;
-            st = run_relayout(s, r, cs->epi_src[e], copy);
+            void *copy = ws + r->at;
+            st = run_relayout(stream, r, cs->epi_src[e], copy);
             cs->epi_src[e] = copy;
         }
     }
     void *result = buffer_at(buffers, cs->out);
-    void *out = cs->out_plain.reorder ? (char *)s->workspace + cs->out_plain.at : result;
+    void *out = cs->out_plain.reorder ? ws + cs->out_plain.at : result;
     if (st != RF_OK)
-        return 1;
+        return st;
     switch (cs->kind) {
     case RFI_CALL_MATMUL:
         set_library_threads(s, cs->lib_threads);
-        st = rfi_cpu_matmul_run(cs->matmul, s->stream, cs->operands[0], cs->operands[1], out,
-                                cs->epi_src, s->workspace);
+        st = rfi_cpu_matmul_run(cs->matmul, stream, cs->operands[0], cs->operands[1], out,
+                                cs->epi_src, ws);
         break;
     case RFI_CALL_CONV:
         set_library_threads(s, cs->lib_threads);
-        st = rfi_cpu_conv_run(cs->conv, s->stream, cs->operands[0], cs->operands[1], out,
-                              cs->epi_src, s->workspace);
+        st = rfi_cpu_conv_run(cs->conv, stream, cs->operands[0], cs->operands[1], out,
+                              cs->epi_src, ws);
         break;
     default:
-        st = cs->native ? rfi_cpu_native_run(cs->native, cs->operands, out, s->workspace)
+        st = cs->native ? rfi_cpu_native_run(cs->native, cs->operands, out, ws)
                         : rfi_interp_eval_node(cs->node, cs->operands, out);
         break;
     }
     if (st == RF_OK && cs->epi_applied < cs->n_epi)
         st = apply_epilogue(cs, out);
     if (st == RF_OK && cs->out_plain.reorder)
-        st = run_relayout(s, &cs->out_plain, out, result);
+        st = run_relayout(stream, &cs->out_plain, out, result);
+    return st;
+}
+
+/* A pair of calls beside each other, one per chunk of a parallel loop (so
+ * each thread's library call runs on that thread alone). */
+typedef struct pair_job {
+    const rfi_cpu_services *s;
+    int steps[2];
+    void *const *buffers;
+    rf_status st[2];
+    char msg[2][256]; /* a failed call's message (it is set on its own thread) */
+} pair_job;
+
+static void pair_calls(void *ctx, int64_t lo, int64_t hi)
+{
+    pair_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        j->st[i] = run_call(j->s, j->steps[i], j->buffers, i ? j->s->stream2 : j->s->stream);
+        if (j->st[i] != RF_OK)
+            snprintf(j->msg[i], sizeof j->msg[i], "%s", rf_errmsg());
+    }
+}
+
+/* Step and its partner: beside each other when both are library
+ * convolutions (they share nothing but the buffers they read), else one
+ * after the other. */
+static rf_status run_pair(const rfi_cpu_services *s, int step, void *const *buffers)
+{
+    int partner = s->steps[step].partner;
+    if (!s->steps[step].paired || s->steps[step].kind != RFI_CALL_CONV ||
+        s->steps[partner].kind != RFI_CALL_CONV) {
+        rf_status st = run_call(s, step, buffers, s->stream);
+        return st == RF_OK ? run_call(s, partner, buffers, s->stream2) : st;
+    }
+    pair_job job = {s, {step, partner}, buffers, {RF_OK, RF_OK}, {"", ""}};
+    rfi_parallel_for(2, 1, pair_calls, &job);
+    for (int i = 0; i < 2; i++)
+        if (job.st[i] != RF_OK)
+            return rfi_error(job.st[i], "%s", job.msg[i]);
+    return RF_OK;
+}
+
+int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
+{
+    rfi_cpu_services *s = rt;
+    if (!s || step < 0 || step >= s->n_steps || s->steps[step].kind == RFI_CALL_NONE) {
+        rfi_error(RF_E_INTERNAL, "cpu: call of step %d, which is not a call step", step);
+        return 1;
+    }
+    rf_status st = s->steps[step].partner >= 0 ? run_pair(s, step, buffers)
+                                              : run_call(s, step, buffers, s->stream);
     return st == RF_OK ? 0 : 1;
 }
 
@@ -854,22 +991,15 @@ void rfi_cpu_services_free(rfi_cpu_services *s)
 {
     if (!s)
         return;
-    for (int k = 0; s->steps && k < s->n_steps; k++) {
-        rfi_cpu_matmul_free(s->steps[k].matmul);
-        rfi_cpu_conv_free(s->steps[k].conv);
-        rfi_cpu_native_free(s->steps[k].native);
-        call_state *cs = &s->steps[k];
-        for (int j = 0; cs->in_plain && j < cs->n_in; j++)
-            free_relayout(&cs->in_plain[j]);
-        for (int e = 0; e < RFI_EPI_MAX; e++)
-            free_relayout(&cs->epi_plain[e]);
-        free_relayout(&cs->out_plain);
-    }
+    for (int k = 0; s->steps && k < s->n_steps; k++)
+        release_step(&s->steps[k]);
     for (int k = 0; k < s->n_shared; k++)
         rfi_free(s->shared[k]);
     rfi_free(s->shared);
     if (s->stream)
         rfi_dnnl.stream_destroy(s->stream);
+    if (s->stream2)
+        rfi_dnnl.stream_destroy(s->stream2);
     if (s->engine)
         rfi_dnnl.engine_destroy(s->engine);
     rfi_free(s->workspace_block);
