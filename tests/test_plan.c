@@ -1668,14 +1668,47 @@ static bool share_bytes(const rfi_plan *p, int a, int b)
     return oa < ob + rfi_node_nbytes(p->g->nodes[b]) && ob < oa + rfi_node_nbytes(p->g->nodes[a]);
 }
 
+/* The pairs of p (runs_with_next), each checked: two library calls of one
+ * kind, the second reading nothing of the first, and neither's operands or
+ * result sharing bytes with the other's result. */
+static int checked_pairs(const rfi_plan *p, rfi_call_kind kind)
+{
+    int pairs = 0, n = p ? p->g->n_nodes : 0;
+    char *read = calloc((size_t)n + 1, 1), *seen = calloc((size_t)n + 1, 1);
+    char *read_b = calloc((size_t)n + 1, 1);
+    for (int q = 0; p && read && seen && read_b && q + 1 < p->n_steps; q++) {
+        if (!p->steps[q].runs_with_next)
+            continue;
+        pairs++;
+        const rfi_step *a = &p->steps[q], *b = &p->steps[q + 1];
+        CHECK(a->kind == RFI_STEP_CALL && a->call == kind);
+        CHECK(b->kind == RFI_STEP_CALL && b->call == kind);
+        CHECK(!rfi_kir_direct_conv(p, q, NULL) && !rfi_kir_direct_conv(p, q + 1, NULL));
+        step_reads(p, q + 1, read_b, seen);
+        CHECK(!read_b[resolve(p, a->roots[0])]);
+        step_reads(p, q, read, seen);
+        for (int x = 0; x < n; x++) {
+            if (read[x] || x == a->roots[0])
+                CHECK(!share_bytes(p, x, b->roots[0]));
+            if (read_b[x])
+                CHECK(!share_bytes(p, x, a->roots[0]));
+        }
+    }
+    free(read);
+    free(seen);
+    free(read_b);
+    return pairs;
+}
+
 /* The examples' cnn (32 and 64 channels): its second layer's input and
- * weight gradients, library convolutions, become neighbours that run at the
- * same time (runs_with_next) once the crop of the weight gradient's input,
- * a loop between them that does not read the input gradient, has moved
- * before them; the second reads nothing of the first, and neither's
- * operands or results share bytes with the other's result; the module calls
- * only the first. Without the option no step is paired. */
-static void test_concurrent_convs(void)
+ * weight gradients, library convolutions, become neighbours that may run at
+ * the same time (runs_with_next) once the crop of the weight gradient's
+ * input, a loop between them that does not read the input gradient, has
+ * moved before them; the module calls only the first. The mlp pairs its
+ * second and third layers' input and weight gradients, matmuls (the first
+ * layer's weight gradient reads the second's input gradient). Without the
+ * option no step is paired. */
+static void test_concurrent_calls(void)
 {
     rf_nn_seed(12);
     cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
@@ -1686,46 +1719,49 @@ static void test_concurrent_convs(void)
     rfi_graph *g = unrolled_graph(k.g);
     for (int on = 0; g && on < 2; on++) {
         rfi_plan_opts o = pool_variant(1);
-        o.concurrent_convs = on;
+        o.concurrent_calls = on;
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
         char *source = plan_and_render(g, &o, &p, &km);
-        int pairs = 0, n = p ? p->g->n_nodes : 0;
-        char *read = calloc((size_t)n + 1, 1), *seen = calloc((size_t)n + 1, 1);
-        char *read_b = calloc((size_t)n + 1, 1);
-        for (int q = 0; p && read && seen && read_b && q + 1 < p->n_steps; q++) {
-            if (!p->steps[q].runs_with_next)
-                continue;
-            pairs++;
-            const rfi_step *a = &p->steps[q], *b = &p->steps[q + 1];
-            CHECK(a->kind == RFI_STEP_CALL && a->call == RFI_CALL_CONV);
-            CHECK(b->kind == RFI_STEP_CALL && b->call == RFI_CALL_CONV);
-            CHECK(!rfi_kir_direct_conv(p, q, NULL) && !rfi_kir_direct_conv(p, q + 1, NULL));
-            step_reads(p, q + 1, read_b, seen);
-            CHECK(!read_b[resolve(p, a->roots[0])]);
-            step_reads(p, q, read, seen);
-            for (int x = 0; x < n; x++) {
-                if (read[x] || x == a->roots[0])
-                    CHECK(!share_bytes(p, x, b->roots[0]));
-                if (read_b[x])
-                    CHECK(!share_bytes(p, x, a->roots[0]));
-            }
-            /* the crop of the weight gradient's input ran before both */
-            CHECK(q > 0 && p->steps[q - 1].kind == RFI_STEP_LOOP &&
-                  p->g->nodes[p->steps[q - 1].roots[0]]->op == RFI_OP_SLICE);
+        CHECK(checked_pairs(p, RFI_CALL_CONV) == on);
+        for (int q = 1; p && q < p->n_steps; q++) /* the crop ran before both */
+            if (p->steps[q].runs_with_next)
+                CHECK(p->steps[q - 1].kind == RFI_STEP_LOOP &&
+                      p->g->nodes[p->steps[q - 1].roots[0]]->op == RFI_OP_SLICE);
+        if (p)
             check_invariants(p);
-        }
-        CHECK(pairs == on);
         CHECK(source && (strstr(source, "(run with step") != NULL) == (on == 1));
-        free(read);
-        free(seen);
-        free(read_b);
         rfi_free(source);
         rfi_kir_free(km);
         rfi_plan_free(p);
     }
     rfi_graph_free(g);
     cnn_case_free(&k);
+
+    rf_nn_seed(1);
+    rf_model *host = rf_chain(rf_dense(784, 512, RF_ACT_RELU), rf_dense(512, 256, RF_ACT_RELU),
+                              rf_dense(256, 10, RF_ACT_IDENTITY));
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
+    rf_array *x = dev_zeros(RF_SHAPE(128, 784)), *y = dev_zeros(RF_SHAPE(128, 10));
+    rf_array *args[2] = {x, y};
+    train_ctx c = {m, opt, true};
+    rfi_graph *mg = trace_program(train_fn, &c, args, 2);
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.concurrent_calls = true;
+    rfi_plan *p = NULL;
+    if (mg)
+        CHECK_OK(rfi_plan_build(mg, &o, &p));
+    CHECK(checked_pairs(p, RFI_CALL_MATMUL) == 2);
+    if (p)
+        check_invariants(p);
+    rfi_plan_free(p);
+    rfi_graph_free(mg);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_opt_free(opt);
+    rf_model_free(m);
+    rf_model_free(host);
 }
 
 int main(void)
@@ -1750,6 +1786,6 @@ int main(void)
     test_memplan_left_out();
     test_pooled_forward();
     test_pooled_forward_untiled();
-    test_concurrent_convs();
+    test_concurrent_calls();
     return tu_finish("test_plan");
 }

@@ -61,7 +61,7 @@ rfi_plan_opts rfi_plan_opts_default(void)
     o.blocked_activations = false;
     o.channel_blocks = RFI_LAYOUT_C16;
     o.direct_convs = false;
-    o.concurrent_convs = false;
+    o.concurrent_calls = false;
     const char *sib = getenv("RF_SIBLING_REDUCTIONS");
     o.sibling_reductions = !(sib && strcmp(sib, "0") == 0);
     return o;
@@ -302,23 +302,8 @@ static void run_pools_in_convs(rfi_plan *p)
     }
 }
 
-/* How far past a library convolution (in steps) its partner may be. */
+/* How far past a library call (in steps) its partner may be. */
 #define PAIR_WINDOW 4
-
-/* Step q is an f32 convolution the library runs (not a direct one) whose
- * roots live in the arena: moving steps around it changes no in-place
- * update's order. */
-static bool library_conv(const rfi_plan *p, int q)
-{
-    const rfi_step *st = &p->steps[q];
-    if (st->kind != RFI_STEP_CALL || st->call != RFI_CALL_CONV ||
-        p->g->nodes[st->core]->dtype != RF_F32 || rfi_kir_direct_conv(p, q, NULL))
-        return false;
-    for (int r = 0; r < st->n_roots; r++)
-        if (p->loc[st->roots[r]].kind != RFI_LOC_ARENA)
-            return false;
-    return true;
-}
 
 static bool roots_in_arena(const rfi_plan *p, int q)
 {
@@ -326,6 +311,18 @@ static bool roots_in_arena(const rfi_plan *p, int q)
         if (p->loc[p->steps[q].roots[r]].kind != RFI_LOC_ARENA)
             return false;
     return true;
+}
+
+/* Step q is an f32 matmul or convolution the library runs (not a direct
+ * convolution) whose roots live in the arena: moving steps around it
+ * changes no in-place update's order. */
+static bool library_call(const rfi_plan *p, int q)
+{
+    const rfi_step *st = &p->steps[q];
+    return st->kind == RFI_STEP_CALL &&
+           (st->call == RFI_CALL_MATMUL || st->call == RFI_CALL_CONV) &&
+           p->g->nodes[st->core]->dtype == RF_F32 && !rfi_kir_direct_conv(p, q, NULL) &&
+           roots_in_arena(p, q);
 }
 
 /* Whether the step at position q reads a node marked in `mark`. */
@@ -366,29 +363,27 @@ static void reorder_steps(rfi_plan_builder *b, int a, int c, const int *pos)
     }
 }
 
-/* A library convolution A and the next one B within PAIR_WINDOW steps that
- * reads nothing A's result reaches become neighbours that run at the same
+/* A library call A and the next one B within PAIR_WINDOW steps that reads
+ * nothing A's result reaches become neighbours that may run at the same
  * time (runs_with_next): the steps between that do not depend on A move
  * before it, those that do after B (in their order; all keep their roots in
- * the arena). On two cores oneDNN's Winograd input and weight gradients of
- * the cnn's second layer, one thread each, took 2.7-3.0 ms against 3.4-3.9
- * ms one after the other on both threads: their 2-thread versions are
- * about as fast as one thread each. */
-static rf_status pair_library_convs(rfi_plan_builder *b)
+ * the arena). A layer's input and weight gradients pair so; whether they
+ * then run side by side is the backend's choice (cpu/services.c). */
+static rf_status pair_library_calls(rfi_plan_builder *b)
 {
     rfi_plan *p = b->p;
     bool *mark = rfi_calloc((size_t)b->n + 1, sizeof *mark);
     if (!mark)
         return rfi_error(RF_E_NOMEM, "plan: out of memory");
     for (int a = 0; a + 1 < p->n_steps; a++) {
-        if (!library_conv(p, a))
+        if (!library_call(p, a))
             continue;
         mark_roots(p, a, mark, true);
         int before[PAIR_WINDOW], after[PAIR_WINDOW], n_before = 0, n_after = 0, partner = -1;
         bool movable = true;
         for (int q = a + 1; q < p->n_steps && q <= a + PAIR_WINDOW && movable; q++) {
             bool depends = reads_marked(b, q, mark);
-            if (!depends && library_conv(p, q)) {
+            if (!depends && library_call(p, q)) {
                 partner = q;
                 break;
             }
@@ -458,8 +453,8 @@ rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan
     if (st == RF_OK) {
         leave_out_spreads(p);
         run_pools_in_convs(p);
-        if (b.opts.concurrent_convs)
-            st = pair_library_convs(&b);
+        if (b.opts.concurrent_calls)
+            st = pair_library_calls(&b);
     }
     if (st == RF_OK)
         st = rfi_memplan(&b);

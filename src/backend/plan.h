@@ -115,10 +115,10 @@ typedef struct rfi_step {
      * their bytes, and its result is RFI_LOC_TILE when one image's window
      * rows fit the convolution's tile (rfi_kir_conv tile_floats). */
     bool runs_pool;
-    /* A CALL CONV step that runs at the same time as the next step, another
-     * library convolution that does not read its result (a layer's input and
-     * weight gradients), each on one thread (cpu/services.c): the two live
-     * as one step for memory planning, and the module calls only this one. */
+    /* A library CALL step that may run at the same time as the next step,
+     * another that does not read its result (a layer's input and weight
+     * gradients), each on one thread (cpu/services.c): the two live as one
+     * step for memory planning, and the module calls only this one. */
     bool runs_with_next;
 } rfi_step;
 
@@ -223,12 +223,12 @@ typedef struct rfi_plan_opts {
      * step, which folds them side by side in one pass (kir.h). Default on;
      * RF_SIBLING_REDUCTIONS=0 in the environment: off. */
     bool sibling_reductions;
-    /* Two library convolutions that do not depend on each other, a few steps
-     * apart (a layer's input and weight gradients), become neighbours that
-     * run at the same time (rfi_step runs_with_next). Default off: a backend
-     * that runs them so turns it on (the cpu backend; RF_CONCURRENT_CONVS=0
-     * in the environment: off). */
-    bool concurrent_convs;
+    /* Two library calls (matmuls, convolutions) that do not depend on each
+     * other, a few steps apart (a layer's input and weight gradients),
+     * become neighbours that may run at the same time (rfi_step
+     * runs_with_next). Default off: a backend that runs them so turns it on
+     * (the cpu backend; RF_CONCURRENT_CALLS=0 in the environment: off). */
+    bool concurrent_calls;
 } rfi_plan_opts;
 
 RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);

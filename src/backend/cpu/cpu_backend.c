@@ -168,7 +168,7 @@ static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
     rfi_codec_put_int(b, o->channel_blocks);
     rfi_codec_put_int(b, o->direct_convs);
     rfi_codec_put_int(b, o->sibling_reductions);
-    rfi_codec_put_int(b, o->concurrent_convs);
+    rfi_codec_put_int(b, o->concurrent_calls);
 }
 
 /* The description of (program, options) into b; false (b empty) when there is
@@ -272,12 +272,12 @@ static bool direct_convs_wanted(void)
     return !(v && strcmp(v, "0") == 0);
 }
 
-/* Independent library convolutions side by side, a thread each (plan.h
- * concurrent_convs); RF_CONCURRENT_CONVS=0 in the environment: one after the
+/* Independent library calls side by side, a thread each (plan.h
+ * concurrent_calls); RF_CONCURRENT_CALLS=0 in the environment: one after the
  * other on all threads. */
-static bool concurrent_convs_wanted(void)
+static bool concurrent_calls_wanted(void)
 {
-    const char *v = getenv("RF_CONCURRENT_CONVS");
+    const char *v = getenv("RF_CONCURRENT_CALLS");
     return !(v && strcmp(v, "0") == 0);
 }
 
@@ -336,7 +336,7 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
     rfi_plan_opts opts = rfi_plan_opts_default();
     opts.conv_transposed_views = true; /* the services read or copy them (services.c) */
     opts.direct_convs = direct_convs_wanted();
-    opts.concurrent_convs = concurrent_convs_wanted();
+    opts.concurrent_calls = concurrent_calls_wanted();
     rf_status st = plan_on_guess(s, &opts);
     if (st == RF_OK)
         st = build_module(s, &opts, name, hash);

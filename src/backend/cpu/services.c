@@ -24,9 +24,10 @@
  * interpreter's arithmetic (each op in double, rounded to the dtype once).
  * One oneDNN engine and stream per executable; one workspace (the largest any
  * step needs: oneDNN scratchpads, packed operands, im2col columns) shared by
- * the steps, which run one at a time, but for the pairs of Winograd
- * convolutions that run side by side (plan.h runs_with_next, pair_winograd):
- * those have a second stream and the workspace after the first's part.
+ * the steps, which run one at a time, but for the pairs of matmuls or
+ * Winograd convolutions that run side by side (plan.h runs_with_next,
+ * pair_beside): those have a second stream and the workspace after the
+ * first's part.
  * Convolutions a step or two apart that read one value in one blocked
  * layout share its copy (share_conv_inputs): a training step reorders each
  * cotangent once for its input and weight gradients. The copies live in
@@ -425,7 +426,7 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
         return take_layouts(s, k); /* no oneDNN: the reference kernel */
     cs->lib_threads = s->threads;
     if (step->call == RFI_CALL_MATMUL && n->op == RFI_OP_DOT_GENERAL) {
-        cs->lib_threads = matmul_threads(s, n);
+        cs->lib_threads = cs->paired ? 1 : matmul_threads(s, n);
         set_library_threads(s, cs->lib_threads);
         st = rfi_cpu_matmul_prepare(n, cs->epi, cs->n_epi, s->engine, &cs->matmul, workspace);
         set_library_threads(s, s->threads);
@@ -485,21 +486,31 @@ static void release_step(call_state *cs)
     free_relayout(&cs->out_plain);
 }
 
-/* A pair of Winograd convolutions (the cnn's second layer's input and weight
- * gradients) runs beside each other, each on one thread, made again for one
- * thread (oneDNN fixes its split over threads when it makes a primitive; a
- * 2-thread kernel run on one was about as slow as the two one after the
- * other). Measured on two cores with 64 images: 2.7-3.0 ms for the two
- * beside each other against 3.4-3.9 ms one after the other on both threads.
- * Other pairs stay one after the other: the ResNet's direct convolutions,
- * which split well over threads, took 4-14% longer beside each other. The
- * second's part of the workspace follows the first's (need: per step). */
-static rf_status pair_winograd(rfi_cpu_services *s, int k, size_t *need)
+/* Whether call cs gains from running beside another on one thread each:
+ * oneDNN's matmuls and Winograd convolutions, whose second thread adds
+ * little; not its direct convolutions, which split well over threads. */
+static bool runs_well_beside(const call_state *cs)
+{
+    return cs->kind == RFI_CALL_MATMUL ||
+           (cs->kind == RFI_CALL_CONV && rfi_cpu_conv_is_winograd(cs->conv));
+}
+
+/* A pair (plan.h runs_with_next) of matmuls or Winograd convolutions (a
+ * layer's input and weight gradients) runs beside each other, each on one
+ * thread, made again for one thread (oneDNN fixes its split over threads
+ * when it makes a primitive; a 2-thread primitive run on one gained 5%, not
+ * 20%). Measured on two cores, one after the other on both threads against
+ * side by side (medians of 200 in a standalone program): the cnn's second
+ * layer's Winograd gradients 3.4-3.9 against 2.7-3.0 ms, its dense layer's
+ * gradients 309-348 against 276-306 us, the mlp's second layer's 421-509
+ * against 394-447 us. The ResNet's direct convolutions took 4-14% longer
+ * side by side: other pairs run one after the other. The second's part of
+ * the workspace follows the first's (need: per step). */
+static rf_status pair_beside(rfi_cpu_services *s, int k, size_t *need)
 {
     int pair[2] = {k, s->steps[k].partner};
     for (int i = 0; i < 2; i++)
-        if (s->threads < 2 || s->steps[pair[i]].kind != RFI_CALL_CONV ||
-            !rfi_cpu_conv_is_winograd(s->steps[pair[i]].conv))
+        if (s->threads < 2 || !runs_well_beside(&s->steps[pair[i]]))
             return RF_OK;
     rf_status st = RF_OK;
     for (int i = 0; i < 2 && st == RF_OK; i++) {
@@ -535,7 +546,7 @@ static rf_status create_library(rfi_cpu_services *s)
 
 /* The pairs of calls the module makes as one (plan.h runs_with_next): the
  * second runs when the first is called, after it, or beside it (paired, see
- * pair_winograd). */
+ * pair_beside). */
 static void pair_steps(rfi_cpu_services *s)
 {
     for (int k = 0; k < s->n_steps; k++) {
@@ -686,7 +697,7 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
         st = prepare_call(s, k, &need[k]);
     for (int k = 0; k < p->n_steps && st == RF_OK; k++)
         if (s->steps[k].partner >= 0)
-            st = pair_winograd(s, k, need);
+            st = pair_beside(s, k, need);
     size_t most = 0;
     for (int k = 0; need && k < p->n_steps; k++)
         most = s->steps[k].ws_at + need[k] > most ? s->steps[k].ws_at + need[k] : most;
@@ -914,14 +925,12 @@ static void pair_calls(void *ctx, int64_t lo, int64_t hi)
     }
 }
 
-/* Step and its partner: beside each other when both are library
- * convolutions (they share nothing but the buffers they read), else one
- * after the other. */
+/* Step and its partner: beside each other when paired (they share nothing
+ * but the buffers they read), else one after the other. */
 static rf_status run_pair(const rfi_cpu_services *s, int step, void *const *buffers)
 {
     int partner = s->steps[step].partner;
-    if (!s->steps[step].paired || s->steps[step].kind != RFI_CALL_CONV ||
-        s->steps[partner].kind != RFI_CALL_CONV) {
+    if (!s->steps[step].paired) {
         rf_status st = run_call(s, step, buffers, s->stream);
         return st == RF_OK ? run_call(s, partner, buffers, s->stream2) : st;
     }
