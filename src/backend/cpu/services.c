@@ -504,16 +504,20 @@ static bool runs_well_beside(const call_state *cs)
  * layer's Winograd gradients 3.4-3.9 against 2.7-3.0 ms, its dense layer's
  * gradients 309-348 against 276-306 us, the mlp's second layer's 421-509
  * against 394-447 us. The ResNet's direct convolutions took 4-14% longer
- * side by side: other pairs run one after the other. The second's part of
- * the workspace follows the first's (need: per step). */
+ * side by side: other pairs run one after the other (a matmul made for one
+ * thread then stays so). The second's part of the workspace follows the
+ * first's (need: per step). */
 static rf_status pair_beside(rfi_cpu_services *s, int k, size_t *need)
 {
     int pair[2] = {k, s->steps[k].partner};
+    bool both = true, made = s->steps[k].paired; /* made: for one thread already */
     for (int i = 0; i < 2; i++)
-        if (s->threads < 2 || !runs_well_beside(&s->steps[pair[i]]))
-            return RF_OK;
+        both = both && s->threads > 1 && runs_well_beside(&s->steps[pair[i]]);
+    s->steps[pair[0]].paired = s->steps[pair[1]].paired = both;
+    if (!both)
+        return RF_OK;
     rf_status st = RF_OK;
-    for (int i = 0; i < 2 && st == RF_OK; i++) {
+    for (int i = 0; i < 2 && st == RF_OK && !made; i++) {
         call_state *cs = &s->steps[pair[i]];
         int partner = cs->partner;
         release_step(cs);
@@ -546,12 +550,18 @@ static rf_status create_library(rfi_cpu_services *s)
 
 /* The pairs of calls the module makes as one (plan.h runs_with_next): the
  * second runs when the first is called, after it, or beside it (paired, see
- * pair_beside). */
+ * pair_beside). Two matmuls are paired before they are prepared, so their
+ * primitives are made once, for one thread. */
 static void pair_steps(rfi_cpu_services *s)
 {
+    const rfi_step *steps = s->plan->steps;
     for (int k = 0; k < s->n_steps; k++) {
-        bool with_next = s->plan->steps[k].runs_with_next && k + 1 < s->n_steps;
+        bool with_next = steps[k].runs_with_next && k + 1 < s->n_steps;
         s->steps[k].partner = with_next ? k + 1 : -1;
+        bool matmuls = with_next && steps[k].call == RFI_CALL_MATMUL &&
+                       steps[k + 1].call == RFI_CALL_MATMUL;
+        if (matmuls && s->threads > 1 && s->have_library)
+            s->steps[k].paired = s->steps[k + 1].paired = true;
     }
 }
 
