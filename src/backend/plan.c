@@ -341,18 +341,20 @@ static void mark_roots(const rfi_plan *p, int q, bool *mark, bool on)
         mark[p->steps[q].roots[r]] = on;
 }
 
-/* Positions a .. c of the plan (steps, builder order, segments) in the new
- * order `pos` lists. */
-static void reorder_steps(rfi_plan_builder *b, int a, int c, const int *pos)
+/* Positions a .. c of the plan (steps, builder order, segments) and of
+ * `lib` (per position) in the new order `pos` lists. */
+static void reorder_steps(rfi_plan_builder *b, int a, int c, const int *pos, bool *lib)
 {
     rfi_plan *p = b->p;
     rfi_step steps[PAIR_WINDOW + 1];
     int order[PAIR_WINDOW + 1];
     int64_t extent[PAIR_WINDOW + 1];
+    bool was_lib[PAIR_WINDOW + 1];
     for (int i = 0; i <= c - a; i++) {
         steps[i] = p->steps[pos[i]];
         order[i] = b->order[pos[i]];
         extent[i] = p->seg_extent ? p->seg_extent[pos[i]] : 0;
+        was_lib[i] = lib[pos[i]];
     }
     for (int i = 0; i <= c - a; i++) {
         p->steps[a + i] = steps[i];
@@ -360,6 +362,7 @@ static void reorder_steps(rfi_plan_builder *b, int a, int c, const int *pos)
         b->pos_of[order[i]] = a + i;
         if (p->seg_extent)
             p->seg_extent[a + i] = extent[i];
+        lib[a + i] = was_lib[i];
     }
 }
 
@@ -373,17 +376,23 @@ static rf_status pair_library_calls(rfi_plan_builder *b)
 {
     rfi_plan *p = b->p;
     bool *mark = rfi_calloc((size_t)b->n + 1, sizeof *mark);
-    if (!mark)
+    bool *lib = rfi_calloc((size_t)p->n_steps + 1, sizeof *lib); /* per position */
+    if (!mark || !lib) {
+        rfi_free(mark);
+        rfi_free(lib);
         return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    }
+    for (int q = 0; q < p->n_steps; q++) /* asked once: the question walks the program */
+        lib[q] = library_call(p, q);
     for (int a = 0; a + 1 < p->n_steps; a++) {
-        if (!library_call(p, a))
+        if (!lib[a])
             continue;
         mark_roots(p, a, mark, true);
         int before[PAIR_WINDOW], after[PAIR_WINDOW], n_before = 0, n_after = 0, partner = -1;
         bool movable = true;
         for (int q = a + 1; q < p->n_steps && q <= a + PAIR_WINDOW && movable; q++) {
             bool depends = reads_marked(b, q, mark);
-            if (!depends && library_call(p, q)) {
+            if (!depends && lib[q]) {
                 partner = q;
                 break;
             }
@@ -407,11 +416,12 @@ static rf_status pair_library_calls(rfi_plan_builder *b)
         pos[n++] = partner;
         for (int i = 0; i < n_after; i++)
             pos[n++] = after[i];
-        reorder_steps(b, a, partner, pos);
+        reorder_steps(b, a, partner, pos, lib);
         p->steps[a + n_before].runs_with_next = true;
         a = a + n_before + 1; /* B pairs with nothing else */
     }
     rfi_free(mark);
+    rfi_free(lib);
     return RF_OK;
 }
 
