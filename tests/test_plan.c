@@ -652,17 +652,56 @@ static void check_parts_balanced(const char *source)
     CHECK(parts >= 2 && least > 0 && most - least < largest); /* bytes alone: 40 KB and 18 KB */
 }
 
-static void test_mlp_train_step(void)
+/* An Adam training step of a model (host, consumed) on a batch x of zeros
+ * and one-hot targets y, traced: the model (host copy and device copy),
+ * optimiser and batch live here until train_case_free. */
+typedef struct train_case {
+    rf_model *host, *m;
+    rf_opt *opt;
+    rf_array *x, *y;
+    rfi_graph *g;
+} train_case;
+
+static train_case train_case_trace(rf_model *host, rf_array *x, int64_t batch)
+{
+    train_case k = {host, rf_model_to(host, cpu), NULL, x, NULL, NULL};
+    k.opt = rf_setup(rf_adam(1e-3), k.m);
+    k.y = dev_zeros(RF_SHAPE(batch, 10));
+    rf_array *args[2] = {k.x, k.y};
+    train_ctx c = {k.m, k.opt, true};
+    k.g = trace_program(train_fn, &c, args, 2);
+    return k;
+}
+
+/* The cnn tests' step: 4 images of 1x28x28, 10 classes. */
+static train_case cnn_case_trace(rf_model *host)
+{
+    return train_case_trace(host, rf_array_new(cpu, RF_F32, RF_SHAPE(4, 1, 28, 28), NULL), 4);
+}
+
+/* The mlp benchmark's step: 784-512-256-10 relu, 128 images. */
+static train_case mlp_case_trace(void)
 {
     rf_nn_seed(1);
     rf_model *host = rf_chain(rf_dense(784, 512, RF_ACT_RELU), rf_dense(512, 256, RF_ACT_RELU),
                               rf_dense(256, 10, RF_ACT_IDENTITY));
-    rf_model *m = rf_model_to(host, cpu);
-    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
-    rf_array *x = dev_zeros(RF_SHAPE(128, 784)), *y = dev_zeros(RF_SHAPE(128, 10));
-    rf_array *args[2] = {x, y};
-    train_ctx c = {m, opt, true};
-    rfi_graph *g = trace_program(train_fn, &c, args, 2);
+    return train_case_trace(host, dev_zeros(RF_SHAPE(128, 784)), 128);
+}
+
+static void train_case_free(train_case *k)
+{
+    rfi_graph_free(k->g);
+    rf_array_free(k->x);
+    rf_array_free(k->y);
+    rf_opt_free(k->opt);
+    rf_model_free(k->m);
+    rf_model_free(k->host);
+}
+
+static void test_mlp_train_step(void)
+{
+    train_case k = mlp_case_trace();
+    rfi_graph *g = k.g;
     rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
     if (p) {
         /* CALL MATMUL (8): three forward dots, and in the backward pass dX and
@@ -715,12 +754,7 @@ static void test_mlp_train_step(void)
         rfi_kir_free(km);
     }
     rfi_plan_free(p);
-    rfi_graph_free(g);
-    rf_array_free(x);
-    rf_array_free(y);
-    rf_opt_free(opt);
-    rf_model_free(m);
-    rf_model_free(host);
+    train_case_free(&k);
 }
 
 /* (e) the CNN of the benchmarks at a small batch: convolutions go to CONV
@@ -736,42 +770,10 @@ static int transpose_loops(const rfi_plan *p)
     return n;
 }
 
-/* An Adam training step of a model on 4 images of 1x28x28 and 10 classes,
- * traced: the model (host copy and device copy), optimiser and batch live
- * here until cnn_case_free. */
-typedef struct cnn_case {
-    rf_model *host, *m;
-    rf_opt *opt;
-    rf_array *x, *y;
-    rfi_graph *g;
-} cnn_case;
-
-static cnn_case cnn_case_trace(rf_model *host)
-{
-    cnn_case k = {host, rf_model_to(host, cpu), NULL, NULL, NULL, NULL};
-    k.opt = rf_setup(rf_adam(1e-3), k.m);
-    k.x = rf_array_new(cpu, RF_F32, RF_SHAPE(4, 1, 28, 28), NULL);
-    k.y = dev_zeros(RF_SHAPE(4, 10));
-    rf_array *args[2] = {k.x, k.y};
-    train_ctx c = {k.m, k.opt, true};
-    k.g = trace_program(train_fn, &c, args, 2);
-    return k;
-}
-
-static void cnn_case_free(cnn_case *k)
-{
-    rfi_graph_free(k->g);
-    rf_array_free(k->x);
-    rf_array_free(k->y);
-    rf_opt_free(k->opt);
-    rf_model_free(k->m);
-    rf_model_free(k->host);
-}
-
 static void test_cnn_train_step(void)
 {
     rf_nn_seed(3);
-    cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL),
+    train_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL),
                                          rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
                                          rf_dense(8 * 13 * 13, 10, RF_ACT_IDENTITY)));
     rfi_graph *g = k.g;
@@ -816,7 +818,7 @@ static void test_cnn_train_step(void)
     }
     rfi_plan_free(pv);
     rfi_plan_free(p);
-    cnn_case_free(&k);
+    train_case_free(&k);
 }
 
 /* (f) Channel-blocked layouts (layout.c) on a two-convolution CNN with
@@ -833,7 +835,7 @@ static bool blocked_node(const rfi_plan *p, int x)
 static void test_blocked_layouts(void)
 {
     rf_nn_seed(5);
-    cnn_case k = cnn_case_trace(
+    train_case k = cnn_case_trace(
         rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
                  rf_conv2d(3, 3, 16, 32, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
                  rf_flatten_layer(), rf_dense(32 * 5 * 5, 10, RF_ACT_IDENTITY)));
@@ -890,10 +892,10 @@ static void test_blocked_layouts(void)
     }
     rfi_plan_free(p);
     rfi_plan_free(plain);
-    cnn_case_free(&k);
+    train_case_free(&k);
     /* 8 channels: channels last instead, for the same values */
     rf_nn_seed(6);
-    cnn_case e = cnn_case_trace(
+    train_case e = cnn_case_trace(
         rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 8, 8, RF_ACT_RELU, NULL),
                  rf_flatten_layer(), rf_dense(8 * 24 * 24, 10, RF_ACT_IDENTITY)));
     rfi_plan_opts eo = rfi_plan_opts_default();
@@ -924,7 +926,7 @@ static void test_blocked_layouts(void)
         rfi_free(text);
     }
     rfi_plan_free(ep);
-    cnn_case_free(&e);
+    train_case_free(&e);
 }
 
 /* ---- CALL epilogues -------------------------------------------------------------------- */
@@ -1132,7 +1134,7 @@ static void test_index_math(void)
     rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL),
                               rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
                               rf_flatten_layer(), rf_dense(16 * 12 * 12, 10, RF_ACT_IDENTITY));
-    cnn_case k = cnn_case_trace(host);
+    train_case k = cnn_case_trace(host);
     rfi_plan *p = NULL;
     rfi_kir_module *km = kernels_of_program(k.g, &p);
     int pieces = 0;
@@ -1174,7 +1176,7 @@ static void test_index_math(void)
     free_kernels(km, p);
     rfi_graph_free(g);
     rf_array_free(x);
-    cnn_case_free(&k);
+    train_case_free(&k);
 }
 
 /* The plan of g under o, its kernel IR and its C (returned, owned; NULL on
@@ -1227,7 +1229,7 @@ static void test_direct_convs(void)
 {
     rf_nn_seed(7);
     rf_conv_opts stride2 = {.stride = {2, 2}};
-    cnn_case k = cnn_case_trace(rf_chain(
+    train_case k = cnn_case_trace(rf_chain(
         rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 8, 8, RF_ACT_RELU, NULL),
         rf_conv2d(3, 3, 8, 16, RF_ACT_RELU, &stride2), rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL),
         rf_flatten_layer(), rf_dense(16 * 9 * 9, 10, RF_ACT_IDENTITY)));
@@ -1308,7 +1310,7 @@ static void test_direct_convs(void)
         CHECK(source && (strstr(source, "ob < 2; ob += 2) { /* vectors of o */") != NULL) == c8);
         rfi_free(source);
     }
-    cnn_case_free(&k);
+    train_case_free(&k);
 }
 
 /* (j) With 8-channel blocks (an AVX2 machine's), the weight gradients of
@@ -1318,7 +1320,7 @@ static void test_direct_convs(void)
 static void test_direct_weight_grads_c8(void)
 {
     rf_nn_seed(8);
-    cnn_case k = cnn_case_trace(rf_chain(
+    train_case k = cnn_case_trace(rf_chain(
         rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 32, 4, RF_ACT_RELU, NULL),
         rf_conv2d(3, 3, 4, 24, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 24, 16, RF_ACT_RELU, NULL),
         rf_flatten_layer(), rf_dense(16 * 20 * 20, 10, RF_ACT_IDENTITY)));
@@ -1343,7 +1345,7 @@ static void test_direct_weight_grads_c8(void)
         CHECK(source && (strstr(source, "/* vectors of o */") != NULL) == c8);
         rfi_free(source);
     }
-    cnn_case_free(&k);
+    train_case_free(&k);
 }
 
 /* traced after simplify, CSE and unroll_pools, as the compiling backend runs
@@ -1376,9 +1378,11 @@ static rfi_plan_opts pool_variant(int v)
 /* The module's direct forwards that run their pool's kernel (kir.h
  * pool_kernel), each checked: 32 channels in two vectors of 16, 2x2 windows,
  * the pool's kernel lowered, run by it alone, its outermost loop over
- * [batch][2 channel blocks][13 window rows], the plan's step running the
- * pool and its result in the tile, taking no bytes. */
-static int pooled_forwards(const rfi_plan *p, const rfi_kir_module *km, int64_t batch)
+ * [batch][2 channel blocks][window_rows], the plan's step running the pool,
+ * and with tile_floats > 0 its result in a tile of that size, taking no
+ * bytes (else in the arena). */
+static int pooled_forwards(const rfi_plan *p, const rfi_kir_module *km, int64_t batch,
+                           int64_t window_rows, int64_t tile_floats)
 {
     int pooled = 0;
     for (int s = 0; km && s < km->n_steps; s++) {
@@ -1390,10 +1394,10 @@ static int pooled_forwards(const rfi_plan *p, const rfi_kir_module *km, int64_t 
         CHECK(d->kind == RFI_KIR_CONV_FORWARD && d->o == 32 && d->lanes == 16);
         CHECK(d->pool_rows == 2 && d->pool_groups == 2 && pk->pooled_by == s);
         CHECK(pk->kind == RFI_KIR_STEP_KERNEL && pk->step == d->pool_step);
-        CHECK(pk->kernel->dims[0] == batch * 2 * 13);
+        CHECK(pk->kernel->dims[0] == batch * 2 * window_rows);
         const rfi_step *st = &p->steps[km->steps[s].step];
-        CHECK(st->runs_pool && d->tiled && d->tile_floats == (26 + 2) * 26 * 16);
-        CHECK(p->loc[st->roots[0]].kind == RFI_LOC_TILE);
+        CHECK(st->runs_pool && d->tiled == (tile_floats > 0) && d->tile_floats == tile_floats);
+        CHECK(p->loc[st->roots[0]].kind == (tile_floats > 0 ? RFI_LOC_TILE : RFI_LOC_ARENA));
         for (int t = 0; t < km->n_steps; t++)
             CHECK(t == s || km->steps[t].conv.pool_kernel != d->pool_kernel ||
                   km->steps[t].kind != RFI_KIR_STEP_CONV);
@@ -1522,7 +1526,7 @@ static void check_spread_operands_live(const rfi_plan *p, const rfi_kir_conv *d,
 static void test_spread_weight_grad(void)
 {
     rf_nn_seed(9);
-    cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
+    train_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
                                          rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
                                          rf_dense(32 * 13 * 13, 10, RF_ACT_IDENTITY)));
     rfi_graph *g = unrolled_graph(k.g);
@@ -1568,7 +1572,7 @@ static void test_spread_weight_grad(void)
         CHECK(v == 0 || (spread_bytes > 0 && arena[v] + spread_bytes <= arena[0]));
         /* the pool's result goes row-major to the dense layer, its codes
          * channel-blocked: the forward does not run the pool's loop */
-        CHECK(pooled_forwards(p, km, 0) == 0);
+        CHECK(pooled_forwards(p, km, 0, 0, 0) == 0);
         for (int q = 0; p && q < p->n_steps; q++)
             CHECK(!p->steps[q].runs_pool);
         rfi_free(source);
@@ -1576,7 +1580,7 @@ static void test_spread_weight_grad(void)
         rfi_plan_free(p);
     }
     rfi_graph_free(g);
-    cnn_case_free(&k);
+    train_case_free(&k);
 }
 
 /* A 1 -> 32 first layer with a 2x2 pool whose result (and codes) stay
@@ -1587,7 +1591,7 @@ static void test_spread_weight_grad(void)
 static void test_pooled_forward(void)
 {
     rf_nn_seed(10);
-    cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
+    train_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
                                          rf_maxpool(2, 2, 0, 0),
                                          rf_conv2d(3, 3, 32, 16, RF_ACT_RELU, NULL),
                                          rf_flatten_layer(),
@@ -1598,7 +1602,7 @@ static void test_pooled_forward(void)
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
         char *source = plan_and_render(g, &o, &p, &km);
-        CHECK(pooled_forwards(p, km, 4) == (v == 1));
+        CHECK(pooled_forwards(p, km, 4, 13, (26 + 2) * 26 * 16) == (v == 1));
         CHECK(source && (strstr(source, "pool over them") != NULL) == (v == 1));
         /* the pool's kernel (step 1) is called from the forward's loop, on
          * its tile, or by the entry point, not both */
@@ -1615,7 +1619,7 @@ static void test_pooled_forward(void)
         rfi_plan_free(p);
     }
     rfi_graph_free(g);
-    cnn_case_free(&k);
+    train_case_free(&k);
 }
 
 /* The same layers on 2 images of 64x64: one image's two rows of the first
@@ -1636,17 +1640,7 @@ static void test_pooled_forward_untiled(void)
     rfi_plan *p = NULL;
     rfi_kir_module *km = NULL;
     char *source = g ? plan_and_render(g, &o, &p, &km) : NULL;
-    int pooled = 0;
-    for (int s = 0; km && s < km->n_steps; s++) {
-        const rfi_kir_conv *d = &km->steps[s].conv;
-        if (km->steps[s].kind != RFI_KIR_STEP_CONV || d->pool_kernel < 0)
-            continue;
-        pooled++;
-        const rfi_step *st = &p->steps[km->steps[s].step];
-        CHECK(st->runs_pool && !d->tiled && d->tile_floats == 0);
-        CHECK(p->loc[st->roots[0]].kind == RFI_LOC_ARENA);
-    }
-    CHECK(pooled == 1);
+    CHECK(pooled_forwards(p, km, 2, 31, 0) == 1);
     CHECK(source && strstr(source, "k1_max(c->pool, q, q + 1);") && !strstr(source, "ytile"));
     rfi_free(source);
     rfi_kir_free(km);
@@ -1711,7 +1705,7 @@ static int checked_pairs(const rfi_plan *p, rfi_call_kind kind)
 static void test_concurrent_calls(void)
 {
     rf_nn_seed(12);
-    cnn_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
+    train_case k = cnn_case_trace(rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL),
                                          rf_maxpool(2, 2, 0, 0),
                                          rf_conv2d(3, 3, 32, 64, RF_ACT_RELU, NULL),
                                          rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
@@ -1736,32 +1730,19 @@ static void test_concurrent_calls(void)
         rfi_plan_free(p);
     }
     rfi_graph_free(g);
-    cnn_case_free(&k);
+    train_case_free(&k);
 
-    rf_nn_seed(1);
-    rf_model *host = rf_chain(rf_dense(784, 512, RF_ACT_RELU), rf_dense(512, 256, RF_ACT_RELU),
-                              rf_dense(256, 10, RF_ACT_IDENTITY));
-    rf_model *m = rf_model_to(host, cpu);
-    rf_opt *opt = rf_setup(rf_adam(1e-3), m);
-    rf_array *x = dev_zeros(RF_SHAPE(128, 784)), *y = dev_zeros(RF_SHAPE(128, 10));
-    rf_array *args[2] = {x, y};
-    train_ctx c = {m, opt, true};
-    rfi_graph *mg = trace_program(train_fn, &c, args, 2);
+    train_case mk = mlp_case_trace();
     rfi_plan_opts o = rfi_plan_opts_default();
     o.concurrent_calls = true;
     rfi_plan *p = NULL;
-    if (mg)
-        CHECK_OK(rfi_plan_build(mg, &o, &p));
+    if (mk.g)
+        CHECK_OK(rfi_plan_build(mk.g, &o, &p));
     CHECK(checked_pairs(p, RFI_CALL_MATMUL) == 2);
     if (p)
         check_invariants(p);
     rfi_plan_free(p);
-    rfi_graph_free(mg);
-    rf_array_free(x);
-    rf_array_free(y);
-    rf_opt_free(opt);
-    rf_model_free(m);
-    rf_model_free(host);
+    train_case_free(&mk);
 }
 
 int main(void)
