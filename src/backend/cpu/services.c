@@ -113,7 +113,7 @@ struct rfi_cpu_services {
     const rfi_plan *plan;
     dnnl_engine_t engine;
     dnnl_stream_t stream;
-    dnnl_stream_t stream2; /* the second call of a pair's (partner) */
+    dnnl_stream_t stream2; /* a side-by-side pair's second call's (NULL: none) */
     call_state *steps; /* plan->n_steps */
     int n_steps;
     void *workspace_block; /* allocation; workspace is it aligned to 64 */
@@ -541,8 +541,6 @@ static rf_status create_library(rfi_cpu_services *s)
     if (st != dnnl_success)
         return rfi_dnnl_error(st, "services", "engine_create");
     st = rfi_dnnl.stream_create(&s->stream, s->engine, dnnl_stream_default_flags);
-    if (st == dnnl_success)
-        st = rfi_dnnl.stream_create(&s->stream2, s->engine, dnnl_stream_default_flags);
     if (st != dnnl_success)
         return rfi_dnnl_error(st, "services", "stream_create");
     return RF_OK;
@@ -708,6 +706,10 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     for (int k = 0; k < p->n_steps && st == RF_OK; k++)
         if (s->steps[k].partner >= 0)
             st = pair_beside(s, k, need);
+    for (int k = 0; k < p->n_steps && st == RF_OK && !s->stream2; k++)
+        if (s->steps[k].paired && rfi_dnnl.stream_create(&s->stream2, s->engine,
+                                                         dnnl_stream_default_flags) != dnnl_success)
+            st = rfi_error(RF_E_INTERNAL, "cpu: services: oneDNN stream_create failed");
     size_t most = 0;
     for (int k = 0; need && k < p->n_steps; k++)
         most = s->steps[k].ws_at + need[k] > most ? s->steps[k].ws_at + need[k] : most;
@@ -942,7 +944,7 @@ static rf_status run_pair(const rfi_cpu_services *s, int step, void *const *buff
     int partner = s->steps[step].partner;
     if (!s->steps[step].paired) {
         rf_status st = run_call(s, step, buffers, s->stream);
-        return st == RF_OK ? run_call(s, partner, buffers, s->stream2) : st;
+        return st == RF_OK ? run_call(s, partner, buffers, s->stream) : st;
     }
     pair_job job = {s, {step, partner}, buffers, {RF_OK, RF_OK}, {"", ""}};
     rfi_parallel_for(2, 1, pair_calls, &job);
