@@ -90,14 +90,14 @@ typedef struct rfi_kir_ins {
     int64_t lo, hi; /* index values (i64, bool): every value lies in [lo, hi] */
 } rfi_kir_ins;
 
-/* A typed pointer a kernel addresses: buffer `buffer` of the table plus `offset`
- * bytes, `nbytes` bytes from there. `noalias`: no other base of the kernel
- * overlaps these bytes (a renderer may then mark it restrict). */
 /* The buffer of a base in the tile of the convolution that runs the kernel
  * (rfi_kir_conv tiled): the kernel's fourth argument, which points where
  * the element at the result's index 0 would be. */
 #define RFI_KIR_TILE_BUFFER (-2)
 
+/* A typed pointer a kernel addresses: buffer `buffer` of the table plus `offset`
+ * bytes, `nbytes` bytes from there. `noalias`: no other base of the kernel
+ * overlaps these bytes (a renderer may then mark it restrict). */
 typedef struct rfi_kir_base {
     int buffer;
     size_t offset;

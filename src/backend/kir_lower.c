@@ -652,22 +652,29 @@ static void root_loops(lower *L, const rfi_node *r, int *m)
     }
 }
 
-/* Whether one of the nodes ids reads a buffer in layout l. */
-static bool reads_layout(const lower *L, const int *ids, int count, rfi_layout l)
+/* Whether one of the nodes ids reads a buffer in layout l; with `like`, one
+ * holding like's images and channels (rank 4, dims 0 and 1 equal). */
+static bool reads_layout(const lower *L, const int *ids, int count, rfi_layout l,
+                         const rfi_node *like)
 {
     for (int i = 0; i < count; i++) {
         const rfi_node *v = L->g->nodes[ids[i]];
-        for (int j = 0; j < v->n_in; j++)
-            if (L->p->loc[v->in[j]->id].kind != RFI_LOC_INLINE &&
-                rfi_plan_layout(L->p, v->in[j]->id) == l)
+        for (int j = 0; j < v->n_in; j++) {
+            const rfi_node *x = v->in[j];
+            if (L->p->loc[x->id].kind != RFI_LOC_INLINE && rfi_plan_layout(L->p, x->id) == l &&
+                (!like || (x->rank == 4 && x->dims[0] == like->dims[0] &&
+                           x->dims[1] == like->dims[1])))
                 return true;
+        }
     }
     return false;
 }
 
-static bool step_reads_layout(const lower *L, const rfi_step *st, rfi_layout l)
+static bool step_reads_layout(const lower *L, const rfi_step *st, rfi_layout l,
+                              const rfi_node *like)
 {
-    return reads_layout(L, st->roots, st->n_roots, l) || reads_layout(L, st->fused, st->n_fused, l);
+    return reads_layout(L, st->roots, st->n_roots, l, like) ||
+           reads_layout(L, st->fused, st->n_fused, l, like);
 }
 
 /* The outer loops of a REDUCE step's result n, ordered by the channel-blocked
@@ -682,13 +689,13 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
     const rfi_node *x = n->n_in > 0 ? n->in[0] : NULL;
     bool window = x && n->op == RFI_OP_REDUCE_WINDOW && x->rank == 4 && n->dims[1] == x->dims[1];
     if (window && rfi_plan_layout(L->p, n->id) == RFI_LAYOUT_PLAIN &&
-        step_reads_layout(L, st, RFI_LAYOUT_NHWC)) {
+        step_reads_layout(L, st, RFI_LAYOUT_NHWC, NULL)) {
         channels_last_loops(L, n, m);
         return;
     }
     int64_t b = rfi_layout_block(L->p->channel_blocks);
     bool blocked_x = x && x->rank == 4 && b > 0 && x->dims[1] % b == 0 &&
-                     step_reads_layout(L, st, L->p->channel_blocks);
+                     step_reads_layout(L, st, L->p->channel_blocks, NULL);
     if (blocked_x && window && rfi_plan_layout(L->p, n->id) != RFI_LAYOUT_NHWC) {
         blocked_loops(L, n, b, m);
         return;
@@ -719,21 +726,9 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
 static bool walks_blocked_input(const lower *L, const rfi_step *st, const rfi_node *r)
 {
     int64_t b = rfi_layout_block(L->p->channel_blocks);
-    if (r->rank != 4 || b <= 0 || r->dims[1] % b != 0 ||
-        rfi_plan_layout(L->p, r->id) != RFI_LAYOUT_PLAIN)
-        return false;
-    for (int i = 0; i < st->n_roots + st->n_fused; i++) {
-        const rfi_node *v =
-            L->g->nodes[i < st->n_roots ? st->roots[i] : st->fused[i - st->n_roots]];
-        for (int j = 0; j < v->n_in; j++) {
-            const rfi_node *x = v->in[j];
-            if (L->p->loc[x->id].kind != RFI_LOC_INLINE && x->rank == 4 &&
-                x->dims[0] == r->dims[0] && x->dims[1] == r->dims[1] &&
-                rfi_plan_layout(L->p, x->id) == L->p->channel_blocks)
-                return true;
-        }
-    }
-    return false;
+    return r->rank == 4 && b > 0 && r->dims[1] % b == 0 &&
+           rfi_plan_layout(L->p, r->id) == RFI_LAYOUT_PLAIN &&
+           step_reads_layout(L, st, L->p->channel_blocks, r);
 }
 
 /* The root whose layout orders a LOOP step's loops: one not row-major if
