@@ -93,11 +93,15 @@ static void test_array_basics(void)
         CHECK(rf_to_number(s) == 2.5);
         CHECK(rf_array_numel(e) == 0 && rf_array_nbytes(e) == 0);
     }
-    rf_array_free(z);
-    rf_array_free(o);
-    rf_array_free(f);
-    rf_array_free(s);
-    rf_array_free(e);
+    /* Elements start on a 64-byte boundary at every size, also past
+     * malloc's mmap threshold (whose blocks start 16 bytes into a page). */
+    rf_array *big = rf_zeros(RF_F32, RF_SHAPE(784, 512));
+    CHECK(big != NULL);
+    rf_array *all[] = {z, o, f, s, e, big};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        CHECK(all[i] && (uintptr_t)rf_array_data(all[i]) % 64 == 0);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        rf_array_free(all[i]);
 
     /* Validation. */
     CHECK(rf_zeros(RF_F32, (const int64_t[]){1}, -1) == NULL);

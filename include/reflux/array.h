@@ -59,7 +59,8 @@ RF_API rf_status rf_array_read(const rf_array *a, void *dst, size_t nbytes);
  * on their next run. Errors: RF_E_INVALID. */
 RF_API rf_status rf_array_write(rf_array *a, const void *src, size_t nbytes);
 /* Borrowed pointer to the elements of a host or CPU array (NULL for device
- * memory the host cannot address). Valid while the array lives. */
+ * memory the host cannot address), 64-byte aligned. Valid while the array
+ * lives. */
 RF_API void *rf_array_data(rf_array *a);
 /* The single element of an array with one element, as a double (the seed's
  * to_number). Returns NaN and sets RF_E_SHAPE if the array has more. */

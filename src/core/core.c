@@ -4,6 +4,7 @@
 #include "core.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,16 @@ void *rfi_calloc(size_t n, size_t size)
     if (n == 0 || size == 0)
         return calloc(1, 1);
     return calloc(n, size);
+}
+
+void *rfi_malloc_aligned(size_t n)
+{
+    atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
+    if (n > SIZE_MAX - RFI_DATA_ALIGN)
+        return NULL;
+    /* C11 asks for a size that is a multiple of the alignment */
+    size_t rounded = (n + RFI_DATA_ALIGN - 1) / RFI_DATA_ALIGN * RFI_DATA_ALIGN;
+    return aligned_alloc(RFI_DATA_ALIGN, rounded ? rounded : RFI_DATA_ALIGN);
 }
 
 void *rfi_realloc(void *p, size_t n)

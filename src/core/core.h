@@ -30,6 +30,11 @@ RFI_FUNC rf_status rfi_verror(rf_status st, const char *fmt, va_list ap);
  * never abort. */
 RFI_FUNC void *rfi_malloc(size_t n);
 RFI_FUNC void *rfi_calloc(size_t n, size_t size);
+/* n bytes starting on a 64-byte boundary (RFI_DATA_ALIGN), freed with rfi_free:
+ * for array data, whose rows kernels read in whole vectors. malloc's 16-byte
+ * alignment makes every 64-byte load of such a row straddle two cache lines. */
+#define RFI_DATA_ALIGN 64
+RFI_FUNC void *rfi_malloc_aligned(size_t n);
 RFI_FUNC void *rfi_realloc(void *p, size_t n);
 RFI_FUNC void rfi_free(void *p);
 RFI_FUNC char *rfi_strdup(const char *s);

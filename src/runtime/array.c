@@ -108,7 +108,7 @@ static rf_array *alloc_checked(const char *op, rf_device *dev, rf_dtype dt,
     if (check_shape(op, dt, dims, rank, &numel, &nbytes) != RF_OK)
         return NULL;
     rf_array *a = rfi_calloc(1, sizeof *a);
-    void *data = rfi_malloc(nbytes ? nbytes : 1);
+    void *data = rfi_malloc_aligned(nbytes);
     if (!a || !data) {
         rfi_free(a);
         rfi_free(data);
