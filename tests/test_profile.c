@@ -19,9 +19,18 @@ static void program(rf_trace *t, void *ctx)
     rf_return(t, rf_mean_all(rf_exp(gram)));
 }
 
-/* Compiles and runs the program `runs` times with RF_PROFILE as given, frees
- * it, and returns what was written on stderr meanwhile (malloc'd). */
-static char *profiled_output(const char *profile, int runs)
+/* Two products that read only x: the plan pairs their calls (runs_with_next). */
+static void paired_program(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *xt = rf_transpose(x, (const int64_t[]){1, 0});
+    rf_return(t, rf_add(rf_sum_all(rf_matmul(x, xt)), rf_sum_all(rf_matmul(xt, x))));
+}
+
+/* Compiles and runs `fn` `runs` times with RF_PROFILE as given, frees it, and
+ * returns what was written on stderr meanwhile (malloc'd). */
+static char *profiled_run(rf_trace_fn fn, const char *profile, int runs)
 {
     if (profile)
         setenv("RF_PROFILE", profile, 1);
@@ -36,7 +45,7 @@ static char *profiled_output(const char *profile, int runs)
     rf_array *h = rf_randn(RF_F32, RF_SHAPE(64, 48), 1);
     rf_array *x = rf_array_to(h, rf_device_cpu());
     rf_exec *e = NULL;
-    CHECK_OK(rf_compile(program, NULL, &x, 1, &e));
+    CHECK_OK(rf_compile(fn, NULL, &x, 1, &e));
     for (int i = 0; e && i < runs; i++) {
         rf_array *out = NULL;
         CHECK_OK(rf_exec_run(e, &x, 1, &out, 1));
@@ -60,6 +69,19 @@ static char *profiled_output(const char *profile, int runs)
     unlink(path);
     unsetenv("RF_PROFILE");
     return text;
+}
+
+static char *profiled_output(const char *profile, int runs)
+{
+    return profiled_run(program, profile, runs);
+}
+
+static int count_of(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *at = text ? strstr(text, what) : NULL; at; at = strstr(at + 1, what))
+        n++;
+    return n;
 }
 
 int main(void)
@@ -88,6 +110,17 @@ int main(void)
         CHECK(listed == (n == 1 ? 3 : 2));
         free(text);
     }
+
+    /* A pair's time is its first call's; that line names the second, which
+     * has no line of its own. */
+    text = profiled_run(paired_program, "1", 3);
+    CHECK(count_of(text, "CALL MATMUL matmul") == 2);
+    CHECK(count_of(text, " with #") == 1);
+    CHECK(count_of(text, ", side by side") + count_of(text, ", one after the other") == 1);
+    CHECK(count_of(text, "  #") == 4); /* the pair, the two sums, their addition */
+    if (text && getenv("RF_TEST_VERBOSE"))
+        fputs(text, stdout);
+    free(text);
 
     text = profiled_output(NULL, 3);
     CHECK(text && strstr(text, "reflux profile") == NULL);

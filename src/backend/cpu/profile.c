@@ -3,7 +3,9 @@
  * With RF_PROFILE set (to anything but "0") when a program is compiled, the
  * generated module calls `mark` with each plan step's index just before the
  * step runs and with -1 at the end (module_abi.h); the time between two
- * marks is charged to the step that was running. The first run is left out
+ * marks is charged to the step that was running (a pair of library calls
+ * made by one call, plan.h's runs_with_next, to the first: its line names
+ * both). The first run is left out
  * when there are more (it pays one-time costs: page faults, oneDNN's first
  * executions). When the executable is freed, the profile is printed on
  * stderr: time per run, the most expensive steps with what they compute (15,
@@ -93,24 +95,45 @@ static const char *kind_name(const rfi_step *s)
 }
 
 /* "CALL CONV bwd-weights: convolution f32[32,64,3,3]" and the like. */
-static void describe(const rfi_cpu_profile *prof, int q, char *buf, size_t size)
+static void describe_step(const rfi_cpu_profile *prof, int q, rfi_strbuf *sb)
 {
     const rfi_step *s = &prof->plan->steps[q];
     const rfi_node *root = prof->plan->g->nodes[s->roots[0]];
     const rfi_node *what = s->kind == RFI_STEP_CALL && s->n_epilogue > 0
                                ? prof->plan->g->nodes[s->core]
                                : root;
-    rfi_strbuf sb = {0};
-    rfi_sb_printf(&sb, "%s", kind_name(s));
+    rfi_sb_printf(sb, "%s", kind_name(s));
     if (s->kind == RFI_STEP_CALL)
-        rfi_sb_printf(&sb, " %s", rfi_cpu_services_step_path(prof->services, q));
-    rfi_sb_printf(&sb, ": %s", rfi_op_table[what->op].name);
+        rfi_sb_printf(sb, " %s", rfi_cpu_services_step_path(prof->services, q));
+    rfi_sb_printf(sb, ": %s", rfi_op_table[what->op].name);
     if (s->n_roots > 1)
-        rfi_sb_printf(&sb, " +%d roots", s->n_roots - 1);
+        rfi_sb_printf(sb, " +%d roots", s->n_roots - 1);
     if (s->n_epilogue > 0)
-        rfi_sb_printf(&sb, " +%d epilogue ops", s->n_epilogue);
-    rfi_sb_printf(&sb, " ");
-    rfi_sb_type(&sb, root->dtype, root->dims, root->rank);
+        rfi_sb_printf(sb, " +%d epilogue ops", s->n_epilogue);
+    rfi_sb_printf(sb, " ");
+    rfi_sb_type(sb, root->dtype, root->dims, root->rank);
+}
+
+/* Step q is the second call of a pair: the first's call runs it, and its
+ * time is the first's. */
+static bool runs_with_previous(const rfi_cpu_profile *prof, int q)
+{
+    return q > 0 && prof->plan->steps[q - 1].runs_with_next;
+}
+
+/* A step's line; the first call of a pair also names the second and how the
+ * two ran. */
+static void describe(const rfi_cpu_profile *prof, int q, char *buf, size_t size)
+{
+    rfi_strbuf sb = {0};
+    describe_step(prof, q, &sb);
+    if (prof->plan->steps[q].runs_with_next && q + 1 < prof->plan->n_steps) {
+        rfi_sb_printf(&sb, "\n                           with #%d ", q + 1);
+        describe_step(prof, q + 1, &sb);
+        rfi_sb_printf(&sb, ", %s", rfi_cpu_services_step_beside(prof->services, q)
+                                       ? "side by side"
+                                       : "one after the other");
+    }
     snprintf(buf, size, "%s", sb.data ? sb.data : "?");
     rfi_sb_free(&sb);
 }
@@ -148,8 +171,11 @@ static void report(const rfi_cpu_profile *prof)
     fprintf(stderr, "   share     us/run  step\n");
     int listed = atoi(getenv("RF_PROFILE") ? getenv("RF_PROFILE") : "");
     listed = listed > 1 ? listed : TOP_STEPS;
-    for (int i = 0; i < n && i < listed; i++) {
-        char what[160];
+    for (int i = 0, shown = 0; i < n && shown < listed; i++) {
+        if (runs_with_previous(prof, order[i].step))
+            continue;
+        shown++;
+        char what[320];
         describe(prof, order[i].step, what, sizeof what);
         fprintf(stderr, "  %5.1f%% %10.1f  #%-4d %s\n", 100.0 * (double)order[i].ns / (double)total,
                 1e-3 * (double)order[i].ns / (double)runs, order[i].step, what);

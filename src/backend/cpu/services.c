@@ -1001,6 +1001,11 @@ bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step)
            s->steps[step].epi_applied == s->steps[step].n_epi;
 }
 
+bool rfi_cpu_services_step_beside(const rfi_cpu_services *s, int step)
+{
+    return s && step >= 0 && step < s->n_steps && s->steps[step].paired;
+}
+
 size_t rfi_cpu_services_workspace(const rfi_cpu_services *s)
 {
     return s ? s->workspace_bytes + s->shared_bytes : 0;

@@ -56,6 +56,9 @@ RFI_FUNC const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int s
 /* Whether CALL step `step` has an epilogue that the library applies as post-ops
  * (false: none, or the services apply it after the call). For tests. */
 RFI_FUNC bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step);
+/* Whether CALL step `step` runs beside its pair's other call (the plan's
+ * runs_with_next), a thread each; false: unpaired, or paired one after the other. */
+RFI_FUNC bool rfi_cpu_services_step_beside(const rfi_cpu_services *s, int step);
 /* The bytes allocated at prepare: the shared workspace and the blocked
  * copies convolutions share. */
 RFI_FUNC size_t rfi_cpu_services_workspace(const rfi_cpu_services *s);
