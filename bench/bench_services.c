@@ -63,8 +63,8 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
         }
     loc[y->id].kind = RFI_LOC_OUTPUT;
     int root = y->id;
-    rfi_step step = {RFI_STEP_CALL, call_kind(y), &root, 1, NULL, 0, -1, -1, root, NULL, 0,
-                     false, false, false};
+    rfi_step step = {.kind = RFI_STEP_CALL, .call = call_kind(y), .roots = &root, .n_roots = 1,
+                     .copy_to_output = -1, .copy_to_capture = -1, .core = root};
     rfi_plan plan = {0};
     plan.g = g;
     plan.loc = loc;

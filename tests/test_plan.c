@@ -1180,12 +1180,15 @@ static void test_index_math(void)
 }
 
 /* The plan of g under o, its kernel IR and its C (returned, owned; NULL on
- * failure, which the checks report). */
+ * failure, which the checks report). Each step's direct, decided before
+ * memory planning, is checked against the question asked after it. */
 static char *plan_and_render(const rfi_graph *g, const rfi_plan_opts *o, rfi_plan **p,
                              rfi_kir_module **km)
 {
     char *source = NULL;
     CHECK_OK(rfi_plan_build(g, o, p));
+    for (int q = 0; *p && q < (*p)->n_steps; q++)
+        CHECK((*p)->steps[q].direct == rfi_kir_direct_conv(*p, q, NULL));
     if (*p)
         CHECK_OK(rfi_kir_lower(*p, km));
     if (*km)

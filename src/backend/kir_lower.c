@@ -1411,7 +1411,9 @@ static rf_status lower_call_step(const rfi_plan *p, rfi_kir_module *m, int s)
 {
     const rfi_step *st = &p->steps[s];
     rfi_kir_conv conv;
-    bool direct = rfi_kir_direct_conv(p, s, &conv);
+    bool direct = st->direct;
+    if (direct && !rfi_kir_direct_conv(p, s, &conv))
+        return rfi_error(RF_E_INTERNAL, "kir: step %d is no longer a direct convolution", s);
     const char *what = direct                      ? "direct convolution"
                        : st->call == RFI_CALL_MATMUL ? "matmul call"
                        : st->call == RFI_CALL_CONV   ? "convolution call"

@@ -259,35 +259,20 @@ static rf_status finish_steps(rfi_plan_builder *b)
     return segment_arrays(b);
 }
 
-/* The steps whose root a direct convolution computes itself (kir_conv.c: a
- * spread output gradient) are left out, their roots unstored, before the
- * memory is planned, so the arena holds no bytes that nothing writes. The
- * decision reads the steps, the locations' kinds and the layouts, never
- * offsets: the lowering, asking again after memory planning, gets the same
- * answer. */
-static void leave_out_spreads(rfi_plan *p)
-{
-    for (int s = 0; s < p->n_steps; s++) {
-        rfi_kir_conv conv;
-        if (!rfi_kir_direct_conv(p, s, &conv) || !conv.spread)
-            continue;
-        rfi_step *spread = &p->steps[conv.spread_step];
-        rfi_loc *root = &p->loc[spread->roots[0]];
-        if (root->kind == RFI_LOC_ARENA) {
-            spread->left_out = true;
-            root->kind = RFI_LOC_UNSTORED;
-        }
-    }
-}
-
-/* The direct convolutions that run the pool over their result (kir_conv.c)
- * are chosen before memory planning too: the plan offers each convolution
- * step the pool (runs_pool) and keeps the offer where the convolution takes
- * it. Memory planning then keeps its operands live until the pool's step,
- * whose results are written while the convolution still reads them, and a
- * result whose window rows fit the convolution's tile takes no bytes at
- * all (RFI_LOC_TILE): on the cnn, 5.5 MB of its first layer's 64 images. */
-static void run_pools_in_convs(rfi_plan *p)
+/* Which convolution steps are direct (rfi_step direct), decided once, before
+ * memory planning, from the steps, the locations' kinds and the layouts,
+ * never offsets: the lowering, describing a direct step again after memory
+ * planning, gets the same answer. Two decisions go with it:
+ * - each step is offered the pool over its result (runs_pool) and keeps the
+ *   offer where the convolution takes it. Memory planning then keeps its
+ *   operands live until the pool's step, whose results are written while the
+ *   convolution still reads them, and a result whose window rows fit the
+ *   convolution's tile takes no bytes at all (RFI_LOC_TILE): on the cnn,
+ *   5.5 MB of its first layer's 64 images;
+ * - the step whose root a direct convolution computes itself (kir_conv.c: a
+ *   spread output gradient) is left out, its root unstored, so the arena
+ *   holds no bytes that nothing writes. */
+static void decide_direct_convs(rfi_plan *p)
 {
     for (int s = 0; s < p->n_steps; s++) {
         rfi_step *st = &p->steps[s];
@@ -295,10 +280,19 @@ static void run_pools_in_convs(rfi_plan *p)
             continue;
         rfi_kir_conv conv;
         st->runs_pool = true;
-        st->runs_pool = rfi_kir_direct_conv(p, s, &conv) && conv.pool_step >= 0;
+        st->direct = rfi_kir_direct_conv(p, s, &conv);
+        st->runs_pool = st->direct && conv.pool_step >= 0;
         rfi_loc *y = &p->loc[st->roots[0]];
         if (st->runs_pool && conv.tile_floats > 0 && y->kind == RFI_LOC_ARENA)
             y->kind = RFI_LOC_TILE;
+        if (!st->direct || !conv.spread)
+            continue;
+        rfi_step *spread = &p->steps[conv.spread_step];
+        rfi_loc *root = &p->loc[spread->roots[0]];
+        if (root->kind == RFI_LOC_ARENA) {
+            spread->left_out = true;
+            root->kind = RFI_LOC_UNSTORED;
+        }
     }
 }
 
@@ -321,7 +315,7 @@ static bool library_call(const rfi_plan *p, int q)
     const rfi_step *st = &p->steps[q];
     return st->kind == RFI_STEP_CALL &&
            (st->call == RFI_CALL_MATMUL || st->call == RFI_CALL_CONV) &&
-           p->g->nodes[st->core]->dtype == RF_F32 && !rfi_kir_direct_conv(p, q, NULL) &&
+           p->g->nodes[st->core]->dtype == RF_F32 && !st->direct &&
            roots_in_arena(p, q);
 }
 
@@ -341,20 +335,18 @@ static void mark_roots(const rfi_plan *p, int q, bool *mark, bool on)
         mark[p->steps[q].roots[r]] = on;
 }
 
-/* Positions a .. c of the plan (steps, builder order, segments) and of
- * `lib` (per position) in the new order `pos` lists. */
-static void reorder_steps(rfi_plan_builder *b, int a, int c, const int *pos, bool *lib)
+/* Positions a .. c of the plan (steps, builder order, segments) in the new
+ * order `pos` lists. */
+static void reorder_steps(rfi_plan_builder *b, int a, int c, const int *pos)
 {
     rfi_plan *p = b->p;
     rfi_step steps[PAIR_WINDOW + 1];
     int order[PAIR_WINDOW + 1];
     int64_t extent[PAIR_WINDOW + 1];
-    bool was_lib[PAIR_WINDOW + 1];
     for (int i = 0; i <= c - a; i++) {
         steps[i] = p->steps[pos[i]];
         order[i] = b->order[pos[i]];
         extent[i] = p->seg_extent ? p->seg_extent[pos[i]] : 0;
-        was_lib[i] = lib[pos[i]];
     }
     for (int i = 0; i <= c - a; i++) {
         p->steps[a + i] = steps[i];
@@ -362,7 +354,6 @@ static void reorder_steps(rfi_plan_builder *b, int a, int c, const int *pos, boo
         b->pos_of[order[i]] = a + i;
         if (p->seg_extent)
             p->seg_extent[a + i] = extent[i];
-        lib[a + i] = was_lib[i];
     }
 }
 
@@ -376,23 +367,17 @@ static rf_status pair_library_calls(rfi_plan_builder *b)
 {
     rfi_plan *p = b->p;
     bool *mark = rfi_calloc((size_t)b->n + 1, sizeof *mark);
-    bool *lib = rfi_calloc((size_t)p->n_steps + 1, sizeof *lib); /* per position */
-    if (!mark || !lib) {
-        rfi_free(mark);
-        rfi_free(lib);
+    if (!mark)
         return rfi_error(RF_E_NOMEM, "plan: out of memory");
-    }
-    for (int q = 0; q < p->n_steps; q++) /* asked once: the question walks the program */
-        lib[q] = library_call(p, q);
     for (int a = 0; a + 1 < p->n_steps; a++) {
-        if (!lib[a])
+        if (!library_call(p, a))
             continue;
         mark_roots(p, a, mark, true);
         int before[PAIR_WINDOW], after[PAIR_WINDOW], n_before = 0, n_after = 0, partner = -1;
         bool movable = true;
         for (int q = a + 1; q < p->n_steps && q <= a + PAIR_WINDOW && movable; q++) {
             bool depends = reads_marked(b, q, mark);
-            if (!depends && lib[q]) {
+            if (!depends && library_call(p, q)) {
                 partner = q;
                 break;
             }
@@ -416,12 +401,11 @@ static rf_status pair_library_calls(rfi_plan_builder *b)
         pos[n++] = partner;
         for (int i = 0; i < n_after; i++)
             pos[n++] = after[i];
-        reorder_steps(b, a, partner, pos, lib);
+        reorder_steps(b, a, partner, pos);
         p->steps[a + n_before].runs_with_next = true;
         a = a + n_before + 1; /* B pairs with nothing else */
     }
     rfi_free(mark);
-    rfi_free(lib);
     return RF_OK;
 }
 
@@ -461,8 +445,7 @@ rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan
         st = rfi_plan_choose_layouts(p);
     p->direct_convs = b.opts.direct_convs;
     if (st == RF_OK) {
-        leave_out_spreads(p);
-        run_pools_in_convs(p);
+        decide_direct_convs(p);
         if (b.opts.concurrent_calls)
             st = pair_library_calls(&b);
     }
@@ -571,6 +554,8 @@ static void print_step(rfi_strbuf *sb, const rfi_plan *p, int q)
     print_ids(sb, "roots", s->roots, s->n_roots);
     if (s->left_out)
         rfi_sb_printf(sb, " left_out");
+    if (s->direct)
+        rfi_sb_printf(sb, " direct");
     if (s->runs_pool)
         rfi_sb_printf(sb, " runs_pool");
     if (s->runs_with_next)

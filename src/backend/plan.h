@@ -109,6 +109,11 @@ typedef struct rfi_step {
      * reads it (the spread output gradient of kir.h): the step is not run and
      * its root is RFI_LOC_UNSTORED. */
     bool left_out;
+    /* A CALL CONV step the backend computes in its own generated loops (a
+     * direct convolution: kir.h rfi_kir_direct_conv), decided once before
+     * memory planning; the plan's later passes, the lowering and the
+     * services read this instead of asking again. */
+    bool direct;
     /* A CALL CONV step whose direct convolution runs the next step, a pool
      * over its result, row by row (kir.h pool_step): the convolution's
      * operands live until that step, so the pool's results never share

@@ -410,7 +410,7 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
     *workspace = 0;
     if (step->kind != RFI_STEP_CALL)
         return RF_OK;
-    if (rfi_kir_direct_conv(s->plan, k, NULL)) {
+    if (step->direct) {
         cs->direct = true; /* never called: nothing to prepare */
         return RF_OK;
     }
