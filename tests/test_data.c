@@ -874,6 +874,7 @@ static void test_checkpoint_errors(void)
          "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},\"unterminated",
          RF_E_CORRUPT, "unterminated"},
         {"", RF_E_CORRUPT, "expected '{'"},
+        {"{}", RF_E_CORRUPT, "\"w\" is missing"}, /* no entries (found by fuzz/) */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_st(bad, cases[i].header, vals, sizeof vals);

@@ -464,7 +464,8 @@ rf_status rfi_st_parse(const char *path, const char *json, size_t len, uint64_t 
         if (st != RF_OK)
             return st;
     }
-    qsort(h->entries, (size_t)h->n, sizeof *h->entries, by_name);
+    if (h->n > 1) /* an empty header has no entries array, and qsort's may not be NULL */
+        qsort(h->entries, (size_t)h->n, sizeof *h->entries, by_name);
     for (int i = 1; i < h->n; i++)
         if (strcmp(h->entries[i - 1].name, h->entries[i].name) == 0)
             return rfi_error(RF_E_CORRUPT, "rf_checkpoint_load: %s: tensor \"%s\" appears "
