@@ -5,11 +5,11 @@
  * step runs and with -1 at the end (module_abi.h); the time between two
  * marks is charged to the step that was running (a pair of library calls
  * made by one call, plan.h's runs_with_next, to the first: its line names
- * both). The first run is left out
- * when there are more (it pays one-time costs: page faults, oneDNN's first
- * executions). When the executable is freed, the profile is printed on
- * stderr: time per run, the most expensive steps with what they compute (15,
- * or n with RF_PROFILE=n for n > 1), and the share of each kind of step.
+ * both). The first run is left out when there are more (it pays one-time
+ * costs: page faults, oneDNN's first executions). When the executable is
+ * freed, the profile is printed on stderr: time per run, the most expensive
+ * steps with what they compute (15, or n with RF_PROFILE=n for n > 1), and
+ * the share of each kind of step.
  *
  * Without RF_PROFILE the module's check of `mark` is the whole cost.
  * Deliberately not here: sampling, hardware counters (perf does those),
