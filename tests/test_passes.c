@@ -903,6 +903,28 @@ static void test_large_constants(void)
     rfi_graph_free(g);
 }
 
+/* Folding reaches values with no elements, whose constants hold no bytes (a
+ * NULL pointer): a product with a scalar folds like any other. */
+static void test_empty_constants(void)
+{
+    rfi_graph *g = graph_with_args(0, NULL, NULL, 0);
+    unsigned char two[4], half[4];
+    rfi_st_f(two, RF_F32, 0, -2.0);
+    rfi_st_f(half, RF_F32, 0, 0.5);
+    rfi_node *s = konst(g, RF_F32, NULL, 0, two);
+    rfi_node *b = node(g, RFI_OP_BROADCAST_IN_DIM, &s, 1, NULL, RF_F32, (const int64_t[]){0, 3}, 2);
+    rfi_node *in[2] = {b, konst(g, RF_F32, NULL, 0, half)};
+    in[0] = node(g, RFI_OP_DOT_GENERAL, in, 2, NULL, RF_F32, NULL, 0); /* folds to no bytes */
+    rfi_graph_add_output(g, node(g, RFI_OP_DOT_GENERAL, in, 2, NULL, RF_F32, NULL, 0));
+    rfi_graph *out = apply(rfi_simplify, g);
+    if (out) {
+        CHECK(out->n_outputs == 1 && rfi_node_numel(out->outputs[0]) == 0);
+        CHECK(same_results(g, out, NULL));
+    }
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+}
+
 /* ---- CSE -------------------------------------------------------------------------------- */
 
 static void test_cse(void)
@@ -1337,6 +1359,7 @@ int main(void)
     test_kernel_over_pool_border();
     test_constants();
     test_large_constants();
+    test_empty_constants();
     test_cse();
     test_captures_and_updates();
     test_bad_input();

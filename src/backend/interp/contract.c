@@ -47,6 +47,8 @@ static void gather_f64(double *dst, const double *src, const int64_t *offsets, i
 void rfi_dense_gather(rfi_dense *d, const void *src, rf_dtype dt, int64_t base,
                       const int64_t *offsets, int64_t count)
 {
+    if (count == 0) /* src may then be NULL (a constant with no elements) */
+        return;
     if (d->is_float && dt == RF_F32)
         gather_f32(d->f, (const float *)src + base, offsets, count);
     else if (d->is_float && dt == RF_F64)
