@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fuzz_file.h"
 #include "reflux.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -29,7 +30,6 @@ static void first_weight(float w[12])
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static char path[64];
     if (!model) {
         rf_model *host = rf_chain(rf_dense(3, 4, RF_ACT_TANH), rf_dense(4, 2, RF_ACT_IDENTITY));
         model = host ? rf_model_to(host, rf_device_cpu()) : NULL;
@@ -39,14 +39,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fprintf(stderr, "fuzz_checkpoint: %s\n", rf_errmsg());
             abort();
         }
-        snprintf(path, sizeof path, "/tmp/rf-fuzz-ckpt-%ld", (long)getpid());
     }
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        abort();
-    if (size && fwrite(data, 1, size, f) != size)
-        abort();
-    fclose(f);
+    const char *path = fuzz_input_file("checkpoint", data, size);
     float before[12], after[12];
     first_weight(before);
     bool loaded = rf_checkpoint_load(path, model, opt) == RF_OK;
