@@ -91,11 +91,20 @@ static conv_attrs conv_attrs_of(const rfi_node *n)
     return c;
 }
 
+/* Whether dim i's padding is done by an explicit PAD (conv below). */
+static bool padded_apart(const conv_attrs *c, int i)
+{
+    return c->lo[i] < 0 || (c->hi[i] < 0 && c->lhs_dil[i] > 1);
+}
+
 /* A convolution node. Negative low padding, and negative high padding of an
  * lhs-dilated dim, are done by an explicit PAD (which crops), together with
  * the lhs dilation, so the convolution sees only non-negative padding there.
- * A negative high padding alone stays in the convolution: it only drops
- * trailing inputs no output reads (the weight gradient of a strided
+ * Such a dim's other padding joins the PAD too: a crop may reach past the
+ * dilated input into the padding on the other side (one element cropped by
+ * 2, then padded by 5 is 4 zeros), which only the whole padding at once
+ * describes. A negative high padding alone stays in the convolution: it only
+ * drops trailing inputs no output reads (the weight gradient of a strided
  * convolution that skipped its last rows), and a copy would cost a pass
  * over x; the backends read such a convolution's operand in place. */
 static rfi_node *conv(rfi_graph *g, rfi_node *x, rfi_node *w, conv_attrs c)
@@ -104,15 +113,16 @@ static rfi_node *conv(rfi_graph *g, rfi_node *x, rfi_node *w, conv_attrs c)
         return NULL;
     bool negative = false;
     for (int i = 0; i < c.nsp; i++)
-        negative = negative || c.lo[i] < 0 || (c.hi[i] < 0 && c.lhs_dil[i] > 1);
+        negative = negative || padded_apart(&c, i);
     if (negative) {
         int64_t lo[RF_MAX_RANK] = {0}, hi[RF_MAX_RANK] = {0}, interior[RF_MAX_RANK] = {0};
         for (int i = 0; i < c.nsp; i++) {
-            lo[2 + i] = c.lo[i] < 0 ? c.lo[i] : 0;
-            hi[2 + i] = c.hi[i] < 0 ? c.hi[i] : 0;
+            if (padded_apart(&c, i)) {
+                lo[2 + i] = c.lo[i];
+                hi[2 + i] = c.hi[i];
+                c.lo[i] = c.hi[i] = 0;
+            }
             interior[2 + i] = c.lhs_dil[i] - 1;
-            c.lo[i] = c.lo[i] > 0 ? c.lo[i] : 0;
-            c.hi[i] = c.hi[i] > 0 ? c.hi[i] : 0;
             c.lhs_dil[i] = 1;
         }
         x = rfi_ad_pad(g, x, rfi_ad_scalar(g, x->dtype, 0.0), lo, hi, interior);
