@@ -180,6 +180,44 @@ static void test_stop_gradient(void)
     rf_array_free(x);
 }
 
+/* Windows over a value with no elements (a pad that crops everything) hold
+ * only padding: a window sum and a convolution of one still have gradients,
+ * zeros. */
+static void build_empty_windows(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_tensor *half = rf_scalar(t, 0.5);
+    rf_tensor *e = rf_pad(a[0], half, (const int64_t[]){0, 3, -2}, (const int64_t[]){-2, -2, -2},
+                          NULL); /* f32[0,4,0] */
+    rf_tensor *s = rf_reduce_window(e, RF_REDUCE_SUM, (const int64_t[]){3, 3, 3},
+                                    (const int64_t[]){2, 2, 2}, (const int64_t[]){2, 2, 5},
+                                    (const int64_t[]){4, 5, 4}); /* f32[2,5,4] */
+    rf_tensor *flat = rf_pad(a[0], half, (const int64_t[]){0, 0, -2},
+                             (const int64_t[]){0, -1, -2}, NULL); /* f32[2,2,0] */
+    rf_conv_params p = rf_conv_params_default(1);
+    p.pad_lo[0] = p.pad_hi[0] = 1;
+    rf_tensor *c = rf_conv(flat, rf_full(t, RF_F32, RF_SHAPE(3, 2, 1), 1.0), &p); /* [2,3,2] */
+    rf_tensor *y = rf_add(rf_sum_all(s), rf_sum_all(c)), *g = NULL;
+    rf_grad(t, y, &a[0], 1, &g);
+    rf_return(t, y);
+    rf_return(t, g);
+}
+
+static void test_empty_windows(void)
+{
+    double x[24];
+    for (int i = 0; i < 24; i++)
+        x[i] = 0.25 * i - 2;
+    rf_array *h = tp_host(RF_F32, RF_SHAPE(2, 3, 4), x);
+    rf_array *out[2];
+    CHECK_OK(tp_run(build_empty_windows, NULL, &h, 1, out, 2));
+    tp_expect("sum over padding only", out[0], RF_F32, RF_SCALAR_SHAPE, (const double[]){0}, 0, 0);
+    double zeros[24] = {0};
+    tp_expect("gradient through an empty value", out[1], RF_F32, RF_SHAPE(2, 3, 4), zeros, 0, 0);
+    tp_free_all(out, 2);
+    rf_array_free(h);
+}
+
 /* One rf_grad with two wrt vs two rf_grad calls on the same y: same values
  * and the same program (the backward sweep is emitted once). */
 static void build_tanh_two_calls(rf_trace *t, rf_tensor *const *a, int n, void *u)
@@ -637,6 +675,7 @@ int main(void)
     test_broadcast_and_independent();
     test_relu_gradient();
     test_stop_gradient();
+    test_empty_windows();
     test_two_grad_calls();
     test_aux_and_intermediate();
     test_sgd_update();

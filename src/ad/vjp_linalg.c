@@ -266,7 +266,8 @@ rf_status rfi_vjp_convolution(const rfi_vjp_args *a, rfi_node **gr)
         return rfi_error(RF_E_UNSUPPORTED,
                          "grad: grouped convolution of rank %d (at most %d)", x->rank,
                          RF_MAX_RANK - 1);
-    bool empty = rfi_node_numel(a->ct) == 0;
+    /* an empty x: every window holds only padding */
+    bool empty = rfi_node_numel(a->ct) == 0 || rfi_node_numel(x) == 0;
     if (a->want[0])
         gr[0] = empty ? rfi_ad_full_like(G, x, 0.0) : conv_input_grad(G, a->ct, x, w, c);
     if (a->want[1])
@@ -283,7 +284,9 @@ rf_status rfi_vjp_reduce_window(const rfi_vjp_args *a, rfi_node **gr)
     int r = x->rank;
     const int64_t *win = at->l[0], *str = at->l[1], *lo = at->l[2], *hi = at->l[3];
     int kind = (int)at->i[0];
-    if (rfi_node_numel(a->ct) == 0) {
+    if (rfi_node_numel(a->ct) == 0 || rfi_node_numel(x) == 0) {
+        /* (an empty x's windows hold only padding: the rules below would
+         * spread ct over fewer positions than one window) */
         gr[0] = rfi_ad_full_like(G, x, 0.0);
         return RF_OK;
     }
