@@ -862,7 +862,7 @@ static rf_status run_call(const rfi_cpu_services *s, int step, void *const *buff
                           dnnl_stream_t stream)
 {
     call_state *cs = &s->steps[step];
-    char *ws = (char *)s->workspace + cs->ws_at;
+    char *ws = s->workspace ? (char *)s->workspace + cs->ws_at : NULL; /* NULL: none needed */
     rf_status st = RF_OK;
     for (int j = 0; j < cs->n_in; j++)
         cs->operands[j] = buffer_at(buffers, cs->in[j]);
