@@ -342,10 +342,12 @@ static int split_division(rfi_kir_kernel *k, rfi_kir_op op, int a, int64_t c)
     if (range_known(ra) && ra->lo >= 0 && ra->hi < c)
         return op == RFI_KIR_IDIV ? rfi_kir_const_i(k, RF_I64, 0) : a;
     int64_t m = 0;
-    if (ra->op == RFI_KIR_IMUL && rfi_kir_is_const(k, ra->b, &m) && m % c == 0)
+    if (ra->op == RFI_KIR_IMUL && rfi_kir_is_const(k, ra->b, &m) && m % c == 0) {
+        int x = ra->a; /* read now: a new instruction may move k->ins, and ra with it */
         return op == RFI_KIR_IDIV
-                   ? rfi_kir_index(k, RFI_KIR_IMUL, ra->a, rfi_kir_const_i(k, RF_I64, m / c))
+                   ? rfi_kir_index(k, RFI_KIR_IMUL, x, rfi_kir_const_i(k, RF_I64, m / c))
                    : rfi_kir_const_i(k, RF_I64, 0);
+    }
     if (ra->op != RFI_KIR_IADD)
         return -1;
     for (int side = 0; side < 2; side++) {
