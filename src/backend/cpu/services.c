@@ -74,8 +74,7 @@ typedef struct value_ref {
 } value_ref;
 
 typedef struct call_state {
-    rfi_call_kind kind; /* how the step runs; NONE: not a CALL step, or direct */
-    bool direct;        /* a convolution the module computes itself (render_conv.c) */
+    rfi_call_kind kind; /* how the step runs; NONE: not a CALL step, or direct (plan.h) */
     const rfi_node *node;
     int n_in;
     value_ref *in;      /* per operand */
@@ -410,10 +409,8 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
     *workspace = 0;
     if (step->kind != RFI_STEP_CALL)
         return RF_OK;
-    if (step->direct) {
-        cs->direct = true; /* never called: nothing to prepare */
+    if (step->direct) /* computed by the module itself: nothing to prepare */
         return RF_OK;
-    }
     rf_status st = prepare_locations(s, k);
     if (st != RF_OK)
         return st;
@@ -983,7 +980,7 @@ rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step)
 
 const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step)
 {
-    if (s && step >= 0 && step < s->n_steps && s->steps[step].direct)
+    if (s && step >= 0 && step < s->n_steps && s->plan->steps[step].direct)
         return "direct";
     if (!s || step < 0 || step >= s->n_steps || s->steps[step].kind == RFI_CALL_NONE)
         return "none";
