@@ -218,6 +218,40 @@ static void test_empty_windows(void)
     rf_array_free(h);
 }
 
+/* A concatenation whose operands are all empty along its axis (the fuzzer's
+ * leaky-relu of an empty embedding, joined to itself): an empty value, a
+ * reduction over it, and its gradient. The compiled backend once failed to
+ * lower it (RF_E_INTERNAL). */
+static void build_empty_concatenate(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_tensor *x = rf_pad(a[0], rf_scalar(t, 0), (const int64_t[]){0, 0, 0},
+                          (const int64_t[]){0, -3, 0}, NULL); /* f32[2,0,4] */
+    rf_tensor *leaky = rf_activate(x, RF_ACT_LEAKYRELU);
+    rf_tensor *c = rf_concatenate((rf_tensor *[]){leaky, x}, 2, 1); /* f32[2,0,4] */
+    rf_tensor *r = rf_reduce(rf_log(rf_add(c, rf_scalar(t, 1))), RF_REDUCE_SUM,
+                             (const int64_t[]){1}, 1, false); /* f32[2,4], zeros */
+    rf_tensor *g = NULL;
+    rf_grad(t, rf_sum_all(r), &a[0], 1, &g);
+    rf_return(t, r);
+    rf_return(t, g);
+}
+
+static void test_empty_concatenate(void)
+{
+    double x[24];
+    for (int i = 0; i < 24; i++)
+        x[i] = 0.25 * i - 2;
+    rf_array *h = tp_host(RF_F32, RF_SHAPE(2, 3, 4), x);
+    rf_array *out[2];
+    CHECK_OK(tp_run(build_empty_concatenate, NULL, &h, 1, out, 2));
+    double zeros[24] = {0};
+    tp_expect("sum over an empty concatenation", out[0], RF_F32, RF_SHAPE(2, 4), zeros, 0, 0);
+    tp_expect("gradient through it", out[1], RF_F32, RF_SHAPE(2, 3, 4), zeros, 0, 0);
+    tp_free_all(out, 2);
+    rf_array_free(h);
+}
+
 /* One rf_grad with two wrt vs two rf_grad calls on the same y: same values
  * and the same program (the backward sweep is emitted once). */
 static void build_tanh_two_calls(rf_trace *t, rf_tensor *const *a, int n, void *u)
@@ -676,6 +710,7 @@ int main(void)
     test_relu_gradient();
     test_stop_gradient();
     test_empty_windows();
+    test_empty_concatenate();
     test_two_grad_calls();
     test_aux_and_intermediate();
     test_sgd_update();

@@ -457,8 +457,10 @@ static rf_status emit_concatenate(lower *L, const rfi_node *n, kidx *ix, int *ou
                                    n->id);
         end = start;
     }
-    *out = v;
-    return v >= 0 || rfi_kir_failed(L->k) ? RF_OK : unsupported(L, n, "has no elements");
+    /* Every operand empty along the axis: so is the result, whose loop never
+     * runs; any value of its dtype stands for its elements. */
+    *out = v >= 0 ? v : rfi_kir_const_i(L->k, n->dtype, 0);
+    return RF_OK;
 }
 
 /* x[..., clamp(indices[j...]), ...] along the axis (NumPy take, clamped). */
