@@ -719,6 +719,54 @@ static void test_backend_env(void)
     rf_array_free(x);
 }
 
+/* ---- RF_CHECK's report and its tolerance ------------------------------------------------------- */
+
+static void mul_add_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_return(t, rf_add(rf_mul(rf_arg(t, 0), rf_arg(t, 0)), rf_arg(t, 1)));
+}
+
+/* x * x + z with x = 1024.25, z = -1049088: the product rounded to f32 is
+ * 1049088 (a tie, to even), so the interpreter's result is 0; fused into one
+ * multiply-add, as the compiled loops are where the CPU has one, it is
+ * 0.0625, 62500 tolerances from 0. RF_CHECK=1 reports that, RF_CHECK=1e6
+ * accepts it. */
+static void test_check_tolerance(void)
+{
+    const char *backend = getenv("RF_BACKEND"), *check = getenv("RF_CHECK");
+    char *saved_backend = backend ? strdup(backend) : NULL;
+    char *saved_check = check ? strdup(check) : NULL;
+    rf_array *in[2] = {cpu_f32((const float[]){1024.25f}, RF_SHAPE(1)),
+                       cpu_f32((const float[]){-1049088.0f}, RF_SHAPE(1))};
+    setenv("RF_BACKEND", "cpu", 1);
+    unsetenv("RF_CHECK");
+    rf_array *y = NULL;
+    CHECK_OK(rf_jit(mul_add_fn, NULL, in, 2, &y, 1));
+    float fused = 0;
+    CHECK_OK(rf_array_read(y, &fused, sizeof fused));
+    rf_array_free(y);
+    if (fused == 0.0f) {
+        printf("RF_CHECK tolerance: no fused multiply-add on this CPU, the mismatch is not made\n");
+    } else {
+        CHECK(fused == 0.0625f);
+        setenv("RF_CHECK", "1", 1);
+        y = NULL;
+        CHECK_STATUS(rf_jit(mul_add_fn, NULL, in, 2, &y, 1), RF_E_INTERNAL);
+        CHECK_MSG("RF_CHECK: output 0");
+        CHECK(y == NULL);
+        setenv("RF_CHECK", "1e6", 1);
+        CHECK_OK(rf_jit(mul_add_fn, NULL, in, 2, &y, 1));
+        rf_array_free(y);
+    }
+    rf_array_free(in[0]);
+    rf_array_free(in[1]);
+    saved_backend ? setenv("RF_BACKEND", saved_backend, 1) : unsetenv("RF_BACKEND");
+    saved_check ? setenv("RF_CHECK", saved_check, 1) : unsetenv("RF_CHECK");
+    free(saved_backend);
+    free(saved_check);
+}
+
 /* ---- A failed run leaves captured state unchanged ------------------------------------------------------- */
 
 /* w <- w + x; returns sum(x). */
@@ -861,6 +909,7 @@ int main(void)
     test_outputs();
     test_numbers_and_dims();
     test_backend_env();
+    test_check_tolerance();
     test_failed_run_keeps_state();
     test_output_not_aliased();
     test_grad_errors();

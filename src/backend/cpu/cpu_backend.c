@@ -62,6 +62,7 @@ typedef struct cpu_state {
     void **buffers;          /* the buffer table, filled per run */
     int n_buffers;
     void *check;             /* interpreter state when RF_CHECK=1, else NULL */
+    double check_scale;      /* RF_CHECK's tolerances are widened this many times */
     rfi_cpu_profile *profile; /* when RF_PROFILE is set, else NULL */
 } cpu_state;
 
@@ -287,6 +288,16 @@ static bool check_mode(void)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* RF_CHECK=N, a number above 1: the tolerances N times wider, for programs
+ * whose arithmetic magnifies rounding. Anything else: 1. */
+static double check_scale(void)
+{
+    const char *v = getenv("RF_CHECK");
+    char *end;
+    double n = v ? strtod(v, &end) : 1;
+    return v && end != v && *end == '\0' && n > 1 && isfinite(n) ? n : 1;
+}
+
 /* What optimise reads beyond the program (rfi_backend.optimise_context). */
 static void cpu_optimise_context(rfi_strbuf *b)
 {
@@ -351,8 +362,10 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
         s->table.mark = s->profile ? rfi_cpu_profile_mark : NULL;
         s->table.prof = s->profile;
     }
-    if (st == RF_OK && check_mode())
+    if (st == RF_OK && check_mode()) {
         st = rfi_interp_backend.prepare(g, &s->check);
+        s->check_scale = check_scale();
+    }
     if (st != RF_OK) {
         cpu_release(s);
         return st;
@@ -412,14 +425,15 @@ static rf_status check_before(cpu_state *s, const rfi_graph *g, const rfi_run_io
     return st;
 }
 
-static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **scratch)
+static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **scratch,
+                             double scale)
 {
     rf_status st = RF_OK;
     int64_t at = 0;
     for (int i = 0; i < g->n_outputs && st == RF_OK; i++) {
         const rfi_node *x = g->outputs[i];
         double d = distance(x->dtype, scratch[i], io->outputs[i], rfi_node_numel(x), &at);
-        if (d > 1)
+        if (d > scale)
             st = rfi_error(RF_E_INTERNAL, "RF_CHECK: output %d (%%%d %s) element %lld is %.9g, "
                            "the interpreter's %.9g: %.3g tolerances apart", i, x->id,
                            rfi_op_table[x->op].name, (long long)at,
@@ -429,7 +443,7 @@ static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **sc
     for (int i = 0; i < g->n_updates && st == RF_OK; i++) {
         const rf_array *a = g->captures[g->updates[i].capture];
         double d = distance(a->dtype, scratch[g->n_outputs + i], a->data, a->numel, &at);
-        if (d > 1)
+        if (d > scale)
             st = rfi_error(RF_E_INTERNAL, "RF_CHECK: update %d (capture %d) element %lld is "
                            "%.9g, the interpreter's %.9g: %.3g tolerances apart", i,
                            g->updates[i].capture, (long long)at,
@@ -470,7 +484,7 @@ static rf_status cpu_run(void *state, const rfi_graph *g, const rfi_run_io *io)
         return rfi_error(RF_E_INTERNAL, "rf_exec_run: step %d of the compiled program failed",
                          failed - 1);
     }
-    return s->check ? check_after(g, io, scratch) : RF_OK;
+    return s->check ? check_after(g, io, scratch, s->check_scale) : RF_OK;
 }
 
 static size_t cpu_memory(void *state)
