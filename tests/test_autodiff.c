@@ -203,19 +203,25 @@ static void build_empty_windows(rf_trace *t, rf_tensor *const *a, int n, void *u
     rf_return(t, g);
 }
 
-static void test_empty_windows(void)
+/* Runs build on the ramp -2, -1.75, ... as f32[2,3,4] into out[0..2). */
+static void run_on_ramp(tp_build_fn build, rf_array **out)
 {
     double x[24];
     for (int i = 0; i < 24; i++)
         x[i] = 0.25 * i - 2;
     rf_array *h = tp_host(RF_F32, RF_SHAPE(2, 3, 4), x);
+    CHECK_OK(tp_run(build, NULL, &h, 1, out, 2));
+    rf_array_free(h);
+}
+
+static void test_empty_windows(void)
+{
     rf_array *out[2];
-    CHECK_OK(tp_run(build_empty_windows, NULL, &h, 1, out, 2));
+    run_on_ramp(build_empty_windows, out);
     tp_expect("sum over padding only", out[0], RF_F32, RF_SCALAR_SHAPE, (const double[]){0}, 0, 0);
     double zeros[24] = {0};
     tp_expect("gradient through an empty value", out[1], RF_F32, RF_SHAPE(2, 3, 4), zeros, 0, 0);
     tp_free_all(out, 2);
-    rf_array_free(h);
 }
 
 /* A concatenation whose operands are all empty along its axis (the fuzzer's
@@ -239,17 +245,12 @@ static void build_empty_concatenate(rf_trace *t, rf_tensor *const *a, int n, voi
 
 static void test_empty_concatenate(void)
 {
-    double x[24];
-    for (int i = 0; i < 24; i++)
-        x[i] = 0.25 * i - 2;
-    rf_array *h = tp_host(RF_F32, RF_SHAPE(2, 3, 4), x);
     rf_array *out[2];
-    CHECK_OK(tp_run(build_empty_concatenate, NULL, &h, 1, out, 2));
+    run_on_ramp(build_empty_concatenate, out);
     double zeros[24] = {0};
     tp_expect("sum over an empty concatenation", out[0], RF_F32, RF_SHAPE(2, 4), zeros, 0, 0);
     tp_expect("gradient through it", out[1], RF_F32, RF_SHAPE(2, 3, 4), zeros, 0, 0);
     tp_free_all(out, 2);
-    rf_array_free(h);
 }
 
 /* One rf_grad with two wrt vs two rf_grad calls on the same y: same values
