@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_bytes.h"
 #include "backend/kir.h"
 #include "backend/plan.h"
 #include "reflux.h"
@@ -33,12 +34,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define MAX_VALUES 16
 #define MAX_ELEMENTS 4096 /* values larger are made but not used */
 
-typedef struct bytes {
-    const uint8_t *p;
-    size_t n, at;
-} bytes;
-
-static unsigned next(bytes *b) { return b->at < b->n ? b->p[b->at++] : 0; }
 /* A small integer in [-2, 5]: sizes, axes and offsets, sometimes invalid. */
 static int64_t small(bytes *b) { return (int64_t)(next(b) % 8) - 2; }
 static void smalls(bytes *b, int64_t v[8])

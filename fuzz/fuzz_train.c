@@ -30,16 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_bytes.h"
 #include "reflux.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-typedef struct bytes {
-    const uint8_t *p;
-    size_t n, at;
-} bytes;
-
-static unsigned next(bytes *b) { return b->at < b->n ? b->p[b->at++] : 0; }
 /* A size in [-1, 4]: mostly valid, sometimes zero or negative. */
 static int64_t size_of(bytes *b) { return (int64_t)(next(b) % 6) - 1; }
 static rf_act act_of(bytes *b) { return (rf_act)(next(b) % (RF_ACT_COUNT + 1)); }
