@@ -719,7 +719,7 @@ static void test_backend_env(void)
     rf_array_free(x);
 }
 
-/* ---- RF_CHECK's report and its tolerance ------------------------------------------------------- */
+/* ---- RF_CHECK's report and its tolerance ----------------------------------------------------- */
 
 static void mul_add_fn(rf_trace *t, void *ctx)
 {
