@@ -182,16 +182,23 @@ static void report(const rfi_cpu_profile *prof)
     }
     static const char *const kinds[] = {"LOOP", "REDUCE", "CALL MATMUL", "CALL CONV",
                                         "CALL FALLBACK", "COPY"};
+    /* Steps per kind, and how many of them run in a pair (timed as one, under
+     * the pair's first step). */
     fprintf(stderr, "  by kind:");
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         int64_t sum = 0;
-        int count = 0;
+        int count = 0, paired = 0;
         for (int q = 0; q < n; q++)
-            if (strcmp(kind_name(&prof->plan->steps[q]), kinds[k]) == 0)
+            if (strcmp(kind_name(&prof->plan->steps[q]), kinds[k]) == 0) {
                 sum += ns[q], count++;
-        if (count > 0)
-            fprintf(stderr, " %s %.1f%% (%d)", kinds[k], 100.0 * (double)sum / (double)total,
-                    count);
+                paired += prof->plan->steps[q].runs_with_next || runs_with_previous(prof, q);
+            }
+        if (count == 0)
+            continue;
+        fprintf(stderr, " %s %.1f%% (%d", kinds[k], 100.0 * (double)sum / (double)total, count);
+        if (paired)
+            fprintf(stderr, ", %d paired", paired);
+        fprintf(stderr, ")");
     }
     fprintf(stderr, "\n");
     rfi_free(order);
