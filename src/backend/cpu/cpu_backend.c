@@ -61,8 +61,8 @@ typedef struct cpu_state {
     void *arena_block;       /* rfi_malloc'd; the arena is its 64-byte aligned interior */
     void **buffers;          /* the buffer table, filled per run */
     int n_buffers;
-    void *check;             /* interpreter state when RF_CHECK=1, else NULL */
-    double check_scale;      /* RF_CHECK's tolerances are widened this many times */
+    void *check;             /* interpreter state when RF_CHECK is set, else NULL */
+    double check_scale;      /* 0: no check; else the tolerances widened this many times */
     rfi_cpu_profile *profile; /* when RF_PROFILE is set, else NULL */
 } cpu_state;
 
@@ -282,20 +282,17 @@ static bool concurrent_calls_wanted(void)
     return !(v && strcmp(v, "0") == 0);
 }
 
-static bool check_mode(void)
-{
-    const char *v = getenv("RF_CHECK");
-    return v && *v && strcmp(v, "0") != 0;
-}
-
-/* RF_CHECK=N, a number above 1: the tolerances N times wider, for programs
- * whose arithmetic magnifies rounding. Anything else: 1. */
+/* RF_CHECK: 0 when unset, empty or "0" (no check); N for a number N above 1
+ * (the tolerances N times wider, for programs whose arithmetic magnifies
+ * rounding); 1 for anything else. */
 static double check_scale(void)
 {
     const char *v = getenv("RF_CHECK");
+    if (!v || !*v || strcmp(v, "0") == 0)
+        return 0;
     char *end;
-    double n = v ? strtod(v, &end) : 1;
-    return v && end != v && *end == '\0' && n > 1 && isfinite(n) ? n : 1;
+    double n = strtod(v, &end);
+    return *end == '\0' && n > 1 && isfinite(n) ? n : 1;
 }
 
 /* What optimise reads beyond the program (rfi_backend.optimise_context). */
@@ -362,10 +359,9 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
         s->table.mark = s->profile ? rfi_cpu_profile_mark : NULL;
         s->table.prof = s->profile;
     }
-    if (st == RF_OK && check_mode()) {
+    s->check_scale = check_scale();
+    if (st == RF_OK && s->check_scale > 0)
         st = rfi_interp_backend.prepare(g, &s->check);
-        s->check_scale = check_scale();
-    }
     if (st != RF_OK) {
         cpu_release(s);
         return st;
