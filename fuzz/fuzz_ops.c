@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_backend.h"
 #include "fuzz_bytes.h"
 #include "backend/kir.h"
 #include "backend/plan.h"
@@ -215,12 +216,11 @@ static rf_status render(const rfi_graph *prog)
 
 /* After RF_E_INTERNAL: an RF_CHECK disagreement where the interpreter's
  * value is NaN or infinite (see the top), printed. */
-static bool non_finite_disagreement(void)
+static bool non_finite_disagreement(rf_status st)
 {
-    static const char head[] = "RF_CHECK:", theirs[] = "the interpreter's ";
-    const char *msg = rf_errmsg(), *at = strstr(msg, theirs);
-    if (strncmp(msg, head, sizeof head - 1) != 0 || !at ||
-        isfinite(strtod(at + sizeof theirs - 1, NULL)))
+    static const char theirs[] = "the interpreter's ";
+    const char *msg = fuzz_disagreement(st), *at = msg ? strstr(msg, theirs) : NULL;
+    if (!at || isfinite(strtod(at + sizeof theirs - 1, NULL)))
         return false;
     fprintf(stderr, "fuzz_ops: not fatal: %s\n", msg);
     return true;
@@ -231,23 +231,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static rf_array *args[3];
     static bool compiled;
     if (!args[0]) {
-        compiled = getenv("RF_FUZZ_COMPILED") && strcmp(getenv("RF_FUZZ_COMPILED"), "0") != 0;
-        setenv("RF_BACKEND", compiled ? "cpu" : "interp", 1);
-        if (compiled)
-            setenv("RF_CHECK", "1", 1);
+        compiled = fuzz_use_backend("1");
         const float x[24] = {0.5f, -1, 2, 0, 3, -0.25f, 1, 1, -2, 4, 0.125f, -3,
                              2, 2, -1, 0, 1, 5, -4, 0.75f, 1, -1, 3, 2};
         const int32_t idx[3] = {2, -1, 0};
         const uint8_t mask[8] = {1, 0, 0, 1, 1, 1, 0, 1};
-        rf_array *h[3] = {rf_array_from(RF_F32, RF_SHAPE(2, 3, 4), x),
-                          rf_array_from(RF_I32, RF_SHAPE(3), idx),
-                          rf_array_from(RF_BOOL, RF_SHAPE(2, 1, 4), mask)};
-        for (int i = 0; i < 3; i++) {
-            args[i] = h[i] ? rf_array_to(h[i], rf_device_cpu()) : NULL;
-            rf_array_free(h[i]);
-            if (!args[i])
-                abort();
-        }
+        rf_device *cpu = rf_device_cpu();
+        args[0] = rf_array_new(cpu, RF_F32, RF_SHAPE(2, 3, 4), x);
+        args[1] = rf_array_new(cpu, RF_I32, RF_SHAPE(3), idx);
+        args[2] = rf_array_new(cpu, RF_BOOL, RF_SHAPE(2, 1, 4), mask);
+        if (!args[0] || !args[1] || !args[2])
+            abort();
     }
     program p = {data, size};
     rf_exec *e = NULL;
@@ -263,7 +257,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             st = render(e->prog);
         rf_exec_free(e);
     }
-    if ((st == RF_E_INTERNAL && !non_finite_disagreement()) || st == RF_E_COMPILE) {
+    if ((st == RF_E_INTERNAL && !non_finite_disagreement(st)) || st == RF_E_COMPILE) {
         fprintf(stderr, "fuzz_ops: %s: %s\n", rf_status_str(st), rf_errmsg());
         abort();
     }

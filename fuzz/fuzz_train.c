@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_backend.h"
 #include "fuzz_bytes.h"
 #include "reflux.h"
 
@@ -159,10 +160,8 @@ static rf_array *input(bytes *b)
     }
     if (kind == 1 && numel > 0)
         v[numel / 2] = NAN;
-    rf_array *h = rf_array_from(dtype, dims, rank, dtype == RF_I32 ? (void *)ids : (void *)v);
-    rf_array *d = h ? rf_array_to(h, rf_device_cpu()) : NULL;
-    rf_array_free(h);
-    return d;
+    return rf_array_new(rf_device_cpu(), dtype, dims, rank,
+                        dtype == RF_I32 ? (void *)ids : (void *)v);
 }
 
 /* Class ids [n] for the cross-entropies (some out of range). */
@@ -172,10 +171,7 @@ static rf_array *labels(bytes *b)
     int32_t ids[4];
     for (int64_t i = 0; i < n; i++)
         ids[i] = (int32_t)(next(b) % 6) - 1;
-    rf_array *h = rf_array_from(RF_I32, (int64_t[]){n}, 1, ids);
-    rf_array *d = h ? rf_array_to(h, rf_device_cpu()) : NULL;
-    rf_array_free(h);
-    return d;
+    return rf_array_new(rf_device_cpu(), RF_I32, (int64_t[]){n}, 1, ids);
 }
 
 /* The loss: one of ten, against ones, zeros, or the labels (batch[1]). */
@@ -237,10 +233,10 @@ static snapshot take_all(rf_model *m, rf_opt *opt)
 /* RF_CHECK's report of a disagreement with the interpreter (see the top). */
 static bool disagreement(rf_status st)
 {
-    if (st != RF_E_INTERNAL || strncmp(rf_errmsg(), "RF_CHECK:", 9) != 0)
-        return false;
-    fprintf(stderr, "fuzz_train: not fatal: %s\n", rf_errmsg());
-    return true;
+    const char *msg = fuzz_disagreement(st);
+    if (msg)
+        fprintf(stderr, "fuzz_train: not fatal: %s\n", msg);
+    return msg != NULL;
 }
 
 /* Aborts on an internal failure, or on a failed step that changed state.
@@ -298,11 +294,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool started;
     if (!started) {
-        bool compiled =
-            getenv("RF_FUZZ_COMPILED") && strcmp(getenv("RF_FUZZ_COMPILED"), "0") != 0;
-        setenv("RF_BACKEND", compiled ? "cpu" : "interp", 1);
-        if (compiled)
-            setenv("RF_CHECK", "1000", 1);
+        fuzz_use_backend("1000");
         started = true;
     }
     bytes b = {data, size, 0};

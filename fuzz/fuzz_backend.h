@@ -1,0 +1,33 @@
+/* fuzz_backend.h: for the fuzz targets that run programs: which backend runs
+ * them, and RF_CHECK's reports of a compiled run that disagrees with the
+ * interpreter. */
+#ifndef RF_FUZZ_BACKEND_H
+#define RF_FUZZ_BACKEND_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reflux.h"
+
+/* The interpreter; with RF_FUZZ_COMPILED=1 in the environment the compiled
+ * CPU backend, each run checked against the interpreter with RF_CHECK set to
+ * check (its tolerance scale). Returns whether the backend is the compiled one. */
+static bool fuzz_use_backend(const char *check)
+{
+    const char *v = getenv("RF_FUZZ_COMPILED");
+    bool compiled = v && strcmp(v, "0") != 0;
+    setenv("RF_BACKEND", compiled ? "cpu" : "interp", 1);
+    if (compiled)
+        setenv("RF_CHECK", check, 1);
+    return compiled;
+}
+
+/* The message of a run that failed as RF_CHECK's disagreement, else NULL. */
+static const char *fuzz_disagreement(rf_status st)
+{
+    const char *msg = rf_errmsg();
+    return st == RF_E_INTERNAL && strncmp(msg, "RF_CHECK:", 9) == 0 ? msg : NULL;
+}
+
+#endif
