@@ -3,7 +3,8 @@
 # (bench/peers/jax_bench.py) side by side, interleaved (reflux, torch, jax, reflux, torch,
 # jax, ... one workload at a time, each run a separate process, several rounds), then prints
 # a table of the medians over the rounds: time per step, the torch/reflux and jax/reflux
-# ratios (> 1: reflux is faster), compile times, and the issue's targets met or missed.
+# ratios (> 1: reflux is faster), compile times, each process's peak memory, and the issue's
+# targets met or missed.
 #
 # It does not build anything (build rf_bench first: `make bench` or cmake) and does not set
 # threads: all three read RF_NUM_THREADS (default: every core). A peer whose package is
@@ -12,16 +13,18 @@
 # Usage: bench/compare.sh [--rounds N] [--compile-rounds N] [--time SECONDS]
 #                         [--workload W1,W2,...] [--bench PATH] [--backend interp|cpu]
 #                         [--torch-mode best|eager|compile|script] [--out FILE]
-# --out FILE also keeps every round's lines in FILE.raw and the programs' stderr in FILE.log.
+#        bench/compare.sh --from FILE.raw
+# --out FILE also keeps every round's lines in FILE.raw and the programs' stderr in FILE.log;
+# --from prints the tables again from such a file (and its .log) without running anything.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
-rounds=3 compile_rounds=1 seconds=1 workloads="" backend="" torch_mode=best out=""
+rounds=3 compile_rounds=1 seconds=1 workloads="" backend="" torch_mode=best out="" from=""
 bench="${RF_BENCH:-}"
 all="tiny mlp cnn resnet infer1 infer1024 compile_mlp_cold compile_mlp_warm compile_resnet_cold compile_resnet_warm"
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds) rounds="$2"; shift 2 ;;
@@ -32,9 +35,131 @@ while [ $# -gt 0 ]; do
         --backend) backend="$2"; shift 2 ;;
         --torch-mode) torch_mode="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
+        --from) from="$2"; shift 2 ;;
         *) usage ;;
     esac
 done
+[ -n "$backend" ] && export RF_BACKEND="$backend"
+label="${RF_BACKEND:-default}"
+
+# Prints the tables from a results file (lines tagged tool= round=) and the runs' log.
+# Arguments: results log label tools workloads cores threads rounds compile_rounds seconds
+# loadavg (the last six "-" when re-printing with --from).
+print_tables() {
+python3 - "$@" <<'PY'
+import re, sys
+results, log, label, tools, workloads, cores, threads, rounds, crounds, secs, load = sys.argv[1:]
+tools, workloads = tools.split(), workloads.split()
+runs = {}
+for line in open(results):
+    f = dict(kv.split("=", 1) for kv in line.split())
+    runs.setdefault((f["tool"], f["workload"]), []).append(f)
+modes = {}
+for line in open(log):
+    m = re.match(r"# torch: (\S+) .* -> mode=(\S+)", line)
+    if m:
+        modes.setdefault(m.group(1), []).append(m.group(2))
+
+def med(tool, w, key):
+    v = sorted(float(r[key]) for r in runs.get((tool, w), []))
+    if not v:
+        return None
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+def fmt(x, digits=1):
+    return "-" if x is None else "%.*f" % (digits, x)
+
+def ratio(a, b):
+    return "-" if a is None or b is None or b <= 0 else "%.2fx" % (a / b)
+
+if secs == "-":
+    print("reflux backend: %s; tables printed again from %s" % (label, results))
+else:
+    print("reflux backend: %s; %s cores, threads: %s; %s rounds (compile_*: %s), %s s per timed"
+          " loop; load average after: %s" % (label, cores, threads, rounds, crounds, secs, load))
+print("ratios: peer time / reflux time (> 1: reflux faster); compile_* rows compare compile_ms\n")
+
+def table(rows):
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, r in enumerate(rows):
+        print("| " + " | ".join(c.ljust(widths[j]) for j, c in enumerate(r)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (wd + 2) for wd in widths) + "|")
+head = ("workload", "reflux(%s) us" % label, "torch us", "jax us", "torch/reflux", "jax/reflux",
+        "reflux compile ms", "torch compile ms", "jax compile ms", "torch mode")
+rows = [head]
+for w in workloads:
+    us = {t: med(t, w, "us_per_step") for t in ("reflux", "torch", "jax")}
+    cm = {t: med(t, w, "compile_ms") for t in ("reflux", "torch", "jax")}
+    basis = cm if w.startswith("compile_") else us
+    mode = modes.get(w, [])
+    rows.append((w, fmt(us["reflux"], 2), fmt(us["torch"], 2), fmt(us["jax"], 2),
+                 ratio(basis["torch"], basis["reflux"]), ratio(basis["jax"], basis["reflux"]),
+                 fmt(cm["reflux"]), fmt(cm["torch"]), fmt(cm["jax"]),
+                 max(set(mode), key=mode.count) if mode else "-"))
+table(rows)
+
+# Memory: each workload runs in a process of its own, so a peak is that workload's (the
+# peers' include their interpreter and framework).
+print("\npeak memory: peak RSS of the process, MB (ratios: peer / reflux, > 1: reflux smaller)\n")
+rows = [("workload", "reflux MB", "torch MB", "jax MB", "torch/reflux", "jax/reflux")]
+for w in workloads:
+    mb = {t: med(t, w, "peak_rss_mb") for t in ("reflux", "torch", "jax")}
+    rows.append((w, fmt(mb["reflux"]), fmt(mb["torch"]), fmt(mb["jax"]),
+                 ratio(mb["torch"], mb["reflux"]), ratio(mb["jax"], mb["reflux"])))
+table(rows)
+
+# How noisy the rounds were: slowest / fastest round of each tool.
+def spread(tool, w):
+    v = [float(r["us_per_step"]) for r in runs.get((tool, w), [])]
+    return "-" if len(v) < 2 or min(v) <= 0 else "%.2f" % (max(v) / min(v))
+print("\nspread over rounds (slowest / fastest us_per_step):")
+for w in workloads:
+    if not w.startswith("compile_"):
+        print("  %-12s reflux %-6s torch %-6s jax %s" % (w, spread("reflux", w), spread("torch", w),
+                                                        spread("jax", w)))
+
+# The issue's targets.
+def speedup(peer, w):
+    a, b = med(peer, w, "us_per_step"), med("reflux", w, "us_per_step")
+    return None if a is None or not b else a / b
+targets = [
+    ("tiny >= 50x torch", speedup("torch", "tiny"), 50, ">="),
+    ("tiny >= 5x jax", speedup("jax", "tiny"), 5, ">="),
+    ("mlp >= 3x torch", speedup("torch", "mlp"), 3, ">="),
+    ("mlp >= 1.5x jax", speedup("jax", "mlp"), 1.5, ">="),
+    ("cnn >= 3x torch", speedup("torch", "cnn"), 3, ">="),
+    ("cnn >= 1.5x jax", speedup("jax", "cnn"), 1.5, ">="),
+    ("resnet >= 2x torch", speedup("torch", "resnet"), 2, ">="),
+    ("infer1 >= 5x torch", speedup("torch", "infer1"), 5, ">="),
+    ("mlp step <= 1000 us", med("reflux", "mlp", "us_per_step"), 1000, "<="),
+    ("compile_mlp_cold < 500 ms", med("reflux", "compile_mlp_cold", "compile_ms"), 500, "<"),
+    ("compile_resnet_cold < 3000 ms", med("reflux", "compile_resnet_cold", "compile_ms"), 3000, "<"),
+    ("compile_mlp_warm < 10 ms", med("reflux", "compile_mlp_warm", "compile_ms"), 10, "<"),
+    ("compile_resnet_warm < 10 ms", med("reflux", "compile_resnet_warm", "compile_ms"), 10, "<"),
+]
+print("\ntargets (issue 4):")
+for name, value, bound, op in targets:
+    if value is None:
+        print("  %-30s not measured" % name)
+        continue
+    ok = {">=": value >= bound, "<=": value <= bound, "<": value < bound}[op]
+    print("  %-30s %-6s measured %.2f" % (name, "met" if ok else "MISSED", value))
+PY
+}
+
+if [ -n "$from" ]; then  # print the tables of an earlier run again
+    [ -r "$from" ] || { echo "compare.sh: cannot read $from" >&2; exit 1; }
+    log="${from%.raw}.log"
+    [ -r "$log" ] || log=/dev/null
+    tools="" present=""
+    for t in reflux torch jax; do grep -q "^tool=$t " "$from" && tools="$tools $t"; done
+    for w in $all; do grep -q " workload=$w " "$from" && present="$present $w"; done
+    print_tables "$from" "$log" "$label" "$tools" "${workloads:-$present}" - - - - - -
+    exit 0
+fi
+
 workloads="${workloads:-$all}"
 if [ -z "$bench" ]; then
     for candidate in "$root/build/rf_bench" "$PWD/build/rf_bench" "$PWD/rf_bench"; do
@@ -45,8 +170,6 @@ if [ -z "$bench" ] || [ ! -x "$bench" ]; then
     echo "compare.sh: rf_bench not found; build it first (make bench, or cmake --build build --target rf_bench) or pass --bench PATH" >&2
     exit 1
 fi
-[ -n "$backend" ] && export RF_BACKEND="$backend"
-label="${RF_BACKEND:-default}"
 
 work="$(mktemp -d /tmp/rf_compare.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
@@ -107,90 +230,6 @@ if [ -n "$out" ]; then  # keep every round's lines and the programs' stderr next
     cp "$log" "$out.log"
 fi
 
-python3 - "$results" "$log" "$label" "$tools" "$workloads" "$(nproc)" "${RF_NUM_THREADS:-all}" \
-    "$rounds" "$compile_rounds" "$seconds" "$loadavg" <<'PY' | tee ${out:+"$out"}
-import re, sys
-results, log, label, tools, workloads, cores, threads, rounds, crounds, secs, load = sys.argv[1:]
-tools, workloads = tools.split(), workloads.split()
-runs = {}
-for line in open(results):
-    f = dict(kv.split("=", 1) for kv in line.split())
-    runs.setdefault((f["tool"], f["workload"]), []).append(f)
-modes = {}
-for line in open(log):
-    m = re.match(r"# torch: (\S+) .* -> mode=(\S+)", line)
-    if m:
-        modes.setdefault(m.group(1), []).append(m.group(2))
-
-def med(tool, w, key):
-    v = sorted(float(r[key]) for r in runs.get((tool, w), []))
-    if not v:
-        return None
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-
-def fmt(x, digits=1):
-    return "-" if x is None else "%.*f" % (digits, x)
-
-def ratio(a, b):
-    return "-" if a is None or b is None or b <= 0 else "%.2fx" % (a / b)
-
-print("reflux backend: %s; %s cores, threads: %s; %s rounds (compile_*: %s), %s s per timed loop;"
-      " load average after: %s" % (label, cores, threads, rounds, crounds, secs, load))
-print("ratios: peer time / reflux time (> 1: reflux faster); compile_* rows compare compile_ms\n")
-head = ("workload", "reflux(%s) us" % label, "torch us", "jax us", "torch/reflux", "jax/reflux",
-        "reflux compile ms", "torch compile ms", "jax compile ms", "torch mode")
-rows = [head]
-for w in workloads:
-    us = {t: med(t, w, "us_per_step") for t in ("reflux", "torch", "jax")}
-    cm = {t: med(t, w, "compile_ms") for t in ("reflux", "torch", "jax")}
-    basis = cm if w.startswith("compile_") else us
-    mode = modes.get(w, [])
-    rows.append((w, fmt(us["reflux"], 2), fmt(us["torch"], 2), fmt(us["jax"], 2),
-                 ratio(basis["torch"], basis["reflux"]), ratio(basis["jax"], basis["reflux"]),
-                 fmt(cm["reflux"]), fmt(cm["torch"]), fmt(cm["jax"]),
-                 max(set(mode), key=mode.count) if mode else "-"))
-widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-for i, r in enumerate(rows):
-    print("| " + " | ".join(c.ljust(widths[j]) for j, c in enumerate(r)) + " |")
-    if i == 0:
-        print("|" + "|".join("-" * (wd + 2) for wd in widths) + "|")
-
-# How noisy the rounds were: slowest / fastest round of each tool.
-def spread(tool, w):
-    v = [float(r["us_per_step"]) for r in runs.get((tool, w), [])]
-    return "-" if len(v) < 2 or min(v) <= 0 else "%.2f" % (max(v) / min(v))
-print("\nspread over rounds (slowest / fastest us_per_step):")
-for w in workloads:
-    if not w.startswith("compile_"):
-        print("  %-12s reflux %-6s torch %-6s jax %s" % (w, spread("reflux", w), spread("torch", w),
-                                                        spread("jax", w)))
-
-# The issue's targets.
-def speedup(peer, w):
-    a, b = med(peer, w, "us_per_step"), med("reflux", w, "us_per_step")
-    return None if a is None or not b else a / b
-targets = [
-    ("tiny >= 50x torch", speedup("torch", "tiny"), 50, ">="),
-    ("tiny >= 5x jax", speedup("jax", "tiny"), 5, ">="),
-    ("mlp >= 3x torch", speedup("torch", "mlp"), 3, ">="),
-    ("mlp >= 1.5x jax", speedup("jax", "mlp"), 1.5, ">="),
-    ("cnn >= 3x torch", speedup("torch", "cnn"), 3, ">="),
-    ("cnn >= 1.5x jax", speedup("jax", "cnn"), 1.5, ">="),
-    ("resnet >= 2x torch", speedup("torch", "resnet"), 2, ">="),
-    ("infer1 >= 5x torch", speedup("torch", "infer1"), 5, ">="),
-    ("mlp step <= 1000 us", med("reflux", "mlp", "us_per_step"), 1000, "<="),
-    ("compile_mlp_cold < 500 ms", med("reflux", "compile_mlp_cold", "compile_ms"), 500, "<"),
-    ("compile_resnet_cold < 3000 ms", med("reflux", "compile_resnet_cold", "compile_ms"), 3000, "<"),
-    ("compile_mlp_warm < 10 ms", med("reflux", "compile_mlp_warm", "compile_ms"), 10, "<"),
-    ("compile_resnet_warm < 10 ms", med("reflux", "compile_resnet_warm", "compile_ms"), 10, "<"),
-]
-print("\ntargets (issue 4):")
-for name, value, bound, op in targets:
-    if value is None:
-        print("  %-30s not measured" % name)
-        continue
-    ok = {">=": value >= bound, "<=": value <= bound, "<": value < bound}[op]
-    print("  %-30s %-6s measured %.2f" % (name, "met" if ok else "MISSED", value))
-PY
+print_tables "$results" "$log" "$label" "$tools" "$workloads" "$(nproc)" "${RF_NUM_THREADS:-all}" \
+    "$rounds" "$compile_rounds" "$seconds" "$loadavg" | tee ${out:+"$out"}
 echo "# total $(( $(date +%s) - start )) s" >&2
