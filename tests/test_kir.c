@@ -1032,6 +1032,7 @@ static void test_dot_unrolled(void)
         CHECK(strstr(m.source, "#pragma omp simd reduction(+:acc_0, acc_1, acc_2, acc_3)") != NULL);
         CHECK(strstr(m.source, "for (; i0 + 4 <= hi; i0 += 4) {") != NULL);
         CHECK(strstr(m.source, "const float x_1u3 = ") != NULL);
+        CHECK(strstr(m.source, "RF_LANES16 void") == NULL); /* rows of 40: 256-bit vectors */
     }
     module_free(&m);
     rfi_kir_free(km);
@@ -1043,6 +1044,38 @@ static void test_dot_unrolled(void)
         wd[i] = (float)((i * 5 % 11) - 5) * 0.125f;
     const void *args[2] = {xd, wd};
     const char *labels[] = {"dot_general unrolled f32"};
+    tol tols[] = {SUM};
+    p = hand_plan(g, &o);
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+}
+
+/* A batch-1 layer's product, [1,784] x [300,784] over 1/1: its rows of 784
+ * are folded with 512-bit vectors (RF_LANES16 on the kernel, render_c.c), and
+ * the values match the interpreter. */
+static void test_dot_wide(void)
+{
+    targ a[2] = {{RF_F32, 2, {1, 784}}, {RF_F32, 2, {300, 784}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *d = dot_2d(g, g_arg(g, 0), g_arg(g, 1), 1, 1, 1, 300);
+    CHECK_OK(rfi_graph_add_output(g, d));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km))
+        CHECK(strstr(m.source, "RF_KERNEL RF_LANES16 void k0_dot_general(") != NULL);
+    module_free(&m);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    static float xd[784], wd[300 * 784];
+    for (int i = 0; i < 784; i++)
+        xd[i] = (float)((i * 7 % 9) - 4) * 0.25f;
+    for (int i = 0; i < 300 * 784; i++)
+        wd[i] = (float)((i * 5 % 11) - 5) * 0.125f;
+    const void *args[2] = {xd, wd};
+    const char *labels[] = {"dot_general 512-bit f32"};
     tol tols[] = {SUM};
     p = hand_plan(g, &o);
     check_program(g, p, args, labels, tols);
@@ -1275,8 +1308,8 @@ static void test_coalesce(void)
 static bool kernel_has(const char *source, const rfi_kir_kernel *k, const char *needle)
 {
     char head[160];
-    snprintf(head, sizeof head, "RF_KERNEL void k%d_%s(void *ctx, int64_t lo, int64_t hi)\n{",
-             k->step, k->name);
+    snprintf(head, sizeof head, " void k%d_%s(void *ctx, int64_t lo, int64_t hi)\n{", k->step,
+             k->name); /* after RF_KERNEL and any attributes */
     const char *at = strstr(source, head);
     const char *end = at ? strstr(at, "\n}\n") : NULL;
     const char *hit = at ? strstr(at, needle) : NULL;
@@ -1840,6 +1873,7 @@ int main(void)
     also_planned = false;
     test_dot(RF_I32);
     test_dot_unrolled();
+    test_dot_wide();
     test_multi_root();
     test_updates(true);
     test_updates(false);

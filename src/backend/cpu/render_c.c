@@ -1435,11 +1435,16 @@ static void combine_function(render *R, const char *kname, const bool *live, con
     put(R->sb, "}\n\n");
 }
 
-/* Whether k's innermost loop is 16 points of an elementwise kernel: the
- * lanes of a 16-channel block, one 512-bit vector (RF_LANES16). */
+/* Whether k runs 512-bit vectors (RF_LANES16): an elementwise kernel whose
+ * innermost loop is the 16 lanes of a channel block, or a reduction folding
+ * rows of at least MIN_WIDE_FOLD points (a batch-1 matrix-vector product read
+ * its 0.8 MB of weights per thread from L2 16% faster: docs/ARCHITECTURE.md). */
+#define MIN_WIDE_FOLD 64
 static bool lanes16(const rfi_kir_kernel *k)
 {
-    return k->red_rank == 0 && k->rank >= 1 && k->dims[k->rank - 1] == 16;
+    if (k->red_rank > 0)
+        return k->red_dims[k->red_rank - 1] >= MIN_WIDE_FOLD;
+    return k->rank >= 1 && k->dims[k->rank - 1] == 16;
 }
 
 static void function_head(render *R, const char *kname)
