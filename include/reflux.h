@@ -21,6 +21,11 @@
  * compile, run, gradients), ops (the operations), nn (models, layers,
  * losses), optim (optimisers), train (withgradient, trainstep, train, the
  * compile cache), data (loaders, dataset readers, checkpoints).
+ *
+ * Threads: any call may be made from any thread (shared caches are locked,
+ * error messages are per thread). Runs of one executable take turns; a
+ * model, its optimiser state and a loader are used by one thread at a time,
+ * which includes running executables that capture that model.
  */
 #ifndef REFLUX_H
 #define REFLUX_H

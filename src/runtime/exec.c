@@ -69,6 +69,17 @@ static rf_status check_run(const rf_exec *e, rf_array *const *args, int nargs,
     return RF_OK;
 }
 
+rf_exec *rfi_exec_new(void)
+{
+    rf_exec *e = rfi_calloc(1, sizeof *e);
+    if (!e) {
+        rfi_error(RF_E_NOMEM, "rf_compile: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&e->run_lock, NULL);
+    return e;
+}
+
 /* ---- Buffers ------------------------------------------------------------------------
  * The pointer table and the update staging memory are made once per
  * executable (rfi_exec_init_buffers); a run only fills in the pointers. */
@@ -107,8 +118,8 @@ static void free_exec_buffers(rf_exec *e)
 }
 
 /* Fills the pointer table for one run and runs the backend; on success
- * applies staged updates. Outputs go to out[i]. */
-static rf_status run_with(rf_exec *e, rf_array *const *args, void *const *out)
+ * applies staged updates. Outputs go to out[i]. The caller holds run_lock. */
+static rf_status run_locked(rf_exec *e, rf_array *const *args, void *const *out)
 {
     const rfi_graph *g = e->prog;
     void **p = e->ptrs;
@@ -136,6 +147,16 @@ static rf_status run_with(rf_exec *e, rf_array *const *args, void *const *out)
         memcpy(target->data, e->staged[i], target->nbytes);
     }
     return RF_OK;
+}
+
+/* Runs e once; a run on another thread finishes first (the pointer table,
+ * staging memory and the backend's arena serve one run at a time). */
+static rf_status run_with(rf_exec *e, rf_array *const *args, void *const *out)
+{
+    pthread_mutex_lock(&e->run_lock);
+    rf_status st = run_locked(e, args, out);
+    pthread_mutex_unlock(&e->run_lock);
+    return st;
 }
 
 rf_status rf_exec_run(rf_exec *e, rf_array *const *args, int nargs, rf_array **outs,
@@ -247,17 +268,20 @@ const int64_t *rf_exec_output_dims(const rf_exec *e, int i)
 
 uint64_t rf_exec_hash(const rf_exec *e) { return e ? e->hash : 0; }
 
-/* Made on first use and cached in the executable: the first call must not
- * race with another rf_exec_program_text call on the same executable. */
+/* Made on first use (under the run lock) and cached in the executable. */
 const char *rf_exec_program_text(const rf_exec *e)
 {
     if (!e)
         return NULL;
-    if (!e->text)
-        ((rf_exec *)e)->text = rfi_print(e->prog);
-    if (!e->text)
+    rf_exec *m = (rf_exec *)e;
+    pthread_mutex_lock(&m->run_lock);
+    if (!m->text)
+        m->text = rfi_print(m->prog);
+    const char *text = m->text;
+    pthread_mutex_unlock(&m->run_lock);
+    if (!text)
         rfi_error(RF_E_NOMEM, "rf_exec_program_text: out of memory");
-    return e->text;
+    return text;
 }
 
 const char *rf_exec_backend_name(const rf_exec *e) { return e ? e->backend->name : NULL; }
@@ -272,5 +296,6 @@ void rf_exec_free(rf_exec *e)
     free_exec_buffers(e);
     rfi_graph_free(e->prog); /* releases the capture references */
     rfi_free(e->text);
+    pthread_mutex_destroy(&e->run_lock);
     rfi_free(e);
 }

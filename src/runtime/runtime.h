@@ -6,6 +6,8 @@
 
 #include "../ir/ir.h"
 
+#include <pthread.h>
+
 struct rf_device {
     rf_device_kind kind;
     int index;
@@ -113,10 +115,16 @@ struct rf_exec {
     /* Made once at compile time so a run allocates nothing but the output
      * arrays it hands out: the pointer table (args, captures, outputs,
      * updates) and, unless the backend writes updates itself, the staging
-     * memory of every update. An executable runs one call at a time. */
+     * memory of every update. An executable runs one call at a time: runs
+     * hold run_lock, so calls from several threads wait for each other. */
     void **ptrs;
     void **staged;
+    pthread_mutex_t run_lock;
 };
+
+/* A new, empty executable (its run lock made), or NULL with RF_E_NOMEM set;
+ * rf_exec_free takes it in any state. */
+RFI_FUNC rf_exec *rfi_exec_new(void);
 
 /* Runs e like rf_exec_run but writes the outputs into caller memory
  * (out[i] holds rfi_node_nbytes(output i) bytes) and allocates nothing: the

@@ -472,9 +472,9 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
     st = lower_and_optimise(g, backend, &memo, use_memo, &prog, &opt, &hash);
     rf_exec *e = NULL;
     if (st == RF_OK) {
-        e = rfi_calloc(1, sizeof *e);
+        e = rfi_exec_new();
         if (!e)
-            st = rfi_error(RF_E_NOMEM, "rf_compile: out of memory");
+            st = RF_E_NOMEM;
     }
     if (st == RF_OK)
         st = backend->optimise ? backend->prepare_optimised(prog, opt, &e->state)
@@ -486,7 +486,7 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
     if (use_memo)
         rfi_lower_memo_end(&memo);
     if (st != RF_OK) {
-        rfi_free(e);
+        rf_exec_free(e);
         rfi_graph_free(prog);
         return st;
     }

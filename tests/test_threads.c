@@ -1,0 +1,256 @@
+/* test_threads.c: the library used from several threads at once (the rules
+ * in reflux.h's header comment).
+ *
+ * - Two threads train models of their own (a CNN and an MLP: convolutions,
+ *   matmuls, generated loops) with rf_trainstep at the same time, compiling
+ *   their steps concurrently: every loss and every final parameter is
+ *   bitwise what the same training gives on one thread.
+ * - Two threads run one compiled forward pass on different inputs, 200 runs
+ *   each: runs of one executable take turns, so every output is bitwise the
+ *   output that input gives alone.
+ * - A failing call on one thread leaves another thread's message alone.
+ *
+ * Checks are made on the main thread from what the threads recorded (the
+ * CHECK counters are not atomic). Runs on both backends, like every test of
+ * public behaviour.
+ */
+#include <pthread.h>
+
+#include "test_util.h"
+
+enum { STEPS = 12, BATCH = 16, RUNS = 200, INPUTS = 4 };
+
+/* ---- Two models trained at once --------------------------------------------------- */
+
+typedef struct trainer {
+    tu_trainer t;
+    double losses[STEPS];
+    rf_status status; /* the first failure, RF_OK if none */
+    char message[256];
+} trainer;
+
+/* A host model: a small CNN or MLP over [BATCH, 1, 12, 12] images, 10 classes. */
+static rf_model *host_model(bool cnn)
+{
+    if (cnn)
+        return rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                        rf_flatten_layer(), rf_dense(8 * 5 * 5, 10, RF_ACT_IDENTITY));
+    return rf_chain(rf_flatten_layer(), rf_dense(144, 64, RF_ACT_RELU),
+                    rf_dense(64, 10, RF_ACT_IDENTITY));
+}
+
+/* The model from a fixed seed (made on the main thread, one after the other:
+ * rf_nn_seed's counter is process-wide), its optimiser and a batch. */
+static bool trainer_init(trainer *tr, bool cnn, uint64_t seed)
+{
+    memset(tr, 0, sizeof *tr);
+    int32_t labels[BATCH];
+    for (int i = 0; i < BATCH; i++)
+        labels[i] = (int32_t)((i * 7 + (int)seed) % 10);
+    rf_nn_seed(seed);
+    return tu_trainer_make(&tr->t, rf_device_cpu(), host_model(cnn), BATCH, 12, 12, seed, labels,
+                           1e-2);
+}
+
+static void *train_steps(void *arg)
+{
+    trainer *tr = arg;
+    rf_array *batch[2] = {tr->t.x, tr->t.y};
+    tr->status = RF_OK;
+    for (int s = 0; s < STEPS && tr->status == RF_OK; s++) {
+        tr->status = rf_trainstep(tu_ce_loss, NULL, tr->t.m, batch, 2, tr->t.opt,
+                                  &tr->losses[s], NULL);
+        if (tr->status != RF_OK)
+            snprintf(tr->message, sizeof tr->message, "%s", rf_errmsg());
+    }
+    return NULL;
+}
+
+/* Whether a's and b's models hold bitwise the same parameters. */
+static bool same_params(const trainer *a, const trainer *b)
+{
+    int n = rf_model_n_params(a->t.m);
+    if (n != rf_model_n_params(b->t.m))
+        return false;
+    for (int i = 0; i < n; i++) {
+        rf_array *x = rf_model_param_array(a->t.m, i);
+        rf_array *y = rf_model_param_array(b->t.m, i);
+        if (!x || !y || rf_array_nbytes(x) != rf_array_nbytes(y) ||
+            memcmp(rf_array_data(x), rf_array_data(y), rf_array_nbytes(x)) != 0)
+            return false;
+    }
+    return true;
+}
+
+static void test_two_trainers(void)
+{
+    trainer together[2], alone[2];
+    bool ok = true;
+    for (int i = 0; i < 2; i++) {
+        ok &= trainer_init(&together[i], i == 0, 11 + (uint64_t)i);
+        ok &= trainer_init(&alone[i], i == 0, 11 + (uint64_t)i);
+    }
+    CHECK(ok);
+    if (ok) {
+        /* first at the same time (both steps compile concurrently), then alone */
+        pthread_t th[2];
+        bool started[2];
+        for (int i = 0; i < 2; i++)
+            started[i] = pthread_create(&th[i], NULL, train_steps, &together[i]) == 0;
+        for (int i = 0; i < 2; i++)
+            if (started[i])
+                pthread_join(th[i], NULL);
+        CHECK(started[0] && started[1]);
+        for (int i = 0; i < 2; i++) {
+            train_steps(&alone[i]);
+            if (together[i].status != RF_OK)
+                fprintf(stderr, "trainer %d on a thread: %s\n", i, together[i].message);
+            CHECK(together[i].status == RF_OK && alone[i].status == RF_OK);
+            CHECK(memcmp(together[i].losses, alone[i].losses, sizeof alone[i].losses) == 0);
+            CHECK(same_params(&together[i], &alone[i]));
+            CHECK(alone[i].losses[STEPS - 1] < alone[i].losses[0]); /* it trained */
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        tu_trainer_free(&together[i].t);
+        tu_trainer_free(&alone[i].t);
+    }
+}
+
+/* ---- One executable run from two threads ------------------------------------------ */
+
+typedef struct runner {
+    rf_exec *forward;
+    rf_array *const *inputs; /* INPUTS device arrays */
+    const float *expected;   /* INPUTS x 10 outputs each, computed alone */
+    int first;               /* which input this thread starts with */
+    int mismatches, failures;
+} runner;
+
+static void *run_forward(void *arg)
+{
+    runner *r = arg;
+    for (int k = 0; k < RUNS; k++) {
+        int which = (r->first + k) % INPUTS;
+        rf_array *y = NULL;
+        if (rf_exec_run(r->forward, &r->inputs[which], 1, &y, 1) != RF_OK) {
+            r->failures++;
+            continue;
+        }
+        rf_array *host = rf_array_to(y, rf_device_host());
+        if (!host || memcmp(rf_array_data(host), r->expected + which * BATCH * 10,
+                            BATCH * 10 * sizeof(float)) != 0)
+            r->mismatches++;
+        rf_array_free(host);
+        rf_array_free(y);
+    }
+    return NULL;
+}
+
+static void test_shared_executable(void)
+{
+    rf_nn_seed(21);
+    rf_model *host = host_model(false);
+    rf_model *m = host ? rf_model_to(host, rf_device_cpu()) : NULL;
+    rf_model_free(host);
+    rf_array *inputs[INPUTS] = {0};
+    static float expected[INPUTS * BATCH * 10];
+    bool ok = m != NULL;
+    for (int i = 0; i < INPUTS && ok; i++) {
+        rf_array *x = rf_randn(RF_F32, RF_SHAPE(BATCH, 1, 12, 12), 200 + (uint64_t)i);
+        inputs[i] = x ? rf_array_to(x, rf_device_cpu()) : NULL;
+        rf_array_free(x);
+        ok = inputs[i] != NULL;
+    }
+    rf_exec *forward = NULL;
+    if (ok)
+        CHECK_OK(rf_compile_model(m, inputs[0], &forward));
+    for (int i = 0; i < INPUTS && forward; i++) { /* each input's output, alone */
+        rf_array *y = NULL, *host = NULL;
+        CHECK_OK(rf_exec_run(forward, &inputs[i], 1, &y, 1));
+        host = y ? rf_array_to(y, rf_device_host()) : NULL;
+        CHECK(host && rf_array_nbytes(host) == sizeof expected / INPUTS);
+        if (host)
+            memcpy(expected + i * BATCH * 10, rf_array_data(host), sizeof expected / INPUTS);
+        rf_array_free(host);
+        rf_array_free(y);
+    }
+    if (forward) {
+        runner r[2] = {{forward, inputs, expected, 0, 0, 0}, {forward, inputs, expected, 1, 0, 0}};
+        pthread_t th[2];
+        bool started[2];
+        for (int i = 0; i < 2; i++)
+            started[i] = pthread_create(&th[i], NULL, run_forward, &r[i]) == 0;
+        for (int i = 0; i < 2; i++)
+            if (started[i])
+                pthread_join(th[i], NULL);
+        CHECK(started[0] && started[1]);
+        for (int i = 0; i < 2; i++) {
+            if (r[i].mismatches || r[i].failures)
+                fprintf(stderr, "thread %d: %d of %d outputs differ, %d runs failed\n", i,
+                        r[i].mismatches, RUNS, r[i].failures);
+            CHECK(r[i].mismatches == 0 && r[i].failures == 0);
+        }
+    }
+    rf_exec_free(forward);
+    for (int i = 0; i < INPUTS; i++)
+        rf_array_free(inputs[i]);
+    rf_model_free(m);
+}
+
+/* ---- Messages stay on their thread ------------------------------------------------ */
+
+typedef struct failing_call {
+    rf_exec *forward;
+    rf_array *wrong; /* an input of the wrong shape */
+    rf_status status;
+    char message[256];
+} failing_call;
+
+static void *fail_once(void *arg)
+{
+    failing_call *f = arg;
+    rf_array *y = NULL;
+    f->status = rf_exec_run(f->forward, &f->wrong, 1, &y, 1);
+    snprintf(f->message, sizeof f->message, "%s", rf_errmsg());
+    return NULL;
+}
+
+static void test_messages_per_thread(void)
+{
+    rf_nn_seed(31);
+    rf_model *host = host_model(false);
+    rf_model *m = host ? rf_model_to(host, rf_device_cpu()) : NULL;
+    rf_model_free(host);
+    rf_array *x = rf_zeros(RF_F32, RF_SHAPE(BATCH, 1, 12, 12));
+    rf_array *wrong = rf_zeros(RF_F32, RF_SHAPE(BATCH + 1, 1, 12, 12));
+    rf_array *xd = x ? rf_array_to(x, rf_device_cpu()) : NULL;
+    rf_array *wd = wrong ? rf_array_to(wrong, rf_device_cpu()) : NULL;
+    rf_exec *forward = NULL;
+    CHECK(m && xd && wd);
+    if (m && xd && wd)
+        CHECK_OK(rf_compile_model(m, xd, &forward));
+    if (forward) {
+        rf_clear_error();
+        failing_call f = {forward, wd, RF_OK, ""};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, fail_once, &f) == 0 && pthread_join(th, NULL) == 0);
+        CHECK(f.status == RF_E_SHAPE);
+        CHECK(strstr(f.message, "rf_exec_run") && strstr(f.message, "f32[17,1,12,12]"));
+        CHECK(strcmp(rf_errmsg(), "") == 0); /* this thread's message is untouched */
+    }
+    rf_exec_free(forward);
+    rf_array_free(x);
+    rf_array_free(wrong);
+    rf_array_free(xd);
+    rf_array_free(wd);
+    rf_model_free(m);
+}
+
+int main(void)
+{
+    test_two_trainers();
+    test_shared_executable();
+    test_messages_per_thread();
+    return tu_finish("test_threads");
+}
