@@ -433,6 +433,12 @@ static void test_batchnorm_and_guard(rf_array *x, rf_array *y)
     rf_array *hostb[2] = {xhost, y};
     CHECK_STATUS(rf_trainstep(mse_loss, NULL, m, hostb, 2, opt, &l, NULL), RF_E_DEVICE);
     CHECK_MSG("rf_trainstep: batch[0] f32[16,4] lives on the host; move batches to the device");
+    /* and so is a model left on the host (before its optimiser is looked at) */
+    rf_model *mhost = rf_chain(rf_dense(4, 2, RF_ACT_IDENTITY));
+    CHECK(mhost != NULL);
+    CHECK_STATUS(rf_trainstep(mse_loss, NULL, mhost, args, 2, opt, &l, NULL), RF_E_DEVICE);
+    CHECK_MSG("rf_trainstep: the model has arrays on the host; move it with rf_model_to");
+    rf_model_free(mhost);
     rf_array_free(xhost);
     rf_array_free(xnan);
     rf_opt_free(opt);

@@ -220,6 +220,7 @@ typedef struct walk {
     size_t len, cap;
     char inline_path[256]; /* so a walk (run every trainstep) allocates nothing */
     bool failed; /* out of memory: the walk stopped early */
+    bool no_paths; /* every path is "": a per-step check formats none */
     /* Called for every array with its layer (for messages). */
     void (*fn)(struct walk *w, const rf_model *layer, const char *name, rf_array *a,
                bool trainable);
@@ -229,6 +230,8 @@ typedef struct walk {
 /* Appends "<sep><component>" (no separator at the root) to the path. */
 static bool path_push(walk *w, const char *component)
 {
+    if (w->no_paths)
+        return true;
     size_t add = strlen(component) + (w->len ? 1 : 0);
     if (w->len + add + 1 > w->cap) {
         size_t ncap = w->cap ? w->cap * 2 : 64;
@@ -270,8 +273,9 @@ static void walk_tree(walk *w, const rf_model *m)
     walk_list(w, m, m->params, m->n_params, true);
     walk_list(w, m, m->state, m->n_state, false);
     for (int i = 0; i < m->n_children && !w->failed; i++) {
-        char idx[24];
-        snprintf(idx, sizeof idx, "%d", i);
+        char idx[24] = "";
+        if (!w->no_paths)
+            snprintf(idx, sizeof idx, "%d", i);
         size_t mark = w->len;
         if (!path_push(w, idx))
             return;
@@ -318,6 +322,13 @@ void rf_model_visit(rf_model *m, rf_array_visitor fn, void *ud)
     walk w = {.fn = visit_one, .ud = &v};
     if (!walk_run(&w, m))
         rfi_error(RF_E_NOMEM, "rf_model_visit: out of memory building a path");
+}
+
+void rfi_model_each_array(rf_model *m, rf_array_visitor fn, void *ud)
+{
+    visit_ud v = {fn, ud};
+    walk w = {.fn = visit_one, .ud = &v, .no_paths = true};
+    walk_run(&w, m); /* builds no path, so it cannot run out of memory */
 }
 
 static void count_params(const char *path, rf_array *a, bool trainable, void *ud)

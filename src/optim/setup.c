@@ -307,29 +307,41 @@ int64_t rf_opt_steps(const rf_opt *opt)
 }
 
 /* Paths: "<leaf>.<rule>.<hp>" for hyperparameters, "<leaf>.<rule>.<role>.<dtype>"
- * for state, and "t" for the step counter. */
-void rf_opt_visit(rf_opt *opt, rf_array_visitor fn, void *ud)
+ * for state, and "t" for the step counter; with `paths` false every path is
+ * "" (formatting an Adam step's 20 paths was a tenth of the tiny step). */
+static void walk_opt(rf_opt *opt, rf_array_visitor fn, void *ud, bool paths)
 {
-    if (!opt || !fn)
-        return;
-    char path[128];
+    char path[128] = "";
     for (int l = 0; l < opt->n_leaves; l++) {
         const rfi_opt_leaf *lf = &opt->leaves[l];
         const char *rn = rf_rule_name(lf->rule);
         for (int k = 0; k < lf->rule->n_hp; k++) {
             if (!lf->hp[k])
                 continue;
-            snprintf(path, sizeof path, "%d.%s.%s", l, rn, rfi_rule_hp_name(lf->rule, k));
+            if (paths)
+                snprintf(path, sizeof path, "%d.%s.%s", l, rn, rfi_rule_hp_name(lf->rule, k));
             fn(path, lf->hp[k], false, ud);
         }
         const rfi_state_role *roles;
         int nr = rfi_rule_state_roles(lf->rule, &roles);
         for (int g = 0; g < opt->n_groups; g++)
             for (int k = 0; k < nr; k++) {
-                snprintf(path, sizeof path, "%d.%s.%s.%s", l, rn, roles[k].name,
-                         rf_dtype_name(opt->groups[g].dtype));
+                if (paths)
+                    snprintf(path, sizeof path, "%d.%s.%s.%s", l, rn, roles[k].name,
+                             rf_dtype_name(opt->groups[g].dtype));
                 fn(path, opt->groups[g].state[l * RFI_OPT_MAX_ROLES + k], false, ud);
             }
     }
-    fn("t", opt->steps, false, ud);
+    fn(paths ? "t" : "", opt->steps, false, ud);
+}
+
+void rf_opt_visit(rf_opt *opt, rf_array_visitor fn, void *ud)
+{
+    if (opt && fn)
+        walk_opt(opt, fn, ud, true);
+}
+
+void rfi_opt_each_array(rf_opt *opt, rf_array_visitor fn, void *ud)
+{
+    walk_opt(opt, fn, ud, false);
 }

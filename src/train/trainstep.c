@@ -151,7 +151,7 @@ static rf_status check_step(const char *op, rf_loss_fn loss, rf_model *m,
     if (st != RF_OK)
         return st;
     device_scan md = {0};
-    rf_model_visit(m, scan_array, &md);
+    rfi_model_each_array(m, scan_array, &md);
     if (md.host || md.mixed)
         return rfi_error(RF_E_DEVICE, "%s: the model %s; move it with rf_model_to(m, device) "
                          "and set up the optimiser for the moved model", op,
@@ -167,7 +167,7 @@ static rf_status check_step(const char *op, rf_loss_fn loss, rf_model *m,
                          "call rf_setup(rule, model) with the model you train", op,
                          rf_rule_name(rf_opt_rule(opt)));
     device_scan od = {0};
-    rf_opt_visit(opt, scan_array, &od);
+    rfi_opt_each_array(opt, scan_array, &od);
     if (od.host || od.mixed || (od.device && od.device != *dev))
         return rfi_error(RF_E_DEVICE, "%s: the optimiser state lives on %s but the model lives "
                          "on %s; call rf_setup after moving the model", op,
