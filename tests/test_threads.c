@@ -20,6 +20,21 @@
 
 enum { STEPS = 12, BATCH = 16, RUNS = 200, INPUTS = 4 };
 
+/* Runs fn(a) and fn(b) on two threads and waits for both; false if a thread
+ * could not be started (the other is still joined). */
+static bool run_two(void *(*fn)(void *), void *a, void *b)
+{
+    pthread_t th[2];
+    void *arg[2] = {a, b};
+    bool started[2];
+    for (int i = 0; i < 2; i++)
+        started[i] = pthread_create(&th[i], NULL, fn, arg[i]) == 0;
+    for (int i = 0; i < 2; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+    return started[0] && started[1];
+}
+
 /* ---- Two models trained at once --------------------------------------------------- */
 
 typedef struct trainer {
@@ -37,6 +52,16 @@ static rf_model *host_model(bool cnn)
                         rf_flatten_layer(), rf_dense(8 * 5 * 5, 10, RF_ACT_IDENTITY));
     return rf_chain(rf_flatten_layer(), rf_dense(144, 64, RF_ACT_RELU),
                     rf_dense(64, 10, RF_ACT_IDENTITY));
+}
+
+/* The MLP from `seed`, on the CPU device. */
+static rf_model *device_mlp(uint64_t seed)
+{
+    rf_nn_seed(seed);
+    rf_model *host = host_model(false);
+    rf_model *m = host ? rf_model_to(host, rf_device_cpu()) : NULL;
+    rf_model_free(host);
+    return m;
 }
 
 /* The model from a fixed seed (made on the main thread, one after the other:
@@ -93,14 +118,7 @@ static void test_two_trainers(void)
     CHECK(ok);
     if (ok) {
         /* first at the same time (both steps compile concurrently), then alone */
-        pthread_t th[2];
-        bool started[2];
-        for (int i = 0; i < 2; i++)
-            started[i] = pthread_create(&th[i], NULL, train_steps, &together[i]) == 0;
-        for (int i = 0; i < 2; i++)
-            if (started[i])
-                pthread_join(th[i], NULL);
-        CHECK(started[0] && started[1]);
+        CHECK(run_two(train_steps, &together[0], &together[1]));
         for (int i = 0; i < 2; i++) {
             train_steps(&alone[i]);
             if (together[i].status != RF_OK)
@@ -149,10 +167,7 @@ static void *run_forward(void *arg)
 
 static void test_shared_executable(void)
 {
-    rf_nn_seed(21);
-    rf_model *host = host_model(false);
-    rf_model *m = host ? rf_model_to(host, rf_device_cpu()) : NULL;
-    rf_model_free(host);
+    rf_model *m = device_mlp(21);
     rf_array *inputs[INPUTS] = {0};
     static float expected[INPUTS * BATCH * 10];
     bool ok = m != NULL;
@@ -177,14 +192,7 @@ static void test_shared_executable(void)
     }
     if (forward) {
         runner r[2] = {{forward, inputs, expected, 0, 0, 0}, {forward, inputs, expected, 1, 0, 0}};
-        pthread_t th[2];
-        bool started[2];
-        for (int i = 0; i < 2; i++)
-            started[i] = pthread_create(&th[i], NULL, run_forward, &r[i]) == 0;
-        for (int i = 0; i < 2; i++)
-            if (started[i])
-                pthread_join(th[i], NULL);
-        CHECK(started[0] && started[1]);
+        CHECK(run_two(run_forward, &r[0], &r[1]));
         for (int i = 0; i < 2; i++) {
             if (r[i].mismatches || r[i].failures)
                 fprintf(stderr, "thread %d: %d of %d outputs differ, %d runs failed\n", i,
@@ -218,10 +226,7 @@ static void *fail_once(void *arg)
 
 static void test_messages_per_thread(void)
 {
-    rf_nn_seed(31);
-    rf_model *host = host_model(false);
-    rf_model *m = host ? rf_model_to(host, rf_device_cpu()) : NULL;
-    rf_model_free(host);
+    rf_model *m = device_mlp(31);
     rf_array *x = rf_zeros(RF_F32, RF_SHAPE(BATCH, 1, 12, 12));
     rf_array *wrong = rf_zeros(RF_F32, RF_SHAPE(BATCH + 1, 1, 12, 12));
     rf_array *xd = x ? rf_array_to(x, rf_device_cpu()) : NULL;
