@@ -25,7 +25,8 @@
  * Threads: any call may be made from any thread (shared caches are locked,
  * error messages are per thread). Runs of one executable take turns; a
  * model, its optimiser state and a loader are used by one thread at a time,
- * which includes running executables that capture that model.
+ * which includes running executables that capture that model (a training
+ * step of a model another thread is stepping is refused: RF_E_INVALID).
  */
 #ifndef REFLUX_H
 #define REFLUX_H

@@ -8,6 +8,8 @@
  * - Two threads run one compiled forward pass on different inputs, 200 runs
  *   each: runs of one executable take turns, so every output is bitwise the
  *   output that input gives alone.
+ * - A training step of a model that another thread is stepping is refused
+ *   with a message and changes nothing.
  * - A failing call on one thread leaves another thread's message alone.
  *
  * Checks are made on the main thread from what the threads recorded (the
@@ -135,6 +137,80 @@ static void test_two_trainers(void)
     }
 }
 
+/* ---- One model, two threads -------------------------------------------------------- */
+
+/* A loss that, while traced, says so and waits for the main thread: the step
+ * of the thread that traces it is then certainly running. */
+typedef struct gate {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool inside, go;
+} gate;
+
+static rf_tensor *gated_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    gate *g = ctx;
+    pthread_mutex_lock(&g->lock);
+    g->inside = true;
+    pthread_cond_broadcast(&g->cond);
+    while (!g->go)
+        pthread_cond_wait(&g->cond, &g->lock);
+    pthread_mutex_unlock(&g->lock);
+    return tu_ce_loss(m, b, n, aux, NULL);
+}
+
+typedef struct gated_step {
+    trainer *tr;
+    gate *g;
+    double loss;
+    rf_status status;
+} gated_step;
+
+static void *step_through_gate(void *arg)
+{
+    gated_step *s = arg;
+    rf_array *batch[2] = {s->tr->t.x, s->tr->t.y};
+    s->status = rf_trainstep(gated_loss, s->g, s->tr->t.m, batch, 2, s->tr->t.opt, &s->loss,
+                             NULL);
+    return NULL;
+}
+
+/* A step of a model that another thread is stepping is refused with a
+ * message, and changes nothing; the other step completes. */
+static void test_overlapping_steps(void)
+{
+    trainer tr;
+    CHECK(trainer_init(&tr, false, 41));
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+    gated_step s = {&tr, &g, 0, RF_E_INTERNAL};
+    pthread_t th;
+    bool started = tr.t.m && pthread_create(&th, NULL, step_through_gate, &s) == 0;
+    CHECK(started);
+    if (started) {
+        pthread_mutex_lock(&g.lock);
+        while (!g.inside)
+            pthread_cond_wait(&g.cond, &g.lock);
+        pthread_mutex_unlock(&g.lock);
+        rf_array *batch[2] = {tr.t.x, tr.t.y};
+        double l = 0;
+        CHECK_STATUS(rf_trainstep(tu_ce_loss, NULL, tr.t.m, batch, 2, tr.t.opt, &l, NULL),
+                     RF_E_INVALID);
+        CHECK_MSG("rf_trainstep: the model is already in a training step");
+        CHECK(isnan(l));
+        CHECK(rf_opt_steps(tr.t.opt) == 0);
+        pthread_mutex_lock(&g.lock);
+        g.go = true;
+        pthread_cond_broadcast(&g.cond);
+        pthread_mutex_unlock(&g.lock);
+        pthread_join(th, NULL);
+        CHECK(s.status == RF_OK && isfinite(s.loss));
+        CHECK(rf_opt_steps(tr.t.opt) == 1);
+        /* and once it is done, the model trains on this thread */
+        CHECK_OK(rf_trainstep(tu_ce_loss, NULL, tr.t.m, batch, 2, tr.t.opt, &l, NULL));
+    }
+    tu_trainer_free(&tr.t);
+}
+
 /* ---- One executable run from two threads ------------------------------------------ */
 
 typedef struct runner {
@@ -255,6 +331,7 @@ static void test_messages_per_thread(void)
 int main(void)
 {
     test_two_trainers();
+    test_overlapping_steps();
     test_shared_executable();
     test_messages_per_thread();
     return tu_finish("test_threads");

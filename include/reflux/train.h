@@ -59,7 +59,8 @@ RF_API void rf_update(rf_trace *t, rf_opt *opt, rf_model *m, const rf_grads *g);
  * call for each (model, rule kind, loss fn and ctx, batch dtypes and shapes,
  * train/test mode) and cached on the model. A non-finite loss applies no
  * update (model and optimiser state stay bit-identical) and returns
- * RF_E_DOMAIN. stats may be NULL. */
+ * RF_E_DOMAIN. A step of a model that another thread is stepping returns
+ * RF_E_INVALID and changes nothing. stats may be NULL. */
 RF_API rf_status rf_trainstep(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *const *batch,
                               int n, rf_opt *opt, double *loss_out, rf_stats *stats);
 /* As rf_trainstep, and *grads receives one new device array per trainable

@@ -5,6 +5,8 @@
 #define RF_NN_MODEL_H
 
 #include "../runtime/runtime.h"
+
+#include <stdatomic.h>
 #include "reflux/train.h"
 
 typedef struct rfi_step_cache rfi_step_cache; /* train/step_cache.c */
@@ -33,6 +35,7 @@ struct rf_model {
     struct rf_opt **opts;     /* optimisers set up on this model (borrowed), so
                                  either side can be freed first */
     int n_opts, cap_opts;
+    atomic_bool in_step;      /* a training step of this model is running (trainstep.c) */
 };
 
 /* Implemented by train/step_cache.c: frees every cached executable (NULL ok),

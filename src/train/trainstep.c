@@ -280,14 +280,10 @@ static rf_status run_step(const char *op, const rfi_step_entry *e, rf_array *con
     return st;
 }
 
-static rf_status trainstep(const char *op, rf_loss_fn loss, void *ctx, rf_model *m,
-                           rf_array *const *batch, int n, rf_opt *opt, double *loss_out,
-                           rf_stats *stats, rf_array ***grads, int *ngrads)
+static rf_status trainstep_owned(const char *op, rf_loss_fn loss, void *ctx, rf_model *m,
+                                 rf_array *const *batch, int n, rf_opt *opt, double *loss_out,
+                                 rf_stats *stats, rf_array ***grads, int *ngrads)
 {
-    if (loss_out)
-        *loss_out = NAN;
-    if (stats)
-        stats->n = 0;
     rf_device *dev = NULL;
     rf_status st = check_step(op, loss, m, batch, n, opt, &dev);
     if (st != RF_OK)
@@ -311,6 +307,27 @@ static rf_status trainstep(const char *op, rf_loss_fn loss, void *ctx, rf_model 
     if (!e)
         return st;
     return run_step(op, e, batch, n, loss_out, stats, grads, ngrads);
+}
+
+/* One step of m, refused while another thread runs one: the model's step
+ * cache and its arrays serve one step at a time (reflux.h's threading rules),
+ * and overlapping steps would corrupt the cache's list. */
+static rf_status trainstep(const char *op, rf_loss_fn loss, void *ctx, rf_model *m,
+                           rf_array *const *batch, int n, rf_opt *opt, double *loss_out,
+                           rf_stats *stats, rf_array ***grads, int *ngrads)
+{
+    if (loss_out)
+        *loss_out = NAN;
+    if (stats)
+        stats->n = 0;
+    if (m && atomic_exchange(&m->in_step, true))
+        return rfi_error(RF_E_INVALID, "%s: the model is already in a training step (on "
+                         "another thread? a model is trained by one thread at a time)", op);
+    rf_status st = trainstep_owned(op, loss, ctx, m, batch, n, opt, loss_out, stats, grads,
+                                   ngrads);
+    if (m)
+        atomic_store(&m->in_step, false);
+    return st;
 }
 
 rf_status rf_trainstep(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *const *batch, int n,
