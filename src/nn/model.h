@@ -5,9 +5,9 @@
 #define RF_NN_MODEL_H
 
 #include "../runtime/runtime.h"
+#include "reflux/train.h"
 
 #include <stdatomic.h>
-#include "reflux/train.h"
 
 typedef struct rfi_step_cache rfi_step_cache; /* train/step_cache.c */
 
