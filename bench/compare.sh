@@ -167,7 +167,8 @@ if [ -z "$bench" ]; then
     done
 fi
 if [ -z "$bench" ] || [ ! -x "$bench" ]; then
-    echo "compare.sh: rf_bench not found; build it first (make bench, or cmake --build build --target rf_bench) or pass --bench PATH" >&2
+    echo "compare.sh: rf_bench not found; build it first (make bench, or cmake --build build" \
+         "--target rf_bench) or pass --bench PATH" >&2
     exit 1
 fi
 
@@ -205,15 +206,18 @@ run_one() {
     local tool="$1" w="$2" round="$3" cmd
     case "$tool" in
         reflux) cmd=("$bench" --workload "$w" --time "$seconds") ;;
-        torch) cmd=(python3 "$here/peers/torch_bench.py" --workload "$w" --time "$seconds" --mode "$(torch_mode_for "$w")") ;;
+        torch) cmd=(python3 "$here/peers/torch_bench.py" --workload "$w" --time "$seconds"
+                    --mode "$(torch_mode_for "$w")") ;;
         jax) cmd=(python3 "$here/peers/jax_bench.py" --workload "$w" --time "$seconds") ;;
     esac
-    "${cmd[@]}" 2>>"$log" | grep '^workload=' | sed "s/^/tool=$tool round=$round /" >>"$results" || \
+    "${cmd[@]}" 2>>"$log" | grep '^workload=' |
+        sed "s/^/tool=$tool round=$round /" >>"$results" || \
         echo "# $tool $w round $round failed (see the log)" >&2
 }
 
 start=$(date +%s)
-echo "# compare.sh: $(nproc) cores, RF_NUM_THREADS=${RF_NUM_THREADS:-unset}, reflux backend: $label; tools: $tools" >&2
+echo "# compare.sh: $(nproc) cores, RF_NUM_THREADS=${RF_NUM_THREADS:-unset}," \
+     "reflux backend: $label; tools: $tools" >&2
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for round in $(seq 1 "$rounds"); do
     for w in $workloads; do
