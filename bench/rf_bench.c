@@ -11,7 +11,8 @@
  * warm: a second process with the same one), nothing run. peak_rss_mb is the child
  * process's getrusage() peak: every workload runs in its own forked process, so peaks do not
  * accumulate. Every workload compiles into a fresh scratch RF_CACHE_DIR (removed afterwards),
- * so compile_ms never depends on earlier runs. Diagnostics go to stderr only.
+ * so compile_ms never depends on earlier runs; a run that was killed leaves its directories,
+ * named after its pid, and the next run removes them. Diagnostics go to stderr only.
  *
  * It deliberately does not set threads (RF_NUM_THREADS is the library's) and does not judge
  * results: bench/compare.sh puts them side by side with PyTorch and JAX.
@@ -22,7 +23,9 @@
 #include <reflux.h>
 
 #include <errno.h>
+#include <dirent.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -428,6 +431,52 @@ static int run_in_child(const workload *w, const bench_opts *o, int quiet)
 
 /* ---- Disk-cache directories for the compile workloads -------------------------------- */
 
+/* Scratch cache directories are /tmp/rf_bench_cache.PID.XXXXXX, PID the creating
+ * rf_bench's, so that a later run can tell those of a run that was killed. */
+#define SCRATCH_DIR "/tmp"
+#define SCRATCH_PREFIX "rf_bench_cache."
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* Makes a new scratch directory in buf (n >= 64 bytes); 0 after saying why. */
+static int make_scratch_dir(char *buf, size_t n)
+{
+    snprintf(buf, n, SCRATCH_DIR "/" SCRATCH_PREFIX "%ld.XXXXXX", (long)getpid());
+    if (mkdtemp(buf))
+        return 1;
+    fprintf(stderr, "rf_bench: mkdtemp: %s\n", strerror(errno));
+    buf[0] = 0;
+    return 0;
+}
+
+/* Removes the scratch directories of rf_bench processes that no longer exist. */
+static void remove_stale_scratch_dirs(void)
+{
+    DIR *d = opendir(SCRATCH_DIR);
+    if (!d)
+        return;
+    size_t plen = strlen(SCRATCH_PREFIX);
+    for (struct dirent *e; (e = readdir(d));) {
+        char *end;
+        if (strncmp(e->d_name, SCRATCH_PREFIX, plen) != 0)
+            continue;
+        long pid = strtol(e->d_name + plen, &end, 10);
+        if (end == e->d_name + plen || *end != '.' || pid <= 0 ||
+            !(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, SCRATCH_DIR "/%s", e->d_name);
+        remove_tree(path);
+    }
+    closedir(d);
+}
+
 /* A fresh cache directory per model, kept from the cold run for the warm one. */
 typedef struct cache_dirs {
     char path[2][64]; /* [0] mlp, [1] resnet; "" until created */
@@ -438,28 +487,18 @@ static char *cache_dir_for(cache_dirs *d, const char *model, int fresh, int *cre
     char *p = d->path[strcmp(model, "mlp") != 0];
     *created = 0;
     if (!p[0] || fresh) {
-        snprintf(p, sizeof d->path[0], "/tmp/rf_bench_cache.XXXXXX");
-        if (!mkdtemp(p)) {
-            fprintf(stderr, "rf_bench: mkdtemp: %s\n", strerror(errno));
-            p[0] = 0;
+        if (!make_scratch_dir(p, sizeof d->path[0]))
             return NULL;
-        }
         *created = 1;
     }
     return p;
-}
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
 }
 
 static void cache_dirs_remove(cache_dirs *d)
 {
     for (int i = 0; i < 2; i++)
         if (d->path[i][0])
-            nftw(d->path[i], remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+            remove_tree(d->path[i]);
 }
 
 /* Cold: a new empty RF_CACHE_DIR. Warm: the cold run's directory, primed first by a silent
@@ -485,15 +524,12 @@ static int run_compile_workload(const workload *w, const bench_opts *o, cache_di
 static int run_plain_workload(const workload *w, const bench_opts *o)
 {
     char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/rf_bench_cache.XXXXXX");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "rf_bench: mkdtemp: %s\n", strerror(errno));
+    if (!make_scratch_dir(dir, sizeof dir))
         return -1;
-    }
     setenv("RF_CACHE_DIR", dir, 1);
     int rc = run_in_child(w, o, 0);
     unsetenv("RF_CACHE_DIR");
-    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    remove_tree(dir);
     return rc;
 }
 
@@ -567,6 +603,7 @@ int main(int argc, char **argv)
             backend && *backend ? backend : "default", threads ? threads : "default",
             sysconf(_SC_NPROCESSORS_ONLN));
 
+    remove_stale_scratch_dirs();
     cache_dirs dirs = {{"", ""}};
     int failures = 0;
     for (int i = 0; i < N_WORKLOADS; i++) {
