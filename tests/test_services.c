@@ -1,6 +1,6 @@
 /* test_services.c: the CPU backend's runtime services against the reference
  * interpreter: every MATMUL form (batch dims, transposed operands, several
- * free/contracting dims, vectors, empty) and every CONV form (stride, padding
+ * free/contracting dims, vectors, empty, an rhs copied into padded rows) and every CONV form (stride, padding
  * incl. negative, lhs and rhs dilation, feature and batch groups, 1-D, 2-D,
  * 3-D, chunked batches) through oneDNN, with relative error <= 1e-5 of the
  * sum of |terms| (the same op evaluated on |operands|); FALLBACK steps and
@@ -338,6 +338,23 @@ static void test_matmul(void)
         worst = r.worst > worst ? r.worst : worst;
     }
     printf("matmul: %d f32 forms, worst relative error %.3g\n", n, worst);
+    /* An rhs whose rows lie 2 KB apart, read for 64 or more lhs rows, is
+     * copied into padded rows per call (dnnl_matmul.c): plain, batched (rows
+     * 4 KB apart) and with the lhs transposed (a weight gradient); with 8
+     * lhs rows it is read in place. */
+    static const dot_case aliased[] = {
+        {"aliased rhs rows", 2, 2, {64, 9}, {9, 512}, 0, 1, {0}, {0}, {1}, {0}},
+        {"aliased rhs rows, batch", 3, 3, {2, 64, 5}, {2, 5, 1024}, 1, 1, {0}, {0}, {2}, {1}},
+        {"aliased rhs rows, lhs transposed", 2, 2, {9, 64}, {9, 512}, 0, 1, {0}, {0}, {0}, {0}},
+        {"aliased rhs rows, few lhs rows", 2, 2, {8, 9}, {9, 512}, 0, 1, {0}, {0}, {1}, {0}},
+    };
+    for (int k = 0; k < 4; k++) {
+        case_result a = run_dot(&aliased[k], RF_F32, k % 2 == 0);
+        const char *want = k < 3 ? "matmul padded rhs" : "matmul";
+        CHECK(a.kind == RFI_CALL_MATMUL && strcmp(a.path, want) == 0);
+        if (strcmp(a.path, want) != 0)
+            fprintf(stderr, "  case %s: path %s, expected %s\n", aliased[k].name, a.path, want);
+    }
     /* Other dtypes run the reference kernel: bitwise. */
     case_result r = run_dot(&cases[4], RF_F64, true);
     CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);

@@ -986,7 +986,7 @@ const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step)
         return "none";
     const call_state *cs = &s->steps[step];
     switch (cs->kind) {
-    case RFI_CALL_MATMUL: return "matmul";
+    case RFI_CALL_MATMUL: return cs->matmul ? rfi_cpu_matmul_path(cs->matmul) : "reference";
     case RFI_CALL_CONV: return rfi_cpu_conv_path(cs->conv);
     default: return cs->native ? rfi_cpu_native_path(cs->native) : "reference";
     }

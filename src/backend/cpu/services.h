@@ -49,8 +49,8 @@ RFI_FUNC void rfi_cpu_services_free(rfi_cpu_services *s);
  * path does not take: non-f32 dtypes, unsupported forms), NONE if not a CALL
  * step. For tests and dumps. */
 RFI_FUNC rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step);
-/* Which implementation CALL step `step` runs, for tests and benches: "matmul",
- * a convolution path (rfi_cpu_conv_path), a native kernel (rfi_cpu_native_path),
+/* Which implementation CALL step `step` runs, for tests and benches: a matmul
+ * path (rfi_cpu_matmul_path), a convolution path (rfi_cpu_conv_path), a native kernel (rfi_cpu_native_path),
  * "reference", or "none" (not a CALL step). Static strings. */
 RFI_FUNC const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step);
 /* Whether CALL step `step` has an epilogue that the library applies as post-ops
@@ -141,6 +141,9 @@ RFI_FUNC rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const 
                                       const void *rhs, void *out, const void *const *epi_src,
                                       void *workspace);
 RFI_FUNC bool rfi_cpu_matmul_fused(const rfi_cpu_matmul *m);
+/* "matmul" (operands read in place), "matmul packed" (both copied per call)
+ * or "matmul padded rhs" (the rhs copied into padded rows per call). */
+RFI_FUNC const char *rfi_cpu_matmul_path(const rfi_cpu_matmul *m);
 RFI_FUNC void rfi_cpu_matmul_free(rfi_cpu_matmul *m);
 
 /* CONVOLUTION on f32 (conv.c), same conventions (the epilogue runs inside
