@@ -1,11 +1,12 @@
 /* test_services.c: the CPU backend's runtime services against the reference
  * interpreter: every MATMUL form (batch dims, transposed operands, several
- * free/contracting dims, vectors, empty, an rhs copied into padded rows) and every CONV form (stride, padding
- * incl. negative, lhs and rhs dilation, feature and batch groups, 1-D, 2-D,
- * 3-D, chunked batches) through oneDNN, with relative error <= 1e-5 of the
- * sum of |terms| (the same op evaluated on |operands|); FALLBACK steps and
- * non-f32 contractions bitwise; no allocation per call; and the thread pool
- * (coverage, chunking, inline runs, nesting, repeated and concurrent calls).
+ * free/contracting dims, vectors, empty, an rhs copied into padded rows) and
+ * every CONV form (stride, padding incl. negative, lhs and rhs dilation,
+ * feature and batch groups, 1-D, 2-D, 3-D, chunked batches) through oneDNN,
+ * with relative error <= 1e-5 of the sum of |terms| (the same op evaluated on
+ * |operands|); FALLBACK steps and non-f32 contractions bitwise; no
+ * allocation per call; and the thread pool (coverage, chunking, inline runs,
+ * nesting, repeated and concurrent calls).
  * CALL epilogues (bias, residual, relu, tanh, logistic after a matmul or a
  * convolution) through plans built by rfi_plan_build, against the interpreter
  * evaluating the whole program, within RF_CHECK's tolerance

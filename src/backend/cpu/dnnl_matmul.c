@@ -396,13 +396,15 @@ static void pack_view(float *restrict dst, const float *restrict src, const oper
 /* The rhs [B, K, N] read in place with its N dim contiguous and its rows a
  * multiple of ALIASED_ROW_FLOATS (2 KB) apart falls on few cache sets when
  * oneDNN's gemm walks down its columns, and the product slows by a third or
- * more. Measured on a 2-core AVX2 machine (AMD EPYC), 128 x 256 x 512 and
- * its weight-gradient form 256 x 128 x 512 (the mlp's second layer's input
- * and weight gradients): 360-440 us with rows 512 floats apart against
- * 260-310 with them 528 apart, the same shapes with N = 500, 520 or 640 as
- * fast either way, and N = 1024 440 against 960 us. Copying the rhs into
- * rows RHS_ROW_PAD longer costs a pass over it, which pays only when it is
- * read for many lhs rows (m >= PAD_MIN_ROWS): never at batch-1 inference. */
+ * more. Measured on a 2-core AVX2 machine (AMD EPYC; a standalone program,
+ * medians of 400 calls, two runs each): the mlp's second layer's input
+ * gradient, 128 x 256 x 512, took 394-437 us with the rhs rows 512 floats
+ * apart and 258-364 with them 528 apart; its weight gradient, 256 x 128 x
+ * 512 with the lhs transposed, 425-515 against 295-307. With N = 500, 520
+ * or 640 a row-major rhs ran as fast as a transposed one; with N = 1024 it
+ * took 960 us against 440. Copying the rhs into rows RHS_ROW_PAD longer
+ * costs a pass over it, which pays only when it is read for many lhs rows
+ * (m >= PAD_MIN_ROWS): never at batch-1 inference. */
 #define ALIASED_ROW_FLOATS 512
 #define RHS_ROW_PAD 16
 #define PAD_MIN_ROWS 64
@@ -467,7 +469,8 @@ static rf_status make_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_
         rfi_dnnl_tensor src = view_tensor(&m->lhs, false), wei = view_tensor(&m->rhs, false);
         m->pad_rhs = rhs_rows_aliased(m);
         if (m->pad_rhs)
-            wei = (rfi_dnnl_tensor){3, {m->batch, m->k, m->n}, {padded_batch(m), padded_row(m), 1}};
+            wei = (rfi_dnnl_tensor){3, {m->batch, m->k, m->n},
+                                    {padded_batch(m), padded_row(m), 1}};
         rf_status st = rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
         if (st == RF_OK && !m->mm.is_ref)
             return RF_OK;

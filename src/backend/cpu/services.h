@@ -50,8 +50,9 @@ RFI_FUNC void rfi_cpu_services_free(rfi_cpu_services *s);
  * step. For tests and dumps. */
 RFI_FUNC rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step);
 /* Which implementation CALL step `step` runs, for tests and benches: a matmul
- * path (rfi_cpu_matmul_path), a convolution path (rfi_cpu_conv_path), a native kernel (rfi_cpu_native_path),
- * "reference", or "none" (not a CALL step). Static strings. */
+ * path (rfi_cpu_matmul_path), a convolution path (rfi_cpu_conv_path), a
+ * native kernel (rfi_cpu_native_path), "reference", or "none" (not a CALL
+ * step). Static strings. */
 RFI_FUNC const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step);
 /* Whether CALL step `step` has an epilogue that the library applies as post-ops
  * (false: none, or the services apply it after the call). For tests. */
