@@ -159,9 +159,8 @@ for name, value, bound, op in targets:
     print("  %-30s %-6s measured %.2f" % (name, "met" if ok else "MISSED", value))
 if peak:
     share = mlp_share_of_peak()
-    print("  (machine peak: %.1f GFLOP/s, the best of 3 runs of bench/peak_flops on all threads;"
-          " the mlp step's %.0f MFLOP of matmuls: %s GFLOP/s)"
-          % (peak, MLP_STEP_MFLOP, fmt(share and share * peak / 100)))
+    print("  (peak: %.1f GFLOP/s, the best of 3 runs of peak_flops; the mlp step's %.0f MFLOP:"
+          " %s GFLOP/s)" % (peak, MLP_STEP_MFLOP, fmt(share and share * peak / 100)))
 PY
 }
 
