@@ -40,10 +40,20 @@
  * kernels do (-std=c11 turns contraction off). On a 2-core AVX2 machine the
  * direct convolutions' inner loops (a broadcast, a multiply and an add per
  * accumulator without it) ran 15-20% faster, the ResNet step 34.5-35.0 ->
- * 31.5-32.3 ms (3 interleaved pairs). */
+ * 31.5-32.3 ms (3 interleaved pairs).
+ * -mno-red-zone (x86-64): gcc 12.2 (Debian 12.2.0-14) placed a reduce
+ * kernel's local accumulator array (double accs[12]) in the red zone below
+ * three pushed registers, 8 bytes off the 16-byte alignment its vectorised
+ * read of that array (vmovapd) assumed: a crash on the first run (found by
+ * the training fuzzer; fuzz/corpus/fuzz_train_compiled holds the input). Without the
+ * red zone the frame is allocated with a sub that keeps the alignment; a
+ * leaf kernel pays one sub and one add. */
 static const char *const compile_flags[] = {
     "-O2", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
     "-fno-trapping-math", "-funswitch-loops", "-march=native", "-ffp-contract=fast",
+#if defined(__x86_64__)
+    "-mno-red-zone",
+#endif
 };
 #define N_COMPILE_FLAGS (sizeof compile_flags / sizeof compile_flags[0])
 #define OUTPUT_KEEP (64 * 1024)  /* compiler output kept in memory; the rest is drained */
