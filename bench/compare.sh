@@ -127,9 +127,13 @@ for w in workloads:
 # own peak (bench/peak_flops, run before the rounds) gives that share here.
 MLP_STEP_MFLOP = 308.15  # 2 * 128 * (784*512 + 512*256 + 256*10) forward, as much for the
                          # weight gradients, 2 * 128 * (512*256 + 256*10) for two input gradients
-def mlp_share_of_peak():
+def mlp_gflops():
     us = med("reflux", "mlp", "us_per_step")
-    return None if us is None or not peak else 100 * MLP_STEP_MFLOP / us / (peak * 1e-3)
+    return None if not us else MLP_STEP_MFLOP / us * 1e3
+
+def mlp_share_of_peak():
+    g = mlp_gflops()
+    return None if g is None or not peak else 100 * g / peak
 
 def speedup(peer, w):
     a, b = med(peer, w, "us_per_step"), med("reflux", w, "us_per_step")
@@ -158,9 +162,8 @@ for name, value, bound, op in targets:
     ok = {">=": value >= bound, "<=": value <= bound, "<": value < bound}[op]
     print("  %-30s %-6s measured %.2f" % (name, "met" if ok else "MISSED", value))
 if peak:
-    share = mlp_share_of_peak()
     print("  (peak: %.1f GFLOP/s, the best of 3 runs of peak_flops; the mlp step's %.0f MFLOP:"
-          " %s GFLOP/s)" % (peak, MLP_STEP_MFLOP, fmt(share and share * peak / 100)))
+          " %s GFLOP/s)" % (peak, MLP_STEP_MFLOP, fmt(mlp_gflops())))
 PY
 }
 

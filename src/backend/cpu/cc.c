@@ -45,9 +45,9 @@
  * kernel's local accumulator array (double accs[12]) in the red zone below
  * three pushed registers, 8 bytes off the 16-byte alignment its vectorised
  * read of that array (vmovapd) assumed: a crash on the first run (found by
- * the training fuzzer; fuzz/corpus/fuzz_train_compiled holds the input). Without the
- * red zone the frame is allocated with a sub that keeps the alignment; a
- * leaf kernel pays one sub and one add. */
+ * the training fuzzer; fuzz/corpus/fuzz_train_compiled holds the input).
+ * Without the red zone the frame is allocated with a sub that keeps the
+ * alignment; a leaf kernel pays one sub and one add. */
 static const char *const compile_flags[] = {
     "-O2", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
     "-fno-trapping-math", "-funswitch-loops", "-march=native", "-ffp-contract=fast",
