@@ -80,7 +80,9 @@ static void one_op(rf_trace *t, bytes *b, rf_tensor **v, int *n)
 {
     rf_tensor *x = v[next(b) % *n], *y = v[next(b) % *n], *z = v[next(b) % *n], *r = NULL;
     int64_t d[8], e[8], f[8], g[8];
-    int rank;
+    int rank, k;
+    int64_t n_classes;
+    rf_reduce_kind kind;
     rf_conv_params cp;
     unsigned op = next(b) % 30;
     switch (op) {
@@ -97,7 +99,8 @@ static void one_op(rf_trace *t, bytes *b, rf_tensor **v, int *n)
         r = rf_slice(x, d, e, next(b) & 1 ? f : NULL);
         break;
     case 9:
-        r = rf_concatenate((rf_tensor *[]){x, y, z}, 1 + (int)(next(b) % 3), (int)small(b));
+        k = 1 + (int)(next(b) % 3);
+        r = rf_concatenate((rf_tensor *[]){x, y, z}, k, (int)small(b));
         break;
     case 10:
         smalls(b, d), smalls(b, e), smalls(b, f);
@@ -109,15 +112,17 @@ static void one_op(rf_trace *t, bytes *b, rf_tensor **v, int *n)
         break;
     case 13:
         smalls(b, d);
-        r = rf_reduce(x, (rf_reduce_kind)(next(b) % (RF_REDUCE_KIND_COUNT + 1)), d,
-                      (int)(next(b) % 4), next(b) & 1);
+        kind = (rf_reduce_kind)(next(b) % (RF_REDUCE_KIND_COUNT + 1));
+        k = (int)(next(b) % 4);
+        r = rf_reduce(x, kind, d, k, next(b) & 1);
         break;
-    case 14: smalls(b, d), r = rf_mean(x, d, (int)(next(b) % 3), next(b) & 1); break;
-    case 15: smalls(b, d), r = rf_var(x, d, (int)(next(b) % 3), next(b) & 1); break;
+    case 14: smalls(b, d), k = (int)(next(b) % 3), r = rf_mean(x, d, k, next(b) & 1); break;
+    case 15: smalls(b, d), k = (int)(next(b) % 3), r = rf_var(x, d, k, next(b) & 1); break;
     case 16: r = next(b) & 1 ? rf_argmax(x, (int)small(b)) : rf_argmin(x, (int)small(b)); break;
     case 17:
         smalls(b, d), smalls(b, e), smalls(b, f), smalls(b, g);
-        r = rf_dot_general(x, y, d, e, (int)(next(b) % 3), f, g, (int)(next(b) % 3));
+        k = (int)(next(b) % 3);
+        r = rf_dot_general(x, y, d, e, k, f, g, (int)(next(b) % 3));
         break;
     case 18:
         cp = rf_conv_params_default(1 + (int)(next(b) % 3));
@@ -144,12 +149,16 @@ static void one_op(rf_trace *t, bytes *b, rf_tensor **v, int *n)
     case 22: r = rf_gather(x, y, (int)small(b)); break;
     case 23: r = rf_scatter_add(x, y, z, (int)small(b)); break;
     case 24: r = rf_take_along(x, y); break;
-    case 25: r = rf_onehot(x, small(b), (rf_dtype)(next(b) % RF_DTYPE_COUNT)); break;
+    case 25:
+        n_classes = small(b);
+        r = rf_onehot(x, n_classes, (rf_dtype)(next(b) % RF_DTYPE_COUNT));
+        break;
     case 26: {
         int axis = (int)small(b);
-        unsigned k = next(b) % 3;
-        r = k == 0 ? rf_softmax(x, axis) : k == 1 ? rf_logsoftmax(x, axis)
-                                                  : rf_logsumexp(x, axis, next(b) & 1);
+        unsigned which = next(b) % 3;
+        r = which == 0   ? rf_softmax(x, axis)
+            : which == 1 ? rf_logsoftmax(x, axis)
+                         : rf_logsumexp(x, axis, next(b) & 1);
         break;
     }
     case 27:

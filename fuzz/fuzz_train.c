@@ -66,13 +66,15 @@ static rf_conv_opts conv_opts(bytes *b)
 static rf_model *layer(bytes *b, int depth)
 {
     rf_conv_opts o;
-    int64_t k = size_of(b), in = size_of(b), out = size_of(b);
+    int64_t k = size_of(b), in = size_of(b), out = size_of(b), h, w;
+    double p;
+    rf_model *first;
     switch (next(b) % 16) {
     case 0: return rf_dense(in, out, act_of(b));
     case 1: o = conv_opts(b); return rf_conv2d(k, k, in, out, act_of(b), &o);
     case 2: o = conv_opts(b); return rf_conv_transpose2d(k, k, in, out, act_of(b), &o);
-    case 3: return rf_maxpool(k, k, size_of(b), size_of(b));
-    case 4: return rf_meanpool(k, k, size_of(b), size_of(b));
+    case 3: h = size_of(b), w = size_of(b); return rf_maxpool(k, k, h, w);
+    case 4: h = size_of(b), w = size_of(b); return rf_meanpool(k, k, h, w);
     case 5: return rf_global_meanpool();
     case 6: return rf_adaptive_meanpool(in, out);
     case 7: return rf_flatten_layer();
@@ -80,15 +82,20 @@ static rf_model *layer(bytes *b, int depth)
     case 9: return rf_batchnorm(in, act_of(b));
     case 10: return rf_layernorm(in);
     case 11: return rf_groupnorm(in, out);
-    case 12: return rf_dropout(hyper_of(b), next(b));
+    case 12: p = hyper_of(b); return rf_dropout(p, next(b));
     case 13: return rf_embedding(in, out, next(b));
     case 14:
-        return depth > 0 ? NULL
-                         : rf_skip(layer(b, depth + 1), (rf_combine)(next(b) % 4));
-    default:
-        return depth > 0 ? NULL
-                         : rf_parallel((rf_combine)(next(b) % 4), layer(b, depth + 1),
-                                       layer(b, depth + 1));
+        if (depth > 0)
+            return NULL;
+        first = layer(b, depth + 1);
+        return rf_skip(first, (rf_combine)(next(b) % 4));
+    default: {
+        if (depth > 0)
+            return NULL;
+        rf_combine how = (rf_combine)(next(b) % 4);
+        first = layer(b, depth + 1);
+        return rf_parallel(how, first, layer(b, depth + 1));
+    }
     }
 }
 
