@@ -1,6 +1,11 @@
 /* fuzz_bytes.h: for the fuzz targets that build programs from their input:
  * the input read one byte at a time, zeros once it runs out (so every input
- * describes a whole program). */
+ * describes a whole program).
+ *
+ * Read at most one value in the arguments of one call, the others into locals
+ * first: C leaves the order of a call's arguments unspecified (gcc reads them
+ * right to left, clang left to right), and an input must describe the same
+ * program whichever compiler built the target. */
 #ifndef RF_FUZZ_BYTES_H
 #define RF_FUZZ_BYTES_H
 
