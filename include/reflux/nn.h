@@ -145,7 +145,13 @@ RF_API rf_status rf_jit_model(rf_model *m, rf_array *x, rf_array **y);
  * no opts) draws its seed from the library's initialisation counter, the one
  * documented piece of process-wide state in nn (atomic; like torch.manual_seed
  * or Flux's default RNG). rf_nn_seed(s) resets it, so the same sequence of
- * constructors after the same rf_nn_seed builds the same weights. */
+ * constructors after the same rf_nn_seed builds the same weights. The layers
+ * listed in rf_chain(...) and rf_parallel(...) are built in the order written
+ * (gcc and clang evaluate a compound literal's entries in order), but layers
+ * passed as the arguments of a function call are built in an order C leaves
+ * to the compiler (gcc: the last first; clang: the first first), so their
+ * weights differ between compilers: there, build each layer in a statement of
+ * its own, or give it a seed. */
 RF_API void rf_nn_seed(uint64_t seed);
 
 typedef struct rf_dense_opts {
