@@ -445,6 +445,41 @@ static void test_batchnorm_and_guard(rf_array *x, rf_array *y)
     rf_model_free(m);
 }
 
+/* A NaN in the data reaches the loss through a relu convolution and relu
+ * matmuls large enough for oneDNN's own kernels (whose relu post-op would
+ * turn it into 0), so the step is refused as the interpreter refuses it. */
+static void test_nan_through_relu(void)
+{
+    rf_model *host = rf_chain(rf_conv2d(3, 3, 16, 32, RF_ACT_RELU, NULL), rf_flatten_layer(),
+                              rf_dense(32 * 6 * 6, 256, RF_ACT_RELU),
+                              rf_dense(256, 2, RF_ACT_IDENTITY));
+    rf_model *m = host ? rf_model_to(host, cpu) : NULL;
+    rf_model_free(host);
+    rf_opt *opt = m ? rf_setup(rf_descent(1e-2), m) : NULL;
+    rf_array *xh = rf_randn(RF_F32, RF_SHAPE(64, 16, 8, 8), 3);
+    CHECK(opt && xh);
+    if (!opt || !xh) {
+        rf_array_free(xh);
+        rf_model_free(m);
+        return;
+    }
+    ((float *)rf_array_data(xh))[5] = NAN;
+    rf_array *x = rf_array_to(xh, cpu), *y = randn_dev(64, 2, 4);
+    rf_array *batch[2] = {x, y};
+    snapshot before;
+    snap_take(&before, m, opt);
+    double l = 0;
+    CHECK_STATUS(rf_trainstep(mse_loss, NULL, m, batch, 2, opt, &l, NULL), RF_E_DOMAIN);
+    CHECK(isnan(l));
+    CHECK(snap_changed(&before) == 0);
+    snap_free(&before);
+    rf_array_free(xh);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_opt_free(opt);
+    rf_model_free(m);
+}
+
 /* ---- (8) rf_adjust, and an optimiser set up for another model ------------------------------ */
 
 static void test_adjust(rf_model *host, rf_array *x, rf_array *y)
@@ -592,6 +627,7 @@ int main(void)
         test_withgradient(host, x, y);
         test_aux(host, x, y);
         test_batchnorm_and_guard(x, y);
+        test_nan_through_relu();
         test_adjust(host, x, y);
         test_many_entries(host);
         test_train_loop(host);

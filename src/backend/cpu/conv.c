@@ -38,10 +38,11 @@
  * A CALL step's epilogue (plan.h) runs inside oneDNN's forward convolution
  * when that path is taken and accepts it: a leading per-channel bias as the
  * primitive's bias input, the rest as post-ops (a residual as a binary add of
- * a dst-shaped tensor, relu/tanh/logistic as eltwise; failing that, the bias
- * too as a binary add of a [1, O, 1...] tensor; failing that, the bias input
- * alone). The services apply the ops the primitive does not
- * (rfi_cpu_conv_epilogue_ops) after the call.
+ * a dst-shaped tensor, tanh/logistic as eltwise; failing that, the bias too
+ * as a binary add of a [1, O, 1...] tensor; failing that, the bias input
+ * alone), but never a relu or what follows it (rfi_dnnl_post_faithful). The
+ * services apply the ops the primitive does not (rfi_cpu_conv_epilogue_ops)
+ * after the call.
  *
  * Deliberately not here: G > 1 together with B > 1 (no gradient produces it;
  * the services run the reference kernel), non-f32 dtypes, zero spatial dims.
@@ -711,7 +712,8 @@ static bool arg_copied(const conv_arg *a)
     return a->reorder || a->table.from;
 }
 
-/* A forward primitive applying as much of c's epilogue as oneDNN runs well,
+/* A forward primitive applying as much of c's epilogue as oneDNN runs well
+ * and as the interpreter computes it (rfi_dnnl_post_faithful),
  * or NULL (then the services apply all of it after the call). First choice:
  * a leading per-channel BIAS as the convolution's own bias input and the ops
  * after it as post-ops; second: every op as a post-op; third (oneDNN's
@@ -727,17 +729,20 @@ static dnnl_primitive_desc_t create_fused_pd(rfi_cpu_conv *c, const dnnl_conv_sp
     rfi_dnnl_tensor dst = {sp->t[sp->dst].ndims, {0}, {0}};
     memcpy(dst.dims, sp->t[sp->dst].dims, sizeof dst.dims);
     memcpy(dst.strides, sp->t[sp->dst].strides, sizeof dst.strides);
+    int take = rfi_dnnl_post_faithful(c->epi, c->n_epi);
+    if (take == 0)
+        return NULL;
     if (c->epi[0].kind == RFI_EPI_BIAS && c->epi[0].axis == 1) {
         dnnl_dims_t bias_dims = {dst.dims[1]};
         if (rfi_dnnl.memory_desc_init_by_tag(bias, 1, bias_dims, dnnl_f32, dnnl_a) ==
                 dnnl_success &&
-            rfi_dnnl_post_make(&dc->post, c->epi + 1, c->n_epi - 1, &dst, 1) &&
+            rfi_dnnl_post_make(&dc->post, c->epi + 1, take - 1, &dst, 1) &&
             create_pd(sp, bias, &dc->post, eng, &pd) == dnnl_success) {
             *with_bias = true;
             return pd;
         }
     }
-    if (rfi_dnnl_post_make(&dc->post, c->epi, c->n_epi, &dst, 1) &&
+    if (rfi_dnnl_post_make(&dc->post, c->epi, take, &dst, 1) &&
         create_pd(sp, NULL, &dc->post, eng, &pd) == dnnl_success)
         return pd;
     memset(&dc->post, 0, sizeof dc->post);

@@ -429,7 +429,7 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
         set_library_threads(s, s->threads);
         if (st == RF_OK)
             cs->kind = RFI_CALL_MATMUL;
-        cs->epi_applied = st == RF_OK && rfi_cpu_matmul_fused(cs->matmul) ? cs->n_epi : 0;
+        cs->epi_applied = st == RF_OK ? rfi_cpu_matmul_epilogue_ops(cs->matmul) : 0;
     } else if (step->call == RFI_CALL_CONV && n->op == RFI_OP_CONVOLUTION) {
         const rfi_plan *p = s->plan;
         rfi_layout layouts[3] = {layout_of(p, cs->value[0]), layout_of(p, cs->value[1]),
@@ -992,10 +992,9 @@ const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step)
     }
 }
 
-bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step)
+int rfi_cpu_services_step_lib_ops(const rfi_cpu_services *s, int step)
 {
-    return s && step >= 0 && step < s->n_steps && s->steps[step].n_epi > 0 &&
-           s->steps[step].epi_applied == s->steps[step].n_epi;
+    return s && step >= 0 && step < s->n_steps ? s->steps[step].epi_applied : 0;
 }
 
 bool rfi_cpu_services_step_beside(const rfi_cpu_services *s, int step)

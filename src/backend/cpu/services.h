@@ -54,9 +54,10 @@ RFI_FUNC rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int
  * native kernel (rfi_cpu_native_path), "reference", or "none" (not a CALL
  * step). Static strings. */
 RFI_FUNC const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step);
-/* Whether CALL step `step` has an epilogue that the library applies as post-ops
- * (false: none, or the services apply it after the call). For tests. */
-RFI_FUNC bool rfi_cpu_services_step_fused(const rfi_cpu_services *s, int step);
+/* How many leading ops of CALL step `step`'s epilogue the library applies
+ * (as post-ops or a convolution's bias input); the services apply the rest
+ * after the call. For tests. */
+RFI_FUNC int rfi_cpu_services_step_lib_ops(const rfi_cpu_services *s, int step);
 /* Whether CALL step `step` runs beside its pair's other call (the plan's
  * runs_with_next), a thread each; false: unpaired, or paired one after the other. */
 RFI_FUNC bool rfi_cpu_services_step_beside(const rfi_cpu_services *s, int step);
@@ -87,14 +88,21 @@ typedef struct rfi_dnnl_tensor {
     dnnl_dims_t dims, strides; /* ndims <= 4 used */
 } rfi_dnnl_tensor;
 
-/* A plan epilogue (plan.h) as oneDNN post-ops: eltwise relu/tanh/logistic and
+/* A plan epilogue (plan.h) as oneDNN post-ops: eltwise tanh/logistic and
  * binary adds whose second operand (src1) is a plain strided tensor in the
- * dst's dims (a BIAS: ones except along the bias dim; an ADD: dst's shape). */
+ * dst's dims (a BIAS: ones except along the bias dim; an ADD: dst's shape).
+ * Never a relu (rfi_dnnl_post_faithful). */
 typedef struct rfi_dnnl_post {
     int n;
     rfi_epi_kind kind[RFI_EPI_MAX];
     rfi_dnnl_tensor src1[RFI_EPI_MAX];
 } rfi_dnnl_post;
+/* How many leading ops of an epilogue oneDNN's post-ops compute as the
+ * interpreter does: those before the first RELU. oneDNN's jit kernels take
+ * relu as max(x, 0) with x first, which is 0 where x is NaN (the
+ * interpreter's relu keeps the NaN), so a NaN in the data would vanish
+ * before the loss; the relu and what follows it run after the call. */
+RFI_FUNC int rfi_dnnl_post_faithful(const rfi_epi_op *ops, int n);
 /* Describes ops over a plain row-major dst whose bias dim is bias_dim (-1: no
  * BIAS op can be taken). false: some op has no post-op form here. */
 RFI_FUNC bool rfi_dnnl_post_make(rfi_dnnl_post *post, const rfi_epi_op *ops, int n,
@@ -131,8 +139,9 @@ RFI_FUNC rf_status rfi_dnnl_error(dnnl_status_t st, const char *what, const char
 
 /* DOT_GENERAL on f32 (dnnl_matmul.c). prepare returns RF_E_UNSUPPORTED for
  * forms it does not take (the caller then uses the reference kernel). The
- * epilogue ops (n_epi may be 0) run as oneDNN post-ops when the primitive
- * takes them (rfi_cpu_matmul_fused); otherwise the caller applies them.
+ * epilogue ops (n_epi may be 0) run as oneDNN post-ops, as many leading ones
+ * as the primitive takes (rfi_cpu_matmul_epilogue_ops); the caller applies
+ * the rest.
  * epi_src: the operand of each epilogue op (NULL where none). */
 typedef struct rfi_cpu_matmul rfi_cpu_matmul;
 RFI_FUNC rf_status rfi_cpu_matmul_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
@@ -141,7 +150,7 @@ RFI_FUNC rf_status rfi_cpu_matmul_prepare(const rfi_node *n, const rfi_epi_op *e
 RFI_FUNC rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs,
                                       const void *rhs, void *out, const void *const *epi_src,
                                       void *workspace);
-RFI_FUNC bool rfi_cpu_matmul_fused(const rfi_cpu_matmul *m);
+RFI_FUNC int rfi_cpu_matmul_epilogue_ops(const rfi_cpu_matmul *m);
 /* "matmul" (operands read in place), "matmul packed" (both copied per call)
  * or "matmul padded rhs" (the rhs copied into padded rows per call). */
 RFI_FUNC const char *rfi_cpu_matmul_path(const rfi_cpu_matmul *m);
