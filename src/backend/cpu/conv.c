@@ -713,8 +713,8 @@ static bool arg_copied(const conv_arg *a)
 }
 
 /* A forward primitive applying as much of c's epilogue as oneDNN runs well
- * and as the interpreter computes it (rfi_dnnl_post_faithful),
- * or NULL (then the services apply all of it after the call). First choice:
+ * and as the interpreter computes it (rfi_dnnl_post_faithful), or NULL (then
+ * the services apply all of it after the call). First choice:
  * a leading per-channel BIAS as the convolution's own bias input and the ops
  * after it as post-ops; second: every op as a post-op; third (oneDNN's
  * gemm-based convolution takes a bias input at no cost but no post-op: see
