@@ -13,17 +13,15 @@
  * Direct convolution steps get their kernels and blocks from render_conv.c
  * (one kernel for steps with the same loop).
  *
- * REDUCE kernels get one of three loop schedules (see "Reduction schedules"),
+ * REDUCE kernels get one of three loop schedules from render_reduce.c,
  * chosen from the memory strides of their loads: plain (kept loops outside);
  * interchanged (the kept axis innermost over a block of accumulators: bias
- * gradients, pooling windows too large to unroll); split (the outermost reduced loop cut into a
- * fixed number of chunks folded in parallel into partial accumulators that
- * live on the entry point's stack, then combined in chunk order by a second
- * function, k<step>_<name>_combine: BatchNorm statistics, sums to a scalar).
- * A plain float sum over one contiguous reduced loop (a matrix-vector
- * product) takes four outputs per iteration, one accumulator each ("Unrolled
- * reductions"). Each point's values are folded in the same order in all of
- * them.
+ * gradients, pooling windows too large to unroll); split (the outermost
+ * reduced loop cut into a fixed number of chunks folded in parallel into
+ * partial accumulators that live on the entry point's stack, then combined
+ * in chunk order by a second function, k<step>_<name>_combine: BatchNorm
+ * statistics, sums to a scalar). Each point's values are folded in the same
+ * order in all of them.
  *
  * Values are SSA constants named after their IR node (x_12 for %12), index
  * temporaries j<k>, predicates ok<k>. Float ops stay in the value's type (one
@@ -34,35 +32,14 @@
  * the interpreter.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../kir.h"
 #include "module_abi.h"
+#include "render_c.h"
 #include "render_conv.h"
-
-/* ---- Output ------------------------------------------------------------------------- *
- * Short names for core.h's rfi_strbuf appenders. The generated file is large
- * (hundreds of KB for a ResNet step), so plain text is copied without a
- * printf (put), and putf formats once in place, a second time only when the
- * text does not fit. */
-static void put_n(rfi_strbuf *sb, const char *s, size_t n) { rfi_sb_put(sb, s, n); }
-
-static void put(rfi_strbuf *sb, const char *s) { rfi_sb_put(sb, s, strlen(s)); }
-
-static void put_char(rfi_strbuf *sb, char c) { rfi_sb_put(sb, &c, 1); }
-
-static void putf(rfi_strbuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void putf(rfi_strbuf *sb, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    rfi_sb_vprintf(sb, fmt, ap);
-    va_end(ap);
-}
 
 static const char abi_block[] =
     "/* BEGIN MODULE ABI */\n"
@@ -94,44 +71,13 @@ const char *rfi_render_c_abi_block(void)
     return abi_block;
 }
 
-/* Kernels with more elements than this run through parallel_for, in chunks of at
- * least PARALLEL_CHUNK elements. */
-#define PARALLEL_MIN 32768
-#define PARALLEL_CHUNK 16384
-
-/* ---- What the file needs ------------------------------------------------------------ */
-enum {
-    NEED_SAT = 1u << 0,
-    NEED_DIV = 1u << 1,
-    NEED_REM = 1u << 2,
-    NEED_POW = 1u << 3,
-    NEED_MAXMIN_F32 = 1u << 4,
-    NEED_MAXMIN_F64 = 1u << 5,
-    NEED_LOGISTIC_F32 = 1u << 6,
-    NEED_LOGISTIC_F64 = 1u << 7,
-    NEED_VECTORS = 1u << 8, /* the GNU vector types of direct convolutions */
-    NEED_LANES16 = 1u << 9, /* RF_LANES16 */
-};
-
 /* libm functions with vector variants in libmvec, declared `omp declare simd`. */
 static const char *const simd_funcs[] = {"exp", "expm1", "log", "log1p", "tanh",
                                          "sin", "cos", "pow"};
 #define N_SIMD_FUNCS ((int)(sizeof simd_funcs / sizeof simd_funcs[0]))
+_Static_assert(N_SIMD_FUNCS == RFI_RENDER_SIMD_FUNCS, "render_c.h counts simd_funcs");
 
-typedef struct render {
-    rfi_strbuf *sb;
-    unsigned need;
-    bool simd_used[N_SIMD_FUNCS][2]; /* [func][0 f32, 1 f64] */
-    const rfi_kir_kernel *k;
-    char (*names)[32];               /* per instruction */
-    char (*base_names)[32];          /* per base */
-    rfi_strbuf *def;                 /* where a kernel's functions go (sb: the rest) */
-    bool neutral;                    /* names from positions, not nodes (shared functions) */
-    const int *function_of;          /* per module step: the step whose functions it calls */
-    bool share;                      /* kernels may call others' functions (shares_functions) */
-} render;
-
-static const char *ctype(rf_dtype dt)
+const char *rfi_render_ctype(rf_dtype dt)
 {
     switch (dt) {
     case RF_F32: return "float";
@@ -142,7 +88,7 @@ static const char *ctype(rf_dtype dt)
     }
 }
 
-static void use_math(render *R, const char *func, rf_dtype dt)
+static void use_math(rfi_render *R, const char *func, rf_dtype dt)
 {
     for (int f = 0; f < N_SIMD_FUNCS; f++)
         if (strcmp(simd_funcs[f], func) == 0)
@@ -151,7 +97,7 @@ static void use_math(render *R, const char *func, rf_dtype dt)
 
 /* ---- Literals ------------------------------------------------------------------------ */
 /* The shortest %g form that reads back as v, as a C literal of dt. */
-static void float_literal(rfi_strbuf *sb, double v, rf_dtype dt)
+void rfi_render_float_literal(rfi_strbuf *sb, double v, rf_dtype dt)
 {
     if (v != v) {
         put(sb, dt == RF_F32 ? "NAN" : "(double)NAN");
@@ -173,7 +119,7 @@ static void float_literal(rfi_strbuf *sb, double v, rf_dtype dt)
                   dt == RF_F32 ? "f" : "", v < 0 || signbit(v) ? ")" : "");
 }
 
-static void int_literal(rfi_strbuf *sb, int64_t v, rf_dtype dt)
+void rfi_render_int_literal(rfi_strbuf *sb, int64_t v, rf_dtype dt)
 {
     switch (dt) {
     case RF_I32:
@@ -226,7 +172,7 @@ static void make_name(char name[32], const char *prefix, int a, bool with_b, int
 }
 
 /* prefix for fold 0, then prefix1, prefix2, ... (the prefix is short) */
-static void fold_name(char name[32], const char *prefix, int j)
+void rfi_render_fold_name(char name[32], const char *prefix, int j)
 {
     if (j == 0)
         snprintf(name, 32, "%s", prefix);
@@ -235,12 +181,12 @@ static void fold_name(char name[32], const char *prefix, int j)
 }
 
 /* Fold j's accumulator: acc, acc1, acc2, ... */
-static void acc_name(char name[32], int j) { fold_name(name, "acc", j); }
+void rfi_render_acc_name(char name[32], int j) { rfi_render_fold_name(name, "acc", j); }
 
 /* Names the values and bases: from their IR nodes, or in neutral form
  * (shared functions, below) by their order among the live values and the
  * bases used. */
-static void name_values(render *R, const bool *live, const bool *base_used)
+static void name_values(rfi_render *R, const bool *live, const bool *base_used)
 {
     const rfi_kir_kernel *k = R->k;
     int ordinal = 0;
@@ -256,7 +202,7 @@ static void name_values(render *R, const bool *live, const bool *base_used)
             else
                 make_name(name, "r", x->var - k->rank, false, 0);
         } else if (x->op == RFI_KIR_ACC) {
-            acc_name(name, (int)x->i);
+            rfi_render_acc_name(name, (int)x->i);
         } else if (x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND) {
             make_name(name, "ok", id, false, 0);
         } else if (x->op >= RFI_KIR_IADD && x->op <= RFI_KIR_IMAX) {
@@ -287,21 +233,21 @@ static void name_values(render *R, const bool *live, const bool *base_used)
 }
 
 /* An operand: its name, or the literal of a constant. */
-static void operand(render *R, int id)
+void rfi_render_operand(rfi_render *R, int id)
 {
     const rfi_kir_ins *x = &R->k->ins[id];
     if (x->op != RFI_KIR_CONST)
         put(R->sb, R->names[id]);
     else if (rfi_dtype_is_float(x->dtype))
-        float_literal(R->sb, x->f, x->dtype);
+        rfi_render_float_literal(R->sb, x->f, x->dtype);
     else
-        int_literal(R->sb, x->i, x->dtype);
+        rfi_render_int_literal(R->sb, x->i, x->dtype);
 }
 
 /* ---- Expressions ------------------------------------------------------------------ *
  * A tiny format language: %a %b %c are operands, %T the result's C type, %f the
  * float suffix of operand a's type ("f" for f32), %% a percent sign. */
-static void emit_fmt(render *R, const rfi_kir_ins *x, const char *fmt)
+static void emit_fmt(rfi_render *R, const rfi_kir_ins *x, const char *fmt)
 {
     rf_dtype at = x->a >= 0 ? R->k->ins[x->a].dtype : x->dtype;
     for (const char *c = fmt; *c; c++) {
@@ -313,10 +259,10 @@ static void emit_fmt(render *R, const rfi_kir_ins *x, const char *fmt)
         }
         c++;
         switch (*c) {
-        case 'a': operand(R, x->a); break;
-        case 'b': operand(R, x->b); break;
-        case 'c': operand(R, x->c); break;
-        case 'T': put(R->sb, ctype(x->dtype)); break;
+        case 'a': rfi_render_operand(R, x->a); break;
+        case 'b': rfi_render_operand(R, x->b); break;
+        case 'c': rfi_render_operand(R, x->c); break;
+        case 'T': put(R->sb, rfi_render_ctype(x->dtype)); break;
         case 'f': put(R->sb, at == RF_F32 ? "f" : ""); break;
         default: put_char(R->sb, *c); break;
         }
@@ -324,7 +270,7 @@ static void emit_fmt(render *R, const rfi_kir_ins *x, const char *fmt)
 }
 
 /* The integer value `expr` (computed in uint64) wrapped into dt (bool: != 0). */
-static void narrow(render *R, const rfi_kir_ins *x, rf_dtype dt, const char *expr)
+static void narrow(rfi_render *R, const rfi_kir_ins *x, rf_dtype dt, const char *expr)
 {
     const char *open = dt == RF_I32 ? "(int32_t)(uint32_t)(" : dt == RF_I64 ? "(int64_t)("
                        : dt == RF_U8 ? "(uint8_t)(" : "(uint8_t)((";
@@ -333,20 +279,20 @@ static void narrow(render *R, const rfi_kir_ins *x, rf_dtype dt, const char *exp
     put(R->sb, dt == RF_BOOL ? ") != 0)" : ")");
 }
 
-static void emit_math(render *R, const rfi_kir_ins *x, const char *func)
+static void emit_math(rfi_render *R, const rfi_kir_ins *x, const char *func)
 {
     rf_dtype at = R->k->ins[x->a].dtype;
     use_math(R, func, at);
     putf(R->sb, "%s%s(", func, at == RF_F32 ? "f" : "");
-    operand(R, x->a);
+    rfi_render_operand(R, x->a);
     if (x->b >= 0) {
         put(R->sb, ", ");
-        operand(R, x->b);
+        rfi_render_operand(R, x->b);
     }
     put(R->sb, ")");
 }
 
-static void unary_float(render *R, const rfi_kir_ins *x)
+static void unary_float(rfi_render *R, const rfi_kir_ins *x)
 {
     rf_dtype at = R->k->ins[x->a].dtype;
     switch (x->ir_op) {
@@ -365,7 +311,7 @@ static void unary_float(render *R, const rfi_kir_ins *x)
         return;
     case RFI_OP_TANH: emit_math(R, x, "tanh"); return;
     case RFI_OP_LOGISTIC:
-        R->need |= at == RF_F32 ? NEED_LOGISTIC_F32 : NEED_LOGISTIC_F64;
+        R->need |= at == RF_F32 ? RFI_NEED_LOGISTIC_F32 : RFI_NEED_LOGISTIC_F64;
         use_math(R, "exp", at);
         emit_fmt(R, x, at == RF_F32 ? "rf_logistic_f32(%a)" : "rf_logistic_f64(%a)");
         return;
@@ -383,7 +329,7 @@ static void unary_float(render *R, const rfi_kir_ins *x)
     }
 }
 
-static void unary_int(render *R, const rfi_kir_ins *x)
+static void unary_int(rfi_render *R, const rfi_kir_ins *x)
 {
     bool is_unsigned = x->dtype == RF_U8 || x->dtype == RF_BOOL;
     switch (x->ir_op) {
@@ -411,7 +357,7 @@ static void unary_int(render *R, const rfi_kir_ins *x)
     }
 }
 
-static void binary_float(render *R, const rfi_kir_ins *x)
+static void binary_float(rfi_render *R, const rfi_kir_ins *x)
 {
     bool f32 = x->dtype == RF_F32;
     switch (x->ir_op) {
@@ -422,7 +368,7 @@ static void binary_float(render *R, const rfi_kir_ins *x)
     case RFI_OP_POW: emit_math(R, x, "pow"); return;
     case RFI_OP_MAX:
     case RFI_OP_MIN:
-        R->need |= f32 ? NEED_MAXMIN_F32 : NEED_MAXMIN_F64;
+        R->need |= f32 ? RFI_NEED_MAXMIN_F32 : RFI_NEED_MAXMIN_F64;
         putf(R->sb, "rf_%s_%s(", x->ir_op == RFI_OP_MAX ? "max" : "min",
                       f32 ? "f32" : "f64");
         emit_fmt(R, x, "%a, %b)");
@@ -434,22 +380,22 @@ static void binary_float(render *R, const rfi_kir_ins *x)
     }
 }
 
-static void binary_int(render *R, const rfi_kir_ins *x)
+static void binary_int(rfi_render *R, const rfi_kir_ins *x)
 {
     switch (x->ir_op) {
     case RFI_OP_ADD: narrow(R, x, x->dtype, "(uint64_t)%a + (uint64_t)%b"); return;
     case RFI_OP_SUB: narrow(R, x, x->dtype, "(uint64_t)%a - (uint64_t)%b"); return;
     case RFI_OP_MUL: narrow(R, x, x->dtype, "(uint64_t)%a * (uint64_t)%b"); return;
     case RFI_OP_DIV:
-        R->need |= NEED_DIV;
+        R->need |= RFI_NEED_DIV;
         narrow(R, x, x->dtype, "(uint64_t)rf_div_i64(%a, %b)");
         return;
     case RFI_OP_REM:
-        R->need |= NEED_REM;
+        R->need |= RFI_NEED_REM;
         narrow(R, x, x->dtype, "(uint64_t)rf_rem_i64(%a, %b)");
         return;
     case RFI_OP_POW:
-        R->need |= NEED_POW;
+        R->need |= RFI_NEED_POW;
         narrow(R, x, x->dtype, "(uint64_t)rf_pow_i64(%a, %b)");
         return;
     case RFI_OP_MAX: emit_fmt(R, x, "(%a > %b ? %a : %b)"); return;
@@ -460,7 +406,7 @@ static void binary_int(render *R, const rfi_kir_ins *x)
     }
 }
 
-static void convert(render *R, const rfi_kir_ins *x)
+static void convert(rfi_render *R, const rfi_kir_ins *x)
 {
     rf_dtype from = R->k->ins[x->a].dtype, to = x->dtype;
     if (to == RF_BOOL) {
@@ -471,21 +417,21 @@ static void convert(render *R, const rfi_kir_ins *x)
         else
             narrow(R, x, to, "(uint64_t)%a");
     } else { /* float -> integer: truncate, saturate, NaN -> 0 */
-        R->need |= NEED_SAT;
+        R->need |= RFI_NEED_SAT;
         emit_fmt(R, x, to == RF_I32 ? "rf_f2i32(%a)" : to == RF_I64 ? "rf_f2i64(%a)" : "rf_f2u8(%a)");
     }
 }
 
 static const char *const c_cmp[] = {"==", "!=", "<", "<=", ">", ">="};
 
-static void expression(render *R, const rfi_kir_ins *x)
+static void expression(rfi_render *R, const rfi_kir_ins *x)
 {
     bool is_float_a = x->a >= 0 && rfi_dtype_is_float(R->k->ins[x->a].dtype);
     switch (x->op) {
     case RFI_KIR_IADD:
         if (R->k->ins[x->b].op == RFI_KIR_CONST && R->k->ins[x->b].i < 0 &&
             R->k->ins[x->b].i > INT32_MIN) {
-            operand(R, x->a);
+            rfi_render_operand(R, x->a);
             putf(R->sb, " - %lld", -(long long)R->k->ins[x->b].i);
             return;
         }
@@ -500,11 +446,11 @@ static void expression(render *R, const rfi_kir_ins *x)
     case RFI_KIR_IMIN: emit_fmt(R, x, "(%a < %b ? %a : %b)"); return;
     case RFI_KIR_IMAX: emit_fmt(R, x, "(%a > %b ? %a : %b)"); return;
     case RFI_KIR_ICMP:
-        operand(R, x->a);
+        rfi_render_operand(R, x->a);
         put_char(R->sb, ' ');
         put(R->sb, c_cmp[x->cmp]);
         put_char(R->sb, ' ');
-        operand(R, x->b);
+        rfi_render_operand(R, x->b);
         return;
     case RFI_KIR_LAND: emit_fmt(R, x, "%a && %b"); return;
     case RFI_KIR_LOAD:
@@ -512,7 +458,7 @@ static void expression(render *R, const rfi_kir_ins *x)
             put(R->sb, "(uint8_t)(");
         put(R->sb, R->base_names[x->base]);
         put_char(R->sb, '[');
-        operand(R, x->a);
+        rfi_render_operand(R, x->a);
         put(R->sb, x->dtype == RF_BOOL ? "] != 0)" : "]");
         return;
     case RFI_KIR_UNARY:
@@ -529,11 +475,11 @@ static void expression(render *R, const rfi_kir_ins *x)
         return;
     case RFI_KIR_COMPARE:
         put(R->sb, "(uint8_t)(");
-        operand(R, x->a);
+        rfi_render_operand(R, x->a);
         put_char(R->sb, ' ');
         put(R->sb, c_cmp[x->cmp]);
         put_char(R->sb, ' ');
-        operand(R, x->b);
+        rfi_render_operand(R, x->b);
         put(R->sb, ")");
         return;
     case RFI_KIR_SELECT: emit_fmt(R, x, "%a ? %b : %c"); return;
@@ -554,12 +500,12 @@ static void indent_to(rfi_strbuf *sb, int depth)
     put_n(sb, spaces, n);
 }
 
-static void indent(render *R, int depth) { indent_to(R->sb, depth); }
+void rfi_render_indent(rfi_render *R, int depth) { indent_to(R->sb, depth); }
 
 /* The live statements of one loop level; with `only`, just those whose only[id]
  * equals `want`. */
-static void statements_where(render *R, const bool *live, int level, int depth, const bool *only,
-                             bool want)
+void rfi_render_statements_where(rfi_render *R, const bool *live, int level, int depth,
+                                 const bool *only, bool want)
 {
     const rfi_kir_kernel *k = R->k;
     for (int id = 0; id < k->n_ins; id++) {
@@ -567,10 +513,10 @@ static void statements_where(render *R, const bool *live, int level, int depth, 
         if (!live[id] || x->level != level || x->op == RFI_KIR_VAR || x->op == RFI_KIR_CONST ||
             x->op == RFI_KIR_ACC || (only && only[id] != want))
             continue;
-        indent(R, depth);
+        rfi_render_indent(R, depth);
         bool pred = x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND;
         put(R->sb, "const ");
-        put(R->sb, pred ? "int" : ctype(x->dtype));
+        put(R->sb, pred ? "int" : rfi_render_ctype(x->dtype));
         put_char(R->sb, ' ');
         put(R->sb, R->names[id]);
         put(R->sb, " = ");
@@ -579,129 +525,35 @@ static void statements_where(render *R, const bool *live, int level, int depth, 
     }
 }
 
-static void statements(render *R, const bool *live, int level, int depth)
+void rfi_render_statements(rfi_render *R, const bool *live, int level, int depth)
 {
-    statements_where(R, live, level, depth, NULL, false);
+    rfi_render_statements_where(R, live, level, depth, NULL, false);
 }
 
-static void stores(render *R, int depth)
+void rfi_render_stores(rfi_render *R, int depth)
 {
     const rfi_kir_kernel *k = R->k;
     for (int s = 0; s < k->n_stores; s++) {
-        indent(R, depth);
+        rfi_render_indent(R, depth);
         put(R->sb, R->base_names[k->stores[s].base]);
         put_char(R->sb, '[');
-        operand(R, k->stores[s].index);
+        rfi_render_operand(R, k->stores[s].index);
         put(R->sb, "] = ");
-        operand(R, k->stores[s].value);
+        rfi_render_operand(R, k->stores[s].value);
         put(R->sb, ";\n");
     }
 }
 
 /* The text of an operand (a name or a literal) in buf. */
-static void operand_text(render *R, int id, char *buf, size_t n)
+void rfi_render_operand_text(rfi_render *R, int id, char *buf, size_t n)
 {
     rfi_strbuf tmp = {0}, *out = R->sb;
     R->sb = &tmp;
-    operand(R, id);
+    rfi_render_operand(R, id);
     R->sb = out;
     snprintf(buf, n, "%s", tmp.data && !tmp.failed ? tmp.data : "0");
     out->failed |= tmp.failed;
     rfi_sb_free(&tmp);
-}
-
-/* The accumulator update of a REDUCE kernel with the interpreter's arithmetic:
- * the lvalue `acc` folds the C expression `value`. */
-static void fold_text(render *R, int depth, const char *acc, const char *value)
-{
-    const rfi_kir_kernel *k = R->k;
-    bool f = rfi_dtype_is_float(k->acc_dtype);
-    const char *fmt = "@ = $;\n"; /* @: the accumulator, $: the value */
-    switch (k->red_kind) {
-    case RF_REDUCE_SUM:
-        fmt = f ? "@ += $;\n" : "@ = (int64_t)((uint64_t)@ + (uint64_t)$);\n";
-        break;
-    case RF_REDUCE_PROD:
-        fmt = f ? "@ *= $;\n" : "@ = (int64_t)((uint64_t)@ * (uint64_t)$);\n";
-        break;
-    case RF_REDUCE_MAX:
-        fmt = !f ? "@ = $ > @ ? $ : @;\n"
-              : k->acc_dtype == RF_F64 ? "@ = rf_max_f64(@, $);\n" : "@ = rf_max_f32(@, $);\n";
-        break;
-    case RF_REDUCE_MIN:
-        fmt = !f ? "@ = $ < @ ? $ : @;\n"
-              : k->acc_dtype == RF_F64 ? "@ = rf_min_f64(@, $);\n" : "@ = rf_min_f32(@, $);\n";
-        break;
-    case RF_REDUCE_AND: fmt = f ? "@ = (double)((@ != 0) && ($ != 0));\n" : "@ &= $;\n"; break;
-    case RF_REDUCE_OR: fmt = f ? "@ = (double)((@ != 0) || ($ != 0));\n" : "@ |= $;\n"; break;
-    default: break;
-    }
-    if (f && (k->red_kind == RF_REDUCE_MAX || k->red_kind == RF_REDUCE_MIN))
-        R->need |= k->acc_dtype == RF_F64 ? NEED_MAXMIN_F64 : NEED_MAXMIN_F32;
-    indent(R, depth);
-    for (const char *c = fmt; *c; c++) {
-        if (*c == '@')
-            put(R->sb, acc);
-        else if (*c == '$')
-            put(R->sb, value);
-        else
-            put_char(R->sb, *c);
-    }
-}
-
-/* The fold of fold j's value into the lvalue `acc`, where the guard holds. */
-static void fold_value_into(render *R, int depth, const char *acc, int j)
-{
-    const rfi_kir_kernel *k = R->k;
-    if (k->red_guard >= 0) {
-        indent(R, depth);
-        put(R->sb, "if (");
-        operand(R, k->red_guard);
-        put(R->sb, ")\n");
-        depth++;
-    }
-    char value[64];
-    operand_text(R, rfi_kir_fold_value(k, j), value, sizeof value);
-    fold_text(R, depth, acc, value);
-}
-
-/* The fold of the kernel's (one) value into the lvalue `acc`. */
-static void fold_into(render *R, int depth, const char *acc)
-{
-    fold_value_into(R, depth, acc, 0);
-}
-
-/* Every fold into its accumulator (acc, acc1, ...). */
-static void fold(render *R, int depth)
-{
-    for (int j = 0; j < R->k->n_folds; j++) {
-        char acc[32];
-        acc_name(acc, j);
-        fold_value_into(R, depth, acc, j);
-    }
-}
-
-/* The reduction's identity as a literal of the accumulator type. */
-static void identity_literal(render *R)
-{
-    const rfi_kir_kernel *k = R->k;
-    if (rfi_dtype_is_float(k->acc_dtype))
-        float_literal(R->sb, k->red_identity_f, k->acc_dtype);
-    else
-        int_literal(R->sb, k->red_identity_i, RF_I64);
-}
-
-/* Declares every fold's accumulator at its identity. */
-static void declare_accs(render *R, int depth)
-{
-    for (int j = 0; j < R->k->n_folds; j++) {
-        char acc[32];
-        acc_name(acc, j);
-        indent(R, depth);
-        putf(R->sb, "%s %s = ", ctype(R->k->acc_dtype), acc);
-        identity_literal(R);
-        put(R->sb, ";\n");
-    }
 }
 
 /* text as a block comment at the given depth, one line per line. */
@@ -726,7 +578,7 @@ void rfi_render_c_comment(rfi_strbuf *sb, const char *text, int depth)
     put(sb, " */\n");
 }
 
-static void comment(render *R, const char *text, int depth)
+static void comment(rfi_render *R, const char *text, int depth)
 {
     rfi_render_c_comment(R->sb, text, depth);
 }
@@ -737,149 +589,12 @@ static void kernel_name(const rfi_kir_kernel *k, char *buf, size_t n)
 }
 
 /* The name of the functions R renders for R->k ("K" in neutral form). */
-static void rendered_name(const render *R, char *buf, size_t n)
+static void rendered_name(const rfi_render *R, char *buf, size_t n)
 {
     if (R->neutral)
         snprintf(buf, n, "K");
     else
         kernel_name(R->k, buf, n);
-}
-
-/* ---- Reduction schedules ------------------------------------------------------------- *
- * The kernel IR fixes what a REDUCE kernel folds and, per kept point, in which
- * order; the loop order and the split across threads are chosen here:
- *   plain         the kept loops outside (the outermost split across
- *                 threads), the reduced loops inside, the innermost
- *                 vectorised for float sums;
- *   interchanged  per block of the last kept axis, accumulators in an array,
- *                 the reduced loops outside and the kept axis innermost,
- *                 vectorised: reductions over leading axes (a bias gradient,
- *                 whose reduced loops walk memory by rows) and windows up to
- *                 64 points (pooling; kir_lower.c unrolls those up to 16),
- *                 whose reduced loops are too short to vectorise;
- *   split         the outermost reduced loop cut into a fixed number of
- *                 contiguous chunks, each folded from the identity into its
- *                 own partial accumulators of every kept point (the chunks run
- *                 across threads), then each point's partials folded in chunk
- *                 order: reductions whose outermost reduced loop is also the
- *                 outermost in memory (BatchNorm statistics over N, H and W;
- *                 sums to a scalar), which the plain form splits into strided
- *                 runs per thread (8-20 GB/s measured on [128,8,28,28]) or
- *                 runs on one thread. Each chunk streams one contiguous slab.
- * Every form folds each point's values in the same order, but the split one
- * groups them: that is exact for max and min as folded here (the first NaN,
- * else the last of the equal extremes: associative), for and, or and integer
- * sums and products (wrapping), and reassociates float sums only as their
- * vectorised loops already do, but that a split sum of f32 values adds blocks
- * of PRESUM of them in f32 before its double fold (below); float products
- * (whose over- and underflow depend on the grouping) are never split. The
- * chunk count does not depend on the number of threads, so neither do the
- * results. A kernel with sibling folds (kir.h) runs plain or split, each fold
- * with its own accumulator (acc, acc1, ...) or its own row of partials per
- * chunk (accs, accs1, ...). */
-typedef enum sched_form { SCHED_PLAIN, SCHED_INTERCHANGED, SCHED_SPLIT } sched_form;
-
-typedef struct schedule {
-    sched_form form;
-    int64_t chunks; /* SCHED_SPLIT: partial folds of the outermost reduced loop */
-    int64_t kept;   /* SCHED_SPLIT: kept points, partial accumulators per chunk */
-} schedule;
-
-/* Kept points per accumulator block of an interchanged reduction. */
-#define ROW_BLOCK 64
-/* A reduction over at most this many points whose loads step along the last
- * kept axis by at most WINDOW_STRIDE elements is a window: interchanged. */
-#define WINDOW_POINTS 64
-#define WINDOW_STRIDE 4
-/* Split reductions: chunks, and at most this many partial accumulators (they
- * live on the entry point's stack: 16 KB of doubles). */
-#define SPLIT_CHUNKS 16
-#define SPLIT_ACCS 2048
-
-static int64_t loop_extent(const rfi_kir_kernel *k, int var)
-{
-    return var < k->rank ? k->dims[var] : k->red_dims[var - k->rank];
-}
-
-/* Whether a REDUCE kernel runs interchanged: its loads are contiguous along
- * the last kept axis but none along the innermost reduced one, or its
- * reduction is a small window and every load steps along the last kept axis
- * by a small constant stride (vectorised loads with a shuffle). */
-static bool interchange_reduction(const rfi_kir_kernel *k, const bool *live)
-{
-    if (!k->is_reduce || k->rank < 1 || k->red_rank < 1)
-        return false;
-    int kept = k->rank - 1, inner = k->rank + k->red_rank - 1;
-    bool kept_unit = false, inner_unit = false, kept_strided = true;
-    for (int id = 0; id < k->n_ins; id++) {
-        const rfi_kir_ins *x = &k->ins[id];
-        if (!live[id] || x->op != RFI_KIR_LOAD)
-            continue;
-        int64_t ci, ck;
-        bool affine_i = rfi_kir_var_coef(k, x->a, inner, &ci);
-        bool affine_k = rfi_kir_var_coef(k, x->a, kept, &ck);
-        inner_unit = inner_unit || (affine_i && ci == 1);
-        kept_unit = kept_unit || (affine_k && ck == 1);
-        kept_strided = kept_strided && affine_k && ck >= 0 && ck <= WINDOW_STRIDE;
-    }
-    if (!inner_unit)
-        return kept_unit;
-    return kept_strided && k->dims[kept] >= 4 &&
-           rfi_numel(k->red_dims, k->red_rank) <= WINDOW_POINTS;
-}
-
-/* Whether every load that depends on loop `var` walks memory with it
- * outermost: its stride spans another loop's whole extent. */
-static bool outermost_in_memory(const rfi_kir_kernel *k, const bool *live, int var)
-{
-    bool any = false;
-    for (int id = 0; id < k->n_ins; id++) {
-        const rfi_kir_ins *x = &k->ins[id];
-        int64_t stride, other;
-        if (!live[id] || x->op != RFI_KIR_LOAD)
-            continue;
-        if (!rfi_kir_var_coef(k, x->a, var, &stride) || stride < 0)
-            return false;
-        if (stride == 0)
-            continue;
-        any = true;
-        for (int v = 0; v < k->rank + k->red_rank; v++)
-            if (v != var && (!rfi_kir_var_coef(k, x->a, v, &other) ||
-                             (other < 0 ? -other : other) * loop_extent(k, v) > stride))
-                return false;
-    }
-    return any;
-}
-
-/* The chunks a split reduction cuts its outermost reduced loop into, or 0
- * when it is not split (see above). */
-static int64_t split_chunks(const rfi_kir_kernel *k, const bool *live)
-{
-    if (!k->is_reduce || k->red_rank < 1 || k->red_dims[0] < 2 ||
-        (k->red_kind == RF_REDUCE_PROD && rfi_dtype_is_float(k->acc_dtype)))
-        return 0;
-    int64_t kept = rfi_numel(k->dims, k->rank);
-    if (kept * rfi_numel(k->red_dims, k->red_rank) <= PARALLEL_MIN ||
-        !outermost_in_memory(k, live, k->rank))
-        return 0;
-    int64_t chunks = SPLIT_ACCS / (kept * k->n_folds);
-    if (chunks > SPLIT_CHUNKS)
-        chunks = SPLIT_CHUNKS;
-    if (chunks > k->red_dims[0])
-        chunks = k->red_dims[0];
-    return chunks >= 2 ? chunks : 0;
-}
-
-static schedule choose_schedule(const rfi_kir_kernel *k, const bool *live)
-{
-    schedule sc = {SCHED_PLAIN, 0, 0};
-    if ((sc.chunks = split_chunks(k, live)) > 0) {
-        sc.form = SCHED_SPLIT;
-        sc.kept = rfi_numel(k->dims, k->rank);
-    } else if (k->n_folds == 1 && interchange_reduction(k, live)) {
-        sc.form = SCHED_INTERCHANGED;
-    }
-    return sc;
 }
 
 /* Base b is in the tile of the convolution that runs the kernel (kir.h):
@@ -900,38 +615,40 @@ static int tile_base(const rfi_kir_kernel *k)
 
 /* A kernel's parameters: a pool's kernel that its convolution runs on a
  * tile takes the tile too. */
-static void parameters(render *R, const rfi_kir_kernel *k)
+static void parameters(rfi_render *R, const rfi_kir_kernel *k)
 {
     int t = tile_base(k);
     putf(R->sb, "(void *ctx, int64_t lo, int64_t hi%s%s%s)", t >= 0 ? ", const " : "",
-         t >= 0 ? ctype(k->bases[t].dtype) : "", t >= 0 ? " *tile" : "");
+         t >= 0 ? rfi_render_ctype(k->bases[t].dtype) : "", t >= 0 ? " *tile" : "");
 }
 
-static void ctx_struct(render *R, const bool *base_used, const char *kname, const schedule *sc)
+static void ctx_struct(rfi_render *R, const bool *base_used, const char *kname,
+                       const rfi_schedule *sc)
 {
     const rfi_kir_kernel *k = R->k;
     putf(R->sb, "struct %s_ctx {\n", kname);
     for (int b = 0; b < k->n_bases; b++)
         if (base_used[b] && !in_tile(k, b))
             putf(R->sb, "    %s%s *%s%s;\n", k->bases[b].written ? "" : "const ",
-                          ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
-                          R->base_names[b]);
-    if (sc->form == SCHED_SPLIT)
+                 rfi_render_ctype(k->bases[b].dtype), k->bases[b].noalias ? "restrict " : "",
+                 R->base_names[b]);
+    if (sc->form == RFI_SCHED_SPLIT)
         putf(R->sb,
              "    %s *restrict part; /* [%lld chunks][%d folds][%lld points] partial folds */\n",
-             ctype(k->acc_dtype), (long long)sc->chunks, k->n_folds, (long long)sc->kept);
+             rfi_render_ctype(k->acc_dtype), (long long)sc->chunks, k->n_folds,
+             (long long)sc->kept);
     put(R->sb, "};\n\n");
 }
 
 /* The local copies of the bases a function uses. */
-static void declare_bases(render *R, const bool *used)
+void rfi_render_declare_bases(rfi_render *R, const bool *used)
 {
     const rfi_kir_kernel *k = R->k;
     for (int b = 0; b < k->n_bases; b++) {
         if (!used[b])
             continue;
         const rfi_kir_base *x = &k->bases[b];
-        putf(R->sb, "    %s%s *%s%s = ", x->written ? "" : "const ", ctype(x->dtype),
+        putf(R->sb, "    %s%s *%s%s = ", x->written ? "" : "const ", rfi_render_ctype(x->dtype),
              x->noalias ? "restrict " : "", R->base_names[b]);
         if (!in_tile(k, b))
             putf(R->sb, "c->%s;\n", R->base_names[b]);
@@ -941,7 +658,7 @@ static void declare_bases(render *R, const bool *used)
 }
 
 /* used[b]: base b is loaded by a live instruction (or, with `stored`, stored to). */
-static void bases_used(const rfi_kir_kernel *k, const bool *live, bool stored, bool *used)
+void rfi_render_bases_used(const rfi_kir_kernel *k, const bool *live, bool stored, bool *used)
 {
     memset(used, 0, (size_t)(k->n_bases > 0 ? k->n_bases : 1) * sizeof *used);
     for (int id = 0; id < k->n_ins; id++)
@@ -951,488 +668,12 @@ static void bases_used(const rfi_kir_kernel *k, const bool *live, bool stored, b
         used[k->stores[s].base] = true;
 }
 
-static void close_loops(render *R, int depth, int n)
+void rfi_render_close_loops(rfi_render *R, int depth, int n)
 {
     for (int d = n - 1; d >= 0; d--) {
-        indent(R, depth + d);
+        rfi_render_indent(R, depth + d);
         put(R->sb, "}\n");
     }
-}
-
-static bool simd_sum(const rfi_kir_kernel *k)
-{
-    return k->red_kind == RF_REDUCE_SUM && rfi_dtype_is_float(k->acc_dtype);
-}
-
-/* Opens r0 of a split reduction over chunk q's range at depth. */
-static void open_chunk_loop(render *R, int depth, const schedule *sc)
-{
-    long long n = (long long)R->k->red_dims[0], chunks = (long long)sc->chunks;
-    indent(R, depth);
-    if (n % chunks == 0)
-        putf(R->sb, "for (int64_t r0 = q * %lld; r0 < q * %lld + %lld; r0++) {\n", n / chunks,
-                      n / chunks, n / chunks);
-    else
-        putf(R->sb, "for (int64_t r0 = q * %lld / %lld; r0 < (q + 1) * %lld / %lld; r0++) {\n",
-                      n, chunks, n, chunks);
-}
-
-/* Opens the reduced loops r<first>.. at depth, the innermost vectorised for
- * float sums; r0 of a split reduction runs over chunk q only. */
-static void open_reduced_loops(render *R, int first, int depth, const schedule *sc)
-{
-    const rfi_kir_kernel *k = R->k;
-    for (int d = first; d < k->red_rank; d++) {
-        int at = depth + d - first;
-        if (d == k->red_rank - 1 && simd_sum(k)) {
-            indent(R, at);
-            put(R->sb, "#pragma omp simd reduction(+:acc");
-            for (int j = 1; j < k->n_folds; j++)
-                putf(R->sb, ", acc%d", j);
-            put(R->sb, ")\n");
-        }
-        if (d == 0 && sc->form == SCHED_SPLIT) {
-            open_chunk_loop(R, at, sc);
-            continue;
-        }
-        indent(R, at);
-        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
-                      (long long)k->red_dims[d], d);
-    }
-}
-
-/* Opens the reduced loops r1 .. r<end - 1> at depth, plain (a split body's
- * loops inside the chunk loop r0). */
-static void open_inner_reduced_loops(render *R, int end, int depth)
-{
-    for (int d = 1; d < end; d++) {
-        indent(R, depth + d - 1);
-        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
-                      (long long)R->k->red_dims[d], d);
-    }
-}
-
-static void reduction_loops(render *R, const bool *live, int depth)
-{
-    const rfi_kir_kernel *k = R->k;
-    schedule plain = {SCHED_PLAIN, 0, 0};
-    declare_accs(R, depth);
-    open_reduced_loops(R, 0, depth, &plain);
-    statements(R, live, 2, depth + k->red_rank);
-    fold(R, depth + k->red_rank);
-    close_loops(R, depth, k->red_rank);
-    statements(R, live, 3, depth);
-}
-
-/* Opens the kept loops over their whole extents at depth (the innermost
- * vectorised when simd). */
-static void open_kept_loops(render *R, int depth, bool simd)
-{
-    const rfi_kir_kernel *k = R->k;
-    for (int d = 0; d < k->rank; d++) {
-        if (simd && d == k->rank - 1) {
-            indent(R, depth + d);
-            put(R->sb, "#pragma omp simd\n");
-        }
-        indent(R, depth + d);
-        putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
-                      (long long)k->dims[d], d);
-    }
-}
-
-/* The kept point's row-major index over the kept loops, as C text. */
-static void kept_index(const rfi_kir_kernel *k, char *buf, size_t n)
-{
-    size_t len = 0;
-    snprintf(buf, n, "0");
-    for (int d = 0; d < k->rank && len < n; d++) {
-        int64_t stride = rfi_numel(k->dims + d + 1, k->rank - d - 1);
-        int w = stride == 1 ? snprintf(buf + len, n - len, "%si%d", d ? " + " : "", d)
-                            : snprintf(buf + len, n - len, "%si%d * %lld", d ? " + " : "", d,
-                                       (long long)stride);
-        len += w > 0 ? (size_t)w : 0;
-    }
-}
-
-/* ---- Interchanged reductions ------------------------------------------------------------ */
-/* for (i<kept> = lo; i<kept> < hi; ...) {, vectorised when simd */
-static void range_loop(render *R, int kept, const char *lo, const char *hi, int depth, bool simd)
-{
-    if (simd) {
-        indent(R, depth);
-        put(R->sb, "#pragma omp simd\n");
-    }
-    indent(R, depth);
-    putf(R->sb, "for (int64_t i%d = %s; i%d < %s; i%d++) {\n", kept, lo, kept, hi, kept);
-}
-
-/* Marks instruction id and everything it reads in m. */
-static void reach(const rfi_kir_kernel *k, int id, bool *m)
-{
-    if (id < 0 || m[id])
-        return;
-    m[id] = true;
-    reach(k, k->ins[id].a, m);
-    reach(k, k->ins[id].b, m);
-    reach(k, k->ins[id].c, m);
-}
-
-/* fold[i]: instruction i is needed by the fold or its guard; out[i]: by a store. */
-static void fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live, bool *out_live)
-{
-    for (int j = 0; j < k->n_folds; j++)
-        reach(k, rfi_kir_fold_value(k, j), fold_live);
-    reach(k, k->red_guard, fold_live);
-    for (int st = 0; st < k->n_stores; st++) {
-        reach(k, k->stores[st].index, out_live);
-        reach(k, k->stores[st].value, out_live);
-    }
-}
-
-/* The interchanged form: per block of the last kept axis (the whole axis when
- * it is short), accumulators in an array, the reduced loops outside, the kept
- * axis innermost (vectorised). Each of the two inner bodies declares only the
- * per-point values it uses (live: the fold's, out: the stores'). */
-static void interchanged_body(render *R, const bool *live, const bool *out)
-{
-    const rfi_kir_kernel *k = R->k;
-    int kept = k->rank - 1, depth = 1 + kept;
-    for (int d = 0; d < kept; d++) {
-        indent(R, 1 + d);
-        if (d == 0)
-            put(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
-        else
-            putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
-                          (long long)k->dims[d], d);
-    }
-    bool blocked = kept == 0 || k->dims[kept] > ROW_BLOCK;
-    char lo[32], hi[32], slot[48];
-    int64_t n_accs = blocked ? ROW_BLOCK : k->dims[kept];
-    if (blocked) {
-        indent(R, depth);
-        if (kept == 0)
-            putf(R->sb, "for (int64_t b0 = lo; b0 < hi; b0 += %d) {\n", ROW_BLOCK);
-        else
-            putf(R->sb, "for (int64_t b%d = 0; b%d < %lld; b%d += %d) {\n", kept, kept,
-                          (long long)k->dims[kept], kept, ROW_BLOCK);
-        snprintf(hi, sizeof hi, kept == 0 ? "hi" : "%lld", (long long)k->dims[kept]);
-        depth++;
-        indent(R, depth);
-        putf(R->sb, "const int64_t e%d = b%d + %d < %s ? b%d + %d : %s;\n", kept, kept,
-                      ROW_BLOCK, hi, kept, ROW_BLOCK, hi);
-        snprintf(lo, sizeof lo, "b%d", kept);
-        snprintf(hi, sizeof hi, "e%d", kept);
-        snprintf(slot, sizeof slot, "i%d - b%d", kept, kept);
-    } else {
-        snprintf(lo, sizeof lo, "0");
-        snprintf(hi, sizeof hi, "%lld", (long long)k->dims[kept]);
-        snprintf(slot, sizeof slot, "i%d", kept);
-    }
-    indent(R, depth);
-    putf(R->sb, "%s accs[%lld];\n", ctype(k->acc_dtype), (long long)n_accs);
-    range_loop(R, kept, lo, hi, depth, false);
-    indent(R, depth + 1);
-    putf(R->sb, "accs[%s] = ", slot);
-    identity_literal(R);
-    put(R->sb, ";\n");
-    indent(R, depth);
-    put(R->sb, "}\n");
-    for (int d = 0; d < k->red_rank; d++) {
-        indent(R, depth + d);
-        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
-                      (long long)k->red_dims[d], d);
-    }
-    int in = depth + k->red_rank;
-    range_loop(R, kept, lo, hi, in, true);
-    indent(R, in + 1);
-    putf(R->sb, "%s acc = accs[%s];\n", ctype(k->acc_dtype), slot);
-    statements(R, live, 1, in + 1);
-    statements(R, live, 2, in + 1);
-    fold(R, in + 1);
-    indent(R, in + 1);
-    putf(R->sb, "accs[%s] = acc;\n", slot);
-    indent(R, in);
-    put(R->sb, "}\n");
-    close_loops(R, depth, k->red_rank);
-    range_loop(R, kept, lo, hi, depth, false);
-    indent(R, depth + 1);
-    putf(R->sb, "const %s acc = accs[%s];\n", ctype(k->acc_dtype), slot);
-    statements(R, out, 1, depth + 1);
-    statements(R, out, 3, depth + 1);
-    stores(R, depth + 1);
-    indent(R, depth);
-    put(R->sb, "}\n");
-    if (blocked) {
-        indent(R, depth - 1);
-        put(R->sb, "}\n");
-    }
-    close_loops(R, 1, kept);
-}
-
-/* ---- Split reductions ------------------------------------------------------------------- */
-/* Each fold's accumulator from (load) or back into its row of partials in
- * the chunk (accs, accs1, ...) at kept index kl (C text). */
-static void copy_partials(render *R, int depth, const char *kl, bool load)
-{
-    for (int j = 0; j < R->k->n_folds; j++) {
-        char acc[32], row[32];
-        acc_name(acc, j);
-        fold_name(row, "accs", j);
-        indent(R, depth);
-        if (load)
-            putf(R->sb, "%s %s = %s[%s];\n", ctype(R->k->acc_dtype), acc, row, kl);
-        else
-            putf(R->sb, "%s[%s] = %s;\n", row, kl, acc);
-    }
-}
-
-/* Split float sums fold f32 values converted to double (kir.h), and on AVX2
- * the conversions cost more than the rest of a BatchNorm gradient's four
- * sums: ~15 cycles per 8 points, where the loads and products take ~5. So
- * each point first adds PRESUM consecutive values of its innermost reduced
- * loop in f32 and converts and folds only their sum. That adds at most
- * 3 * 2^-24 of the block's sum of magnitudes per block (the values are f32
- * roundings already; a math library sums f32 data in f32 throughout), and
- * the ResNet's four sums of 8 channels ran 2-2.8x faster alone (400 ->
- * 300 us in the step; all its reductions 3.5 -> 2.9 ms). */
-#define PRESUM 4
-
-/* The extent of the innermost reduced loop a split body runs (r0 over one
- * chunk: its shortest). */
-static int64_t innermost_reduced(const rfi_kir_kernel *k, const schedule *sc)
-{
-    int last = k->red_rank - 1;
-    return last == 0 ? k->red_dims[0] / sc->chunks : k->red_dims[last];
-}
-
-static bool presum_wanted(const rfi_kir_kernel *k, const bool *live, const schedule *sc)
-{
-    if (k->rank < 1 || !simd_sum(k) || k->acc_dtype != RF_F64 || k->red_guard >= 0 ||
-        innermost_reduced(k, sc) < PRESUM ||
-        !(k->red_rank == 1 || interchange_reduction(k, live)))
-        return false;
-    for (int j = 0; j < k->n_folds; j++) {
-        const rfi_kir_ins *v = &k->ins[rfi_kir_fold_value(k, j)];
-        if (v->op != RFI_KIR_CONVERT || v->a < 0 || k->ins[v->a].dtype != RF_F32)
-            return false;
-    }
-    return true;
-}
-
-/* The kept loops of a split body at depth around the rest: the values, the
- * partials loaded, folded and stored back (inside the reduced loops). */
-static void fold_kept_points(render *R, const bool *live, const char *kl, int depth)
-{
-    int in = depth + R->k->rank;
-    open_kept_loops(R, depth, true);
-    statements(R, live, 1, in);
-    statements(R, live, 2, in);
-    copy_partials(R, in, kl, true);
-    fold(R, in);
-    copy_partials(R, in, kl, false);
-    close_loops(R, depth, R->k->rank);
-}
-
-/* live without the conversions to double the folds read (unless something
- * else reads them too), in `out`. */
-static void without_fold_conversions(const rfi_kir_kernel *k, const bool *live, bool *out)
-{
-    memcpy(out, live, (size_t)k->n_ins * sizeof *out);
-    for (int j = 0; j < k->n_folds; j++)
-        out[rfi_kir_fold_value(k, j)] = false;
-    for (int id = 0; id < k->n_ins; id++) {
-        const rfi_kir_ins *x = &k->ins[id];
-        for (int j = 0; j < k->n_folds && out[id]; j++) {
-            int v = rfi_kir_fold_value(k, j);
-            if (x->a == v || x->b == v || x->c == v)
-                out[v] = true;
-        }
-    }
-}
-
-/* The kept loops at depth around one block of PRESUM values of the innermost
- * reduced loop r<last> from rb: each point sums them in f32, then folds. */
-static void presum_block(render *R, const bool *block_live, const char *kl, int depth)
-{
-    const rfi_kir_kernel *k = R->k;
-    int last = k->red_rank - 1, in = depth + k->rank;
-    open_kept_loops(R, depth, true);
-    statements(R, block_live, 1, in);
-    for (int j = 0; j < k->n_folds; j++) {
-        indent(R, in);
-        putf(R->sb, "float ps%d = 0.0f;\n", j);
-    }
-    indent(R, in); /* a constant count: gcc unrolls it and vectorises the kept loop */
-    putf(R->sb, "for (int64_t u = 0; u < %d; u++) {\n", PRESUM);
-    indent(R, in + 1);
-    putf(R->sb, "const int64_t r%d = rb + u;\n", last);
-    statements(R, block_live, 2, in + 1);
-    for (int j = 0; j < k->n_folds; j++) {
-        char value[64];
-        operand_text(R, k->ins[rfi_kir_fold_value(k, j)].a, value, sizeof value);
-        indent(R, in + 1);
-        putf(R->sb, "ps%d += %s;\n", j, value);
-    }
-    indent(R, in);
-    put(R->sb, "}\n");
-    copy_partials(R, in, kl, true);
-    for (int j = 0; j < k->n_folds; j++) {
-        char acc[32], value[32];
-        acc_name(acc, j);
-        snprintf(value, sizeof value, "(double)ps%d", j);
-        fold_text(R, in, acc, value);
-    }
-    copy_partials(R, in, kl, false);
-    close_loops(R, depth, k->rank);
-}
-
-/* The split body of presum_wanted kernels (at depth 2, in chunk q): the outer
- * reduced loops (r0 over the chunk), then the innermost one in blocks of
- * PRESUM values, and its last values one at a time. */
-static void presum_body(render *R, const bool *live, const schedule *sc, const char *kl)
-{
-    const rfi_kir_kernel *k = R->k;
-    bool *block_live = rfi_calloc((size_t)k->n_ins, sizeof *block_live);
-    if (!block_live) {
-        R->sb->failed = true;
-        return;
-    }
-    without_fold_conversions(k, live, block_live);
-    int last = k->red_rank - 1, depth = 2;
-    if (last > 0) {
-        open_chunk_loop(R, depth++, sc);
-        open_inner_reduced_loops(R, last, depth);
-        depth += last - 1;
-    }
-    char lo[64], hi[64];
-    if (last == 0) {
-        long long n = (long long)k->red_dims[0], chunks = (long long)sc->chunks;
-        snprintf(lo, sizeof lo, "q * %lld / %lld", n, chunks);
-        snprintf(hi, sizeof hi, "(q + 1) * %lld / %lld", n, chunks);
-    } else {
-        snprintf(lo, sizeof lo, "0");
-        snprintf(hi, sizeof hi, "%lld", (long long)k->red_dims[last]);
-    }
-    indent(R, depth);
-    putf(R->sb, "const int64_t r_hi = %s;\n", hi);
-    indent(R, depth);
-    putf(R->sb, "int64_t rb = %s;\n", lo);
-    indent(R, depth);
-    putf(R->sb, "for (; rb + %d <= r_hi; rb += %d) {\n", PRESUM, PRESUM);
-    presum_block(R, block_live, kl, depth + 1);
-    indent(R, depth);
-    put(R->sb, "}\n");
-    indent(R, depth);
-    putf(R->sb, "for (int64_t r%d = rb; r%d < r_hi; r%d++) {\n", last, last, last);
-    fold_kept_points(R, live, kl, depth + 1);
-    indent(R, depth);
-    put(R->sb, "}\n");
-    close_loops(R, 2, depth - 2);
-    rfi_free(block_live);
-}
-
-/* The chunk function: chunks [lo, hi), each folding its range of r0 into its
- * row of partial accumulators. Reductions over r0 alone, and those whose
- * loads walk memory along the last kept axis but not along the innermost
- * reduced one (a bias gradient over channel-blocked data), run with the kept
- * axis innermost (vectorised, like the interchanged form); the others with
- * the kept loops around the remaining reduced loops. Each point folds its
- * values in the same order either way. */
-static void split_body(render *R, const bool *live, const schedule *sc)
-{
-    const rfi_kir_kernel *k = R->k;
-    char kl[320];
-    kept_index(k, kl, sizeof kl);
-    const char *acc_t = ctype(k->acc_dtype);
-    statements(R, live, 0, 1);
-    put(R->sb, "    for (int64_t q = lo; q < hi; q++) {\n");
-    int folds = k->n_folds;
-    if (k->rank == 0) { /* one point: its partials in scalars */
-        declare_accs(R, 2);
-        open_reduced_loops(R, 0, 2, sc);
-        statements(R, live, 2, 2 + k->red_rank);
-        fold(R, 2 + k->red_rank);
-        close_loops(R, 2, k->red_rank);
-        if (folds == 1)
-            put(R->sb, "        c->part[q] = acc;\n");
-        for (int j = 0; j < folds && folds > 1; j++) {
-            char acc[32];
-            acc_name(acc, j);
-            putf(R->sb, "        c->part[q * %d + %d] = %s;\n", folds, j, acc);
-        }
-        put(R->sb, "    }\n");
-        return;
-    }
-    putf(R->sb, "        %s *restrict accs = c->part + q * %lld;\n", acc_t,
-                  (long long)(folds * sc->kept));
-    for (int j = 1; j < folds; j++)
-        putf(R->sb, "        %s *restrict accs%d = accs + %lld;\n", acc_t, j,
-                      (long long)(j * sc->kept));
-    putf(R->sb, "        for (int64_t a = 0; a < %lld; a++)\n            accs[a] = ",
-                  (long long)(folds * sc->kept));
-    identity_literal(R);
-    put(R->sb, ";\n");
-    if (presum_wanted(k, live, sc)) {
-        presum_body(R, live, sc, kl);
-    } else if (k->red_rank == 1 || interchange_reduction(k, live)) {
-        open_chunk_loop(R, 2, sc);
-        open_inner_reduced_loops(R, k->red_rank, 3);
-        fold_kept_points(R, live, kl, 2 + k->red_rank);
-        close_loops(R, 2, k->red_rank);
-    } else {
-        open_chunk_loop(R, 2, sc);
-        open_kept_loops(R, 3, false);
-        int in = 3 + k->rank;
-        statements(R, live, 1, in);
-        copy_partials(R, in, kl, true);
-        open_reduced_loops(R, 1, in, sc);
-        statements(R, live, 2, in + k->red_rank - 1);
-        fold(R, in + k->red_rank - 1);
-        close_loops(R, in, k->red_rank - 1);
-        copy_partials(R, in, kl, false);
-        close_loops(R, 2, 1 + k->rank);
-    }
-    put(R->sb, "    }\n");
-}
-
-/* The combine function: each point's partials folded in chunk order, then
- * the values after the reduction computed and stored. */
-static void combine_function(render *R, const char *kname, const bool *live, const bool *used,
-                             const schedule *sc)
-{
-    const rfi_kir_kernel *k = R->k;
-    char kl[320], part[400];
-    kept_index(k, kl, sizeof kl);
-    int folds = k->n_folds;
-    putf(R->sb, "/* Folds each point's %lld partials in chunk order, then stores. */\n",
-                  (long long)sc->chunks);
-    putf(R->sb, "RF_KERNEL void %s_combine(const struct %s_ctx *c)\n{\n", kname, kname);
-    declare_bases(R, used);
-    statements(R, live, 0, 1);
-    open_kept_loops(R, 1, false);
-    int in = 1 + k->rank;
-    declare_accs(R, in);
-    for (int j = 0; j < folds; j++) {
-        char acc[32], row[64] = "";
-        acc_name(acc, j);
-        if (j > 0)
-            snprintf(row, sizeof row, " + %lld", (long long)(j * sc->kept));
-        if (sc->kept == 1 && folds == 1)
-            snprintf(part, sizeof part, "c->part[q]");
-        else if (sc->kept == 1)
-            snprintf(part, sizeof part, "c->part[q * %d%s]", folds, row);
-        else
-            snprintf(part, sizeof part, "c->part[q * %lld%s + %s]",
-                     (long long)(folds * sc->kept), row, kl);
-        indent(R, in);
-        putf(R->sb, "for (int64_t q = 0; q < %lld; q++)\n", (long long)sc->chunks);
-        fold_text(R, in + 1, acc, part);
-    }
-    statements(R, live, 1, in);
-    statements(R, live, 3, in);
-    stores(R, in);
-    close_loops(R, 1, k->rank);
-    put(R->sb, "}\n\n");
 }
 
 /* Whether k runs 512-bit vectors (RF_LANES16): an elementwise kernel whose
@@ -1447,40 +688,26 @@ static bool lanes16(const rfi_kir_kernel *k)
     return k->rank >= 1 && k->dims[k->rank - 1] == 16;
 }
 
-static void function_head(render *R, const char *kname)
+void rfi_render_function_head(rfi_render *R, const char *kname)
 {
     bool wide = lanes16(R->k);
-    R->need |= wide ? NEED_LANES16 : 0;
+    R->need |= wide ? RFI_NEED_LANES16 : 0;
     putf(R->sb, "RF_KERNEL%s void %s", wide ? " RF_LANES16" : "", kname);
     parameters(R, R->k);
     putf(R->sb, "\n{\n    const struct %s_ctx *c = ctx;\n", kname);
 }
 
-/* A split reduction's two functions; fold_live and out_live are scratch. */
-static void split_functions(render *R, const char *kname, const schedule *sc, bool *fold_live,
-                            bool *out_live, bool *used)
-{
-    fold_out_liveness(R->k, fold_live, out_live);
-    function_head(R, kname);
-    bases_used(R->k, fold_live, false, used);
-    declare_bases(R, used);
-    split_body(R, fold_live, sc);
-    put(R->sb, "}\n\n");
-    bases_used(R->k, out_live, true, used);
-    combine_function(R, kname, out_live, used, sc);
-}
-
-static void plain_body(render *R, const bool *live)
+static void plain_body(rfi_render *R, const bool *live)
 {
     const rfi_kir_kernel *k = R->k;
     if (k->rank == 0)
         put(R->sb, "    (void)lo;\n    (void)hi;\n");
     for (int d = 0; d < k->rank; d++) {
         if (d == k->rank - 1 && !k->is_reduce) {
-            indent(R, 1 + d);
+            rfi_render_indent(R, 1 + d);
             put(R->sb, "#pragma omp simd\n");
         }
-        indent(R, 1 + d);
+        rfi_render_indent(R, 1 + d);
         if (d == 0)
             put(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
         else
@@ -1488,153 +715,23 @@ static void plain_body(render *R, const bool *live)
                           (long long)k->dims[d], d);
     }
     int depth = 1 + k->rank;
-    statements(R, live, 1, depth);
+    rfi_render_statements(R, live, 1, depth);
     if (k->is_reduce)
-        reduction_loops(R, live, depth);
-    stores(R, depth);
-    close_loops(R, 1, k->rank);
+        rfi_render_reduction_loops(R, live, depth);
+    rfi_render_stores(R, depth);
+    rfi_render_close_loops(R, 1, k->rank);
 }
 
-/* ---- Unrolled reductions -------------------------------------------------------------- *
- * A float sum over one contiguous reduced loop per output (a matrix-vector
- * product: the batch-1 dense layer) is bound by the latency of its one
- * vector accumulator. Its plain schedule gets UNROLL_OUTPUTS outputs per
- * iteration of the kept loop, each with its own accumulator in one
- * vectorised reduced loop, which also loads the values they share (the
- * vector) once. Each output still folds its points in the same order, so
- * results are bitwise those of the plain schedule. */
-#define UNROLL_OUTPUTS 4
-#define UNROLL_MIN_POINTS 32
-
-static bool unroll_reduction(const rfi_kir_kernel *k)
-{
-    return k->is_reduce && k->n_folds == 1 && k->rank == 1 && k->red_rank == 1 && simd_sum(k) &&
-           k->dims[0] >= 2 * UNROLL_OUTPUTS && k->red_dims[0] >= UNROLL_MIN_POINTS;
-}
-
-/* dep[id]: instruction id varies with the kept loop (its value is per output). */
-static void output_dependent(const rfi_kir_kernel *k, bool *dep)
-{
-    for (int id = 0; id < k->n_ins; id++) {
-        const rfi_kir_ins *x = &k->ins[id];
-        dep[id] = (x->op == RFI_KIR_VAR && x->var == 0) || x->op == RFI_KIR_ACC ||
-                  (x->a >= 0 && x->a < id && dep[x->a]) ||
-                  (x->b >= 0 && x->b < id && dep[x->b]) || (x->c >= 0 && x->c < id && dep[x->c]);
-    }
-}
-
-/* Renames the per-output values for output u of a block: x_12 becomes x_12u2
- * and i0 i0u2 for u = 2 (u = 0 keeps the plain names); the accumulator is
- * acc_<u>. False when a name would not fit. */
-static bool name_output(render *R, const bool *dep, char (*saved)[32], int u)
-{
-    const rfi_kir_kernel *k = R->k;
-    for (int id = 0; id < k->n_ins; id++) {
-        if (!dep[id])
-            continue;
-        const rfi_kir_ins *x = &k->ins[id];
-        /* "u<u>" after a name's digits: no plain name has letters there */
-        int n = x->op == RFI_KIR_ACC ? snprintf(R->names[id], 32, "acc_%d", u)
-                : u == 0             ? snprintf(R->names[id], 32, "%s", saved[id])
-                                     : snprintf(R->names[id], 32, "%su%d", saved[id], u);
-        if (n < 0 || n >= 32)
-            return false;
-    }
-    return true;
-}
-
-/* The block of UNROLL_OUTPUTS outputs at i0 (see above); false (nothing
- * written) when the names do not fit. */
-static bool unrolled_block(render *R, const bool *live, const bool *dep, char (*saved)[32])
-{
-    const rfi_kir_kernel *k = R->k;
-    rfi_strbuf text = {0}, *out = R->sb;
-    R->sb = &text;
-    bool ok = true;
-    putf(R->sb, "    for (; i0 + %d <= hi; i0 += %d) {\n", UNROLL_OUTPUTS, UNROLL_OUTPUTS);
-    for (int u = 1; u < UNROLL_OUTPUTS; u++)
-        putf(R->sb, "        const int64_t i0u%d = i0 + %d;\n", u, u);
-    statements_where(R, live, 1, 2, dep, false);
-    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++)
-        if ((ok = name_output(R, dep, saved, u)))
-            statements_where(R, live, 1, 2, dep, true);
-    for (int u = 0; u < UNROLL_OUTPUTS; u++) {
-        putf(R->sb, "        %s acc_%d = ", ctype(k->acc_dtype), u);
-        identity_literal(R);
-        put(R->sb, ";\n");
-    }
-    put(R->sb, "        #pragma omp simd reduction(+:acc_0");
-    for (int u = 1; u < UNROLL_OUTPUTS; u++)
-        putf(R->sb, ", acc_%d", u);
-    putf(R->sb, ")\n        for (int64_t r0 = 0; r0 < %lld; r0++) {\n",
-                  (long long)k->red_dims[0]);
-    statements_where(R, live, 2, 3, dep, false);
-    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++) {
-        char acc[16];
-        snprintf(acc, sizeof acc, "acc_%d", u);
-        if ((ok = name_output(R, dep, saved, u))) {
-            statements_where(R, live, 2, 3, dep, true);
-            fold_into(R, 3, acc);
-        }
-    }
-    put(R->sb, "        }\n");
-    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++)
-        if ((ok = name_output(R, dep, saved, u))) {
-            statements_where(R, live, 3, 2, dep, true);
-            stores(R, 2);
-        }
-    put(R->sb, "    }\n");
-    R->sb = out;
-    for (int id = 0; id < k->n_ins; id++) /* the plain names back */
-        memcpy(R->names[id], saved[id], 32);
-    out->failed |= text.failed;
-    ok = ok && !text.failed;
-    if (ok)
-        put_n(R->sb, text.data, text.len);
-    rfi_sb_free(&text);
-    return ok;
-}
-
-/* Blocks of UNROLL_OUTPUTS outputs, then the plain schedule for the rest. */
-static void unrolled_body(render *R, const bool *live)
-{
-    const rfi_kir_kernel *k = R->k;
-    size_t n = (size_t)(k->n_ins > 0 ? k->n_ins : 1);
-    bool *dep = rfi_calloc(n, sizeof *dep);
-    char (*saved)[32] = rfi_malloc(n * sizeof *saved);
-    if (dep && saved) {
-        memcpy(saved, R->names, (size_t)k->n_ins * sizeof *saved);
-        output_dependent(k, dep);
-        put(R->sb, "    int64_t i0 = lo;\n");
-        if (unrolled_block(R, live, dep, saved))
-            /* fewer than UNROLL_OUTPUTS outputs are left; saying so keeps gcc,
-             * once the kernel is inlined with constant bounds, from warning
-             * that a later iteration of this loop would overflow an index */
-            putf(R->sb, "    for (const int64_t tail_end = i0 + (hi - i0) %% %d; i0 < tail_end; "
-                        "i0++) {\n", UNROLL_OUTPUTS);
-        else
-            put(R->sb, "    /* (not unrolled: names too long) */\n    for (; i0 < hi; i0++) {\n");
-        statements(R, live, 1, 2);
-        reduction_loops(R, live, 2);
-        stores(R, 2);
-        put(R->sb, "    }\n");
-    } else {
-        R->sb->failed = true;
-    }
-    rfi_free(dep);
-    rfi_free(saved);
-}
-
-static void one_function(render *R, const char *kname, const schedule *sc, const bool *live,
+static void one_function(rfi_render *R, const char *kname, const rfi_schedule *sc, const bool *live,
                          bool *fold_live, bool *out_live, bool *base_used);
 
 /* The kernel's comment, ctx struct and declarations into R->sb, its
  * functions into R->def; fold_live and out_live are scratch. */
-static void kernel_functions(render *R, const bool *live, bool *fold_live, bool *out_live,
+static void kernel_functions(rfi_render *R, const bool *live, bool *fold_live, bool *out_live,
                              bool *base_used)
 {
     const rfi_kir_kernel *k = R->k;
-    schedule sc = choose_schedule(k, live);
+    rfi_schedule sc = rfi_render_schedule(k, live);
     char kname[64];
     rendered_name(R, kname, sizeof kname);
     if (!R->neutral)
@@ -1644,38 +741,37 @@ static void kernel_functions(render *R, const bool *live, bool *fold_live, bool 
     putf(R->sb, "RF_KERNEL void %s", kname);
     parameters(R, k);
     put(R->sb, ";\n");
-    if (sc.form == SCHED_SPLIT)
+    if (sc.form == RFI_SCHED_SPLIT)
         putf(R->sb, "RF_KERNEL void %s_combine(const struct %s_ctx *c);\n", kname, kname);
     put(R->sb, "\n");
     rfi_strbuf *decl = R->sb;
     R->sb = R->def;
-    if (sc.form == SCHED_SPLIT)
-        split_functions(R, kname, &sc, fold_live, out_live, base_used);
+    if (sc.form == RFI_SCHED_SPLIT)
+        rfi_render_split_functions(R, kname, &sc, fold_live, out_live, base_used);
     else
         one_function(R, kname, &sc, live, fold_live, out_live, base_used);
     R->sb = decl;
 }
 
 /* The function of a kernel that is not a split reduction. */
-static void one_function(render *R, const char *kname, const schedule *sc, const bool *live,
+static void one_function(rfi_render *R, const char *kname, const rfi_schedule *sc, const bool *live,
                          bool *fold_live, bool *out_live, bool *base_used)
 {
     const rfi_kir_kernel *k = R->k;
-    function_head(R, kname);
-    declare_bases(R, base_used);
-    statements(R, live, 0, 1);
-    if (sc->form == SCHED_INTERCHANGED) {
-        fold_out_liveness(k, fold_live, out_live);
-        interchanged_body(R, fold_live, out_live);
-    } else if (unroll_reduction(k)) {
-        unrolled_body(R, live);
+    rfi_render_function_head(R, kname);
+    rfi_render_declare_bases(R, base_used);
+    rfi_render_statements(R, live, 0, 1);
+    if (sc->form == RFI_SCHED_INTERCHANGED) {
+        rfi_render_interchanged_body(R, fold_live, out_live);
+    } else if (rfi_render_unrolls(k)) {
+        rfi_render_unrolled_body(R, live);
     } else {
         plain_body(R, live);
     }
     put(R->sb, "}\n\n");
 }
 
-static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
+static rf_status render_kernel(rfi_render *R, const rfi_kir_kernel *k)
 {
     size_t n_ins = (size_t)(k->n_ins > 0 ? k->n_ins : 1);
     bool *live = rfi_calloc(n_ins, sizeof(bool));
@@ -1688,7 +784,7 @@ static rf_status render_kernel(render *R, const rfi_kir_kernel *k)
     if (ok) {
         R->k = k;
         rfi_kir_liveness(k, live);
-        bases_used(k, live, true, base_used);
+        rfi_render_bases_used(k, live, true, base_used);
         name_values(R, live, base_used);
         kernel_functions(R, live, fold_live, out_live, base_used);
     }
@@ -1734,7 +830,7 @@ typedef struct kernel_text {
     uint64_t hash;
 } kernel_text;
 
-static rf_status neutral_text(render *R, const rfi_kir_kernel *k, kernel_text *out)
+static rf_status neutral_text(rfi_render *R, const rfi_kir_kernel *k, kernel_text *out)
 {
     rfi_strbuf *sb = R->sb, *def = R->def;
     R->sb = R->def = &out->text;
@@ -1766,7 +862,7 @@ static int same_functions(const rfi_kir_module *m, const kernel_text *texts,
 
 /* Renders kernel step i into R->sb (declarations) and R->def (functions), or
  * when an earlier step's functions do its work, only its comment. */
-static rf_status kernel_piece(render *R, const rfi_kir_module *m, kernel_text *texts,
+static rf_status kernel_piece(rfi_render *R, const rfi_kir_module *m, kernel_text *texts,
                               int *function_of, int i)
 {
     const rfi_kir_kernel *k = m->steps[i].kernel;
@@ -1796,14 +892,14 @@ void rfi_render_c_pointer(rfi_strbuf *sb, const char *type, int buffer, size_t o
         putf(sb, "(%s *)bufs[%d]", type, buffer);
 }
 
-static void pointer(render *R, const char *type, int buffer, size_t offset)
+static void pointer(rfi_render *R, const char *type, int buffer, size_t offset)
 {
     rfi_render_c_pointer(R->sb, type, buffer, offset);
 }
 
 /* "struct <kname>_ctx <var> = {" and kernel k's bases that base_used marks,
  * without the closing brace; returns whether there were none. */
-static bool kernel_ctx(render *R, const rfi_kir_kernel *k, const bool *base_used,
+static bool kernel_ctx(rfi_render *R, const rfi_kir_kernel *k, const bool *base_used,
                        const char *kname, const char *var)
 {
     putf(R->sb, "        struct %s_ctx %s = {", kname, var);
@@ -1813,7 +909,7 @@ static bool kernel_ctx(render *R, const rfi_kir_kernel *k, const bool *base_used
             continue;
         const rfi_kir_base *x = &k->bases[b];
         put(R->sb, none ? "" : ", ");
-        pointer(R, ctype(x->dtype), x->buffer, x->offset);
+        pointer(R, rfi_render_ctype(x->dtype), x->buffer, x->offset);
         none = false;
     }
     return none;
@@ -1821,14 +917,14 @@ static bool kernel_ctx(render *R, const rfi_kir_kernel *k, const bool *base_used
 
 /* The bases kernel k's live instructions load or store (an array the caller
  * frees) and its schedule; NULL (R's text failed) when out of memory. */
-static bool *bases_of_call(render *R, const rfi_kir_kernel *k, schedule *sc)
+static bool *bases_of_call(rfi_render *R, const rfi_kir_kernel *k, rfi_schedule *sc)
 {
     bool *base_used = rfi_calloc((size_t)(k->n_bases > 0 ? k->n_bases : 1), sizeof(bool));
     bool *live = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof(bool));
     if (base_used && live) {
         rfi_kir_liveness(k, live);
-        bases_used(k, live, true, base_used);
-        *sc = choose_schedule(k, live);
+        rfi_render_bases_used(k, live, true, base_used);
+        *sc = rfi_render_schedule(k, live);
     } else {
         rfi_free(base_used);
         base_used = NULL;
@@ -1841,17 +937,17 @@ static bool *bases_of_call(render *R, const rfi_kir_kernel *k, schedule *sc)
 /* A direct convolution's block in the entry point when it runs its pool's
  * kernel itself: that kernel's ctx, `pool`, then the convolution's ctx and
  * call in the same block. */
-static void call_pooled_conv(render *R, const rfi_kir_module *m, int i)
+static void call_pooled_conv(rfi_render *R, const rfi_kir_module *m, int i)
 {
     const rfi_kir_step *st = &m->steps[i];
     const rfi_kir_kernel *k = m->steps[st->conv.pool_kernel].kernel;
     char kname[64];
     kernel_name(m->steps[R->function_of[st->conv.pool_kernel]].kernel, kname, sizeof kname);
-    schedule sc;
+    rfi_schedule sc;
     bool *base_used = bases_of_call(R, k, &sc);
     if (!base_used)
         return;
-    R->sb->failed |= sc.form == SCHED_SPLIT; /* a LOOP kernel: no partials */
+    R->sb->failed |= sc.form == RFI_SCHED_SPLIT; /* a LOOP kernel: no partials */
     put(R->sb, "    {\n");
     kernel_ctx(R, k, base_used, kname, "pool");
     put(R->sb, "};\n");
@@ -1862,31 +958,31 @@ static void call_pooled_conv(render *R, const rfi_kir_module *m, int i)
 
 /* A kernel's block in the entry point: its ctx, then the kernel, through
  * parallel_for when large; a split reduction's partials live in the block. */
-static void call_kernel(render *R, const rfi_kir_kernel *k, const rfi_kir_kernel *fn)
+static void call_kernel(rfi_render *R, const rfi_kir_kernel *k, const rfi_kir_kernel *fn)
 {
     char kname[64];
     kernel_name(fn, kname, sizeof kname);
-    schedule sc;
+    rfi_schedule sc;
     bool *base_used = bases_of_call(R, k, &sc);
     if (!base_used)
         return;
     put(R->sb, "    {\n");
-    if (sc.form == SCHED_SPLIT)
-        putf(R->sb, "        %s part[%lld];\n", ctype(k->acc_dtype),
+    if (sc.form == RFI_SCHED_SPLIT)
+        putf(R->sb, "        %s part[%lld];\n", rfi_render_ctype(k->acc_dtype),
                       (long long)(sc.chunks * k->n_folds * sc.kept));
     bool first = kernel_ctx(R, k, base_used, kname, "c");
-    if (sc.form == SCHED_SPLIT)
+    if (sc.form == RFI_SCHED_SPLIT)
         put(R->sb, first ? "part" : ", part");
     put(R->sb, "};\n");
     int64_t outer = k->rank ? k->dims[0] : 1;
     int64_t total = rfi_numel(k->dims, k->rank) * rfi_numel(k->red_dims, k->red_rank);
-    if (sc.form == SCHED_SPLIT) {
+    if (sc.form == RFI_SCHED_SPLIT) {
         putf(R->sb, "        s->parallel_for(s->rt, %lld, 1, %s, &c);\n",
                       (long long)sc.chunks, kname);
         putf(R->sb, "        %s_combine(&c);\n", kname);
-    } else if (total > PARALLEL_MIN && outer > 1) {
+    } else if (total > RFI_PARALLEL_MIN && outer > 1) {
         int64_t per_row = total / outer > 0 ? total / outer : 1;
-        int64_t grain = (PARALLEL_CHUNK + per_row - 1) / per_row;
+        int64_t grain = (RFI_PARALLEL_CHUNK + per_row - 1) / per_row;
         putf(R->sb, "        s->parallel_for(s->rt, %lld, %lld, %s, &c);\n",
                       (long long)outer, (long long)(grain > 0 ? grain : 1), kname);
     } else {
@@ -1907,7 +1003,7 @@ static int conv_kernel_of(const rfi_kir_module *m, int i)
     return i;
 }
 
-static void entry(render *R, const rfi_kir_module *m)
+static void entry(rfi_render *R, const rfi_kir_module *m)
 {
     putf(R->sb, "/* Runs the %d steps on the buffer table (%d buffers). */\n", m->n_steps,
                   m->n_buffers);
@@ -1951,7 +1047,7 @@ static void entry(render *R, const rfi_kir_module *m)
 }
 
 /* ---- Prelude -------------------------------------------------------------------------- */
-static void prelude(rfi_strbuf *sb, const render *R)
+static void prelude(rfi_strbuf *sb, const rfi_render *R)
 {
     for (int f = 0; f < N_SIMD_FUNCS; f++)
         for (int d = 0; d < 2; d++) {
@@ -1964,7 +1060,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
         }
     put(sb, "\n");
     unsigned need = R->need;
-    if (need & (NEED_VECTORS | NEED_LANES16))
+    if (need & (RFI_NEED_VECTORS | RFI_NEED_LANES16))
         put(sb, "/* a loop over the 16 lanes of a channel block, or over 16-float vectors:\n"
                 " * gcc's tuning for AVX-512 machines prefers 256-bit vectors, which takes\n"
                 " * two halves and a loop per block */\n"
@@ -1973,7 +1069,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
                 "#else\n"
                 "#define RF_LANES16\n"
                 "#endif\n");
-    if (need & NEED_VECTORS)
+    if (need & RFI_NEED_VECTORS)
         put(sb, "/* GNU C vectors: one register (or two) of output channels */\n"
                 "typedef float rf_f32x8 __attribute__((vector_size(32)));\n"
                 "typedef float rf_f32x16 __attribute__((vector_size(64)));\n"
@@ -1996,7 +1092,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
                 "    (void)p, (void)n;\n"
                 "#endif\n"
                 "}\n\n");
-    if (need & NEED_SAT)
+    if (need & RFI_NEED_SAT)
         putf(sb,
             "/* float -> integer: truncate toward zero, saturate, NaN -> 0 */\n"
             "static inline int32_t rf_f2i32(double v)\n{\n"
@@ -2007,19 +1103,19 @@ static void prelude(rfi_strbuf *sb, const render *R)
             "         : v >= 9223372036854775807.0 ? INT64_MAX : (int64_t)v;\n}\n\n"
             "static inline uint8_t rf_f2u8(double v)\n{\n"
             "    return v != v ? 0 : v <= 0.0 ? 0 : v >= 255.0 ? 255 : (uint8_t)(int32_t)v;\n}\n\n");
-    if (need & NEED_DIV)
+    if (need & RFI_NEED_DIV)
         putf(sb,
             "/* integer division: x / 0 = 0, INT_MIN / -1 wraps */\n"
             "static inline int64_t rf_div_i64(int64_t a, int64_t b)\n{\n"
             "    if (b == 0)\n        return 0;\n"
             "    if (b == -1)\n        return (int64_t)(0 - (uint64_t)a);\n"
             "    return a / b;\n}\n\n");
-    if (need & NEED_REM)
+    if (need & RFI_NEED_REM)
         putf(sb,
             "/* integer remainder: x %% 0 = 0, x %% -1 = 0 */\n"
             "static inline int64_t rf_rem_i64(int64_t a, int64_t b)\n{\n"
             "    return (b == 0 || b == -1) ? 0 : a %% b;\n}\n\n");
-    if (need & NEED_POW)
+    if (need & RFI_NEED_POW)
         putf(sb,
             "/* integer power by squaring (wrapping); negative exponents give 0 but for +-1 */\n"
             "static inline int64_t rf_pow_i64(int64_t a, int64_t b)\n{\n"
@@ -2030,7 +1126,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
             "    return (int64_t)r;\n}\n\n");
     for (int d = 0; d < 2; d++) {
         const char *t = d ? "double" : "float", *n = d ? "f64" : "f32";
-        if (need & (d ? NEED_MAXMIN_F64 : NEED_MAXMIN_F32))
+        if (need & (d ? RFI_NEED_MAXMIN_F64 : RFI_NEED_MAXMIN_F32))
             putf(sb,
                 "/* max/min propagating NaN (either operand's); written as two selects so\n"
                 " * gcc vectorises them */\n"
@@ -2039,7 +1135,7 @@ static void prelude(rfi_strbuf *sb, const render *R)
                 "static inline %s rf_min_%s(%s a, %s b)\n{\n"
                 "    %s m = a < b ? a : b;\n    return a != a ? a : m;\n}\n\n",
                 t, n, t, t, t, t, n, t, t, t);
-        if (need & (d ? NEED_LOGISTIC_F64 : NEED_LOGISTIC_F32))
+        if (need & (d ? RFI_NEED_LOGISTIC_F64 : RFI_NEED_LOGISTIC_F32))
             putf(sb,
                 "/* logistic, never exp of a large positive number */\n"
                 "static inline %s rf_logistic_%s(%s x)\n{\n"
@@ -2134,7 +1230,7 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
 {
     *source = NULL;
     rfi_strbuf out = {0};
-    render R;
+    rfi_render R;
     memset(&R, 0, sizeof R);
     int n = m->n_steps + 1; /* pieces: one per step (most empty), then the entry point */
     rfi_strbuf *decl = rfi_calloc((size_t)n, sizeof *decl);
@@ -2158,7 +1254,7 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
             if (pk >= 0)
                 kernel_name(m->steps[function_of[pk]].kernel, pool_name, sizeof pool_name);
             rfi_render_conv_kernel(&m->steps[i], pool_name, &decl[i], &def[i]);
-            R.need |= NEED_VECTORS | NEED_MAXMIN_F32;
+            R.need |= RFI_NEED_VECTORS | RFI_NEED_MAXMIN_F32;
         }
     size_t total = 0, body = 0;
     bool failed = false;

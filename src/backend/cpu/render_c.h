@@ -1,0 +1,130 @@
+/* render_c.h: the renderer's state and the text helpers that render_c.c
+ * (expressions, kernels, the entry point) shares with render_reduce.c (the
+ * loop schedules of REDUCE kernels). Internal to those two files. */
+#ifndef RF_BACKEND_CPU_RENDER_C_H
+#define RF_BACKEND_CPU_RENDER_C_H
+
+#include <stdarg.h>
+#include <string.h>
+
+#include "../kir.h"
+
+/* ---- Output ------------------------------------------------------------------------- *
+ * Short names for core.h's rfi_strbuf appenders. The generated file is large
+ * (hundreds of KB for a ResNet step), so plain text is copied without a
+ * printf (put), and putf formats once in place, a second time only when the
+ * text does not fit. */
+static inline void put_n(rfi_strbuf *sb, const char *s, size_t n) { rfi_sb_put(sb, s, n); }
+
+static inline void put(rfi_strbuf *sb, const char *s) { rfi_sb_put(sb, s, strlen(s)); }
+
+static inline void put_char(rfi_strbuf *sb, char c) { rfi_sb_put(sb, &c, 1); }
+
+static inline void putf(rfi_strbuf *sb, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static inline void putf(rfi_strbuf *sb, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    rfi_sb_vprintf(sb, fmt, ap);
+    va_end(ap);
+}
+
+/* Kernels with more elements than this run through parallel_for, in chunks of at
+ * least RFI_PARALLEL_CHUNK elements. */
+#define RFI_PARALLEL_MIN 32768
+#define RFI_PARALLEL_CHUNK 16384
+
+/* What the file needs from the prelude (rfi_render.need). */
+enum {
+    RFI_NEED_SAT = 1u << 0,
+    RFI_NEED_DIV = 1u << 1,
+    RFI_NEED_REM = 1u << 2,
+    RFI_NEED_POW = 1u << 3,
+    RFI_NEED_MAXMIN_F32 = 1u << 4,
+    RFI_NEED_MAXMIN_F64 = 1u << 5,
+    RFI_NEED_LOGISTIC_F32 = 1u << 6,
+    RFI_NEED_LOGISTIC_F64 = 1u << 7,
+    RFI_NEED_VECTORS = 1u << 8, /* the GNU vector types of direct convolutions */
+    RFI_NEED_LANES16 = 1u << 9, /* RF_LANES16 */
+};
+
+/* The libm functions with vector variants (render_c.c's simd_funcs). */
+#define RFI_RENDER_SIMD_FUNCS 8
+
+/* The state of one rendering: where the text goes, what the prelude must
+ * hold, and the kernel being rendered with its names. */
+typedef struct rfi_render {
+    rfi_strbuf *sb;
+    unsigned need;
+    bool simd_used[RFI_RENDER_SIMD_FUNCS][2]; /* [func][0 f32, 1 f64] */
+    const rfi_kir_kernel *k;
+    char (*names)[32];               /* per instruction */
+    char (*base_names)[32];          /* per base */
+    rfi_strbuf *def;                 /* where a kernel's functions go (sb: the rest) */
+    bool neutral;                    /* names from positions, not nodes (shared functions) */
+    const int *function_of;          /* per module step: the step whose functions it calls */
+    bool share;                      /* kernels may call others' functions (shares_functions) */
+} rfi_render;
+
+/* A REDUCE kernel's loop schedule (render_reduce.c says what each form is). */
+typedef enum rfi_sched_form {
+    RFI_SCHED_PLAIN,
+    RFI_SCHED_INTERCHANGED,
+    RFI_SCHED_SPLIT
+} rfi_sched_form;
+
+typedef struct rfi_schedule {
+    rfi_sched_form form;
+    int64_t chunks; /* RFI_SCHED_SPLIT: partial folds of the outermost reduced loop */
+    int64_t kept;   /* RFI_SCHED_SPLIT: kept points, partial accumulators per chunk */
+} rfi_schedule;
+
+/* ---- render_c.c ------------------------------------------------------------------------ */
+/* The C type of dt's elements. */
+RFI_FUNC const char *rfi_render_ctype(rf_dtype dt);
+/* v as a C literal of dt: the shortest %g form that reads back as v. */
+RFI_FUNC void rfi_render_float_literal(rfi_strbuf *sb, double v, rf_dtype dt);
+RFI_FUNC void rfi_render_int_literal(rfi_strbuf *sb, int64_t v, rf_dtype dt);
+/* prefix for fold 0, then prefix1, prefix2, ...; fold j's accumulator: acc, acc1, ... */
+RFI_FUNC void rfi_render_fold_name(char name[32], const char *prefix, int j);
+RFI_FUNC void rfi_render_acc_name(char name[32], int j);
+/* An operand: its name, or the literal of a constant; in buf, its text. */
+RFI_FUNC void rfi_render_operand(rfi_render *R, int id);
+RFI_FUNC void rfi_render_operand_text(rfi_render *R, int id, char *buf, size_t n);
+/* Four spaces per level of depth. */
+RFI_FUNC void rfi_render_indent(rfi_render *R, int depth);
+/* The live statements of one loop level (with `only`, just those whose only[id]
+ * equals `want`), and the kernel's stores. */
+RFI_FUNC void rfi_render_statements_where(rfi_render *R, const bool *live, int level, int depth,
+                                          const bool *only, bool want);
+RFI_FUNC void rfi_render_statements(rfi_render *R, const bool *live, int level, int depth);
+RFI_FUNC void rfi_render_stores(rfi_render *R, int depth);
+/* Closes n loops opened at depth, depth + 1, ... */
+RFI_FUNC void rfi_render_close_loops(rfi_render *R, int depth, int n);
+/* used[b]: base b is loaded by a live instruction (or, with `stored`, stored
+ * to); the local copies of the bases a function uses. */
+RFI_FUNC void rfi_render_bases_used(const rfi_kir_kernel *k, const bool *live, bool stored,
+                                    bool *used);
+RFI_FUNC void rfi_render_declare_bases(rfi_render *R, const bool *used);
+/* A kernel function's head, up to its ctx. */
+RFI_FUNC void rfi_render_function_head(rfi_render *R, const char *kname);
+
+/* ---- render_reduce.c ------------------------------------------------------------------- */
+/* The schedule of the kernel whose live instructions are `live`. */
+RFI_FUNC rfi_schedule rfi_render_schedule(const rfi_kir_kernel *k, const bool *live);
+/* A plain reduction's accumulators, reduced loops and folds at depth, inside
+ * the kept loops. */
+RFI_FUNC void rfi_render_reduction_loops(rfi_render *R, const bool *live, int depth);
+/* An interchanged reduction's body; fold_live and out_live are scratch. */
+RFI_FUNC void rfi_render_interchanged_body(rfi_render *R, bool *fold_live, bool *out_live);
+/* A split reduction's two functions; fold_live, out_live and used are scratch. */
+RFI_FUNC void rfi_render_split_functions(rfi_render *R, const char *kname,
+                                         const rfi_schedule *sc, bool *fold_live,
+                                         bool *out_live, bool *used);
+/* Whether a plain reduction runs blocks of outputs, and its body then. */
+RFI_FUNC bool rfi_render_unrolls(const rfi_kir_kernel *k);
+RFI_FUNC void rfi_render_unrolled_body(rfi_render *R, const bool *live);
+
+#endif

@@ -1,0 +1,865 @@
+/* render_reduce.c: the loop schedules of REDUCE kernels, as C, for
+ * render_c.c (which renders everything else: expressions, loop kernels, the
+ * entry point; render_c.h holds what the two share).
+ *
+ * The kernel IR fixes what a REDUCE kernel folds and, per kept point, in which
+ * order; the loop order and the split across threads are chosen here:
+ *   plain         the kept loops outside (the outermost split across
+ *                 threads), the reduced loops inside, the innermost
+ *                 vectorised for float sums;
+ *   interchanged  per block of the last kept axis, accumulators in an array,
+ *                 the reduced loops outside and the kept axis innermost,
+ *                 vectorised: reductions over leading axes (a bias gradient,
+ *                 whose reduced loops walk memory by rows) and windows up to
+ *                 64 points (pooling; kir_lower.c unrolls those up to 16),
+ *                 whose reduced loops are too short to vectorise;
+ *   split         the outermost reduced loop cut into a fixed number of
+ *                 contiguous chunks, each folded from the identity into its
+ *                 own partial accumulators of every kept point (the chunks run
+ *                 across threads), then each point's partials folded in chunk
+ *                 order: reductions whose outermost reduced loop is also the
+ *                 outermost in memory (BatchNorm statistics over N, H and W;
+ *                 sums to a scalar), which the plain form splits into strided
+ *                 runs per thread (8-20 GB/s measured on [128,8,28,28]) or
+ *                 runs on one thread. Each chunk streams one contiguous slab.
+ * Every form folds each point's values in the same order, but the split one
+ * groups them: that is exact for max and min as folded here (the first NaN,
+ * else the last of the equal extremes: associative), for and, or and integer
+ * sums and products (wrapping), and reassociates float sums only as their
+ * vectorised loops already do, but that a split sum of f32 values adds blocks
+ * of PRESUM of them in f32 before its double fold (below); float products
+ * (whose over- and underflow depend on the grouping) are never split. The
+ * chunk count does not depend on the number of threads, so neither do the
+ * results. A kernel with sibling folds (kir.h) runs plain or split, each fold
+ * with its own accumulator (acc, acc1, ...) or its own row of partials per
+ * chunk (accs, accs1, ...).
+ *
+ * A plain float sum over one contiguous reduced loop (a matrix-vector
+ * product) takes four outputs per iteration, one accumulator each ("Unrolled
+ * reductions"). Deliberately nothing here decides which steps are reductions
+ * or what they compute (kir_lower.c does); only their loops. */
+#include <stdio.h>
+#include <string.h>
+
+#include "render_c.h"
+
+/* Kept points per accumulator block of an interchanged reduction. */
+#define ROW_BLOCK 64
+/* A reduction over at most this many points whose loads step along the last
+ * kept axis by at most WINDOW_STRIDE elements is a window: interchanged. */
+#define WINDOW_POINTS 64
+#define WINDOW_STRIDE 4
+/* Split reductions: chunks, and at most this many partial accumulators (they
+ * live on the entry point's stack: 16 KB of doubles). */
+#define SPLIT_CHUNKS 16
+#define SPLIT_ACCS 2048
+
+static int64_t loop_extent(const rfi_kir_kernel *k, int var)
+{
+    return var < k->rank ? k->dims[var] : k->red_dims[var - k->rank];
+}
+
+/* Whether a REDUCE kernel runs interchanged: its loads are contiguous along
+ * the last kept axis but none along the innermost reduced one, or its
+ * reduction is a small window and every load steps along the last kept axis
+ * by a small constant stride (vectorised loads with a shuffle). */
+static bool interchange_reduction(const rfi_kir_kernel *k, const bool *live)
+{
+    if (!k->is_reduce || k->rank < 1 || k->red_rank < 1)
+        return false;
+    int kept = k->rank - 1, inner = k->rank + k->red_rank - 1;
+    bool kept_unit = false, inner_unit = false, kept_strided = true;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        if (!live[id] || x->op != RFI_KIR_LOAD)
+            continue;
+        int64_t ci, ck;
+        bool affine_i = rfi_kir_var_coef(k, x->a, inner, &ci);
+        bool affine_k = rfi_kir_var_coef(k, x->a, kept, &ck);
+        inner_unit = inner_unit || (affine_i && ci == 1);
+        kept_unit = kept_unit || (affine_k && ck == 1);
+        kept_strided = kept_strided && affine_k && ck >= 0 && ck <= WINDOW_STRIDE;
+    }
+    if (!inner_unit)
+        return kept_unit;
+    return kept_strided && k->dims[kept] >= 4 &&
+           rfi_numel(k->red_dims, k->red_rank) <= WINDOW_POINTS;
+}
+
+/* Whether every load that depends on loop `var` walks memory with it
+ * outermost: its stride spans another loop's whole extent. */
+static bool outermost_in_memory(const rfi_kir_kernel *k, const bool *live, int var)
+{
+    bool any = false;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        int64_t stride, other;
+        if (!live[id] || x->op != RFI_KIR_LOAD)
+            continue;
+        if (!rfi_kir_var_coef(k, x->a, var, &stride) || stride < 0)
+            return false;
+        if (stride == 0)
+            continue;
+        any = true;
+        for (int v = 0; v < k->rank + k->red_rank; v++)
+            if (v != var && (!rfi_kir_var_coef(k, x->a, v, &other) ||
+                             (other < 0 ? -other : other) * loop_extent(k, v) > stride))
+                return false;
+    }
+    return any;
+}
+
+/* The chunks a split reduction cuts its outermost reduced loop into, or 0
+ * when it is not split (see above). */
+static int64_t split_chunks(const rfi_kir_kernel *k, const bool *live)
+{
+    if (!k->is_reduce || k->red_rank < 1 || k->red_dims[0] < 2 ||
+        (k->red_kind == RF_REDUCE_PROD && rfi_dtype_is_float(k->acc_dtype)))
+        return 0;
+    int64_t kept = rfi_numel(k->dims, k->rank);
+    if (kept * rfi_numel(k->red_dims, k->red_rank) <= RFI_PARALLEL_MIN ||
+        !outermost_in_memory(k, live, k->rank))
+        return 0;
+    int64_t chunks = SPLIT_ACCS / (kept * k->n_folds);
+    if (chunks > SPLIT_CHUNKS)
+        chunks = SPLIT_CHUNKS;
+    if (chunks > k->red_dims[0])
+        chunks = k->red_dims[0];
+    return chunks >= 2 ? chunks : 0;
+}
+
+rfi_schedule rfi_render_schedule(const rfi_kir_kernel *k, const bool *live)
+{
+    rfi_schedule sc = {RFI_SCHED_PLAIN, 0, 0};
+    if ((sc.chunks = split_chunks(k, live)) > 0) {
+        sc.form = RFI_SCHED_SPLIT;
+        sc.kept = rfi_numel(k->dims, k->rank);
+    } else if (k->n_folds == 1 && interchange_reduction(k, live)) {
+        sc.form = RFI_SCHED_INTERCHANGED;
+    }
+    return sc;
+}
+
+/* ---- Folds ------------------------------------------------------------------------ */
+/* The accumulator update of a REDUCE kernel with the interpreter's arithmetic:
+ * the lvalue `acc` folds the C expression `value`. */
+static void fold_text(rfi_render *R, int depth, const char *acc, const char *value)
+{
+    const rfi_kir_kernel *k = R->k;
+    bool f = rfi_dtype_is_float(k->acc_dtype);
+    const char *fmt = "@ = $;\n"; /* @: the accumulator, $: the value */
+    switch (k->red_kind) {
+    case RF_REDUCE_SUM:
+        fmt = f ? "@ += $;\n" : "@ = (int64_t)((uint64_t)@ + (uint64_t)$);\n";
+        break;
+    case RF_REDUCE_PROD:
+        fmt = f ? "@ *= $;\n" : "@ = (int64_t)((uint64_t)@ * (uint64_t)$);\n";
+        break;
+    case RF_REDUCE_MAX:
+        fmt = !f ? "@ = $ > @ ? $ : @;\n"
+              : k->acc_dtype == RF_F64 ? "@ = rf_max_f64(@, $);\n" : "@ = rf_max_f32(@, $);\n";
+        break;
+    case RF_REDUCE_MIN:
+        fmt = !f ? "@ = $ < @ ? $ : @;\n"
+              : k->acc_dtype == RF_F64 ? "@ = rf_min_f64(@, $);\n" : "@ = rf_min_f32(@, $);\n";
+        break;
+    case RF_REDUCE_AND: fmt = f ? "@ = (double)((@ != 0) && ($ != 0));\n" : "@ &= $;\n"; break;
+    case RF_REDUCE_OR: fmt = f ? "@ = (double)((@ != 0) || ($ != 0));\n" : "@ |= $;\n"; break;
+    default: break;
+    }
+    if (f && (k->red_kind == RF_REDUCE_MAX || k->red_kind == RF_REDUCE_MIN))
+        R->need |= k->acc_dtype == RF_F64 ? RFI_NEED_MAXMIN_F64 : RFI_NEED_MAXMIN_F32;
+    rfi_render_indent(R, depth);
+    for (const char *c = fmt; *c; c++) {
+        if (*c == '@')
+            put(R->sb, acc);
+        else if (*c == '$')
+            put(R->sb, value);
+        else
+            put_char(R->sb, *c);
+    }
+}
+
+/* The fold of fold j's value into the lvalue `acc`, where the guard holds. */
+static void fold_value_into(rfi_render *R, int depth, const char *acc, int j)
+{
+    const rfi_kir_kernel *k = R->k;
+    if (k->red_guard >= 0) {
+        rfi_render_indent(R, depth);
+        put(R->sb, "if (");
+        rfi_render_operand(R, k->red_guard);
+        put(R->sb, ")\n");
+        depth++;
+    }
+    char value[64];
+    rfi_render_operand_text(R, rfi_kir_fold_value(k, j), value, sizeof value);
+    fold_text(R, depth, acc, value);
+}
+
+/* The fold of the kernel's (one) value into the lvalue `acc`. */
+static void fold_into(rfi_render *R, int depth, const char *acc)
+{
+    fold_value_into(R, depth, acc, 0);
+}
+
+/* Every fold into its accumulator (acc, acc1, ...). */
+static void fold(rfi_render *R, int depth)
+{
+    for (int j = 0; j < R->k->n_folds; j++) {
+        char acc[32];
+        rfi_render_acc_name(acc, j);
+        fold_value_into(R, depth, acc, j);
+    }
+}
+
+/* The reduction's identity as a literal of the accumulator type. */
+static void identity_literal(rfi_render *R)
+{
+    const rfi_kir_kernel *k = R->k;
+    if (rfi_dtype_is_float(k->acc_dtype))
+        rfi_render_float_literal(R->sb, k->red_identity_f, k->acc_dtype);
+    else
+        rfi_render_int_literal(R->sb, k->red_identity_i, RF_I64);
+}
+
+/* Declares every fold's accumulator at its identity. */
+static void declare_accs(rfi_render *R, int depth)
+{
+    for (int j = 0; j < R->k->n_folds; j++) {
+        char acc[32];
+        rfi_render_acc_name(acc, j);
+        rfi_render_indent(R, depth);
+        putf(R->sb, "%s %s = ", rfi_render_ctype(R->k->acc_dtype), acc);
+        identity_literal(R);
+        put(R->sb, ";\n");
+    }
+}
+
+/* ---- Loops ------------------------------------------------------------------------ */
+static bool simd_sum(const rfi_kir_kernel *k)
+{
+    return k->red_kind == RF_REDUCE_SUM && rfi_dtype_is_float(k->acc_dtype);
+}
+
+/* Opens r0 of a split reduction over chunk q's range at depth. */
+static void open_chunk_loop(rfi_render *R, int depth, const rfi_schedule *sc)
+{
+    long long n = (long long)R->k->red_dims[0], chunks = (long long)sc->chunks;
+    rfi_render_indent(R, depth);
+    if (n % chunks == 0)
+        putf(R->sb, "for (int64_t r0 = q * %lld; r0 < q * %lld + %lld; r0++) {\n", n / chunks,
+                      n / chunks, n / chunks);
+    else
+        putf(R->sb, "for (int64_t r0 = q * %lld / %lld; r0 < (q + 1) * %lld / %lld; r0++) {\n",
+                      n, chunks, n, chunks);
+}
+
+/* Opens the reduced loops r<first>.. at depth, the innermost vectorised for
+ * float sums; r0 of a split reduction runs over chunk q only. */
+static void open_reduced_loops(rfi_render *R, int first, int depth, const rfi_schedule *sc)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int d = first; d < k->red_rank; d++) {
+        int at = depth + d - first;
+        if (d == k->red_rank - 1 && simd_sum(k)) {
+            rfi_render_indent(R, at);
+            put(R->sb, "#pragma omp simd reduction(+:acc");
+            for (int j = 1; j < k->n_folds; j++)
+                putf(R->sb, ", acc%d", j);
+            put(R->sb, ")\n");
+        }
+        if (d == 0 && sc->form == RFI_SCHED_SPLIT) {
+            open_chunk_loop(R, at, sc);
+            continue;
+        }
+        rfi_render_indent(R, at);
+        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+                      (long long)k->red_dims[d], d);
+    }
+}
+
+/* Opens the reduced loops r1 .. r<end - 1> at depth, plain (a split body's
+ * loops inside the chunk loop r0). */
+static void open_inner_reduced_loops(rfi_render *R, int end, int depth)
+{
+    for (int d = 1; d < end; d++) {
+        rfi_render_indent(R, depth + d - 1);
+        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+                      (long long)R->k->red_dims[d], d);
+    }
+}
+
+void rfi_render_reduction_loops(rfi_render *R, const bool *live, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    rfi_schedule plain = {RFI_SCHED_PLAIN, 0, 0};
+    declare_accs(R, depth);
+    open_reduced_loops(R, 0, depth, &plain);
+    rfi_render_statements(R, live, 2, depth + k->red_rank);
+    fold(R, depth + k->red_rank);
+    rfi_render_close_loops(R, depth, k->red_rank);
+    rfi_render_statements(R, live, 3, depth);
+}
+
+/* Opens the kept loops over their whole extents at depth (the innermost
+ * vectorised when simd). */
+static void open_kept_loops(rfi_render *R, int depth, bool simd)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int d = 0; d < k->rank; d++) {
+        if (simd && d == k->rank - 1) {
+            rfi_render_indent(R, depth + d);
+            put(R->sb, "#pragma omp simd\n");
+        }
+        rfi_render_indent(R, depth + d);
+        putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
+                      (long long)k->dims[d], d);
+    }
+}
+
+/* The kept point's row-major index over the kept loops, as C text. */
+static void kept_index(const rfi_kir_kernel *k, char *buf, size_t n)
+{
+    size_t len = 0;
+    snprintf(buf, n, "0");
+    for (int d = 0; d < k->rank && len < n; d++) {
+        int64_t stride = rfi_numel(k->dims + d + 1, k->rank - d - 1);
+        int w = stride == 1 ? snprintf(buf + len, n - len, "%si%d", d ? " + " : "", d)
+                            : snprintf(buf + len, n - len, "%si%d * %lld", d ? " + " : "", d,
+                                       (long long)stride);
+        len += w > 0 ? (size_t)w : 0;
+    }
+}
+
+/* ---- Interchanged reductions ------------------------------------------------------------ */
+/* for (i<kept> = lo; i<kept> < hi; ...) {, vectorised when simd */
+static void range_loop(rfi_render *R, int kept, const char *lo, const char *hi, int depth,
+                       bool simd)
+{
+    if (simd) {
+        rfi_render_indent(R, depth);
+        put(R->sb, "#pragma omp simd\n");
+    }
+    rfi_render_indent(R, depth);
+    putf(R->sb, "for (int64_t i%d = %s; i%d < %s; i%d++) {\n", kept, lo, kept, hi, kept);
+}
+
+/* Marks instruction id and everything it reads in m. */
+static void reach(const rfi_kir_kernel *k, int id, bool *m)
+{
+    if (id < 0 || m[id])
+        return;
+    m[id] = true;
+    reach(k, k->ins[id].a, m);
+    reach(k, k->ins[id].b, m);
+    reach(k, k->ins[id].c, m);
+}
+
+/* fold[i]: instruction i is needed by the fold or its guard; out[i]: by a store. */
+static void fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live, bool *out_live)
+{
+    for (int j = 0; j < k->n_folds; j++)
+        reach(k, rfi_kir_fold_value(k, j), fold_live);
+    reach(k, k->red_guard, fold_live);
+    for (int st = 0; st < k->n_stores; st++) {
+        reach(k, k->stores[st].index, out_live);
+        reach(k, k->stores[st].value, out_live);
+    }
+}
+
+/* The interchanged form: per block of the last kept axis (the whole axis when
+ * it is short), accumulators in an array, the reduced loops outside, the kept
+ * axis innermost (vectorised). Each of the two inner bodies declares only the
+ * per-point values it uses (live: the fold's, out: the stores'). */
+static void interchanged_body(rfi_render *R, const bool *live, const bool *out)
+{
+    const rfi_kir_kernel *k = R->k;
+    int kept = k->rank - 1, depth = 1 + kept;
+    for (int d = 0; d < kept; d++) {
+        rfi_render_indent(R, 1 + d);
+        if (d == 0)
+            put(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
+        else
+            putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
+                          (long long)k->dims[d], d);
+    }
+    bool blocked = kept == 0 || k->dims[kept] > ROW_BLOCK;
+    char lo[32], hi[32], slot[48];
+    int64_t n_accs = blocked ? ROW_BLOCK : k->dims[kept];
+    if (blocked) {
+        rfi_render_indent(R, depth);
+        if (kept == 0)
+            putf(R->sb, "for (int64_t b0 = lo; b0 < hi; b0 += %d) {\n", ROW_BLOCK);
+        else
+            putf(R->sb, "for (int64_t b%d = 0; b%d < %lld; b%d += %d) {\n", kept, kept,
+                          (long long)k->dims[kept], kept, ROW_BLOCK);
+        snprintf(hi, sizeof hi, kept == 0 ? "hi" : "%lld", (long long)k->dims[kept]);
+        depth++;
+        rfi_render_indent(R, depth);
+        putf(R->sb, "const int64_t e%d = b%d + %d < %s ? b%d + %d : %s;\n", kept, kept,
+                      ROW_BLOCK, hi, kept, ROW_BLOCK, hi);
+        snprintf(lo, sizeof lo, "b%d", kept);
+        snprintf(hi, sizeof hi, "e%d", kept);
+        snprintf(slot, sizeof slot, "i%d - b%d", kept, kept);
+    } else {
+        snprintf(lo, sizeof lo, "0");
+        snprintf(hi, sizeof hi, "%lld", (long long)k->dims[kept]);
+        snprintf(slot, sizeof slot, "i%d", kept);
+    }
+    rfi_render_indent(R, depth);
+    putf(R->sb, "%s accs[%lld];\n", rfi_render_ctype(k->acc_dtype), (long long)n_accs);
+    range_loop(R, kept, lo, hi, depth, false);
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "accs[%s] = ", slot);
+    identity_literal(R);
+    put(R->sb, ";\n");
+    rfi_render_indent(R, depth);
+    put(R->sb, "}\n");
+    for (int d = 0; d < k->red_rank; d++) {
+        rfi_render_indent(R, depth + d);
+        putf(R->sb, "for (int64_t r%d = 0; r%d < %lld; r%d++) {\n", d, d,
+                      (long long)k->red_dims[d], d);
+    }
+    int in = depth + k->red_rank;
+    range_loop(R, kept, lo, hi, in, true);
+    rfi_render_indent(R, in + 1);
+    putf(R->sb, "%s acc = accs[%s];\n", rfi_render_ctype(k->acc_dtype), slot);
+    rfi_render_statements(R, live, 1, in + 1);
+    rfi_render_statements(R, live, 2, in + 1);
+    fold(R, in + 1);
+    rfi_render_indent(R, in + 1);
+    putf(R->sb, "accs[%s] = acc;\n", slot);
+    rfi_render_indent(R, in);
+    put(R->sb, "}\n");
+    rfi_render_close_loops(R, depth, k->red_rank);
+    range_loop(R, kept, lo, hi, depth, false);
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "const %s acc = accs[%s];\n", rfi_render_ctype(k->acc_dtype), slot);
+    rfi_render_statements(R, out, 1, depth + 1);
+    rfi_render_statements(R, out, 3, depth + 1);
+    rfi_render_stores(R, depth + 1);
+    rfi_render_indent(R, depth);
+    put(R->sb, "}\n");
+    if (blocked) {
+        rfi_render_indent(R, depth - 1);
+        put(R->sb, "}\n");
+    }
+    rfi_render_close_loops(R, 1, kept);
+}
+
+void rfi_render_interchanged_body(rfi_render *R, bool *fold_live, bool *out_live)
+{
+    fold_out_liveness(R->k, fold_live, out_live);
+    interchanged_body(R, fold_live, out_live);
+}
+
+/* ---- Split reductions ------------------------------------------------------------------- */
+/* Each fold's accumulator from (load) or back into its row of partials in
+ * the chunk (accs, accs1, ...) at kept index kl (C text). */
+static void copy_partials(rfi_render *R, int depth, const char *kl, bool load)
+{
+    for (int j = 0; j < R->k->n_folds; j++) {
+        char acc[32], row[32];
+        rfi_render_acc_name(acc, j);
+        rfi_render_fold_name(row, "accs", j);
+        rfi_render_indent(R, depth);
+        if (load)
+            putf(R->sb, "%s %s = %s[%s];\n", rfi_render_ctype(R->k->acc_dtype), acc, row, kl);
+        else
+            putf(R->sb, "%s[%s] = %s;\n", row, kl, acc);
+    }
+}
+
+/* Split float sums fold f32 values converted to double (kir.h), and on AVX2
+ * the conversions cost more than the rest of a BatchNorm gradient's four
+ * sums: ~15 cycles per 8 points, where the loads and products take ~5. So
+ * each point first adds PRESUM consecutive values of its innermost reduced
+ * loop in f32 and converts and folds only their sum. That adds at most
+ * 3 * 2^-24 of the block's sum of magnitudes per block (the values are f32
+ * roundings already; a math library sums f32 data in f32 throughout), and
+ * the ResNet's four sums of 8 channels ran 2-2.8x faster alone (400 ->
+ * 300 us in the step; all its reductions 3.5 -> 2.9 ms). */
+#define PRESUM 4
+
+/* The extent of the innermost reduced loop a split body runs (r0 over one
+ * chunk: its shortest). */
+static int64_t innermost_reduced(const rfi_kir_kernel *k, const rfi_schedule *sc)
+{
+    int last = k->red_rank - 1;
+    return last == 0 ? k->red_dims[0] / sc->chunks : k->red_dims[last];
+}
+
+static bool presum_wanted(const rfi_kir_kernel *k, const bool *live, const rfi_schedule *sc)
+{
+    if (k->rank < 1 || !simd_sum(k) || k->acc_dtype != RF_F64 || k->red_guard >= 0 ||
+        innermost_reduced(k, sc) < PRESUM ||
+        !(k->red_rank == 1 || interchange_reduction(k, live)))
+        return false;
+    for (int j = 0; j < k->n_folds; j++) {
+        const rfi_kir_ins *v = &k->ins[rfi_kir_fold_value(k, j)];
+        if (v->op != RFI_KIR_CONVERT || v->a < 0 || k->ins[v->a].dtype != RF_F32)
+            return false;
+    }
+    return true;
+}
+
+/* The kept loops of a split body at depth around the rest: the values, the
+ * partials loaded, folded and stored back (inside the reduced loops). */
+static void fold_kept_points(rfi_render *R, const bool *live, const char *kl, int depth)
+{
+    int in = depth + R->k->rank;
+    open_kept_loops(R, depth, true);
+    rfi_render_statements(R, live, 1, in);
+    rfi_render_statements(R, live, 2, in);
+    copy_partials(R, in, kl, true);
+    fold(R, in);
+    copy_partials(R, in, kl, false);
+    rfi_render_close_loops(R, depth, R->k->rank);
+}
+
+/* live without the conversions to double the folds read (unless something
+ * else reads them too), in `out`. */
+static void without_fold_conversions(const rfi_kir_kernel *k, const bool *live, bool *out)
+{
+    memcpy(out, live, (size_t)k->n_ins * sizeof *out);
+    for (int j = 0; j < k->n_folds; j++)
+        out[rfi_kir_fold_value(k, j)] = false;
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        for (int j = 0; j < k->n_folds && out[id]; j++) {
+            int v = rfi_kir_fold_value(k, j);
+            if (x->a == v || x->b == v || x->c == v)
+                out[v] = true;
+        }
+    }
+}
+
+/* The kept loops at depth around one block of PRESUM values of the innermost
+ * reduced loop r<last> from rb: each point sums them in f32, then folds. */
+static void presum_block(rfi_render *R, const bool *block_live, const char *kl, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    int last = k->red_rank - 1, in = depth + k->rank;
+    open_kept_loops(R, depth, true);
+    rfi_render_statements(R, block_live, 1, in);
+    for (int j = 0; j < k->n_folds; j++) {
+        rfi_render_indent(R, in);
+        putf(R->sb, "float ps%d = 0.0f;\n", j);
+    }
+    rfi_render_indent(R, in); /* a constant count: gcc unrolls it and vectorises the kept loop */
+    putf(R->sb, "for (int64_t u = 0; u < %d; u++) {\n", PRESUM);
+    rfi_render_indent(R, in + 1);
+    putf(R->sb, "const int64_t r%d = rb + u;\n", last);
+    rfi_render_statements(R, block_live, 2, in + 1);
+    for (int j = 0; j < k->n_folds; j++) {
+        char value[64];
+        rfi_render_operand_text(R, k->ins[rfi_kir_fold_value(k, j)].a, value, sizeof value);
+        rfi_render_indent(R, in + 1);
+        putf(R->sb, "ps%d += %s;\n", j, value);
+    }
+    rfi_render_indent(R, in);
+    put(R->sb, "}\n");
+    copy_partials(R, in, kl, true);
+    for (int j = 0; j < k->n_folds; j++) {
+        char acc[32], value[32];
+        rfi_render_acc_name(acc, j);
+        snprintf(value, sizeof value, "(double)ps%d", j);
+        fold_text(R, in, acc, value);
+    }
+    copy_partials(R, in, kl, false);
+    rfi_render_close_loops(R, depth, k->rank);
+}
+
+/* The split body of presum_wanted kernels (at depth 2, in chunk q): the outer
+ * reduced loops (r0 over the chunk), then the innermost one in blocks of
+ * PRESUM values, and its last values one at a time. */
+static void presum_body(rfi_render *R, const bool *live, const rfi_schedule *sc, const char *kl)
+{
+    const rfi_kir_kernel *k = R->k;
+    bool *block_live = rfi_calloc((size_t)k->n_ins, sizeof *block_live);
+    if (!block_live) {
+        R->sb->failed = true;
+        return;
+    }
+    without_fold_conversions(k, live, block_live);
+    int last = k->red_rank - 1, depth = 2;
+    if (last > 0) {
+        open_chunk_loop(R, depth++, sc);
+        open_inner_reduced_loops(R, last, depth);
+        depth += last - 1;
+    }
+    char lo[64], hi[64];
+    if (last == 0) {
+        long long n = (long long)k->red_dims[0], chunks = (long long)sc->chunks;
+        snprintf(lo, sizeof lo, "q * %lld / %lld", n, chunks);
+        snprintf(hi, sizeof hi, "(q + 1) * %lld / %lld", n, chunks);
+    } else {
+        snprintf(lo, sizeof lo, "0");
+        snprintf(hi, sizeof hi, "%lld", (long long)k->red_dims[last]);
+    }
+    rfi_render_indent(R, depth);
+    putf(R->sb, "const int64_t r_hi = %s;\n", hi);
+    rfi_render_indent(R, depth);
+    putf(R->sb, "int64_t rb = %s;\n", lo);
+    rfi_render_indent(R, depth);
+    putf(R->sb, "for (; rb + %d <= r_hi; rb += %d) {\n", PRESUM, PRESUM);
+    presum_block(R, block_live, kl, depth + 1);
+    rfi_render_indent(R, depth);
+    put(R->sb, "}\n");
+    rfi_render_indent(R, depth);
+    putf(R->sb, "for (int64_t r%d = rb; r%d < r_hi; r%d++) {\n", last, last, last);
+    fold_kept_points(R, live, kl, depth + 1);
+    rfi_render_indent(R, depth);
+    put(R->sb, "}\n");
+    rfi_render_close_loops(R, 2, depth - 2);
+    rfi_free(block_live);
+}
+
+/* The chunk function: chunks [lo, hi), each folding its range of r0 into its
+ * row of partial accumulators. Reductions over r0 alone, and those whose
+ * loads walk memory along the last kept axis but not along the innermost
+ * reduced one (a bias gradient over channel-blocked data), run with the kept
+ * axis innermost (vectorised, like the interchanged form); the others with
+ * the kept loops around the remaining reduced loops. Each point folds its
+ * values in the same order either way. */
+static void split_body(rfi_render *R, const bool *live, const rfi_schedule *sc)
+{
+    const rfi_kir_kernel *k = R->k;
+    char kl[320];
+    kept_index(k, kl, sizeof kl);
+    const char *acc_t = rfi_render_ctype(k->acc_dtype);
+    rfi_render_statements(R, live, 0, 1);
+    put(R->sb, "    for (int64_t q = lo; q < hi; q++) {\n");
+    int folds = k->n_folds;
+    if (k->rank == 0) { /* one point: its partials in scalars */
+        declare_accs(R, 2);
+        open_reduced_loops(R, 0, 2, sc);
+        rfi_render_statements(R, live, 2, 2 + k->red_rank);
+        fold(R, 2 + k->red_rank);
+        rfi_render_close_loops(R, 2, k->red_rank);
+        if (folds == 1)
+            put(R->sb, "        c->part[q] = acc;\n");
+        for (int j = 0; j < folds && folds > 1; j++) {
+            char acc[32];
+            rfi_render_acc_name(acc, j);
+            putf(R->sb, "        c->part[q * %d + %d] = %s;\n", folds, j, acc);
+        }
+        put(R->sb, "    }\n");
+        return;
+    }
+    putf(R->sb, "        %s *restrict accs = c->part + q * %lld;\n", acc_t,
+                  (long long)(folds * sc->kept));
+    for (int j = 1; j < folds; j++)
+        putf(R->sb, "        %s *restrict accs%d = accs + %lld;\n", acc_t, j,
+                      (long long)(j * sc->kept));
+    putf(R->sb, "        for (int64_t a = 0; a < %lld; a++)\n            accs[a] = ",
+                  (long long)(folds * sc->kept));
+    identity_literal(R);
+    put(R->sb, ";\n");
+    if (presum_wanted(k, live, sc)) {
+        presum_body(R, live, sc, kl);
+    } else if (k->red_rank == 1 || interchange_reduction(k, live)) {
+        open_chunk_loop(R, 2, sc);
+        open_inner_reduced_loops(R, k->red_rank, 3);
+        fold_kept_points(R, live, kl, 2 + k->red_rank);
+        rfi_render_close_loops(R, 2, k->red_rank);
+    } else {
+        open_chunk_loop(R, 2, sc);
+        open_kept_loops(R, 3, false);
+        int in = 3 + k->rank;
+        rfi_render_statements(R, live, 1, in);
+        copy_partials(R, in, kl, true);
+        open_reduced_loops(R, 1, in, sc);
+        rfi_render_statements(R, live, 2, in + k->red_rank - 1);
+        fold(R, in + k->red_rank - 1);
+        rfi_render_close_loops(R, in, k->red_rank - 1);
+        copy_partials(R, in, kl, false);
+        rfi_render_close_loops(R, 2, 1 + k->rank);
+    }
+    put(R->sb, "    }\n");
+}
+
+/* The combine function: each point's partials folded in chunk order, then
+ * the values after the reduction computed and stored. */
+static void combine_function(rfi_render *R, const char *kname, const bool *live, const bool *used,
+                             const rfi_schedule *sc)
+{
+    const rfi_kir_kernel *k = R->k;
+    char kl[320], part[400];
+    kept_index(k, kl, sizeof kl);
+    int folds = k->n_folds;
+    putf(R->sb, "/* Folds each point's %lld partials in chunk order, then stores. */\n",
+                  (long long)sc->chunks);
+    putf(R->sb, "RF_KERNEL void %s_combine(const struct %s_ctx *c)\n{\n", kname, kname);
+    rfi_render_declare_bases(R, used);
+    rfi_render_statements(R, live, 0, 1);
+    open_kept_loops(R, 1, false);
+    int in = 1 + k->rank;
+    declare_accs(R, in);
+    for (int j = 0; j < folds; j++) {
+        char acc[32], row[64] = "";
+        rfi_render_acc_name(acc, j);
+        if (j > 0)
+            snprintf(row, sizeof row, " + %lld", (long long)(j * sc->kept));
+        if (sc->kept == 1 && folds == 1)
+            snprintf(part, sizeof part, "c->part[q]");
+        else if (sc->kept == 1)
+            snprintf(part, sizeof part, "c->part[q * %d%s]", folds, row);
+        else
+            snprintf(part, sizeof part, "c->part[q * %lld%s + %s]",
+                     (long long)(folds * sc->kept), row, kl);
+        rfi_render_indent(R, in);
+        putf(R->sb, "for (int64_t q = 0; q < %lld; q++)\n", (long long)sc->chunks);
+        fold_text(R, in + 1, acc, part);
+    }
+    rfi_render_statements(R, live, 1, in);
+    rfi_render_statements(R, live, 3, in);
+    rfi_render_stores(R, in);
+    rfi_render_close_loops(R, 1, k->rank);
+    put(R->sb, "}\n\n");
+}
+
+/* A split reduction's two functions; fold_live and out_live are scratch. */
+void rfi_render_split_functions(rfi_render *R, const char *kname, const rfi_schedule *sc,
+                                bool *fold_live, bool *out_live, bool *used)
+{
+    fold_out_liveness(R->k, fold_live, out_live);
+    rfi_render_function_head(R, kname);
+    rfi_render_bases_used(R->k, fold_live, false, used);
+    rfi_render_declare_bases(R, used);
+    split_body(R, fold_live, sc);
+    put(R->sb, "}\n\n");
+    rfi_render_bases_used(R->k, out_live, true, used);
+    combine_function(R, kname, out_live, used, sc);
+}
+
+/* ---- Unrolled reductions -------------------------------------------------------------- *
+ * A float sum over one contiguous reduced loop per output (a matrix-vector
+ * product: the batch-1 dense layer) is bound by the latency of its one
+ * vector accumulator. Its plain schedule gets UNROLL_OUTPUTS outputs per
+ * iteration of the kept loop, each with its own accumulator in one
+ * vectorised reduced loop, which also loads the values they share (the
+ * vector) once. Each output still folds its points in the same order, so
+ * results are bitwise those of the plain schedule. */
+#define UNROLL_OUTPUTS 4
+#define UNROLL_MIN_POINTS 32
+
+bool rfi_render_unrolls(const rfi_kir_kernel *k)
+{
+    return k->is_reduce && k->n_folds == 1 && k->rank == 1 && k->red_rank == 1 && simd_sum(k) &&
+           k->dims[0] >= 2 * UNROLL_OUTPUTS && k->red_dims[0] >= UNROLL_MIN_POINTS;
+}
+
+/* dep[id]: instruction id varies with the kept loop (its value is per output). */
+static void output_dependent(const rfi_kir_kernel *k, bool *dep)
+{
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        dep[id] = (x->op == RFI_KIR_VAR && x->var == 0) || x->op == RFI_KIR_ACC ||
+                  (x->a >= 0 && x->a < id && dep[x->a]) ||
+                  (x->b >= 0 && x->b < id && dep[x->b]) || (x->c >= 0 && x->c < id && dep[x->c]);
+    }
+}
+
+/* Renames the per-output values for output u of a block: x_12 becomes x_12u2
+ * and i0 i0u2 for u = 2 (u = 0 keeps the plain names); the accumulator is
+ * acc_<u>. False when a name would not fit. */
+static bool name_output(rfi_render *R, const bool *dep, char (*saved)[32], int u)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int id = 0; id < k->n_ins; id++) {
+        if (!dep[id])
+            continue;
+        const rfi_kir_ins *x = &k->ins[id];
+        /* "u<u>" after a name's digits: no plain name has letters there */
+        int n = x->op == RFI_KIR_ACC ? snprintf(R->names[id], 32, "acc_%d", u)
+                : u == 0             ? snprintf(R->names[id], 32, "%s", saved[id])
+                                     : snprintf(R->names[id], 32, "%su%d", saved[id], u);
+        if (n < 0 || n >= 32)
+            return false;
+    }
+    return true;
+}
+
+/* The block of UNROLL_OUTPUTS outputs at i0 (see above); false (nothing
+ * written) when the names do not fit. */
+static bool unrolled_block(rfi_render *R, const bool *live, const bool *dep, char (*saved)[32])
+{
+    const rfi_kir_kernel *k = R->k;
+    rfi_strbuf text = {0}, *out = R->sb;
+    R->sb = &text;
+    bool ok = true;
+    putf(R->sb, "    for (; i0 + %d <= hi; i0 += %d) {\n", UNROLL_OUTPUTS, UNROLL_OUTPUTS);
+    for (int u = 1; u < UNROLL_OUTPUTS; u++)
+        putf(R->sb, "        const int64_t i0u%d = i0 + %d;\n", u, u);
+    rfi_render_statements_where(R, live, 1, 2, dep, false);
+    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++)
+        if ((ok = name_output(R, dep, saved, u)))
+            rfi_render_statements_where(R, live, 1, 2, dep, true);
+    for (int u = 0; u < UNROLL_OUTPUTS; u++) {
+        putf(R->sb, "        %s acc_%d = ", rfi_render_ctype(k->acc_dtype), u);
+        identity_literal(R);
+        put(R->sb, ";\n");
+    }
+    put(R->sb, "        #pragma omp simd reduction(+:acc_0");
+    for (int u = 1; u < UNROLL_OUTPUTS; u++)
+        putf(R->sb, ", acc_%d", u);
+    putf(R->sb, ")\n        for (int64_t r0 = 0; r0 < %lld; r0++) {\n",
+                  (long long)k->red_dims[0]);
+    rfi_render_statements_where(R, live, 2, 3, dep, false);
+    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++) {
+        char acc[16];
+        snprintf(acc, sizeof acc, "acc_%d", u);
+        if ((ok = name_output(R, dep, saved, u))) {
+            rfi_render_statements_where(R, live, 2, 3, dep, true);
+            fold_into(R, 3, acc);
+        }
+    }
+    put(R->sb, "        }\n");
+    for (int u = 0; u < UNROLL_OUTPUTS && ok; u++)
+        if ((ok = name_output(R, dep, saved, u))) {
+            rfi_render_statements_where(R, live, 3, 2, dep, true);
+            rfi_render_stores(R, 2);
+        }
+    put(R->sb, "    }\n");
+    R->sb = out;
+    for (int id = 0; id < k->n_ins; id++) /* the plain names back */
+        memcpy(R->names[id], saved[id], 32);
+    out->failed |= text.failed;
+    ok = ok && !text.failed;
+    if (ok)
+        put_n(R->sb, text.data, text.len);
+    rfi_sb_free(&text);
+    return ok;
+}
+
+/* Blocks of UNROLL_OUTPUTS outputs, then the plain schedule for the rest. */
+void rfi_render_unrolled_body(rfi_render *R, const bool *live)
+{
+    const rfi_kir_kernel *k = R->k;
+    size_t n = (size_t)(k->n_ins > 0 ? k->n_ins : 1);
+    bool *dep = rfi_calloc(n, sizeof *dep);
+    char (*saved)[32] = rfi_malloc(n * sizeof *saved);
+    if (dep && saved) {
+        memcpy(saved, R->names, (size_t)k->n_ins * sizeof *saved);
+        output_dependent(k, dep);
+        put(R->sb, "    int64_t i0 = lo;\n");
+        if (unrolled_block(R, live, dep, saved))
+            /* fewer than UNROLL_OUTPUTS outputs are left; saying so keeps gcc,
+             * once the kernel is inlined with constant bounds, from warning
+             * that a later iteration of this loop would overflow an index */
+            putf(R->sb, "    for (const int64_t tail_end = i0 + (hi - i0) %% %d; i0 < tail_end; "
+                        "i0++) {\n", UNROLL_OUTPUTS);
+        else
+            put(R->sb, "    /* (not unrolled: names too long) */\n    for (; i0 < hi; i0++) {\n");
+        rfi_render_statements(R, live, 1, 2);
+        rfi_render_reduction_loops(R, live, 2);
+        rfi_render_stores(R, 2);
+        put(R->sb, "    }\n");
+    } else {
+        R->sb->failed = true;
+    }
+    rfi_free(dep);
+    rfi_free(saved);
+}
+
