@@ -278,6 +278,18 @@ static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
         rfi_sb_printf(sb,
                       "%smemcpy(row + %lld, x + (n * %lld + y) * %lld, sizeof(float) * %lld);\n",
                       in1, left * C, H, W * C, copied * C);
+    } else if (copied > 0 && B > 0 && C % B == 0) {
+        /* per block of B channels, B contiguous floats per column (indexing x
+         * by ci / B and ci % B instead made gcc gather them) */
+        rfi_sb_printf(sb,
+                      "%sfor (int64_t cb = 0; cb < %lld; cb++) {\n"
+                      "%sconst float *restrict src = x + ((n * %lld + cb) * %lld + y) * %lld;\n"
+                      "%sfor (int64_t ix = 0; ix < %lld; ix++)\n"
+                      "%s    for (int64_t j = 0; j < %lld; j++)\n"
+                      "%s        row[(ix + %lld) * %lld + cb * %lld + j] = src[ix * %lld + j];\n"
+                      "%s}\n",
+                      in1, C / B, in2, C / B, H, W * B, in2, copied, in2, B, in2, left, C, B, B,
+                      in1);
     } else if (copied > 0) {
         char at[160];
         if (B > 0)
