@@ -9,7 +9,9 @@
  * compiler and an unloadable object give RF_E_COMPILE with the command line,
  * the compiler's output and the kept source; the compiler inherits no stray
  * file descriptors; the directory is created 0700; memoised values (the
- * compiler's version line) round-trip and untrusted ones are ignored;
+ * compiler's version line) round-trip and untrusted ones are ignored; the
+ * flag that keeps modules free of gathers is the first one the compiler
+ * accepts, asked once per compiler binary;
  * records (rfi_disk_cache_record_get/put) round-trip any bytes and read as
  * missing for another key or context, with any byte altered, cut short, or
  * writable by others. The size limit (RF_CACHE_MAX_MB) deletes the entries
@@ -590,7 +592,8 @@ static void test_syntax_error_reports(void)
     CHECK(m == NULL);
     CHECK_MSG("compiling module broken failed (exit status 1)");
     CHECK_MSG("-O2 -std=c11 -fPIC -shared -fopenmp-simd -fno-math-errno -fno-trapping-math "
-              "-funswitch-loops -march=native -ffp-contract=fast" ARCH_FLAGS " -o ");
+              "-funswitch-loops -march=native -ffp-contract=fast" ARCH_FLAGS " ");
+    CHECK_MSG(" -o "); /* after the gather flag this compiler takes, if any */
     CHECK_MSG("-lm");
     CHECK_MSG("oops"); /* the compiler's diagnostic */
     CHECK_MSG("error");
@@ -661,6 +664,66 @@ static void test_compiler_override_and_fds(void)
     CHECK_OK(rfi_cc_context(&context));
     CHECK(context && !strstr(context, "fake-cc"));
     rfi_free(context);
+}
+
+/* The flag that keeps modules free of gathers (cc.c): a fake compiler that
+ * accepts only gcc 12's spelling gets that one, in its context and in its
+ * compile command, and is asked once: a second lookup of the same binary
+ * reads the memo. The fake logs every run that is not --version. */
+static void test_no_gather_flag(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    const char *saved = getenv("CC");
+    char *saved_cc = saved ? strdup(saved) : NULL;
+    char script[600], log[600];
+    snprintf(script, sizeof script, "%s/gather-cc", root);
+    snprintf(log, sizeof log, "%s/gather-cc.log", root);
+    FILE *f = fopen(script, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fprintf(f,
+                "#!/bin/sh\n"
+                "if [ \"$1\" = --version ]; then echo 'gather-cc 2.0'; exit 0; fi\n"
+                "echo \"$*\" >> '%s'\n"
+                "if [ \"$1\" = -fsyntax-only ]; then\n"
+                "    [ \"$4\" = '-mtune-ctrl=^use_gather' ] && exit 0\n"
+                "    echo \"unknown option $4\" >&2; exit 1\n"
+                "fi\n"
+                "exit 3\n",
+                log);
+        fclose(f);
+    }
+    chmod(script, 0700);
+    setenv("CC", script, 1);
+    char *context = NULL;
+    CHECK_OK(rfi_cc_context(&context));
+    CHECK(context && strstr(context, "-mno-red-zone -mtune-ctrl=^use_gather -lm"));
+    rfi_free(context);
+    rfi_module *m = NULL;
+    CHECK_STATUS(rfi_cc_load_module("int z;", "gather", &m), RF_E_COMPILE);
+    CHECK_MSG("-mtune-ctrl=^use_gather -o");
+    unsetenv("CC"); /* another compiler, then this one again: from the memo */
+    CHECK_OK(rfi_cc_context(&context));
+    rfi_free(context);
+    setenv("CC", script, 1);
+    CHECK_OK(rfi_cc_context(&context));
+    CHECK(context && strstr(context, "-mtune-ctrl=^use_gather"));
+    rfi_free(context);
+    int probes = 0;
+    char line[1024];
+    f = fopen(log, "r");
+    CHECK(f != NULL);
+    while (f && fgets(line, sizeof line, f))
+        probes += strncmp(line, "-fsyntax-only", 13) == 0;
+    if (f)
+        fclose(f);
+    CHECK(probes == 2); /* -mno-gather refused, then gcc 12's accepted; once */
+    if (saved_cc)
+        setenv("CC", saved_cc, 1);
+    else
+        unsetenv("CC");
+    free(saved_cc);
+#endif
 }
 
 /* ---- The program index ------------------------------------------------------------------ */
@@ -1055,6 +1118,7 @@ int main(int argc, char **argv)
     test_module_in_parts();
     test_unloadable_object_reports();
     test_compiler_override_and_fds();
+    test_no_gather_flag();
     test_index_skips_generation();
     test_bad_index_files_are_rebuilt();
     test_index_to_missing_module_falls_back();

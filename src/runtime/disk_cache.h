@@ -157,8 +157,9 @@ RFI_FUNC void rfi_disk_cache_record_put(const void *key, size_t key_len, const c
                                         const void *payload, size_t len);
 
 /* Small one-line values memoised in the cache directory as <name>.memo (the
- * C compiler's `--version` line, keyed by the compiler binary's identity, so a
- * warm process runs no program at all). name: letters, digits, '-', '_', at
+ * C compiler's `--version` line and the flag that keeps it from emitting
+ * gathers, keyed by the compiler binary's identity, so a warm process runs no
+ * program at all). name: letters, digits, '-', '_', at
  * most 64 characters. get: true with *value (rfi_malloc'd) when the file
  * exists, is trusted (regular, owned by the user, writable by no one else) and
  * holds one line; false otherwise, silently (the caller recomputes). put: best

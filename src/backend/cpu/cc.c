@@ -188,6 +188,7 @@ static bool status_ok(int ws) { return ws != -1 && WIFEXITED(ws) && WEXITSTATUS(
 typedef struct compiler_info {
     char name[PATH_MAX];     /* $CC as given, or "cc": argv[0] */
     char exec_path[PATH_MAX]; /* what is executed: name, or its PATH match */
+    char no_gather[96];      /* the flag that keeps it from emitting gathers, or "" */
 } compiler_info;
 
 /* Finds the program to execute for `name` as execvp would. */
@@ -301,12 +302,13 @@ static uint64_t compiler_env_hash(const char *cc)
     return path ? rfi_hash_bytes(h, path, strlen(path)) : h;
 }
 
-/* The memo name for the version line of the compiler binary `resolved` run as
- * argv[0] = ci->name (gcc prints its argv[0]): a hash of both and of the
- * binary's identity (device, inode, size, modification and change times), so
- * a replaced or upgraded compiler is asked again. False when it cannot be stat'ed. */
-static bool version_memo_name(const compiler_info *ci, const char *resolved, char *out,
-                              size_t n)
+/* The memo name for what (the version line, the gather flag) of the compiler
+ * binary `resolved` run as argv[0] = ci->name (gcc prints its argv[0]): a hash
+ * of both and of the binary's identity (device, inode, size, modification and
+ * change times), so a replaced or upgraded compiler is asked again. False
+ * when it cannot be stat'ed. */
+static bool memo_name(const char *what, const compiler_info *ci, const char *resolved,
+                      char *out, size_t n)
 {
     struct stat st;
     if (stat(resolved, &st) != 0)
@@ -318,7 +320,7 @@ static bool version_memo_name(const compiler_info *ci, const char *resolved, cha
     h = rfi_hash_bytes(h, resolved, strlen(resolved) + 1);
     uint64_t a = rfi_hash_u64(h, rfi_hash_bytes(h, id, sizeof id));
     uint64_t b = rfi_hash_u64(a, RF_MODULE_ABI);
-    snprintf(out, n, "cc-version-%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+    snprintf(out, n, "cc-%s-%016llx%016llx", what, (unsigned long long)a, (unsigned long long)b);
     return true;
 }
 
@@ -329,7 +331,7 @@ static rf_status compiler_version_memo(const compiler_info *ci, const char *reso
                                        char *buf, size_t n)
 {
     char memo[96];
-    bool named = version_memo_name(ci, resolved, memo, sizeof memo);
+    bool named = memo_name("version", ci, resolved, memo, sizeof memo);
     char *value = NULL;
     if (named && rfi_disk_cache_memo_get(memo, &value)) {
         snprintf(buf, n, "%s", value);
@@ -340,6 +342,67 @@ static rf_status compiler_version_memo(const compiler_info *ci, const char *reso
     if (st == RF_OK && named)
         rfi_disk_cache_memo_put(memo, buf);
     return st;
+}
+
+/* ---- Gathers ---------------------------------------------------------------------------- *
+ * Generated modules are compiled so that they contain no AVX2 gather
+ * instruction. gcc 12.2 (Debian 12.2.0-14) miscompiled the pieces of a padded
+ * reduce_window: with two edge kernels inlined into the entry point, the
+ * clamped loads of one, vectorised as vgatherqps, got as their mask a register
+ * holding a broadcast's source instead of all ones, so lanes were not loaded
+ * and a sum lost three of its four terms (found by the op fuzzer; the same C
+ * is right at -O0, with the kernels not inlined, and with no gathers).
+ * Gathers only vectorise such guarded and clamped loads in the kernels of
+ * this backend, which run once per edge of a window; a direct convolution's
+ * row copy is written with contiguous loads. The flag's name changed across
+ * versions, so the first of no_gather_flags that the compiler accepts is used
+ * (none for a compiler that accepts none of them), asked once per compiler
+ * binary and memoised like its version line. */
+#if defined(__x86_64__) || defined(__i386__)
+static const char *const no_gather_flags[] = {
+    "-mno-gather",                                                        /* gcc 13.3+, clang 17+ */
+    "-mtune-ctrl=^use_gather",                                            /* gcc 11-12 */
+    "-mtune-ctrl=^use_gather_2parts,^use_gather_4parts,^use_gather_8parts", /* gcc 13.1-13.2 */
+};
+#define N_NO_GATHER_FLAGS (sizeof no_gather_flags / sizeof no_gather_flags[0])
+#else
+static const char *const no_gather_flags[] = {""};
+#define N_NO_GATHER_FLAGS 0
+#endif
+
+/* Whether the compiler accepts `flag` (checking an empty translation unit). */
+static bool compiler_accepts(const compiler_info *ci, const char *flag)
+{
+    char *argv[] = {(char *)ci->name, "-fsyntax-only", "-x", "c", (char *)flag, "/dev/null",
+                    NULL};
+    rfi_strbuf out = {0};
+    bool trunc = false;
+    int ws = 0;
+    bool ok = run_program(ci->exec_path, argv, &out, &trunc, &ws) == 0 && status_ok(ws);
+    rfi_sb_free(&out);
+    return ok;
+}
+
+/* ci->no_gather: from the memo when this binary was asked before, else by
+ * trying each candidate (and memoising the answer: the flag, or "none"). */
+static void find_no_gather_flag(compiler_info *ci, const char *resolved)
+{
+    char memo[96];
+    char *value = NULL;
+    ci->no_gather[0] = '\0';
+    if (N_NO_GATHER_FLAGS == 0)
+        return;
+    bool named = memo_name("gather", ci, resolved, memo, sizeof memo);
+    if (named && rfi_disk_cache_memo_get(memo, &value)) {
+        snprintf(ci->no_gather, sizeof ci->no_gather, "%s", strcmp(value, "none") ? value : "");
+        rfi_free(value);
+        return;
+    }
+    for (size_t i = 0; i < N_NO_GATHER_FLAGS && !ci->no_gather[0]; i++)
+        if (compiler_accepts(ci, no_gather_flags[i]))
+            snprintf(ci->no_gather, sizeof ci->no_gather, "%s", no_gather_flags[i]);
+    if (named)
+        rfi_disk_cache_memo_put(memo, ci->no_gather[0] ? ci->no_gather : "none");
 }
 
 static rf_status build_identity(const char *cc, compiler_info *ci, char **context)
@@ -354,10 +417,13 @@ static rf_status build_identity(const char *cc, compiler_info *ci, char **contex
     char version[512];
     if ((st = compiler_version_memo(ci, resolved, version, sizeof version)) != RF_OK)
         return st;
+    find_no_gather_flag(ci, resolved);
     rfi_strbuf sb = {0};
     rfi_sb_printf(&sb, "compiler=%s\ncompiler_version=%s\nflags=", resolved, version);
     for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
         rfi_sb_printf(&sb, "%s ", compile_flags[i]);
+    if (ci->no_gather[0])
+        rfi_sb_printf(&sb, "%s ", ci->no_gather);
     rfi_sb_printf(&sb, "-lm\nabi=%d\ncpu=", RF_MODULE_ABI);
     cpu_features(&sb);
     if (sb.failed) {
@@ -472,11 +538,13 @@ static rf_status compile_with(const compiler_info *ci, const char *src_path,
         atomic_fetch_add(&n_compiles, 1);
         return compile_parts(ci, src_path, out_path, name, parts);
     }
-    char *argv[N_COMPILE_FLAGS + 6];
+    char *argv[N_COMPILE_FLAGS + 7];
     int a = 0;
     argv[a++] = (char *)ci->name;
     for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
         argv[a++] = (char *)compile_flags[i];
+    if (ci->no_gather[0])
+        argv[a++] = (char *)ci->no_gather;
     argv[a++] = "-o";
     argv[a++] = (char *)out_path;
     argv[a++] = (char *)src_path;
@@ -519,7 +587,7 @@ static int source_parts(const char *src_path)
 
 typedef struct part_job {
     const compiler_info *ci;
-    char *argv[N_COMPILE_FLAGS + 8];
+    char *argv[N_COMPILE_FLAGS + 9];
     char define[32], obj[PATH_MAX];
     rfi_strbuf out;
     bool truncated, started;
@@ -547,6 +615,8 @@ static void part_argv(part_job *j, const compiler_info *ci, const char *src_path
     for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
         if (strcmp(compile_flags[i], "-shared") != 0)
             j->argv[a++] = (char *)compile_flags[i];
+    if (ci->no_gather[0])
+        j->argv[a++] = (char *)ci->no_gather;
     j->argv[a++] = "-c";
     j->argv[a++] = j->define;
     j->argv[a++] = "-o";
