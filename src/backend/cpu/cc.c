@@ -351,24 +351,21 @@ static rf_status compiler_version_memo(const compiler_info *ci, const char *reso
  * clamped loads of one, vectorised as vgatherqps, got as their mask a register
  * holding a broadcast's source instead of all ones, so lanes were not loaded
  * and a sum lost three of its four terms (found by the op fuzzer; the same C
- * is right at -O0, with the kernels not inlined, and with no gathers).
- * Gathers only vectorise such guarded and clamped loads in the kernels of
- * this backend, which run once per edge of a window; a direct convolution's
- * row copy is written with contiguous loads. The flag's name changed across
- * versions, so the first of no_gather_flags that the compiler accepts is used
- * (none for a compiler that accepts none of them), asked once per compiler
- * binary and memoised like its version line. */
+ * is right at -O0, with the kernels not inlined, and with no gathers). In
+ * this backend's kernels gathers only ever vectorised loads whose index is not
+ * affine in the innermost loop (clamped at a padding, or divided): edge pieces
+ * of windows and concatenations, and a direct convolution's row copy from
+ * channel blocks, which render_conv.c now writes with contiguous loads. The
+ * flag's name differs across compilers and versions, so the first of
+ * no_gather_flags that the compiler accepts is used (none when it accepts
+ * none of them), asked once per compiler binary and memoised like its
+ * version line. */
 #if defined(__x86_64__) || defined(__i386__)
 static const char *const no_gather_flags[] = {
-    "-mno-gather",                                                        /* gcc 13.3+, clang 17+ */
+    "-mno-gather",                                                        /* newer gcc, clang */
     "-mtune-ctrl=^use_gather",                                            /* gcc 11-12 */
-    "-mtune-ctrl=^use_gather_2parts,^use_gather_4parts,^use_gather_8parts", /* gcc 13.1-13.2 */
+    "-mtune-ctrl=^use_gather_2parts,^use_gather_4parts,^use_gather_8parts", /* gcc 13's names */
 };
-#define N_NO_GATHER_FLAGS (sizeof no_gather_flags / sizeof no_gather_flags[0])
-#else
-static const char *const no_gather_flags[] = {""};
-#define N_NO_GATHER_FLAGS 0
-#endif
 
 /* Whether the compiler accepts `flag` (checking an empty translation unit). */
 static bool compiler_accepts(const compiler_info *ci, const char *flag)
@@ -390,20 +387,26 @@ static void find_no_gather_flag(compiler_info *ci, const char *resolved)
     char memo[96];
     char *value = NULL;
     ci->no_gather[0] = '\0';
-    if (N_NO_GATHER_FLAGS == 0)
-        return;
     bool named = memo_name("gather", ci, resolved, memo, sizeof memo);
     if (named && rfi_disk_cache_memo_get(memo, &value)) {
         snprintf(ci->no_gather, sizeof ci->no_gather, "%s", strcmp(value, "none") ? value : "");
         rfi_free(value);
         return;
     }
-    for (size_t i = 0; i < N_NO_GATHER_FLAGS && !ci->no_gather[0]; i++)
+    size_t n = sizeof no_gather_flags / sizeof no_gather_flags[0];
+    for (size_t i = 0; i < n && !ci->no_gather[0]; i++)
         if (compiler_accepts(ci, no_gather_flags[i]))
             snprintf(ci->no_gather, sizeof ci->no_gather, "%s", no_gather_flags[i]);
     if (named)
         rfi_disk_cache_memo_put(memo, ci->no_gather[0] ? ci->no_gather : "none");
 }
+#else
+static void find_no_gather_flag(compiler_info *ci, const char *resolved)
+{
+    (void)resolved;
+    ci->no_gather[0] = '\0'; /* no gathers to avoid */
+}
+#endif
 
 static rf_status build_identity(const char *cc, compiler_info *ci, char **context)
 {
