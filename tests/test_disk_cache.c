@@ -11,7 +11,8 @@
  * file descriptors; the directory is created 0700; memoised values (the
  * compiler's version line) round-trip and untrusted ones are ignored; the
  * flag that keeps modules free of gathers is the first one the compiler
- * accepts, asked once per compiler binary;
+ * accepts, asked once per compiler binary, and a loop gcc would gather
+ * compiles without them (objdump);
  * records (rfi_disk_cache_record_get/put) round-trip any bytes and read as
  * missing for another key or context, with any byte altered, cut short, or
  * writable by others. The size limit (RF_CACHE_MAX_MB) deletes the entries
@@ -726,6 +727,61 @@ static void test_no_gather_flag(void)
 #endif
 }
 
+/* A module whose loop gcc 12 vectorises with gathers (clamped loads) is
+ * compiled without any when the compiler took a flag against them, and
+ * computes the same values; objdump reads the object (skipped without it). */
+static void test_module_has_no_gathers(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    static const char src[] =
+        "#include <stdint.h>\n"
+        "int rf_module_run_v1(const void *s, void *const *b)\n"
+        "{\n"
+        "    (void)s;\n"
+        "    float *y = b[0];\n"
+        "    const float *x = b[1];\n"
+        "    #pragma omp simd\n"
+        "    for (int64_t i = 0; i < 64; i++) {\n"
+        "        const int64_t j = (i < 20 ? i : 20) * 3 + (i > 40 ? 1 : 0);\n"
+        "        y[i] = x[j] + 1.0f;\n"
+        "    }\n"
+        "    return 0;\n"
+        "}\n";
+    rfi_module *m = NULL;
+    CHECK_OK(rfi_cc_load_module(src, "clamped", &m));
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++)
+        x[i] = (float)i * 0.5f;
+    void *bufs[2] = {y, x};
+    rf_module_entry entry = m ? rfi_module_entry_fn(m) : NULL;
+    CHECK(entry && entry(NULL, bufs) == 0);
+    for (int i = 0; entry && i < 64; i++)
+        CHECK(y[i] == x[(i < 20 ? i : 20) * 3 + (i > 40)] + 1.0f);
+    char *context = NULL;
+    CHECK_OK(rfi_cc_context(&context));
+    bool flagged = context && strstr(context, "gather");
+    rfi_free(context);
+    char cmd[1400], out[64] = "";
+    snprintf(cmd, sizeof cmd,
+             "command -v objdump >/dev/null && objdump -d '%s' | grep -ci gather || "
+             "command -v objdump >/dev/null || echo none",
+             m ? m->so_path : "");
+    FILE *p = m ? popen(cmd, "r") : NULL;
+    if (p) {
+        if (!fgets(out, sizeof out, p))
+            out[0] = '\0';
+        pclose(p);
+    }
+    if (strncmp(out, "none", 4) == 0)
+        printf("module without gathers: not checked (no objdump)\n");
+    else if (flagged)
+        CHECK(atoi(out) == 0);
+    else
+        printf("module without gathers: not checked (the compiler takes no flag)\n");
+    rfi_module_free(m);
+#endif
+}
+
 /* ---- The program index ------------------------------------------------------------------ */
 
 #define MAX_INDEX_FILES 16
@@ -1119,6 +1175,7 @@ int main(int argc, char **argv)
     test_unloadable_object_reports();
     test_compiler_override_and_fds();
     test_no_gather_flag();
+    test_module_has_no_gathers();
     test_index_skips_generation();
     test_bad_index_files_are_rebuilt();
     test_index_to_missing_module_falls_back();
