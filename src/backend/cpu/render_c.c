@@ -668,6 +668,23 @@ void rfi_render_bases_used(const rfi_kir_kernel *k, const bool *live, bool store
         used[k->stores[s].base] = true;
 }
 
+void rfi_render_open_outer_loops(rfi_render *R, int n, bool simd)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int d = 0; d < n; d++) {
+        if (simd && d == n - 1) {
+            rfi_render_indent(R, 1 + d);
+            put(R->sb, "#pragma omp simd\n");
+        }
+        rfi_render_indent(R, 1 + d);
+        if (d == 0)
+            put(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
+        else
+            putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
+                 (long long)k->dims[d], d);
+    }
+}
+
 void rfi_render_close_loops(rfi_render *R, int depth, int n)
 {
     for (int d = n - 1; d >= 0; d--) {
@@ -702,18 +719,7 @@ static void plain_body(rfi_render *R, const bool *live)
     const rfi_kir_kernel *k = R->k;
     if (k->rank == 0)
         put(R->sb, "    (void)lo;\n    (void)hi;\n");
-    for (int d = 0; d < k->rank; d++) {
-        if (d == k->rank - 1 && !k->is_reduce) {
-            rfi_render_indent(R, 1 + d);
-            put(R->sb, "#pragma omp simd\n");
-        }
-        rfi_render_indent(R, 1 + d);
-        if (d == 0)
-            put(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
-        else
-            putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
-                          (long long)k->dims[d], d);
-    }
+    rfi_render_open_outer_loops(R, k->rank, !k->is_reduce);
     int depth = 1 + k->rank;
     rfi_render_statements(R, live, 1, depth);
     if (k->is_reduce)

@@ -101,6 +101,9 @@ RFI_FUNC void rfi_render_statements_where(rfi_render *R, const bool *live, int l
                                           const bool *only, bool want);
 RFI_FUNC void rfi_render_statements(rfi_render *R, const bool *live, int level, int depth);
 RFI_FUNC void rfi_render_stores(rfi_render *R, int depth);
+/* Opens the kernel's first n kept loops from depth 1, i0 over the function's
+ * range [lo, hi), the others whole; the last vectorised when simd. */
+RFI_FUNC void rfi_render_open_outer_loops(rfi_render *R, int n, bool simd);
 /* Closes n loops opened at depth, depth + 1, ... */
 RFI_FUNC void rfi_render_close_loops(rfi_render *R, int depth, int n);
 /* used[b]: base b is loaded by a live instruction (or, with `stored`, stored

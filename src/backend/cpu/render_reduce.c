@@ -375,14 +375,7 @@ static void interchanged_body(rfi_render *R, const bool *live, const bool *out)
 {
     const rfi_kir_kernel *k = R->k;
     int kept = k->rank - 1, depth = 1 + kept;
-    for (int d = 0; d < kept; d++) {
-        rfi_render_indent(R, 1 + d);
-        if (d == 0)
-            put(R->sb, "for (int64_t i0 = lo; i0 < hi; i0++) {\n");
-        else
-            putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", d, d,
-                          (long long)k->dims[d], d);
-    }
+    rfi_render_open_outer_loops(R, kept, false);
     bool blocked = kept == 0 || k->dims[kept] > ROW_BLOCK;
     char lo[32], hi[32], slot[48];
     int64_t n_accs = blocked ? ROW_BLOCK : k->dims[kept];
