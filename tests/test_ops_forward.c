@@ -1411,7 +1411,7 @@ static const window_case WINDOW_CASES[] = {
     {1, {7}, {3}, {2}, {2, 0}, {1, 0}},
     {4, {1, 2, 4, 4}, {1, 1, 2, 2}, {1, 1, 1, 1}, {0, 0, 0, 0}, {0, 0, 0, 0}},
     /* padded more than a window on every dim: edge pieces on each side of every
-     * dim, whose clamped loads gcc vectorises as AVX2 gathers (cc.c: -fno-gcse) */
+     * dim, whose clamped loads gcc 12 miscompiled as AVX2 gathers (cc.c: no gathers) */
     {3, {2, 3, 4}, {2, 2, 3}, {1, 1, 1}, {2, 0, 2}, {5, 5, 5}},
 };
 
