@@ -18,73 +18,22 @@
  * and clamp (kir.h), so each piece reads gradients and parameters directly
  * and stores each parameter update into its own buffer.
  *
- * A reduce_window over a small window (a pooling) is unrolled: its points
- * are folded one after the other by explicit instructions with the fold's
- * arithmetic, so the kernel has no reduced loops and vectorises along its
- * last axis like an elementwise loop (about 4x faster than the looped
- * window on the cnn's first 2x2 max-pool). A padded one becomes kernels over
- * boxes of its result: the edges, and an interior where the value ranges
- * fold every padding guard and index clamp away.
+ * REDUCE steps (windows, their unrolled and padded forms, sibling folds) are
+ * lowered by kir_lower_reduce.c; kir_lower.h holds what the two share.
  *
  * CALL and COPY steps become module steps the renderer emits as calls and
  * copies. Deliberately no loop order or thread-split decisions (tiling,
  * interchange, partial reductions: renderers choose those) and no C:
  * renderers print the result.
  */
-#include "kir.h"
+#include "kir_lower.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- Index vectors ------------------------------------------------------------- */
-typedef struct kidx {
-    int rank;
-    int64_t dims[RF_MAX_RANK];
-    int lin;              /* instruction of the row-major linear index, or -1 */
-    bool has_m;
-    int m[RF_MAX_RANK];   /* instructions of the multi-index (when has_m) */
-} kidx;
-
-typedef struct memo_entry {
-    int node, nkey, value;
-    int key[RF_MAX_RANK + 1];
-} memo_entry;
-
-typedef struct lower {
-    const rfi_plan *p;
-    const rfi_graph *g;
-    rfi_kir_kernel *k;
-    const bool *is_root;   /* per node: a root of the step being lowered */
-    bool flat;             /* the root index is a flat loop over all elements */
-    bool wants_multi;      /* a multi-index was derived from a flat index */
-    memo_entry *memo;
-    int memo_cap, memo_n;
-    rf_status status; /* first error not reported through a return value */
-} lower;
-
-static kidx idx_scalar(lower *L)
-{
-    kidx ix;
-    memset(&ix, 0, sizeof ix);
-    ix.lin = rfi_kir_const_i(L->k, RF_I64, 0);
-    ix.has_m = true;
-    return ix;
-}
-
-static kidx idx_multi_of(const rfi_node *n, const int *m)
-{
-    kidx ix;
-    memset(&ix, 0, sizeof ix);
-    ix.rank = n->rank;
-    memcpy(ix.dims, n->dims, sizeof(int64_t) * (size_t)n->rank);
-    ix.lin = n->rank == 1 ? m[0] : -1;
-    ix.has_m = true;
-    memcpy(ix.m, m, sizeof(int) * (size_t)n->rank);
-    return ix;
-}
-
+/* ---- Index vectors (the types and small helpers: kir_lower.h) ------------------ */
 static kidx idx_lin_of(lower *L, const rfi_node *n, int lin)
 {
     if (n->rank == 0)
@@ -97,15 +46,6 @@ static kidx idx_lin_of(lower *L, const rfi_node *n, int lin)
     ix.has_m = n->rank == 1;
     ix.m[0] = lin;
     return ix;
-}
-
-static int cst(lower *L, int64_t v)
-{
-    return rfi_kir_const_i(L->k, RF_I64, v);
-}
-static int iop(lower *L, rfi_kir_op op, int a, int b)
-{
-    return rfi_kir_index(L->k, op, a, b);
 }
 
 static int idx_lin(lower *L, kidx *ix)
@@ -277,7 +217,7 @@ static int splat_constant(lower *L, const rfi_node *n)
     }
 }
 
-static rf_status unsupported(lower *L, const rfi_node *n, const char *why)
+rf_status rfi_lower_unsupported(lower *L, const rfi_node *n, const char *why)
 {
     return rfi_error(RF_E_INTERNAL, "kir: step %d: %%%d = %s %s", L->k->step, n->id,
                      rfi_op_table[n->op].name, why);
@@ -298,7 +238,7 @@ static rf_status operand_same(lower *L, const rfi_node *n, int k, kidx *ix, int 
     return emit(L, x, &xi, false, out);
 }
 
-static rf_status operand_at(lower *L, const rfi_node *x, const int *m, int *out)
+rf_status rfi_lower_operand_at(lower *L, const rfi_node *x, const int *m, int *out)
 {
     kidx xi = idx_multi_of(x, m);
     if (x->rank == 0)
@@ -307,7 +247,7 @@ static rf_status operand_at(lower *L, const rfi_node *x, const int *m, int *out)
 }
 
 /* min(max(q, 0), hi): an index clamped into [0, hi]. */
-static int clamp_index(lower *L, int q, int64_t hi)
+int rfi_lower_clamp_index(lower *L, int q, int64_t hi)
 {
     return iop(L, RFI_KIR_IMAX, iop(L, RFI_KIR_IMIN, q, cst(L, hi)), cst(L, 0));
 }
@@ -360,7 +300,7 @@ static rf_status emit_broadcast(lower *L, const rfi_node *n, kidx *ix, int *out)
     int xm[RF_MAX_RANK];
     for (int i = 0; i < x->rank; i++)
         xm[i] = x->dims[i] == 1 ? cst(L, 0) : m[map[i]];
-    return operand_at(L, x, xm, out);
+    return rfi_lower_operand_at(L, x, xm, out);
 }
 
 /* Transpose, slice, reverse: each operand coordinate is an affine map of one result one. */
@@ -385,7 +325,7 @@ static rf_status emit_permuted(lower *L, const rfi_node *n, kidx *ix, int *out)
             xm[d] = iop(L, RFI_KIR_IADD, cst(L, n->dims[d] - 1),
                         iop(L, RFI_KIR_IMUL, m[d], cst(L, -1)));
         }
-    return operand_at(L, x, xm, out);
+    return rfi_lower_operand_at(L, x, xm, out);
 }
 
 static rf_status emit_reshape(lower *L, const rfi_node *n, kidx *ix, int *out)
@@ -424,10 +364,10 @@ static rf_status emit_pad(lower *L, const rfi_node *n, kidx *ix, int *out)
             ok = rfi_kir_land(L->k, ok, rfi_kir_icmp(L->k, RF_EQ, iop(L, RFI_KIR_IREM, p, cst(L, step)),
                                                      cst(L, 0)));
         inside = rfi_kir_land(L->k, inside, ok);
-        xm[d] = clamp_index(L, q, x->dims[d] - 1);
+        xm[d] = rfi_lower_clamp_index(L, q, x->dims[d] - 1);
     }
     int v = -1;
-    st = operand_at(L, x, xm, &v);
+    st = rfi_lower_operand_at(L, x, xm, &v);
     *out = rfi_kir_select(L->k, inside, v, padv, n->id);
     return st;
 }
@@ -447,9 +387,10 @@ static rf_status emit_concatenate(lower *L, const rfi_node *n, kidx *ix, int *ou
             continue;
         int xm[RF_MAX_RANK];
         memcpy(xm, m, sizeof(int) * (size_t)n->rank);
-        xm[axis] = clamp_index(L, iop(L, RFI_KIR_IADD, m[axis], cst(L, -start)), x->dims[axis] - 1);
+        int shifted = iop(L, RFI_KIR_IADD, m[axis], cst(L, -start));
+        xm[axis] = rfi_lower_clamp_index(L, shifted, x->dims[axis] - 1);
         int xv = -1;
-        rf_status st = operand_at(L, x, xm, &xv);
+        rf_status st = rfi_lower_operand_at(L, x, xm, &xv);
         if (st != RF_OK)
             return st;
         v = v < 0 ? xv
@@ -474,16 +415,16 @@ static rf_status emit_gather(lower *L, const rfi_node *n, kidx *ix, int *out)
     }
     const int *m = idx_multi(L, ix);
     int j = -1;
-    rf_status st = operand_at(L, ind, m + axis, &j);
+    rf_status st = rfi_lower_operand_at(L, ind, m + axis, &j);
     if (st != RF_OK)
         return st;
     int xm[RF_MAX_RANK];
     for (int d = 0; d < axis; d++)
         xm[d] = m[d];
-    xm[axis] = clamp_index(L, rfi_kir_convert(L->k, RF_I64, j, -1), x->dims[axis] - 1);
+    xm[axis] = rfi_lower_clamp_index(L, rfi_kir_convert(L->k, RF_I64, j, -1), x->dims[axis] - 1);
     for (int d = axis + 1; d < x->rank; d++)
         xm[d] = m[d - 1 + ind->rank];
-    return operand_at(L, x, xm, out);
+    return rfi_lower_operand_at(L, x, xm, out);
 }
 
 static rf_status emit_op(lower *L, const rfi_node *n, kidx *ix, int *out)
@@ -507,7 +448,7 @@ static rf_status emit_op(lower *L, const rfi_node *n, kidx *ix, int *out)
     case RFI_OP_PAD: return emit_pad(L, n, ix, out);
     case RFI_OP_CONCATENATE: return emit_concatenate(L, n, ix, out);
     case RFI_OP_GATHER: return emit_gather(L, n, ix, out);
-    default: return unsupported(L, n, "has no loop form (it must be materialised)");
+    default: return rfi_lower_unsupported(L, n, "has no loop form (it must be materialised)");
     }
 }
 
@@ -530,7 +471,8 @@ static rf_status emit(lower *L, const rfi_node *n, kidx *ix, bool compute, int *
     else if (loc != RFI_LOC_INLINE && !compute && !L->is_root[n->id])
         *out = load_node(L, n, ix);
     else if (n->op == RFI_OP_CONSTANT || n->op == RFI_OP_ARGUMENT || n->op == RFI_OP_CAPTURE)
-        st = unsupported(L, n, "is inline but its elements are data: it must be materialised");
+        st = rfi_lower_unsupported(L, n, "is inline but its elements are data: it must be "
+                                         "materialised");
     else
         st = emit_op(L, n, ix, out);
     if (st == RF_OK && rfi_kir_failed(L->k))
@@ -577,7 +519,7 @@ static char *describe_step(const rfi_plan *p, int s, const char *what)
 /* ---- Steps -------------------------------------------------------------------------- */
 /* The index along a dim of the given extent: constant 0 for extent 1 (no loop), else a
  * new outer or inner loop variable. Outer variables must all exist before inner ones. */
-static int loop_var(lower *L, int64_t extent, bool inner)
+int rfi_lower_loop_var(lower *L, int64_t extent, bool inner)
 {
     rfi_kir_kernel *k = L->k;
     if (extent == 1)
@@ -590,12 +532,12 @@ static int loop_var(lower *L, int64_t extent, bool inner)
     return rfi_kir_var(k, k->rank - 1);
 }
 
-static void kernel_name(rfi_kir_kernel *k, const rfi_node *root)
+void rfi_lower_kernel_name(rfi_kir_kernel *k, const rfi_node *root)
 {
     snprintf(k->name, sizeof k->name, "%s", rfi_op_table[root->op].name);
 }
 
-static rf_status store_root(lower *L, const rfi_node *r, kidx *ix, int value)
+rf_status rfi_lower_store_root(lower *L, const rfi_node *r, kidx *ix, int value)
 {
     int index = buffer_index(L, r, ix);
     int base = base_of(L, r, true);
@@ -618,28 +560,28 @@ static void reset_kernel(lower *L, int step)
  * kernel walks the buffer contiguously. m receives r's multi-index. */
 static void blocked_loops(lower *L, const rfi_node *r, int64_t b, int *m)
 {
-    m[0] = loop_var(L, r->dims[0], false);
-    int block = loop_var(L, r->dims[1] / b, false);
-    m[2] = loop_var(L, r->dims[2], false);
-    m[3] = loop_var(L, r->dims[3], false);
-    int lane = loop_var(L, b, false);
+    m[0] = rfi_lower_loop_var(L, r->dims[0], false);
+    int block = rfi_lower_loop_var(L, r->dims[1] / b, false);
+    m[2] = rfi_lower_loop_var(L, r->dims[2], false);
+    m[3] = rfi_lower_loop_var(L, r->dims[3], false);
+    int lane = rfi_lower_loop_var(L, b, false);
     m[1] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, b)), lane);
 }
 
 /* [N, H, W, C] order: channels innermost. */
 static void channels_last_loops(lower *L, const rfi_node *r, int *m)
 {
-    m[0] = loop_var(L, r->dims[0], false);
-    m[2] = loop_var(L, r->dims[2], false);
-    m[3] = loop_var(L, r->dims[3], false);
-    m[1] = loop_var(L, r->dims[1], false);
+    m[0] = rfi_lower_loop_var(L, r->dims[0], false);
+    m[2] = rfi_lower_loop_var(L, r->dims[2], false);
+    m[3] = rfi_lower_loop_var(L, r->dims[3], false);
+    m[1] = rfi_lower_loop_var(L, r->dims[1], false);
 }
 
 /* Row-major loops over n's shape; m receives the multi-index. */
 static void shape_loops(lower *L, const rfi_node *n, int *m)
 {
     for (int d = 0; d < n->rank; d++)
-        m[d] = loop_var(L, n->dims[d], false);
+        m[d] = rfi_lower_loop_var(L, n->dims[d], false);
 }
 
 /* The outer loops over root r's shape in the order its buffer stores it. */
@@ -686,7 +628,7 @@ static bool step_reads_layout(const lower *L, const rfi_step *st, rfi_layout l,
  * the lane last, so that the renderer interchanges it (reduced loops outside,
  * the block's lanes contiguous inside) instead of striding through the
  * operand once per channel. */
-static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m)
+void rfi_lower_reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m)
 {
     const rfi_node *x = n->n_in > 0 ? n->in[0] : NULL;
     bool window = x && n->op == RFI_OP_REDUCE_WINDOW && x->rank == 4 && n->dims[1] == x->dims[1];
@@ -713,10 +655,10 @@ static void reduce_loops(lower *L, const rfi_step *st, const rfi_node *n, int *m
     int channel = reduced[0] ? 0 : 1, block = -1; /* the result's dim holding x's channels */
     for (int d = 0; d < n->rank; d++)
         if (d == channel)
-            block = loop_var(L, n->dims[d] / b, false);
+            block = rfi_lower_loop_var(L, n->dims[d] / b, false);
         else
-            m[d] = loop_var(L, n->dims[d], false);
-    int lane = loop_var(L, b, false);
+            m[d] = rfi_lower_loop_var(L, n->dims[d], false);
+    int lane = rfi_lower_loop_var(L, b, false);
     m[channel] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, b)), lane);
 }
 
@@ -784,10 +726,10 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
         kidx ix = idx_lin_of(L, r0, idx_lin(L, &fine));
         int v = -1;
         rf_status s = emit(L, r0, &ix, true, &v);
-        return s == RF_OK ? store_root(L, r0, &ix, v) : s;
+        return s == RF_OK ? rfi_lower_store_root(L, r0, &ix, v) : s;
     }
     if (flat)
-        vars[0] = loop_var(L, rfi_node_numel(r0), false);
+        vars[0] = rfi_lower_loop_var(L, rfi_node_numel(r0), false);
     else if (walks_blocked_input(L, st, ordering_root(L, st)))
         blocked_loops(L, r0, rfi_layout_block(L->p->channel_blocks), vars);
     else
@@ -804,7 +746,7 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
         int v = -1;
         rf_status s = emit(L, root, &ix, true, &v);
         if (s == RF_OK)
-            s = store_root(L, root, &ix, v);
+            s = rfi_lower_store_root(L, root, &ix, v);
         if (s != RF_OK)
             return s;
     }
@@ -814,7 +756,7 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
 static rf_status lower_loop(lower *L, const rfi_step *st)
 {
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
-    kernel_name(L->k, r0);
+    rfi_lower_kernel_name(L->k, r0);
     bool flat = r0->rank >= 2 &&
                 rfi_plan_layout(L->p, ordering_root(L, st)->id) == RFI_LAYOUT_PLAIN &&
                 !walks_blocked_input(L, st, ordering_root(L, st));
@@ -823,7 +765,7 @@ static rf_status lower_loop(lower *L, const rfi_step *st)
         reset_kernel(L, L->k ? L->k->step : 0);
         if (!L->k)
             return RF_E_NOMEM;
-        kernel_name(L->k, r0);
+        rfi_lower_kernel_name(L->k, r0);
         s = lower_loop_as(L, st, false);
     }
     return s;
@@ -906,7 +848,7 @@ static rf_status lower_segment_as(lower *L, const rfi_step *st, int64_t ext, int
         shaped = idx_multi_of(shape, vars);
         flat = iop(L, RFI_KIR_IADD, idx_lin(L, &shaped), cst(L, a));
     } else {
-        flat = iop(L, RFI_KIR_IADD, loop_var(L, b - a, false), cst(L, a));
+        flat = iop(L, RFI_KIR_IADD, rfi_lower_loop_var(L, b - a, false), cst(L, a));
     }
     for (int r = 0; r < st->n_roots; r++) {
         const rfi_node *root = L->g->nodes[st->roots[r]];
@@ -924,7 +866,7 @@ static rf_status lower_segment_as(lower *L, const rfi_step *st, int64_t ext, int
         int v = -1;
         rf_status s = emit(L, root, &ix, true, &v);
         if (s == RF_OK)
-            s = store_root(L, root, &ix, v);
+            s = rfi_lower_store_root(L, root, &ix, v);
         if (s != RF_OK)
             return s;
     }
@@ -962,330 +904,6 @@ static rf_status lower_segment(lower *L, const rfi_step *st, int64_t ext, int64_
     if (L->k)
         snprintf(L->k->name, sizeof L->k->name, "%s_seg%d", rfi_op_table[r0->op].name, piece);
     return s;
-}
-
-/* Identity of a reduction in the accumulator (interpreter: reduce.c). */
-static void set_identity(rfi_kir_kernel *k, rf_reduce_kind kind, rf_dtype xt)
-{
-    k->red_kind = kind;
-    k->acc_dtype = rfi_dtype_is_float(xt) ? RF_F64 : RF_I64;
-    if (rfi_dtype_is_float(xt) && (kind == RF_REDUCE_MAX || kind == RF_REDUCE_MIN))
-        k->acc_dtype = xt; /* exact in the data's type: no conversions */
-    switch (kind) {
-    case RF_REDUCE_PROD: k->red_identity_f = 1; k->red_identity_i = 1; break;
-    case RF_REDUCE_MAX:
-        k->red_identity_f = -INFINITY;
-        k->red_identity_i = xt == RF_I32 ? INT32_MIN : xt == RF_I64 ? INT64_MIN : 0;
-        break;
-    case RF_REDUCE_MIN:
-        k->red_identity_f = INFINITY;
-        k->red_identity_i = xt == RF_I32 ? INT32_MAX : xt == RF_I64 ? INT64_MAX
-                            : xt == RF_U8  ? 255 : 1;
-        break;
-    case RF_REDUCE_AND: k->red_identity_f = 1; k->red_identity_i = xt == RF_BOOL ? 1 : -1; break;
-    default: k->red_identity_f = 0; k->red_identity_i = 0; break;
-    }
-}
-
-/* The value reduce n folds at kept point m. inner[q] is the index of n's
- * q-th reduced dim: made here when -1 (a new inner loop), else reused (a
- * sibling reduction of the same step reduces the same dims). */
-static rf_status reduce_value(lower *L, const rfi_node *n, const int *m, int *inner, int *value)
-{
-    const rfi_node *x = n->in[0];
-    rfi_kir_kernel *k = L->k;
-    bool reduced[RF_MAX_RANK] = {false};
-    for (int a = 0; a < n->attr.nl[0]; a++)
-        reduced[n->attr.l[0][a]] = true;
-    int xm[RF_MAX_RANK];
-    for (int d = 0, r = 0, q = 0; d < x->rank; d++) {
-        if (!reduced[d]) {
-            xm[d] = m[r++];
-            continue;
-        }
-        if (inner[q] < 0)
-            inner[q] = loop_var(L, x->dims[d], true);
-        xm[d] = inner[q++];
-    }
-    set_identity(k, (rf_reduce_kind)n->attr.i[0], x->dtype);
-    return operand_at(L, x, xm, value);
-}
-
-/* Makes v (at kept point m) the value fold j folds, and stores root n, the
- * fold's result in n's type. */
-static rf_status fold_root(lower *L, const rfi_node *n, const int *m, int j, int v)
-{
-    rfi_kir_kernel *k = L->k;
-    int folded = rfi_kir_convert(k, k->acc_dtype, v, -1);
-    if (j == 0)
-        k->red_value = folded;
-    else
-        k->sibling_values[j - 1] = folded;
-    if (j >= k->n_folds)
-        k->n_folds = j + 1;
-    int result = rfi_kir_convert(k, n->dtype, rfi_kir_acc_of(k, j), n->id);
-    kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
-    return store_root(L, n, &ix, result);
-}
-
-/* Folds 1.. of a REDUCE step: its other roots, sibling reductions of root 0
- * over the same dims (fuse.c), folded in the same pass over the inner loops. */
-static rf_status sibling_folds(lower *L, const rfi_step *st, const int *m, int *inner)
-{
-    for (int r = 1; r < st->n_roots; r++) {
-        const rfi_node *n = L->g->nodes[st->roots[r]];
-        if (n->op != RFI_OP_REDUCE || r >= RFI_KIR_MAX_FOLDS)
-            return unsupported(L, n, "is not a reduction that can fold beside another");
-        int v = -1;
-        rf_status s = reduce_value(L, n, m, inner, &v);
-        if (s == RF_OK)
-            s = fold_root(L, n, m, r, v);
-        if (s != RF_OK)
-            return s;
-    }
-    return RF_OK;
-}
-
-static rf_status window_value(lower *L, const rfi_node *n, const int *m, int *value)
-{
-    const rfi_node *x = n->in[0];
-    const rfi_attrs *at = &n->attr;
-    rfi_kir_kernel *k = L->k;
-    set_identity(k, (rf_reduce_kind)at->i[0], x->dtype);
-    if (rfi_node_numel(x) == 0) { /* all padding: the identity everywhere */
-        *value = rfi_kir_const_i(k, x->dtype, 0);
-        k->red_guard = rfi_kir_const_i(k, RF_BOOL, 0);
-        return RF_OK;
-    }
-    int xm[RF_MAX_RANK], w[RF_MAX_RANK], inside = rfi_kir_const_i(k, RF_BOOL, 1);
-    for (int d = 0; d < x->rank; d++)
-        w[d] = loop_var(L, at->l[0][d], true);
-    for (int d = 0; d < x->rank; d++) {
-        int64_t stride = at->l[1][d], lo = at->l[2][d];
-        int p = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[d], cst(L, stride)),
-                    iop(L, RFI_KIR_IADD, w[d], cst(L, -lo)));
-        int64_t pmin = -lo, pmax = (n->dims[d] - 1) * stride + at->l[0][d] - 1 - lo;
-        if (pmin >= 0 && pmax < x->dims[d]) {
-            xm[d] = p;
-            continue;
-        }
-        inside = rfi_kir_land(k, inside, rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)),
-                                                      rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d]))));
-        xm[d] = clamp_index(L, p, x->dims[d] - 1);
-    }
-    int64_t c;
-    k->red_guard = rfi_kir_is_const(k, inside, &c) && c ? -1 : inside;
-    return operand_at(L, x, xm, value);
-}
-
-/* Whether reduce_window n is unrolled (window_unrolled): a sum, max or min
- * over a non-empty operand with at most WINDOW_UNROLL points per window. */
-#define WINDOW_UNROLL 16
-
-static bool window_unrolls(const rfi_node *n)
-{
-    rf_reduce_kind kind = (rf_reduce_kind)n->attr.i[0];
-    return (kind == RF_REDUCE_SUM || kind == RF_REDUCE_MAX || kind == RF_REDUCE_MIN) &&
-           rfi_node_numel(n->in[0]) > 0 && rfi_numel(n->attr.l[0], n->rank) <= WINDOW_UNROLL;
-}
-
-/* A small window unrolled: its points folded in row-major order (the order
- * of the window loops) by explicit instructions with the fold's arithmetic
- * (max and min in the data's type, sums from the identity in the
- * accumulator's), a padding point keeping the accumulator. The kernel then
- * has no reduced loops and vectorises along its last axis like an
- * elementwise loop; the result is the looped form's, bit for bit. */
-static rf_status window_unrolled(lower *L, const rfi_node *n, const int *m, int *value)
-{
-    const rfi_node *x = n->in[0];
-    const rfi_attrs *at = &n->attr;
-    rfi_kir_kernel *k = L->k;
-    rf_reduce_kind kind = (rf_reduce_kind)at->i[0];
-    set_identity(k, kind, x->dtype);
-    rf_dtype acc_t = k->acc_dtype;
-    rfi_op op = kind == RF_REDUCE_SUM   ? RFI_OP_ADD
-                : kind == RF_REDUCE_MAX ? RFI_OP_MAX
-                                        : RFI_OP_MIN;
-    int acc = rfi_dtype_is_float(acc_t) ? rfi_kir_const_f(k, acc_t, k->red_identity_f)
-                                        : rfi_kir_const_i(k, acc_t, k->red_identity_i);
-    int64_t points = rfi_numel(at->l[0], x->rank);
-    for (int64_t pt = 0; pt < points; pt++) {
-        int xm[RF_MAX_RANK], inside = rfi_kir_const_i(k, RF_BOOL, 1);
-        int64_t rest = pt; /* the point's window offsets, last dim fastest */
-        for (int d = x->rank - 1; d >= 0; d--) {
-            int64_t w = rest % at->l[0][d], stride = at->l[1][d], lo = at->l[2][d];
-            rest /= at->l[0][d];
-            int p = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[d], cst(L, stride)),
-                        cst(L, w - lo));
-            int ok = rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)),
-                                  rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d])));
-            inside = rfi_kir_land(k, inside, ok);
-            xm[d] = clamp_index(L, p, x->dims[d] - 1);
-        }
-        int v = -1;
-        rf_status st = operand_at(L, x, xm, &v);
-        if (st != RF_OK)
-            return st;
-        int folded = rfi_kir_binary(k, op, acc_t, acc, rfi_kir_convert(k, acc_t, v, -1), -1);
-        acc = rfi_kir_select(k, inside, folded, acc, -1);
-    }
-    *value = acc;
-    return rfi_kir_failed(k) ? RF_E_NOMEM : RF_OK;
-}
-
-/* sum over the contracting dims of a[...] * b[...]. An f32 dot multiplies and
- * accumulates in f32, as the math library's matmul does (the interpreter works
- * in double: the difference stays inside the equivalence tolerance), which a
- * vectorised loop runs without conversions (measured on a 512x784 matrix-vector
- * product: 2.5x faster than double); other float dots round each product once
- * and accumulate in double; integer products wrap in the int64 accumulator. */
-static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value)
-{
-    const rfi_node *a = n->in[0], *b = n->in[1];
-    const rfi_attrs *at = &n->attr;
-    rfi_kir_kernel *k = L->k;
-    set_identity(k, RF_REDUCE_SUM, a->dtype);
-    int nb = at->nl[0], nc = at->nl[2];
-    int am[RF_MAX_RANK], bm[RF_MAX_RANK];
-    for (int d = 0; d < RF_MAX_RANK; d++)
-        am[d] = bm[d] = -2;
-    for (int i = 0; i < nb; i++) {
-        am[at->l[0][i]] = m[i];
-        bm[at->l[1][i]] = m[i];
-    }
-    for (int i = 0; i < nc; i++) {
-        int v = loop_var(L, a->dims[at->l[2][i]], true);
-        am[at->l[2][i]] = v;
-        bm[at->l[3][i]] = v;
-    }
-    int r = nb;
-    for (int d = 0; d < a->rank; d++)
-        if (am[d] == -2)
-            am[d] = m[r++];
-    for (int d = 0; d < b->rank; d++)
-        if (bm[d] == -2)
-            bm[d] = m[r++];
-    int va = -1, vb = -1;
-    rf_status st = operand_at(L, a, am, &va);
-    if (st == RF_OK)
-        st = operand_at(L, b, bm, &vb);
-    if (a->dtype == RF_F32 && b->dtype == RF_F32) {
-        k->acc_dtype = RF_F32;
-        *value = rfi_kir_binary(k, RFI_OP_MUL, RF_F32, va, vb, -1);
-    } else if (rfi_dtype_is_float(a->dtype)) {
-        *value = rfi_kir_convert(k, k->acc_dtype,
-                                 rfi_kir_binary(k, RFI_OP_MUL, a->dtype, va, vb, -1), -1);
-    } else { /* integers: the product wraps in the accumulator, as the interpreter's */
-        *value = rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype,
-                                rfi_kir_convert(k, k->acc_dtype, va, -1),
-                                rfi_kir_convert(k, k->acc_dtype, vb, -1), -1);
-    }
-    return st;
-}
-
-/* A box of a result: [lo[d], hi[d]) along each dim. */
-typedef struct box {
-    int64_t lo[RF_MAX_RANK], hi[RF_MAX_RANK];
-} box;
-
-/* One REDUCE kernel over the result's box `part` (the whole result but for
- * the pieces of a padded window: window_pieces). */
-static rf_status lower_reduce(lower *L, const rfi_step *st, const box *part)
-{
-    const rfi_node *n = L->g->nodes[st->roots[0]];
-    rfi_kir_kernel *k = L->k;
-    kernel_name(k, n);
-    k->is_reduce = true;
-    int m[RF_MAX_RANK];
-    bool whole = true;
-    for (int d = 0; d < n->rank; d++)
-        whole = whole && part->lo[d] == 0 && part->hi[d] == n->dims[d];
-    if (whole)
-        reduce_loops(L, st, n, m);
-    for (int d = 0; d < n->rank && !whole; d++)
-        m[d] = part->lo[d] == 0 && part->hi[d] == n->dims[d]
-                   ? loop_var(L, n->dims[d], false)
-                   : iop(L, RFI_KIR_IADD, loop_var(L, part->hi[d] - part->lo[d], false),
-                         cst(L, part->lo[d]));
-    int v = -1, inner[RF_MAX_RANK];
-    for (int q = 0; q < RF_MAX_RANK; q++)
-        inner[q] = -1;
-    rf_status s;
-    if (n->op == RFI_OP_REDUCE_WINDOW && window_unrolls(n)) {
-        k->is_reduce = false;
-        s = window_unrolled(L, n, m, &v);
-        kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
-        return s != RF_OK ? s : store_root(L, n, &ix, rfi_kir_convert(k, n->dtype, v, n->id));
-    }
-    if (n->op == RFI_OP_REDUCE)
-        s = reduce_value(L, n, m, inner, &v);
-    else if (n->op == RFI_OP_REDUCE_WINDOW)
-        s = window_value(L, n, m, &v);
-    else if (n->op == RFI_OP_DOT_GENERAL)
-        s = dot_value(L, n, m, &v);
-    else
-        return unsupported(L, n, "is no reduction (a REDUCE step needs reduce, reduce_window "
-                                 "or dot_general)");
-    if (s != RF_OK)
-        return s;
-    s = fold_root(L, n, m, 0, v);
-    return s == RF_OK ? sibling_folds(L, st, m, inner) : s;
-}
-
-/* The interior [*a, *b) of reduce_window n along dim d: the results whose
- * windows lie inside the operand along it (padding only outside). */
-static void window_interior(const rfi_node *n, int d, int64_t *a, int64_t *b)
-{
-    int64_t win = n->attr.l[0][d], stride = n->attr.l[1][d], lo = n->attr.l[2][d];
-    int64_t room = n->in[0]->dims[d] - win + lo; /* the last window start inside */
-    *a = lo > 0 ? (lo + stride - 1) / stride : 0;
-    *b = room < 0 ? 0 : room / stride + 1;
-    *a = *a < n->dims[d] ? *a : n->dims[d];
-    *b = *b < *a ? *a : *b < n->dims[d] ? *b : n->dims[d];
-}
-
-/* A padded reduce_window runs as pieces: per padded dim, outermost first,
- * its two edges (the dims before it restricted to their interiors), then the
- * interior of every dim, where each guard and clamp folds away (kir.h: value
- * ranges), so its loads step by the strides and it vectorises without
- * per-lane guards (a 3x3 stride-2 max-pool padded by 1 on [64,32,56,56]:
- * 1.5x over one guarded unrolled kernel). boxes[0..*count) and their names;
- * false when the window is not padded or has no interior. */
-#define MAX_PIECES (2 * RF_MAX_RANK + 1)
-
-static bool window_pieces(const rfi_node *n, box *boxes, char (*names)[24], int *count)
-{
-    if (n->op != RFI_OP_REDUCE_WINDOW || rfi_node_numel(n->in[0]) == 0)
-        return false;
-    box inner;
-    int c = 0;
-    for (int d = 0; d < n->rank; d++) {
-        inner.lo[d] = 0;
-        inner.hi[d] = n->dims[d];
-    }
-    for (int d = 0; d < n->rank; d++) {
-        int64_t a, b;
-        window_interior(n, d, &a, &b);
-        if (b <= a)
-            return false;
-        for (int side = 0; side < 2; side++) {
-            box edge = inner;
-            edge.lo[d] = side ? b : 0;
-            edge.hi[d] = side ? n->dims[d] : a;
-            if (edge.hi[d] > edge.lo[d]) {
-                boxes[c] = edge;
-                snprintf(names[c++], sizeof names[0], "edge%d_%s", d, side ? "hi" : "lo");
-            }
-        }
-        inner.lo[d] = a;
-        inner.hi[d] = b;
-    }
-    if (c == 0)
-        return false;
-    boxes[c] = inner;
-    snprintf(names[c++], sizeof names[0], "interior");
-    *count = c;
-    return true;
 }
 
 /* ---- The module ---------------------------------------------------------------- */
@@ -1361,7 +979,7 @@ static rf_status lower_one_kernel(lower *L, rfi_kir_module *m, int s, const box 
     reset_kernel(L, s);
     rf_status rc = !L->k ? RF_E_NOMEM
                    : st->kind == RFI_STEP_LOOP ? lower_loop(L, st)
-                                               : lower_reduce(L, st, part);
+                                               : rfi_lower_reduce(L, st, part);
     if (rc == RF_OK && L->status != RF_OK)
         rc = L->status;
     if (rc == RF_OK && rfi_kir_failed(L->k))
@@ -1393,7 +1011,7 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     char names[MAX_PIECES][24];
     int n_pieces = 0;
     rf_status rc = RF_OK;
-    if (st->kind == RFI_STEP_REDUCE && window_pieces(root, boxes, names, &n_pieces)) {
+    if (st->kind == RFI_STEP_REDUCE && rfi_lower_window_pieces(root, boxes, names, &n_pieces)) {
         for (int i = 0; i < n_pieces && rc == RF_OK; i++)
             rc = lower_one_kernel(L, m, s, &boxes[i], names[i]);
     } else {

@@ -11,7 +11,7 @@
  *                 the reduced loops outside and the kept axis innermost,
  *                 vectorised: reductions over leading axes (a bias gradient,
  *                 whose reduced loops walk memory by rows) and windows up to
- *                 64 points (pooling; kir_lower.c unrolls those up to 16),
+ *                 64 points (pooling; kir_lower_reduce.c unrolls those up to 16),
  *                 whose reduced loops are too short to vectorise;
  *   split         the outermost reduced loop cut into a fixed number of
  *                 contiguous chunks, each folded from the identity into its
@@ -37,7 +37,7 @@
  * A plain float sum over one contiguous reduced loop (a matrix-vector
  * product) takes four outputs per iteration, one accumulator each ("Unrolled
  * reductions"). Deliberately nothing here decides which steps are reductions
- * or what they compute (kir_lower.c does); only their loops. */
+ * or what they compute (kir_lower_reduce.c does); only their loops. */
 #include <stdio.h>
 #include <string.h>
 
