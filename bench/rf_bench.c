@@ -562,7 +562,7 @@ static int usage(void)
 
 static int parse(int argc, char **argv, bench_opts *o)
 {
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* option, value */
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--list")) {
             for (int j = 0; j < N_WORKLOADS; j++)
@@ -576,7 +576,6 @@ static int parse(int argc, char **argv, bench_opts *o)
         else if (!strcmp(k, "--time")) o->seconds = atof(v);
         else if (!strcmp(k, "--backend")) o->backend = v;
         else return -1;
-        i++;
     }
     return o->seconds > 0 || o->steps > 0 ? 0 : -1;
 }
