@@ -343,6 +343,54 @@ static void test_foreach_program(void)
     rf_model_free(m);
 }
 
+/* Centred RMSProp divides by sqrt(quad - lin^2), which is >= 0 exactly (lin^2 <=
+ * quad by Cauchy-Schwarz on the moving averages' weights) but a cancellation:
+ * with rho = 0 its first step is fl(g^2) - fl(g)^2, zero when each product is
+ * rounded, and fl(g^2) - g^2 when a fused multiply-add keeps the second exact,
+ * as the compiled backend's flags allow. Gradients picked so that fl(g^2) < g^2
+ * make that negative; the clamp at zero keeps the square root real, so the
+ * step is dx eta / eps on both backends (a NaN on the compiled one without it). */
+static void test_centred_rmsprop_cancellation(void)
+{
+    enum { N = 48 };
+    float gv[N], pv[N];
+    int n = 0;
+    for (int i = 0; n < N && i < 100000; i++) {
+        float g = 0.1f + 0.0007f * (float)i;
+        if ((double)(g * g) < (double)g * (double)g) /* fl(g^2) < g^2 */
+            gv[n] = g, pv[n] = 1.0f, n++;
+    }
+    CHECK(n == N);
+    rf_model *host = rf_model_new(&leaf_type, NULL, 0);
+    CHECK_OK(rf_model_add_param(host, "w", rf_array_from(RF_F32, RF_SHAPE(N), pv)));
+    rf_model *m = rf_model_to(host, rf_device_cpu());
+    rf_model_free(host);
+    rf_opt *opt = rf_setup(rf_rmsprop(1e-10, 0.0, 1e-8, true), m);
+    rf_array *g = rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(N), NULL);
+    CHECK(m && opt && g);
+    if (!m || !opt || !g)
+        return;
+    CHECK_OK(rf_array_write(g, gv, sizeof gv));
+    rf_exec *e = NULL;
+    CHECK_OK(compile_update(opt, m, &g, 1, &e));
+    CHECK_OK(rf_exec_run(e, &g, 1, NULL, 0));
+    float after[N];
+    CHECK_OK(rf_array_read(rf_model_param_array(m, 0), after, sizeof after));
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        double want = 1.0 - 1e-10 * (double)gv[i] / 1e-8; /* sqrt(0) + eps */
+        bad += !(fabs(after[i] - want) <= 1e-6);
+    }
+    if (bad)
+        fprintf(stderr, "centred rmsprop, rho 0: %d of %d parameters off (first %g)\n", bad, N,
+                (double)after[0]);
+    CHECK(bad == 0);
+    rf_exec_free(e);
+    rf_array_free(g);
+    rf_opt_free(opt);
+    rf_model_free(m);
+}
+
 /* Two dtype groups (f32 a, b; f64 c, d) run the same rules. */
 static void test_mixed_dtypes(void)
 {
@@ -551,6 +599,7 @@ int main(void)
     fmodel_free(&fm);
     test_foreach_program();
     test_mixed_dtypes();
+    test_centred_rmsprop_cancellation();
     test_visit();
     test_lifetimes();
     printf("largest relative error above atol %.0e: %.3g\n", ATOL, worst_rel);

@@ -31,6 +31,8 @@ typedef struct rf_opt rf_opt;
 RF_API rf_rule *rf_descent(double lr);                                   /* 0.1 */
 RF_API rf_rule *rf_momentum(double lr, double rho);                      /* 0.01, 0.9 */
 RF_API rf_rule *rf_nesterov(double lr, double rho);                      /* 0.001, 0.9 */
+/* Centred: the mean square minus the squared mean, clamped at 0 (it is >= 0
+ * exactly; the clamp removes a rounding's negative sign, not a value). */
 RF_API rf_rule *rf_rmsprop(double lr, double rho, double eps, bool centred); /* 0.001, 0.9, 1e-8 */
 RF_API rf_rule *rf_adam(double lr);                                      /* 0.001 */
 RF_API rf_rule *rf_adam_ex(double lr, double beta1, double beta2, double eps); /* .9 .999 1e-8 */

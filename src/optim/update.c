@@ -120,7 +120,11 @@ static rf_tensor *emit_nesterov(emitter *e, int l, rf_tensor *dx)
 }
 
 /* RMSProp: quad = ema(quad, rho, dx^2); centred: lin = ema(lin, rho, dx);
- * dx' = dx eta / (sqrt(quad - lin^2) + eps) (lin = 0 when not centred) */
+ * dx' = dx eta / (sqrt(max(quad - lin^2, 0)) + eps) (lin = 0 when not centred).
+ * quad >= lin^2 holds exactly, but the difference cancels (with rho = 0 it is
+ * dx^2 - dx^2), and where a fused multiply-add keeps lin^2 unrounded, as
+ * compiled code may, it can come out below zero: the clamp keeps the square
+ * root real (NaN stays NaN: max propagates it). */
 static rf_tensor *emit_rmsprop(emitter *e, int l, rf_tensor *dx, bool centred)
 {
     rf_tensor *eta = hp(e, l, 0), *rho = hp(e, l, 1), *eps = hp(e, l, 2);
@@ -130,7 +134,7 @@ static rf_tensor *emit_rmsprop(emitter *e, int l, rf_tensor *dx, bool centred)
     if (centred) {
         rf_tensor *lin = ema(e, state(e, l, 1), rho, dx);
         put(e, l, 1, lin);
-        ms = rf_sub(quad, abs2(lin));
+        ms = rf_max(rf_sub(quad, abs2(lin)), num(e, 0.0));
     }
     return rf_div(rf_mul(dx, eta), rf_add(rf_sqrt(ms), eps));
 }
