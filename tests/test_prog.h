@@ -46,7 +46,7 @@ static inline void tp_store(rf_dtype dt, void *buf, int64_t i, double v)
     case RF_F64: ((double *)buf)[i] = v; break;
     case RF_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case RF_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case RF_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case RF_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break; /* -1 -> 255, defined */
     case RF_BOOL: ((uint8_t *)buf)[i] = v != 0.0; break;
     default: break;
     }
