@@ -2,8 +2,9 @@
 # run-tests.sh: builds and runs the test suite twice, then prints one summary line.
 #
 #   build/       Release build, ctest
-#   build-asan/  Debug build with AddressSanitizer + UndefinedBehaviorSanitizer (-DRF_SANITIZE=ON),
-#                ctest (LeakSanitizer runs with ASan, so leaks fail a test too)
+#   build-asan/  Debug build with AddressSanitizer + UndefinedBehaviorSanitizer, float-cast-overflow
+#                included (-DRF_SANITIZE=ON), ctest (LeakSanitizer runs with ASan, so leaks fail
+#                a test too)
 #
 # The last line printed is exactly "N passed, N failed" summed over both runs; the script
 # exits non-zero if anything failed. A configure or build failure counts as one failure of
