@@ -433,7 +433,10 @@ rf_tensor *rf_clamp(rf_tensor *x, rf_tensor *lo, rf_tensor *hi)
 
 rf_tensor *rf_clamp_s(rf_tensor *x, double lo, double hi)
 {
-    return x ? rf_clamp(x, rf_scalar(x->g, lo), rf_scalar(x->g, hi)) : NULL;
+    if (!x)
+        return NULL;
+    rf_tensor *hi_node = rf_scalar(x->g, hi);
+    return rf_clamp(x, rf_scalar(x->g, lo), hi_node);
 }
 
 rf_tensor *rf_convert(rf_tensor *x, rf_dtype dt)

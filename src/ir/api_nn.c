@@ -454,7 +454,8 @@ rf_tensor *rf_gelu(rf_tensor *x)
     const double c = sqrt(2.0 / 3.14159265358979323846);
     rfi_node *x3 = rf_mul(rf_mul(x, x), x);
     rfi_node *inner = rf_mul_s(rf_add(x, rf_mul_s(x3, 0.044715)), c);
-    return rf_mul(rf_mul_s(x, 0.5), rf_add_s(rf_tanh(inner), 1.0));
+    rfi_node *one_plus_tanh = rf_add_s(rf_tanh(inner), 1.0);
+    return rf_mul(rf_mul_s(x, 0.5), one_plus_tanh);
 }
 
 rf_tensor *rf_sigmoid(rf_tensor *x)
@@ -476,7 +477,8 @@ rf_tensor *rf_softplus(rf_tensor *x)
     if (!x || !need_float("rf_softplus", x))
         return NULL;
     /* max(x, 0) + log1p(exp(-|x|)): never overflows */
-    return rf_add(rf_relu(x), rf_log1p(rf_exp(rf_neg(rf_abs(x)))));
+    rf_tensor *tail = rf_log1p(rf_exp(rf_neg(rf_abs(x))));
+    return rf_add(rf_relu(x), tail);
 }
 
 /* Checks a softmax-family call and returns x - max(x, axis) (keepdims);
