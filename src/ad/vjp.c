@@ -125,8 +125,8 @@ static rf_status vjp_rsqrt(const rfi_vjp_args *a, rfi_node **gr)
 static rf_status vjp_tanh(const rfi_vjp_args *a, rfi_node **gr)
 {
     rfi_node *y = a->out;
-    rfi_node *d = rfi_ad_binary(G, RFI_OP_SUB, rfi_ad_full_like(G, y, 1.0),
-                                rfi_ad_binary(G, RFI_OP_MUL, y, y));
+    rfi_node *y2 = rfi_ad_binary(G, RFI_OP_MUL, y, y);
+    rfi_node *d = rfi_ad_binary(G, RFI_OP_SUB, rfi_ad_full_like(G, y, 1.0), y2);
     gr[0] = rfi_ad_binary(G, RFI_OP_MUL, a->ct, d);
     return RF_OK;
 }
@@ -268,9 +268,8 @@ static rf_status vjp_rem(const rfi_vjp_args *a, rfi_node **gr)
     if (a->want[1]) {
         /* rem(a, b) = a - b * trunc(a / b) */
         rfi_node *q = rfi_ad_binary(G, RFI_OP_DIV, a->in[0], a->in[1]);
-        rfi_node *trunc = rfi_ad_binary(G, RFI_OP_MUL, rfi_ad_unary(G, RFI_OP_SIGN, q),
-                                        rfi_ad_unary(G, RFI_OP_FLOOR,
-                                                     rfi_ad_unary(G, RFI_OP_ABS, q)));
+        rfi_node *whole = rfi_ad_unary(G, RFI_OP_FLOOR, rfi_ad_unary(G, RFI_OP_ABS, q));
+        rfi_node *trunc = rfi_ad_binary(G, RFI_OP_MUL, rfi_ad_unary(G, RFI_OP_SIGN, q), whole);
         gr[1] = rfi_ad_unary(G, RFI_OP_NEG, rfi_ad_binary(G, RFI_OP_MUL, a->ct, trunc));
     }
     return RF_OK;

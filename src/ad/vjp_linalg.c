@@ -250,7 +250,8 @@ static rfi_node *conv_kernel_grad(rfi_graph *g, rfi_node *ct, rfi_node *x, rfi_n
         t.hi[k] = (out_d - in_d) + (k_d - c.lo[k] - 1);
     }
     /* x as [C, N, S] convolved with ct as kernel [O, N/B, Out] gives [C/G, O, K]. */
-    return swap01(g, conv(g, swap01(g, x), swap01(g, ct), t));
+    rfi_node *ct_swapped = swap01(g, ct);
+    return swap01(g, conv(g, swap01(g, x), ct_swapped, t));
 }
 
 rf_status rfi_vjp_convolution(const rfi_vjp_args *a, rfi_node **gr)

@@ -120,8 +120,9 @@ rf_status rfi_vjp_pad(const rfi_vjp_args *a, rfi_node **gr)
     }
     if (a->want[1]) {
         /* The value lands where the pad of zeros-of-x with 1 gives 1. */
-        rfi_node *mask = rfi_ad_pad(G, rfi_ad_full(G, a->ct->dtype, x->dims, x->rank, 0.0),
-                                    rfi_ad_scalar(G, a->ct->dtype, 1.0), lo, hi, interior);
+        rfi_node *one = rfi_ad_scalar(G, a->ct->dtype, 1.0);
+        rfi_node *mask = rfi_ad_pad(G, rfi_ad_full(G, a->ct->dtype, x->dims, x->rank, 0.0), one,
+                                    lo, hi, interior);
         gr[1] = rfi_ad_sum_all(G, rfi_ad_binary(G, RFI_OP_MUL, a->ct, mask));
     }
     return RF_OK;

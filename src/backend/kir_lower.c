@@ -192,7 +192,8 @@ static int buffer_index(lower *L, const rfi_node *n, kidx *ix)
 
 static int load_node(lower *L, const rfi_node *n, kidx *ix)
 {
-    return rfi_kir_load(L->k, base_of(L, n, false), buffer_index(L, n, ix), n->id);
+    int index = buffer_index(L, n, ix);
+    return rfi_kir_load(L->k, base_of(L, n, false), index, n->id);
 }
 
 /* The constant's value when all its elements are equal (a literal), else -1. */
@@ -249,7 +250,8 @@ rf_status rfi_lower_operand_at(lower *L, const rfi_node *x, const int *m, int *o
 /* min(max(q, 0), hi): an index clamped into [0, hi]. */
 int rfi_lower_clamp_index(lower *L, int q, int64_t hi)
 {
-    return iop(L, RFI_KIR_IMAX, iop(L, RFI_KIR_IMIN, q, cst(L, hi)), cst(L, 0));
+    int zero = cst(L, 0);
+    return iop(L, RFI_KIR_IMAX, iop(L, RFI_KIR_IMIN, q, cst(L, hi)), zero);
 }
 
 static rf_status emit_elementwise(lower *L, const rfi_node *n, kidx *ix, int *out)
@@ -316,14 +318,15 @@ static rf_status emit_permuted(lower *L, const rfi_node *n, kidx *ix, int *out)
         for (int d = 0; d < n->rank; d++)
             xm[at->l[0][d]] = m[d];
     else if (n->op == RFI_OP_SLICE)
-        for (int d = 0; d < n->rank; d++)
-            xm[d] = iop(L, RFI_KIR_IADD, cst(L, at->l[0][d]),
-                        iop(L, RFI_KIR_IMUL, m[d], cst(L, at->l[2][d])));
+        for (int d = 0; d < n->rank; d++) {
+            int scaled = iop(L, RFI_KIR_IMUL, m[d], cst(L, at->l[2][d]));
+            xm[d] = iop(L, RFI_KIR_IADD, cst(L, at->l[0][d]), scaled);
+        }
     else /* REVERSE */
         for (int k = 0; k < at->nl[0]; k++) {
             int d = (int)at->l[0][k];
-            xm[d] = iop(L, RFI_KIR_IADD, cst(L, n->dims[d] - 1),
-                        iop(L, RFI_KIR_IMUL, m[d], cst(L, -1)));
+            int negated = iop(L, RFI_KIR_IMUL, m[d], cst(L, -1));
+            xm[d] = iop(L, RFI_KIR_IADD, cst(L, n->dims[d] - 1), negated);
         }
     return rfi_lower_operand_at(L, x, xm, out);
 }
@@ -358,11 +361,13 @@ static rf_status emit_pad(lower *L, const rfi_node *n, kidx *ix, int *out)
         }
         int p = iop(L, RFI_KIR_IADD, m[d], cst(L, -low));
         int q = iop(L, RFI_KIR_IDIV, p, cst(L, step));
-        int ok = rfi_kir_land(L->k, rfi_kir_icmp(L->k, RF_GE, p, cst(L, 0)),
-                              rfi_kir_icmp(L->k, RF_LT, q, cst(L, x->dims[d])));
-        if (step > 1)
-            ok = rfi_kir_land(L->k, ok, rfi_kir_icmp(L->k, RF_EQ, iop(L, RFI_KIR_IREM, p, cst(L, step)),
-                                                     cst(L, 0)));
+        int below = rfi_kir_icmp(L->k, RF_LT, q, cst(L, x->dims[d]));
+        int ok = rfi_kir_land(L->k, rfi_kir_icmp(L->k, RF_GE, p, cst(L, 0)), below);
+        if (step > 1) {
+            int zero = cst(L, 0);
+            int on_step = rfi_kir_icmp(L->k, RF_EQ, iop(L, RFI_KIR_IREM, p, cst(L, step)), zero);
+            ok = rfi_kir_land(L->k, ok, on_step);
+        }
         inside = rfi_kir_land(L->k, inside, ok);
         xm[d] = rfi_lower_clamp_index(L, q, x->dims[d] - 1);
     }
@@ -846,9 +851,11 @@ static rf_status lower_segment_as(lower *L, const rfi_step *st, int64_t ext, int
         int vars[RF_MAX_RANK];
         shape_loops(L, shape, vars);
         shaped = idx_multi_of(shape, vars);
-        flat = iop(L, RFI_KIR_IADD, idx_lin(L, &shaped), cst(L, a));
+        int offset = cst(L, a);
+        flat = iop(L, RFI_KIR_IADD, idx_lin(L, &shaped), offset);
     } else {
-        flat = iop(L, RFI_KIR_IADD, rfi_lower_loop_var(L, b - a, false), cst(L, a));
+        int offset = cst(L, a);
+        flat = iop(L, RFI_KIR_IADD, rfi_lower_loop_var(L, b - a, false), offset);
     }
     for (int r = 0; r < st->n_roots; r++) {
         const rfi_node *root = L->g->nodes[st->roots[r]];

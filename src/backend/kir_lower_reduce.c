@@ -117,15 +117,16 @@ static rf_status window_value(lower *L, const rfi_node *n, const int *m, int *va
         w[d] = rfi_lower_loop_var(L, at->l[0][d], true);
     for (int d = 0; d < x->rank; d++) {
         int64_t stride = at->l[1][d], lo = at->l[2][d];
-        int p = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[d], cst(L, stride)),
-                    iop(L, RFI_KIR_IADD, w[d], cst(L, -lo)));
+        int shifted = iop(L, RFI_KIR_IADD, w[d], cst(L, -lo));
+        int p = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[d], cst(L, stride)), shifted);
         int64_t pmin = -lo, pmax = (n->dims[d] - 1) * stride + at->l[0][d] - 1 - lo;
         if (pmin >= 0 && pmax < x->dims[d]) {
             xm[d] = p;
             continue;
         }
-        inside = rfi_kir_land(k, inside, rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)),
-                                                      rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d]))));
+        int below = rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d]));
+        int ok = rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)), below);
+        inside = rfi_kir_land(k, inside, ok);
         xm[d] = rfi_lower_clamp_index(L, p, x->dims[d] - 1);
     }
     int64_t c;
@@ -170,10 +171,10 @@ static rf_status window_unrolled(lower *L, const rfi_node *n, const int *m, int 
         for (int d = x->rank - 1; d >= 0; d--) {
             int64_t w = rest % at->l[0][d], stride = at->l[1][d], lo = at->l[2][d];
             rest /= at->l[0][d];
-            int p = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[d], cst(L, stride)),
-                        cst(L, w - lo));
-            int ok = rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)),
-                                  rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d])));
+            int offset = cst(L, w - lo);
+            int p = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[d], cst(L, stride)), offset);
+            int below = rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d]));
+            int ok = rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)), below);
             inside = rfi_kir_land(k, inside, ok);
             xm[d] = rfi_lower_clamp_index(L, p, x->dims[d] - 1);
         }
@@ -231,9 +232,9 @@ static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value
         *value = rfi_kir_convert(k, k->acc_dtype,
                                  rfi_kir_binary(k, RFI_OP_MUL, a->dtype, va, vb, -1), -1);
     } else { /* integers: the product wraps in the accumulator, as the interpreter's */
+        int wide_b = rfi_kir_convert(k, k->acc_dtype, vb, -1);
         *value = rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype,
-                                rfi_kir_convert(k, k->acc_dtype, va, -1),
-                                rfi_kir_convert(k, k->acc_dtype, vb, -1), -1);
+                                rfi_kir_convert(k, k->acc_dtype, va, -1), wide_b, -1);
     }
     return st;
 }
@@ -252,11 +253,15 @@ rf_status rfi_lower_reduce(lower *L, const rfi_step *st, const box *part)
         whole = whole && part->lo[d] == 0 && part->hi[d] == n->dims[d];
     if (whole)
         rfi_lower_reduce_loops(L, st, n, m);
-    for (int d = 0; d < n->rank && !whole; d++)
-        m[d] = part->lo[d] == 0 && part->hi[d] == n->dims[d]
-                   ? rfi_lower_loop_var(L, n->dims[d], false)
-                   : iop(L, RFI_KIR_IADD, rfi_lower_loop_var(L, part->hi[d] - part->lo[d], false),
-                         cst(L, part->lo[d]));
+    for (int d = 0; d < n->rank && !whole; d++) {
+        if (part->lo[d] == 0 && part->hi[d] == n->dims[d]) {
+            m[d] = rfi_lower_loop_var(L, n->dims[d], false);
+            continue;
+        }
+        int offset = cst(L, part->lo[d]);
+        m[d] = iop(L, RFI_KIR_IADD, rfi_lower_loop_var(L, part->hi[d] - part->lo[d], false),
+                   offset);
+    }
     int v = -1, inner[RF_MAX_RANK];
     for (int q = 0; q < RF_MAX_RANK; q++)
         inner[q] = -1;

@@ -176,8 +176,8 @@ static rfi_node *window_codes(rfi_graph *c, rfi_node *x, const window *w)
     rfi_node *code = m ? splat(c, CODE_T, 0, m->dims, m->rank) : NULL;
     for (int64_t p = 1; p < w->points && code; p++) {
         rfi_node *v = point_slice(c, x, w, p), *before = prefix[p - 1];
-        rfi_node *first_nan = binary(c, RFI_OP_AND, compare(c, RF_NE, v, v),
-                                     compare(c, RF_EQ, before, before));
+        rfi_node *before_is_number = compare(c, RF_EQ, before, before);
+        rfi_node *first_nan = binary(c, RFI_OP_AND, compare(c, RF_NE, v, v), before_is_number);
         rfi_node *above = binary(c, RFI_OP_OR, compare(c, RF_GT, v, before), first_nan);
         code = select3(c, above, splat(c, CODE_T, (double)p, m->dims, m->rank), code);
     }
