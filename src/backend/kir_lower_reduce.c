@@ -101,6 +101,13 @@ static rf_status sibling_folds(lower *L, const rfi_step *st, const int *m, int *
     return RF_OK;
 }
 
+/* 0 <= p < n as a KIR bool: a window point inside its operand, not in the padding. */
+static int index_in_range(lower *L, int p, int64_t n)
+{
+    int below = rfi_kir_icmp(L->k, RF_LT, p, cst(L, n));
+    return rfi_kir_land(L->k, rfi_kir_icmp(L->k, RF_GE, p, cst(L, 0)), below);
+}
+
 static rf_status window_value(lower *L, const rfi_node *n, const int *m, int *value)
 {
     const rfi_node *x = n->in[0];
@@ -124,9 +131,7 @@ static rf_status window_value(lower *L, const rfi_node *n, const int *m, int *va
             xm[d] = p;
             continue;
         }
-        int below = rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d]));
-        int ok = rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)), below);
-        inside = rfi_kir_land(k, inside, ok);
+        inside = rfi_kir_land(k, inside, index_in_range(L, p, x->dims[d]));
         xm[d] = rfi_lower_clamp_index(L, p, x->dims[d] - 1);
     }
     int64_t c;
@@ -173,9 +178,7 @@ static rf_status window_unrolled(lower *L, const rfi_node *n, const int *m, int 
             rest /= at->l[0][d];
             int offset = cst(L, w - lo);
             int p = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[d], cst(L, stride)), offset);
-            int below = rfi_kir_icmp(k, RF_LT, p, cst(L, x->dims[d]));
-            int ok = rfi_kir_land(k, rfi_kir_icmp(k, RF_GE, p, cst(L, 0)), below);
-            inside = rfi_kir_land(k, inside, ok);
+            inside = rfi_kir_land(k, inside, index_in_range(L, p, x->dims[d]));
             xm[d] = rfi_lower_clamp_index(L, p, x->dims[d] - 1);
         }
         int v = -1;
