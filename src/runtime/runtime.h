@@ -97,6 +97,11 @@ RFI_FUNC rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out);
 /* Dead-code elimination: a copy of g without nodes that reach no output or
  * update (arguments and captures keep their indices). */
 RFI_FUNC rf_status rfi_dce(const rfi_graph *g, rfi_graph **out);
+/* Canonical order: a copy of g whose node order, capture numbers and random
+ * streams follow from its structure, not from the order its nodes were
+ * created in (canonical_order.c); dead nodes and captures neither read nor
+ * assigned are left out. Run on every traced program. */
+RFI_FUNC rf_status rfi_canonical_order(const rfi_graph *g, rfi_graph **out);
 
 /* RF_DUMP support: writes `text` to $RF_DUMP/<name>-<hash>.<stage>.txt when
  * RF_DUMP is set. Failures to write only warn on stderr. */

@@ -1,8 +1,8 @@
 /* trace.c: the tracing entry points (arguments, captures, updates, outputs,
  * trace errors, tensor accessors) and the compile pipeline:
- *   validate arguments -> trace fn once -> autodiff -> verify -> dead-code
- *   elimination -> verify -> the backend's optimise stage -> backend prepare
- *   -> rf_exec, the stages from autodiff to optimise taken from the lowering
+ *   validate arguments -> trace fn once -> canonical order -> autodiff -> verify ->
+ *   dead-code elimination -> verify -> the backend's optimise stage -> backend
+ *   prepare -> rf_exec, the stages from autodiff to optimise taken from the lowering
  *   memo on disk when it has them (lower_memo.h).
  *
  * It does not define ops (ops.c), graph storage (graph.c), the passes or the
@@ -284,7 +284,13 @@ static rf_status trace_fn(const char *op, rf_trace_fn fn, void *ctx, rf_array *c
         rfi_graph_free(g);
         return st;
     }
-    *out = g;
+    /* C's argument evaluation order must not shape the program (canonical_order.c). */
+    rfi_graph *canonical = NULL;
+    st = rfi_canonical_order(g, &canonical);
+    rfi_graph_free(g);
+    if (st != RF_OK)
+        return st;
+    *out = canonical;
     return RF_OK;
 }
 
