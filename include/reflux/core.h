@@ -88,7 +88,8 @@ RF_API size_t rf_dtype_size(rf_dtype dt);      /* bytes per element; 0 if invali
  *   host: ordinary memory the user reads and writes; compiled code never takes
  *         host arrays (the seed's "everything must already live on the device").
  *   cpu:  the CPU as a compute device.
- *   cuda: an NVIDIA GPU, when libcuda can be loaded at run time. */
+ *   cuda: an NVIDIA GPU, once reflux has a CUDA backend; this version has none,
+ *         so rf_device_cuda() returns NULL and says why. */
 typedef struct rf_device rf_device;
 
 typedef enum rf_device_kind {
@@ -104,7 +105,8 @@ typedef enum rf_device_kind {
 RF_API rf_device *rf_device_default(void);
 RF_API rf_device *rf_device_cpu(void);  /* never NULL */
 RF_API rf_device *rf_device_host(void); /* never NULL */
-/* CUDA device `index`, or NULL with RF_E_DEVICE when it is not usable. */
+/* CUDA device `index`, or NULL with RF_E_DEVICE when it is not usable (always,
+ * in this version: the message says whether a driver was found). */
 RF_API rf_device *rf_device_cuda(int index);
 RF_API rf_device_kind rf_device_kind_of(const rf_device *dev);
 RF_API const char *rf_device_name(const rf_device *dev); /* "cpu", "host", "cuda:0" */
