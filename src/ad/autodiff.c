@@ -195,7 +195,7 @@ static rf_status run(ad_ctx *c)
     for (int id = 0; st == RF_OK && id < c->g->n_nodes; id++)
         st = copy_node(c, c->g->nodes[id]);
     if (st == RF_OK)
-        st = rfi_graph_copy_results(c->g, c->ng, c->map);
+        st = rfi_graph_copy_results(c->g, c->ng, c->map, NULL);
     return st;
 }
 
@@ -207,10 +207,7 @@ rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out)
     if (!g)
         return rfi_error(RF_E_INVALID, "autodiff: NULL graph");
     size_t n = g->n_nodes > 0 ? (size_t)g->n_nodes : 1;
-    size_t max_in = 1;
-    for (int id = 0; id < g->n_nodes; id++)
-        if ((size_t)g->nodes[id]->n_in > max_in)
-            max_in = (size_t)g->nodes[id]->n_in;
+    size_t max_in = (size_t)rfi_max_operands(g);
     ad_ctx c = {
         .g = g,
         .map = rfi_calloc(n, sizeof(rfi_node *)),

@@ -410,6 +410,15 @@ size_t rfi_node_nbytes(const rfi_node *x)
     return (size_t)rfi_node_numel(x) * rf_dtype_size(x->dtype);
 }
 
+int rfi_max_operands(const rfi_graph *g)
+{
+    int most = 1;
+    for (int id = 0; id < g->n_nodes; id++)
+        if (g->nodes[id]->n_in > most)
+            most = g->nodes[id]->n_in;
+    return most;
+}
+
 int *rfi_use_counts(const rfi_graph *g)
 {
     int *uses = rfi_calloc(g->n_nodes > 0 ? (size_t)g->n_nodes : 1, sizeof *uses);

@@ -278,6 +278,9 @@ RFI_FUNC char *rfi_print(const rfi_graph *g);
  * of independent nodes or the pointers; changes with any op, attribute, type,
  * constant byte, argument/capture type, output or update. */
 RFI_FUNC uint64_t rfi_hash(const rfi_graph *g);
+/* The most operands any node of g has, and at least 1: the size of the operand
+ * scratch array of a pass that copies nodes. */
+RFI_FUNC int rfi_max_operands(const rfi_graph *g);
 /* Number of users of each node (array of n_nodes, owned: rfi_free), counting
  * outputs and updates as users. */
 RFI_FUNC int *rfi_use_counts(const rfi_graph *g);

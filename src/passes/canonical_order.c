@@ -26,6 +26,7 @@
  */
 #include <string.h>
 
+#include "passes/passes.h"
 #include "runtime/runtime.h"
 
 /* Ids of the nodes that reach an output or update, in canonical order. The
@@ -140,18 +141,7 @@ static rf_status rebuild(const rfi_graph *g, rfi_graph *c, const int *order, int
         if (!map[x->id])
             return c->status != RF_OK ? c->status : RF_E_NOMEM;
     }
-    for (int i = 0; i < g->n_outputs; i++) {
-        rf_status st = rfi_graph_add_output(c, map[g->outputs[i]->id]);
-        if (st != RF_OK)
-            return st;
-    }
-    for (int i = 0; i < g->n_updates; i++) {
-        const rfi_update *u = &g->updates[i];
-        rf_status st = rfi_graph_add_update(c, new_capture[u->capture], map[u->value->id]);
-        if (st != RF_OK)
-            return st;
-    }
-    return RF_OK;
+    return rfi_graph_copy_results(g, c, map, new_capture);
 }
 
 rf_status rfi_canonical_order(const rfi_graph *g, rfi_graph **out)
@@ -164,10 +154,7 @@ rf_status rfi_canonical_order(const rfi_graph *g, rfi_graph **out)
     size_t n = g->n_nodes > 0 ? (size_t)g->n_nodes : 1;
     size_t n_caps = g->n_captures > 0 ? (size_t)g->n_captures : 1;
     size_t n_streams = g->n_rng_streams > 0 ? (size_t)g->n_rng_streams : 1;
-    int max_in = 1;
-    for (int id = 0; id < g->n_nodes; id++)
-        if (g->nodes[id]->n_in > max_in)
-            max_in = g->nodes[id]->n_in;
+    int max_in = rfi_max_operands(g);
     bool *seen = rfi_calloc(n, sizeof *seen);
     int *order = rfi_calloc(n, sizeof *order);
     int *stack_node = rfi_calloc(n, sizeof *stack_node);

@@ -163,10 +163,9 @@ rf_status rfi_cse(const rfi_graph *g, rfi_graph **out)
     *out = NULL;
     if (!g)
         return rfi_error(RF_E_INVALID, "cse: NULL graph");
-    int max_in = 2;
-    for (int id = 0; id < g->n_nodes; id++)
-        if (g->nodes[id]->n_in > max_in)
-            max_in = g->nodes[id]->n_in;
+    int max_in = rfi_max_operands(g);
+    if (max_in < 2)
+        max_in = 2; /* the commutative key swaps two entries */
     size_t cap = 16;
     while (cap < 2 * (size_t)g->n_nodes)
         cap *= 2;
@@ -183,7 +182,7 @@ rf_status rfi_cse(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = cse_copy(g, c, &t, map, ins, key);
     if (st == RF_OK)
-        st = rfi_graph_copy_results(g, c, map);
+        st = rfi_graph_copy_results(g, c, map, NULL);
     rfi_free(t.slots);
     rfi_free(t.hashes);
     rfi_free(map);

@@ -33,7 +33,8 @@ rf_status rfi_graph_new_like(const rfi_graph *g, rfi_graph **out)
     return RF_OK;
 }
 
-rf_status rfi_graph_copy_results(const rfi_graph *g, rfi_graph *copy, rfi_node *const *map)
+rf_status rfi_graph_copy_results(const rfi_graph *g, rfi_graph *copy, rfi_node *const *map,
+                                 const int *new_capture)
 {
     for (int i = 0; i < g->n_outputs; i++) {
         rf_status st = rfi_graph_add_output(copy, map[g->outputs[i]->id]);
@@ -42,7 +43,8 @@ rf_status rfi_graph_copy_results(const rfi_graph *g, rfi_graph *copy, rfi_node *
     }
     for (int i = 0; i < g->n_updates; i++) {
         const rfi_update *u = &g->updates[i];
-        rf_status st = rfi_graph_add_update(copy, u->capture, map[u->value->id]);
+        int capture = new_capture ? new_capture[u->capture] : u->capture;
+        rf_status st = rfi_graph_add_update(copy, capture, map[u->value->id]);
         if (st != RF_OK)
             return st;
     }
@@ -90,10 +92,7 @@ rf_status rfi_dce(const rfi_graph *g, rfi_graph **out)
     if (!g)
         return rfi_error(RF_E_INVALID, "dce: NULL graph");
     size_t n = g->n_nodes > 0 ? (size_t)g->n_nodes : 1;
-    int max_in = 1;
-    for (int id = 0; id < g->n_nodes; id++)
-        if (g->nodes[id]->n_in > max_in)
-            max_in = g->nodes[id]->n_in;
+    int max_in = rfi_max_operands(g);
     bool *live = rfi_calloc(n, sizeof *live);
     rfi_node **map = rfi_calloc(n, sizeof *map);
     rfi_node **ins = rfi_calloc((size_t)max_in, sizeof *ins);
@@ -106,7 +105,7 @@ rf_status rfi_dce(const rfi_graph *g, rfi_graph **out)
         st = copy_live(g, c, live, map, ins);
     }
     if (st == RF_OK)
-        st = rfi_graph_copy_results(g, c, map);
+        st = rfi_graph_copy_results(g, c, map, NULL);
     rfi_free(live);
     rfi_free(map);
     rfi_free(ins);

@@ -534,9 +534,7 @@ rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out)
     if (!out || !g)
         return rfi_error(RF_E_INVALID, "unroll_pools: NULL %s", g ? "output pointer" : "graph");
     *out = NULL;
-    int max_in = 1;
-    for (int id = 0; id < g->n_nodes; id++)
-        max_in = g->nodes[id]->n_in > max_in ? g->nodes[id]->n_in : max_in;
+    int max_in = rfi_max_operands(g);
     rfi_node **map = rfi_calloc(g->n_nodes > 0 ? (size_t)g->n_nodes : 1, sizeof *map);
     rfi_node **ins = rfi_calloc((size_t)max_in, sizeof *ins);
     rfi_graph *c = NULL;
@@ -565,7 +563,7 @@ rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out)
         map[id] = r;
     }
     if (st == RF_OK)
-        st = rfi_graph_copy_results(g, c, map);
+        st = rfi_graph_copy_results(g, c, map, NULL);
     if (st == RF_OK)
         st = rfi_dce(c, out);
     rfi_free(map);

@@ -555,10 +555,7 @@ rf_status rfi_simplify(const rfi_graph *g, rfi_graph **out)
     *out = NULL;
     if (!g)
         return rfi_error(RF_E_INVALID, "simplify: NULL graph");
-    int max_in = 1;
-    for (int id = 0; id < g->n_nodes; id++)
-        if (g->nodes[id]->n_in > max_in)
-            max_in = g->nodes[id]->n_in;
+    int max_in = rfi_max_operands(g);
     rfi_node **map = rfi_calloc(g->n_nodes > 0 ? (size_t)g->n_nodes : 1, sizeof *map);
     simp s = {NULL, rfi_calloc((size_t)max_in, sizeof *s.ins)};
     rf_status st = map && s.ins ? RF_OK : rfi_error(RF_E_NOMEM, "simplify: out of memory");
@@ -567,7 +564,7 @@ rf_status rfi_simplify(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = simplify_all(g, &s, map);
     if (st == RF_OK)
-        st = rfi_graph_copy_results(g, s.c, map);
+        st = rfi_graph_copy_results(g, s.c, map, NULL);
     if (st == RF_OK)
         st = rfi_dce(s.c, out); /* rewrites leave the nodes they bypassed behind */
     rfi_free(map);
