@@ -18,7 +18,8 @@ extern "C" {
 typedef struct rf_array rf_array;
 
 /* A new array on `dev` holding a copy of `data` (the product of dims elements
- * of `dtype`, row-major); `data` == NULL gives zeros. Owned. Errors: RF_E_INVALID (bad rank/dims/dtype), RF_E_NOMEM. */
+ * of `dtype`, row-major); `data` == NULL gives zeros. Owned. Errors:
+ * RF_E_INVALID (bad rank/dims/dtype), RF_E_NOMEM. */
 RF_API rf_array *rf_array_new(rf_device *dev, rf_dtype dtype, const int64_t *dims, int rank,
                               const void *data);
 /* Host arrays from host data: the common case. Owned. */

@@ -216,7 +216,11 @@ RF_API rf_model *rf_embedding(int64_t vocab, int64_t dim, uint64_t seed);
  * (the identity). C++ has no compound literals: C++ code calls the _n forms
  * with an array. */
 RF_API rf_model *rf_chain_n(rf_model *const *layers, int n);
-typedef enum rf_combine { RF_COMBINE_ADD = 0, RF_COMBINE_MUL, RF_COMBINE_CONCAT_CHANNELS } rf_combine;
+typedef enum rf_combine {
+    RF_COMBINE_ADD = 0,
+    RF_COMBINE_MUL,
+    RF_COMBINE_CONCAT_CHANNELS
+} rf_combine;
 /* SkipConnection(layer, combine): combine(layer(x), x). */
 RF_API rf_model *rf_skip(rf_model *layer, rf_combine combine);
 /* Parallel(combine, layers...): combine(layer_1(x), ..., layer_n(x)); 1 to 64 layers. */
@@ -246,7 +250,8 @@ RF_API rf_tensor *rf_logitcrossentropy(rf_tensor *logits, rf_tensor *y);
 RF_API rf_tensor *rf_binarycrossentropy(rf_tensor *yhat, rf_tensor *y);
 RF_API rf_tensor *rf_logitbinarycrossentropy(rf_tensor *logits, rf_tensor *y);
 RF_API rf_tensor *rf_kldivergence(rf_tensor *yhat, rf_tensor *y);   /* y and yhat probabilities */
-RF_API rf_tensor *rf_focal(rf_tensor *yhat, rf_tensor *y, double gamma); /* Flux focal_loss, gamma 2 */
+/* Flux's focal_loss (its default gamma is 2). */
+RF_API rf_tensor *rf_focal(rf_tensor *yhat, rf_tensor *y, double gamma);
 /* Index of the max along the class axis (Flux's onecold): [N, C] -> [N] i64. */
 RF_API rf_tensor *rf_onecold(rf_tensor *scores);
 /* Fraction of rows whose onecold matches y (one-hot [N, C] or ids [N]): f32 scalar. */

@@ -102,10 +102,11 @@
  *   root of the step reads c at the position v writes: through elementwise
  *   ops of one shape and reshapes (identity linear index), and in a
  *   segmented step also through rank-1 slices and concatenations of the
- *   flat extent, whose offsets must add up to v's own segment offset; (3) no later step and no final copy reads
- *   c; (4) v is not an output, not read by a later step, and the value of
- *   no other update. Otherwise v lives in the arena (or where it already is)
- *   and a COPY step writes it into c at the end.
+ *   flat extent, whose offsets must add up to v's own segment offset; (3) no
+ *   later step and no final copy reads c; (4) v is not an output, not read by
+ *   a later step, and the value of no other update. Otherwise v lives in the
+ *   arena (or where it already is) and a COPY step writes it into c at the
+ *   end.
  *
  * Final COPY steps, in this order: copies to outputs; copies to captures
  *   whose source is a capture's bytes (they read old values); the other

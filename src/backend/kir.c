@@ -124,8 +124,10 @@ static void arith_range(rfi_kir_op op, const rfi_kir_ins *a, const rfi_kir_ins *
             *lo = INT64_MIN, *hi = INT64_MAX;
         return;
     case RFI_KIR_IMUL:
-        if (__builtin_mul_overflow(a->lo, b->lo, &c[0]) || __builtin_mul_overflow(a->lo, b->hi, &c[1]) ||
-            __builtin_mul_overflow(a->hi, b->lo, &c[2]) || __builtin_mul_overflow(a->hi, b->hi, &c[3]))
+        if (__builtin_mul_overflow(a->lo, b->lo, &c[0]) ||
+            __builtin_mul_overflow(a->lo, b->hi, &c[1]) ||
+            __builtin_mul_overflow(a->hi, b->lo, &c[2]) ||
+            __builtin_mul_overflow(a->hi, b->hi, &c[3]))
             return;
         *lo = *hi = c[0];
         for (int i = 1; i < 4; i++) {

@@ -69,7 +69,10 @@ static const int *idx_multi(lower *L, kidx *ix)
     int64_t stride = 1;
     for (int d = ix->rank - 1; d >= 0; d--) {
         int q = iop(L, RFI_KIR_IDIV, ix->lin, cst(L, stride));
-        ix->m[d] = ix->dims[d] == 1 ? cst(L, 0) : d == 0 ? q : iop(L, RFI_KIR_IREM, q, cst(L, ix->dims[d]));
+        if (ix->dims[d] == 1)
+            ix->m[d] = cst(L, 0);
+        else
+            ix->m[d] = d == 0 ? q : iop(L, RFI_KIR_IREM, q, cst(L, ix->dims[d]));
         stride *= ix->dims[d];
     }
     ix->has_m = true;

@@ -30,7 +30,10 @@ typedef struct free_list {
     size_t top, peak;
 } free_list;
 
-static size_t aligned(size_t n) { return (n + RFI_PLAN_ALIGN - 1) / RFI_PLAN_ALIGN * RFI_PLAN_ALIGN; }
+static size_t aligned(size_t n)
+{
+    return (n + RFI_PLAN_ALIGN - 1) / RFI_PLAN_ALIGN * RFI_PLAN_ALIGN;
+}
 
 static void remove_block(free_list *fl, int i)
 {

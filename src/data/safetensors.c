@@ -403,7 +403,9 @@ static int by_name(const void *a, const void *b)
 static int by_begin(const void *a, const void *b)
 {
     const rfi_st_entry *x = *(const rfi_st_entry *const *)a, *y = *(const rfi_st_entry *const *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return (x->end > y->end) - (x->end < y->end);
 }
 
 static rf_status check_entry(const char *path, const rfi_st_entry *e, uint64_t data_len)

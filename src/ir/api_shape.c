@@ -473,8 +473,15 @@ static rfi_node *arg_extreme(const char *fn, rfi_op op, rfi_node *x, int axis)
     return rfi_node_new(x->g, op, &x, 1, &attr, RF_I64, NULL, 0);
 }
 
-rf_tensor *rf_argmax(rf_tensor *x, int axis) { return arg_extreme("rf_argmax", RFI_OP_ARGMAX, x, axis); }
-rf_tensor *rf_argmin(rf_tensor *x, int axis) { return arg_extreme("rf_argmin", RFI_OP_ARGMIN, x, axis); }
+rf_tensor *rf_argmax(rf_tensor *x, int axis)
+{
+    return arg_extreme("rf_argmax", RFI_OP_ARGMAX, x, axis);
+}
+
+rf_tensor *rf_argmin(rf_tensor *x, int axis)
+{
+    return arg_extreme("rf_argmin", RFI_OP_ARGMIN, x, axis);
+}
 
 /* ---- Linear algebra ------------------------------------------------------------------ */
 

@@ -71,7 +71,8 @@ rf_model *rf_dense_ex(int64_t in, int64_t out, rf_act act, const rf_dense_opts *
     rf_dense_opts d = {0};
     if (!o)
         o = &d;
-    if (in <= 0 || out <= 0 || (unsigned)act >= RF_ACT_COUNT || (unsigned)o->init >= RF_INIT_COUNT) {
+    if (in <= 0 || out <= 0 || (unsigned)act >= RF_ACT_COUNT ||
+        (unsigned)o->init >= RF_INIT_COUNT) {
         rfi_error(RF_E_INVALID, "rf_dense(%lld => %lld): %s", (long long)in, (long long)out,
                   in <= 0 || out <= 0 ? "sizes must be positive"
                   : (unsigned)act >= RF_ACT_COUNT ? "unknown activation"
@@ -110,7 +111,7 @@ static const rf_layer_type flatten_type = {"Flatten", flatten_forward, NULL};
 
 rf_model *rf_flatten_layer(void) { return rf_model_new(&flatten_type, NULL, 0); }
 
-/* ---- Building containers ----------------------------------------------------------------------- */
+/* ---- Building containers ----------------------------------------------------------------- */
 
 /* Frees layers[0..n) (NULL entries skipped). */
 static void free_layers(rf_model *const *layers, int n)
@@ -162,7 +163,7 @@ static rf_model *container(const char *op, const rf_layer_type *type, const void
     return m;
 }
 
-/* ---- Chain ------------------------------------------------------------------------------------- */
+/* ---- Chain ------------------------------------------------------------------------------- */
 
 static rf_tensor *chain_forward(rf_model *m, rf_tensor *x)
 {
@@ -178,7 +179,7 @@ rf_model *rf_chain_n(rf_model *const *layers, int n)
     return container("rf_chain", &chain_type, NULL, 0, layers, n);
 }
 
-/* ---- Combining several results ------------------------------------------------------------------ */
+/* ---- Combining several results ----------------------------------------------------------- */
 
 typedef struct combine_config {
     int32_t combine; /* rf_combine */
@@ -220,7 +221,7 @@ static bool combine_valid(rf_combine c)
     return c == RF_COMBINE_ADD || c == RF_COMBINE_MUL || c == RF_COMBINE_CONCAT_CHANNELS;
 }
 
-/* ---- SkipConnection ------------------------------------------------------------------------------ */
+/* ---- SkipConnection ---------------------------------------------------------------------- */
 
 static rf_tensor *skip_forward(rf_model *m, rf_tensor *x)
 {
@@ -242,7 +243,7 @@ rf_model *rf_skip(rf_model *layer, rf_combine how)
     return container("rf_skip", &skip_type, &c, sizeof c, &layer, 1);
 }
 
-/* ---- Parallel ---------------------------------------------------------------------------------------- */
+/* ---- Parallel ---------------------------------------------------------------------------- */
 
 /* Parallel layers are few; this bounds the stack array of their results. */
 #define PARALLEL_MAX 64

@@ -43,7 +43,7 @@ static bool check_nchw(rf_model *m, rf_tensor *x, int64_t channels)
     }
     if (channels >= 0 && rf_tensor_dim(x, 1) != channels) {
         rfi_layer_input_error(m, x, RF_E_SHAPE, "has %lld channels, expected %lld",
-                    (long long)rf_tensor_dim(x, 1), (long long)channels);
+                              (long long)rf_tensor_dim(x, 1), (long long)channels);
         return false;
     }
     return true;
@@ -173,17 +173,18 @@ static rf_tensor *conv_forward(rf_model *m, rf_tensor *x)
             p.pad_lo[i] = keff - 1 - lo;
             p.pad_hi[i] = keff - 1 - hi;
             if ((size - 1) * c->stride[i] + keff - lo - hi < 1)
-                return rfi_layer_input_error(m, x, RF_E_SHAPE, "gives an empty output along axis %d",
-                                   2 + i);
+                return rfi_layer_input_error(m, x, RF_E_SHAPE,
+                                             "gives an empty output along axis %d", 2 + i);
         } else {
             p.stride[i] = c->stride[i];
             p.pad_lo[i] = lo;
             p.pad_hi[i] = hi;
             if (size + lo + hi < keff)
                 return rfi_layer_input_error(m, x, RF_E_SHAPE,
-                                   "is smaller along axis %d (%lld, padded %lld) than the "
-                                   "dilated kernel (%lld)", 2 + i, (long long)size,
-                                   (long long)(size + lo + hi), (long long)keff);
+                                             "is smaller along axis %d (%lld, padded %lld) "
+                                             "than the dilated kernel (%lld)", 2 + i,
+                                             (long long)size, (long long)(size + lo + hi),
+                                             (long long)keff);
         }
     }
     rf_tensor *w = rf_model_param(m, t, 0);
@@ -260,9 +261,9 @@ static rf_model *conv_new(const rf_layer_type *type, int64_t kh, int64_t kw, int
      * rf_init_array reads from that layout match Flux's for both */
     const int64_t wdims[4] = {transpose ? in : out, (transpose ? out : in) / c.groups, kh, kw};
     const int64_t bdims[1] = {out};
-    rf_status st = rf_model_add_param(m, "weight", rf_init_array(o ? o->init : RF_INIT_GLOROT_UNIFORM,
-                                                                 wdims, 4,
-                                                                 rfi_nn_next_seed(o ? o->seed : 0)));
+    rf_array *weight = rf_init_array(o ? o->init : RF_INIT_GLOROT_UNIFORM, wdims, 4,
+                                     rfi_nn_next_seed(o ? o->seed : 0));
+    rf_status st = rf_model_add_param(m, "weight", weight);
     if (st == RF_OK && c.has_bias)
         st = rf_model_add_param(m, "bias", rf_zeros(RF_F32, bdims, 1));
     return finish(m, st);
@@ -304,9 +305,10 @@ static bool check_window(rf_model *m, rf_tensor *x, const int64_t k[2], const in
     for (int i = 0; i < 2; i++) {
         int64_t size = rf_tensor_dim(x, 2 + i);
         if (size + 2 * pad[i] < k[i]) {
-            rfi_layer_input_error(m, x, RF_E_SHAPE, "is smaller along axis %d (%lld, padded %lld) than "
-                        "the window (%lld)", 2 + i, (long long)size,
-                        (long long)(size + 2 * pad[i]), (long long)k[i]);
+            rfi_layer_input_error(m, x, RF_E_SHAPE,
+                                  "is smaller along axis %d (%lld, padded %lld) than the window "
+                                  "(%lld)", 2 + i, (long long)size,
+                                  (long long)(size + 2 * pad[i]), (long long)k[i]);
             return false;
         }
     }
@@ -363,7 +365,7 @@ rf_model *rf_meanpool(int64_t kh, int64_t kw, int64_t stride, int64_t pad)
     return pool_new(&meanpool_type, kh, kw, stride, pad);
 }
 
-/* ---- GlobalMeanPool and AdaptiveMeanPool ------------------------------------------------------ */
+/* ---- GlobalMeanPool and AdaptiveMeanPool ------------------------------------------------- */
 
 /* Mean over every spatial axis, kept as size 1: [N, C, ...] -> [N, C, 1, ...]. */
 static rf_tensor *global_meanpool_forward(rf_model *m, rf_tensor *x)
@@ -406,10 +408,11 @@ static rf_tensor *adaptive_meanpool_forward(rf_model *m, rf_tensor *x)
     int64_t h = rf_tensor_dim(x, 2), w = rf_tensor_dim(x, 3);
     if (h % c->out[0] != 0 || w % c->out[1] != 0)
         return rfi_layer_input_error(m, x, RF_E_UNSUPPORTED,
-                           "has spatial size %lldx%lld, not divisible by the output size "
-                           "%lldx%lld (only equal, non-overlapping windows are supported)",
-                           (long long)h, (long long)w, (long long)c->out[0],
-                           (long long)c->out[1]);
+                                     "has spatial size %lldx%lld, not divisible by the output "
+                                     "size %lldx%lld (only equal, non-overlapping windows are "
+                                     "supported)",
+                                     (long long)h, (long long)w, (long long)c->out[0],
+                                     (long long)c->out[1]);
     const int64_t k[2] = {h / c->out[0], w / c->out[1]};
     return rf_meanpool2d(x, k, k, NULL);
 }

@@ -42,7 +42,7 @@ static bool check_input(rf_model *m, rf_tensor *x, int min_rank, const char *lay
     }
     if (rf_tensor_dim(x, axis) != features) {
         rfi_layer_input_error(m, x, RF_E_SHAPE, "has %lld %s, expected %lld",
-                    (long long)rf_tensor_dim(x, axis), what, (long long)features);
+                              (long long)rf_tensor_dim(x, axis), what, (long long)features);
         return false;
     }
     return true;
@@ -124,8 +124,9 @@ static rf_tensor *batchnorm_forward(rf_model *m, rf_tensor *x)
         for (int i = 2; i < rank; i++)
             axes[i - 1] = i;
         if (count < 2)
-            return rfi_layer_input_error(m, x, RF_E_SHAPE, "has %lld value per channel; train mode needs "
-                               "more than one for the batch variance", (long long)count);
+            return rfi_layer_input_error(m, x, RF_E_SHAPE,
+                                         "has %lld value per channel; train mode needs more than "
+                                         "one for the batch variance", (long long)count);
         mean = rf_mean(x, axes, rank - 1, true);
         var = rf_var(x, axes, rank - 1, true);
         const int64_t flat[1] = {c->channels};
@@ -232,8 +233,9 @@ static rf_tensor *groupnorm_forward(rf_model *m, rf_tensor *x)
         return NULL;
     int rank = rf_tensor_rank(x);
     if (rank + 1 > RF_MAX_RANK)
-        return rfi_layer_input_error(m, x, RF_E_UNSUPPORTED, "has rank %d; at most %d is supported", rank,
-                           RF_MAX_RANK - 1);
+        return rfi_layer_input_error(m, x, RF_E_UNSUPPORTED,
+                                     "has rank %d; at most %d is supported", rank,
+                                     RF_MAX_RANK - 1);
     const int64_t *dims = rf_tensor_dims(x);
     int64_t grouped[RF_MAX_RANK], axes[RF_MAX_RANK];
     grouped[0] = dims[0];

@@ -650,7 +650,7 @@ rf_model *rf_model_to_opts(rf_model *m, rf_device *dev, const rf_to_opts *opts)
 
 rf_model *rf_model_to(rf_model *m, rf_device *dev) { return rf_model_to_opts(m, dev, NULL); }
 
-/* ---- Train / test mode ------------------------------------------------------------------------- */
+/* ---- Train / test mode ------------------------------------------------------------------- */
 
 static void set_training(rf_model *m, bool on)
 {
@@ -673,7 +673,7 @@ void rf_testmode(rf_model *m)
 
 bool rf_model_training(const rf_model *m) { return m && m->training; }
 
-/* ---- Optimiser links -------------------------------------------------------------------------- */
+/* ---- Optimiser links --------------------------------------------------------------------- */
 
 rf_status rfi_model_attach_opt(rf_model *m, struct rf_opt *opt)
 {
@@ -703,7 +703,7 @@ void rfi_model_detach_opt(rf_model *m, struct rf_opt *opt)
     }
 }
 
-/* ---- Freeing ---------------------------------------------------------------------------------- */
+/* ---- Freeing ----------------------------------------------------------------------------- */
 
 static void free_arrays(rfi_named_array *list, int n)
 {
@@ -739,7 +739,7 @@ void rf_model_free(rf_model *m)
     rfi_free(m);
 }
 
-/* ---- Compiling the forward pass ---------------------------------------------------------------- */
+/* ---- Compiling the forward pass ---------------------------------------------------------- */
 
 typedef struct device_check {
     rf_device *dev;

@@ -46,7 +46,8 @@ RFI_FUNC void rfi_step_cache_drop_opt(rf_model *m, uint64_t opt_uid);
 /* A fresh unique id for models, optimisers and other cache-key parts. */
 RFI_FUNC uint64_t rfi_next_uid(void);
 /* Visits the trainable parameters of the tree in rf_model_visit order. */
-RFI_FUNC int rfi_model_collect_params(rf_model *m, rf_array ***out); /* rfi_malloc'd array; -1 OOM */
+/* *out: an rfi_malloc'd array; returns its length, or -1 on out of memory. */
+RFI_FUNC int rfi_model_collect_params(rf_model *m, rf_array ***out);
 /* rf_model_visit with every path "" (none is formatted): for per-step checks. */
 RFI_FUNC void rfi_model_each_array(rf_model *m, rf_array_visitor fn, void *ud);
 /* Structural hash of the tree: layer types, config bytes, array names,

@@ -46,7 +46,9 @@ static void store_double(rf_dtype dt, void *p, int64_t i, double v)
     case RF_F32: ((float *)p)[i] = (float)v; break;
     case RF_F64: ((double *)p)[i] = v; break;
     case RF_I32: ((int32_t *)p)[i] = (int32_t)saturate(v, INT32_MIN, INT32_MAX); break;
-    case RF_I64: ((int64_t *)p)[i] = saturate(v, -9223372036854775808.0, 9223372036854775807.0); break;
+    case RF_I64:
+        ((int64_t *)p)[i] = saturate(v, -9223372036854775808.0, 9223372036854775807.0);
+        break;
     case RF_U8: ((uint8_t *)p)[i] = (uint8_t)saturate(v, 0, 255); break;
     case RF_BOOL: ((uint8_t *)p)[i] = v != 0.0; break;
     default: break;

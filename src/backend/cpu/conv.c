@@ -685,7 +685,8 @@ static dnnl_status_t make_arg(conv_arg *a, const tensor_spec *t, int arg, bool o
             : rfi_dnnl.memory_desc_init_by_strides(&user, t->ndims, t->dims, dnnl_f32, t->strides);
     if (st == dnnl_success)
         st = rfi_dnnl.memory_create(&a->user, &user, eng, DNNL_MEMORY_NONE);
-    const dnnl_memory_desc_t *want = rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg);
+    const dnnl_memory_desc_t *want =
+        rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg);
     if (st != dnnl_success || !want)
         return st == dnnl_success ? dnnl_runtime_error : st;
     a->user_md = user;
@@ -768,7 +769,8 @@ static bool make_dnnl_conv(rfi_cpu_conv *c, const dnnl_conv_spec *sp, dnnl_engin
         pd = create_fused_pd(c, sp, &bias, &with_bias, eng);
     if (!pd && create_pd(sp, NULL, NULL, eng, &pd) != dnnl_success)
         return false;
-    const dnnl_memory_desc_t *sp_md = rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    const dnnl_memory_desc_t *sp_md =
+        rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t ws = rfi_ws_align(sp_md ? rfi_dnnl.memory_desc_get_size(sp_md) : 0);
     dnnl_status_t st = rfi_dnnl.primitive_create(&dc->prim, pd);
     if (st == dnnl_success && ws > 0)

@@ -163,7 +163,8 @@ static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnn
     dnnl_primitive_desc_t pd = NULL;
     dnnl_status_t st;
     *failed = "memory_desc_init_by_strides";
-    if ((st = tensor_md(&s_md, src)) != dnnl_success || (st = tensor_md(&w_md, wei)) != dnnl_success ||
+    if ((st = tensor_md(&s_md, src)) != dnnl_success ||
+        (st = tensor_md(&w_md, wei)) != dnnl_success ||
         (st = tensor_md(&d_md, dst)) != dnnl_success)
         return st;
     *failed = "matmul_desc_init";
@@ -185,9 +186,11 @@ static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnn
     if (st != dnnl_success)
         return st;
     const char *impl = NULL;
-    if (rfi_dnnl.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+    if (rfi_dnnl.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+        impl)
         mm->is_ref = strncmp(impl, "ref", 3) == 0;
-    const dnnl_memory_desc_t *sp_md = rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    const dnnl_memory_desc_t *sp_md =
+        rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     mm->scratch_bytes = sp_md ? rfi_dnnl.memory_desc_get_size(sp_md) : 0;
     *failed = "primitive_create";
     st = rfi_dnnl.primitive_create(&mm->prim, pd);

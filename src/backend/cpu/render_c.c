@@ -418,7 +418,9 @@ static void convert(rfi_render *R, const rfi_kir_ins *x)
             narrow(R, x, to, "(uint64_t)%a");
     } else { /* float -> integer: truncate, saturate, NaN -> 0 */
         R->need |= RFI_NEED_SAT;
-        emit_fmt(R, x, to == RF_I32 ? "rf_f2i32(%a)" : to == RF_I64 ? "rf_f2i64(%a)" : "rf_f2u8(%a)");
+        emit_fmt(R, x, to == RF_I32   ? "rf_f2i32(%a)"
+                       : to == RF_I64 ? "rf_f2i64(%a)"
+                                      : "rf_f2u8(%a)");
     }
 }
 
@@ -1108,7 +1110,8 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
             "    return v != v ? 0 : v <= -9223372036854775808.0 ? INT64_MIN\n"
             "         : v >= 9223372036854775807.0 ? INT64_MAX : (int64_t)v;\n}\n\n"
             "static inline uint8_t rf_f2u8(double v)\n{\n"
-            "    return v != v ? 0 : v <= 0.0 ? 0 : v >= 255.0 ? 255 : (uint8_t)(int32_t)v;\n}\n\n");
+            "    return v != v ? 0 : v <= 0.0 ? 0 : v >= 255.0 ? 255 : "
+            "(uint8_t)(int32_t)v;\n}\n\n");
     if (need & RFI_NEED_DIV)
         putf(sb,
             "/* integer division: x / 0 = 0, INT_MIN / -1 wraps */\n"
