@@ -16,7 +16,10 @@
 
 #include "reflux.h"
 
-static void report(const char *what) { fprintf(stderr, "quickstart: %s failed: %s\n", what, rf_errmsg()); }
+static void report(const char *what)
+{
+    fprintf(stderr, "quickstart: %s failed: %s\n", what, rf_errmsg());
+}
 /* TRY(call): a call returning rf_status; TRY_NEW(var, call): one returning an owned pointer. */
 #define TRY(call)                                  \
     do {                                           \
@@ -83,7 +86,7 @@ int main(void)
     rf_loader *loader = NULL, *ragged = NULL;
     double l = 0;
 
-    /* ---- "Moving data and models to the device" --------------------------------------------- */
+    /* ---- "Moving data and models to the device" ------------------------------------------ */
     rf_device *dev = rf_device_default(); /* CUDA if usable, else the CPU; call once and reuse */
     rf_nn_seed(1);                        /* reproducible initial weights */
     TRY_NEW(host_model, rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY)));
@@ -93,7 +96,7 @@ int main(void)
     TRY_NEW(x, rf_array_to(x_host, dev));         /* Tip: everything a compiled function is */
     TRY_NEW(y, rf_array_to(y_host, dev));         /* fed must already live on the device.   */
 
-    /* ---- "1. A manually compiled example": "Compiling the forward pass (inference)" ---------- */
+    /* ---- "1. A manually compiled example": "Compiling the forward pass (inference)" ------ */
     /* The model is the callee: its parameters are captured by reference, so the executable takes
      * only x and sees every later training update. It is specialised to x's shape. */
     TRY(rf_compile_model(model, x, &forward)); /* compile once... */
@@ -104,7 +107,7 @@ int main(void)
     printf("forward: y[0] = (%.4f, %.4f)\n", out[0], out[1]);
     TRY(rf_jit_model(model, x, &y2)); /* compile and run in one go, for a one-off evaluation */
 
-    /* ---- "Compiling a training step manually" ------------------------------------------------- */
+    /* ---- "Compiling a training step manually" -------------------------------------------- */
     /* Tip: setup after moving to the device, so the optimiser state (Adam's moments and beta^t,
      * the hyperparameters too) is made of device arrays. */
     TRY_NEW(opt, rf_setup(rf_adam(1e-2), model));
@@ -121,7 +124,7 @@ int main(void)
             printf("manual step     epoch %3d loss=%.5f\n", epoch, l);
     }
 
-    /* ---- "2. The trainstep! API" -------------------------------------------------------------- */
+    /* ---- "2. The trainstep! API" --------------------------------------------------------- */
     /* The same fused step, compiled on the first call and cached on the model; it returns the
      * loss as a host number. */
     for (int epoch = 1; epoch <= 100; epoch++) {
@@ -135,12 +138,12 @@ int main(void)
     printf("rf_trainstep_withgradient: loss=%.5f, %d gradients, the first %lldx%lld\n", l, ngrads,
            (long long)rf_array_dims(grads[0])[0], (long long)rf_array_dims(grads[0])[1]);
 
-    /* ---- "Auxiliary loss outputs" ------------------------------------------------------------- */
+    /* ---- "Auxiliary loss outputs" -------------------------------------------------------- */
     rf_stats stats;
     TRY(rf_trainstep(loss_with_acc, NULL, model, batch, 2, opt, &l, &stats));
     printf("aux: loss=%.5f acc=%.4f\n", l, rf_stats_get(&stats, "acc"));
 
-    /* ---- "3. The train! API" ------------------------------------------------------------------ */
+    /* ---- "3. The train! API" ------------------------------------------------------------- */
     /* One trainstep per batch, with a progress bar; a non-finite loss stops it with RF_E_DOMAIN.
      * Tip: device-resident data. A loader wrapped with the device moves each batch lazily,
      * prepares the next one in the background and frees the previous one. */
@@ -157,14 +160,15 @@ int main(void)
         printf("rf_train        epoch %3d mean loss=%.5f\n", epoch, l);
     }
 
-    /* ---- "Tips and gotchas": compilation is keyed on shape; watch the compile cache ----------- */
+    /* ---- "Tips and gotchas": compilation is keyed on shape; watch the compile cache ------ */
     /* One executable per distinct (model, optimiser, loss, batch shape): trainstep, the
      * gradient-returning step and the aux loss made three; rf_train's batches of 16 reused the
      * first. 120 observations end with a batch of 8: exactly one more compile, then reused. */
     print_cache("after rf_train", model);
     TRY_NEW(X120, rf_array_from(RF_F32, RF_SHAPE(120, 4), rf_array_data(X)));
     TRY_NEW(Y120, rf_array_from(RF_F32, RF_SHAPE(120, 2), rf_array_data(Y)));
-    TRY_NEW(ragged, rf_loader_new((rf_array *[]){X120, Y120}, 2, &(rf_loader_opts){.batchsize = 16}));
+    TRY_NEW(ragged,
+            rf_loader_new((rf_array *[]){X120, Y120}, 2, &(rf_loader_opts){.batchsize = 16}));
     TRY(rf_loader_to(ragged, dev));
     for (int epoch = 1; epoch <= 2; epoch++)
         TRY(rf_train(loss, NULL, model, ragged, opt, &(rf_train_opts){.progress = 0}));

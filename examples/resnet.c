@@ -152,7 +152,8 @@ int main(int argc, char **argv)
     }
     rf_device *dev = rf_device_default();
     rf_array *xtrain, *ytrain, *xtest, *ytest;
-    if (rf_fashion_mnist(NULL, true, &xtrain, &ytrain) || rf_fashion_mnist(NULL, false, &xtest, &ytest))
+    if (rf_fashion_mnist(NULL, true, &xtrain, &ytrain) ||
+        rf_fashion_mnist(NULL, false, &xtest, &ytest))
         return fail("loading data (install the Debian package dataset-fashion-mnist)");
     if (take(&xtrain, limit) || take(&ytrain, limit) || take(&xtest, test_limit) ||
         take(&ytest, test_limit))
@@ -167,10 +168,11 @@ int main(int argc, char **argv)
         return fail("building the model");
     printf("resnet: %lld parameters\n", (long long)rf_model_n_parameters(model));
 
-    rf_loader *train = rf_loader_new((rf_array *[]){xtrain, ytrain}, 2,
-                                     &(rf_loader_opts){.batchsize = batch, .shuffle = true, .seed = 3});
+    rf_loader_opts train_opts = {.batchsize = batch, .shuffle = true, .seed = 3};
+    rf_loader *train = rf_loader_new((rf_array *[]){xtrain, ytrain}, 2, &train_opts);
     /* 768 does not divide 10000: the last test batch has another shape. */
-    rf_loader *test = rf_loader_new((rf_array *[]){xtest, ytest}, 2, &(rf_loader_opts){.batchsize = 768});
+    rf_loader_opts test_opts = {.batchsize = 768};
+    rf_loader *test = rf_loader_new((rf_array *[]){xtest, ytest}, 2, &test_opts);
     if (!train || !test || rf_loader_to(train, dev) || rf_loader_to(test, dev))
         return fail("making the loaders");
 
