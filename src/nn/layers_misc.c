@@ -46,8 +46,7 @@ static rf_tensor *dropout_forward(rf_model *m, rf_tensor *x)
     rf_tensor *u = rf_rng_uniform(rf_rng_key(t, key_array), dt, rf_tensor_dims(x),
                                   rf_tensor_rank(x));
     rf_tensor *keep = rf_compare(u, rf_scalar_typed(t, dt, c->p), RF_GE);
-    rf_tensor *zero = rf_scalar_typed(t, dt, 0.0);
-    return rf_select(keep, rf_mul_s(x, 1.0 / (1.0 - c->p)), zero);
+    return rf_select(keep, rf_mul_s(x, 1.0 / (1.0 - c->p)), rf_scalar_typed(t, dt, 0.0));
 }
 
 static const rf_layer_type dropout_type = {"Dropout", dropout_forward, dropout_describe};

@@ -61,8 +61,7 @@ static rf_tensor *per_channel(rf_tensor *v, int rank)
 /* (x - mean) / sqrt(var + eps) */
 static rf_tensor *standardise(rf_tensor *x, rf_tensor *mean, rf_tensor *var)
 {
-    rf_tensor *inv_std = rf_rsqrt(rf_add_s(var, NORM_EPS));
-    return rf_mul(rf_sub(x, mean), inv_std);
+    return rf_mul(rf_sub(x, mean), rf_rsqrt(rf_add_s(var, NORM_EPS)));
 }
 
 /* A layer with ones "scale" and zeros "bias" parameters of size n. */
@@ -104,8 +103,7 @@ static void batchnorm_describe(const rf_model *m, char *buf, size_t n)
 static void update_running(rf_model *m, rf_trace *t, int i, rf_tensor *batch)
 {
     rf_tensor *running = rf_model_state(m, t, i);
-    rf_tensor *new_part = rf_mul_s(batch, BN_MOMENTUM);
-    rf_tensor *next = rf_add(rf_mul_s(running, 1.0 - BN_MOMENTUM), new_part);
+    rf_tensor *next = rf_add(rf_mul_s(running, 1.0 - BN_MOMENTUM), rf_mul_s(batch, BN_MOMENTUM));
     if (next)
         rf_assign(t, rf_model_state_array(m, i), rf_stop_gradient(next));
 }
@@ -191,11 +189,9 @@ static rf_tensor *layernorm_forward(rf_model *m, rf_tensor *x)
     if (!check_input(m, x, 1, "[..., features]", -1, c->features, "features"))
         return NULL;
     const int64_t last[1] = {rf_tensor_rank(x) - 1};
-    rf_tensor *var = rf_var(x, last, 1, true);
-    rf_tensor *y = standardise(x, rf_mean(x, last, 1, true), var);
+    rf_tensor *y = standardise(x, rf_mean(x, last, 1, true), rf_var(x, last, 1, true));
     /* scale and bias [features] broadcast along the last axis as they are */
-    rf_tensor *bias = rf_model_param(m, t, 1);
-    return rf_add(rf_mul(y, rf_model_param(m, t, 0)), bias);
+    return rf_add(rf_mul(y, rf_model_param(m, t, 0)), rf_model_param(m, t, 1));
 }
 
 static const rf_layer_type layernorm_type = {"LayerNorm", layernorm_forward,
@@ -246,8 +242,7 @@ static rf_tensor *groupnorm_forward(rf_model *m, rf_tensor *x)
     for (int i = 2; i <= rank; i++)
         axes[i - 2] = i;
     rf_tensor *g = rf_reshape(x, grouped, rank + 1);
-    rf_tensor *var = rf_var(g, axes, rank - 1, true);
-    g = standardise(g, rf_mean(g, axes, rank - 1, true), var);
+    g = standardise(g, rf_mean(g, axes, rank - 1, true), rf_var(g, axes, rank - 1, true));
     rf_tensor *y = rf_reshape(g, dims, rank);
     rf_tensor *scale = per_channel(rf_model_param(m, t, 0), rank);
     rf_tensor *bias = per_channel(rf_model_param(m, t, 1), rank);

@@ -196,8 +196,7 @@ rf_tensor *rf_msle(rf_tensor *yhat, rf_tensor *y)
     if (!check_pair("rf_msle", yhat, y))
         return NULL;
     double eps = eps_of(yhat);
-    rf_tensor *log_y = rf_log(rf_add_s(y, eps));
-    rf_tensor *d = rf_sub(rf_log(rf_add_s(yhat, eps)), log_y);
+    rf_tensor *d = rf_sub(rf_log(rf_add_s(yhat, eps)), rf_log(rf_add_s(y, eps)));
     return rf_mean_all(rf_mul(d, d));
 }
 
@@ -244,8 +243,7 @@ rf_tensor *rf_binarycrossentropy(rf_tensor *yhat, rf_tensor *y)
     double eps = eps_of(yhat);
     rf_tensor *one = rf_scalar(rf_tensor_trace(yhat), 1.0);
     rf_tensor *pos = rf_mul(y, rf_log(rf_add_s(yhat, eps)));
-    rf_tensor *log_q = rf_log(rf_add_s(rf_sub(one, yhat), eps));
-    rf_tensor *neg = rf_mul(rf_sub(one, y), log_q);
+    rf_tensor *neg = rf_mul(rf_sub(one, y), rf_log(rf_add_s(rf_sub(one, yhat), eps)));
     return rf_neg(rf_mean_all(rf_add(pos, neg)));
 }
 
@@ -256,8 +254,7 @@ rf_tensor *rf_logitbinarycrossentropy(rf_tensor *logits, rf_tensor *y)
     /* Flux: mean((1 - y) x - logsigmoid(x)), with -logsigmoid(x) = softplus(-x),
      * which rf_softplus evaluates without overflow for any x. */
     rf_tensor *one = rf_scalar(rf_tensor_trace(logits), 1.0);
-    rf_tensor *minus_logsig = rf_softplus(rf_neg(logits));
-    rf_tensor *z = rf_add(rf_mul(rf_sub(one, y), logits), minus_logsig);
+    rf_tensor *z = rf_add(rf_mul(rf_sub(one, y), logits), rf_softplus(rf_neg(logits)));
     return rf_mean_all(z);
 }
 
@@ -291,8 +288,7 @@ rf_tensor *rf_focal(rf_tensor *yhat, rf_tensor *y, double gamma)
      * log(yhat_e); dims = 1)). */
     rf_tensor *p = rf_add_s(yhat, eps_of(yhat));
     rf_tensor *weight = rf_pow_s(rf_sub(rf_scalar(rf_tensor_trace(yhat), 1.0), p), gamma);
-    rf_tensor *log_p = rf_log(p);
-    return rf_neg(mean_of_class_sums(rf_mul(rf_mul(target, weight), log_p)));
+    return rf_neg(mean_of_class_sums(rf_mul(rf_mul(target, weight), rf_log(p))));
 }
 
 /* ---- onecold and accuracy ------------------------------------------------------------------- */

@@ -88,8 +88,7 @@ static rf_tensor *abs2(rf_tensor *x) { return rf_mul(x, x); }
 /* beta * old + (1 - beta) * x: every moving average in rules.jl. */
 static rf_tensor *ema(emitter *e, rf_tensor *old, rf_tensor *beta, rf_tensor *x)
 {
-    rf_tensor *fresh = rf_mul(one_minus(e, beta), x);
-    return rf_add(rf_mul(beta, old), fresh);
+    return rf_add(rf_mul(beta, old), rf_mul(one_minus(e, beta), x));
 }
 
 /* ---- Rules ----------------------------------------------------------------------------------- */
@@ -105,9 +104,7 @@ static rf_tensor *emit_descent(emitter *e, int l, rf_tensor *dx)
 /* Momentum: v = rho v + eta dx; dx' = v */
 static rf_tensor *emit_momentum(emitter *e, int l, rf_tensor *dx)
 {
-    rf_tensor *step = rf_mul(hp(e, l, 0), dx);
-    rf_tensor *v_old = state(e, l, 0);
-    rf_tensor *v = rf_add(rf_mul(hp(e, l, 1), v_old), step);
+    rf_tensor *v = rf_add(rf_mul(hp(e, l, 1), state(e, l, 0)), rf_mul(hp(e, l, 0), dx));
     put(e, l, 0, v);
     return v;
 }
@@ -116,10 +113,9 @@ static rf_tensor *emit_momentum(emitter *e, int l, rf_tensor *dx)
 static rf_tensor *emit_nesterov(emitter *e, int l, rf_tensor *dx)
 {
     rf_tensor *eta = hp(e, l, 0), *rho = hp(e, l, 1), *v = state(e, l, 0);
-    rf_tensor *fresh = rf_mul(rf_mul(rf_add(num(e, 1.0), rho), eta), dx);
-    rf_tensor *out = rf_add(rf_mul(rf_neg(rf_mul(rho, rho)), v), fresh);
-    rf_tensor *step = rf_mul(eta, dx);
-    put(e, l, 0, rf_sub(rf_mul(rho, v), step));
+    rf_tensor *out = rf_add(rf_mul(rf_neg(rf_mul(rho, rho)), v),
+                            rf_mul(rf_mul(rf_add(num(e, 1.0), rho), eta), dx));
+    put(e, l, 0, rf_sub(rf_mul(rho, v), rf_mul(eta, dx)));
     return out;
 }
 
@@ -132,29 +128,23 @@ static rf_tensor *emit_nesterov(emitter *e, int l, rf_tensor *dx)
 static rf_tensor *emit_rmsprop(emitter *e, int l, rf_tensor *dx, bool centred)
 {
     rf_tensor *eta = hp(e, l, 0), *rho = hp(e, l, 1), *eps = hp(e, l, 2);
-    rf_tensor *dx2 = abs2(dx);
-    rf_tensor *quad = ema(e, state(e, l, 0), rho, dx2);
+    rf_tensor *quad = ema(e, state(e, l, 0), rho, abs2(dx));
     put(e, l, 0, quad);
     rf_tensor *ms = quad;
     if (centred) {
         rf_tensor *lin = ema(e, state(e, l, 1), rho, dx);
         put(e, l, 1, lin);
-        rf_tensor *zero = num(e, 0.0);
-        ms = rf_max(rf_sub(quad, abs2(lin)), zero);
+        ms = rf_max(rf_sub(quad, abs2(lin)), num(e, 0.0));
     }
-    rf_tensor *den = rf_add(rf_sqrt(ms), eps);
-    return rf_div(rf_mul(dx, eta), den);
+    return rf_div(rf_mul(dx, eta), rf_add(rf_sqrt(ms), eps));
 }
 
 /* The moments shared by the Adam family (roles 0 and 1):
  * m = ema(m, beta1, dx); v = ema(v, beta2, dx^2) */
 static void adam_moments(emitter *e, int l, rf_tensor *dx, rf_tensor **m, rf_tensor **v)
 {
-    rf_tensor *beta1 = hp(e, l, 1);
-    *m = ema(e, state(e, l, 0), beta1, dx);
-    rf_tensor *dx2 = abs2(dx);
-    rf_tensor *beta2 = hp(e, l, 2);
-    *v = ema(e, state(e, l, 1), beta2, dx2);
+    *m = ema(e, state(e, l, 0), hp(e, l, 1), dx);
+    *v = ema(e, state(e, l, 1), hp(e, l, 2), abs2(dx));
     put(e, l, 0, *m);
     put(e, l, 1, *v);
 }
@@ -179,12 +169,9 @@ static void advance_betas(emitter *e, int l, int role1, rf_tensor **b1t, int rol
 static rf_tensor *adam_direction(emitter *e, rf_tensor *m, rf_tensor *v, rf_tensor *b1t,
                                  rf_tensor *b2t, rf_tensor *eps)
 {
-    rf_tensor *q1 = one_minus(e, b1t);
-    rf_tensor *inv1 = rf_div(num(e, 1.0), q1);
-    rf_tensor *q2 = one_minus(e, b2t);
-    rf_tensor *inv2 = rf_div(num(e, 1.0), q2);
-    rf_tensor *den = rf_add(rf_sqrt(rf_mul(v, inv2)), eps);
-    return rf_div(rf_mul(m, inv1), den);
+    rf_tensor *inv1 = rf_div(num(e, 1.0), one_minus(e, b1t));
+    rf_tensor *inv2 = rf_div(num(e, 1.0), one_minus(e, b2t));
+    return rf_div(rf_mul(m, inv1), rf_add(rf_sqrt(rf_mul(v, inv2)), eps));
 }
 
 /* Adam: dx' = m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) * eta */
@@ -193,9 +180,7 @@ static rf_tensor *emit_adam(emitter *e, int l, rf_tensor *dx)
     rf_tensor *m, *v, *b1t, *b2t;
     adam_moments(e, l, dx, &m, &v);
     advance_betas(e, l, 2, &b1t, 3, &b2t);
-    rf_tensor *eta = hp(e, l, 0);
-    rf_tensor *dir = adam_direction(e, m, v, b1t, b2t, hp(e, l, 3));
-    return rf_mul(dir, eta);
+    return rf_mul(adam_direction(e, m, v, b1t, b2t, hp(e, l, 3)), hp(e, l, 0));
 }
 
 /* AdamW (Optimisers.jl 0.4, couple = true, as PyTorch's AdamW):
@@ -206,8 +191,7 @@ static rf_tensor *emit_adamw(emitter *e, int l, rf_tensor *dx)
     adam_moments(e, l, dx, &m, &v);
     advance_betas(e, l, 2, &b1t, 3, &b2t);
     rf_tensor *dir = adam_direction(e, m, v, b1t, b2t, hp(e, l, 4));
-    rf_tensor *decayed = rf_add(dir, rf_mul(hp(e, l, 3), e->x));
-    return rf_mul(hp(e, l, 0), decayed);
+    return rf_mul(hp(e, l, 0), rf_add(dir, rf_mul(hp(e, l, 3), e->x)));
 }
 
 /* RAdam: rho_inf = 2/(1 - b2) - 1; rho = rho_inf - 2 t b2^t / (1 - b2^t) with
@@ -225,15 +209,11 @@ static rf_tensor *emit_radam(emitter *e, int l, rf_tensor *dx)
     rf_tensor *t = state(e, l, 4);
     put(e, l, 4, rf_add(t, num(e, 1.0)));
 
-    rf_tensor *one = num(e, 1.0);
-    rf_tensor *q2 = one_minus(e, b2);
-    rf_tensor *rho_inf = rf_sub(rf_div(num(e, 2.0), q2), one);
-    rf_tensor *q2t = one_minus(e, b2t);
-    rf_tensor *rho = rf_sub(rho_inf, rf_div(rf_mul(rf_mul(num(e, 2.0), t), b2t), q2t));
-    rf_tensor *inf_minus_2 = rf_sub_s(rho_inf, 2.0);
-    rf_tensor *r2_den = rf_mul(rf_mul(rf_sub_s(rho_inf, 4.0), inf_minus_2), rho);
-    rf_tensor *rho_minus_2 = rf_sub_s(rho, 2.0);
-    rf_tensor *r2 = rf_div(rf_mul(rf_mul(rf_sub_s(rho, 4.0), rho_minus_2), rho_inf), r2_den);
+    rf_tensor *rho_inf = rf_sub(rf_div(num(e, 2.0), one_minus(e, b2)), num(e, 1.0));
+    rf_tensor *rho = rf_sub(rho_inf, rf_div(rf_mul(rf_mul(num(e, 2.0), t), b2t),
+                                            one_minus(e, b2t)));
+    rf_tensor *r2 = rf_div(rf_mul(rf_mul(rf_sub_s(rho, 4.0), rf_sub_s(rho, 2.0)), rho_inf),
+                           rf_mul(rf_mul(rf_sub_s(rho_inf, 4.0), rf_sub_s(rho_inf, 2.0)), rho));
     /* r is only used when rho > 4, where r2 > 0; the clamp keeps the unused
      * branch free of NaN. */
     rf_tensor *r = rf_sqrt(rf_max(r2, num(e, 0.0)));
@@ -242,24 +222,19 @@ static rf_tensor *emit_radam(emitter *e, int l, rf_tensor *dx)
                                                         eps)),
                                     eta),
                              r);
-    rf_tensor *plain = rf_mul(mhat, eta);
-    return rf_select(rf_compare(rho, num(e, 4.0), RF_GT), rect, plain);
+    return rf_select(rf_compare(rho, num(e, 4.0), RF_GT), rect, rf_mul(mhat, eta));
 }
 
 /* AdaMax: m = ema(m, b1, dx); u = max(b2 u, |dx|); dx' = (eta / (1 - b1^t)) m / (u + eps) */
 static rf_tensor *emit_adamax(emitter *e, int l, rf_tensor *dx)
 {
-    rf_tensor *beta1 = hp(e, l, 1);
-    rf_tensor *m = ema(e, state(e, l, 0), beta1, dx);
-    rf_tensor *abs_dx = rf_abs(dx);
-    rf_tensor *u_old = state(e, l, 1);
-    rf_tensor *u = rf_max(rf_mul(hp(e, l, 2), u_old), abs_dx);
+    rf_tensor *m = ema(e, state(e, l, 0), hp(e, l, 1), dx);
+    rf_tensor *u = rf_max(rf_mul(hp(e, l, 2), state(e, l, 1)), rf_abs(dx));
     put(e, l, 0, m);
     put(e, l, 1, u);
     rf_tensor *b1t = NULL;
     advance_betas(e, l, 2, &b1t, -1, NULL);
-    rf_tensor *q1 = one_minus(e, b1t);
-    rf_tensor *step = rf_div(hp(e, l, 0), q1);
+    rf_tensor *step = rf_div(hp(e, l, 0), one_minus(e, b1t));
     return rf_mul(step, rf_div(m, rf_add(u, hp(e, l, 3))));
 }
 
@@ -271,10 +246,8 @@ static rf_tensor *emit_oadam(emitter *e, int l, rf_tensor *dx)
     adam_moments(e, l, dx, &m, &v);
     advance_betas(e, l, 2, &b1t, 3, &b2t);
     rf_tensor *prev = state(e, l, 4);
-    rf_tensor *eps = hp(e, l, 3);
-    rf_tensor *den = rf_add(rf_sqrt(rf_div(v, one_minus(e, b2t))), eps);
-    rf_tensor *q1 = one_minus(e, b1t);
-    rf_tensor *term = rf_div(rf_div(rf_mul(hp(e, l, 0), m), q1), den);
+    rf_tensor *term = rf_div(rf_div(rf_mul(hp(e, l, 0), m), one_minus(e, b1t)),
+                             rf_add(rf_sqrt(rf_div(v, one_minus(e, b2t))), hp(e, l, 3)));
     put(e, l, 4, term);
     return rf_sub(rf_mul(num(e, 2.0), term), prev);
 }
@@ -282,12 +255,9 @@ static rf_tensor *emit_oadam(emitter *e, int l, rf_tensor *dx)
 /* AdaGrad: acc += dx^2 (acc starts at eps); dx' = dx eta / (sqrt(acc) + eps) */
 static rf_tensor *emit_adagrad(emitter *e, int l, rf_tensor *dx)
 {
-    rf_tensor *dx2 = abs2(dx);
-    rf_tensor *acc = rf_add(state(e, l, 0), dx2);
+    rf_tensor *acc = rf_add(state(e, l, 0), abs2(dx));
     put(e, l, 0, acc);
-    rf_tensor *eps = hp(e, l, 1);
-    rf_tensor *den = rf_add(rf_sqrt(acc), eps);
-    return rf_div(rf_mul(dx, hp(e, l, 0)), den);
+    return rf_div(rf_mul(dx, hp(e, l, 0)), rf_add(rf_sqrt(acc), hp(e, l, 1)));
 }
 
 /* AdaDelta: acc = ema(acc, rho, dx^2); dx' = dx sqrt(dacc + eps) / sqrt(acc + eps)
@@ -295,11 +265,9 @@ static rf_tensor *emit_adagrad(emitter *e, int l, rf_tensor *dx)
 static rf_tensor *emit_adadelta(emitter *e, int l, rf_tensor *dx)
 {
     rf_tensor *rho = hp(e, l, 0), *eps = hp(e, l, 1);
-    rf_tensor *dx2 = abs2(dx);
-    rf_tensor *acc = ema(e, state(e, l, 0), rho, dx2);
+    rf_tensor *acc = ema(e, state(e, l, 0), rho, abs2(dx));
     rf_tensor *dacc = state(e, l, 1);
-    rf_tensor *den = rf_sqrt(rf_add(acc, eps));
-    rf_tensor *out = rf_div(rf_mul(dx, rf_sqrt(rf_add(dacc, eps))), den);
+    rf_tensor *out = rf_div(rf_mul(dx, rf_sqrt(rf_add(dacc, eps))), rf_sqrt(rf_add(acc, eps)));
     put(e, l, 0, acc);
     put(e, l, 1, ema(e, dacc, rho, abs2(out)));
     return out;
@@ -313,9 +281,7 @@ static rf_tensor *emit_amsgrad(emitter *e, int l, rf_tensor *dx)
     adam_moments(e, l, dx, &m, &v);
     rf_tensor *vhat = rf_max(state(e, l, 2), v);
     put(e, l, 2, vhat);
-    rf_tensor *eps = hp(e, l, 3);
-    rf_tensor *den = rf_add(rf_sqrt(vhat), eps);
-    return rf_div(rf_mul(hp(e, l, 0), m), den);
+    return rf_div(rf_mul(hp(e, l, 0), m), rf_add(rf_sqrt(vhat), hp(e, l, 3)));
 }
 
 /* NAdam: dx' = (b1 m / (1 - b1 b1^t) + (1 - b1) dx / (1 - b1^t))
@@ -326,15 +292,10 @@ static rf_tensor *emit_nadam(emitter *e, int l, rf_tensor *dx)
     rf_tensor *m, *v, *b1t, *b2t;
     adam_moments(e, l, dx, &m, &v);
     advance_betas(e, l, 2, &b1t, 3, &b2t);
-    rf_tensor *q1t = one_minus(e, b1t);
-    rf_tensor *grad_part = rf_div(rf_mul(one_minus(e, b1), dx), q1t);
-    rf_tensor *q1_next = one_minus(e, rf_mul(b1, b1t));
-    rf_tensor *num_ = rf_add(rf_div(rf_mul(b1, m), q1_next), grad_part);
-    rf_tensor *eps = hp(e, l, 3);
-    rf_tensor *q2t = one_minus(e, b2t);
-    rf_tensor *den = rf_add(rf_sqrt(rf_div(rf_mul(v, b2), q2t)), eps);
-    rf_tensor *eta = hp(e, l, 0);
-    return rf_mul(rf_div(num_, den), eta);
+    rf_tensor *num_ = rf_add(rf_div(rf_mul(b1, m), one_minus(e, rf_mul(b1, b1t))),
+                             rf_div(rf_mul(one_minus(e, b1), dx), one_minus(e, b1t)));
+    rf_tensor *den = rf_add(rf_sqrt(rf_div(rf_mul(v, b2), one_minus(e, b2t))), hp(e, l, 3));
+    return rf_mul(rf_div(num_, den), hp(e, l, 0));
 }
 
 /* AdaBelief: m = ema(m, b1, dx); s = b2 s + (1 - b2)(dx - m)^2 + eps;
@@ -342,18 +303,14 @@ static rf_tensor *emit_nadam(emitter *e, int l, rf_tensor *dx)
 static rf_tensor *emit_adabelief(emitter *e, int l, rf_tensor *dx)
 {
     rf_tensor *eps = hp(e, l, 3);
-    rf_tensor *beta1 = hp(e, l, 1);
-    rf_tensor *m = ema(e, state(e, l, 0), beta1, dx);
-    rf_tensor *dev2 = abs2(rf_sub(dx, m));
-    rf_tensor *beta2 = hp(e, l, 2);
-    rf_tensor *s = rf_add(ema(e, state(e, l, 1), beta2, dev2), eps);
+    rf_tensor *m = ema(e, state(e, l, 0), hp(e, l, 1), dx);
+    rf_tensor *s = rf_add(ema(e, state(e, l, 1), hp(e, l, 2), abs2(rf_sub(dx, m))), eps);
     put(e, l, 0, m);
     put(e, l, 1, s);
     rf_tensor *b1t, *b2t;
     advance_betas(e, l, 2, &b1t, 3, &b2t);
-    rf_tensor *den = rf_add(rf_sqrt(rf_div(s, one_minus(e, b2t))), eps);
-    rf_tensor *q1 = one_minus(e, b1t);
-    return rf_div(rf_div(rf_mul(hp(e, l, 0), m), q1), den);
+    return rf_div(rf_div(rf_mul(hp(e, l, 0), m), one_minus(e, b1t)),
+                  rf_add(rf_sqrt(rf_div(s, one_minus(e, b2t))), eps));
 }
 
 /* Lion, as published (Chen et al. 2023, Algorithm 2):
@@ -365,8 +322,7 @@ static rf_tensor *emit_lion(emitter *e, int l, rf_tensor *dx)
     rf_tensor *m = state(e, l, 0);
     rf_tensor *c = ema(e, m, hp(e, l, 1), dx);
     put(e, l, 0, ema(e, m, hp(e, l, 2), dx));
-    rf_tensor *dir = rf_sign(c);
-    return rf_mul(hp(e, l, 0), dir);
+    return rf_mul(hp(e, l, 0), rf_sign(c));
 }
 
 /* ClipNorm: each parameter's gradient with p-norm above omega is scaled to
@@ -403,8 +359,7 @@ static rf_tensor *emit_clipnorm(emitter *e, int l, rf_tensor *dx)
     double p = e->o->leaves[l].rule->hp[1];
     rf_tensor *omega = hp(e, l, 0);
     if (e->n_seg <= 1) {
-        rf_tensor *cap = num(e, 1.0);
-        rf_tensor *lam = rf_min(rf_div(omega, norm_finish(norm_part(dx, p), p)), cap);
+        rf_tensor *lam = rf_min(rf_div(omega, norm_finish(norm_part(dx, p), p)), num(e, 1.0));
         return rf_mul(dx, lam);
     }
     rf_tensor **parts = rfi_calloc((size_t)e->n_seg, sizeof *parts);
@@ -420,8 +375,7 @@ static rf_tensor *emit_clipnorm(emitter *e, int l, rf_tensor *dx)
         off = hi[0];
     }
     rf_tensor *norms = norm_finish(rf_concatenate(parts, e->n_seg, 0), p); /* [n_seg] */
-    rf_tensor *cap = num(e, 1.0);
-    rf_tensor *lam = rf_min(rf_div(omega, norms), cap);
+    rf_tensor *lam = rf_min(rf_div(omega, norms), num(e, 1.0));
     off = 0;
     for (int i = 0; i < e->n_seg; i++) {
         int64_t lo[1] = {i}, hi[1] = {i + 1}, len[1] = {e->seg[i]};
@@ -444,8 +398,7 @@ static rf_tensor *emit_accumgrad(emitter *e, int l, rf_tensor *dx)
     rf_tensor *acc = rf_select(first, share, rf_add(state(e, l, 0), share));
     rf_tensor *fire = rf_compare(count, num(e, n), RF_EQ);
     put(e, l, 0, acc);
-    rf_tensor *next_count = rf_add(count, num(e, 1.0));
-    put(e, l, 1, rf_select(fire, num(e, 1.0), next_count));
+    put(e, l, 1, rf_select(fire, num(e, 1.0), rf_add(count, num(e, 1.0))));
     e->active = e->active ? rf_and(e->active, fire) : fire;
     return acc;
 }
@@ -475,10 +428,7 @@ static rf_tensor *apply_rule(emitter *e, const rf_rule *r, rf_tensor *dx)
     case RFI_RULE_ADABELIEF: return emit_adabelief(e, l, dx);
     case RFI_RULE_LION: return emit_lion(e, l, dx);
     case RFI_RULE_WEIGHTDECAY: return rf_add(dx, rf_mul(hp(e, l, 0), e->x));
-    case RFI_RULE_SIGNDECAY: {
-        rf_tensor *sign = rf_sign(e->x);
-        return rf_add(dx, rf_mul(hp(e, l, 0), sign));
-    }
+    case RFI_RULE_SIGNDECAY: return rf_add(dx, rf_mul(hp(e, l, 0), rf_sign(e->x)));
     case RFI_RULE_CLIPGRAD: {
         rf_tensor *d = hp(e, l, 0);
         return rf_clamp(dx, rf_neg(d), d);
@@ -617,10 +567,8 @@ rf_status rfi_opt_emit_update(rf_trace *t, rf_opt *opt, rf_model *m, rf_tensor *
     rf_status st = check_inputs(t, opt, ps, n_ps, grads, n_grads);
     for (int k = 0; st == RF_OK && k < opt->n_groups; k++)
         st = emit_group(t, opt, &opt->groups[k], ps, grads);
-    if (st == RF_OK) {
-        rf_tensor *one = rf_scalar(t, 1.0);
-        rf_assign(t, opt->steps, rf_add(rf_capture(t, opt->steps), one));
-    }
+    if (st == RF_OK)
+        rf_assign(t, opt->steps, rf_add(rf_capture(t, opt->steps), rf_scalar(t, 1.0)));
     rfi_free(ps);
     st = rf_trace_status(t);
     if (st != RF_OK && rf_errmsg()[0] == '\0')
