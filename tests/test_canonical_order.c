@@ -7,13 +7,16 @@
  * program text, have the same structural hash, compile to the same executable
  * hash and compute the same bits. Also: dead nodes and captures neither read
  * nor assigned leave no trace, captures only assigned are numbered after the
- * ones read, updates keep their order, and a chain far deeper than any C
+ * ones read, updates that layers record while they run (BatchNorm's running
+ * statistics, Dropout's key) follow the program rather than the calls,
+ * updates of no output keep their order, and a chain far deeper than any C
  * stack could recurse through is put in order.
  */
 #include "test_util.h"
 
 typedef struct two_params {
     rf_array *scale, *shift, *key, *extra;
+    rf_model *norm_a, *norm_b, *drop; /* in train mode: they record updates */
 } two_params;
 
 /* y = tanh(x) * scale + exp(x) * shift, reading scale first. */
@@ -76,6 +79,45 @@ static void with_dead_code(rf_trace *t, void *vctx)
     (void)rf_tanh(x);
 }
 
+/* norm_a(x) + norm_b(x) with norm_a applied first, then second: each
+ * BatchNorm records its running statistics as it runs. */
+static void norm_a_first(rf_trace *t, void *vctx)
+{
+    two_params *p = vctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *a = rf_apply(p->norm_a, x);
+    rf_tensor *b = rf_apply(p->norm_b, x);
+    rf_return(t, rf_add(a, b));
+}
+
+static void norm_b_first(rf_trace *t, void *vctx)
+{
+    two_params *p = vctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *b = rf_apply(p->norm_b, x);
+    rf_tensor *a = rf_apply(p->norm_a, x);
+    rf_return(t, rf_add(a, b));
+}
+
+/* dropout(x) * norm_a(x): Dropout advances its key, BatchNorm its statistics. */
+static void dropout_first(rf_trace *t, void *vctx)
+{
+    two_params *p = vctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *d = rf_apply(p->drop, x);
+    rf_tensor *n = rf_apply(p->norm_a, x);
+    rf_return(t, rf_mul(d, n));
+}
+
+static void norm_first(rf_trace *t, void *vctx)
+{
+    two_params *p = vctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *n = rf_apply(p->norm_a, x);
+    rf_tensor *d = rf_apply(p->drop, x);
+    rf_return(t, rf_mul(d, n));
+}
+
 /* Traces fn over x and returns its text (caller frees) and hash. */
 static char *traced_text(rf_trace_fn fn, two_params *p, rf_array *x, uint64_t *hash)
 {
@@ -119,6 +161,14 @@ static rf_array *cpu_randn(const int64_t *dims, int rank, uint64_t seed)
     rf_array_free(h);
     CHECK(a != NULL);
     return a;
+}
+
+/* m moved to the CPU device (m is freed). */
+static rf_model *cpu_model(rf_model *m)
+{
+    rf_model *c = m ? rf_model_to(m, rf_device_cpu()) : NULL;
+    rf_model_free(m);
+    return c;
 }
 
 /* Traces and compiles both functions; they must be one program. */
@@ -172,8 +222,38 @@ static void test_dead_code_and_unused_captures(two_params *p, rf_array *x)
     free(b);
 }
 
+/* Updates recorded while the layers run must not follow the calls' order:
+ * both orders trace one program and compile to one executable. (Their runs
+ * are not compared: each changes the layers' state.) */
+static void check_one_traced_program(rf_trace_fn f, rf_trace_fn g, two_params *p, rf_array *x,
+                                     const char *what)
+{
+    uint64_t hf, hg;
+    char *tf = traced_text(f, p, x, &hf);
+    char *tg = traced_text(g, p, x, &hg);
+    CHECK(tf && tg && strcmp(tf, tg) == 0);
+    CHECK(hf == hg);
+    if (tf && tg && strcmp(tf, tg) != 0)
+        fprintf(stderr, "%s: one order traced\n%s\nthe other\n%s\n", what, tf, tg);
+    free(tf);
+    free(tg);
+    rf_exec *ef = NULL, *eg = NULL;
+    CHECK_OK(rf_compile(f, p, &x, 1, &ef));
+    CHECK_OK(rf_compile(g, p, &x, 1, &eg));
+    CHECK(ef && eg && rf_exec_hash(ef) == rf_exec_hash(eg));
+    rf_exec_free(ef);
+    rf_exec_free(eg);
+}
+
+static void test_layer_update_order(two_params *p, rf_array *x)
+{
+    check_one_traced_program(norm_a_first, norm_b_first, p, x, "two BatchNorms");
+    check_one_traced_program(dropout_first, norm_first, p, x, "Dropout and BatchNorm");
+}
+
 /* An update of a capture the program never reads, recorded between two that
- * it reads: read captures are numbered first, updates keep their order. */
+ * it reads: read captures are numbered first; with no output to order them
+ * by, updates keep their order. */
 static void assign_only(rf_trace *t, void *vctx)
 {
     two_params *p = vctx;
@@ -226,18 +306,29 @@ int main(void)
     p.shift = cpu_randn(RF_SHAPE(3, 5), 2);
     p.extra = cpu_randn(RF_SHAPE(3, 5), 3);
     p.key = rf_rng_key_new(7, rf_device_cpu());
+    p.norm_a = cpu_model(rf_batchnorm(5, RF_ACT_IDENTITY));
+    p.norm_b = cpu_model(rf_batchnorm(5, RF_ACT_RELU));
+    p.drop = cpu_model(rf_dropout(0.5, 11));
+    CHECK(p.norm_a && p.norm_b && p.drop);
+    rf_trainmode(p.norm_a);
+    rf_trainmode(p.norm_b);
+    rf_trainmode(p.drop);
     rf_array *x = cpu_randn(RF_SHAPE(3, 5), 4);
     CHECK(p.key != NULL);
 
     test_operand_and_capture_order(&p, x);
     test_random_stream_order(&p);
     test_dead_code_and_unused_captures(&p, x);
+    test_layer_update_order(&p, x);
     test_assign_only_capture(&p, x);
     test_deep_chain(x);
 
     rf_array_free(x);
     rf_array_free(p.scale);
     rf_array_free(p.shift);
+    rf_model_free(p.norm_a);
+    rf_model_free(p.norm_b);
+    rf_model_free(p.drop);
     rf_array_free(p.extra);
     rf_array_free(p.key);
     return tu_finish("test_canonical_order");

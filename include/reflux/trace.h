@@ -128,9 +128,9 @@ RF_API void rf_exec_free(rf_exec *e);
 
 /* Traces fn without compiling and returns the traced program as text (owned:
  * free with free()) and its structural hash. For tests and debugging. The text
- * is the program rf_compile starts from: nodes in an order that follows from
- * what they compute, not from the order the calls ran in, and without nodes
- * that reach no output or update. */
+ * is the program rf_compile starts from: nodes and updates in an order that
+ * follows from what they compute, not from the order the calls ran in, and
+ * without nodes that reach no output or update. */
 RF_API rf_status rf_trace_text(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,
                                char **text, uint64_t *hash);
 

@@ -195,7 +195,7 @@ static rf_status run(ad_ctx *c)
     for (int id = 0; st == RF_OK && id < c->g->n_nodes; id++)
         st = copy_node(c, c->g->nodes[id]);
     if (st == RF_OK)
-        st = rfi_graph_copy_results(c->g, c->ng, c->map, NULL);
+        st = rfi_graph_copy_results(c->g, c->ng, c->map, NULL, NULL);
     return st;
 }
 

@@ -182,7 +182,7 @@ rf_status rfi_cse(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = cse_copy(g, c, &t, map, ins, key);
     if (st == RF_OK)
-        st = rfi_graph_copy_results(g, c, map, NULL);
+        st = rfi_graph_copy_results(g, c, map, NULL, NULL);
     rfi_free(t.slots);
     rfi_free(t.hashes);
     rfi_free(map);

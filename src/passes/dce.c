@@ -34,7 +34,7 @@ rf_status rfi_graph_new_like(const rfi_graph *g, rfi_graph **out)
 }
 
 rf_status rfi_graph_copy_results(const rfi_graph *g, rfi_graph *copy, rfi_node *const *map,
-                                 const int *new_capture)
+                                 const int *new_capture, const int *update_order)
 {
     for (int i = 0; i < g->n_outputs; i++) {
         rf_status st = rfi_graph_add_output(copy, map[g->outputs[i]->id]);
@@ -42,7 +42,7 @@ rf_status rfi_graph_copy_results(const rfi_graph *g, rfi_graph *copy, rfi_node *
             return st;
     }
     for (int i = 0; i < g->n_updates; i++) {
-        const rfi_update *u = &g->updates[i];
+        const rfi_update *u = &g->updates[update_order ? update_order[i] : i];
         int capture = new_capture ? new_capture[u->capture] : u->capture;
         rf_status st = rfi_graph_add_update(copy, capture, map[u->value->id]);
         if (st != RF_OK)
@@ -105,7 +105,7 @@ rf_status rfi_dce(const rfi_graph *g, rfi_graph **out)
         st = copy_live(g, c, live, map, ins);
     }
     if (st == RF_OK)
-        st = rfi_graph_copy_results(g, c, map, NULL);
+        st = rfi_graph_copy_results(g, c, map, NULL, NULL);
     rfi_free(live);
     rfi_free(map);
     rfi_free(ins);

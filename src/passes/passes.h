@@ -15,11 +15,14 @@
  * stream count. On failure returns the status (message set), *out NULL. */
 RFI_FUNC rf_status rfi_graph_new_like(const rfi_graph *g, rfi_graph **out);
 
-/* Re-adds g's outputs and updates in order into copy, mapping each node
+/* Re-adds g's outputs in order and its updates into copy, mapping each node
  * through map (indexed by g's node ids; every one must be non-NULL) and each
- * updated capture through new_capture (g's index -> copy's; NULL: the same). */
+ * updated capture through new_capture (g's index -> copy's; NULL: the same).
+ * The updates go in the order of update_order (a permutation of g's update
+ * indices; NULL: g's order). */
 RFI_FUNC rf_status rfi_graph_copy_results(const rfi_graph *g, rfi_graph *copy,
-                                          rfi_node *const *map, const int *new_capture);
+                                          rfi_node *const *map, const int *new_capture,
+                                          const int *update_order);
 
 /* Algebraic simplification, constant folding (operands and result of at most
  * 4096 elements; elementwise ops over splats of any size) and canonical

@@ -563,7 +563,7 @@ rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out)
         map[id] = r;
     }
     if (st == RF_OK)
-        st = rfi_graph_copy_results(g, c, map, NULL);
+        st = rfi_graph_copy_results(g, c, map, NULL, NULL);
     if (st == RF_OK)
         st = rfi_dce(c, out);
     rfi_free(map);

@@ -564,7 +564,7 @@ rf_status rfi_simplify(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = simplify_all(g, &s, map);
     if (st == RF_OK)
-        st = rfi_graph_copy_results(g, s.c, map, NULL);
+        st = rfi_graph_copy_results(g, s.c, map, NULL, NULL);
     if (st == RF_OK)
         st = rfi_dce(s.c, out); /* rewrites leave the nodes they bypassed behind */
     rfi_free(map);
