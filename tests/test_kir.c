@@ -216,6 +216,7 @@ static void add_step(rfi_plan *p, rfi_step_kind kind, int root, int copy_out, in
     s->roots = rfi_arena_alloc(&p->mem, sizeof(int) * 8);
     s->roots[0] = root;
     s->n_roots = 1;
+    s->core = kind == RFI_STEP_REDUCE ? root : -1;
     s->copy_to_output = copy_out;
     s->copy_to_capture = copy_cap;
     if (kind == RFI_STEP_LOOP || kind == RFI_STEP_REDUCE) {
@@ -1099,6 +1100,87 @@ static void test_multi_root(void)
     rfi_free(xd);
 }
 
+/* Reductions whose one reader is an elementwise root of their shape compute
+ * that root after their fold (REDUCE epilogues, fuse.c), never storing the
+ * reduction: against the interpreter, and the plan's form. Reductions with a
+ * sibling, with two readers, or that are outputs themselves stay roots. */
+static void test_reduce_epilogues(void)
+{
+    targ a[3] = {{RF_F32, 2, {1, 300}}, {RF_F32, 2, {37, 300}}, {RF_F32, 1, {37}}};
+    rfi_graph *g = g_new(a, 3);
+    rfi_node *x = g_arg(g, 0), *w = g_arg(g, 1), *b = g_arg(g, 2);
+    int64_t row_dims[] = {1, 37}, map1[] = {1}, row[] = {1}, col[] = {0}, all[] = {0, 1};
+    int64_t flat[] = {300};
+    /* relu(x.w' + b): a matrix-vector product's bias and activation; with a
+     * tanh instead (a math function) the activation stays a loop */
+    rfi_node *bb = bcast(g, b, map1, row_dims, 2);
+    rfi_node *d = dot_2d(g, x, w, 1, 1, 1, 37);
+    rfi_node *zero = bcast(g, scalar(g, RF_F32, 0.0), NULL, row_dims, 2);
+    rfi_node *y1 = bin(g, RFI_OP_MAX, bin(g, RFI_OP_ADD, d, bb), zero);
+    rfi_node *y0 = un(g, RFI_OP_TANH, bin(g, RFI_OP_ADD, dot_2d(g, x, w, 1, 1, 1, 37), bb));
+    /* min over w's rows compared with x: a bool result */
+    rfi_node *x_flat = mk(g, RFI_OP_RESHAPE, &x, 1, &(rfi_attrs){0}, RF_F32, flat, 1);
+    rfi_node *y2 = cmp(g, RF_GT, reduce(g, w, RF_REDUCE_MIN, col, 1), x_flat);
+    /* a max read twice by its one reader */
+    rfi_node *mx = reduce(g, w, RF_REDUCE_MAX, col, 1);
+    rfi_node *y3 = bin(g, RFI_OP_MUL, mx, mx);
+    /* a mean beside another reduction its reader reads (that one stays a root) */
+    rfi_node *t = reduce(g, w, RF_REDUCE_SUM, all, 2);
+    rfi_node *y4 = bin(g, RFI_OP_ADD, bin(g, RFI_OP_DIV, t, scalar(g, RF_F32, 11100.0)),
+                       reduce(g, x, RF_REDUCE_SUM, all, 2));
+    /* siblings: two row sums of w fold side by side; their reader stays a loop */
+    rfi_node *s1 = reduce(g, w, RF_REDUCE_SUM, row, 1);
+    rfi_node *s2 = reduce(g, bin(g, RFI_OP_MUL, w, w), RF_REDUCE_SUM, row, 1);
+    rfi_node *y5 = bin(g, RFI_OP_SUB, s2, bin(g, RFI_OP_MUL, s1, s1));
+    /* a reduction two roots read, and one that is an output */
+    rfi_node *p = reduce(g, w, RF_REDUCE_PROD, row, 1);
+    rfi_node *y6 = un(g, RFI_OP_NEG, p), *y7 = un(g, RFI_OP_ABS, p);
+    rfi_node *y8 = reduce(g, w, RF_REDUCE_MIN, row, 1);
+    rfi_node *y9 = un(g, RFI_OP_EXP, y8);
+    rfi_node *ys[] = {y1, y2, y3, y4, y5, y6, y7, y8, y9, y0};
+    for (int i = 0; i < 10; i++)
+        CHECK_OK(rfi_graph_add_output(g, ys[i]));
+
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.matmul_call_min_flops = INT64_MAX;
+    o.reduce_epilogues = true;
+    o.sibling_reductions = true;
+    rfi_plan *pl = NULL;
+    CHECK_OK(rfi_plan_build(g, &o, &pl));
+    int epilogues = 0, siblings = 0;
+    for (int q = 0; pl && q < pl->n_steps; q++) {
+        const rfi_step *st = &pl->steps[q];
+        if (st->kind != RFI_STEP_REDUCE)
+            continue;
+        bool epi = st->core != st->roots[0];
+        epilogues += epi;
+        siblings += st->n_roots == 2 && st->roots[0] == s1->id && st->roots[1] == s2->id;
+        if (epi) /* the reduction has no buffer */
+            CHECK(pl->loc[st->core].kind == RFI_LOC_INLINE && st->n_roots == 1);
+    }
+    CHECK(epilogues == 4 && siblings == 1);
+    CHECK(pl && pl->loc[y0->in[0]->in[0]->id].kind != RFI_LOC_INLINE); /* the tanh's dot */
+    CHECK(pl && pl->loc[p->id].kind != RFI_LOC_INLINE && pl->loc[y8->id].kind != RFI_LOC_INLINE);
+    rfi_plan_free(pl);
+
+    float xd[300], wd[37 * 300], bd[37];
+    for (int i = 0; i < 300; i++)
+        xd[i] = (float)((i * 7 % 13) - 6) * 0.1f;
+    for (int i = 0; i < 37 * 300; i++)
+        wd[i] = i % 301 == 5 ? -0.0f : (float)((i * 11 % 17) - 8) * 0.0625f + 1.0f / 64;
+    wd[4000] = NAN;
+    for (int i = 0; i < 37; i++)
+        bd[i] = (float)(i % 5) - 2.0f;
+    const void *args[3] = {xd, wd, bd};
+    const char *labels[] = {"epilogue relu(dot + b)", "epilogue min > x", "epilogue max * max",
+                            "epilogue sum / n + sum", "siblings s2 - s1^2",
+                            "two readers -prod", "two readers |prod|", "output min",
+                            "exp(output min)", "tanh(dot + b) as a loop"};
+    tol tols[] = {SUM, EXACT, BITS, SUM, SUM, SUM, SUM, BITS, ULPS, SUM};
+    check_planned(g, args, labels, tols);
+    rfi_graph_free(g);
+}
+
 /* Updates: SGD written in place into its capture, Adam-style moments in one step (in place),
  * and the same program with updates computed into the arena and copied. */
 static void test_updates(bool in_place)
@@ -1765,6 +1847,7 @@ static void test_errors(void)
     p->loc[d->id].kind = RFI_LOC_ARENA;
     p->steps[0].kind = RFI_STEP_REDUCE;
     p->steps[0].roots[0] = d->id;
+    p->steps[0].core = d->id;
     add_step(p, RFI_STEP_LOOP, z->id, -1, -1);
     CHECK_STATUS(rfi_kir_lower(p, &km), RF_E_INTERNAL);
     CHECK_MSG("has no buffer");
@@ -1849,6 +1932,7 @@ int main(void)
     test_dot_unrolled(40, 2001);
     test_dot_unrolled(784, 300);
     test_multi_root();
+    test_reduce_epilogues();
     test_updates(true);
     test_updates(false);
     test_gather();

@@ -524,16 +524,24 @@ static void test_tiny_train_step(void)
         /* REDUCE (8): the forward dots x.W1 [16,8] and h.W2 [16,2] (512 and 256
          * multiply-adds: below the matmul threshold), the mse sum, and in the
          * backward pass db2 (sum over the batch), dh = dy.W2', dW2, db1, dW1.
-         * LOOP (6): h = tanh(x.W1 + b1) (read by a dot and by the backward
-         * pass); the loss = sum / N (output 0); dy = d mse / d yhat [16,2]
-         * (read by three reductions); dz = dh * (1 - h^2) [16,8]; ONE flat Adam
-         * loop over the 58 parameters, segmented: it computes the new moments
-         * (in place) and stores the new W1, b1, W2, b2 straight into their
-         * captures (in place; no flat new-parameter vector); one scalar loop
-         * for the updated beta powers and step counter (in place).
+         * Two of them compute the one value that alone reads them after their
+         * fold (REDUCE epilogues): the loss = sum / N (output 0) and dz = dh *
+         * (1 - h^2) [16,8]; the sum and dh are never stored.
+         * LOOP (4): h = tanh(x.W1 + b1) (read by a dot and by the backward
+         * pass; a math function, so not an epilogue of x.W1); dy = d mse / d
+         * yhat [16,2] (read by three reductions); ONE
+         * flat Adam loop over the 58 parameters, segmented: it computes the
+         * new moments (in place) and stores the new W1, b1, W2, b2 straight
+         * into their captures (in place; no flat new-parameter vector); one
+         * scalar loop for the updated beta powers and step counter (in place).
          * CALL 0, COPY 0: every update is in place. */
         CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 8);
-        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 6);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 4);
+        int with_epilogue = 0;
+        for (int q = 0; q < p->n_steps; q++)
+            with_epilogue += p->steps[q].kind == RFI_STEP_REDUCE &&
+                             p->steps[q].core != p->steps[q].roots[0];
+        CHECK(with_epilogue == 2);
         CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 0);
         CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 0);
         CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
@@ -718,14 +726,21 @@ static void test_mlp_train_step(void)
         for (int q = 0; q < p->n_steps; q++)
             three_roots += p->steps[q].kind == RFI_STEP_REDUCE && p->steps[q].n_roots == 3;
         CHECK(three_roots == 1);
-        /* LOOP (10): exp(z - max), log(sum), the loss, two [128,1]/[128]
-         * backward row scalars, dlogits, two relu backward masks; ONE flat
-         * Adam loop over all 535818 parameters (segmented: it also stores the
-         * six new parameters in place), one scalar loop (beta powers, step
-         * counter). The two hidden layers' bias + relu are epilogues of
-         * their forward calls: the relu's backward mask reads its result,
-         * so the pre-activation is never stored. */
-        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 10);
+        /* LOOP (9): exp(z - max), log(sum), two [128,1]/[128] backward row
+         * scalars, dlogits, two relu backward masks; ONE flat Adam loop over
+         * all 535818 parameters (segmented: it also stores the six new
+         * parameters in place), one scalar loop (beta powers, step counter).
+         * The loss (output 0: its sum over the batch divided by 128) is the
+         * epilogue of that sum's REDUCE step; the row sum beside it keeps its
+         * siblings. The two hidden layers' bias + relu are epilogues of their
+         * forward calls: the relu's backward mask reads its result, so the
+         * pre-activation is never stored. */
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 9);
+        int with_epilogue = 0;
+        for (int q = 0; q < p->n_steps; q++)
+            with_epilogue += p->steps[q].kind == RFI_STEP_REDUCE &&
+                             p->steps[q].core != p->steps[q].roots[0];
+        CHECK(with_epilogue == 1);
         int bias_relu = 0, bias_only = 0;
         for (int q = 0; q < p->n_steps; q++) {
             const rfi_step *st = &p->steps[q];

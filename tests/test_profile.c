@@ -117,7 +117,9 @@ int main(void)
     CHECK(count_of(text, "CALL MATMUL matmul") == 2);
     CHECK(count_of(text, " with #") == 1);
     CHECK(count_of(text, ", side by side") + count_of(text, ", one after the other") == 1);
-    CHECK(count_of(text, "  #") == 4); /* the pair, the two sums, their addition */
+    /* the pair, one sum, and the other sum with the addition after its fold */
+    CHECK(count_of(text, "  #") == 3);
+    CHECK(count_of(text, "REDUCE: reduce +add f32[]") == 1);
     CHECK(count_of(text, "% (2, 2 paired)") == 1); /* by kind: CALL MATMUL's two steps */
     if (text && getenv("RF_TEST_VERBOSE"))
         fputs(text, stdout);

@@ -92,6 +92,17 @@
  *   compares it with 0) stops the chain before the activation, which then
  *   stays a LOOP: training fuses the bias only, inference bias and relu.
  *
+ * REDUCE epilogues (opts.reduce_epilogues). A REDUCE or loop DOT_GENERAL node
+ *   R of rank <= 2 that is materialised only because reductions are, has no
+ *   possible sibling and is neither a result nor read by a call, and whose
+ *   value reaches exactly one materialised node L through inline users, all
+ *   of them (L too) elementwise ops of R's dims (so each reads R at the
+ *   point it computes), becomes inline: L's step is a REDUCE step whose core
+ *   is R, computing L at each point after R's fold. Not when L is a segment
+ *   root, an update value (in place needs a LOOP step) or calls a math
+ *   function anywhere in its inline expression (most REDUCE kernel forms
+ *   compute their results a point at a time, unvectorised).
+ *
  * Outputs. A root that is output i and not an update value, and not already
  *   placed, is LOC_OUTPUT i. Every other output (extra outputs of one node,
  *   leaves, aliases, update values) gets a COPY step at the end.
@@ -430,6 +441,154 @@ static bool find_epilogues(rfi_plan_builder *b, bool *forced)
     return true;
 }
 
+/* ---- REDUCE epilogues ------------------------------------------------------------------ */
+
+/* The one materialised node that reduction r's value reaches through inline
+ * users, when every node on the way and that node are elementwise ops of
+ * r's dims (so each reads r at the point it computes) outside any CALL
+ * epilogue; else -1. */
+static int reduce_consumer(rfi_plan_builder *b, int r, rfi_intlist *stack)
+{
+    const rfi_node *rn = b->g->nodes[r];
+    int gen = ++b->stamp_gen, found = -1;
+    stack->n = 0;
+    if (!rfi_intlist_push(stack, r))
+        return -1;
+    while (stack->n > 0) {
+        int x = stack->v[--stack->n];
+        for (int k = b->user_start[x]; k < b->user_start[x + 1]; k++) {
+            int u = b->users[k];
+            const rfi_node *un = b->g->nodes[u];
+            if (b->stamp[u] == gen)
+                continue;
+            b->stamp[u] = gen;
+            if (!is_elementwise(un->op) || !same_dims(un, rn) || b->epi_inline[u])
+                return -1;
+            if (b->mat[u]) { /* a root: its users read its buffer */
+                if (found >= 0)
+                    return -1;
+                found = u;
+            } else if (!rfi_intlist_push(stack, u)) {
+                return -1;
+            }
+        }
+    }
+    return found;
+}
+
+/* Ops a renderer computes by calling a math library function. */
+static bool calls_math(rfi_op op)
+{
+    switch (op) {
+    case RFI_OP_EXP:
+    case RFI_OP_EXPM1:
+    case RFI_OP_LOG:
+    case RFI_OP_LOG1P:
+    case RFI_OP_TANH:
+    case RFI_OP_LOGISTIC:
+    case RFI_OP_SIN:
+    case RFI_OP_COS:
+    case RFI_OP_POW:
+    case RFI_OP_REM:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Whether root l's inline expression, reduction r aside, calls no math
+ * function: most REDUCE kernel forms compute their results one point at a
+ * time, where a vectorised loop would call a function's vector variant (a
+ * [16,8] tanh epilogue took 2.1 us per run against 0.1 us as a LOOP step). */
+static bool arithmetic_epilogue(rfi_plan_builder *b, int l, int r, rfi_intlist *stack)
+{
+    int gen = ++b->stamp_gen;
+    stack->n = 0;
+    if (!rfi_intlist_push(stack, l))
+        return false;
+    b->stamp[l] = gen;
+    while (stack->n > 0) {
+        const rfi_node *y = b->g->nodes[stack->v[--stack->n]];
+        if (calls_math(y->op))
+            return false;
+        for (int k = 0; k < y->n_in; k++) {
+            int x = y->in[k]->id;
+            if (x == r || b->mat[x] || b->stamp[x] == gen)
+                continue;
+            b->stamp[x] = gen;
+            if (!rfi_intlist_push(stack, x))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Whether root l can be computed after reduction r's fold in r's step: a
+ * plain LOOP root of its own (not a segment root, not an update value, whose
+ * in-place write needs a LOOP step) of arithmetic alone. */
+static bool takes_reduce_epilogue(rfi_plan_builder *b, int l, int r, rfi_intlist *stack)
+{
+    return l >= 0 && b->epi_of[l] < 0 && b->seg_flat[l] < 0 && !b->is_update_value[l] &&
+           arithmetic_epilogue(b, l, r, stack);
+}
+
+static bool sibling_reductions(const rfi_node *a, const rfi_node *b);
+
+/* Whether another materialised reduction could fold beside r in one step
+ * (sibling_reductions): r then stays a step root, since a shared pass over
+ * the operands saves more than an epilogue does. */
+static bool may_have_siblings(const rfi_plan_builder *b, int r)
+{
+    if (!b->opts.sibling_reductions)
+        return false;
+    for (int x = 0; x < b->n; x++)
+        if (x != r && b->mat[x] && !b->epi_inline[x] &&
+            sibling_reductions(b->g->nodes[r], b->g->nodes[x]))
+            return true;
+    return false;
+}
+
+/* Whether r is a reduction a REDUCE epilogue can follow: a REDUCE or loop
+ * DOT_GENERAL step's node of rank <= 2 (its result keeps the plain layout)
+ * that is neither a result nor read by a call, and has no sibling. */
+static bool reduction_with_epilogue(const rfi_plan_builder *b, int r)
+{
+    const rfi_node *n = b->g->nodes[r];
+    return (n->op == RFI_OP_REDUCE || n->op == RFI_OP_DOT_GENERAL) &&
+           step_kind(b, n) == RFI_STEP_REDUCE && n->rank <= 2 && rfi_node_numel(n) > 0 &&
+           b->mat[r] && !b->is_output[r] && !b->is_update_value[r] && !b->epi_inline[r] &&
+           !may_have_siblings(b, r);
+}
+
+/* Makes every reduction whose value one LOOP root alone reads inline in the
+ * REDUCE step that then computes that root (plan.h reduce_epilogues): an
+ * epilogue chain of no ops whose core is the reduction. false only on OOM. */
+static bool find_reduce_epilogues(rfi_plan_builder *b)
+{
+    if (!b->opts.reduce_epilogues)
+        return true;
+    rfi_intlist stack = {0};
+    bool ok = true;
+    for (int r = 0; ok && r < b->n; r++) {
+        if (!reduction_with_epilogue(b, r))
+            continue;
+        int l = reduce_consumer(b, r, &stack);
+        if (!takes_reduce_epilogue(b, l, r, &stack))
+            continue;
+        void *epis = b->epis;
+        ok = rfi_grow(&epis, b->n_epis, &b->cap_epis, sizeof *b->epis);
+        if (!ok)
+            break;
+        b->epis = epis;
+        b->epis[b->n_epis] = (rfi_epi_chain){.core = r, .n = 0};
+        b->epi_of[l] = b->n_epis++;
+        b->epi_inline[r] = true;
+        b->mat[r] = false;
+    }
+    rfi_intlist_free(&stack);
+    return ok;
+}
+
 /* Decides an unforced fusible non-leaf node (users already decided). */
 static void decide_fusible(rfi_plan_builder *b, int *sites, int x)
 {
@@ -640,6 +799,8 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
             }
         }
     }
+    if (st == RF_OK && !find_reduce_epilogues(b))
+        st = rfi_error(RF_E_NOMEM, "plan: out of memory");
     if (st == RF_OK) {
         make_aliases(b);
         st = number_consts(b);

@@ -467,6 +467,10 @@ static rf_status emit(lower *L, const rfi_node *n, kidx *ix, bool compute, int *
     *out = -1;
     if (rfi_kir_failed(L->k))
         return RF_E_NOMEM;
+    if (n->id == L->fold_node) { /* read at the point folded (fuse.c) */
+        *out = L->fold_value;
+        return RF_OK;
+    }
     int known = memo_get(L, n->id, ix);
     if (known >= 0) {
         *out = known;
@@ -1125,6 +1129,7 @@ rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
     memset(&L, 0, sizeof L);
     L.p = p;
     L.g = p->g;
+    L.fold_node = -1;
     L.is_root = rfi_calloc((size_t)(p->g->n_nodes > 0 ? p->g->n_nodes : 1), sizeof(bool));
     if (!m || !L.is_root || !memo_grow(&L)) {
         rfi_free(m);

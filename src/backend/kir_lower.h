@@ -32,6 +32,9 @@ typedef struct lower {
     bool wants_multi;      /* a multi-index was derived from a flat index */
     memo_entry *memo;
     int memo_cap, memo_n;
+    /* While a REDUCE epilogue is lowered: the inline reduction it reads and
+     * the instruction holding the reduction's value at the point (-1: none). */
+    int fold_node, fold_value;
     rf_status status; /* first error not reported through a return value */
 } lower;
 

@@ -66,9 +66,11 @@ static rf_status reduce_value(lower *L, const rfi_node *n, const int *m, int *in
     return rfi_lower_operand_at(L, x, xm, value);
 }
 
-/* Makes v (at kept point m) the value fold j folds, and stores root n, the
- * fold's result in n's type. */
-static rf_status fold_root(lower *L, const rfi_node *n, const int *m, int j, int v)
+/* Makes v (at kept point m) the value fold j folds, and stores root, which
+ * is n (the fold's result in n's type) or, in a step with a REDUCE epilogue
+ * (plan.h), the root computed from that result at m. */
+static rf_status fold_root(lower *L, const rfi_node *n, const rfi_node *root, const int *m,
+                           int j, int v)
 {
     rfi_kir_kernel *k = L->k;
     int folded = rfi_kir_convert(k, k->acc_dtype, v, -1);
@@ -79,8 +81,14 @@ static rf_status fold_root(lower *L, const rfi_node *n, const int *m, int j, int
     if (j >= k->n_folds)
         k->n_folds = j + 1;
     int result = rfi_kir_convert(k, n->dtype, rfi_kir_acc_of(k, j), n->id);
-    kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
-    return rfi_lower_store_root(L, n, &ix, result);
+    kidx ix = root->rank ? idx_multi_of(root, m) : idx_scalar(L);
+    if (root == n)
+        return rfi_lower_store_root(L, n, &ix, result);
+    L->fold_node = n->id;
+    L->fold_value = result;
+    rf_status st = rfi_lower_operand_at(L, root, m, &result);
+    L->fold_node = -1;
+    return st == RF_OK ? rfi_lower_store_root(L, root, &ix, result) : st;
 }
 
 /* Folds 1.. of a REDUCE step: its other roots, sibling reductions of root 0
@@ -94,7 +102,7 @@ static rf_status sibling_folds(lower *L, const rfi_step *st, const int *m, int *
         int v = -1;
         rf_status s = reduce_value(L, n, m, inner, &v);
         if (s == RF_OK)
-            s = fold_root(L, n, m, r, v);
+            s = fold_root(L, n, n, m, r, v);
         if (s != RF_OK)
             return s;
     }
@@ -246,7 +254,7 @@ static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value
  * the pieces of a padded window: window_pieces). */
 rf_status rfi_lower_reduce(lower *L, const rfi_step *st, const box *part)
 {
-    const rfi_node *n = L->g->nodes[st->roots[0]];
+    const rfi_node *n = L->g->nodes[st->core >= 0 ? st->core : st->roots[0]];
     rfi_kir_kernel *k = L->k;
     rfi_lower_kernel_name(k, n);
     k->is_reduce = true;
@@ -288,7 +296,7 @@ rf_status rfi_lower_reduce(lower *L, const rfi_step *st, const box *part)
                                            "reduce_window or dot_general)");
     if (s != RF_OK)
         return s;
-    s = fold_root(L, n, m, 0, v);
+    s = fold_root(L, n, L->g->nodes[st->roots[0]], m, 0, v);
     return s == RF_OK ? sibling_folds(L, st, m, inner) : s;
 }
 

@@ -64,6 +64,8 @@ rfi_plan_opts rfi_plan_opts_default(void)
     o.concurrent_calls = false;
     const char *sib = getenv("RF_SIBLING_REDUCTIONS");
     o.sibling_reductions = !(sib && strcmp(sib, "0") == 0);
+    const char *red = getenv("RF_REDUCE_EPILOGUES");
+    o.reduce_epilogues = !(red && strcmp(red, "0") == 0);
     return o;
 }
 
@@ -204,13 +206,13 @@ static rf_status segment_arrays(rfi_plan_builder *b)
     return RF_OK;
 }
 
-/* A CALL step's core node and epilogue (others: core -1, none). */
+/* A CALL or REDUCE step's core node and epilogue (others: core -1, none). */
 static bool finish_epilogue(rfi_plan_builder *b, const rfi_bstep *bs, rfi_step *s)
 {
     s->core = -1;
     s->epilogue = NULL;
     s->n_epilogue = 0;
-    if (bs->kind != RFI_STEP_CALL || bs->roots.n < 1)
+    if ((bs->kind != RFI_STEP_CALL && bs->kind != RFI_STEP_REDUCE) || bs->roots.n < 1)
         return true;
     s->core = bs->roots.v[0];
     if (bs->epi < 0)
@@ -531,6 +533,8 @@ static void print_step(rfi_strbuf *sb, const rfi_plan *p, int q)
     rfi_sb_printf(sb, "step %d %s", q, step_names[s->kind]);
     if (s->kind == RFI_STEP_CALL)
         rfi_sb_printf(sb, " %s", call_names[s->call]);
+    if (s->kind == RFI_STEP_REDUCE && s->n_roots > 0 && s->core != s->roots[0])
+        rfi_sb_printf(sb, " core=%%%d", s->core);
     if (s->n_epilogue > 0) {
         rfi_sb_printf(sb, " core=%%%d epilogue=[", s->core);
         for (int k = 0; k < s->n_epilogue; k++) {

@@ -101,7 +101,10 @@ typedef struct rfi_step {
     int copy_to_output;  /* output index, or -1 */
     int copy_to_capture; /* capture index, or -1 */
     /* RFI_STEP_CALL: the node the call computes (roots[0] unless an epilogue
-     * follows it) and the epilogue (n_epilogue == 0: none). */
+     * follows it) and the epilogue (n_epilogue == 0: none). RFI_STEP_REDUCE:
+     * the reduction folded: roots[0], or an inline reduction whose one root
+     * roots[0] is computed from after the fold (plan opts reduce_epilogues;
+     * n_epilogue 0). Other steps: -1. */
     int core;
     rfi_epi_op *epilogue;
     int n_epilogue;
@@ -228,6 +231,13 @@ typedef struct rfi_plan_opts {
      * step, which folds them side by side in one pass (kir.h). Default on;
      * RF_SIBLING_REDUCTIONS=0 in the environment: off. */
     bool sibling_reductions;
+    /* A reduction (REDUCE or a loop DOT_GENERAL, results of rank <= 2) whose
+     * value only one LOOP root reads, through elementwise ops of its shape
+     * (a bias and activation after a matrix-vector product, a mean's
+     * division), computes that root in its own REDUCE step after the
+     * inner loops: the reduction stays inline (rfi_step.core). Default on;
+     * RF_REDUCE_EPILOGUES=0 in the environment: off. */
+    bool reduce_epilogues;
     /* Two library calls (matmuls, convolutions) that do not depend on each
      * other, a few steps apart (a layer's input and weight gradients),
      * become neighbours that may run at the same time (rfi_step

@@ -99,7 +99,8 @@ static void describe_step(const rfi_cpu_profile *prof, int q, rfi_strbuf *sb)
 {
     const rfi_step *s = &prof->plan->steps[q];
     const rfi_node *root = prof->plan->g->nodes[s->roots[0]];
-    const rfi_node *what = s->kind == RFI_STEP_CALL && s->n_epilogue > 0
+    bool reduce_epilogue = s->kind == RFI_STEP_REDUCE && s->core != s->roots[0];
+    const rfi_node *what = (s->kind == RFI_STEP_CALL && s->n_epilogue > 0) || reduce_epilogue
                                ? prof->plan->g->nodes[s->core]
                                : root;
     rfi_sb_printf(sb, "%s", kind_name(s));
@@ -110,6 +111,8 @@ static void describe_step(const rfi_cpu_profile *prof, int q, rfi_strbuf *sb)
         rfi_sb_printf(sb, " +%d roots", s->n_roots - 1);
     if (s->n_epilogue > 0)
         rfi_sb_printf(sb, " +%d epilogue ops", s->n_epilogue);
+    if (reduce_epilogue)
+        rfi_sb_printf(sb, " +%s", rfi_op_table[root->op].name);
     rfi_sb_printf(sb, " ");
     rfi_sb_type(sb, root->dtype, root->dims, root->rank);
 }

@@ -425,7 +425,7 @@ static void interchanged_body(rfi_render *R, const bool *live, const bool *out)
     rfi_render_indent(R, in);
     put(R->sb, "}\n");
     rfi_render_close_loops(R, depth, k->red_rank);
-    range_loop(R, kept, lo, hi, depth, false);
+    range_loop(R, kept, lo, hi, depth, true); /* vectorises an epilogue (plan.h) */
     rfi_render_indent(R, depth + 1);
     putf(R->sb, "const %s acc = accs[%s];\n", rfi_render_ctype(k->acc_dtype), slot);
     rfi_render_statements(R, out, 1, depth + 1);
