@@ -1121,9 +1121,10 @@ static void test_reduce_epilogues(void)
     /* min over w's rows compared with x: a bool result */
     rfi_node *x_flat = mk(g, RFI_OP_RESHAPE, &x, 1, &(rfi_attrs){0}, RF_F32, flat, 1);
     rfi_node *y2 = cmp(g, RF_GT, reduce(g, w, RF_REDUCE_MIN, col, 1), x_flat);
-    /* a max read twice by its one reader */
+    /* a max over columns read twice by its one reader; one over rows minus b */
     rfi_node *mx = reduce(g, w, RF_REDUCE_MAX, col, 1);
     rfi_node *y3 = bin(g, RFI_OP_MUL, mx, mx);
+    rfi_node *y10 = bin(g, RFI_OP_SUB, reduce(g, w, RF_REDUCE_MAX, row, 1), b);
     /* a mean beside another reduction its reader reads (that one stays a root) */
     rfi_node *t = reduce(g, w, RF_REDUCE_SUM, all, 2);
     rfi_node *y4 = bin(g, RFI_OP_ADD, bin(g, RFI_OP_DIV, t, scalar(g, RF_F32, 11100.0)),
@@ -1137,8 +1138,8 @@ static void test_reduce_epilogues(void)
     rfi_node *y6 = un(g, RFI_OP_NEG, p), *y7 = un(g, RFI_OP_ABS, p);
     rfi_node *y8 = reduce(g, w, RF_REDUCE_MIN, row, 1);
     rfi_node *y9 = un(g, RFI_OP_EXP, y8);
-    rfi_node *ys[] = {y1, y2, y3, y4, y5, y6, y7, y8, y9, y0};
-    for (int i = 0; i < 10; i++)
+    rfi_node *ys[] = {y1, y2, y3, y4, y5, y6, y7, y8, y9, y0, y10};
+    for (int i = 0; i < 11; i++)
         CHECK_OK(rfi_graph_add_output(g, ys[i]));
 
     rfi_plan_opts o = rfi_plan_opts_default();
@@ -1158,7 +1159,7 @@ static void test_reduce_epilogues(void)
         if (epi) /* the reduction has no buffer */
             CHECK(pl->loc[st->core].kind == RFI_LOC_INLINE && st->n_roots == 1);
     }
-    CHECK(epilogues == 4 && siblings == 1);
+    CHECK(epilogues == 5 && siblings == 1);
     CHECK(pl && pl->loc[y0->in[0]->in[0]->id].kind != RFI_LOC_INLINE); /* the tanh's dot */
     CHECK(pl && pl->loc[p->id].kind != RFI_LOC_INLINE && pl->loc[y8->id].kind != RFI_LOC_INLINE);
     rfi_plan_free(pl);
@@ -1175,8 +1176,9 @@ static void test_reduce_epilogues(void)
     const char *labels[] = {"epilogue relu(dot + b)", "epilogue min > x", "epilogue max * max",
                             "epilogue sum / n + sum", "siblings s2 - s1^2",
                             "two readers -prod", "two readers |prod|", "output min",
-                            "exp(output min)", "tanh(dot + b) as a loop"};
-    tol tols[] = {SUM, EXACT, BITS, SUM, SUM, SUM, SUM, BITS, ULPS, SUM};
+                            "exp(output min)", "tanh(dot + b) as a loop",
+                            "epilogue max - b"};
+    tol tols[] = {SUM, EXACT, BITS, SUM, SUM, SUM, SUM, BITS, ULPS, SUM, BITS};
     check_planned(g, args, labels, tols);
     rfi_graph_free(g);
 }
