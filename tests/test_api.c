@@ -174,7 +174,8 @@ static void test_broadcast(void)
     EXPECT_ERROR(bad_pow_int, RF_E_DTYPE, "rf_pow: needs a float tensor, got i32[2]");
     EXPECT_ERROR(bad_exp_int, RF_E_DTYPE, "rf_exp: needs a float tensor, got i64[2]");
     EXPECT_ERROR(bad_select, RF_E_DTYPE, "rf_select: pred must be bool, got f32[2]");
-    EXPECT_ERROR(bad_broadcast_to, RF_E_SHAPE, "rf_broadcast_to: cannot broadcast f32[3] to f32[4]");
+    EXPECT_ERROR(bad_broadcast_to, RF_E_SHAPE,
+                 "rf_broadcast_to: cannot broadcast f32[3] to f32[4]");
     EXPECT_ERROR(bad_constant, RF_E_INVALID, "rf_constant: data is NULL");
     EXPECT_ERROR(bad_compare_dir, RF_E_INVALID, "rf_compare: invalid direction");
 }
@@ -298,7 +299,7 @@ static void test_reductions(void)
     EXPECT_ERROR(bad_mean_int, RF_E_DTYPE, "rf_mean: needs a float tensor, got i32[2]");
 }
 
-/* ---- Linear algebra ---------------------------------------------------------------------------- */
+/* ---- Linear algebra ---------------------------------------------------------------------- */
 
 static void trace_matmul(rf_trace *t, void *ctx)
 {
@@ -311,15 +312,16 @@ static void trace_matmul(rf_trace *t, void *ctx)
     CHECK_TYPE(rf_matmul(m23, m34), RF_F32, 2, 4);
     CHECK_TYPE(rf_matmul(zeros(t, RF_F32, RF_SHAPE(5, 2, 3)), m34), RF_F32, 5, 2, 4);
     CHECK_TYPE(rf_matmul(m23, zeros(t, RF_F32, RF_SHAPE(7, 3, 4))), RF_F32, 7, 2, 4);
-    CHECK_TYPE(rf_matmul(zeros(t, RF_F32, RF_SHAPE(5, 1, 2, 3)), zeros(t, RF_F32, RF_SHAPE(6, 3, 4))),
-               RF_F32, 5, 6, 2, 4);
+    rf_tensor *b5x1 = zeros(t, RF_F32, RF_SHAPE(5, 1, 2, 3));
+    CHECK_TYPE(rf_matmul(b5x1, zeros(t, RF_F32, RF_SHAPE(6, 3, 4))), RF_F32, 5, 6, 2, 4);
     CHECK_TYPE(rf_matmul(v3, zeros(t, RF_F32, RF_SHAPE(7, 3, 4))), RF_F32, 7, 4);
     CHECK_TYPE(rf_matmul(zeros(t, RF_F32, RF_SHAPE(7, 2, 3)), v3), RF_F32, 7, 2);
     /* linear: x [N, in], w [out, in], b [out] */
     rf_tensor *w = zeros(t, RF_F32, RF_SHAPE(4, 3)), *b = zeros(t, RF_F32, RF_SHAPE(4));
     CHECK_TYPE(rf_linear(m23, w, b), RF_F32, 2, 4);
     CHECK_TYPE(rf_linear(m23, w, NULL), RF_F32, 2, 4);
-    CHECK_TYPE(rf_dot_general(zeros(t, RF_F32, RF_SHAPE(5, 2, 3)), zeros(t, RF_F32, RF_SHAPE(5, 4, 3)),
+    rf_tensor *b523 = zeros(t, RF_F32, RF_SHAPE(5, 2, 3));
+    CHECK_TYPE(rf_dot_general(b523, zeros(t, RF_F32, RF_SHAPE(5, 4, 3)),
                               (const int64_t[]){0}, (const int64_t[]){0}, 1, (const int64_t[]){-1},
                               (const int64_t[]){2}, 1),
                RF_F32, 5, 2, 4);
@@ -359,7 +361,7 @@ static void test_matmul(void)
     EXPECT_ERROR(bad_linear_bias, RF_E_SHAPE, "rf_linear: bias f32[3] does not fit w f32[4,3]");
 }
 
-/* ---- Neural-network ops -------------------------------------------------------------------------- */
+/* ---- Neural-network ops ------------------------------------------------------------------ */
 
 static void trace_nn(rf_trace *t, void *ctx)
 {
@@ -415,9 +417,8 @@ static void trace_nn(rf_trace *t, void *ctx)
     CHECK_TYPE(rf_conv(xc, zeros(t, RF_F32, RF_SHAPE(4, 3, 3, 3)), &p), RF_F32, 2, 4, 5, 5);
     rf_conv_params g = rf_conv_params_default(2);
     g.feature_group_count = 2;
-    CHECK_TYPE(rf_conv(zeros(t, RF_F32, RF_SHAPE(2, 4, 5, 5)), zeros(t, RF_F32, RF_SHAPE(6, 2, 3, 3)),
-                       &g),
-               RF_F32, 2, 6, 3, 3);
+    rf_tensor *x4 = zeros(t, RF_F32, RF_SHAPE(2, 4, 5, 5));
+    CHECK_TYPE(rf_conv(x4, zeros(t, RF_F32, RF_SHAPE(6, 2, 3, 3)), &g), RF_F32, 2, 6, 3, 3);
     rf_conv_params d1 = rf_conv_params_default(1);
     d1.rhs_dilation[0] = 2;
     CHECK_TYPE(rf_conv(zeros(t, RF_F32, RF_SHAPE(1, 1, 10)), zeros(t, RF_F32, RF_SHAPE(1, 1, 3)),
@@ -433,7 +434,10 @@ static void trace_nn(rf_trace *t, void *ctx)
     rf_return(t, rf_softmax(x, -1));
 }
 
-static rf_tensor *bad_softmax_int(rf_trace *t) { return rf_softmax(zeros(t, RF_I32, RF_SHAPE(2)), 0); }
+static rf_tensor *bad_softmax_int(rf_trace *t)
+{
+    return rf_softmax(zeros(t, RF_I32, RF_SHAPE(2)), 0);
+}
 static rf_tensor *bad_softmax_axis(rf_trace *t)
 {
     return rf_logsoftmax(zeros(t, RF_F32, RF_SHAPE(2, 3)), 2);
@@ -501,7 +505,7 @@ static void test_nn(void)
     EXPECT_ERROR(bad_gather_dtype, RF_E_DTYPE, "rf_gather: indices must be i32 or i64, got f32[2]");
 }
 
-/* ---- NULL propagation and mixing traces ------------------------------------------------------- */
+/* ---- NULL propagation and mixing traces -------------------------------------------------- */
 
 static void trace_nulls(rf_trace *t, void *ctx)
 {
@@ -547,7 +551,7 @@ static void test_nulls(void)
     free(trace_ok(trace_outer_mix, NULL, "mixing traces"));
 }
 
-/* ---- Gradients and RNG ------------------------------------------------------------------------- */
+/* ---- Gradients and RNG ------------------------------------------------------------------- */
 
 static void trace_grad(rf_trace *t, void *ctx)
 {

@@ -625,7 +625,8 @@ static void test_finite_differences(void)
     static const double idx[4] = {4, -1, 4, 7};
     static const fd_case cases[] = {
         {"conv groups/stride/dilation", f_conv_groups, 2,
-         {{RF_F64, 4, {2, 4, 6, 5}, NULL, -1, 1, true}, {RF_F64, 4, {6, 2, 3, 2}, NULL, -1, 1, true}}},
+         {{RF_F64, 4, {2, 4, 6, 5}, NULL, -1, 1, true},
+          {RF_F64, 4, {6, 2, 3, 2}, NULL, -1, 1, true}}},
         {"conv lhs dilation/crop", f_conv_lhs_dilated, 2,
          {{RF_F64, 3, {2, 2, 5}, NULL, -1, 1, true}, {RF_F64, 3, {3, 2, 2}, NULL, -1, 1, true}}},
         {"conv batch groups", f_conv_batch_groups, 2,

@@ -460,7 +460,7 @@ static void test_idx_errors(void)
     CHECK_STATUS(rf_idx_load(tmpdir, &a), RF_E_IO); /* a directory */
 }
 
-/* ---- Fashion-MNIST ---------------------------------------------------------------------------- */
+/* ---- Fashion-MNIST ----------------------------------------------------------------------- */
 
 static void test_fashion_mnist(void)
 {

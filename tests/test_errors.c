@@ -333,7 +333,7 @@ static void test_arg_counts(void)
     rf_array_free(b);
 }
 
-/* ---- Host arrays where device arrays are needed ------------------------------------------------- */
+/* ---- Host arrays where device arrays are needed ------------------------------------------ */
 
 static void capture_fn(rf_trace *t, void *ctx)
 {
@@ -382,7 +382,7 @@ static void test_host_arrays(void)
     rf_array_free(dev);
 }
 
-/* ---- Mixing traces ------------------------------------------------------------------------------ */
+/* ---- Mixing traces ----------------------------------------------------------------------- */
 
 struct mix_ctx {
     rf_array *x;
@@ -438,7 +438,7 @@ static void test_mixing_traces(void)
     rf_array_free(m.x);
 }
 
-/* ---- Arrays freed by the user while captured --------------------------------------------------- */
+/* ---- Arrays freed by the user while captured --------------------------------------------- */
 
 /* Returns w + x. */
 static void read_capture_fn(rf_trace *t, void *ctx) { capture_fn(t, ctx); }
@@ -534,7 +534,7 @@ static void test_freed_while_captured(void)
     rf_array_free(x);
 }
 
-/* ---- The first error sticks ------------------------------------------------------------------------ */
+/* ---- The first error sticks -------------------------------------------------------------- */
 
 struct sticky_ctx {
     rf_status after_first, after_second;
@@ -593,7 +593,7 @@ static void test_sticky(void)
         rf_array_free(args[i]);
 }
 
-/* ---- Outputs ------------------------------------------------------------------------------------------ */
+/* ---- Outputs ----------------------------------------------------------------------------- */
 
 static void nothing_fn(rf_trace *t, void *ctx)
 {
@@ -629,7 +629,7 @@ static void test_outputs(void)
     rf_array_free(x);
 }
 
-/* ---- Numbers, dims, ranks ----------------------------------------------------------------------------- */
+/* ---- Numbers, dims, ranks ---------------------------------------------------------------- */
 
 static rf_tensor *build_full_negative(rf_trace *t)
 {
@@ -697,7 +697,7 @@ static void test_numbers_and_dims(void)
     rf_array_free(x);
 }
 
-/* ---- Backend selection ------------------------------------------------------------------------------ */
+/* ---- Backend selection ------------------------------------------------------------------- */
 
 static void test_backend_env(void)
 {
@@ -767,7 +767,7 @@ static void test_check_tolerance(void)
     free(saved_check);
 }
 
-/* ---- A failed run leaves captured state unchanged ------------------------------------------------------- */
+/* ---- A failed run leaves captured state unchanged ---------------------------------------- */
 
 /* w <- w + x; returns sum(x). */
 static void accumulate_fn(rf_trace *t, void *ctx)
@@ -866,7 +866,7 @@ static void test_output_not_aliased(void)
     rf_array_free(x);
 }
 
-/* ---- Gradients of bad things ---------------------------------------------------------------------------- */
+/* ---- Gradients of bad things ------------------------------------------------------------- */
 
 struct grad_ctx {
     rf_status st;

@@ -809,7 +809,8 @@ static void test_elementwise(void)
     const int32_t want_div[4] = {3, -3, INT32_MIN, 0}, want_rem[4] = {1, -1, 0, 0};
     for (int which = 0; which < 2; which++) {
         g = new_graph();
-        rfi_node *pq[2] = {constant(g, RF_I32, RF_SHAPE(4), p), constant(g, RF_I32, RF_SHAPE(4), q)};
+        rfi_node *pq[2] = {constant(g, RF_I32, RF_SHAPE(4), p),
+                           constant(g, RF_I32, RF_SHAPE(4), q)};
         int32_t oi[4];
         eval1(g, node(g, which ? RFI_OP_REM : RFI_OP_DIV, pq, 2, NULL, RF_I32, RF_SHAPE(4)), oi);
         for (int i = 0; i < 4; i++)

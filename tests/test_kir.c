@@ -484,9 +484,11 @@ static int compare(const char *label, rf_dtype dt, const void *got, const void *
                 ok = memcmp((const char *)got + i * (int64_t)esz,
                             (const char *)want + i * (int64_t)esz, esz) == 0;
             } else {
-                double ulps = (double)llabs(dt == RF_F32 ? ordered_f32((float)a) - ordered_f32((float)b)
-                                                         : ordered_f64(a) - ordered_f64(b));
-                double rel = a == b ? 0 : fabs(a - b) / fmax(fabs(b), dt == RF_F32 ? FLT_MIN : DBL_MIN);
+                int64_t apart = dt == RF_F32 ? ordered_f32((float)a) - ordered_f32((float)b)
+                                             : ordered_f64(a) - ordered_f64(b);
+                double ulps = (double)llabs(apart);
+                double tiny = dt == RF_F32 ? FLT_MIN : DBL_MIN;
+                double rel = a == b ? 0 : fabs(a - b) / fmax(fabs(b), tiny);
                 if (isinf(a) || isinf(b))
                     rel = a == b ? 0 : INFINITY;
                 if (t == SUM) {
@@ -902,7 +904,8 @@ static void test_reductions(rf_dtype dt)
     }
     void *data = rfi_malloc(60 * 8);
     for (int i = 0; i < 60; i++) {
-        double v = fl ? (i % 7 - 3) * 0.37 + (i == 17 && dt == RF_F64 ? NAN : 0) : (i * 37 % 11) - 5;
+        double v = fl ? (i % 7 - 3) * 0.37 + (i == 17 && dt == RF_F64 ? NAN : 0)
+                      : (i * 37 % 11) - 5;
         if (dt == RF_F32 || dt == RF_F64)
             fill_float((char *)data + (size_t)i * rf_dtype_size(dt), dt, 1, &v, 1);
         else

@@ -195,7 +195,8 @@ static void test_describe_and_summary(void)
     CHECK(m != NULL);
     if (m) {
         rfi_model_describe(m, buf, sizeof buf);
-        CHECK(strcmp(buf, "Chain(SkipConnection(+, Dense(3 => 3, relu)), Flatten(), Scale(3))") == 0);
+        CHECK(strcmp(buf, "Chain(SkipConnection(+, Dense(3 => 3, relu)), Flatten(), "
+                          "Scale(3))") == 0);
         rf_model_summary(m, buf, sizeof buf);
         CHECK(strstr(buf, "  SkipConnection(\n    +,\n    Dense(3 => 3, relu),") != NULL);
         CHECK(strstr(buf, "  Flatten(),\n") != NULL);
@@ -239,7 +240,8 @@ static void test_model_to(void)
     if (!dev || !dev64)
         goto done;
     CHECK(rfi_model_structure_hash(dev) != rfi_model_structure_hash(host)); /* devices differ */
-    CHECK(rf_model_n_children(dev) == 2 && rf_model_n_parameters(dev) == rf_model_n_parameters(host));
+    CHECK(rf_model_n_children(dev) == 2 &&
+          rf_model_n_parameters(dev) == rf_model_n_parameters(host));
     CHECK(rf_model_training(rf_model_child(dev, 1)) && !rf_model_training(dev));
     CHECK(dev->uid != host->uid && dev->cache == NULL && dev->n_opts == 0);
     for (int c = 0; c < 2; c++) {
@@ -258,7 +260,8 @@ static void test_model_to(void)
     CHECK(((float *)rf_array_data(e32))[1] == -2.25f && ((double *)rf_array_data(e64))[2] == 3.0);
 
     /* Freeing the source keeps the copy usable. */
-    rf_array *w_copy = rf_array_to(rf_model_param_array(rf_model_child(dev, 0), 0), rf_device_host());
+    rf_array *w_dev = rf_model_param_array(rf_model_child(dev, 0), 0);
+    rf_array *w_copy = rf_array_to(w_dev, rf_device_host());
     rf_model_free(host);
     host = NULL;
     CHECK(arrays_equal(rf_model_param_array(rf_model_child(dev, 0), 0), w_copy));

@@ -1285,7 +1285,8 @@ static void test_direct_convs(void)
         for (int s = 0; km && s < km->n_steps; s++)
             lowered += km->steps[s].kind == RFI_KIR_STEP_CONV;
         CHECK(convs >= 9);
-        CHECK(direct == (on ? 8 : 0)); /* three forwards, two input gradients, three weight gradients */
+        /* three forwards, two input gradients, three weight gradients */
+        CHECK(direct == (on ? 8 : 0));
         CHECK(forwards == (on ? 3 : 0));
         CHECK(grads == (on ? 3 : 0));
         CHECK(dilated == (on ? 1 : 0));

@@ -5,10 +5,11 @@
  * 3 windows (no full group), of exactly one group, of a group and a few
  * (the last group overlaps), wide bands; an uncovered row and column; one
  * plane, many planes, planes split between parallel chunks (with a pool of
- * two threads or more); rank 2 and 3 operands. The others (3x3, 1x2, 2x1, 3x2, 5x5, 20x20, 1x1, 1-D) run window
- * by window. All in f32 and f64, on random data and on data that stresses the
- * selection: ties, -0 next to +0, NaNs of either sign and payload (the first
- * NaN wins), infinities; the source holds -0 (the result must be +0) and
+ * two threads or more); rank 2 and 3 operands. The others (3x3, 1x2, 2x1,
+ * 3x2, 5x5, 20x20, 1x1, 1-D) run window by window. All in f32 and f64, on
+ * random data and on data that stresses the selection: ties, -0 next to +0,
+ * NaNs of either sign and payload (the first NaN wins), infinities; the
+ * source holds -0 (the result must be +0) and
  * NaNs. The result buffer starts as garbage, so every element must be
  * written; a run allocates nothing.
  *

@@ -224,7 +224,7 @@ static void init_host_net(struct host_net *p)
     fill_normal(p->b2, OUT, 4, 0.1);
 }
 
-/* ---- Tests ------------------------------------------------------------------------------------ */
+/* ---- Tests ------------------------------------------------------------------------------- */
 
 /* Compile once, run, compare; mutate weights in place and via rf_assign; jit; bad batch. */
 static void test_forward(void)

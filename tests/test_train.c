@@ -564,7 +564,8 @@ static rf_loader *loader_of(const float *xs, const float *ys, bool to_device)
 static void test_train_loop(rf_model *host)
 {
     float xs[64 * 4], ys[64 * 2];
-    rf_array *hx = rf_randn(RF_F32, RF_SHAPE(64, 4), 31), *hy = rf_randn(RF_F32, RF_SHAPE(64, 2), 32);
+    rf_array *hx = rf_randn(RF_F32, RF_SHAPE(64, 4), 31);
+    rf_array *hy = rf_randn(RF_F32, RF_SHAPE(64, 2), 32);
     rf_array_read(hx, xs, sizeof xs);
     rf_array_read(hy, ys, sizeof ys);
     rf_array_free(hx);
