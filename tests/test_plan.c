@@ -250,6 +250,15 @@ static rfi_plan *plan_of(const rfi_graph *g, bool show)
     return p;
 }
 
+/* REDUCE steps that compute a root after their fold (plan.h: core != roots[0]). */
+static int reduce_epilogues(const rfi_plan *p)
+{
+    int n = 0;
+    for (int q = 0; q < p->n_steps; q++)
+        n += p->steps[q].kind == RFI_STEP_REDUCE && p->steps[q].core != p->steps[q].roots[0];
+    return n;
+}
+
 static int count_loc(const rfi_plan *p, rfi_loc_kind k)
 {
     int n = 0;
@@ -537,11 +546,7 @@ static void test_tiny_train_step(void)
          * CALL 0, COPY 0: every update is in place. */
         CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 8);
         CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 4);
-        int with_epilogue = 0;
-        for (int q = 0; q < p->n_steps; q++)
-            with_epilogue += p->steps[q].kind == RFI_STEP_REDUCE &&
-                             p->steps[q].core != p->steps[q].roots[0];
-        CHECK(with_epilogue == 2);
+        CHECK(reduce_epilogues(p) == 2);
         CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 0);
         CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 0);
         CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
@@ -736,11 +741,7 @@ static void test_mlp_train_step(void)
          * forward calls: the relu's backward mask reads its result, so the
          * pre-activation is never stored. */
         CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 9);
-        int with_epilogue = 0;
-        for (int q = 0; q < p->n_steps; q++)
-            with_epilogue += p->steps[q].kind == RFI_STEP_REDUCE &&
-                             p->steps[q].core != p->steps[q].roots[0];
-        CHECK(with_epilogue == 1);
+        CHECK(reduce_epilogues(p) == 1);
         int bias_relu = 0, bias_only = 0;
         for (int q = 0; q < p->n_steps; q++) {
             const rfi_step *st = &p->steps[q];
