@@ -4,7 +4,9 @@
  *
  * A REDUCE kernel's outer loops run over the result, its inner loops over
  * the reduced axes, the window or the contracting dims; sibling reductions
- * of one step fold side by side over the same inner loops. A reduce_window
+ * of one step fold side by side over the same inner loops. In a step with a
+ * REDUCE epilogue (plan.h) the kernel stores the step's root instead of the
+ * reduction, computed at each point from the fold's result. A reduce_window
  * over a small window (a pooling) is unrolled: its points are folded one
  * after the other by explicit instructions with the fold's arithmetic, so
  * the kernel has no reduced loops and vectorises along its last axis like an

@@ -11,7 +11,9 @@
  * broadcast_in_dim, transpose, slice, reverse, reshape, iota, pad,
  * concatenate, convert, select, compare, scalar constants) is fused into that
  * loop. A REDUCE step computes one REDUCE / REDUCE_WINDOW / small DOT_GENERAL
- * root with its inline producers fused into the accumulation. CALL steps are
+ * root with its inline producers fused into the accumulation (or several
+ * sibling reductions folded side by side, or an elementwise root computed
+ * from an inline reduction after its fold: a REDUCE epilogue). CALL steps are
  * runtime calls (matmul and convolution through the math library, and any op
  * the lowering has no loop form for, evaluated by the reference kernels).
  *
@@ -54,7 +56,7 @@ static inline bool rfi_layout_blocked(rfi_layout l) { return rfi_layout_block(l)
 
 typedef enum rfi_step_kind {
     RFI_STEP_LOOP,   /* fused elementwise loop nest over the roots' shape */
-    RFI_STEP_REDUCE, /* one reduction root (REDUCE, REDUCE_WINDOW, small DOT_GENERAL) */
+    RFI_STEP_REDUCE, /* a reduction (REDUCE, REDUCE_WINDOW, small DOT_GENERAL): rfi_step.core */
     RFI_STEP_CALL,   /* runtime call: MATMUL, CONVOLUTION, or FALLBACK (reference kernel) */
     RFI_STEP_COPY,   /* copy a materialised value to an output or a capture (updates) */
     RFI_STEP_KIND_COUNT
