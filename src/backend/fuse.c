@@ -127,6 +127,7 @@
  * Not here: arena offsets (memplan.c), assembling/printing the plan (plan.c),
  * and anything about how steps become code.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "plan_internal.h"
@@ -532,32 +533,72 @@ static bool takes_reduce_epilogue(rfi_plan_builder *b, int l, int r, rfi_intlist
            arithmetic_epilogue(b, l, r, stack);
 }
 
-static bool sibling_reductions(const rfi_node *a, const rfi_node *b);
+/* The fields sibling_reductions compares, as one key: kind, result and
+ * operand types, reduced axes. Returns its length. */
+#define FORM_KEY_MAX (4 + 3 * RF_MAX_RANK)
+static int reduction_form(const rfi_node *n, int64_t *key)
+{
+    const rfi_node *x = n->in[0];
+    int i = 0;
+    key[i++] = n->attr.i[0];
+    key[i++] = (int64_t)n->dtype << 8 | x->dtype;
+    key[i++] = n->rank;
+    key[i++] = (int64_t)x->rank << 8 | n->attr.nl[0];
+    for (int d = 0; d < n->rank; d++)
+        key[i++] = n->dims[d];
+    for (int d = 0; d < x->rank; d++)
+        key[i++] = x->dims[d];
+    for (int d = 0; d < n->attr.nl[0]; d++)
+        key[i++] = n->attr.l[0][d];
+    return i;
+}
 
-/* Whether another materialised reduction could fold beside r in one step
- * (sibling_reductions): r then stays a step root, since a shared pass over
- * the operands saves more than an epilogue does. */
-static bool may_have_siblings(const rfi_plan_builder *b, int r)
+/* Orders REDUCE nodes by form: siblings become neighbours. */
+static int compare_reduction_forms(const void *pa, const void *pb)
+{
+    int64_t ka[FORM_KEY_MAX], kb[FORM_KEY_MAX];
+    int na = reduction_form(*(const rfi_node *const *)pa, ka);
+    int nb = reduction_form(*(const rfi_node *const *)pb, kb);
+    for (int i = 0; i < na && i < nb; i++)
+        if (ka[i] != kb[i])
+            return ka[i] < kb[i] ? -1 : 1;
+    return (na > nb) - (na < nb);
+}
+
+/* has_sibling[x]: another materialised reduction could fold beside x in one
+ * step (sibling_reductions); x then stays a step root, since a shared pass
+ * over the operands saves more than an epilogue does. Sorting the
+ * reductions by form finds them in O(r log r). false only on OOM. */
+static bool find_possible_siblings(const rfi_plan_builder *b, bool *has_sibling)
 {
     if (!b->opts.sibling_reductions)
+        return true;
+    const rfi_node **reds = rfi_malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof *reds);
+    if (!reds)
         return false;
+    int r = 0;
     for (int x = 0; x < b->n; x++)
-        if (x != r && b->mat[x] && !b->epi_inline[x] &&
-            sibling_reductions(b->g->nodes[r], b->g->nodes[x]))
-            return true;
-    return false;
+        if (b->g->nodes[x]->op == RFI_OP_REDUCE && b->g->nodes[x]->rank <= 2 && b->mat[x])
+            reds[r++] = b->g->nodes[x];
+    if (r > 1)
+        qsort(reds, (size_t)r, sizeof *reds, compare_reduction_forms);
+    for (int i = 1; i < r; i++)
+        if (compare_reduction_forms(&reds[i - 1], &reds[i]) == 0)
+            has_sibling[reds[i - 1]->id] = has_sibling[reds[i]->id] = true;
+    rfi_free(reds);
+    return true;
 }
 
 /* Whether r is a reduction a REDUCE epilogue can follow: a REDUCE or loop
  * DOT_GENERAL step's node of rank <= 2 (its result keeps the plain layout)
  * that is neither a result nor read by a call, and has no sibling. */
-static bool reduction_with_epilogue(const rfi_plan_builder *b, int r)
+static bool reduction_with_epilogue(const rfi_plan_builder *b, int r, const bool *has_sibling)
 {
     const rfi_node *n = b->g->nodes[r];
     return (n->op == RFI_OP_REDUCE || n->op == RFI_OP_DOT_GENERAL) &&
            step_kind(b, n) == RFI_STEP_REDUCE && n->rank <= 2 && rfi_node_numel(n) > 0 &&
            b->mat[r] && !b->is_output[r] && !b->is_update_value[r] && !b->epi_inline[r] &&
-           !may_have_siblings(b, r);
+           !has_sibling[r];
 }
 
 /* Makes every reduction whose value one LOOP root alone reads inline in the
@@ -568,9 +609,10 @@ static bool find_reduce_epilogues(rfi_plan_builder *b)
     if (!b->opts.reduce_epilogues)
         return true;
     rfi_intlist stack = {0};
-    bool ok = true;
+    bool *has_sibling = rfi_calloc((size_t)b->n + 1, sizeof *has_sibling);
+    bool ok = has_sibling && find_possible_siblings(b, has_sibling);
     for (int r = 0; ok && r < b->n; r++) {
-        if (!reduction_with_epilogue(b, r))
+        if (!reduction_with_epilogue(b, r, has_sibling))
             continue;
         int l = reduce_consumer(b, r, &stack);
         if (!takes_reduce_epilogue(b, l, r, &stack))
@@ -586,6 +628,7 @@ static bool find_reduce_epilogues(rfi_plan_builder *b)
         b->mat[r] = false;
     }
     rfi_intlist_free(&stack);
+    rfi_free(has_sibling);
     return ok;
 }
 
