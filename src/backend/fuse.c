@@ -497,40 +497,32 @@ static bool calls_math(rfi_op op)
     }
 }
 
-/* Whether root l's inline expression, reduction r aside, calls no math
- * function: most REDUCE kernel forms compute their results one point at a
+static bool walk_step(rfi_plan_builder *b, const int *roots, int n_roots, rfi_intlist *inputs,
+                      rfi_intlist *fused);
+
+/* Whether root l's inline expression calls no math function (fused:
+ * scratch): most REDUCE kernel forms compute their results one point at a
  * time, where a vectorised loop would call a function's vector variant (a
- * [16,8] tanh epilogue took 2.1 us per run against 0.1 us as a LOOP step). */
-static bool arithmetic_epilogue(rfi_plan_builder *b, int l, int r, rfi_intlist *stack)
+ * [16,8] tanh epilogue took 2.1 us per run against 0.1 us as a LOOP step).
+ * The reduction is still materialised here, so the walk stops at it. */
+static bool arithmetic_epilogue(rfi_plan_builder *b, int l, rfi_intlist *fused)
 {
-    int gen = ++b->stamp_gen;
-    stack->n = 0;
-    if (!rfi_intlist_push(stack, l))
+    fused->n = 0;
+    if (!walk_step(b, &l, 1, NULL, fused) || calls_math(b->g->nodes[l]->op))
         return false;
-    b->stamp[l] = gen;
-    while (stack->n > 0) {
-        const rfi_node *y = b->g->nodes[stack->v[--stack->n]];
-        if (calls_math(y->op))
+    for (int i = 0; i < fused->n; i++)
+        if (calls_math(b->g->nodes[fused->v[i]]->op))
             return false;
-        for (int k = 0; k < y->n_in; k++) {
-            int x = y->in[k]->id;
-            if (x == r || b->mat[x] || b->stamp[x] == gen)
-                continue;
-            b->stamp[x] = gen;
-            if (!rfi_intlist_push(stack, x))
-                return false;
-        }
-    }
     return true;
 }
 
-/* Whether root l can be computed after reduction r's fold in r's step: a
+/* Whether root l can be computed after a reduction's fold in its step: a
  * plain LOOP root of its own (not a segment root, not an update value, whose
  * in-place write needs a LOOP step) of arithmetic alone. */
-static bool takes_reduce_epilogue(rfi_plan_builder *b, int l, int r, rfi_intlist *stack)
+static bool takes_reduce_epilogue(rfi_plan_builder *b, int l, rfi_intlist *scratch)
 {
     return l >= 0 && b->epi_of[l] < 0 && b->seg_flat[l] < 0 && !b->is_update_value[l] &&
-           arithmetic_epilogue(b, l, r, stack);
+           arithmetic_epilogue(b, l, scratch);
 }
 
 /* The fields sibling_reductions compares, as one key: kind, result and
@@ -615,7 +607,7 @@ static bool find_reduce_epilogues(rfi_plan_builder *b)
         if (!reduction_with_epilogue(b, r, has_sibling))
             continue;
         int l = reduce_consumer(b, r, &stack);
-        if (!takes_reduce_epilogue(b, l, r, &stack))
+        if (!takes_reduce_epilogue(b, l, &stack))
             continue;
         void *epis = b->epis;
         ok = rfi_grow(&epis, b->n_epis, &b->cap_epis, sizeof *b->epis);
