@@ -895,6 +895,74 @@ static void test_pool_free_threads_claim_the_rest(void)
     CHECK(atomic_load(&j.chunks) == 4 * rfi_threadpool_size());
 }
 
+/* Records the order in which chunks start; each thread's first chunk waits
+ * (up to 10 s) until every thread has started one, so the first `threads`
+ * starts are the threads' first picks. */
+typedef struct order_job {
+    int job;     /* this job's number, so a thread knows its first chunk */
+    int threads;
+    atomic_int arrived;
+    atomic_int started;
+    atomic_bool gave_up;
+    int64_t lo[64]; /* by start */
+    int64_t len[64];
+} order_job;
+
+static _Thread_local int last_order_job;
+
+static void order_body(void *ctx, int64_t lo, int64_t hi)
+{
+    order_job *j = ctx;
+    int k = atomic_fetch_add(&j->started, 1);
+    if (k < 64) {
+        j->lo[k] = lo;
+        j->len[k] = hi - lo;
+    }
+    if (last_order_job == j->job)
+        return;
+    last_order_job = j->job;
+    atomic_fetch_add(&j->arrived, 1);
+    for (int waited_ms = 0; atomic_load(&j->arrived) < j->threads; waited_ms++) {
+        if (waited_ms == 10000) {
+            atomic_store(&j->gave_up, true);
+            return;
+        }
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+}
+
+/* A backwards run cuts the same chunks and each thread starts from the end
+ * of its share: the last chunk is among the threads' first picks and the
+ * first is not; forwards, the other way round. */
+static void test_pool_order(void)
+{
+    static int jobs;
+    int threads = rfi_threadpool_size();
+    int64_t n = 4 * (int64_t)threads;
+    if (threads < 2 || n > 64)
+        return;
+    for (int backwards = 0; backwards < 2; backwards++) {
+        order_job j = {.job = ++jobs, .threads = threads};
+        rfi_parallel_for_ordered(n, 1, order_body, &j, backwards);
+        if (atomic_load(&j.gave_up)) { /* a thread never came: nothing to compare */
+            printf("pool order: not every thread took part; skipped\n");
+            continue;
+        }
+        CHECK(atomic_load(&j.started) == n);
+        bool seen[64] = {false}, first_in_picks = false, last_in_picks = false;
+        for (int k = 0; k < n; k++) {
+            CHECK(j.len[k] == 1 && j.lo[k] >= 0 && j.lo[k] < n && !seen[j.lo[k]]);
+            if (j.lo[k] >= 0 && j.lo[k] < n)
+                seen[j.lo[k]] = true;
+            first_in_picks |= k < threads && j.lo[k] == 0;
+            last_in_picks |= k < threads && j.lo[k] == n - 1;
+        }
+        CHECK(first_in_picks == !backwards);
+        CHECK(last_in_picks == (bool)backwards);
+    }
+}
+
 /* ---- Loading oneDNN in the background ---------------------------------------------- */
 
 typedef struct affinity_job {
@@ -1368,6 +1436,7 @@ int main(void)
     test_pool_sum();
     test_pool_inline_and_nested();
     test_pool_free_threads_claim_the_rest();
+    test_pool_order();
     test_preload_affinity(confined_child); /* loads oneDNN: the pool moves to OpenMP */
     test_matmul();
     test_conv(NULL);
@@ -1386,6 +1455,7 @@ int main(void)
     test_channel_block_guess();
     test_pool_inline_and_nested(); /* again, on OpenMP's threads now that oneDNN is loaded */
     test_pool_free_threads_claim_the_rest();
+    test_pool_order();
     printf("%d cases against the reference\n", cases_run);
     return tu_finish("test_services");
 }

@@ -65,6 +65,7 @@ typedef struct pool {
     rfi_range_fn body;
     void *ctx;
     int64_t n, chunks;
+    bool backwards; /* chunks claimed from the last */
 } pool;
 
 static pool *the_pool;
@@ -105,8 +106,8 @@ static void run_chunks(pool *p, uint32_t gen)
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c - 1, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue; /* c was reloaded */
-        int64_t lo, hi;
-        chunk_range(p->n, p->chunks, p->chunks - (int64_t)(uint32_t)c, &lo, &hi);
+        int64_t left = (int64_t)(uint32_t)c, lo, hi;
+        chunk_range(p->n, p->chunks, p->backwards ? left - 1 : p->chunks - left, &lo, &hi);
         p->body(p->ctx, lo, hi);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
         c = atomic_load_explicit(&p->claim, memory_order_acquire);
@@ -226,8 +227,9 @@ void rfi_threadpool_use_openmp(const rfi_openmp_api *api)
 
 /* A job's chunks, dealt out in blocks of consecutive chunks, one block per
  * thread: block b holds chunks [front, back) of its `span` word (front << 32
- * | back). Its owner takes chunks from the front; a thread whose own block is
- * empty takes them from the back of the others'. Threads of equal speed then
+ * | back). Its owner takes chunks from the front (the back when the job runs
+ * backwards); a thread whose own block is empty takes them from the other
+ * end of the others'. Threads of equal speed then
  * run the same chunks in every loop of a step and find what they wrote a loop
  * earlier in their own core's caches (with every chunk claimed in order by
  * whichever thread came first, a ResNet step ran ~10% slower), and a slow one
@@ -235,14 +237,16 @@ void rfi_threadpool_use_openmp(const rfi_openmp_api *api)
 typedef struct chunk_deal {
     int64_t n, chunks;
     int blocks;
+    bool backwards;
     _Atomic uint64_t span[MAX_DEAL_BLOCKS];
 } chunk_deal;
 
-static void deal_init(chunk_deal *d, int64_t n, int64_t chunks, int blocks)
+static void deal_init(chunk_deal *d, int64_t n, int64_t chunks, int blocks, bool backwards)
 {
     d->n = n;
     d->chunks = chunks;
     d->blocks = blocks;
+    d->backwards = backwards;
     for (int b = 0; b < blocks; b++) {
         uint64_t front = (uint64_t)(chunks * b / blocks);
         uint64_t back = (uint64_t)(chunks * (b + 1) / blocks);
@@ -270,7 +274,8 @@ static void deal_run(chunk_deal *d, int self, rfi_range_fn body, void *ctx)
 {
     for (int k = 0; k < d->blocks; k++) {
         int b = (self + k) % d->blocks;
-        for (int64_t idx; (idx = deal_take(d, b, k == 0)) >= 0;) {
+        bool from_front = (k == 0) != d->backwards;
+        for (int64_t idx; (idx = deal_take(d, b, from_front)) >= 0;) {
             int64_t lo, hi;
             chunk_range(d->n, d->chunks, idx, &lo, &hi);
             body(ctx, lo, hi);
@@ -292,6 +297,12 @@ static void openmp_body(void *arg)
 }
 
 void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
+{
+    rfi_parallel_for_ordered(n, grain, body, ctx, false);
+}
+
+void rfi_parallel_for_ordered(int64_t n, int64_t grain, rfi_range_fn body, void *ctx,
+                              bool backwards)
 {
     if (n <= 0)
         return;
@@ -315,7 +326,7 @@ void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
         if (team > MAX_DEAL_BLOCKS)
             team = MAX_DEAL_BLOCKS;
         openmp_job job = {.api = api, .body = body, .ctx = ctx};
-        deal_init(&job.deal, n, chunks, team);
+        deal_init(&job.deal, n, chunks, team, backwards);
         api->parallel(openmp_body, &job, (unsigned)team, 0);
         return;
     }
@@ -330,6 +341,7 @@ void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
     p->ctx = ctx;
     p->n = n;
     p->chunks = chunks;
+    p->backwards = backwards;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     uint32_t gen = ++p->generation;
     if (gen == 0) /* workers start having seen generation 0 */

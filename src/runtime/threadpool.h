@@ -48,5 +48,12 @@ RFI_FUNC int rfi_threadpool_size(void);
  * With one chunk (n < 2 * grain, a pool of one, or a busy pool) body(ctx, 0,
  * n) runs inline. n <= 0 does nothing. */
 RFI_FUNC void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx);
+/* The same, with each thread running its share of the chunks last first when
+ * `backwards`. The chunks are the same either way. A caller that streams more
+ * data than a core's cache holds, call after call, alternates the direction:
+ * the lines the last call read are then the first read again, while they are
+ * still in the cache. */
+RFI_FUNC void rfi_parallel_for_ordered(int64_t n, int64_t grain, rfi_range_fn body, void *ctx,
+                                       bool backwards);
 
 #endif

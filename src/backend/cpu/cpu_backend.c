@@ -473,6 +473,7 @@ static rf_status cpu_run(void *state, const rfi_graph *g, const rfi_run_io *io)
         s->buffers[b++] = io->captures[i];
     for (int i = 0; i < g->n_outputs; i++)
         s->buffers[b++] = io->outputs[i];
+    rfi_cpu_services_start_run(s->services);
     int failed = s->entry(&s->table, s->buffers);
     if (failed) {
         for (int i = 0; scratch && i < g->n_outputs + g->n_updates; i++)

@@ -124,13 +124,26 @@ struct rfi_cpu_services {
     int n_shared;
     size_t shared_bytes;
     rfi_arena mem; /* the per-step arrays */
+    /* The generated loops of this run go over their chunks last first
+     * (rfi_parallel_for_ordered): flipped at each run unless
+     * RF_ALTERNATE_ORDER=0, so that a step that streams more than the cores'
+     * caches hold (a batch-1 forward reading its weights) finds the part the
+     * last run read latest still cached. */
+    bool backwards;
+    bool alternate;
 };
 
 void rfi_cpu_services_parallel_for(void *rt, int64_t n, int64_t grain,
                                    void (*body)(void *ctx, int64_t lo, int64_t hi), void *ctx)
 {
-    (void)rt;
-    rfi_parallel_for(n, grain, body, ctx);
+    const rfi_cpu_services *s = rt;
+    rfi_parallel_for_ordered(n, grain, body, ctx, s && s->backwards);
+}
+
+void rfi_cpu_services_start_run(rfi_cpu_services *s)
+{
+    if (s && s->alternate)
+        s->backwards = !s->backwards;
 }
 
 /* Gives OpenMP (oneDNN's threads) `threads` on the calling thread: the
@@ -689,6 +702,8 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     s->plan = p;
     s->n_steps = p->n_steps;
     s->threads = rfi_threadpool_size();
+    const char *alternate = getenv("RF_ALTERNATE_ORDER");
+    s->alternate = !(alternate && strcmp(alternate, "0") == 0);
     s->steps = rfi_arena_alloc(&s->mem, ((size_t)p->n_steps + 1) * sizeof *s->steps);
     rf_status st = s->steps ? create_library(s)
                             : rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");

@@ -38,10 +38,14 @@ RFI_FUNC rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services 
 /* module_abi.h's `call`: runs CALL step `step` on the buffer table (rt is the
  * rfi_cpu_services). 0 on success; otherwise non-zero with rfi_error set. */
 RFI_FUNC int rfi_cpu_services_call(void *rt, int step, void *const *buffers);
-/* module_abi.h's `parallel_for` (rt unused: the pool is process-wide). */
+/* module_abi.h's `parallel_for` (rt: the rfi_cpu_services, or NULL), over the
+ * process-wide pool, in the direction of the current run. */
 RFI_FUNC void rfi_cpu_services_parallel_for(void *rt, int64_t n, int64_t grain,
                                             void (*body)(void *ctx, int64_t lo, int64_t hi),
                                             void *ctx);
+/* Called before each run of the module: alternates the direction in which
+ * parallel_for's threads take their chunks, run to run (services.c). */
+RFI_FUNC void rfi_cpu_services_start_run(rfi_cpu_services *s);
 /* Fills the table a module's entry point receives. */
 RFI_FUNC void rfi_cpu_services_table(rfi_cpu_services *s, rf_module_services *table);
 RFI_FUNC void rfi_cpu_services_free(rfi_cpu_services *s);
