@@ -1103,6 +1103,46 @@ static void test_multi_root(void)
     rfi_free(xd);
 }
 
+/* A loop of 8192 points runs inline when each point is a few plain ops, and
+ * through parallel_for when each is a GELU's gradient (a tanh and two dozen
+ * products): a point counts as much as its work (render_c.c, point_cost). */
+static void test_costed_parallel(void)
+{
+    targ a[2] = {{RF_F32, 2, {64, 128}}, {RF_F32, 2, {64, 128}}};
+    for (int heavy = 0; heavy < 2; heavy++) {
+        rfi_graph *g = g_new(a, 2);
+        rfi_node *x = g_arg(g, 0), *d = g_arg(g, 1);
+        rfi_node *y = bin(g, RFI_OP_ADD, bin(g, RFI_OP_MUL, x, d), x);
+        if (heavy) {
+            rfi_node *x3 = bin(g, RFI_OP_MUL, bin(g, RFI_OP_MUL, x, x), x);
+            rfi_node *t = un(g, RFI_OP_TANH, bin(g, RFI_OP_ADD, x, x3));
+            rfi_node *tt = bin(g, RFI_OP_MUL, t, t);
+            for (int k = 0; k < 8; k++)
+                y = bin(g, RFI_OP_MUL, bin(g, RFI_OP_SUB, y, tt), bin(g, RFI_OP_ADD, t, d));
+        }
+        CHECK_OK(rfi_graph_add_output(g, y));
+        plan_opts o = {0};
+        rfi_plan *p = hand_plan(g, &o);
+        float *xd = rfi_malloc(8192 * sizeof(float)), *dd = rfi_malloc(8192 * sizeof(float));
+        for (int i = 0; i < 8192; i++) {
+            xd[i] = (float)((i % 97) * 0.02 - 1.0);
+            dd[i] = (float)((i % 13) * 0.05 - 0.3);
+        }
+        const void *args[2] = {xd, dd};
+        const char *labels[] = {heavy ? "costed gelu-like" : "costed plain"};
+        tol tols[] = {ULPS};
+        check_program(g, p, args, labels, tols);
+        module m;
+        if (build(p, &m, NULL))
+            CHECK((strstr(m.source, "s->parallel_for(s->rt, 8192,") != NULL) == heavy);
+        module_free(&m);
+        hand_plan_free(p);
+        rfi_graph_free(g);
+        rfi_free(xd);
+        rfi_free(dd);
+    }
+}
+
 /* Reductions whose one reader is an elementwise root of their shape compute
  * that root after their fold (REDUCE epilogues, fuse.c), never storing the
  * reduction: against the interpreter, and the plan's form. Reductions with a
@@ -1937,6 +1977,7 @@ int main(void)
     test_dot_unrolled(40, 2001);
     test_dot_unrolled(784, 300);
     test_multi_root();
+    test_costed_parallel();
     test_reduce_epilogues();
     test_updates(true);
     test_updates(false);

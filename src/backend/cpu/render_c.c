@@ -964,8 +964,41 @@ static void call_pooled_conv(rfi_render *R, const rfi_kir_module *m, int i)
     rfi_free(base_used);
 }
 
+/* What computing one point of k costs, in units of a plain elementwise op
+ * (at least 1): a math function's vector variant (libmvec) or a double
+ * division costs about as much as a dozen adds. */
+static int64_t point_cost(const rfi_kir_kernel *k)
+{
+    int64_t cost = 0;
+    for (int i = 0; i < k->n_ins; i++) {
+        const rfi_kir_ins *x = &k->ins[i];
+        if (x->op != RFI_KIR_UNARY && x->op != RFI_KIR_BINARY)
+            continue;
+        switch (x->ir_op) {
+        case RFI_OP_EXP:
+        case RFI_OP_EXPM1:
+        case RFI_OP_LOG:
+        case RFI_OP_LOG1P:
+        case RFI_OP_TANH:
+        case RFI_OP_LOGISTIC:
+        case RFI_OP_SIN:
+        case RFI_OP_COS:
+        case RFI_OP_POW:
+        case RFI_OP_REM:
+        case RFI_OP_RSQRT:
+        case RFI_OP_DIV: cost += 12; break;
+        default: cost += 1; break;
+        }
+    }
+    return cost > 0 ? cost : 1;
+}
+
 /* A kernel's block in the entry point: its ctx, then the kernel, through
- * parallel_for when large; a split reduction's partials live in the block. */
+ * parallel_for when large; a split reduction's partials live in the block.
+ * "Large" counts the points times their cost over REFERENCE_COST, so that a
+ * small loop of heavy points (a GELU's gradient: a tanh and two dozen
+ * products) is shared by the threads too. */
+#define REFERENCE_COST 4
 static void call_kernel(rfi_render *R, const rfi_kir_kernel *k, const rfi_kir_kernel *fn)
 {
     char kname[64];
@@ -984,6 +1017,9 @@ static void call_kernel(rfi_render *R, const rfi_kir_kernel *k, const rfi_kir_ke
     put(R->sb, "};\n");
     int64_t outer = k->rank ? k->dims[0] : 1;
     int64_t total = rfi_numel(k->dims, k->rank) * rfi_numel(k->red_dims, k->red_rank);
+    int64_t cost = point_cost(k);
+    if (cost > REFERENCE_COST && total <= INT64_MAX / cost)
+        total = total * cost / REFERENCE_COST;
     if (sc.form == RFI_SCHED_SPLIT) {
         putf(R->sb, "        s->parallel_for(s->rt, %lld, 1, %s, &c);\n",
                       (long long)sc.chunks, kname);

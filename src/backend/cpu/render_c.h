@@ -32,7 +32,8 @@ static inline void putf(rfi_strbuf *sb, const char *fmt, ...)
 }
 
 /* Kernels with more elements than this run through parallel_for, in chunks of at
- * least RFI_PARALLEL_CHUNK elements. */
+ * least RFI_PARALLEL_CHUNK elements; an element whose computation costs more
+ * than a few plain ops counts as several (render_c.c, point_cost). */
 #define RFI_PARALLEL_MIN 32768
 #define RFI_PARALLEL_CHUNK 16384
 
