@@ -477,8 +477,7 @@ static int reduce_consumer(rfi_plan_builder *b, int r, rfi_intlist *stack)
     return found;
 }
 
-/* Ops a renderer computes by calling a math library function. */
-static bool calls_math(rfi_op op)
+bool rfi_op_calls_math(rfi_op op)
 {
     switch (op) {
     case RFI_OP_EXP:
@@ -508,10 +507,10 @@ static bool walk_step(rfi_plan_builder *b, const int *roots, int n_roots, rfi_in
 static bool arithmetic_epilogue(rfi_plan_builder *b, int l, rfi_intlist *fused)
 {
     fused->n = 0;
-    if (!walk_step(b, &l, 1, NULL, fused) || calls_math(b->g->nodes[l]->op))
+    if (!walk_step(b, &l, 1, NULL, fused) || rfi_op_calls_math(b->g->nodes[l]->op))
         return false;
     for (int i = 0; i < fused->n; i++)
-        if (calls_math(b->g->nodes[fused->v[i]]->op))
+        if (rfi_op_calls_math(b->g->nodes[fused->v[i]]->op))
             return false;
     return true;
 }

@@ -248,6 +248,10 @@ typedef struct rfi_plan_opts {
     bool concurrent_calls;
 } rfi_plan_opts;
 
+/* Whether renderers compute op by calling a math library function (fuse.c):
+ * the planner keeps such ops out of kernel forms that compute a point at a
+ * time, and the C renderer counts them as heavy points (render_c.c). */
+RFI_FUNC bool rfi_op_calls_math(rfi_op op);
 RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);
 /* Builds the plan (fusion + memory planning) for a verified program. */
 RFI_FUNC rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan **out);

@@ -965,8 +965,8 @@ static void call_pooled_conv(rfi_render *R, const rfi_kir_module *m, int i)
 }
 
 /* What computing one point of k costs, in units of a plain elementwise op
- * (at least 1): a math function's vector variant (libmvec) or a double
- * division costs about as much as a dozen adds. */
+ * (at least 1): a math function's vector variant (libmvec), a division or an
+ * rsqrt (computed in double) costs about as much as a dozen adds. */
 static int64_t point_cost(const rfi_kir_kernel *k)
 {
     int64_t cost = 0;
@@ -974,21 +974,9 @@ static int64_t point_cost(const rfi_kir_kernel *k)
         const rfi_kir_ins *x = &k->ins[i];
         if (x->op != RFI_KIR_UNARY && x->op != RFI_KIR_BINARY)
             continue;
-        switch (x->ir_op) {
-        case RFI_OP_EXP:
-        case RFI_OP_EXPM1:
-        case RFI_OP_LOG:
-        case RFI_OP_LOG1P:
-        case RFI_OP_TANH:
-        case RFI_OP_LOGISTIC:
-        case RFI_OP_SIN:
-        case RFI_OP_COS:
-        case RFI_OP_POW:
-        case RFI_OP_REM:
-        case RFI_OP_RSQRT:
-        case RFI_OP_DIV: cost += 12; break;
-        default: cost += 1; break;
-        }
+        bool heavy = rfi_op_calls_math(x->ir_op) || x->ir_op == RFI_OP_DIV ||
+                     x->ir_op == RFI_OP_RSQRT;
+        cost += heavy ? 12 : 1;
     }
     return cost > 0 ? cost : 1;
 }
