@@ -855,6 +855,19 @@ static void test_pool_inline_and_nested(void)
     CHECK(fail_a == 0 && fail_b == 0);
 }
 
+/* Waits (up to 10 s, in 1 ms naps) until *count reaches target; false if it
+ * never did. */
+static bool wait_for_count(atomic_int *count, int target)
+{
+    for (int waited_ms = 0; atomic_load(count) < target; waited_ms++) {
+        if (waited_ms == 10000)
+            return false;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return true;
+}
+
 typedef struct claim_job {
     atomic_int done;      /* chunks finished, the first one not counted */
     atomic_int chunks;    /* chunks run */
@@ -873,14 +886,8 @@ static void claim_body(void *ctx, int64_t lo, int64_t hi)
         atomic_fetch_add(&j->done, 1);
         return;
     }
-    for (int waited_ms = 0; atomic_load(&j->done) < chunks - 1; waited_ms++) {
-        if (waited_ms == 10000) {
-            atomic_store(&j->gave_up, true);
-            return;
-        }
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
+    if (!wait_for_count(&j->done, (int)chunks - 1))
+        atomic_store(&j->gave_up, true);
 }
 
 /* A thread held up in one chunk does not hold up the rest of the range: the
@@ -922,14 +929,8 @@ static void order_body(void *ctx, int64_t lo, int64_t hi)
         return;
     last_order_job = j->job;
     atomic_fetch_add(&j->arrived, 1);
-    for (int waited_ms = 0; atomic_load(&j->arrived) < j->threads; waited_ms++) {
-        if (waited_ms == 10000) {
-            atomic_store(&j->gave_up, true);
-            return;
-        }
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
+    if (!wait_for_count(&j->arrived, j->threads))
+        atomic_store(&j->gave_up, true);
 }
 
 /* A backwards run cuts the same chunks and each thread starts from the end
