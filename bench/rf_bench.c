@@ -170,6 +170,24 @@ static rf_model *cnn_model(void)
                     rf_dense(128, 10, RF_ACT_IDENTITY));
 }
 
+/* A transformer's feed-forward half: pre-norm residual blocks of LayerNorm, Dense 256 =>
+ * 1024 gelu, Dense 1024 => 256, between an input and an output layer. */
+enum { FFN_WIDTH = 256, FFN_BLOCKS = 4 };
+
+static rf_model *ffn_model(void)
+{
+    rf_model *layers[FFN_BLOCKS + 2];
+    layers[0] = rf_dense(784, FFN_WIDTH, RF_ACT_RELU);
+    for (int i = 1; i <= FFN_BLOCKS; i++) {
+        rf_model *norm = rf_layernorm(FFN_WIDTH);
+        rf_model *up = rf_dense(FFN_WIDTH, 4 * FFN_WIDTH, RF_ACT_GELU);
+        rf_model *down = rf_dense(4 * FFN_WIDTH, FFN_WIDTH, RF_ACT_IDENTITY);
+        layers[i] = rf_skip(rf_chain(norm, up, down), RF_COMBINE_ADD);
+    }
+    layers[FFN_BLOCKS + 1] = rf_dense(FFN_WIDTH, 10, RF_ACT_IDENTITY);
+    return rf_chain_n(layers, FFN_BLOCKS + 2);
+}
+
 enum { RESNET_WIDTH = 8 }; /* examples/resnet.c --width 8 (its default is 16) */
 
 static rf_model *resnet_bench_model(void) { return resnet_model(RESNET_WIDTH); }
@@ -215,7 +233,7 @@ static void train_case_free(train_case *c)
     rf_array_free(c->batch[1]);
 }
 
-/* Builds the training case `name` (tiny, mlp, cnn, resnet): 0 on success. */
+/* Builds the training case `name` (tiny, mlp, cnn, ffn, resnet): 0 on success. */
 static int train_case_new(const char *name, train_case *c)
 {
     memset(c, 0, sizeof *c);
@@ -235,6 +253,10 @@ static int train_case_new(const char *name, train_case *c)
         c->model = device_model(cnn_model);
         c->batch[0] = random_input((int64_t[]){64, 1, 28, 28}, 4, 31);
         c->batch[1] = random_labels(64, 32);
+    } else if (!strcmp(name, "ffn")) {
+        c->model = device_model(ffn_model);
+        c->batch[0] = random_input((int64_t[]){128, 784}, 2, 51);
+        c->batch[1] = random_labels(128, 52);
     } else if (!strcmp(name, "resnet")) {
         c->model = device_model(resnet_bench_model);
         c->batch[0] = random_input((int64_t[]){128, 1, 28, 28}, 4, 41);
@@ -370,6 +392,7 @@ static const workload WORKLOADS[] = {
     {"tiny", WL_TRAIN, "tiny", 0},
     {"mlp", WL_TRAIN, "mlp", 0},
     {"cnn", WL_TRAIN, "cnn", 0},
+    {"ffn", WL_TRAIN, "ffn", 0},
     {"resnet", WL_TRAIN, "resnet", 0},
     {"infer1", WL_INFER, NULL, 1},
     {"infer1024", WL_INFER, NULL, 1024},

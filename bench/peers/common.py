@@ -23,12 +23,13 @@ import tempfile
 import time
 
 WORKLOADS = [
-    "tiny", "mlp", "cnn", "resnet", "infer1", "infer1024",
+    "tiny", "mlp", "cnn", "ffn", "resnet", "infer1", "infer1024",
     "compile_mlp_cold", "compile_mlp_warm", "compile_resnet_cold", "compile_resnet_warm",
 ]
 MIN_TIMED_STEPS = 3
 COMPILE_SETTLE_STEPS = 3
 RESNET_WIDTH = 8  # examples/resnet.c --width 8 (its default is 16)
+FFN_WIDTH, FFN_BLOCKS = 256, 4  # bench/rf_bench.c's ffn model
 
 
 def num_threads():

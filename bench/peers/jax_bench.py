@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 MODES = ["jit"]
-BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "resnet": 128}
+BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "ffn": 128, "resnet": 128}
 
 
 def model_of(workload):
@@ -58,6 +58,10 @@ class Builder:
         self.params[name + ".w"] = init(self._next_key(), (cout, cin, k, k), self.jnp.float32)
         if bias:
             self.params[name + ".b"] = self.jnp.zeros((cout,), self.jnp.float32)
+
+    def ln(self, name, c):
+        self.params[name + ".g"] = self.jnp.ones((c,), self.jnp.float32)
+        self.params[name + ".b"] = self.jnp.zeros((c,), self.jnp.float32)
 
     def bn(self, name, c):
         self.params[name + ".g"] = self.jnp.ones((c,), self.jnp.float32)
@@ -94,6 +98,12 @@ def layers(jax):
     return dense, conv, maxpool2, bn
 
 
+def layernorm(jax, p, name, x, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = x.var(axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * p[name + ".g"] + p[name + ".b"]
+
+
 def build(jax, name):
     """(params, state, apply(params, state, x) -> (y, new_state))."""
     jnp = jax.numpy
@@ -111,6 +121,19 @@ def build(jax, name):
         def apply(p, s, x):
             h = relu(dense(p, "d2", relu(dense(p, "d1", x))))
             return dense(p, "d3", h), s
+    elif name == "ffn":
+        w, blocks = common.FFN_WIDTH, common.FFN_BLOCKS
+        b.dense("in", 784, w), b.dense("out", w, 10)
+        for i in range(blocks):
+            b.ln("ln%d" % i, w), b.dense("up%d" % i, w, 4 * w), b.dense("down%d" % i, 4 * w, w)
+
+        def apply(p, s, x):
+            h = relu(dense(p, "in", x))
+            for i in range(blocks):
+                u = jax.nn.gelu(dense(p, "up%d" % i, layernorm(jax, p, "ln%d" % i, h)),
+                                approximate=True)
+                h = h + dense(p, "down%d" % i, u)
+            return dense(p, "out", h), s
     elif name == "cnn":
         b.conv("c1", 1, 32, 3), b.conv("c2", 32, 64, 3)
         b.dense("d1", 1600, 128), b.dense("d2", 128, 10)
@@ -149,7 +172,7 @@ def data(jax, name, n):
     k1, k2 = jax.random.split(jax.random.PRNGKey(1))
     if name == "tiny":
         return jax.random.normal(k1, (n, 4)), jax.random.normal(k2, (n, 2))
-    shape = (n, 784) if name == "mlp" else (n, 1, 28, 28)
+    shape = (n, 784) if name in ("mlp", "ffn") else (n, 1, 28, 28)
     return jax.random.normal(k1, shape), jax.random.randint(k2, (n,), 0, 10, jax.numpy.int32)
 
 

@@ -38,7 +38,24 @@ def build_model(nn, name):
         return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                              nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
+    if name == "ffn":
+        return ffn(nn, common.FFN_WIDTH, common.FFN_BLOCKS)
     return resnet(nn, common.RESNET_WIDTH)
+
+
+def ffn(nn, width, blocks):
+    """rf_bench.c's ffn model: pre-norm residual blocks of LayerNorm, Linear, tanh-GELU, Linear."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 4 * width),
+                                      nn.GELU(approximate="tanh"), nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            return x + self.body(x)
+
+    return nn.Sequential(nn.Linear(784, width), nn.ReLU(), *[Block() for _ in range(blocks)],
+                         nn.Linear(width, 10))
 
 
 def resnet(nn, c):
@@ -72,7 +89,7 @@ def glorot(nn, model):
                 nn.init.zeros_(m.bias)
 
 
-BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "resnet": 128}
+BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "ffn": 128, "resnet": 128}
 
 
 def model_of(workload):
@@ -92,7 +109,7 @@ def training(torch, workload, mode):
     if name == "tiny":
         x, y, loss_fn, lr = torch.randn(n, 4), torch.randn(n, 2), F.mse_loss, 1e-2
     else:
-        shape = (n, 784) if name == "mlp" else (n, 1, 28, 28)
+        shape = (n, 784) if name in ("mlp", "ffn") else (n, 1, 28, 28)
         x, y, loss_fn, lr = torch.randn(*shape), torch.randint(0, 10, (n,)), F.cross_entropy, 1e-3
     if mode == "script":
         model = torch.jit.script(model)
