@@ -64,8 +64,7 @@ class Builder:
         self.params[name + ".b"] = self.jnp.zeros((c,), self.jnp.float32)
 
     def bn(self, name, c):
-        self.params[name + ".g"] = self.jnp.ones((c,), self.jnp.float32)
-        self.params[name + ".b"] = self.jnp.zeros((c,), self.jnp.float32)
+        self.ln(name, c)  # the same scale and shift
         self.state[name + ".mean"] = self.jnp.zeros((c,), self.jnp.float32)
         self.state[name + ".var"] = self.jnp.ones((c,), self.jnp.float32)
 
