@@ -1656,6 +1656,57 @@ static void test_sibling_reductions(void)
     rfi_free(rd);
 }
 
+/* Sibling sums over the leading axis (LayerNorm's scale and shift gradients)
+ * split from 4096 points on, though below the parallel size: [128,256] is
+ * split, [16,64] stays plain. Against the interpreter. */
+static void test_small_sibling_split(void)
+{
+    static const int64_t rows[] = {0};
+    const int64_t shapes[2][2] = {{128, 256}, {16, 64}};
+    for (int big = 0; big < 2; big++) {
+        const int64_t *d = shapes[!big];
+        targ a[2] = {{RF_F32, 2, {d[0], d[1]}}, {RF_F32, 2, {d[0], d[1]}}};
+        rfi_graph *g = g_new(a, 2);
+        rfi_node *x = g_arg(g, 0), *dy = g_arg(g, 1);
+        rfi_node *ys[2] = {reduce(g, dy, RF_REDUCE_SUM, rows, 1),
+                           reduce(g, bin(g, RFI_OP_MUL, dy, x), RF_REDUCE_SUM, rows, 1)};
+        for (int i = 0; i < 2; i++)
+            CHECK_OK(rfi_graph_add_output(g, ys[i]));
+        int64_t n = d[0] * d[1];
+        float *xd = rfi_malloc((size_t)n * sizeof *xd), *dyd = rfi_malloc((size_t)n * sizeof *dyd);
+        for (int64_t i = 0; i < n; i++) {
+            xd[i] = (float)((i * 7919 % 2001) - 1000) * 1e-3f;
+            dyd[i] = (float)((i * 7907 % 1999) - 999) * 1e-3f;
+        }
+        const void *args[2] = {xd, dyd};
+        const char *labels[2] = {big ? "split sum dy" : "plain sum dy",
+                                 big ? "split sum dy*x" : "plain sum dy*x"};
+        const tol tols[2] = {SUM, SUM};
+        rfi_plan_opts o = rfi_plan_opts_default();
+        o.matmul_call_min_flops = INT64_MAX;
+        rfi_plan *p = NULL;
+        CHECK_OK(rfi_plan_build(g, &o, &p));
+        rfi_kir_module *km = NULL;
+        module m;
+        if (p && build(p, &m, &km)) {
+            const rfi_kir_kernel *k = kernel_storing(km, ys[0]);
+            CHECK(k && k == kernel_storing(km, ys[1]) && k->n_folds == 2);
+            if (k) {
+                CHECK(kernel_has(m.source, k, "accs1[") == big);
+                CHECK(kernel_has(m.source, k, "reduction(+:acc, acc1)") == !big);
+            }
+            module_free(&m);
+        }
+        rfi_kir_free(km);
+        if (p)
+            check_program(g, p, args, labels, tols);
+        rfi_plan_free(p);
+        rfi_graph_free(g);
+        rfi_free(xd);
+        rfi_free(dyd);
+    }
+}
+
 /* Shared functions (render_c.c) and rebased offsets (rfi_kir_rebase): 36
  * kernels, each exp(x[i : i + len]) * 2 + 1 for its own i, read x through a
  * base moved up by i elements and run the first one's function; one with
@@ -1948,6 +1999,7 @@ int main(void)
     test_coalesce();
     test_split_reductions();
     test_sibling_reductions();
+    test_small_sibling_split();
     test_windows();
     test_split_division();
     test_shared_functions(2000);

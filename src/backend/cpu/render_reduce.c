@@ -53,6 +53,11 @@
  * live on the entry point's stack: 16 KB of doubles). */
 #define SPLIT_CHUNKS 16
 #define SPLIT_ACCS 2048
+/* Sibling folds have no interchanged form, and plain they stride through
+ * memory once per kept point: they split from this many points on, below
+ * the parallel size (LayerNorm's scale and shift gradients over [128,256]:
+ * 14-17 us split against 55-67 plain). */
+#define SIBLING_SPLIT_MIN 4096
 
 static int64_t loop_extent(const rfi_kir_kernel *k, int var)
 {
@@ -117,7 +122,8 @@ static int64_t split_chunks(const rfi_kir_kernel *k, const bool *live)
         (k->red_kind == RF_REDUCE_PROD && rfi_dtype_is_float(k->acc_dtype)))
         return 0;
     int64_t kept = rfi_numel(k->dims, k->rank);
-    if (kept * rfi_numel(k->red_dims, k->red_rank) <= RFI_PARALLEL_MIN ||
+    int64_t min_points = k->n_folds > 1 ? SIBLING_SPLIT_MIN : RFI_PARALLEL_MIN;
+    if (kept * rfi_numel(k->red_dims, k->red_rank) <= min_points ||
         !outermost_in_memory(k, live, k->rank))
         return 0;
     int64_t chunks = SPLIT_ACCS / (kept * k->n_folds);
