@@ -524,8 +524,8 @@ static bool takes_reduce_epilogue(rfi_plan_builder *b, int l, rfi_intlist *scrat
            arithmetic_epilogue(b, l, scratch);
 }
 
-/* The fields sibling_reductions compares, as one key: kind, result and
- * operand types, reduced axes. Returns its length. */
+/* What makes two reductions siblings (sibling_reductions), as one key:
+ * kind, result and operand types and dims, reduced axes. Returns its length. */
 #define FORM_KEY_MAX (4 + 3 * RF_MAX_RANK)
 static int reduction_form(const rfi_node *n, int64_t *key)
 {
@@ -951,15 +951,8 @@ static const rfi_node *loop_shape(const rfi_plan_builder *b, int x)
  * fold both. Results of rank <= 2 only: they keep the plain layout. */
 static bool sibling_reductions(const rfi_node *a, const rfi_node *b)
 {
-    if (a->op != RFI_OP_REDUCE || b->op != RFI_OP_REDUCE || a->attr.i[0] != b->attr.i[0] ||
-        a->dtype != b->dtype || !same_dims(a, b) || a->rank > 2 ||
-        a->in[0]->dtype != b->in[0]->dtype || !same_dims(a->in[0], b->in[0]) ||
-        a->attr.nl[0] != b->attr.nl[0])
-        return false;
-    for (int i = 0; i < a->attr.nl[0]; i++)
-        if (a->attr.l[0][i] != b->attr.l[0][i])
-            return false;
-    return true;
+    return a->op == RFI_OP_REDUCE && b->op == RFI_OP_REDUCE && a->rank <= 2 &&
+           compare_reduction_forms(&a, &b) == 0;
 }
 
 /* Whether root x could run in step st: a LOOP root in a LOOP step of its
