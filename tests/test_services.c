@@ -276,12 +276,14 @@ typedef struct dot_case {
     int64_t lb[RF_MAX_RANK], rbat[RF_MAX_RANK], lc[RF_MAX_RANK], rc[RF_MAX_RANK];
 } dot_case;
 
-static case_result run_dot(const dot_case *c, rf_dtype dt, bool in_arena)
+static case_result run_dot_at(const dot_case *c, rf_dtype dt, bool in_arena,
+                              rf_precision precision)
 {
     operand_spec spec[2] = {{dt, c->ra, {0}}, {dt, c->rb, {0}}};
     memcpy(spec[0].dims, c->a, sizeof c->a);
     memcpy(spec[1].dims, c->b, sizeof c->b);
     rfi_attrs at = {0};
+    at.i[0] = precision;
     at.nl[0] = at.nl[1] = c->nbatch;
     at.nl[2] = at.nl[3] = c->ncontract;
     for (int k = 0; k < c->nbatch; k++) {
@@ -301,9 +303,12 @@ static case_result run_dot(const dot_case *c, rf_dtype dt, bool in_arena)
     return r;
 }
 
-static void test_matmul(void)
+static case_result run_dot(const dot_case *c, rf_dtype dt, bool in_arena)
 {
-    static const dot_case cases[] = {
+    return run_dot_at(c, dt, in_arena, RF_PRECISION_F32);
+}
+
+static const dot_case matmul_cases[] = {
         {"plain", 2, 2, {5, 7}, {7, 3}, 0, 1, {0}, {0}, {1}, {0}},
         {"lhs transposed", 2, 2, {7, 5}, {7, 3}, 0, 1, {0}, {0}, {0}, {0}},
         {"rhs transposed", 2, 2, {5, 7}, {3, 7}, 0, 1, {0}, {0}, {1}, {1}},
@@ -330,8 +335,13 @@ static void test_matmul(void)
         {"mlp input grad", 2, 2, {128, 64}, {96, 64}, 0, 1, {0}, {0}, {1}, {1}},
         {"empty M", 2, 2, {0, 7}, {7, 3}, 0, 1, {0}, {0}, {1}, {0}},
         {"empty K", 2, 2, {5, 0}, {0, 3}, 0, 1, {0}, {0}, {1}, {0}},
-    };
-    int n = (int)(sizeof cases / sizeof cases[0]);
+};
+enum { N_MATMUL_CASES = sizeof matmul_cases / sizeof matmul_cases[0] };
+
+static void test_matmul(void)
+{
+    const dot_case *cases = matmul_cases;
+    int n = N_MATMUL_CASES;
     double worst = 0;
     for (int k = 0; k < n; k++) {
         case_result r = run_dot(&cases[k], RF_F32, k % 2 == 0);
@@ -361,6 +371,38 @@ static void test_matmul(void)
     CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
     r = run_dot(&cases[1], RF_I32, false);
     CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
+}
+
+/* RF_PRECISION_BF16 in every form, against the reference kernel, which rounds
+ * the operands too: a call that skipped the rounding would be some 2^-9
+ * apart, far above the 1e-5 of run_case. Each form runs with the bf16
+ * kernels where this CPU has them, and with RF_BF16_KERNELS=0 (f32 kernels
+ * over rounded operands) everywhere; strided views are converted in place,
+ * others packed. */
+static void test_matmul_bf16(void)
+{
+    int with_isa = 0, in_place = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            setenv("RF_BF16_KERNELS", "0", 1);
+        for (int k = 0; k < N_MATMUL_CASES; k++) {
+            case_result r = run_dot_at(&matmul_cases[k], RF_F32, k % 2 == 0, RF_PRECISION_BF16);
+            CHECK(r.kind == RFI_CALL_MATMUL);
+            bool empty = strncmp(matmul_cases[k].name, "empty", 5) == 0;
+            bool isa = strncmp(r.path, "matmul bf16", 11) == 0 && !strstr(r.path, "rounded");
+            bool rounded = strncmp(r.path, "matmul bf16-rounded", 19) == 0;
+            CHECK(empty || isa || rounded);
+            CHECK(pass == 0 || !isa);
+            with_isa += isa;
+            in_place += (isa || rounded) && !strstr(r.path, "packed");
+            if (!empty && !isa && !rounded)
+                fprintf(stderr, "  case %s (bf16): path %s\n", matmul_cases[k].name, r.path);
+        }
+    }
+    unsetenv("RF_BF16_KERNELS");
+    CHECK(in_place > 0);
+    printf("matmul bf16: %d forms twice, %d with bf16 instructions, %d converted in place\n",
+           N_MATMUL_CASES, with_isa, in_place);
 }
 
 /* ---- CONV ------------------------------------------------------------------------------- */
@@ -1440,6 +1482,7 @@ int main(void)
     test_pool_order();
     test_preload_affinity(confined_child); /* loads oneDNN: the pool moves to OpenMP */
     test_matmul();
+    test_matmul_bf16();
     test_conv(NULL);
     test_conv("im2col");
     test_conv("forward");

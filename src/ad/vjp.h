@@ -94,9 +94,10 @@ RFI_FUNC rfi_node *rfi_ad_slice(rfi_graph *g, rfi_node *x, const int64_t *start,
 RFI_FUNC rfi_node *rfi_ad_pad(rfi_graph *g, rfi_node *x, rfi_node *v, const int64_t *lo,
                               const int64_t *hi, const int64_t *interior);
 RFI_FUNC rfi_node *rfi_ad_reverse(rfi_graph *g, rfi_node *x, const int64_t *axes, int naxes);
+/* A dot_general of the given precision (attr i[0], rf_precision). */
 RFI_FUNC rfi_node *rfi_ad_dot(rfi_graph *g, rfi_node *a, rfi_node *b, const int64_t *lb,
                               const int64_t *rb, int nb, const int64_t *lc, const int64_t *rc,
-                              int nc);
+                              int nc, int64_t precision);
 RFI_FUNC rfi_node *rfi_ad_gather(rfi_graph *g, rfi_node *x, rfi_node *idx, int64_t axis);
 RFI_FUNC rfi_node *rfi_ad_scatter_add(rfi_graph *g, rfi_node *x, rfi_node *idx, rfi_node *upd,
                                       int64_t axis);

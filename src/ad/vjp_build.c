@@ -240,10 +240,12 @@ rfi_node *rfi_ad_reverse(rfi_graph *g, rfi_node *x, const int64_t *axes, int nax
 }
 
 rfi_node *rfi_ad_dot(rfi_graph *g, rfi_node *a, rfi_node *b, const int64_t *lb,
-                     const int64_t *rb, int nb, const int64_t *lc, const int64_t *rc, int nc)
+                     const int64_t *rb, int nb, const int64_t *lc, const int64_t *rc, int nc,
+                     int64_t precision)
 {
     rfi_attrs at;
     memset(&at, 0, sizeof at);
+    at.i[0] = precision;
     set_list(&at, 0, lb, nb);
     set_list(&at, 1, rb, nb);
     set_list(&at, 2, lc, nc);

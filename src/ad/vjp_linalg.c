@@ -32,7 +32,8 @@ static int64_t rank_in(int64_t v, const int64_t *l, int n)
  * then a transpose puts self's dims back in place. */
 static rfi_node *dot_side_grad(rfi_graph *g, rfi_node *ct, rfi_node *other, const rfi_node *self,
                                const int64_t *sb, const int64_t *sc, const int64_t *ob,
-                               const int64_t *oc, int nb, int nc, bool self_is_lhs)
+                               const int64_t *oc, int nb, int nc, bool self_is_lhs,
+                               int64_t precision)
 {
     int64_t sf[RF_MAX_RANK] = {0}, of[RF_MAX_RANK] = {0};
     int nsf = rfi_dot_free_dims(self->rank, sb, nb, sc, nc, sf);
@@ -43,7 +44,7 @@ static rfi_node *dot_side_grad(rfi_graph *g, rfi_node *ct, rfi_node *other, cons
         ct_batch[i] = i;
     for (int i = 0; i < nof; i++)
         ct_contract[i] = other_free_at + i;
-    rfi_node *d = rfi_ad_dot(g, ct, other, ct_batch, ob, nb, ct_contract, of, nof);
+    rfi_node *d = rfi_ad_dot(g, ct, other, ct_batch, ob, nb, ct_contract, of, nof, precision);
     int64_t perm[RF_MAX_RANK];
     for (int i = 0; i < nb; i++)
         perm[sb[i]] = i;
@@ -59,10 +60,13 @@ rf_status rfi_vjp_dot_general(const rfi_vjp_args *a, rfi_node **gr)
     const rfi_attrs *at = &a->node->attr;
     const int64_t *lb = at->l[0], *rb = at->l[1], *lc = at->l[2], *rc = at->l[3];
     int nb = at->nl[0], nc = at->nl[2];
+    /* both backward products round as the forward one did (JAX's transpose rule) */
     if (a->want[0])
-        gr[0] = dot_side_grad(G, a->ct, a->in[1], a->in[0], lb, lc, rb, rc, nb, nc, true);
+        gr[0] = dot_side_grad(G, a->ct, a->in[1], a->in[0], lb, lc, rb, rc, nb, nc, true,
+                              at->i[0]);
     if (a->want[1])
-        gr[1] = dot_side_grad(G, a->ct, a->in[0], a->in[1], rb, rc, lb, lc, nb, nc, false);
+        gr[1] = dot_side_grad(G, a->ct, a->in[0], a->in[1], rb, rc, lb, lc, nb, nc, false,
+                              at->i[0]);
     return RF_OK;
 }
 

@@ -291,6 +291,8 @@ rf_status rfi_lower_reduce(lower *L, const rfi_step *st, const box *part)
         s = reduce_value(L, n, m, inner, &v);
     else if (n->op == RFI_OP_REDUCE_WINDOW)
         s = window_value(L, n, m, &v);
+    else if (n->op == RFI_OP_DOT_GENERAL && rfi_dot_bf16(n))
+        return rfi_lower_unsupported(L, n, "rounds its operands to bf16 (a matmul call's job)");
     else if (n->op == RFI_OP_DOT_GENERAL)
         s = dot_value(L, n, m, &v);
     else

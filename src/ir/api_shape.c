@@ -539,6 +539,8 @@ rf_tensor *rf_dot_general(rf_tensor *a, rf_tensor *b, const int64_t *lhs_batch,
         return NULL;
     attr.nl[0] = attr.nl[1] = nbatch;
     attr.nl[2] = attr.nl[3] = ncontract;
+    if (a->dtype == RF_F32) /* the others are exact whatever the setting */
+        attr.i[0] = a->g->matmul_precision;
     rfi_node *in[2] = {a, b};
     return rfi_node_new(a->g, RFI_OP_DOT_GENERAL, in, 2, &attr, a->dtype, NULL, 0);
 }

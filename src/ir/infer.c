@@ -532,6 +532,11 @@ static rf_status infer_dot_general(ictx *c)
     rf_status st = need_same_dtype(c, x, y);
     if (st != RF_OK || (st = need_not_bool(c, x)) != RF_OK)
         return st;
+    if (c->a->i[0] != RF_PRECISION_F32 &&
+        (c->a->i[0] != RF_PRECISION_BF16 || x->dtype != RF_F32))
+        return fail(c, RF_E_INVALID, "precision %lld is not %s for %s operands",
+                    (long long)c->a->i[0], x->dtype == RF_F32 ? "f32 (0) or bf16 (1)" : "f32 (0)",
+                    rf_dtype_name(x->dtype));
     int nb = c->a->nl[0], nc = c->a->nl[2];
     if (nb != c->a->nl[1] || nc != c->a->nl[3] || nb < 0 || nc < 0)
         return fail(c, RF_E_INVALID, "batch dims (%d, %d) or contracting dims (%d, %d) differ "
@@ -886,4 +891,9 @@ int64_t rfi_dot_macs(const rfi_node *dot)
     for (int i = 0; i < dot->attr.nl[2]; i++)
         k *= dot->in[0]->dims[dot->attr.l[2][i]];
     return rfi_node_numel(dot) * k;
+}
+
+bool rfi_dot_bf16(const rfi_node *dot)
+{
+    return dot->op == RFI_OP_DOT_GENERAL && dot->attr.i[0] == RF_PRECISION_BF16;
 }

@@ -37,7 +37,9 @@
  *                                              unique; removed from the result)
  *   ARGMAX / ARGMIN    x                       i[0] axis (removed; result i64)
  *   DOT_GENERAL        a, b                    l[0] lhs batch, l[1] rhs batch,
- *                                              l[2] lhs contract, l[3] rhs contract
+ *                                              l[2] lhs contract, l[3] rhs contract,
+ *                                              i[0] rf_precision (BF16: f32 operands
+ *                                              only; rfi_round_bf16 rounds them)
  *   CONVOLUTION        x [N,C,sp..], w [O,I,k..] l[0] stride, l[1] pad_lo, l[2] pad_hi,
  *                                              l[3] lhs_dilation, l[4] rhs_dilation
  *                                              (nspatial entries each),
@@ -211,6 +213,8 @@ struct rf_trace {
     int n_updates, cap_updates;
 
     int n_rng_streams;       /* next RNG stream id */
+    rf_precision matmul_precision; /* given to the f32 dot_generals built from now on
+                                      (rf_trace_set_matmul_precision); tracing only */
 
     rf_status status;        /* sticky: first error */
     char *errmsg;            /* its message (rfi_malloc) */
@@ -266,6 +270,8 @@ RFI_FUNC int rfi_dot_free_dims(int rank, const int64_t *a, int na, const int64_t
                                int64_t *out);
 /* A DOT_GENERAL's multiply-adds: result elements times contracted points. */
 RFI_FUNC int64_t rfi_dot_macs(const rfi_node *dot);
+/* Whether a DOT_GENERAL rounds its (f32) operands to bfloat16 first. */
+RFI_FUNC bool rfi_dot_bf16(const rfi_node *dot);
 RFI_FUNC size_t rfi_node_nbytes(const rfi_node *x);
 
 /* ---- Whole-graph services ------------------------------------------------------------ */

@@ -149,6 +149,8 @@ static void print_attrs(rfi_strbuf *sb, const rfi_node *x)
         print_list(sb, ", rhs_batch", a->l[1], a->nl[1]);
         print_list(sb, ", lhs_contract", a->l[2], a->nl[2]);
         print_list(sb, ", rhs_contract", a->l[3], a->nl[3]);
+        if (a->i[0] == RF_PRECISION_BF16)
+            rfi_sb_printf(sb, ", precision=bf16");
         break;
     case RFI_OP_CONVOLUTION:
         print_list(sb, "stride", a->l[0], a->nl[0]);

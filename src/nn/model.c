@@ -406,6 +406,8 @@ static uint64_t hash_tree(uint64_t h, const rf_model *m)
     if (m->config_size)
         h = rfi_hash_bytes(h, m->config, m->config_size);
     h = rfi_hash_u64(h, m->training ? 1 : 0);
+    /* unset is the trace's, which is F32 where models are traced for the cache */
+    h = rfi_hash_u64(h, m->sets_precision ? (uint64_t)m->matmul_precision : RF_PRECISION_F32);
     h = hash_arrays(h, m->params, m->n_params);
     h = hash_arrays(h, m->state, m->n_state);
     h = rfi_hash_u64(h, (uint64_t)m->n_children);
@@ -572,7 +574,12 @@ rf_tensor *rf_apply(rf_model *m, rf_tensor *x)
         rf_trace_fail(t, RF_E_INVALID, "rf_apply: model is NULL");
         return NULL;
     }
+    rf_precision outer = RF_PRECISION_F32;
+    if (m->sets_precision)
+        outer = rf_trace_set_matmul_precision(t, m->matmul_precision);
     rf_tensor *y = m->type->forward(m, x);
+    if (m->sets_precision)
+        rf_trace_set_matmul_precision(t, outer);
     if (!y) {
         if (rf_trace_status(t) == RF_OK) {
             char what[256];
@@ -625,6 +632,8 @@ static rf_model *copy_tree(const rf_model *m, rf_device *dev, const rf_to_opts *
     if (!c)
         return NULL;
     c->training = m->training;
+    c->sets_precision = m->sets_precision;
+    c->matmul_precision = m->matmul_precision;
     rf_status st = copy_arrays(c, m->params, m->n_params, true, dev, opts);
     if (st == RF_OK)
         st = copy_arrays(c, m->state, m->n_state, false, dev, opts);
@@ -672,6 +681,27 @@ void rf_testmode(rf_model *m)
 }
 
 bool rf_model_training(const rf_model *m) { return m && m->training; }
+
+/* ---- Matmul precision -------------------------------------------------------------------- */
+
+static void set_precision(rf_model *m, rf_precision p)
+{
+    m->sets_precision = true;
+    m->matmul_precision = p;
+    for (int i = 0; i < m->n_children; i++)
+        set_precision(m->children[i], p);
+}
+
+rf_status rf_model_set_matmul_precision(rf_model *m, rf_precision p)
+{
+    if (!m)
+        return rfi_error(RF_E_INVALID, "rf_model_set_matmul_precision: model is NULL");
+    if (!rf_precision_name(p))
+        return rfi_error(RF_E_INVALID, "rf_model_set_matmul_precision: precision %d is none "
+                         "of RF_PRECISION_F32 (0) and RF_PRECISION_BF16 (1)", (int)p);
+    set_precision(m, p);
+    return RF_OK;
+}
 
 /* ---- Optimiser links --------------------------------------------------------------------- */
 
@@ -793,7 +823,7 @@ rf_status rf_compile_model(rf_model *m, rf_array *x, rf_exec **out)
     rf_status st = check_model_device(m, x->device);
     if (st != RF_OK)
         return st;
-    rf_compile_opts opts = {x->device, m->type->name};
+    rf_compile_opts opts = {.device = x->device, .name = m->type->name};
     return rf_compile_with(trace_model, m, &x, 1, &opts, out);
 }
 

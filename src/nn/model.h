@@ -29,6 +29,8 @@ struct rf_model {
     int n_children, cap_children;
 
     bool training;
+    bool sets_precision;      /* rf_apply builds the layer's products with: */
+    rf_precision matmul_precision; /* (else with the trace's) */
     uint64_t uid;             /* unique per model object (never reused in a process) */
     rfi_step_cache *cache;    /* compiled steps and forwards cached for this tree
                                  (root only); freed with the model */
@@ -51,7 +53,7 @@ RFI_FUNC int rfi_model_collect_params(rf_model *m, rf_array ***out);
 /* rf_model_visit with every path "" (none is formatted): for per-step checks. */
 RFI_FUNC void rfi_model_each_array(rf_model *m, rf_array_visitor fn, void *ud);
 /* Structural hash of the tree: layer types, config bytes, array names,
- * dtypes and shapes, training flags. */
+ * dtypes and shapes, training flags, matmul precisions. */
 RFI_FUNC uint64_t rfi_model_structure_hash(const rf_model *m);
 /* Registers / unregisters an optimiser on a model (see `opts`). */
 RFI_FUNC rf_status rfi_model_attach_opt(rf_model *m, struct rf_opt *opt);

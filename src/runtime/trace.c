@@ -159,6 +159,28 @@ void rf_trace_fail(rf_trace *t, rf_status st, const char *fmt, ...)
 
 rf_status rf_trace_status(const rf_trace *t) { return t ? t->status : RF_E_INVALID; }
 
+const char *rf_precision_name(rf_precision p)
+{
+    switch (p) {
+    case RF_PRECISION_F32: return "f32";
+    case RF_PRECISION_BF16: return "bf16";
+    }
+    return NULL;
+}
+
+rf_precision rf_trace_set_matmul_precision(rf_trace *t, rf_precision p)
+{
+    if (!t)
+        return RF_PRECISION_F32;
+    rf_precision before = t->matmul_precision;
+    if (!rf_precision_name(p))
+        rfi_graph_fail(t, RF_E_INVALID, "rf_trace_set_matmul_precision: precision %d is none "
+                       "of RF_PRECISION_F32 (0) and RF_PRECISION_BF16 (1)", (int)p);
+    else
+        t->matmul_precision = p;
+    return before;
+}
+
 /* ---- Tensor accessors ------------------------------------------------------------------ */
 
 rf_trace *rf_tensor_trace(const rf_tensor *x) { return x ? x->g : NULL; }
@@ -244,10 +266,15 @@ static rf_status trace_fn(const char *op, rf_trace_fn fn, void *ctx, rf_array *c
         st = pick_device(op, args, nargs, opts, &dev);
     if (st != RF_OK)
         return st;
+    rf_precision precision = opts ? opts->matmul_precision : RF_PRECISION_F32;
+    if (!rf_precision_name(precision))
+        return rfi_error(RF_E_INVALID, "%s: matmul_precision %d is none of RF_PRECISION_F32 "
+                         "(0) and RF_PRECISION_BF16 (1)", op, (int)precision);
     const char *name = opts && opts->name ? opts->name : "program";
     rfi_graph *g = rfi_graph_new(dev, name);
     if (!g)
         return rfi_error(RF_E_NOMEM, "%s: out of memory creating the trace", op);
+    g->matmul_precision = precision;
 
     rf_dtype dtypes[1];
     rf_dtype *dt = nargs > 0 ? rfi_malloc((size_t)nargs * sizeof *dt) : dtypes;

@@ -185,7 +185,7 @@ static rfi_step_entry *find_or_compile(step_ctx *s, const rfi_step_probe *p,
     rfi_step_entry *e = rfi_step_cache_find(s->m, p);
     if (e)
         return e;
-    rf_compile_opts co = {p->device, "trainstep"};
+    rf_compile_opts co = {.device = p->device, .name = "trainstep"};
     rf_exec *exec = NULL;
     *st = rf_compile_with(step_trace, s, batch, s->n_batch, &co, &exec);
     if (*st != RF_OK)

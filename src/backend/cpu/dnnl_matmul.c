@@ -15,6 +15,10 @@
  * per call into rows padded by RHS_ROW_PAD (below). Empty results do
  * nothing; K == 0 writes zeros.
  *
+ * A product of RF_PRECISION_BF16 rounds its operands as it converts them,
+ * every call: into bf16 for oneDNN's bf16 kernels where the CPU has bf16
+ * instructions, else into rounded f32 (make_bf16_primitive says how).
+ *
  * A CALL step's epilogue (plan.h) becomes oneDNN post-ops when the primitive
  * takes them: tanh/logistic as eltwise, a bias along the result's last dim as
  * a binary add of a [1, 1, N] tensor, a residual as a binary add of a
@@ -25,8 +29,10 @@
  * Deliberately not here: non-f32 dtypes (the services run the reference
  * kernel for them).
  */
+#include <stdlib.h>
 #include <string.h>
 
+#include "../../runtime/threadpool.h"
 #include "services.h"
 
 /* ---- rfi_dnnl_mm ------------------------------------------------------------------ */
@@ -37,9 +43,10 @@ rf_status rfi_dnnl_error(dnnl_status_t st, const char *what, const char *call)
                      "cpu: %s: oneDNN %s failed (status %d)", what, call, (int)st);
 }
 
-static dnnl_status_t tensor_md(dnnl_memory_desc_t *md, const rfi_dnnl_tensor *t)
+static dnnl_status_t tensor_md(dnnl_memory_desc_t *md, const rfi_dnnl_tensor *t,
+                               dnnl_data_type_t type)
 {
-    return rfi_dnnl.memory_desc_init_by_strides(md, t->ndims, t->dims, dnnl_f32, t->strides);
+    return rfi_dnnl.memory_desc_init_by_strides(md, t->ndims, t->dims, type, t->strides);
 }
 
 /* ---- Post-ops ----------------------------------------------------------------------- */
@@ -152,10 +159,12 @@ int rfi_dnnl_post_args(const rfi_dnnl_post *post, dnnl_memory_t *mem, const void
 
 /* ---- rfi_dnnl_mm (continued) ------------------------------------------------------------ */
 
-/* Creates the primitive (user scratchpad) and its memory objects (no data). */
+/* Creates the primitive (user scratchpad) and its memory objects (no data),
+ * src and wei of `operands` type (f32 or bf16), dst f32. */
 static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
                                const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,
-                               const rfi_dnnl_post *post, const char **failed)
+                               const rfi_dnnl_post *post, dnnl_data_type_t operands,
+                               const char **failed)
 {
     dnnl_memory_desc_t s_md, w_md, d_md;
     dnnl_matmul_desc_t desc;
@@ -163,9 +172,9 @@ static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnn
     dnnl_primitive_desc_t pd = NULL;
     dnnl_status_t st;
     *failed = "memory_desc_init_by_strides";
-    if ((st = tensor_md(&s_md, src)) != dnnl_success ||
-        (st = tensor_md(&w_md, wei)) != dnnl_success ||
-        (st = tensor_md(&d_md, dst)) != dnnl_success)
+    if ((st = tensor_md(&s_md, src, operands)) != dnnl_success ||
+        (st = tensor_md(&w_md, wei, operands)) != dnnl_success ||
+        (st = tensor_md(&d_md, dst, dnnl_f32)) != dnnl_success)
         return st;
     *failed = "matmul_desc_init";
     if ((st = rfi_dnnl.matmul_desc_init(&desc, &s_md, &w_md, NULL, &d_md)) != dnnl_success)
@@ -187,8 +196,10 @@ static dnnl_status_t mm_create(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnn
         return st;
     const char *impl = NULL;
     if (rfi_dnnl.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-        impl)
+        impl) {
         mm->is_ref = strncmp(impl, "ref", 3) == 0;
+        mm->bf16_isa = strstr(impl, "bf16") || strstr(impl, "amx");
+    }
     const dnnl_memory_desc_t *sp_md =
         rfi_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     mm->scratch_bytes = sp_md ? rfi_dnnl.memory_desc_get_size(sp_md) : 0;
@@ -217,12 +228,28 @@ rf_status rfi_dnnl_mm_init(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_te
 {
     memset(mm, 0, sizeof *mm);
     const char *failed = "";
-    dnnl_status_t st = mm_create(mm, eng, src, wei, dst, post, &failed);
+    dnnl_status_t st = mm_create(mm, eng, src, wei, dst, post, dnnl_f32, &failed);
     if (st != dnnl_success) {
         rfi_dnnl_mm_destroy(mm);
         return rfi_dnnl_error(st, what, failed);
     }
     return RF_OK;
+}
+
+/* rfi_dnnl_mm_init with bf16 src and wei, kept only where a kernel with bf16
+ * instructions runs it: oneDNN 2.6 also takes bf16 on plain AVX-512 by
+ * emulation, slower than f32. */
+static rf_status mm_init_bf16(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
+                              const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,
+                              const rfi_dnnl_post *post)
+{
+    memset(mm, 0, sizeof *mm);
+    const char *failed = "";
+    dnnl_status_t st = mm_create(mm, eng, src, wei, dst, post, dnnl_bf16, &failed);
+    if (st == dnnl_success && mm->bf16_isa)
+        return RF_OK;
+    rfi_dnnl_mm_destroy(mm);
+    return RF_E_UNSUPPORTED;
 }
 
 rf_status rfi_dnnl_mm_run(rfi_dnnl_mm *mm, dnnl_stream_t s, const float *src, const float *wei,
@@ -292,11 +319,18 @@ typedef struct operand_view {
     bool collapsible;
 } operand_view;
 
+/* What a packed operand holds: its f32 values, or (RF_PRECISION_BF16) those
+ * rounded to bfloat16, widened back to f32 or as bf16 bits. */
+typedef enum pack_format { PACK_F32, PACK_ROUNDED, PACK_BF16 } pack_format;
+
 struct rfi_cpu_matmul {
     const rfi_node *node;
     int64_t batch, m, k, n;
     bool pack;          /* operands packed into the workspace per call */
     bool pad_rhs;       /* the rhs alone copied per call into rows RHS_ROW_PAD longer */
+    pack_format format; /* of the packed operands: PACK_F32 unless RF_PRECISION_BF16 */
+    bool convert;       /* RF_PRECISION_BF16, not packed: each operand converted per call
+                           in its own layout, into `format` */
     operand_view lhs, rhs;
     size_t lhs_at, rhs_at; /* workspace offsets of the packed operands */
     rfi_dnnl_mm mm;
@@ -375,25 +409,120 @@ static rfi_dnnl_tensor view_tensor(const operand_view *v, bool packed)
     return t;
 }
 
-/* Copies the operand in visiting order into dst (contiguous writes). */
-static void pack_view(float *restrict dst, const float *restrict src, const operand_view *v)
+/* ---- Packing ---------------------------------------------------------------------- */
+
+typedef struct packing {
+    const operand_view *v;
+    const float *src;
+    void *dst;        /* the operand in visiting order, contiguous */
+    pack_format format;
+    bool bf16_isa;    /* PACK_BF16 may use VCVTNEPS2BF16 */
+} packing;
+
+static uint16_t bf16_bits(float x)
 {
+    float r = rfi_round_bf16(x);
+    uint32_t u;
+    memcpy(&u, &r, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define HAVE_X86_PATHS 1
+/* PACK_ROUNDED eight values at a time: rfi_round_bf16 with selects for its
+ * branches (the plain loop is not vectorised at -O2, and was 6x slower). */
+__attribute__((target("avx2"))) static void rounded_row_avx2(float *dst, const float *src,
+                                                             int64_t n)
+{
+    const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+    const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+    const __m256i sign = _mm256_set1_epi32(INT32_MIN), quiet = _mm256_set1_epi32(0x00400000);
+    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i kept = _mm256_set1_epi32((int32_t)0xffff0000u);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(src + j));
+        __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+        __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(half, odd));
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, magnitude), exponent);
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
+        __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(u, exponent), _mm256_setzero_si256());
+        r = _mm256_blendv_epi8(r, _mm256_and_si256(u, sign), tiny);
+        _mm256_storeu_si256((__m256i *)(void *)(dst + j), _mm256_and_si256(r, kept));
+    }
+    for (; j < n; j++)
+        dst[j] = rfi_round_bf16(src[j]);
+}
+
+/* The instruction rounds exactly as rfi_round_bf16 (which describes it). */
+__attribute__((target("avx512f,avx512bf16"))) static void bf16_row_isa(uint16_t *dst,
+                                                                      const float *src,
+                                                                      int64_t n)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + j));
+        _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)h);
+    }
+    for (; j < n; j++)
+        dst[j] = bf16_bits(src[j]);
+}
+#endif
+
+/* One row of n values, src[j * step], into packed position `at`. */
+static void pack_row(const packing *p, int64_t at, const float *src, int64_t n, int64_t step)
+{
+    if (p->format == PACK_F32) {
+        float *d = (float *)p->dst + at;
+        if (step == 1)
+            memcpy(d, src, (size_t)n * sizeof(float));
+        else
+            for (int64_t j = 0; j < n; j++)
+                d[j] = src[j * step];
+    } else if (p->format == PACK_ROUNDED) {
+        float *d = (float *)p->dst + at;
+#ifdef HAVE_X86_PATHS
+        if (step == 1 && __builtin_cpu_supports("avx2")) {
+            rounded_row_avx2(d, src, n);
+            return;
+        }
+#endif
+        for (int64_t j = 0; j < n; j++)
+            d[j] = rfi_round_bf16(src[j * step]);
+    } else {
+        uint16_t *d = (uint16_t *)p->dst + at;
+#ifdef HAVE_X86_PATHS
+        if (p->bf16_isa && step == 1) {
+            bf16_row_isa(d, src, n);
+            return;
+        }
+#endif
+        for (int64_t j = 0; j < n; j++)
+            d[j] = bf16_bits(src[j * step]);
+    }
+}
+
+/* Rows [lo, hi) of the operand (a row: its innermost visited dim) in
+ * visiting order (contiguous writes). */
+static void pack_rows(void *ctx, int64_t lo, int64_t hi)
+{
+    const packing *p = ctx;
+    const operand_view *v = p->v;
     int r = v->rank;
     if (r == 0) {
-        dst[0] = src[0];
+        pack_row(p, 0, p->src, 1, 1);
         return;
     }
     int64_t inner = v->dims[r - 1], inner_step = v->step[r - 1];
-    int64_t outer = rfi_numel(v->dims, r - 1), offset = 0;
-    int64_t idx[RF_MAX_RANK] = {0};
-    for (int64_t o = 0; o < outer; o++) {
-        const float *s = src + offset;
-        if (inner_step == 1)
-            memcpy(dst, s, (size_t)inner * sizeof(float));
-        else
-            for (int64_t j = 0; j < inner; j++)
-                dst[j] = s[j * inner_step];
-        dst += inner;
+    int64_t idx[RF_MAX_RANK] = {0}, offset = 0, rest = lo;
+    for (int d = r - 2; d >= 0; d--) {
+        idx[d] = rest % v->dims[d];
+        rest /= v->dims[d];
+        offset += idx[d] * v->step[d];
+    }
+    for (int64_t o = lo; o < hi; o++) {
+        pack_row(p, o * inner, p->src + offset, inner, inner_step);
         for (int d = r - 2; d >= 0; d--) {
             offset += v->step[d];
             if (++idx[d] < v->dims[d])
@@ -402,6 +531,36 @@ static void pack_view(float *restrict dst, const float *restrict src, const oper
             idx[d] = 0;
         }
     }
+}
+
+/* Below this many values a pack runs on the calling thread. */
+#define PACK_GRAIN_VALUES 16384
+
+/* Values [lo, hi) of an operand converted in place order (packing's v unused). */
+static void convert_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const packing *p = ctx;
+    pack_row(p, lo, p->src + lo, hi - lo, 1);
+}
+
+/* The n values of src into dst in `format` (PACK_ROUNDED or PACK_BF16), their
+ * layout kept, on the pool's threads when many. */
+static void convert_operand(void *dst, const float *src, int64_t n, pack_format format,
+                            bool bf16_isa)
+{
+    packing p = {NULL, src, dst, format, bf16_isa};
+    rfi_parallel_for(n, PACK_GRAIN_VALUES, convert_range, &p);
+}
+
+/* Packs the operand into dst in `format`, on the pool's threads when large. */
+static void pack_view(void *dst, const float *src, const operand_view *v, pack_format format,
+                      bool bf16_isa)
+{
+    packing p = {v, src, dst, format, bf16_isa};
+    int64_t inner = v->rank ? v->dims[v->rank - 1] : 1;
+    int64_t rows = v->rank ? rfi_numel(v->dims, v->rank - 1) : 1;
+    int64_t grain = inner > 0 ? (PACK_GRAIN_VALUES + inner - 1) / inner : rows;
+    rfi_parallel_for(rows, grain, pack_rows, &p);
 }
 
 /* The rhs [B, K, N] read in place with its N dim contiguous and its rows a
@@ -470,10 +629,56 @@ static void make_views(rfi_cpu_matmul *m, const rfi_node *n)
     view_collapse(r);
 }
 
+/* A primitive over operands of `format` (PACK_BF16: bf16 ones, kept only with
+ * bf16 instructions; PACK_ROUNDED: f32 ones), described as packed or as
+ * their views; RF_OK only for a kernel better than oneDNN's reference one. */
+static rf_status try_bf16_form(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_dnnl_post *post,
+                               pack_format format, bool packed)
+{
+    rfi_dnnl_tensor dst = {3, {m->batch, m->m, m->n}, {m->m * m->n, m->n, 1}};
+    rfi_dnnl_tensor src = view_tensor(&m->lhs, packed), wei = view_tensor(&m->rhs, packed);
+    rf_status st = format == PACK_BF16
+                       ? mm_init_bf16(&m->mm, eng, &src, &wei, &dst, post)
+                       : rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
+    if (st == RF_OK && m->mm.is_ref) {
+        rfi_dnnl_mm_destroy(&m->mm);
+        st = RF_E_UNSUPPORTED;
+    }
+    if (st == RF_OK) {
+        m->format = format;
+        m->pack = packed;
+        m->convert = !packed;
+    }
+    return st;
+}
+
+/* RF_PRECISION_BF16: the call rounds the operands each time, as it converts
+ * them: into bf16 for a primitive with bf16 instructions, else into rounded
+ * f32 for an f32 one (the same products at f32 speed; RF_BF16_KERNELS=0
+ * takes this way everywhere). An operand whose view is strided is converted
+ * in its own layout (one contiguous pass, which vectorises; a transposed
+ * operand stays transposed for oneDNN); others are packed. */
+static rf_status make_bf16_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng,
+                                     const rfi_dnnl_post *post)
+{
+    const char *env = getenv("RF_BF16_KERNELS");
+    bool isa_allowed = !env || strcmp(env, "0") != 0;
+    bool in_place = m->lhs.collapsible && m->rhs.collapsible;
+    for (int format = isa_allowed ? PACK_BF16 : PACK_ROUNDED; format >= PACK_ROUNDED; format--) {
+        if (in_place && try_bf16_form(m, eng, post, (pack_format)format, false) == RF_OK)
+            return RF_OK;
+        if (try_bf16_form(m, eng, post, (pack_format)format, true) == RF_OK)
+            return RF_OK;
+    }
+    return RF_E_UNSUPPORTED;
+}
+
 /* Creates the primitive, strided if possible, else over packed operands; with
  * the post-ops `post` (NULL: none). */
 static rf_status make_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_dnnl_post *post)
 {
+    if (rfi_dot_bf16(m->node))
+        return make_bf16_primitive(m, eng, post);
     rfi_dnnl_tensor dst = {3, {m->batch, m->m, m->n}, {m->m * m->n, m->n, 1}};
     m->pack = false;
     if (m->lhs.collapsible && m->rhs.collapsible) {
@@ -544,11 +749,17 @@ rf_status rfi_cpu_matmul_prepare(const rfi_node *n, const rfi_epi_op *epi, int n
         return st;
     }
     size_t ws = rfi_ws_align(m->mm.scratch_bytes);
-    if (m->pack) {
+    size_t value = m->format == PACK_BF16 ? sizeof(uint16_t) : sizeof(float);
+    if (m->convert) {
         m->lhs_at = ws;
-        ws += rfi_ws_align((size_t)(m->batch * m->m * m->k) * sizeof(float));
+        ws += rfi_ws_align((size_t)rfi_node_numel(n->in[0]) * value);
         m->rhs_at = ws;
-        ws += rfi_ws_align((size_t)(m->batch * m->k * m->n) * sizeof(float));
+        ws += rfi_ws_align((size_t)rfi_node_numel(n->in[1]) * value);
+    } else if (m->pack) {
+        m->lhs_at = ws;
+        ws += rfi_ws_align((size_t)(m->batch * m->m * m->k) * value);
+        m->rhs_at = ws;
+        ws += rfi_ws_align((size_t)(m->batch * m->k * m->n) * value);
     } else if (m->pad_rhs) {
         m->rhs_at = ws;
         ws += rfi_ws_align((size_t)(m->batch * padded_batch(m)) * sizeof(float));
@@ -569,11 +780,16 @@ rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs
         return RF_OK;
     }
     const float *a = lhs, *b = rhs;
-    if (m->pack) {
-        float *pa = (float *)((char *)workspace + m->lhs_at);
-        float *pb = (float *)((char *)workspace + m->rhs_at);
-        pack_view(pa, a, &m->lhs);
-        pack_view(pb, b, &m->rhs);
+    if (m->convert) {
+        void *ca = (char *)workspace + m->lhs_at, *cb = (char *)workspace + m->rhs_at;
+        convert_operand(ca, a, rfi_node_numel(m->node->in[0]), m->format, m->mm.bf16_isa);
+        convert_operand(cb, b, rfi_node_numel(m->node->in[1]), m->format, m->mm.bf16_isa);
+        a = ca;
+        b = cb;
+    } else if (m->pack) {
+        void *pa = (char *)workspace + m->lhs_at, *pb = (char *)workspace + m->rhs_at;
+        pack_view(pa, a, &m->lhs, m->format, m->mm.bf16_isa);
+        pack_view(pb, b, &m->rhs, m->format, m->mm.bf16_isa);
         a = pa;
         b = pb;
     } else if (m->pad_rhs) {
@@ -589,6 +805,10 @@ int rfi_cpu_matmul_epilogue_ops(const rfi_cpu_matmul *m) { return m ? m->post.n 
 
 const char *rfi_cpu_matmul_path(const rfi_cpu_matmul *m)
 {
+    if (m->format == PACK_BF16)
+        return m->pack ? "matmul bf16 packed" : "matmul bf16";
+    if (m->format == PACK_ROUNDED)
+        return m->pack ? "matmul bf16-rounded packed" : "matmul bf16-rounded";
     return m->pack ? "matmul packed" : m->pad_rhs ? "matmul padded rhs" : "matmul";
 }
 

@@ -86,6 +86,7 @@ typedef struct rfi_dnnl_mm {
     int n_post;                      /* post-ops of the primitive */
     size_t scratch_bytes;
     bool is_ref; /* oneDNN picked its slow reference implementation */
+    bool bf16_isa; /* its kernel has bf16 instructions (avx512_core_bf16, amx) */
 } rfi_dnnl_mm;
 typedef struct rfi_dnnl_tensor {
     int ndims;

@@ -7,7 +7,8 @@
  * batch (contract.c) gives the result, whose layout [batch, lhs free, rhs
  * free] is exactly [batch, M, N]. Every result element is its dot product in
  * increasing contraction index, in double (float operands) or wrapping int64
- * (integer operands), rounded once. Deliberately no BLAS or blocking.
+ * (integer operands), rounded once; a product of RF_PRECISION_BF16 first
+ * rounds its operands to bfloat16. Deliberately no BLAS or blocking.
  */
 #include "interp.h"
 
@@ -54,6 +55,14 @@ static rf_status pack(rfi_dense *d, const view *v, const void *data)
     return st;
 }
 
+/* RF_PRECISION_BF16: the packed f32 operand values rounded to bfloat16. Their
+ * products are then exact, so only the sums round, as in an f32 product. */
+static void round_bf16(rfi_dense *d, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++)
+        d->f[k] = rfi_round_bf16((float)d->f[k]);
+}
+
 /* attr l[0] lhs batch, l[1] rhs batch, l[2] lhs contract, l[3] rhs contract. */
 static rf_status dot_general(const rfi_node *n, const void *a_data, const void *b_data, void *out)
 {
@@ -82,6 +91,10 @@ static rf_status dot_general(const rfi_node *n, const void *a_data, const void *
     rf_status st = pack(&lhs, &lhs_view, a_data);
     if (st == RF_OK)
         st = pack(&rhs, &rhs_view, b_data);
+    if (st == RF_OK && rfi_dot_bf16(n)) {
+        round_bf16(&lhs, batch * m * k);
+        round_bf16(&rhs, batch * k * nn);
+    }
     if (st == RF_OK)
         st = rfi_dense_alloc(&res, lhs.is_float, batch * m * nn, "dot_general");
     if (st == RF_OK) {
