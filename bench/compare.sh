@@ -12,19 +12,23 @@
 #
 # Usage: bench/compare.sh [--rounds N] [--compile-rounds N] [--time SECONDS]
 #                         [--workload W1,W2,...] [--bench PATH] [--backend interp|cpu]
-#                         [--torch-mode best|eager|compile|script] [--out FILE]
+#                         [--torch-mode best|eager|compile|script]
+#                         [--matmul-precision f32|bf16] [--out FILE]
 #        bench/compare.sh --from FILE.raw
 # --out FILE also keeps every round's lines in FILE.raw and the programs' stderr in FILE.log;
 # --from prints the tables again from such a file (and its .log) without running anything.
+# --matmul-precision bf16 runs all three with bfloat16 matrix products (the issue's targets
+# are for f32: read them as such).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 rounds=3 compile_rounds=1 seconds=1 workloads="" backend="" torch_mode=best out="" from=""
+precision=f32
 bench="${RF_BENCH:-}"
 all="tiny mlp cnn ffn resnet infer1 infer1024 compile_mlp_cold compile_mlp_warm compile_resnet_cold compile_resnet_warm"
 
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds) rounds="$2"; shift 2 ;;
@@ -34,6 +38,7 @@ while [ $# -gt 0 ]; do
         --bench) bench="$2"; shift 2 ;;
         --backend) backend="$2"; shift 2 ;;
         --torch-mode) torch_mode="$2"; shift 2 ;;
+        --matmul-precision) precision="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --from) from="$2"; shift 2 ;;
         *) usage ;;
@@ -41,6 +46,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$backend" ] && export RF_BACKEND="$backend"
 label="${RF_BACKEND:-default}"
+[ "$precision" = f32 ] || label="$label, matmul precision $precision"
 
 # Prints the tables from a results file (lines tagged tool= round=) and the runs' log.
 # Arguments: results log label tools workloads cores threads rounds compile_rounds seconds
@@ -223,10 +229,11 @@ torch_mode_for() {
 run_one() {
     local tool="$1" w="$2" round="$3" cmd
     case "$tool" in
-        reflux) cmd=("$bench" --workload "$w" --time "$seconds") ;;
+        reflux) cmd=("$bench" --workload "$w" --time "$seconds" --matmul-precision "$precision") ;;
         torch) cmd=(python3 "$here/peers/torch_bench.py" --workload "$w" --time "$seconds"
-                    --mode "$(torch_mode_for "$w")") ;;
-        jax) cmd=(python3 "$here/peers/jax_bench.py" --workload "$w" --time "$seconds") ;;
+                    --mode "$(torch_mode_for "$w")" --matmul-precision "$precision") ;;
+        jax) cmd=(python3 "$here/peers/jax_bench.py" --workload "$w" --time "$seconds"
+                  --matmul-precision "$precision") ;;
     esac
     "${cmd[@]}" 2>>"$log" | grep '^workload=' |
         sed "s/^/tool=$tool round=$round /" >>"$results" || \

@@ -18,7 +18,11 @@
  * results: bench/compare.sh puts them side by side with PyTorch and JAX.
  *
  * Usage: rf_bench [--workload NAME[,NAME...]] [--steps N] [--time SECONDS]
- *                 [--backend interp|cpu] [--list]
+ *                 [--backend interp|cpu] [--matmul-precision f32|bf16] [--list]
+ *
+ * --matmul-precision bf16 sets RF_PRECISION_BF16 on every workload's model
+ * (rf_model_set_matmul_precision): the products of its layers round their
+ * operands to bfloat16. The default, f32, is what the peers compute.
  */
 #include <reflux.h>
 
@@ -44,6 +48,7 @@ typedef struct bench_opts {
     long steps;        /* > 0: exactly this many timed steps */
     double seconds;    /* otherwise: time budget of the timed loop */
     const char *backend;
+    rf_precision precision; /* of the models' matrix products */
 } bench_opts;
 
 enum { MIN_TIMED_STEPS = 3, COMPILE_SETTLE_STEPS = 3 };
@@ -233,8 +238,9 @@ static void train_case_free(train_case *c)
     rf_array_free(c->batch[1]);
 }
 
-/* Builds the training case `name` (tiny, mlp, cnn, ffn, resnet): 0 on success. */
-static int train_case_new(const char *name, train_case *c)
+/* Builds the training case `name` (tiny, mlp, cnn, ffn, resnet) with the products at
+ * `precision`: 0 on success. */
+static int train_case_new(const char *name, rf_precision precision, train_case *c)
 {
     memset(c, 0, sizeof *c);
     c->loss = class_loss;
@@ -264,7 +270,7 @@ static int train_case_new(const char *name, train_case *c)
         if (c->model)
             rf_trainmode(c->model); /* BatchNorm on batch statistics, as in training */
     }
-    if (c->model)
+    if (c->model && rf_model_set_matmul_precision(c->model, precision) == RF_OK)
         c->opt = rf_setup(rf_adam(lr), c->model);
     if (!c->opt || !c->batch[0] || !c->batch[1]) {
         train_case_free(c);
@@ -284,7 +290,7 @@ static int train_step(void *ctx)
 static int run_training(const char *name, const bench_opts *o, bench_result *r)
 {
     train_case c;
-    if (train_case_new(name, &c))
+    if (train_case_new(name, o->precision, &c))
         return -1;
     double t0 = now_s();
     int rc = train_step(&c);
@@ -326,10 +332,10 @@ static int compiled_step_run(void *ctx)
 /* compile_*: rf_compile of the training step alone (trace, autodiff, passes, code
  * generation and the C compiler when cold, the disk cache when warm, loading); then a few
  * runs of it for us_per_step. */
-static int run_compile(const char *model, bench_result *r)
+static int run_compile(const char *model, const bench_opts *o, bench_result *r)
 {
     train_case c;
-    if (train_case_new(model, &c))
+    if (train_case_new(model, o->precision, &c))
         return -1;
     compiled_step s = {&c, NULL};
     double t0 = now_s();
@@ -365,7 +371,7 @@ static int run_inference(int64_t n, const bench_opts *o, bench_result *r)
     rf_model *m = device_model(mlp_model);
     infer_case c = {NULL, random_input((int64_t[]){n, 784}, 2, 51)};
     int rc = -1;
-    if (m && c.x) {
+    if (m && c.x && rf_model_set_matmul_precision(m, o->precision) == RF_OK) {
         double t0 = now_s();
         rf_status st = rf_compile_model(m, c.x, &c.exec);
         r->compile_ms = 1e3 * (now_s() - t0);
@@ -409,7 +415,7 @@ static int run_workload(const workload *w, const bench_opts *o, bench_result *r)
     case WL_TRAIN: return run_training(w->model, o, r);
     case WL_INFER: return run_inference(w->batch, o, r);
     case WL_COMPILE_COLD:
-    case WL_COMPILE_WARM: return run_compile(w->model, r);
+    case WL_COMPILE_WARM: return run_compile(w->model, o, r);
     }
     return -1;
 }
@@ -576,7 +582,8 @@ static int selected(const char *only, const char *name)
 static int usage(void)
 {
     fprintf(stderr, "usage: rf_bench [--workload NAME[,NAME...]] [--steps N] [--time SECONDS]\n"
-                    "                [--backend interp|cpu] [--list]\nworkloads:");
+                    "                [--backend interp|cpu] [--matmul-precision f32|bf16] "
+                    "[--list]\nworkloads:");
     for (int i = 0; i < N_WORKLOADS; i++)
         fprintf(stderr, " %s", WORKLOADS[i].name);
     fprintf(stderr, "\n");
@@ -598,6 +605,10 @@ static int parse(int argc, char **argv, bench_opts *o)
         else if (!strcmp(k, "--steps")) o->steps = atol(v);
         else if (!strcmp(k, "--time")) o->seconds = atof(v);
         else if (!strcmp(k, "--backend")) o->backend = v;
+        else if (!strcmp(k, "--matmul-precision") && !strcmp(v, "f32"))
+            o->precision = RF_PRECISION_F32;
+        else if (!strcmp(k, "--matmul-precision") && !strcmp(v, "bf16"))
+            o->precision = RF_PRECISION_BF16;
         else return -1;
     }
     return o->seconds > 0 || o->steps > 0 ? 0 : -1;
@@ -615,15 +626,15 @@ static int known_names(const char *only)
 
 int main(int argc, char **argv)
 {
-    bench_opts o = {NULL, 0, 1.5, NULL};
+    bench_opts o = {NULL, 0, 1.5, NULL, RF_PRECISION_F32};
     if (parse(argc, argv, &o) || !known_names(o.only))
         return usage();
     if (o.backend)
         setenv("RF_BACKEND", o.backend, 1);
     const char *backend = getenv("RF_BACKEND"), *threads = getenv("RF_NUM_THREADS");
-    fprintf(stderr, "# rf_bench: backend=%s threads=%s cores=%ld\n",
+    fprintf(stderr, "# rf_bench: backend=%s threads=%s cores=%ld matmul_precision=%s\n",
             backend && *backend ? backend : "default", threads ? threads : "default",
-            sysconf(_SC_NPROCESSORS_ONLN));
+            sysconf(_SC_NPROCESSORS_ONLN), rf_precision_name(o.precision));
 
     remove_stale_scratch_dirs();
     cache_dirs dirs = {{"", ""}};

@@ -106,6 +106,8 @@ def parse_args(name, modes):
     p.add_argument("--time", type=float, default=1.5, help="seconds per timed loop")
     p.add_argument("--mode", default=modes[0], choices=modes,
                    help="execution mode (default %(default)s)")
+    p.add_argument("--matmul-precision", default="f32", choices=["f32", "bf16"],
+                   help="bf16: matrix products on bfloat16 operands, f32 sums (default f32)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -120,7 +122,8 @@ def parse_args(name, modes):
 def _run_child(script, tag, workload, mode, args, cache_dir, quiet=False):
     """Runs one workload in one mode in a fresh interpreter; the parsed line or None."""
     cmd = [sys.executable, script, "--child", "--workload", workload, "--mode", mode,
-           "--time", str(args.time), "--steps", str(args.steps)]
+           "--time", str(args.time), "--steps", str(args.steps),
+           "--matmul-precision", args.matmul_precision]
     if cache_dir:
         cmd += ["--cache-dir", cache_dir]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

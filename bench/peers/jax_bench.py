@@ -14,6 +14,10 @@ run's one (warm), and time the ahead-of-time compile alone
 (jax.jit(step).lower(...).compile(): trace + XLA compile or a cache hit, nothing run), as
 rf_bench times rf_compile alone.
 
+--matmul-precision bf16 casts both operands of every dense layer's product to bfloat16 and
+asks for an f32 result (preferred_element_type), the products reflux's RF_PRECISION_BF16
+computes; convolutions stay f32, as in reflux.
+
 Prints "# skip: ..." and exits 0 when jax or optax is not installed
 (pip install jax optax). For benchmarking only: reflux never depends on it.
 """
@@ -69,11 +73,15 @@ class Builder:
         self.state[name + ".var"] = self.jnp.ones((c,), self.jnp.float32)
 
 
-def layers(jax):
+def layers(jax, bf16):
     jnp, lax = jax.numpy, jax.lax
 
     def dense(p, name, x):
-        return x @ p[name + ".w"] + p[name + ".b"]
+        w = p[name + ".w"]
+        if bf16:
+            return jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
+                              preferred_element_type=jnp.float32) + p[name + ".b"]
+        return x @ w + p[name + ".b"]
 
     def conv(p, name, x, stride=1, pad=0):
         y = lax.conv_general_dilated(x, p[name + ".w"], (stride, stride),
@@ -103,10 +111,10 @@ def layernorm(jax, p, name, x, eps=1e-5):
     return (x - mean) * jax.lax.rsqrt(var + eps) * p[name + ".g"] + p[name + ".b"]
 
 
-def build(jax, name):
+def build(jax, name, bf16):
     """(params, state, apply(params, state, x) -> (y, new_state))."""
     jnp = jax.numpy
-    dense, conv, maxpool2, bn = layers(jax)
+    dense, conv, maxpool2, bn = layers(jax, bf16)
     b = Builder(jax)
     relu = jax.nn.relu
     if name == "tiny":
@@ -175,9 +183,9 @@ def data(jax, name, n):
     return jax.random.normal(k1, shape), jax.random.randint(k2, (n,), 0, 10, jax.numpy.int32)
 
 
-def training(jax, optax, workload):
+def training(jax, optax, workload, bf16):
     name = model_of(workload)
-    params, state, apply = build(jax, name)
+    params, state, apply = build(jax, name, bf16)
     x, y = data(jax, name, BATCH[name])
     opt = optax.adam(1e-2 if name == "tiny" else 1e-3, b1=0.9, b2=0.999, eps=1e-8)
     opt_state = opt.init(params)
@@ -207,8 +215,8 @@ def training(jax, optax, workload):
     return call, call, compile_only
 
 
-def inference(jax, workload):
-    params, state, apply = build(jax, "mlp")
+def inference(jax, workload, bf16):
+    params, state, apply = build(jax, "mlp", bf16)
     n = 1 if workload == "infer1" else 1024
     x = jax.random.normal(jax.random.PRNGKey(1), (n, 784))
     fwd = jax.jit(lambda p, x: apply(p, state, x)[0])
@@ -231,10 +239,11 @@ def child(args):
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    bf16 = args.matmul_precision == "bf16"
     if workload.startswith("infer"):
-        first, step, _ = inference(jax, workload)
+        first, step, _ = inference(jax, workload, bf16)
     else:
-        first, step, compile_only = training(jax, optax, workload)
+        first, step, compile_only = training(jax, optax, workload, bf16)
     if workload.startswith("compile_"):
         us, compile_ms = common.measure_compile(compile_only, step)
     else:

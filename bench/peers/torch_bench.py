@@ -8,6 +8,10 @@ scale 1, shift 0), optimiser (Adam, betas 0.9/0.999, eps 1e-8), losses and threa
 but fixed data. A training step is zero_grad + forward + loss + backward + Adam step +
 loss.item() (reflux also returns the loss to the host every step).
 
+--matmul-precision bf16 runs the forward pass and the loss under torch.autocast("cpu",
+dtype=torch.bfloat16), PyTorch's way to bf16 products (it also lowers convolutions, which
+reflux's setting leaves f32).
+
 Modes (--mode): eager; compile (torch.compile of the whole step function: Inductor, which
 works offline); script (TorchScript model, eager autograd and optimiser); best (default: runs
 eager and compile, each in its own process, and reports the faster; script replaces compile
@@ -98,7 +102,7 @@ def model_of(workload):
     return "mlp" if workload.startswith("infer") else workload
 
 
-def training(torch, workload, mode):
+def training(torch, workload, mode, bf16):
     """(first_call, step) of a training workload."""
     nn, F = torch.nn, torch.nn.functional
     name = model_of(workload)
@@ -117,7 +121,8 @@ def training(torch, workload, mode):
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -130,7 +135,7 @@ def training(torch, workload, mode):
     return call, call
 
 
-def inference(torch, workload, mode):
+def inference(torch, workload, mode, bf16):
     nn = torch.nn
     model = build_model(nn, "mlp")
     glorot(nn, model)
@@ -141,7 +146,7 @@ def inference(torch, workload, mode):
     fn = torch.compile(model) if mode == "compile" else model
 
     def call():
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return fn(x)
 
     return call, call
@@ -155,7 +160,7 @@ def child(args):
     torch.set_num_threads(common.num_threads())
     torch.manual_seed(0)
     make = inference if workload.startswith("infer") else training
-    first, step = make(torch, workload, mode)
+    first, step = make(torch, workload, mode, args.matmul_precision == "bf16")
     us, compile_ms = common.measure(first, step, workload, args.steps, args.time)
     print(common.result_line(workload, us, compile_ms), flush=True)
     return 0
