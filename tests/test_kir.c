@@ -1061,6 +1061,62 @@ static void test_dot_unrolled(int64_t len, int64_t rows)
     rfi_free(wd);
 }
 
+/* Products of RF_PRECISION_BF16 that stay generated loops (a matrix-vector one
+ * and a small batched one) round both operands where they load them, to the
+ * interpreter's values: the data carries bits below bfloat16's, so a kernel
+ * that skipped the rounding would be some 2^-9 off, far outside SUM's 1e-5. */
+static void test_dot_bf16(void)
+{
+    targ a[4] = {{RF_F32, 2, {1, 300}}, {RF_F32, 2, {70, 300}},
+                 {RF_F32, 3, {2, 3, 4}}, {RF_F32, 3, {2, 4, 5}}};
+    rfi_graph *g = g_new(a, 4);
+    rfi_node *mv = dot_2d(g, g_arg(g, 0), g_arg(g, 1), 1, 1, 1, 70);
+    rfi_attrs at = {0};
+    rfi_attrs_copy(&at, &mv->attr);
+    at.i[0] = RF_PRECISION_BF16;
+    rfi_node *in[2] = {g_arg(g, 0), g_arg(g, 1)};
+    int64_t mv_dims[] = {1, 70};
+    mv = mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, mv_dims, 2);
+    rfi_attrs bt = {0};
+    int64_t batch[] = {0}, lc[] = {2}, rc[] = {1};
+    set_list(&bt, 0, batch, 1);
+    set_list(&bt, 1, batch, 1);
+    set_list(&bt, 2, lc, 1);
+    set_list(&bt, 3, rc, 1);
+    bt.i[0] = RF_PRECISION_BF16;
+    rfi_node *in2[2] = {un(g, RFI_OP_NEG, g_arg(g, 2)), g_arg(g, 3)};
+    int64_t small_dims[] = {2, 3, 5};
+    rfi_node *small = mk(g, RFI_OP_DOT_GENERAL, in2, 2, &bt, RF_F32, small_dims, 3);
+    CHECK(rfi_dot_bf16(mv) && rfi_dot_bf16(small));
+    CHECK_OK(rfi_graph_add_output(g, mv));
+    CHECK_OK(rfi_graph_add_output(g, small));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km))
+        CHECK(strstr(m.source, "static inline float rf_round_bf16(float x)") &&
+              strstr(m.source, "= rf_round_bf16(x_"));
+    module_free(&m);
+    rfi_kir_free(km);
+    int64_t sizes[4] = {300, 70 * 300, 24, 40};
+    float *data[4];
+    for (int k = 0; k < 4; k++) {
+        data[k] = rfi_malloc((size_t)sizes[k] * sizeof(float));
+        for (int64_t i = 0; data[k] && i < sizes[k]; i++)
+            data[k][i] = (float)((i * 7 + k) % 9 - 4) * 0.25f + (float)(i % 13) * 0.0007f;
+    }
+    const void *args[4] = {data[0], data[1], data[2], data[3]};
+    const char *labels[] = {"dot_general bf16 matrix-vector", "dot_general bf16 small"};
+    tol tols[] = {SUM, SUM};
+    if (data[0] && data[1] && data[2] && data[3])
+        check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+    for (int k = 0; k < 4; k++)
+        rfi_free(data[k]);
+}
+
 /* Two roots in one step, the second using the first: the first is computed, not read
  * back; a large shape so parallel_for splits it. */
 static void test_multi_root(void)
@@ -2028,6 +2084,7 @@ int main(void)
     test_dot(RF_I32);
     test_dot_unrolled(40, 2001);
     test_dot_unrolled(784, 300);
+    test_dot_bf16();
     test_multi_root();
     test_costed_parallel();
     test_reduce_epilogues();

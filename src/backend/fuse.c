@@ -57,12 +57,12 @@
  *   non-leaf, non-alias node is a root. DOT_GENERAL with at least
  *   opts.matmul_call_min_flops multiply-adds -> CALL MATMUL, unless its lhs
  *   has at most opts.dot_loop_max_rows rows (a matrix-vector product: a
- *   REDUCE step whatever its size); of RF_PRECISION_BF16 always CALL
- *   MATMUL (the call rounds the operands as it converts them); CONVOLUTION
- *   -> CALL CONV; ARGMAX, ARGMIN, GATHER, SCATTER_ADD, SELECT_AND_SCATTER,
- *   RNG -> CALL FALLBACK; REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a
- *   REDUCE step; everything else -> LOOP. A new LOOP root joins an existing
- *   LOOP step of identical dims that reads at least one of the same inputs
+ *   REDUCE step whatever its size); CONVOLUTION -> CALL CONV; ARGMAX,
+ *   ARGMIN, GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG -> CALL FALLBACK;
+ *   REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a REDUCE step (whose
+ *   loads round the operands of one of RF_PRECISION_BF16); everything else
+ *   -> LOOP. A new LOOP root joins an existing LOOP step of identical dims
+ *   that reads at least one of the same inputs
  *   (the latest such step among the last JOIN_WINDOW steps) when it can run
  *   there: the step comes after every step producing the root's inputs, or
  *   else the step can be moved to the end (no later step reads its roots and
@@ -205,8 +205,6 @@ static rfi_call_kind call_kind(const rfi_plan_builder *b, const rfi_node *x)
 {
     switch (x->op) {
     case RFI_OP_DOT_GENERAL:
-        if (rfi_dot_bf16(x)) /* the generated loops do not round operands */
-            return RFI_CALL_MATMUL;
         if (dot_rows(x) <= b->opts.dot_loop_max_rows)
             return RFI_CALL_NONE;
         return rfi_dot_macs(x) >= b->opts.matmul_call_min_flops ? RFI_CALL_MATMUL : RFI_CALL_NONE;

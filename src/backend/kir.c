@@ -553,6 +553,21 @@ int rfi_kir_convert(rfi_kir_kernel *k, rf_dtype dt, int a, int node)
     return intern(k, x);
 }
 
+int rfi_kir_round_bf16(rfi_kir_kernel *k, int a, int node)
+{
+    if (a < 0)
+        return -1;
+    const rfi_kir_ins *v = &k->ins[a];
+    if (v->op == RFI_KIR_CONST)
+        return rfi_kir_const_f(k, RF_F32, rfi_round_bf16((float)v->f));
+    if (v->op == RFI_KIR_ROUND_BF16)
+        return a; /* rounding twice rounds once */
+    rfi_kir_ins x = blank(RFI_KIR_ROUND_BF16, RF_F32);
+    x.a = a;
+    x.node = node;
+    return intern(k, x);
+}
+
 int rfi_kir_acc(rfi_kir_kernel *k) { return rfi_kir_acc_of(k, 0); }
 
 int rfi_kir_acc_of(rfi_kir_kernel *k, int fold)
@@ -813,6 +828,7 @@ static int replay_ins(rfi_kir_kernel *n, const rfi_kir_ins *x, const int *map, i
     case RFI_KIR_COMPARE: return rfi_kir_compare(n, x->cmp, a, b, x->node);
     case RFI_KIR_SELECT: return rfi_kir_select(n, a, b, c, x->node);
     case RFI_KIR_CONVERT: return rfi_kir_convert(n, x->dtype, a, x->node);
+    case RFI_KIR_ROUND_BF16: return rfi_kir_round_bf16(n, a, x->node);
     case RFI_KIR_ACC: return rfi_kir_acc_of(n, (int)x->i);
     default: return rfi_kir_index(n, x->op, a, b);
     }
@@ -926,7 +942,7 @@ void rfi_kir_free(rfi_kir_module *m)
 /* ---- Text form ------------------------------------------------------------------ */
 static const char *const op_names[RFI_KIR_OP_COUNT] = {
     "var", "const", "iadd", "imul", "idiv", "irem", "imin", "imax", "icmp", "land",
-    "load", "unary", "binary", "compare", "select", "convert", "acc",
+    "load", "unary", "binary", "compare", "select", "convert", "round_bf16", "acc",
 };
 static const char *const cmp_names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
 static const char *const reduce_names[] = {"sum", "max", "min", "prod", "and", "or"};
@@ -955,6 +971,7 @@ static void print_ins(rfi_strbuf *sb, const rfi_kir_kernel *k, int id)
         rfi_sb_printf(sb, "%s.%s v%d, v%d", op_names[x->op], cmp_names[x->cmp], x->a, x->b);
         break;
     case RFI_KIR_SELECT: rfi_sb_printf(sb, "select v%d, v%d, v%d", x->a, x->b, x->c); break;
+    case RFI_KIR_ROUND_BF16: rfi_sb_printf(sb, "round_bf16 v%d", x->a); break;
     case RFI_KIR_ACC: rfi_sb_printf(sb, x->i ? "acc %lld" : "acc", (long long)x->i); break;
     default: rfi_sb_printf(sb, "%s v%d, v%d", op_names[x->op], x->a, x->b); break;
     }

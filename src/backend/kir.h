@@ -71,6 +71,8 @@ typedef enum rfi_kir_op {
     RFI_KIR_COMPARE, /* a cmp b on values of one dtype -> bool (NaN: false but NE) */
     RFI_KIR_SELECT,  /* a (bool) ? b : c */
     RFI_KIR_CONVERT, /* a into dtype (the IR's CONVERT) */
+    RFI_KIR_ROUND_BF16, /* f32 a rounded to bfloat16, as f32 (rfi_round_bf16): the
+                           operands of a dot_general of RF_PRECISION_BF16 */
     RFI_KIR_ACC,     /* fold i's accumulator after the inner loops (dtype acc_dtype) */
     RFI_KIR_OP_COUNT
 } rfi_kir_op;
@@ -259,6 +261,7 @@ RFI_FUNC int rfi_kir_binary(rfi_kir_kernel *k, rfi_op op, rf_dtype dt, int a, in
 RFI_FUNC int rfi_kir_compare(rfi_kir_kernel *k, rf_cmp cmp, int a, int b, int node);
 RFI_FUNC int rfi_kir_select(rfi_kir_kernel *k, int pred, int a, int b, int node);
 RFI_FUNC int rfi_kir_convert(rfi_kir_kernel *k, rf_dtype dt, int a, int node);
+RFI_FUNC int rfi_kir_round_bf16(rfi_kir_kernel *k, int a, int node);
 RFI_FUNC int rfi_kir_acc(rfi_kir_kernel *k); /* fold 0's */
 RFI_FUNC int rfi_kir_acc_of(rfi_kir_kernel *k, int fold);
 /* The value fold j of a REDUCE kernel folds (j < k->n_folds). */

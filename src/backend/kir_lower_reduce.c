@@ -238,6 +238,10 @@ static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value
     rf_status st = rfi_lower_operand_at(L, a, am, &va);
     if (st == RF_OK)
         st = rfi_lower_operand_at(L, b, bm, &vb);
+    if (rfi_dot_bf16(n)) { /* then the product is exact in f32 */
+        va = rfi_kir_round_bf16(k, va, -1);
+        vb = rfi_kir_round_bf16(k, vb, -1);
+    }
     if (a->dtype == RF_F32 && b->dtype == RF_F32) {
         k->acc_dtype = RF_F32;
         *value = rfi_kir_binary(k, RFI_OP_MUL, RF_F32, va, vb, -1);
@@ -291,8 +295,6 @@ rf_status rfi_lower_reduce(lower *L, const rfi_step *st, const box *part)
         s = reduce_value(L, n, m, inner, &v);
     else if (n->op == RFI_OP_REDUCE_WINDOW)
         s = window_value(L, n, m, &v);
-    else if (n->op == RFI_OP_DOT_GENERAL && rfi_dot_bf16(n))
-        return rfi_lower_unsupported(L, n, "rounds its operands to bf16 (a matmul call's job)");
     else if (n->op == RFI_OP_DOT_GENERAL)
         s = dot_value(L, n, m, &v);
     else

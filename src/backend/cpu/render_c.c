@@ -486,6 +486,10 @@ static void expression(rfi_render *R, const rfi_kir_ins *x)
         return;
     case RFI_KIR_SELECT: emit_fmt(R, x, "%a ? %b : %c"); return;
     case RFI_KIR_CONVERT: convert(R, x); return;
+    case RFI_KIR_ROUND_BF16:
+        R->need |= RFI_NEED_BF16;
+        emit_fmt(R, x, "rf_round_bf16(%a)");
+        return;
     case RFI_KIR_ACC: put(R->sb, "acc"); return;
     default: put(R->sb, "0"); return;
     }
@@ -1136,6 +1140,17 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
             "static inline uint8_t rf_f2u8(double v)\n{\n"
             "    return v != v ? 0 : v <= 0.0 ? 0 : v >= 255.0 ? 255 : "
             "(uint8_t)(int32_t)v;\n}\n\n");
+    if (need & RFI_NEED_BF16)
+        put(sb, "/* x rounded to bfloat16 and back (rfi_round_bf16: nearest even, a subnormal\n"
+                " * to a zero of its sign, NaN quiet), with selects for branches so that gcc\n"
+                " * vectorises it */\n"
+                "static inline float rf_round_bf16(float x)\n{\n"
+                "    union { float f; uint32_t u; } v = {x};\n"
+                "    uint32_t u = v.u, r = u + 0x7fffu + ((u >> 16) & 1u);\n"
+                "    r = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : r;\n"
+                "    r = (u & 0x7f800000u) == 0 ? u & 0x80000000u : r;\n"
+                "    v.u = r & 0xffff0000u;\n"
+                "    return v.f;\n}\n\n");
     if (need & RFI_NEED_DIV)
         putf(sb,
             "/* integer division: x / 0 = 0, INT_MIN / -1 wraps */\n"
