@@ -696,11 +696,10 @@ rf_status rf_model_set_matmul_precision(rf_model *m, rf_precision p)
 {
     if (!m)
         return rfi_error(RF_E_INVALID, "rf_model_set_matmul_precision: model is NULL");
-    if (!rf_precision_name(p))
-        return rfi_error(RF_E_INVALID, "rf_model_set_matmul_precision: precision %d is none "
-                         "of RF_PRECISION_F32 (0) and RF_PRECISION_BF16 (1)", (int)p);
-    set_precision(m, p);
-    return RF_OK;
+    rf_status st = rfi_check_precision("rf_model_set_matmul_precision: precision", p);
+    if (st == RF_OK)
+        set_precision(m, p);
+    return st;
 }
 
 /* ---- Optimiser links --------------------------------------------------------------------- */

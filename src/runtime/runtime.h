@@ -110,6 +110,10 @@ RFI_FUNC void rfi_dump(const char *name, uint64_t hash, const char *stage, const
  * cost milliseconds), and the caches step aside, since a dump wants every stage. */
 RFI_FUNC bool rfi_dump_wanted(void);
 
+/* RF_OK for a valid rf_precision, else RF_E_INVALID with the message
+ * "<what> <p> is none of RF_PRECISION_F32 (0) and RF_PRECISION_BF16 (1)". */
+RFI_FUNC rf_status rfi_check_precision(const char *what, rf_precision p);
+
 struct rf_exec {
     rfi_graph *prog;         /* final program (owned); holds the capture references */
     const rfi_backend *backend;

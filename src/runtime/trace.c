@@ -168,14 +168,21 @@ const char *rf_precision_name(rf_precision p)
     return NULL;
 }
 
+rf_status rfi_check_precision(const char *what, rf_precision p)
+{
+    if (rf_precision_name(p))
+        return RF_OK;
+    return rfi_error(RF_E_INVALID, "%s %d is none of RF_PRECISION_F32 (0) and "
+                     "RF_PRECISION_BF16 (1)", what, (int)p);
+}
+
 rf_precision rf_trace_set_matmul_precision(rf_trace *t, rf_precision p)
 {
     if (!t)
         return RF_PRECISION_F32;
     rf_precision before = t->matmul_precision;
-    if (!rf_precision_name(p))
-        rfi_graph_fail(t, RF_E_INVALID, "rf_trace_set_matmul_precision: precision %d is none "
-                       "of RF_PRECISION_F32 (0) and RF_PRECISION_BF16 (1)", (int)p);
+    if (rfi_check_precision("rf_trace_set_matmul_precision: precision", p) != RF_OK)
+        rfi_graph_fail(t, RF_E_INVALID, "%s", rf_errmsg());
     else
         t->matmul_precision = p;
     return before;
@@ -267,9 +274,10 @@ static rf_status trace_fn(const char *op, rf_trace_fn fn, void *ctx, rf_array *c
     if (st != RF_OK)
         return st;
     rf_precision precision = opts ? opts->matmul_precision : RF_PRECISION_F32;
-    if (!rf_precision_name(precision))
-        return rfi_error(RF_E_INVALID, "%s: matmul_precision %d is none of RF_PRECISION_F32 "
-                         "(0) and RF_PRECISION_BF16 (1)", op, (int)precision);
+    char what[64];
+    snprintf(what, sizeof what, "%s: matmul_precision", op);
+    if (rfi_check_precision(what, precision) != RF_OK)
+        return RF_E_INVALID;
     const char *name = opts && opts->name ? opts->name : "program";
     rfi_graph *g = rfi_graph_new(dev, name);
     if (!g)
