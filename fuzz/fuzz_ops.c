@@ -2,7 +2,8 @@
  * interpreter. The input is a little program: each op byte picks an op,
  * operands from the values made so far and its parameters (axes, shapes,
  * permutations, windows, convolution parameters, dtypes: in range or not)
- * from the bytes after it. The program is traced; when it traces, the
+ * from the bytes after it (a dot_general also sets the matmul precision of
+ * the products after it). The program is traced; when it traces, the
  * gradient of its last f32 value's sum with respect to the f32 argument is
  * traced too, and the whole is compiled on the interpreter and run once.
  * The compiled program then goes through the CPU backend's compiler as far
@@ -84,6 +85,7 @@ static void one_op(rf_trace *t, bytes *b, rf_tensor **v, int *n)
     int64_t n_classes;
     rf_reduce_kind kind;
     rf_conv_params cp;
+    unsigned precision;
     unsigned op = next(b) % 30;
     switch (op) {
     case 0: r = unaries[next(b) % (sizeof unaries / sizeof *unaries)](x); break;
@@ -122,6 +124,11 @@ static void one_op(rf_trace *t, bytes *b, rf_tensor **v, int *n)
     case 17:
         smalls(b, d), smalls(b, e), smalls(b, f), smalls(b, g);
         k = (int)(next(b) % 3);
+        /* from here on, products at f32 or bf16, or (rarely) an invalid precision */
+        precision = next(b) % 8;
+        rf_trace_set_matmul_precision(t, precision < 4 ? RF_PRECISION_F32
+                                         : precision < 7 ? RF_PRECISION_BF16
+                                                         : (rf_precision)5);
         r = rf_dot_general(x, y, d, e, k, f, g, (int)(next(b) % 3));
         break;
     case 18:

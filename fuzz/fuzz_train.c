@@ -3,9 +3,10 @@
  * sizes, strides, groups and the like sometimes invalid), a random input and
  * target, a loss, and a chain of up to three optimiser rules with
  * hyperparameters drawn from a table that holds invalid ones too (negative,
- * NaN, infinite). The model is set up, trained for two steps with
- * rf_trainstep and one with rf_trainstep_withgradient, its learning rate
- * adjusted, and run in test mode with rf_jit_model.
+ * NaN, infinite), and for a quarter of the models bf16 matrix products. The
+ * model is set up, trained for two steps with rf_trainstep and one with
+ * rf_trainstep_withgradient, its learning rate adjusted, and run in test
+ * mode with rf_jit_model.
  *
  * Every call must succeed or return an error status: never crash, never
  * leak, never fail inside (RF_E_INTERNAL, RF_E_COMPILE). A step that fails
@@ -314,7 +315,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rf_rule *r = rules(&b);
     rf_opt *opt = m && r ? rf_setup(r, m) : (rf_rule_free(r), NULL);
     rf_array *batch[2] = {input(&b), labels(&b)};
-    unsigned pick = next(&b);
+    unsigned pick = next(&b), precision = next(&b);
+    if (m && precision % 4 == 3) /* a quarter of the models at bf16 */
+        (void)rf_model_set_matmul_precision(m, RF_PRECISION_BF16);
+    if (m && precision % 16 == 7 &&
+        rf_model_set_matmul_precision(m, (rf_precision)9) != RF_E_INVALID) {
+        fprintf(stderr, "fuzz_train: rf_model_set_matmul_precision took precision 9\n");
+        abort();
+    }
     bool go_on = !(opt && batch[0] && batch[1]) || train(m, opt, batch, pick, &b);
     if (go_on && m && batch[0]) {
         rf_testmode(m);
