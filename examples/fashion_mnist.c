@@ -6,10 +6,12 @@
  * and writes the learning curve to a CSV file and an SVG plot. The default
  * model is the CNN (conv3x3 32 relu, maxpool 2, conv3x3 64 relu, maxpool 2,
  * dense 1600 => 128 relu, dense 128 => 10), batch 64, Adam(1e-3), 5 epochs;
- * --model mlp trains a 784-256-10 MLP instead.
+ * --model mlp trains a 784-256-10 MLP instead; --matmul-precision bf16 runs
+ * the model's matrix products on bfloat16 operands (convolutions stay f32).
  *
  * Usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]
  *                      [--limit N] [--csv PATH] [--svg PATH] [--data DIR]
+ *                      [--matmul-precision f32|bf16]
  * (--help prints it; an unknown option or a value that does not parse or is
  * out of range, such as --epochs 0 or --lr x, exits with status 2 before
  * anything is loaded; --epochs takes 1 to 256).
@@ -31,7 +33,7 @@
 enum { MAX_EPOCHS = 256 }; /* the learning curve's arrays */
 
 struct options {
-    const char *model, *csv, *svg, *data;
+    const char *model, *csv, *svg, *data, *precision;
     int epochs;
     int64_t batch, limit;
     double lr;
@@ -164,6 +166,7 @@ static int fail(const char *what)
 static const char usage[] =
     "usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]\n"
     "                     [--limit N] [--csv PATH] [--svg PATH] [--data DIR]\n"
+    "                     [--matmul-precision f32|bf16]\n"
     "(--epochs: 1 to 256)\n";
 
 /* 0 to run, 1 after --help, -1 (with a message) on a bad command line. */
@@ -202,6 +205,9 @@ static int parse(int argc, char **argv, struct options *o)
             o->svg = v;
         } else if (!strcmp(k, "--data")) {
             o->data = v;
+        } else if (!strcmp(k, "--matmul-precision")) {
+            o->precision = v;
+            bad = strcmp(v, "f32") && strcmp(v, "bf16");
         } else {
             fprintf(stderr, "fashion_mnist: unknown option %s\n%s", k, usage);
             return -1;
@@ -216,7 +222,8 @@ static int parse(int argc, char **argv, struct options *o)
 
 int main(int argc, char **argv)
 {
-    struct options o = {"cnn", "fashion_mnist.csv", "fashion_mnist.svg", NULL, 5, 64, 0, 1e-3};
+    struct options o = {"cnn", "fashion_mnist.csv", "fashion_mnist.svg", NULL, "f32", 5, 64, 0,
+                        1e-3};
     int parsed = parse(argc, argv, &o);
     if (parsed)
         return parsed > 0 ? 0 : 2;
@@ -233,6 +240,9 @@ int main(int argc, char **argv)
     rf_model *host_model = build_model(o.model);
     rf_model *model = host_model ? rf_model_to(host_model, dev) : NULL;
     rf_model_free(host_model);
+    if (model && !strcmp(o.precision, "bf16") &&
+        rf_model_set_matmul_precision(model, RF_PRECISION_BF16) != RF_OK)
+        return fail("setting the matmul precision");
     rf_opt *opt = model ? rf_setup(rf_adam(o.lr), model) : NULL;
     if (!opt)
         return fail("building the model");
