@@ -1070,13 +1070,14 @@ static void test_dot_bf16(void)
     targ a[4] = {{RF_F32, 2, {1, 300}}, {RF_F32, 2, {70, 300}},
                  {RF_F32, 3, {2, 3, 4}}, {RF_F32, 3, {2, 4, 5}}};
     rfi_graph *g = g_new(a, 4);
-    rfi_node *mv = dot_2d(g, g_arg(g, 0), g_arg(g, 1), 1, 1, 1, 70);
     rfi_attrs at = {0};
-    rfi_attrs_copy(&at, &mv->attr);
+    int64_t one[] = {1};
+    set_list(&at, 2, one, 1);
+    set_list(&at, 3, one, 1);
     at.i[0] = RF_PRECISION_BF16;
     rfi_node *in[2] = {g_arg(g, 0), g_arg(g, 1)};
     int64_t mv_dims[] = {1, 70};
-    mv = mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, mv_dims, 2);
+    rfi_node *mv = mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, mv_dims, 2);
     rfi_attrs bt = {0};
     int64_t batch[] = {0}, lc[] = {2}, rc[] = {1};
     set_list(&bt, 0, batch, 1);
