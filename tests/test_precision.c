@@ -451,6 +451,31 @@ static void test_models(void)
     rf_cache_stats cs = rf_model_cache_stats(m);
     CHECK(cs.compiles == 2 && cs.entries == 2 && cs.hits == 2);
     rf_opt_free(opt);
+
+    /* A layer that sets none takes its parent's, and the cache tells that apart from
+     * one that sets its own: Chain(Dense) at bf16, then a Dense added unset (its
+     * products bf16 too), then that Dense set to f32. */
+    rf_model *first = rf_dense(50, 40, RF_ACT_TANH), *second = rf_dense(40, 10, RF_ACT_IDENTITY);
+    rf_model *chain = rf_chain(first ? rf_model_to(first, rf_device_cpu()) : NULL);
+    rf_model *last = second ? rf_model_to(second, rf_device_cpu()) : NULL;
+    rf_model_free(first);
+    rf_model_free(second);
+    CHECK_OK(rf_model_set_matmul_precision(chain, RF_PRECISION_BF16));
+    CHECK_OK(rf_model_add_child(chain, last));
+    opt = rf_setup(rf_descent(0.01), chain);
+    for (int k = 0; k < 2; k++) {
+        if (k == 1)
+            CHECK_OK(rf_model_set_matmul_precision(last, RF_PRECISION_F32));
+        e = NULL;
+        CHECK_OK(rf_compile_model(chain, x, &e));
+        CHECK(e && count(rf_exec_program_text(e), "precision=bf16") == 2 - k);
+        rf_exec_free(e);
+        double loss = NAN;
+        CHECK_OK(rf_trainstep(tu_ce_loss, NULL, chain, batch, 2, opt, &loss, NULL));
+    }
+    CHECK(rf_model_cache_stats(chain).compiles == 2);
+    rf_opt_free(opt);
+    rf_model_free(chain);
     rf_array_free(batch[1]);
     rf_array_free(yh);
     rf_model_free(m);

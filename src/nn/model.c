@@ -397,7 +397,8 @@ static uint64_t hash_arrays(uint64_t h, const rfi_named_array *list, int n)
     return h;
 }
 
-static uint64_t hash_tree(uint64_t h, const rf_model *m)
+/* `outer`: the matmul precision m's products get when m sets none (its parent's). */
+static uint64_t hash_tree(uint64_t h, const rf_model *m, rf_precision outer)
 {
     /* The type's address tells apart user types that share a name. */
     h = rfi_hash_u64(h, (uint64_t)(uintptr_t)m->type);
@@ -406,19 +407,20 @@ static uint64_t hash_tree(uint64_t h, const rf_model *m)
     if (m->config_size)
         h = rfi_hash_bytes(h, m->config, m->config_size);
     h = rfi_hash_u64(h, m->training ? 1 : 0);
-    /* unset is the trace's, which is F32 where models are traced for the cache */
-    h = rfi_hash_u64(h, m->sets_precision ? (uint64_t)m->matmul_precision : RF_PRECISION_F32);
+    rf_precision precision = m->sets_precision ? m->matmul_precision : outer;
+    h = rfi_hash_u64(h, (uint64_t)precision);
     h = hash_arrays(h, m->params, m->n_params);
     h = hash_arrays(h, m->state, m->n_state);
     h = rfi_hash_u64(h, (uint64_t)m->n_children);
     for (int i = 0; i < m->n_children; i++)
-        h = hash_tree(h, m->children[i]);
+        h = hash_tree(h, m->children[i], precision);
     return h;
 }
 
 uint64_t rfi_model_structure_hash(const rf_model *m)
 {
-    return m ? hash_tree(RFI_HASH_INIT, m) : 0;
+    /* a root that sets none gets the trace's: F32 where models are traced for the cache */
+    return m ? hash_tree(RFI_HASH_INIT, m, RF_PRECISION_F32) : 0;
 }
 
 /* ---- Describing and summarising -------------------------------------------------------------- */
