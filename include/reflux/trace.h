@@ -68,10 +68,11 @@ RF_API rf_trace *rf_tensor_trace(const rf_tensor *x);
  * nearest even, subnormals to a zero of their sign, NaN kept), and the
  * products are summed as f32 ones are -- JAX's "bfloat16" matmul precision, the
  * matmuls of PyTorch's bf16 autocast. On a CPU with AVX512-BF16 such
- * products run about twice as fast; elsewhere they give the same results at
- * f32 speed. A product keeps its precision in the gradient (both backward
- * products use it). Convolutions and f64 or integer products are exact
- * whatever the setting. Models carry their own (rf_model_set_matmul_precision). */
+ * products run about twice as fast; elsewhere they give the same results a
+ * little slower than f32. A product keeps its precision in the gradient
+ * (both backward products use it). Convolutions and f64 or integer products
+ * are exact whatever the setting. Models carry their own
+ * (rf_model_set_matmul_precision). */
 typedef enum rf_precision {
     RF_PRECISION_F32 = 0,
     RF_PRECISION_BF16 = 1,
