@@ -93,19 +93,17 @@ RFI_FUNC bool rfi_dtype_valid(int dt);
 /* x rounded to bfloat16 (8 significant bits) and widened back: to nearest
  * even, a subnormal to a zero of its sign, a NaN stays a NaN (quiet): what
  * x86's VCVTNEPS2BF16 gives, and so oneDNN, whose results a matmul of
- * RF_PRECISION_BF16 must repeat on every backend. */
+ * RF_PRECISION_BF16 must repeat on every backend. Selects, not branches, so
+ * that a loop over it vectorises (dnnl_matmul.c). */
 static inline float rfi_round_bf16(float x)
 {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
-    if ((u & 0x7f800000u) == 0)
-        u &= 0x80000000u;                /* zero or subnormal */
-    else if ((u & 0x7fffffffu) > 0x7f800000u)
-        u |= 0x00400000u;                /* NaN */
-    else
-        u += 0x7fffu + ((u >> 16) & 1u); /* ties to the even one; past the top, inf */
-    u &= 0xffff0000u;
-    memcpy(&x, &u, sizeof x);
+    uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);    /* ties to the even one; past the top, inf */
+    r = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : r; /* NaN */
+    r = (u & 0x7f800000u) == 0 ? u & 0x80000000u : r;         /* zero or subnormal */
+    r &= 0xffff0000u;
+    memcpy(&x, &r, sizeof x);
     return x;
 }
 
