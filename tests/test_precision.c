@@ -231,6 +231,205 @@ static void test_forms(void)
     test_form((form){"matrix-vector", 1, 1, 300, 64, false, 0}, 51);
 }
 
+/* ---- Convolutions ---------------------------------------------------------------------- */
+
+typedef struct conv_form {
+    const char *name;
+    int64_t n, c, size, o, k; /* x [n, c, size, size], w [o, c / groups, k, k] */
+    int64_t stride, pad, groups;
+    rf_precision precision;
+} conv_form;
+
+static int64_t conv_out(const conv_form *f)
+{
+    return (f->size + 2 * f->pad - f->k) / f->stride + 1;
+}
+
+/* y = conv(x, w) and the gradients of sum(y * ct): dx, dw, in double from
+ * operands rounded if `bf16`, with the sums of |terms| of each. */
+typedef struct conv_ref {
+    double *y, *dx, *dw, *sy, *sdx, *sdw;
+} conv_ref;
+
+static void conv_reference(const conv_form *f, const double *x, const double *w,
+                           const double *ct, bool bf16, conv_ref *r)
+{
+    int64_t oh = conv_out(f), cg = f->c / f->groups, og = f->o / f->groups, sz = f->size;
+    int64_t ny = f->n * f->o * oh * oh, nx = f->n * f->c * sz * sz, nw = f->o * cg * f->k * f->k;
+    double **all[6] = {&r->y, &r->dx, &r->dw, &r->sy, &r->sdx, &r->sdw};
+    const int64_t sizes[6] = {ny, nx, nw, ny, nx, nw};
+    for (int k = 0; k < 6; k++)
+        *all[k] = calloc((size_t)sizes[k], sizeof(double));
+#define RND(v) (bf16 ? round_bf16((float)(v)) : (v))
+    for (int64_t n = 0; n < f->n; n++)
+        for (int64_t o = 0; o < f->o; o++)
+            for (int64_t i = 0; i < oh; i++)
+                for (int64_t j = 0; j < oh; j++) {
+                    int64_t yi = ((n * f->o + o) * oh + i) * oh + j;
+                    double c = RND(ct[yi]);
+                    for (int64_t ci = 0; ci < cg; ci++)
+                        for (int64_t a = 0; a < f->k; a++)
+                            for (int64_t b = 0; b < f->k; b++) {
+                                int64_t p = i * f->stride - f->pad + a;
+                                int64_t q = j * f->stride - f->pad + b;
+                                if (p < 0 || q < 0 || p >= sz || q >= sz)
+                                    continue;
+                                int64_t ch = o / og * cg + ci;
+                                int64_t xi = ((n * f->c + ch) * sz + p) * sz + q;
+                                int64_t wi = ((o * cg + ci) * f->k + a) * f->k + b;
+                                double xv = RND(x[xi]), wv = RND(w[wi]);
+                                r->y[yi] += xv * wv;
+                                r->sy[yi] += fabs(xv * wv);
+                                r->dx[xi] += c * wv;
+                                r->sdx[xi] += fabs(c * wv);
+                                r->dw[wi] += xv * c;
+                                r->sdw[wi] += fabs(xv * c);
+                            }
+                }
+#undef RND
+}
+
+static void conv_ref_free(conv_ref *r)
+{
+    double *all[6] = {r->y, r->dx, r->dw, r->sy, r->sdx, r->sdw};
+    for (int k = 0; k < 6; k++)
+        free(all[k]);
+}
+
+static void build_conv(rf_trace *t, rf_tensor *const *a, int n, void *user)
+{
+    (void)n;
+    const conv_form *f = user;
+    rf_trace_set_matmul_precision(t, f->precision);
+    rf_conv_params p = rf_conv_params_default(2);
+    for (int d = 0; d < 2; d++) {
+        p.stride[d] = f->stride;
+        p.pad_lo[d] = p.pad_hi[d] = f->pad;
+    }
+    p.feature_group_count = f->groups;
+    rf_tensor *y = rf_conv(a[0], a[1], &p);
+    rf_tensor *g[2] = {NULL, NULL};
+    rf_grad(t, rf_sum_all(rf_mul(y, a[2])), a, 2, g);
+    rf_return(t, y);
+    rf_return(t, g[0]);
+    rf_return(t, g[1]);
+}
+
+/* One convolution and its two gradients at both precisions, each against
+ * its own oracle, the two oracles far apart. */
+static void test_conv_form(conv_form f, uint64_t seed)
+{
+    int64_t oh = conv_out(&f), sz = f.size, kw = f.c / f.groups;
+    int64_t ny = f.n * f.o * oh * oh, nx = f.n * f.c * sz * sz, nw = f.o * kw * f.k * f.k;
+    double *x = random_values(nx, seed), *w = random_values(nw, seed + 1);
+    double *ct = random_values(ny, seed + 2);
+    /* Scaled by 1/8 (every bit kept): RF_CHECK compares each element to the
+     * interpreter's within 1e-4 of it plus 1e-6, and a sum of hundreds of
+     * terms of [-2, 2)^2 that cancels to near zero carries f32 rounding
+     * beyond that. */
+    for (int64_t i = 0; i < nx || i < nw || i < ny; i++) {
+        if (i < nx)
+            x[i] *= 0.125;
+        if (i < nw)
+            w[i] *= 0.125;
+        if (i < ny)
+            ct[i] *= 0.125;
+    }
+    rf_array *in[3] = {tp_host(RF_F32, RF_SHAPE(f.n, f.c, sz, sz), x),
+                       tp_host(RF_F32, RF_SHAPE(f.o, kw, f.k, f.k), w),
+                       tp_host(RF_F32, RF_SHAPE(f.n, f.o, oh, oh), ct)};
+    conv_ref ref[2];
+    for (int p = 0; p < 2; p++) {
+        conv_reference(&f, x, w, ct, p == 1, &ref[p]);
+        f.precision = p ? RF_PRECISION_BF16 : RF_PRECISION_F32;
+        rf_array *out[3] = {NULL, NULL, NULL};
+        CHECK_OK(tp_run(build_conv, &f, in, 3, out, 3));
+        char label[96];
+        snprintf(label, sizeof label, "%s (%s)", f.name, rf_precision_name(f.precision));
+        expect_sums(label, out[0], ref[p].y, ref[p].sy, ny);
+        snprintf(label, sizeof label, "%s (%s), gradient of x", f.name,
+                 rf_precision_name(f.precision));
+        expect_sums(label, out[1], ref[p].dx, ref[p].sdx, nx);
+        snprintf(label, sizeof label, "%s (%s), gradient of w", f.name,
+                 rf_precision_name(f.precision));
+        expect_sums(label, out[2], ref[p].dw, ref[p].sdw, nw);
+        tp_free_all(out, 3);
+    }
+    double gap = fmin(worst_gap(ref[0].y, ref[1].y, ref[1].sy, ny),
+                      fmin(worst_gap(ref[0].dx, ref[1].dx, ref[1].sdx, nx),
+                           worst_gap(ref[0].dw, ref[1].dw, ref[1].sdw, nw)));
+    CHECK(gap > 1e-4);
+    if (!(gap > 1e-4))
+        fprintf(stderr, "  %s: the precisions differ by only %.3g\n", f.name, gap);
+    conv_ref_free(&ref[0]);
+    conv_ref_free(&ref[1]);
+    tp_free_all(in, 3);
+    free(x);
+    free(w);
+    free(ct);
+}
+
+/* Forms that take the CPU backend's different convolutions: channel-blocked
+ * (16 -> 32), strided (its input gradient lhs-dilated), a first layer (1
+ * channel), 8 channels (generated loops, strided too), grouped, and an 8x8
+ * kernel (im2col). */
+static void test_conv_forms(void)
+{
+    test_conv_form((conv_form){"conv 16->32", 4, 16, 10, 32, 3, 1, 1, 1, 0}, 101);
+    test_conv_form((conv_form){"conv strided", 3, 16, 11, 16, 3, 2, 1, 1, 0}, 111);
+    test_conv_form((conv_form){"conv first layer", 4, 1, 12, 16, 3, 1, 0, 1, 0}, 121);
+    test_conv_form((conv_form){"conv 8->8", 4, 8, 12, 8, 3, 1, 1, 1, 0}, 151);
+    test_conv_form((conv_form){"conv 8->16 strided", 4, 8, 12, 16, 3, 2, 1, 1, 0}, 161);
+    test_conv_form((conv_form){"conv grouped", 2, 8, 9, 8, 3, 1, 1, 2, 0}, 131);
+    test_conv_form((conv_form){"conv 8x8 kernel", 2, 3, 14, 4, 8, 1, 0, 1, 0}, 141);
+}
+
+/* Each value times 1 through a 1x1 convolution, as test_rounding through a
+ * product: the conversion the convolutions' reorders do rounds alike. The
+ * 32 channels (the values, then ones) make it one of the library's. */
+static void build_conv_rounding(rf_trace *t, rf_tensor *const *a, int n, void *user)
+{
+    (void)n, (void)user;
+    rf_trace_set_matmul_precision(t, RF_PRECISION_BF16);
+    rf_return(t, rf_conv(a[0], a[1], NULL));
+}
+
+static void test_conv_rounding(void)
+{
+    const float values[] = {
+        1.0f + 0x1p-8f, 1.0f + 0x3p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -(1.0f + 0x5p-9f),
+        1e-40f, -1e-40f, FLT_MIN, -FLT_MIN * (1.0f + 0x1p-9f), FLT_MAX, -FLT_MAX,
+        0x1.fep127f, INFINITY, -INFINITY, NAN, 3.14159265f, -2.71828183f, 65504.0f, 1e-30f,
+    };
+    enum { N = sizeof values / sizeof values[0], C = 32, P = 16 };
+    /* x [1, C, P, N]: channel 0 holds the values at every row, the others zeros; w picks
+     * channel 0 for each of 16 outputs */
+    static double x[C * P * N], w[16 * C];
+    for (int p = 0; p < P; p++)
+        for (int i = 0; i < N; i++)
+            x[p * N + i] = values[i];
+    for (int o = 0; o < 16; o++)
+        w[o * C] = 1.0;
+    rf_array *in[2] = {tp_host(RF_F32, RF_SHAPE(1, C, P, N), x),
+                       tp_host(RF_F32, RF_SHAPE(16, C, 1, 1), w)};
+    rf_array *out = NULL;
+    CHECK_OK(tp_run(build_conv_rounding, NULL, in, 2, &out, 1));
+    double *got = tp_read(out, NULL);
+    int bad = 0;
+    for (int o = 0; got && o < 16; o++)
+        for (int i = 0; i < N; i++) {
+            double want = round_bf16(values[i]), g = got[(o * P + 3) * N + i];
+            bool same = isnan(want) ? isnan(g) : g == want;
+            if (!same && bad++ < 6)
+                fprintf(stderr, "  conv rounding %a: got %a, expected %a\n", (double)values[i],
+                        g, want);
+        }
+    CHECK(got && bad == 0);
+    free(got);
+    rf_array_free(out);
+    tp_free_all(in, 2);
+}
+
 /* ---- Gradients ------------------------------------------------------------------------- */
 
 static void build_grad(rf_trace *t, rf_tensor *const *a, int n, void *user)
@@ -491,6 +690,8 @@ int main(void)
 {
     test_rounding();
     test_forms();
+    test_conv_rounding();
+    test_conv_forms();
     test_gradients();
     test_settings();
     test_f64_exact();

@@ -14,9 +14,9 @@ run's one (warm), and time the ahead-of-time compile alone
 (jax.jit(step).lower(...).compile(): trace + XLA compile or a cache hit, nothing run), as
 rf_bench times rf_compile alone.
 
---matmul-precision bf16 casts both operands of every dense layer's product to bfloat16 and
-asks for an f32 result (preferred_element_type), the products reflux's RF_PRECISION_BF16
-computes; convolutions stay f32, as in reflux.
+--matmul-precision bf16 casts both operands of every dense layer's product and of every
+convolution to bfloat16 and asks for an f32 result (preferred_element_type), what reflux's
+RF_PRECISION_BF16 computes.
 
 Prints "# skip: ..." and exits 0 when jax or optax is not installed
 (pip install jax optax). For benchmarking only: reflux never depends on it.
@@ -84,9 +84,13 @@ def layers(jax, bf16):
         return x @ w + p[name + ".b"]
 
     def conv(p, name, x, stride=1, pad=0):
-        y = lax.conv_general_dilated(x, p[name + ".w"], (stride, stride),
-                                     [(pad, pad), (pad, pad)],
-                                     dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        w = p[name + ".w"]
+        kw = {}
+        if bf16:
+            x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+            kw = {"preferred_element_type": jnp.float32}
+        y = lax.conv_general_dilated(x, w, (stride, stride), [(pad, pad), (pad, pad)],
+                                     dimension_numbers=("NCHW", "OIHW", "NCHW"), **kw)
         b = p.get(name + ".b")
         return y if b is None else y + b[None, :, None, None]
 

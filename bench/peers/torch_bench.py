@@ -9,8 +9,7 @@ but fixed data. A training step is zero_grad + forward + loss + backward + Adam 
 loss.item() (reflux also returns the loss to the host every step).
 
 --matmul-precision bf16 runs the forward pass and the loss under torch.autocast("cpu",
-dtype=torch.bfloat16), PyTorch's way to bf16 products (it also lowers convolutions, which
-reflux's setting leaves f32).
+dtype=torch.bfloat16), PyTorch's way to bf16 products and convolutions.
 
 Modes (--mode): eager; compile (torch.compile of the whole step function: Inductor, which
 works offline); script (TorchScript model, eager autograd and optimiser); best (default: runs

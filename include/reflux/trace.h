@@ -61,18 +61,18 @@ RF_API rf_status rf_trace_status(const rf_trace *t);
 RF_API rf_trace *rf_tensor_trace(const rf_tensor *x);
 
 /* ---- Matmul precision -----------------------------------------------------------
- * How the f32 matrix products a trace builds (rf_matmul, rf_dot_general, and
- * so Dense and the other layers built on them) treat their operands.
- * RF_PRECISION_F32, the default: as they are. RF_PRECISION_BF16: every
- * operand element is first rounded to bfloat16 (8 significant bits; to
- * nearest even, subnormals to a zero of their sign, NaN kept), and the
- * products are summed as f32 ones are -- JAX's "bfloat16" matmul precision, the
- * matmuls of PyTorch's bf16 autocast. On a CPU with AVX512-BF16 such
- * products run about twice as fast; elsewhere they give the same results a
- * little slower than f32. A product keeps its precision in the gradient
- * (both backward products use it). Convolutions and f64 or integer products
- * are exact whatever the setting. Models carry their own
- * (rf_model_set_matmul_precision). */
+ * How the f32 matrix products and convolutions a trace builds (rf_matmul,
+ * rf_dot_general, rf_conv, and so Dense, Conv and the other layers built on
+ * them) treat their operands. RF_PRECISION_F32, the default: as they are.
+ * RF_PRECISION_BF16: every operand element is first rounded to bfloat16 (8
+ * significant bits; to nearest even, subnormals to a zero of their sign, NaN
+ * kept), and the products are summed as f32 ones are -- JAX's "bfloat16"
+ * matmul precision, the products and convolutions of PyTorch's bf16
+ * autocast. On a CPU with AVX512-BF16 such matrix products run about twice
+ * as fast; elsewhere they give the same results a little slower than f32.
+ * An op keeps its precision in the gradient (both backward products or
+ * convolutions use it). f64 and integer ops are exact whatever the setting.
+ * Models carry their own (rf_model_set_matmul_precision). */
 typedef enum rf_precision {
     RF_PRECISION_F32 = 0,
     RF_PRECISION_BF16 = 1,

@@ -76,6 +76,7 @@ typedef struct conv_attrs {
     int nsp;
     int64_t stride[3], lo[3], hi[3], lhs_dil[3], rhs_dil[3];
     int64_t fgc, bgc;
+    int64_t precision; /* rf_precision */
 } conv_attrs;
 
 static conv_attrs conv_attrs_of(const rfi_node *n)
@@ -92,6 +93,7 @@ static conv_attrs conv_attrs_of(const rfi_node *n)
     }
     c.fgc = n->attr.i[0] > 1 ? n->attr.i[0] : 1;
     c.bgc = n->attr.i[1] > 1 ? n->attr.i[1] : 1;
+    c.precision = n->attr.i[2];
     return c;
 }
 
@@ -144,6 +146,7 @@ static rfi_node *conv(rfi_graph *g, rfi_node *x, rfi_node *w, conv_attrs c)
     }
     at.i[0] = c.fgc;
     at.i[1] = c.bgc;
+    at.i[2] = c.precision;
     rfi_node *in[2] = {x, w};
     return rfi_node_new(g, RFI_OP_CONVOLUTION, in, 2, &at, x ? x->dtype : RF_F32, NULL, 0);
 }
@@ -207,6 +210,7 @@ static rfi_node *conv_input_grad(rfi_graph *g, rfi_node *ct, rfi_node *x, rfi_no
     t.nsp = nsp;
     t.fgc = groups;
     t.bgc = 1;
+    t.precision = c.precision; /* JAX's transpose rule: both gradients keep it */
     for (int k = 0; k < nsp; k++) {
         int64_t in_d = dilated(x->dims[2 + k], c.lhs_dil[k]);
         int64_t k_d = dilated(w->dims[2 + k], c.rhs_dil[k]);
@@ -243,6 +247,7 @@ static rfi_node *conv_kernel_grad(rfi_graph *g, rfi_node *ct, rfi_node *x, rfi_n
     t.nsp = c.nsp;
     t.fgc = c.bgc > 1 ? c.bgc : 1;
     t.bgc = c.bgc > 1 ? 1 : c.fgc;
+    t.precision = c.precision;
     for (int k = 0; k < c.nsp; k++) {
         int64_t in_d = dilated(x->dims[2 + k], c.lhs_dil[k]);
         int64_t k_d = dilated(w->dims[2 + k], c.rhs_dil[k]);

@@ -219,6 +219,10 @@ typedef struct rfi_kir_conv {
     int64_t pool_rows, pool_groups;
     int64_t tile_floats;
     bool tiled;
+    /* RF_PRECISION_BF16: each operand value rounded (rf_round_bf16) where the
+     * kernel first copies it: the input rows' table, the reordered kernel,
+     * the output gradient's row */
+    bool bf16;
 } rfi_kir_conv;
 
 typedef struct rfi_kir_step {

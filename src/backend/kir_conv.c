@@ -447,6 +447,7 @@ bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
     rfi_kir_conv d;
     memset(&d, 0, sizeof d);
     d.pool_step = d.pool_kernel = -1;
+    d.bf16 = rfi_conv_bf16(n);
     bool forward = describe_forward(p, n, &d);
     if (!forward && (st->n_epilogue > 0 || !describe_weight_grad(p, n, &d)))
         return false;

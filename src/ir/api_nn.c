@@ -110,6 +110,8 @@ rf_tensor *rf_conv(rf_tensor *x, rf_tensor *w, const rf_conv_params *p)
         return NULL;
     attr.i[0] = fg;
     attr.i[1] = bg;
+    if (x->dtype == RF_F32) /* the others are exact whatever the setting */
+        attr.i[2] = x->g->matmul_precision;
     rfi_node *in[2] = {x, w};
     return rfi_node_new(x->g, RFI_OP_CONVOLUTION, in, 2, &attr, x->dtype, NULL, 0);
 }

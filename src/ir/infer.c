@@ -526,17 +526,22 @@ static rf_status infer_arg_extreme(ictx *c)
 
 /* ---- Linear algebra ------------------------------------------------------------- */
 
+/* A product's rf_precision (attribute value p) for operands of dtype dt. */
+static rf_status need_precision(ictx *c, int64_t p, rf_dtype dt)
+{
+    if (p == RF_PRECISION_F32 || (p == RF_PRECISION_BF16 && dt == RF_F32))
+        return RF_OK;
+    return fail(c, RF_E_INVALID, "precision %lld is not %s for %s operands", (long long)p,
+                dt == RF_F32 ? "f32 (0) or bf16 (1)" : "f32 (0)", rf_dtype_name(dt));
+}
+
 static rf_status infer_dot_general(ictx *c)
 {
     const rfi_node *x = c->in[0], *y = c->in[1];
     rf_status st = need_same_dtype(c, x, y);
-    if (st != RF_OK || (st = need_not_bool(c, x)) != RF_OK)
+    if (st != RF_OK || (st = need_not_bool(c, x)) != RF_OK ||
+        (st = need_precision(c, c->a->i[0], x->dtype)) != RF_OK)
         return st;
-    if (c->a->i[0] != RF_PRECISION_F32 &&
-        (c->a->i[0] != RF_PRECISION_BF16 || x->dtype != RF_F32))
-        return fail(c, RF_E_INVALID, "precision %lld is not %s for %s operands",
-                    (long long)c->a->i[0], x->dtype == RF_F32 ? "f32 (0) or bf16 (1)" : "f32 (0)",
-                    rf_dtype_name(x->dtype));
     int nb = c->a->nl[0], nc = c->a->nl[2];
     if (nb != c->a->nl[1] || nc != c->a->nl[3] || nb < 0 || nc < 0)
         return fail(c, RF_E_INVALID, "batch dims (%d, %d) or contracting dims (%d, %d) differ "
@@ -591,7 +596,8 @@ static rf_status infer_convolution(ictx *c)
 {
     const rfi_node *x = c->in[0], *w = c->in[1];
     rf_status st = need_same_dtype(c, x, w);
-    if (st != RF_OK || (st = need_not_bool(c, x)) != RF_OK)
+    if (st != RF_OK || (st = need_not_bool(c, x)) != RF_OK ||
+        (st = need_precision(c, c->a->i[2], x->dtype)) != RF_OK)
         return st;
     if (x->rank < 3)
         return fail(c, RF_E_SHAPE, "input %s must be [N, C, spatial...]", TY(x));
@@ -896,4 +902,9 @@ int64_t rfi_dot_macs(const rfi_node *dot)
 bool rfi_dot_bf16(const rfi_node *dot)
 {
     return dot->op == RFI_OP_DOT_GENERAL && dot->attr.i[0] == RF_PRECISION_BF16;
+}
+
+bool rfi_conv_bf16(const rfi_node *conv)
+{
+    return conv->op == RFI_OP_CONVOLUTION && conv->attr.i[2] == RF_PRECISION_BF16;
 }

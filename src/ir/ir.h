@@ -44,7 +44,8 @@
  *                                              l[3] lhs_dilation, l[4] rhs_dilation
  *                                              (nspatial entries each),
  *                                              i[0] feature_group_count, i[1] batch_group_count
- *                                              (both >= 1; 1 = ordinary convolution)
+ *                                              (both >= 1; 1 = ordinary convolution),
+ *                                              i[2] rf_precision (as DOT_GENERAL's i[0])
  *   REDUCE_WINDOW      x                       i[0] kind (SUM/MAX/MIN), l[0] window,
  *                                              l[1] strides, l[2] pad_lo, l[3] pad_hi (rank(x))
  *   SELECT_AND_SCATTER x, source               l[0..3] as REDUCE_WINDOW (first max, add)
@@ -272,6 +273,8 @@ RFI_FUNC int rfi_dot_free_dims(int rank, const int64_t *a, int na, const int64_t
 RFI_FUNC int64_t rfi_dot_macs(const rfi_node *dot);
 /* Whether a DOT_GENERAL rounds its (f32) operands to bfloat16 first. */
 RFI_FUNC bool rfi_dot_bf16(const rfi_node *dot);
+/* The same for a CONVOLUTION. */
+RFI_FUNC bool rfi_conv_bf16(const rfi_node *conv);
 RFI_FUNC size_t rfi_node_nbytes(const rfi_node *x);
 
 /* ---- Whole-graph services ------------------------------------------------------------ */

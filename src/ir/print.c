@@ -160,6 +160,8 @@ static void print_attrs(rfi_strbuf *sb, const rfi_node *x)
         print_list(sb, ", rhs_dilation", a->l[4], a->nl[4]);
         rfi_sb_printf(sb, ", feature_groups=%lld, batch_groups=%lld", (long long)a->i[0],
                       (long long)a->i[1]);
+        if (a->i[2] == RF_PRECISION_BF16)
+            rfi_sb_printf(sb, ", precision=bf16");
         break;
     case RFI_OP_REDUCE_WINDOW:
         rfi_sb_printf(sb, "kind=%s, ", kind_name(a->i[0]));

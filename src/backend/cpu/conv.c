@@ -44,6 +44,15 @@
  * services apply the ops the primitive does not (rfi_cpu_conv_epilogue_ops)
  * after the call.
  *
+ * A convolution of RF_PRECISION_BF16 (the IR's attribute) runs one of
+ * oneDNN's bf16 convolutions where oneDNN has one with bf16 instructions
+ * for the form: the reorders of both inputs into its layouts convert them
+ * to bf16, rounding as rfi_round_bf16 does, and the result stays f32 (oneDNN
+ * has Winograd in f32 only). Elsewhere (or with RF_BF16_KERNELS=0) both
+ * inputs are rounded into f32 copies in the workspace and the path is
+ * chosen among the f32 ones as for an f32 convolution (`rounds`): the same
+ * numbers at f32 speed, plus a pass over the inputs.
+ *
  * Deliberately not here: G > 1 together with B > 1 (no gradient produces it;
  * the services run the reference kernel), non-f32 dtypes, zero spatial dims.
  */
@@ -123,14 +132,25 @@ struct rfi_cpu_conv {
     size_t pack_at, dnnl_workspace; /* packed kernel (bwd-data); workspace of dc */
     rfi_layout layouts[3];          /* the buffers' layouts (plan.h): operands 0, 1, result */
     bool laid_out[3];               /* dc reads or writes that buffer in its layout */
+    bool bf16;                      /* RF_PRECISION_BF16 (see the header comment) */
+    bool rounds;                    /* bf16 on an f32 path: inputs rounded into the workspace */
+    size_t round_at[2];             /* rounds: where the rounded copies of x and w go */
 };
 
 const char *rfi_cpu_conv_path(const rfi_cpu_conv *c)
 {
-    static const char *const names[] = {"im2col", "forward", "bwd-weights", "bwd-data"};
-    static const char *const winograd[] = {"im2col", "forward-winograd",
-                                           "bwd-weights-winograd", "bwd-data-winograd"};
-    return c->winograd ? winograd[c->path] : names[c->path];
+    /* [f32, bf16, bf16 rounded][winograd][path]: static, as callers keep them */
+    static const char *const names[3][2][4] = {
+        {{"im2col", "forward", "bwd-weights", "bwd-data"},
+         {"im2col", "forward-winograd", "bwd-weights-winograd", "bwd-data-winograd"}},
+        {{"im2col bf16", "forward bf16", "bwd-weights bf16", "bwd-data bf16"},
+         {"im2col bf16", "forward bf16", "bwd-weights bf16", "bwd-data bf16"}},
+        {{"im2col bf16-rounded", "forward bf16-rounded", "bwd-weights bf16-rounded",
+          "bwd-data bf16-rounded"},
+         {"im2col bf16-rounded", "forward-winograd bf16-rounded",
+          "bwd-weights-winograd bf16-rounded", "bwd-data-winograd bf16-rounded"}},
+    };
+    return names[!c->bf16 ? 0 : c->rounds ? 2 : 1][c->winograd][c->path];
 }
 
 /* ---- im2col -------------------------------------------------------------------------- */
@@ -317,6 +337,7 @@ typedef struct dnnl_conv_spec {
     bool any[3]; /* the primitive picks this tensor's layout (else the buffer's) */
     dnnl_alg_kind_t alg; /* dnnl_convolution_direct or _winograd */
     bool training;       /* a forward path as oneDNN's training kind (else inference) */
+    bool bf16;           /* inputs t[0], t[1] as bf16 (the output stays f32) */
 } dnnl_conv_spec;
 
 /* Plain row-major strides for dims, optionally with dims 0 and 1 of the
@@ -541,30 +562,53 @@ static void destroy_dnnl_conv(dnnl_conv *dc)
     memset(dc, 0, sizeof *dc);
 }
 
-/* bias: the forward convolution's bias input (NULL: none). */
+/* The three tensors' descriptions: types by sp->bf16, the output's bf16 too
+ * if all_bf16 (a backward kind's forward hint, which oneDNN only has with
+ * one type throughout). */
+static dnnl_status_t tensor_descs(const dnnl_conv_spec *sp, bool all_bf16, dnnl_memory_desc_t *md)
+{
+    dnnl_status_t st = dnnl_success;
+    for (int k = 0; k < 3 && st == dnnl_success; k++) {
+        dnnl_data_type_t type = sp->bf16 && (k < 2 || all_bf16) ? dnnl_bf16 : dnnl_f32;
+        st = sp->any[k] ? rfi_dnnl.memory_desc_init_by_tag(&md[k], sp->t[k].ndims, sp->t[k].dims,
+                                                           type, dnnl_format_tag_any)
+                        : rfi_dnnl.memory_desc_init_by_strides(&md[k], sp->t[k].ndims,
+                                                               sp->t[k].dims, type,
+                                                               sp->t[k].strides);
+    }
+    return st;
+}
+
+/* The forward convolution over md (in IR order); bias: its bias input (NULL: none). */
+static dnnl_status_t forward_desc(const dnnl_conv_spec *sp, const dnnl_memory_desc_t *md,
+                                  const dnnl_memory_desc_t *bias, dnnl_convolution_desc_t *fwd)
+{
+    dnnl_prop_kind_t prop =
+        sp->kind == PATH_FORWARD && !sp->training ? dnnl_forward_inference : dnnl_forward_training;
+    return rfi_dnnl.dilated_convolution_forward_desc_init(fwd, prop, sp->alg, &md[sp->src],
+                                                          &md[sp->wei], bias, &md[sp->dst],
+                                                          sp->strides, sp->dilates, sp->pad_l,
+                                                          sp->pad_r);
+}
+
+/* desc: the operation; fwd: the forward hint of a backward kind. bias: the
+ * forward convolution's bias input (NULL: none). */
 static dnnl_status_t init_descs(const dnnl_conv_spec *sp, const dnnl_memory_desc_t *bias,
                                 dnnl_memory_desc_t *any, dnnl_convolution_desc_t *fwd,
                                 dnnl_convolution_desc_t *desc)
 {
-    dnnl_status_t st = dnnl_success;
-    for (int k = 0; k < 3 && st == dnnl_success; k++)
-        st = sp->any[k] ? rfi_dnnl.memory_desc_init_by_tag(&any[k], sp->t[k].ndims, sp->t[k].dims,
-                                                           dnnl_f32, dnnl_format_tag_any)
-                        : rfi_dnnl.memory_desc_init_by_strides(&any[k], sp->t[k].ndims,
-                                                               sp->t[k].dims, dnnl_f32,
-                                                               sp->t[k].strides);
+    dnnl_status_t st = tensor_descs(sp, false, any);
+    if (st == dnnl_success)
+        st = forward_desc(sp, any, bias, desc);
+    if (st != dnnl_success || sp->kind == PATH_FORWARD)
+        return st;
+    dnnl_memory_desc_t hint[3];
+    st = tensor_descs(sp, true, hint);
+    if (st == dnnl_success)
+        st = forward_desc(sp, hint, NULL, fwd);
     if (st != dnnl_success)
         return st;
     const dnnl_memory_desc_t *s = &any[sp->src], *w = &any[sp->wei], *d = &any[sp->dst];
-    dnnl_prop_kind_t prop =
-        sp->kind == PATH_FORWARD && !sp->training ? dnnl_forward_inference : dnnl_forward_training;
-    st = rfi_dnnl.dilated_convolution_forward_desc_init(fwd, prop, sp->alg, s, w, bias, d,
-                                                        sp->strides, sp->dilates, sp->pad_l,
-                                                        sp->pad_r);
-    if (st != dnnl_success || sp->kind == PATH_FORWARD) {
-        *desc = *fwd;
-        return st;
-    }
     if (sp->kind == PATH_BWD_WEIGHTS)
         return rfi_dnnl.dilated_convolution_backward_weights_desc_init(
             desc, sp->alg, s, w, NULL, d, sp->strides, sp->dilates, sp->pad_l, sp->pad_r);
@@ -574,6 +618,8 @@ static dnnl_status_t init_descs(const dnnl_conv_spec *sp, const dnnl_memory_desc
 
 /* The primitive descriptor (user scratchpad, with its forward hint for the
  * backward kinds); dnnl_unimplemented if oneDNN only has its reference, or
+ * (bf16) no kernel with bf16 instructions (oneDNN 2.6 emulates them on plain
+ * AVX-512, slower than f32), or
  * post-ops on its gemm-based convolution (measured on a 1-channel 3x3
  * forward of 64 images: 0.55 ms plain, 42 ms with a per-channel binary add,
  * 4.5 ms with a relu; the ops then run after the call instead. Its bias
@@ -605,7 +651,8 @@ static dnnl_status_t create_pd(const dnnl_conv_spec *sp, const dnnl_memory_desc_
     if (st == dnnl_success &&
         rfi_dnnl.primitive_desc_query(*pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
         impl && (strncmp(impl, "ref", 3) == 0 ||
-                 (post && post->n > 0 && strstr(impl, "gemm")))) {
+                 (post && post->n > 0 && strstr(impl, "gemm")) ||
+                 (sp->bf16 && !strstr(impl, "bf16") && !strstr(impl, "amx")))) {
         rfi_dnnl.primitive_desc_destroy(*pd);
         *pd = NULL;
         st = dnnl_unimplemented;
@@ -921,7 +968,8 @@ static bool try_path(rfi_cpu_conv *c, int path, dnnl_engine_t eng)
                                          : false;
     if (!ok || c->nsp > 3)
         return false;
-    if (winograd_wanted(&sp)) {
+    sp.bf16 = c->bf16 && !c->rounds;
+    if (!sp.bf16 && winograd_wanted(&sp)) { /* oneDNN's Winograd is f32 only */
         /* Winograd wants its own blocked layouts, and its inference kind wants
          * the weights pre-transformed: a reorder of 0.37 ms per call on a
          * 64x32x3x3 kernel, which its training kind does inside the kernel. */
@@ -995,6 +1043,29 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
     try_path(c, PATH_BWD_DATA, eng);
 }
 
+/* The path as choose_dnnl_path says; at bf16 first among oneDNN's bf16
+ * convolutions (where allowed), then (rounds) among the f32 paths. */
+static void choose_path(rfi_cpu_conv *c, dnnl_engine_t eng)
+{
+    if (c->bf16 && rfi_bf16_kernels_allowed()) {
+        choose_dnnl_path(c, eng);
+        if (c->path != PATH_IM2COL)
+            return;
+    }
+    c->rounds = c->bf16;
+    choose_dnnl_path(c, eng);
+}
+
+/* Reserves the rounded copies of x and w (rounds) after `used` workspace bytes. */
+static size_t reserve_rounded(rfi_cpu_conv *c, size_t used)
+{
+    for (int k = 0; k < 2 && c->rounds; k++) {
+        c->round_at[k] = used;
+        used += rfi_ws_align((size_t)rfi_node_numel(c->node->in[k]) * sizeof(float));
+    }
+    return used;
+}
+
 rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_epi,
                                const bool views[2], const rfi_layout layouts[3],
                                dnnl_engine_t eng, rfi_cpu_conv **out, size_t *workspace_bytes)
@@ -1008,6 +1079,7 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_e
     if (!c)
         return rfi_error(RF_E_NOMEM, "cpu: convolution: out of memory");
     c->node = n;
+    c->bf16 = rfi_conv_bf16(n);
     c->epi = epi;
     c->n_epi = n_epi;
     c->views[0] = views && views[0];
@@ -1022,9 +1094,9 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_e
         *out = c;
         return RF_OK;
     }
-    choose_dnnl_path(c, eng);
+    choose_path(c, eng);
     if (c->path != PATH_IM2COL) {
-        *workspace_bytes = c->dnnl_workspace;
+        *workspace_bytes = reserve_rounded(c, c->dnnl_workspace);
         *out = c;
         return RF_OK;
     }
@@ -1042,7 +1114,7 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_e
     size_t scratch = c->full.scratch_bytes > c->last.scratch_bytes ? c->full.scratch_bytes
                                                                    : c->last.scratch_bytes;
     c->col_at = rfi_ws_align(scratch);
-    *workspace_bytes = c->col_at + rfi_ws_align(image_bytes * (size_t)c->chunk);
+    *workspace_bytes = reserve_rounded(c, c->col_at + rfi_ws_align(image_bytes * (size_t)c->chunk));
     *out = c;
     return RF_OK;
 }
@@ -1055,6 +1127,14 @@ rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x, cons
         if (bytes > 0)
             memset(out, 0, bytes);
         return RF_OK;
+    }
+    if (c->rounds) {
+        const void **in[2] = {&x, &w};
+        for (int k = 0; k < 2; k++) {
+            float *copy = (float *)((char *)workspace + c->round_at[k]);
+            rfi_cpu_round_bf16(copy, *in[k], rfi_node_numel(c->node->in[k]));
+            *in[k] = copy;
+        }
     }
     if (c->path != PATH_IM2COL)
         return run_dnnl_conv(c, s, x, w, out, epi_src, workspace);
@@ -1103,7 +1183,7 @@ int rfi_cpu_conv_epilogue_ops(const rfi_cpu_conv *c)
 bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k, const dnnl_memory_desc_t **user,
                              const dnnl_memory_desc_t **inner, size_t *bytes)
 {
-    if (!c || c->empty || c->path == PATH_IM2COL || k < 0 || k > 1 ||
+    if (!c || c->empty || c->path == PATH_IM2COL || k < 0 || k > 1 || c->rounds ||
         (c->path == PATH_BWD_DATA && k == 1)) /* that input is the kernel packed per call */
         return false;
     const conv_arg *a = &c->dc.args[k];

@@ -433,7 +433,7 @@ static uint16_t bf16_bits(float x)
 /* PACK_ROUNDED's contiguous rows, vectorised for AVX2 (-O2 alone leaves the
  * loop scalar, 6x slower). */
 __attribute__((target("avx2"), optimize("tree-vectorize"))) static void rounded_row_avx2(
-    float *restrict dst, const float *restrict src, int64_t n)
+    float *dst, const float *src, int64_t n) /* dst may be src (rfi_cpu_round_bf16) */
 {
     for (int64_t j = 0; j < n; j++)
         dst[j] = rfi_round_bf16(src[j]);
@@ -454,6 +454,19 @@ __attribute__((target("avx512f,avx512bf16"))) static void bf16_row_isa(uint16_t 
 }
 #endif
 
+/* dst[j] = rfi_round_bf16(src[j]), vectorised where the CPU allows; dst may be src. */
+static void rounded_row(float *dst, const float *src, int64_t n)
+{
+#ifdef HAVE_X86_PATHS
+    if (__builtin_cpu_supports("avx2")) {
+        rounded_row_avx2(dst, src, n);
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < n; j++)
+        dst[j] = rfi_round_bf16(src[j]);
+}
+
 /* One row of n values, src[j * step], into packed position `at`. */
 static void pack_row(const packing *p, int64_t at, const float *src, int64_t n, int64_t step)
 {
@@ -466,12 +479,10 @@ static void pack_row(const packing *p, int64_t at, const float *src, int64_t n, 
                 d[j] = src[j * step];
     } else if (p->format == PACK_ROUNDED) {
         float *d = (float *)p->dst + at;
-#ifdef HAVE_X86_PATHS
-        if (step == 1 && __builtin_cpu_supports("avx2")) {
-            rounded_row_avx2(d, src, n);
+        if (step == 1) {
+            rounded_row(d, src, n);
             return;
         }
-#endif
         for (int64_t j = 0; j < n; j++)
             d[j] = rfi_round_bf16(src[j * step]);
     } else {
@@ -485,6 +496,12 @@ static void pack_row(const packing *p, int64_t at, const float *src, int64_t n, 
         for (int64_t j = 0; j < n; j++)
             d[j] = bf16_bits(src[j * step]);
     }
+}
+
+bool rfi_bf16_kernels_allowed(void)
+{
+    const char *env = getenv("RF_BF16_KERNELS");
+    return !env || strcmp(env, "0") != 0;
 }
 
 /* Rows [lo, hi) of the operand (a row: its innermost visited dim) in
@@ -534,6 +551,11 @@ static void convert_operand(void *dst, const float *src, int64_t n, pack_format 
 {
     packing p = {NULL, src, dst, format, bf16_isa};
     rfi_parallel_for(n, PACK_GRAIN_VALUES, convert_range, &p);
+}
+
+void rfi_cpu_round_bf16(float *dst, const float *src, int64_t n)
+{
+    convert_operand(dst, src, n, PACK_ROUNDED, false);
 }
 
 /* Packs the operand into dst in `format`, on the pool's threads when large. */
@@ -645,8 +667,7 @@ static rf_status try_bf16_form(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_d
 static rf_status make_bf16_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng,
                                      const rfi_dnnl_post *post)
 {
-    const char *env = getenv("RF_BF16_KERNELS");
-    bool isa_allowed = !env || strcmp(env, "0") != 0;
+    bool isa_allowed = rfi_bf16_kernels_allowed();
     bool in_place = m->lhs.collapsible && m->rhs.collapsible;
     for (int format = isa_allowed ? PACK_BF16 : PACK_ROUNDED; format >= PACK_ROUNDED; format--) {
         if (in_place && try_bf16_form(m, eng, post, (pack_format)format, false) == RF_OK)

@@ -1303,6 +1303,7 @@ rf_status rfi_render_c(const rfi_kir_module *m, char **source)
                 kernel_name(m->steps[function_of[pk]].kernel, pool_name, sizeof pool_name);
             rfi_render_conv_kernel(&m->steps[i], pool_name, &decl[i], &def[i]);
             R.need |= RFI_NEED_VECTORS | RFI_NEED_MAXMIN_F32;
+            R.need |= m->steps[i].conv.bf16 ? RFI_NEED_BF16 : 0;
         }
     size_t total = 0, body = 0;
     bool failed = false;

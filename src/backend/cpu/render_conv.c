@@ -61,6 +61,12 @@
  * (the ResNet's four 8 -> 8 convolutions) share one kernel
  * (rfi_render_conv_same): each costs gcc 40-140 ms.
  *
+ * At RF_PRECISION_BF16 each operand value is rounded where the kernel
+ * first copies it (rfi_kir_conv.bf16), so the inner loops stay as they are:
+ * an input row as it enters the table, the kernel as it is reordered, the
+ * output gradient's row as it is gathered into `drow` (a gather that f32
+ * does without for blocked and channels-last gradients).
+ *
  * Sums run in f32 in (ky, kx, ci) or row order, as a library convolution's
  * do; the tests compare them with the interpreter within the usual
  * tolerance.
@@ -186,6 +192,18 @@ static const char *indent(int depth)
     return spaces + sizeof spaces - 1 - 4 * depth;
 }
 
+/* What an operand value is wrapped in as the kernel first copies it: the
+ * rounding at bf16, else nothing. */
+static const char *round_open(const rfi_kir_conv *d)
+{
+    return d->bf16 ? "rf_round_bf16(" : "";
+}
+
+static const char *round_close(const rfi_kir_conv *d)
+{
+    return d->bf16 ? ")" : "";
+}
+
 static void kernel_name(int step, char *buf, size_t n)
 {
     snprintf(buf, n, "k%d_conv", step);
@@ -304,6 +322,12 @@ static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
                       "%s    row[(ix + %lld) * %lld + ci] = x[%s];\n",
                       in1, copied, in2, C, in2, left, C, at);
     }
+    if (copied > 0 && d->bf16)
+        rfi_sb_printf(sb,
+                      "%s#pragma omp simd\n"
+                      "%sfor (int64_t q = %lld; q < %lld; q++)\n"
+                      "%s    row[q] = rf_round_bf16(row[q]);\n",
+                      in1, in1, left * C, (left + copied) * C, in1);
     if (copied > 0) {
         char next[96];
         snprintf(next, sizeof next, "n * %lld + y + %lld", H,
@@ -344,11 +368,11 @@ static void comment(rfi_strbuf *sb, const rfi_kir_step *st, const conv_form *f)
     rfi_strbuf text = {0};
     rfi_sb_printf(&text,
                   "step %d: direct convolution%s, %lld -> %lld channels, %lldx%lld kernel, "
-                  "stride %lldx%lld, %lldx%lld -> %lldx%lld;\n",
+                  "stride %lldx%lld, %lldx%lld -> %lldx%lld%s;\n",
                   st->step, forward ? "" : " (weight gradient)", (long long)d->c,
                   (long long)d->o, (long long)d->kh, (long long)d->kw, (long long)d->stride[0],
                   (long long)d->stride[1], (long long)d->h, (long long)d->w, (long long)d->oh,
-                  (long long)d->ow);
+                  (long long)d->ow, d->bf16 ? ", operands rounded to bf16" : "");
     if (forward)
         rfi_sb_printf(&text, "%d phase%s, blocks of up to %lld outputs", f->n_phases,
                       f->n_phases > 1 ? "s" : "", (long long)f->block_max);
@@ -531,10 +555,11 @@ static void forward_kernel(const conv_form *f, const char *kname, const char *po
                   "            for (int64_t ky = 0; ky < %lld; ky++)\n"
                   "                for (int64_t kx = 0; kx < %lld; kx++)\n"
                   "                    wt[((ky * %lld + kx) * %lld + ci) * %lld + o] =\n"
-                  "                        c->w[((o * %lld + ci) * %lld + ky) * %lld + kx];\n"
+                  "                        %sc->w[((o * %lld + ci) * %lld + ky) * %lld + kx]%s;\n"
                   "    unsigned char valid[%lld];\n"
                   "    float tile[%lld];\n",
-                  lanes16(f), kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, C, KH, KW, KH,
+                  lanes16(f), kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, round_open(d), C,
+                  KH, KW, round_close(d), KH,
                   (long long)(f->block_max * f->vecs * f->lanes));
     if (d->tiled) /* one image's window rows of y, in every channel block */
         rfi_sb_printf(def, "    _Alignas(64) float ytile[%lld];\n", (long long)d->tile_floats);
@@ -599,16 +624,17 @@ static void spread_row(rfi_strbuf *sb, const conv_form *f)
                   "                    #pragma omp simd\n"
                   "                    for (int64_t o = 0; o < %lld; o++) {\n"
                   "                        const int64_t at = %s;\n"
-                  "                        const float v = 0.0f + c->w[at];\n"
+                  "                        const float v = 0.0f + %sc->w[at]%s;\n"
                   "                        to[o] = c->codes[at] == point ? v : 0.0f;\n"
                   "                    }\n"
                   "                }\n",
-                  O / per, OW, WH, WW, WW, O, per, per, at);
+                  O / per, OW, WH, WW, WW, O, per, per, at, round_open(d), round_close(d));
 }
 
 /* Row (n, i) of the output gradient: the vector of output channels ob * L
  * .. ob * L + L - 1 (L lanes) at column j is at `base` + j * *step. A
- * row-major or spread gradient is gathered into `drow` [ow][o] first. */
+ * row-major or spread gradient (at bf16 any: rounded) is gathered into
+ * `drow` [ow][o] first. */
 static void gradient_row(rfi_strbuf *sb, const conv_form *f, char *base, size_t n, int64_t *step)
 {
     const rfi_kir_conv *d = f->d;
@@ -620,21 +646,29 @@ static void gradient_row(rfi_strbuf *sb, const conv_form *f, char *base, size_t 
         snprintf(base, n, "drow + ob * %lld", L);
         return;
     }
-    if (rfi_layout_blocked(d->w_layout)) { /* [N, O/L, OH, OW, L] */
+    bool blocked = rfi_layout_blocked(d->w_layout);
+    if (blocked && !d->bf16) { /* [N, O/L, OH, OW, L] */
         snprintf(base, n, "c->w + ((n * %lld + ob) * %lld + i) * %lld", O / L, OH, OW * L);
         *step = L;
         return;
     }
-    if (d->w_layout == RFI_LAYOUT_NHWC) {
+    if (d->w_layout == RFI_LAYOUT_NHWC && !d->bf16) {
         snprintf(base, n, "c->w + (n * %lld + i) * %lld + ob * %lld", OH, OW * O, L);
         return;
     }
+    char at[160];
+    if (blocked)
+        snprintf(at, sizeof at, "((n * %lld + o / %lld) * %lld + i) * %lld + j * %lld + o %% %lld",
+                 O / L, L, OH, OW * L, L, L);
+    else if (d->w_layout == RFI_LAYOUT_NHWC)
+        snprintf(at, sizeof at, "(n * %lld + i) * %lld + j * %lld + o", OH, OW * O, O);
+    else
+        snprintf(at, sizeof at, "((n * %lld + o) * %lld + i) * %lld + j", O, OH, OW);
     rfi_sb_printf(sb,
                   "            for (int64_t o = 0; o < %lld; o++)\n"
                   "                for (int64_t j = 0; j < %lld; j++)\n"
-                  "                    drow[j * %lld + o] = c->w[((n * %lld + o) * %lld + i) * "
-                  "%lld + j];\n",
-                  O, OW, O, O, OH, OW);
+                  "                    drow[j * %lld + o] = %sc->w[%s]%s;\n",
+                  O, OW, O, round_open(d), at, round_close(d));
     snprintf(base, n, "drow + ob * %lld", L);
 }
 
@@ -740,7 +774,8 @@ static void weight_grad_kernel(const conv_form *f, const char *kname, rfi_strbuf
                   "    const float *restrict x = c->x;\n",
                   lanes16(f), kname, kname);
     rows_table(def, f);
-    if (d->spread || (d->w_layout != RFI_LAYOUT_NHWC && !rfi_layout_blocked(d->w_layout)))
+    if (d->spread || d->bf16 ||
+        (d->w_layout != RFI_LAYOUT_NHWC && !rfi_layout_blocked(d->w_layout)))
         rfi_sb_printf(def, "    float drow[%lld]; /* [ow][o] */\n", (long long)(d->ow * O));
     rfi_sb_printf(def,
                   "    for (int64_t q = lo; q < hi; q++) {\n"
@@ -810,6 +845,7 @@ bool rfi_render_conv_same(const rfi_kir_conv *a, const rfi_kir_conv *b)
         a->oh != b->oh || a->ow != b->ow ||
         a->x_layout != b->x_layout || a->w_layout != b->w_layout ||
         a->y_layout != b->y_layout || a->n_epi != b->n_epi || a->spread != b->spread ||
+        a->bf16 != b->bf16 ||
         (a->spread && (a->win[0] != b->win[0] || a->win[1] != b->win[1])))
         return false;
     for (int s = 0; s < 2; s++)

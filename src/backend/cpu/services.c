@@ -996,7 +996,8 @@ rfi_call_kind rfi_cpu_services_step_kind(const rfi_cpu_services *s, int step)
 const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int step)
 {
     if (s && step >= 0 && step < s->n_steps && s->plan->steps[step].direct)
-        return "direct";
+        return rfi_conv_bf16(s->plan->g->nodes[s->plan->steps[step].core]) ? "direct bf16"
+                                                                            : "direct";
     if (!s || step < 0 || step >= s->n_steps || s->steps[step].kind == RFI_CALL_NONE)
         return "none";
     const call_state *cs = &s->steps[step];

@@ -122,6 +122,13 @@ RFI_FUNC dnnl_status_t rfi_dnnl_post_memories(const rfi_dnnl_post *post, dnnl_en
 RFI_FUNC int rfi_dnnl_post_args(const rfi_dnnl_post *post, dnnl_memory_t *mem,
                                 const void *const *src, dnnl_exec_arg_t *args, int nargs);
 
+/* Whether RF_PRECISION_BF16 products may run on kernels with the CPU's bf16
+ * instructions (RF_BF16_KERNELS unset or not "0"; else the same numbers
+ * come from f32 kernels over rounded operands). Read at prepare time. */
+RFI_FUNC bool rfi_bf16_kernels_allowed(void);
+/* dst[j] = rfi_round_bf16(src[j]) for j < n, vectorised where the CPU allows,
+ * on the pool's threads when n is large; dst may be src. */
+RFI_FUNC void rfi_cpu_round_bf16(float *dst, const float *src, int64_t n);
 /* post may be NULL (no post-ops). */
 RFI_FUNC rf_status rfi_dnnl_mm_init(rfi_dnnl_mm *mm, dnnl_engine_t eng, const rfi_dnnl_tensor *src,
                                     const rfi_dnnl_tensor *wei, const rfi_dnnl_tensor *dst,

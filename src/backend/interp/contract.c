@@ -61,6 +61,12 @@ void rfi_dense_gather(rfi_dense *d, const void *src, rf_dtype dt, int64_t base,
             d->i[k] = offsets[k] < 0 ? 0 : rfi_ld_i(src, dt, base + offsets[k]);
 }
 
+void rfi_dense_round_bf16(rfi_dense *d, int64_t count)
+{
+    for (int64_t k = 0; k < count; k++)
+        d->f[k] = rfi_round_bf16((float)d->f[k]);
+}
+
 void rfi_interp_offsets(const int64_t *dims, const int64_t *step, int rank, int64_t *offsets)
 {
     int64_t count = rfi_numel(dims, rank), offset = 0;

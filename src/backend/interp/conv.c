@@ -5,7 +5,8 @@
  *
  * attr l[0] stride, l[1] pad_lo, l[2] pad_hi, l[3] lhs_dilation, l[4]
  * rhs_dilation (one entry per spatial dim), i[0] feature_group_count G,
- * i[1] batch_group_count B. x [N, C, in...], w [O, C/G, k...], result
+ * i[1] batch_group_count B, i[2] precision (RF_PRECISION_BF16: the operands
+ * rounded to bfloat16 first). x [N, C, in...], w [O, C/G, k...], result
  * [N/B, O, out...]. Result (n, o, p...) = sum over ci < C/G and kernel
  * positions q... of x[bg*(N/B) + n, fg*(C/G) + ci, i...] * w[o, ci, q...]
  * where bg = o / (O/B), fg = o / (O/G), and in each spatial dim i is the
@@ -121,9 +122,11 @@ static rf_status work_alloc(conv_work *cw, const rfi_node *n, const conv_shape *
     if (st != RF_OK)
         return st;
     col_offsets(n, s, cw->offsets);
-    if (is_float)
+    if (is_float) {
         rfi_interp_load_f(w_data, w->dtype, 0, out_feat * s->rows, cw->w.f);
-    else
+        if (rfi_conv_bf16(n))
+            rfi_dense_round_bf16(&cw->w, out_feat * s->rows);
+    } else
         rfi_interp_load_i(w_data, w->dtype, 0, out_feat * s->rows, cw->w.i);
     return RF_OK;
 }
@@ -147,6 +150,8 @@ rf_status rfi_interp_conv(const rfi_node *n, const void *const *in, void *out)
             if (image != packed_image || fg != packed_group) {
                 int64_t base = image * s.xs[0] + fg * s.cin * s.xs[1];
                 rfi_dense_gather(&cw.col, in[0], x->dtype, base, cw.offsets, s.rows * s.p_count);
+                if (rfi_conv_bf16(n))
+                    rfi_dense_round_bf16(&cw.col, s.rows * s.p_count);
                 packed_image = image;
                 packed_group = fg;
             }

@@ -123,6 +123,10 @@ RFI_FUNC void rfi_dense_free(rfi_dense *d);
  * offsets[k] < 0 (padding). */
 RFI_FUNC void rfi_dense_gather(rfi_dense *d, const void *src, rf_dtype dt, int64_t base,
                                const int64_t *offsets, int64_t count);
+/* RF_PRECISION_BF16: d's first count (float) values rounded to bfloat16
+ * (rfi_round_bf16). Products of such values are exact, so only the sums
+ * round, as in an f32 product. */
+RFI_FUNC void rfi_dense_round_bf16(rfi_dense *d, int64_t count);
 /* offsets[k] = sum idx[d] * step[d] for the k-th row-major index idx over dims. */
 RFI_FUNC void rfi_interp_offsets(const int64_t *dims, const int64_t *step, int rank,
                                  int64_t *offsets);

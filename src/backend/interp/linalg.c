@@ -55,14 +55,6 @@ static rf_status pack(rfi_dense *d, const view *v, const void *data)
     return st;
 }
 
-/* RF_PRECISION_BF16: the packed f32 operand values rounded to bfloat16. Their
- * products are then exact, so only the sums round, as in an f32 product. */
-static void round_bf16(rfi_dense *d, int64_t count)
-{
-    for (int64_t k = 0; k < count; k++)
-        d->f[k] = rfi_round_bf16((float)d->f[k]);
-}
-
 /* attr l[0] lhs batch, l[1] rhs batch, l[2] lhs contract, l[3] rhs contract. */
 static rf_status dot_general(const rfi_node *n, const void *a_data, const void *b_data, void *out)
 {
@@ -92,8 +84,8 @@ static rf_status dot_general(const rfi_node *n, const void *a_data, const void *
     if (st == RF_OK)
         st = pack(&rhs, &rhs_view, b_data);
     if (st == RF_OK && rfi_dot_bf16(n)) {
-        round_bf16(&lhs, batch * m * k);
-        round_bf16(&rhs, batch * k * nn);
+        rfi_dense_round_bf16(&lhs, batch * m * k);
+        rfi_dense_round_bf16(&rhs, batch * k * nn);
     }
     if (st == RF_OK)
         st = rfi_dense_alloc(&res, lhs.is_float, batch * m * nn, "dot_general");
