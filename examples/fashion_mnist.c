@@ -7,7 +7,7 @@
  * model is the CNN (conv3x3 32 relu, maxpool 2, conv3x3 64 relu, maxpool 2,
  * dense 1600 => 128 relu, dense 128 => 10), batch 64, Adam(1e-3), 5 epochs;
  * --model mlp trains a 784-256-10 MLP instead; --matmul-precision bf16 runs
- * the model's matrix products on bfloat16 operands (convolutions stay f32).
+ * the model's matrix products and convolutions on bfloat16 operands.
  *
  * Usage: fashion_mnist [--model cnn|mlp] [--epochs N] [--batch N] [--lr X]
  *                      [--limit N] [--csv PATH] [--svg PATH] [--data DIR]

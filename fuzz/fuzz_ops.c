@@ -3,7 +3,7 @@
  * operands from the values made so far and its parameters (axes, shapes,
  * permutations, windows, convolution parameters, dtypes: in range or not)
  * from the bytes after it (a dot_general also sets the matmul precision of
- * the products after it). The program is traced; when it traces, the
+ * the products and convolutions after it). The program is traced; when it traces, the
  * gradient of its last f32 value's sum with respect to the f32 argument is
  * traced too, and the whole is compiled on the interpreter and run once.
  * The compiled program then goes through the CPU backend's compiler as far
@@ -124,7 +124,8 @@ static void one_op(rf_trace *t, bytes *b, rf_tensor **v, int *n)
     case 17:
         smalls(b, d), smalls(b, e), smalls(b, f), smalls(b, g);
         k = (int)(next(b) % 3);
-        /* from here on, products at f32 or bf16, or (rarely) an invalid precision */
+        /* from here on, products and convolutions at f32 or bf16, or (rarely) an
+         * invalid precision */
         precision = next(b) % 8;
         rf_trace_set_matmul_precision(t, precision < 4 ? RF_PRECISION_F32
                                          : precision < 7 ? RF_PRECISION_BF16

@@ -3,10 +3,10 @@
  * sizes, strides, groups and the like sometimes invalid), a random input and
  * target, a loss, and a chain of up to three optimiser rules with
  * hyperparameters drawn from a table that holds invalid ones too (negative,
- * NaN, infinite), and for a quarter of the models bf16 matrix products. The
- * model is set up, trained for two steps with rf_trainstep and one with
- * rf_trainstep_withgradient, its learning rate adjusted, and run in test
- * mode with rf_jit_model.
+ * NaN, infinite), and for a quarter of the models bf16 matrix products and
+ * convolutions. The model is set up, trained for two steps with rf_trainstep
+ * and one with rf_trainstep_withgradient, its learning rate adjusted, and
+ * run in test mode with rf_jit_model.
  *
  * Every call must succeed or return an error status: never crash, never
  * leak, never fail inside (RF_E_INTERNAL, RF_E_COMPILE). A step that fails

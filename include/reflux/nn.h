@@ -128,9 +128,9 @@ RF_API rf_model *rf_model_to_opts(rf_model *m, rf_device *dev, const rf_to_opts 
 RF_API void rf_trainmode(rf_model *m);
 RF_API void rf_testmode(rf_model *m);
 RF_API bool rf_model_training(const rf_model *m);
-/* The precision of the matrix products the layers of the whole tree build
- * (see rf_precision in reflux/trace.h), whatever the trace's: rf_apply sets
- * it around each layer's forward. Until this is called a model uses the
+/* The precision of the matrix products and convolutions the layers of the
+ * whole tree build (see rf_precision in reflux/trace.h), whatever the
+ * trace's: rf_apply sets it around each layer's forward. Until this is called a model uses the
  * trace's (RF_PRECISION_F32 unless the caller set another). Compiled steps
  * and forwards are cached per precision; rf_model_to keeps it. */
 RF_API rf_status rf_model_set_matmul_precision(rf_model *m, rf_precision p);
