@@ -1114,7 +1114,8 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_e
     size_t scratch = c->full.scratch_bytes > c->last.scratch_bytes ? c->full.scratch_bytes
                                                                    : c->last.scratch_bytes;
     c->col_at = rfi_ws_align(scratch);
-    *workspace_bytes = reserve_rounded(c, c->col_at + rfi_ws_align(image_bytes * (size_t)c->chunk));
+    size_t col_end = c->col_at + rfi_ws_align(image_bytes * (size_t)c->chunk);
+    *workspace_bytes = reserve_rounded(c, col_end);
     *out = c;
     return RF_OK;
 }
@@ -1128,13 +1129,13 @@ rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x, cons
             memset(out, 0, bytes);
         return RF_OK;
     }
-    if (c->rounds) {
-        const void **in[2] = {&x, &w};
-        for (int k = 0; k < 2; k++) {
-            float *copy = (float *)((char *)workspace + c->round_at[k]);
-            rfi_cpu_round_bf16(copy, *in[k], rfi_node_numel(c->node->in[k]));
-            *in[k] = copy;
-        }
+    if (c->rounds) { /* the f32 path over rounded copies */
+        float *xr = (float *)((char *)workspace + c->round_at[0]);
+        float *wr = (float *)((char *)workspace + c->round_at[1]);
+        rfi_cpu_round_bf16(xr, x, rfi_node_numel(c->node->in[0]));
+        rfi_cpu_round_bf16(wr, w, rfi_node_numel(c->node->in[1]));
+        x = xr;
+        w = wr;
     }
     if (c->path != PATH_IM2COL)
         return run_dnnl_conv(c, s, x, w, out, epi_src, workspace);

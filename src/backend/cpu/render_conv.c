@@ -558,8 +558,8 @@ static void forward_kernel(const conv_form *f, const char *kname, const char *po
                   "                        %sc->w[((o * %lld + ci) * %lld + ky) * %lld + kx]%s;\n"
                   "    unsigned char valid[%lld];\n"
                   "    float tile[%lld];\n",
-                  lanes16(f), kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O, round_open(d), C,
-                  KH, KW, round_close(d), KH,
+                  lanes16(f), kname, kname, C * KH * KW * O, O, C, KH, KW, KW, C, O,
+                  round_open(d), C, KH, KW, round_close(d), KH,
                   (long long)(f->block_max * f->vecs * f->lanes));
     if (d->tiled) /* one image's window rows of y, in every channel block */
         rfi_sb_printf(def, "    _Alignas(64) float ytile[%lld];\n", (long long)d->tile_floats);
