@@ -415,7 +415,8 @@ typedef struct conv_case {
     int64_t fgc, bgc;
 } conv_case;
 
-static case_result run_conv(const conv_case *c, rf_dtype dt, bool in_arena)
+static case_result run_conv_at(const conv_case *c, rf_dtype dt, bool in_arena,
+                               rf_precision precision)
 {
     operand_spec spec[2] = {{dt, c->rank, {0}}, {dt, c->rank, {0}}};
     memcpy(spec[0].dims, c->x, sizeof c->x);
@@ -433,6 +434,7 @@ static case_result run_conv(const conv_case *c, rf_dtype dt, bool in_arena)
     }
     at.i[0] = c->fgc ? c->fgc : 1;
     at.i[1] = c->bgc ? c->bgc : 1;
+    at.i[2] = precision;
     rfi_node *y = NULL;
     rfi_graph *g = one_op_graph(RFI_OP_CONVOLUTION, spec, 2, &at, dt, NULL, 0, &y);
     case_result r = {RFI_CALL_NONE, "none", 0, false};
@@ -442,6 +444,66 @@ static case_result run_conv(const conv_case *c, rf_dtype dt, bool in_arena)
     return r;
 }
 
+static case_result run_conv(const conv_case *c, rf_dtype dt, bool in_arena)
+{
+    return run_conv_at(c, dt, in_arena, RF_PRECISION_F32);
+}
+
+/* The forms every conv test runs. */
+static const conv_case conv_cases[] = {
+    {"3x3 pad 1", 4, {2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
+    {"no padding", 4, {2, 3, 8, 7}, {4, 3, 3, 2}, {0}, {0}, {0}, {0}, {0}, 1, 1},
+    {"stride 2", 4, {2, 3, 9, 9}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
+    {"stride 3x2 asymmetric pad", 4, {2, 2, 10, 9}, {3, 2, 3, 2}, {3, 2}, {2, 0}, {0, 3},
+     {0}, {0}, 1, 1},
+    {"negative pad", 4, {2, 3, 9, 8}, {4, 3, 3, 3}, {1, 1}, {-1, 0}, {0, -2}, {0}, {0}, 1, 1},
+    {"lhs dilation 2", 4, {2, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {2, 2}, {0}, 1,
+     1},
+    {"lhs dilation + stride", 4, {2, 2, 5, 6}, {3, 2, 3, 2}, {2, 3}, {1, 2}, {0, 1}, {2, 3},
+     {0}, 1, 1},
+    {"rhs dilation 2", 4, {2, 3, 9, 9}, {4, 3, 3, 3}, {1, 1}, {1, 2}, {1, 0}, {0}, {2, 2}, 1,
+     1},
+    {"groups 2", 4, {2, 4, 6, 6}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 2, 1},
+    {"depthwise", 4, {2, 4, 6, 6}, {8, 1, 3, 3}, {2, 1}, {1, 1}, {1, 1}, {0}, {0}, 4, 1},
+    {"batch groups 2", 4, {4, 3, 6, 6}, {6, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 2},
+    {"1-D", 3, {3, 2, 10}, {4, 2, 3}, {2}, {1}, {2}, {0}, {2}, 1, 1},
+    {"1-D lhs dilation", 3, {2, 2, 7}, {3, 2, 3}, {2}, {3}, {-1}, {3}, {2}, 1, 1},
+    {"3-D", 5, {1, 2, 4, 5, 6}, {3, 2, 2, 3, 2}, {1, 2, 1}, {0, 1, 1}, {1, 0, -1}, {0}, {0},
+     1, 1},
+    {"1x1", 4, {3, 5, 4, 4}, {7, 5, 1, 1}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+    {"kernel grad form", 4, {1, 8, 28, 28}, {32, 8, 26, 26}, {1, 1}, {0}, {0}, {0}, {0}, 1,
+     1},
+    {"input grad form", 4, {8, 32, 26, 26}, {1, 32, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0},
+     1, 1},
+    {"all padding", 4, {1, 2, 2, 2}, {2, 2, 2, 2}, {1, 1}, {3, 3}, {3, 3}, {0}, {0}, 1, 1},
+    {"chunked batch", 4, {3, 64, 74, 74}, {4, 64, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+    {"empty batch", 4, {0, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+    {"empty channels", 4, {2, 0, 5, 5}, {4, 0, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+    /* the autodiff's weight-gradient form of a stride-2 conv (rhs dilation 2),
+     * of a dilation-2 conv (stride 2), and with enough channels for blocked layouts */
+    {"kernel grad of stride 2", 4, {4, 3, 9, 9}, {5, 3, 4, 4}, {1, 1}, {1, 1}, {0, 1}, {0},
+     {2, 2}, 1, 1},
+    {"kernel grad of dilation 2", 4, {4, 3, 10, 10}, {5, 3, 6, 6}, {2, 2}, {0}, {0}, {0}, {0},
+     1, 1},
+    {"wide kernel grad", 4, {16, 4, 9, 9}, {8, 4, 7, 7}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+    {"wide 3x3", 4, {2, 16, 7, 7}, {8, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
+    /* the input-gradient form of strided convs: lhs dilation, stride 1 */
+    {"input grad of stride 2", 4, {2, 4, 5, 5}, {3, 4, 3, 3}, {1, 1}, {2, 2}, {2, 1}, {2, 2},
+     {0}, 1, 1},
+    {"input grad of stride 2 dil 2", 4, {2, 4, 5, 5}, {3, 4, 3, 3}, {1, 1}, {4, 4}, {3, 4},
+     {2, 2}, {2, 2}, 1, 1},
+    {"wide input grad of stride 2", 4, {2, 8, 4, 4}, {16, 8, 3, 3}, {1, 1}, {2, 1}, {2, 1},
+     {2, 2}, {0}, 1, 1},
+    {"1-D input grad of stride 3", 3, {2, 3, 5}, {2, 3, 4}, {1}, {3}, {3}, {3}, {0}, 1, 1},
+    /* both gradients of a 1x1 stride-2 projection on an even size, whose
+     * last input row and column the forward never reads */
+    {"input grad of 1x1 stride 2", 4, {2, 16, 4, 4}, {8, 16, 1, 1}, {1, 1}, {0, 0}, {1, 1},
+     {2, 2}, {0}, 1, 1},
+    {"kernel grad of 1x1 stride 2", 4, {8, 2, 8, 8}, {16, 2, 4, 4}, {1, 1}, {0, 0},
+     {-1, -1}, {0}, {2, 2}, 1, 1},
+};
+#define N_CONV_CASES ((int)(sizeof conv_cases / sizeof conv_cases[0]))
+
 /* Every form under the path rule (path NULL), then with each path forced
  * through the environment (read at prepare; a form the path cannot compute
  * exactly runs im2col); counts the forms that took the forced path. */
@@ -449,59 +511,8 @@ static void test_conv(const char *path)
 {
     if (path)
         setenv("RF_CONV_PATH", path, 1);
-    static const conv_case cases[] = {
-        {"3x3 pad 1", 4, {2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
-        {"no padding", 4, {2, 3, 8, 7}, {4, 3, 3, 2}, {0}, {0}, {0}, {0}, {0}, 1, 1},
-        {"stride 2", 4, {2, 3, 9, 9}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
-        {"stride 3x2 asymmetric pad", 4, {2, 2, 10, 9}, {3, 2, 3, 2}, {3, 2}, {2, 0}, {0, 3},
-         {0}, {0}, 1, 1},
-        {"negative pad", 4, {2, 3, 9, 8}, {4, 3, 3, 3}, {1, 1}, {-1, 0}, {0, -2}, {0}, {0}, 1, 1},
-        {"lhs dilation 2", 4, {2, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {2, 2}, {0}, 1,
-         1},
-        {"lhs dilation + stride", 4, {2, 2, 5, 6}, {3, 2, 3, 2}, {2, 3}, {1, 2}, {0, 1}, {2, 3},
-         {0}, 1, 1},
-        {"rhs dilation 2", 4, {2, 3, 9, 9}, {4, 3, 3, 3}, {1, 1}, {1, 2}, {1, 0}, {0}, {2, 2}, 1,
-         1},
-        {"groups 2", 4, {2, 4, 6, 6}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 2, 1},
-        {"depthwise", 4, {2, 4, 6, 6}, {8, 1, 3, 3}, {2, 1}, {1, 1}, {1, 1}, {0}, {0}, 4, 1},
-        {"batch groups 2", 4, {4, 3, 6, 6}, {6, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 2},
-        {"1-D", 3, {3, 2, 10}, {4, 2, 3}, {2}, {1}, {2}, {0}, {2}, 1, 1},
-        {"1-D lhs dilation", 3, {2, 2, 7}, {3, 2, 3}, {2}, {3}, {-1}, {3}, {2}, 1, 1},
-        {"3-D", 5, {1, 2, 4, 5, 6}, {3, 2, 2, 3, 2}, {1, 2, 1}, {0, 1, 1}, {1, 0, -1}, {0}, {0},
-         1, 1},
-        {"1x1", 4, {3, 5, 4, 4}, {7, 5, 1, 1}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
-        {"kernel grad form", 4, {1, 8, 28, 28}, {32, 8, 26, 26}, {1, 1}, {0}, {0}, {0}, {0}, 1,
-         1},
-        {"input grad form", 4, {8, 32, 26, 26}, {1, 32, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0},
-         1, 1},
-        {"all padding", 4, {1, 2, 2, 2}, {2, 2, 2, 2}, {1, 1}, {3, 3}, {3, 3}, {0}, {0}, 1, 1},
-        {"chunked batch", 4, {3, 64, 74, 74}, {4, 64, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
-        {"empty batch", 4, {0, 3, 5, 5}, {4, 3, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
-        {"empty channels", 4, {2, 0, 5, 5}, {4, 0, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
-        /* the autodiff's weight-gradient form of a stride-2 conv (rhs dilation 2),
-         * of a dilation-2 conv (stride 2), and with enough channels for blocked layouts */
-        {"kernel grad of stride 2", 4, {4, 3, 9, 9}, {5, 3, 4, 4}, {1, 1}, {1, 1}, {0, 1}, {0},
-         {2, 2}, 1, 1},
-        {"kernel grad of dilation 2", 4, {4, 3, 10, 10}, {5, 3, 6, 6}, {2, 2}, {0}, {0}, {0}, {0},
-         1, 1},
-        {"wide kernel grad", 4, {16, 4, 9, 9}, {8, 4, 7, 7}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
-        {"wide 3x3", 4, {2, 16, 7, 7}, {8, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
-        /* the input-gradient form of strided convs: lhs dilation, stride 1 */
-        {"input grad of stride 2", 4, {2, 4, 5, 5}, {3, 4, 3, 3}, {1, 1}, {2, 2}, {2, 1}, {2, 2},
-         {0}, 1, 1},
-        {"input grad of stride 2 dil 2", 4, {2, 4, 5, 5}, {3, 4, 3, 3}, {1, 1}, {4, 4}, {3, 4},
-         {2, 2}, {2, 2}, 1, 1},
-        {"wide input grad of stride 2", 4, {2, 8, 4, 4}, {16, 8, 3, 3}, {1, 1}, {2, 1}, {2, 1},
-         {2, 2}, {0}, 1, 1},
-        {"1-D input grad of stride 3", 3, {2, 3, 5}, {2, 3, 4}, {1}, {3}, {3}, {3}, {0}, 1, 1},
-        /* both gradients of a 1x1 stride-2 projection on an even size, whose
-         * last input row and column the forward never reads */
-        {"input grad of 1x1 stride 2", 4, {2, 16, 4, 4}, {8, 16, 1, 1}, {1, 1}, {0, 0}, {1, 1},
-         {2, 2}, {0}, 1, 1},
-        {"kernel grad of 1x1 stride 2", 4, {8, 2, 8, 8}, {16, 2, 4, 4}, {1, 1}, {0, 0},
-         {-1, -1}, {0}, {2, 2}, 1, 1},
-    };
-    int n = (int)(sizeof cases / sizeof cases[0]);
+    const conv_case *cases = conv_cases;
+    int n = N_CONV_CASES;
     double worst = 0;
     int took = 0, dnnl = 0;
     for (int k = 0; k < n; k++) {
@@ -525,6 +536,39 @@ static void test_conv(const char *path)
     case_result r = run_conv(&cases[2], RF_F64, false);
     CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
     unsetenv("RF_CONV_PATH");
+}
+
+/* Every form at RF_PRECISION_BF16, against the reference kernel (which
+ * rounds the operands too): with the bf16 kernels allowed ("... bf16": one
+ * of oneDNN's bf16 convolutions; "... bf16-rounded": the f32 paths over
+ * rounded copies), then with RF_BF16_KERNELS=0 (only the latter). Where the
+ * CPU has AVX512-BF16, oneDNN must take some of them. */
+static void test_conv_bf16(void)
+{
+    int with_isa = 0, rounded = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1)
+            setenv("RF_BF16_KERNELS", "0", 1);
+        for (int k = 0; k < N_CONV_CASES; k++) {
+            const conv_case *c = &conv_cases[k];
+            case_result r = run_conv_at(c, RF_F32, k % 2 == 1, RF_PRECISION_BF16);
+            bool empty = strncmp(c->name, "empty", 5) == 0;
+            bool isa = strstr(r.path, " bf16") && !strstr(r.path, "rounded");
+            bool round = strstr(r.path, " bf16-rounded") != NULL;
+            CHECK(r.kind == RFI_CALL_CONV && (empty || isa || round));
+            CHECK(pass == 0 || !isa);
+            if (r.kind != RFI_CALL_CONV || !(empty || isa || round))
+                fprintf(stderr, "  conv case %s (bf16): path %s\n", c->name, r.path);
+            with_isa += isa;
+            rounded += round;
+        }
+    }
+    unsetenv("RF_BF16_KERNELS");
+    if (__builtin_cpu_supports("avx512bf16"))
+        CHECK(with_isa > 0);
+    printf("conv bf16: %d forms twice, %d on oneDNN's bf16 convolutions, %d over rounded "
+           "copies\n",
+           N_CONV_CASES, with_isa, rounded);
 }
 
 /* The CPU has what oneDNN's Winograd kernels need (its avx512_core). */
@@ -1488,6 +1532,7 @@ int main(void)
     test_conv("forward");
     test_conv("bwd-weights");
     test_conv("bwd-data");
+    test_conv_bf16();
     test_conv_rule_paths();
     test_conv_winograd_everywhere();
     test_conv_shared_inputs();

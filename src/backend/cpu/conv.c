@@ -150,7 +150,7 @@ const char *rfi_cpu_conv_path(const rfi_cpu_conv *c)
          {"im2col bf16-rounded", "forward-winograd bf16-rounded",
           "bwd-weights-winograd bf16-rounded", "bwd-data-winograd bf16-rounded"}},
     };
-    return names[!c->bf16 ? 0 : c->rounds ? 2 : 1][c->winograd][c->path];
+    return names[!c->bf16 || c->empty ? 0 : c->rounds ? 2 : 1][c->winograd][c->path];
 }
 
 /* ---- im2col -------------------------------------------------------------------------- */
