@@ -251,6 +251,12 @@ typedef struct conv_ref {
     double *y, *dx, *dw, *sy, *sdx, *sdw;
 } conv_ref;
 
+/* v as the product reads it: rounded if bf16. */
+static double operand(double v, bool bf16)
+{
+    return bf16 ? round_bf16((float)v) : v;
+}
+
 static void conv_reference(const conv_form *f, const double *x, const double *w,
                            const double *ct, bool bf16, conv_ref *r)
 {
@@ -260,13 +266,12 @@ static void conv_reference(const conv_form *f, const double *x, const double *w,
     const int64_t sizes[6] = {ny, nx, nw, ny, nx, nw};
     for (int k = 0; k < 6; k++)
         *all[k] = calloc((size_t)sizes[k], sizeof(double));
-#define RND(v) (bf16 ? round_bf16((float)(v)) : (v))
     for (int64_t n = 0; n < f->n; n++)
         for (int64_t o = 0; o < f->o; o++)
             for (int64_t i = 0; i < oh; i++)
                 for (int64_t j = 0; j < oh; j++) {
                     int64_t yi = ((n * f->o + o) * oh + i) * oh + j;
-                    double c = RND(ct[yi]);
+                    double c = operand(ct[yi], bf16);
                     for (int64_t ci = 0; ci < cg; ci++)
                         for (int64_t a = 0; a < f->k; a++)
                             for (int64_t b = 0; b < f->k; b++) {
@@ -277,7 +282,7 @@ static void conv_reference(const conv_form *f, const double *x, const double *w,
                                 int64_t ch = o / og * cg + ci;
                                 int64_t xi = ((n * f->c + ch) * sz + p) * sz + q;
                                 int64_t wi = ((o * cg + ci) * f->k + a) * f->k + b;
-                                double xv = RND(x[xi]), wv = RND(w[wi]);
+                                double xv = operand(x[xi], bf16), wv = operand(w[wi], bf16);
                                 r->y[yi] += xv * wv;
                                 r->sy[yi] += fabs(xv * wv);
                                 r->dx[xi] += c * wv;
@@ -286,7 +291,6 @@ static void conv_reference(const conv_form *f, const double *x, const double *w,
                                 r->sdw[wi] += fabs(xv * c);
                             }
                 }
-#undef RND
 }
 
 static void conv_ref_free(conv_ref *r)
