@@ -727,11 +727,49 @@ static void mul_add_fn(rf_trace *t, void *ctx)
     rf_return(t, rf_add(rf_mul(rf_arg(t, 0), rf_arg(t, 0)), rf_arg(t, 1)));
 }
 
+typedef struct compare_case {
+    rf_cmp dir;
+    double than;
+} compare_case;
+
+/* x * x + z compared with a constant. */
+static void mul_add_compare_fn(rf_trace *t, void *ctx)
+{
+    const compare_case *c = ctx;
+    rf_tensor *v = rf_add(rf_mul(rf_arg(t, 0), rf_arg(t, 0)), rf_arg(t, 1));
+    rf_return(t, rf_compare(v, rf_scalar(t, c->than), c->dir));
+}
+
+/* With the inputs below, where the compiled x * x + z is 0.0625 and the
+ * interpreter's 0: `== 0` flips between them, and RF_CHECK=1 accepts it, as
+ * the interpreter's operands are equal (a flip within rounding); `> 0.03`
+ * flips too, with operands 0.03 apart, 3750 tolerances: reported at 1,
+ * accepted at RF_CHECK=1e6. */
+static void check_compare_tolerance(rf_array *const *in)
+{
+    compare_case eq0 = {RF_EQ, 0}, gt = {RF_GT, 0.03};
+    rf_array *y = NULL;
+    setenv("RF_CHECK", "1", 1);
+    CHECK_OK(rf_jit(mul_add_compare_fn, &eq0, in, 2, &y, 1));
+    bool flag = true;
+    CHECK_OK(rf_array_read(y, &flag, sizeof flag));
+    CHECK(!flag); /* the compiled result, 0.0625 == 0 */
+    rf_array_free(y);
+    y = NULL;
+    CHECK_STATUS(rf_jit(mul_add_compare_fn, &gt, in, 2, &y, 1), RF_E_INTERNAL);
+    CHECK_MSG("element 0 is 1, the interpreter's 0, comparing the interpreter's 0 with the "
+              "interpreter's 0.0299999993: 3.75e+03 tolerances apart");
+    CHECK(y == NULL);
+    setenv("RF_CHECK", "1e6", 1);
+    CHECK_OK(rf_jit(mul_add_compare_fn, &gt, in, 2, &y, 1));
+    rf_array_free(y);
+}
+
 /* x * x + z with x = 1024.25, z = -1049088: the product rounded to f32 is
  * 1049088 (a tie, to even), so the interpreter's result is 0; fused into one
  * multiply-add, as the compiled loops are where the CPU has one, it is
  * 0.0625, 62500 tolerances from 0. RF_CHECK=1 reports that, RF_CHECK=1e6
- * accepts it. */
+ * accepts it. A compare of it is judged by its operands (above). */
 static void test_check_tolerance(void)
 {
     const char *backend = getenv("RF_BACKEND"), *check = getenv("RF_CHECK");
@@ -758,6 +796,7 @@ static void test_check_tolerance(void)
         setenv("RF_CHECK", "1e6", 1);
         CHECK_OK(rf_jit(mul_add_fn, NULL, in, 2, &y, 1));
         rf_array_free(y);
+        check_compare_tolerance(in);
     }
     rf_array_free(in[0]);
     rf_array_free(in[1]);

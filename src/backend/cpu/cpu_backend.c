@@ -32,7 +32,7 @@
  *
  * RF_CHECK=1 (read at compile time) makes every run also execute the
  * reference interpreter first and compare outputs and updated captures: the
- * differential mode the test suite uses to check both backends agree.
+ * differential mode the test suite uses to check both backends agree (check.c).
  * RF_PROFILE=1 (read at compile time too) times every step of every run and
  * prints the profile when the executable is freed (profile.c).
  *
@@ -43,6 +43,7 @@
 #include "../kir.h"
 #include "../plan.h"
 #include "cc.h"
+#include "check.h"
 #include "profile.h"
 #include "services.h"
 
@@ -61,8 +62,7 @@ typedef struct cpu_state {
     void *arena_block;       /* rfi_malloc'd; the arena is its 64-byte aligned interior */
     void **buffers;          /* the buffer table, filled per run */
     int n_buffers;
-    void *check;             /* interpreter state when RF_CHECK is set, else NULL */
-    double check_scale;      /* 0: no check; else the tolerances widened this many times */
+    rfi_cpu_check *check;    /* when RF_CHECK is set, else NULL */
     rfi_cpu_profile *profile; /* when RF_PROFILE is set, else NULL */
 } cpu_state;
 
@@ -283,19 +283,6 @@ static bool concurrent_calls_wanted(void)
     return !(v && strcmp(v, "0") == 0);
 }
 
-/* RF_CHECK: 0 when unset, empty or "0" (no check); N for a number N above 1
- * (the tolerances N times wider, for programs whose arithmetic magnifies
- * rounding); 1 for anything else. */
-static double check_scale(void)
-{
-    const char *v = getenv("RF_CHECK");
-    if (!v || !*v || strcmp(v, "0") == 0)
-        return 0;
-    char *end;
-    double n = strtod(v, &end);
-    return *end == '\0' && n > 1 && isfinite(n) ? n : 1;
-}
-
 /* What optimise reads beyond the program (rfi_backend.optimise_context). */
 static void cpu_optimise_context(rfi_strbuf *b)
 {
@@ -360,9 +347,9 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
         s->table.mark = s->profile ? rfi_cpu_profile_mark : NULL;
         s->table.prof = s->profile;
     }
-    s->check_scale = check_scale();
-    if (st == RF_OK && s->check_scale > 0)
-        st = rfi_interp_backend.prepare(g, &s->check);
+    double check_scale = rfi_cpu_check_scale();
+    if (st == RF_OK && check_scale > 0)
+        st = rfi_cpu_check_new(g, check_scale, &s->check);
     if (st != RF_OK) {
         cpu_release(s);
         return st;
@@ -380,91 +367,13 @@ static rf_status cpu_prepare(const rfi_graph *g, void **state)
 
 /* ---- run --------------------------------------------------------------------------- */
 
-/* How far two buffers of one dtype are apart, in units of the tolerance
- * |a - b| <= atol + rtol * |a| (> 1 means out of tolerance). Integers and
- * bools must match exactly. The absolute term keeps values that are pure
- * rounding noise around zero (a gradient that is mathematically 0) from
- * failing the comparison. */
-static double distance(rf_dtype dt, const void *a, const void *b, int64_t n, int64_t *where)
-{
-    const double rtol = 1e-4, atol = dt == RF_F64 ? 1e-12 : 1e-6;
-    double worst = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double x = rfi_element_as_double(dt, a, i), y = rfi_element_as_double(dt, b, i);
-        if (x == y || (isnan(x) && isnan(y)))
-            continue;
-        bool exact = dt != RF_F32 && dt != RF_F64;
-        double d = exact ? INFINITY : fabs(x - y) / (atol + rtol * fabs(x));
-        if (isnan(d) || d > worst) {
-            worst = isnan(d) ? INFINITY : d;
-            *where = i;
-        }
-    }
-    return worst;
-}
-
-/* Runs the interpreter on the same inputs into scratch memory; returns the
- * scratch buffers (outputs then updates) for comparison after the compiled run. */
-static rf_status check_before(cpu_state *s, const rfi_graph *g, const rfi_run_io *io,
-                              void ***scratch)
-{
-    int n = g->n_outputs + g->n_updates;
-    void **buf = rfi_calloc((size_t)(n ? n : 1), sizeof(void *));
-    if (!buf)
-        return rfi_error(RF_E_NOMEM, "RF_CHECK: out of memory");
-    for (int i = 0; i < g->n_outputs; i++)
-        buf[i] = rfi_malloc(rfi_node_nbytes(g->outputs[i]));
-    for (int i = 0; i < g->n_updates; i++)
-        buf[g->n_outputs + i] = rfi_malloc(g->captures[g->updates[i].capture]->nbytes);
-    rfi_run_io ref = {io->args, io->captures, buf, buf + g->n_outputs};
-    rf_status st = rfi_interp_backend.run(s->check, g, &ref);
-    *scratch = buf;
-    return st;
-}
-
-static rf_status check_after(const rfi_graph *g, const rfi_run_io *io, void **scratch,
-                             double scale)
-{
-    rf_status st = RF_OK;
-    int64_t at = 0;
-    for (int i = 0; i < g->n_outputs && st == RF_OK; i++) {
-        const rfi_node *x = g->outputs[i];
-        double d = distance(x->dtype, scratch[i], io->outputs[i], rfi_node_numel(x), &at);
-        if (d > scale)
-            st = rfi_error(RF_E_INTERNAL, "RF_CHECK: output %d (%%%d %s) element %lld is %.9g, "
-                           "the interpreter's %.9g: %.3g tolerances apart", i, x->id,
-                           rfi_op_table[x->op].name, (long long)at,
-                           rfi_element_as_double(x->dtype, io->outputs[i], at),
-                           rfi_element_as_double(x->dtype, scratch[i], at), d);
-    }
-    for (int i = 0; i < g->n_updates && st == RF_OK; i++) {
-        const rf_array *a = g->captures[g->updates[i].capture];
-        double d = distance(a->dtype, scratch[g->n_outputs + i], a->data, a->numel, &at);
-        if (d > scale)
-            st = rfi_error(RF_E_INTERNAL, "RF_CHECK: update %d (capture %d) element %lld is "
-                           "%.9g, the interpreter's %.9g: %.3g tolerances apart", i,
-                           g->updates[i].capture, (long long)at,
-                           rfi_element_as_double(a->dtype, a->data, at),
-                           rfi_element_as_double(a->dtype, scratch[g->n_outputs + i], at), d);
-    }
-    for (int i = 0; i < g->n_outputs + g->n_updates; i++)
-        rfi_free(scratch[i]);
-    rfi_free(scratch);
-    return st;
-}
-
 static rf_status cpu_run(void *state, const rfi_graph *g, const rfi_run_io *io)
 {
     cpu_state *s = state;
-    void **scratch = NULL;
     if (s->check) {
-        rf_status st = check_before(s, g, io, &scratch);
-        if (st != RF_OK) {
-            for (int i = 0; scratch && i < g->n_outputs + g->n_updates; i++)
-                rfi_free(scratch[i]);
-            rfi_free(scratch);
+        rf_status st = rfi_cpu_check_before(s->check, g, io);
+        if (st != RF_OK)
             return st;
-        }
     }
     int b = 0;
     for (int i = 0; i < g->n_args; i++)
@@ -475,14 +384,10 @@ static rf_status cpu_run(void *state, const rfi_graph *g, const rfi_run_io *io)
         s->buffers[b++] = io->outputs[i];
     rfi_cpu_services_start_run(s->services);
     int failed = s->entry(&s->table, s->buffers);
-    if (failed) {
-        for (int i = 0; scratch && i < g->n_outputs + g->n_updates; i++)
-            rfi_free(scratch[i]);
-        rfi_free(scratch);
+    if (failed)
         return rfi_error(RF_E_INTERNAL, "rf_exec_run: step %d of the compiled program failed",
                          failed - 1);
-    }
-    return s->check ? check_after(g, io, scratch, s->check_scale) : RF_OK;
+    return s->check ? rfi_cpu_check_after(s->check, g, io) : RF_OK;
 }
 
 static size_t cpu_memory(void *state)
@@ -496,8 +401,7 @@ static void cpu_release(void *state)
     cpu_state *s = state;
     if (!s)
         return;
-    if (s->check)
-        rfi_interp_backend.release(s->check);
+    rfi_cpu_check_free(s->check);
     rfi_cpu_profile_free(s->profile); /* prints it: needs the plan and services */
     rfi_cpu_services_free(s->services);
     rfi_module_free(s->module);

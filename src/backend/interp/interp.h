@@ -42,6 +42,16 @@ RFI_FUNC rf_status rfi_interp_index(const rfi_node *n, const void *const *in, vo
  * dispatched to the kernels above; the one entry for passes that fold constants. */
 RFI_FUNC rf_status rfi_interp_eval_node(const rfi_node *n, const void *const *inputs, void *out);
 
+/* rfi_interp_backend's run that also copies the value of each node in
+ * probes[0..n_probes) into probe_out[j] (rfi_node_nbytes bytes each) as it is
+ * made: the differential check's view of intermediates (cpu/check.c). state
+ * is the interpreter backend's prepared state for g. */
+struct rfi_run_io; /* runtime.h */
+RFI_FUNC rf_status rfi_interp_run_probed(void *state, const rfi_graph *g,
+                                        const struct rfi_run_io *io,
+                                        const rfi_node *const *probes, int n_probes,
+                                        void *const *probe_out);
+
 /* ---- Sizes -------------------------------------------------------------------------- */
 static inline int64_t rfi_interp_numel(const rfi_node *n) { return rfi_numel(n->dims, n->rank); }
 static inline size_t rfi_interp_nbytes(const rfi_node *n)
