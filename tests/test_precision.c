@@ -106,12 +106,8 @@ static void build_outer(rf_trace *t, rf_tensor *const *a, int n, void *user)
     rf_return(t, rf_matmul(a[0], a[1])); /* [n, 1] x [1, 1]: each output one product */
 }
 
-/* Each value times 1: the product is exactly the rounded value, so ties,
- * flushed subnormals, overflow and NaN show one by one (not the sign of a
- * zero: a sum from +0 loses it). */
-static void test_rounding(void)
-{
-    const float values[] = {
+/* The rounding cases: ties, flushed subnormals, overflow and NaN. */
+static const float rounding_values[] = {
         1.0f + 0x1p-8f,              /* a tie: to 1 (even) */
         1.0f + 0x3p-8f,              /* a tie: to 1 + 2^-6 (even) */
         1.0f + 0x1p-8f + 0x1p-20f,   /* past the tie: up */
@@ -121,8 +117,32 @@ static void test_rounding(void)
         FLT_MAX, -FLT_MAX,           /* past the largest bfloat16: infinities */
         0x1.fep127f,                 /* the largest bfloat16 */
         INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 3.14159265f, -2.71828183f, 65504.0f, 1e-30f,
-    };
-    enum { N = sizeof values / sizeof values[0] };
+};
+enum { N_ROUNDING = sizeof rounding_values / sizeof rounding_values[0] };
+
+/* Checks each output against its value rounded (not the sign of a zero: a
+ * sum from +0 loses it). */
+static void expect_rounded(const char *label, const rf_array *out)
+{
+    double *got = tp_read(out, NULL);
+    int bad = 0;
+    for (int i = 0; got && i < N_ROUNDING; i++) {
+        double want = round_bf16(rounding_values[i]);
+        bool same = isnan(want) ? isnan(got[i]) : got[i] == want;
+        if (!same && bad++ < 6)
+            fprintf(stderr, "  %s: %a gave %a, expected %a\n", label,
+                    (double)rounding_values[i], got[i], want);
+    }
+    CHECK(got && bad == 0);
+    free(got);
+}
+
+/* Each value times 1: the product is exactly the rounded value, so the cases
+ * show one by one. */
+static void test_rounding(void)
+{
+    const float *values = rounding_values;
+    enum { N = N_ROUNDING };
     double v[N];
     for (int i = 0; i < N; i++)
         v[i] = values[i];
@@ -130,19 +150,40 @@ static void test_rounding(void)
                                                                     (double[]){1.0})};
     rf_array *out = NULL;
     CHECK_OK(tp_run(build_outer, NULL, in, 2, &out, 1));
-    double *got = tp_read(out, NULL);
-    int bad = 0;
-    for (int i = 0; got && i < N; i++) {
-        double want = round_bf16(values[i]);
-        bool same = isnan(want) ? isnan(got[i]) : got[i] == want;
-        if (!same && bad++ < 6)
-            fprintf(stderr, "  rounding %a: got %a, expected %a\n", (double)values[i], got[i],
-                    want);
-    }
-    CHECK(got && bad == 0);
-    free(got);
+    expect_rounded("rounding", out);
     rf_array_free(out);
     tp_free_all(in, 2);
+}
+
+static void build_rows(rf_trace *t, rf_tensor *const *a, int n, void *user)
+{
+    (void)n, (void)user;
+    int64_t contract = 1;
+    rf_trace_set_matmul_precision(t, RF_PRECISION_BF16);
+    rf_return(t, rf_dot_general(a[0], a[1], NULL, NULL, 0, &contract, &contract, 1));
+}
+
+/* The cases again through a batch-1 dense layer's product, x [1, K] times
+ * the rows of w [N, K], which the CPU backend computes four rows at a time,
+ * 32 points per step with AVX512-BF16 instructions where the CPU has them
+ * (rounding in the conversion), then the last points in C: row i holds case
+ * i at point i (so every case goes through the instructions but the last
+ * ones, past K's multiple of 32) and zeros elsewhere, and x is all ones. */
+static void test_rounding_rows(void)
+{
+    enum { N = N_ROUNDING, K = 34 };
+    double x[K], *w = calloc(N * K, sizeof *w);
+    for (int k = 0; k < K; k++)
+        x[k] = 1;
+    for (int i = 0; i < N; i++)
+        w[i * K + (i < N - 2 ? i : 32 + i - (N - 2))] = rounding_values[i];
+    rf_array *in[2] = {tp_host(RF_F32, RF_SHAPE(1, K), x), tp_host(RF_F32, RF_SHAPE(N, K), w)};
+    rf_array *out = NULL;
+    CHECK_OK(tp_run(build_rows, NULL, in, 2, &out, 1));
+    expect_rounded("rounding rows", out);
+    rf_array_free(out);
+    tp_free_all(in, 2);
+    free(w);
 }
 
 /* ---- Products of several forms ---------------------------------------------------------- */
@@ -152,6 +193,7 @@ typedef struct form {
     int64_t batch, m, k, n;
     bool lhs_transposed; /* a given as [K, M] and contracted on its dim 0 */
     rf_precision precision;
+    bool rhs_rows; /* b given as [N, K] and contracted on its dim 1 (a dense layer's) */
 } form;
 
 static void build_form(rf_trace *t, rf_tensor *const *a, int n, void *user)
@@ -162,8 +204,8 @@ static void build_form(rf_trace *t, rf_tensor *const *a, int n, void *user)
     if (f->batch > 1) {
         int64_t batch = 0, lc = 2, rc = 1;
         rf_return(t, rf_dot_general(a[0], a[1], &batch, &batch, 1, &lc, &rc, 1));
-    } else if (f->lhs_transposed) {
-        int64_t lc = 0, rc = 0;
+    } else if (f->lhs_transposed || f->rhs_rows) {
+        int64_t lc = f->lhs_transposed ? 0 : 1, rc = f->rhs_rows ? 1 : 0;
         rf_return(t, rf_dot_general(a[0], a[1], NULL, NULL, 0, &lc, &rc, 1));
     } else {
         rf_return(t, rf_matmul(a[0], a[1]));
@@ -188,6 +230,13 @@ static void test_form(form f, uint64_t seed)
             for (int64_t k = 0; k < f.k; k++)
                 a_given[k * f.m + i] = a[i * f.k + k];
     }
+    double *b_given = b;
+    if (f.rhs_rows) { /* b[K, N] stored as [N, K] */
+        b_given = malloc((size_t)nb * sizeof *b_given);
+        for (int64_t k = 0; k < f.k; k++)
+            for (int64_t j = 0; j < f.n; j++)
+                b_given[j * f.k + k] = b[k * f.n + j];
+    }
     rf_array *in[2];
     if (f.batch > 1) {
         in[0] = tp_host(RF_F32, RF_SHAPE(f.batch, f.m, f.k), a_given);
@@ -195,7 +244,8 @@ static void test_form(form f, uint64_t seed)
     } else {
         in[0] = f.lhs_transposed ? tp_host(RF_F32, RF_SHAPE(f.k, f.m), a_given)
                                  : tp_host(RF_F32, RF_SHAPE(f.m, f.k), a_given);
-        in[1] = tp_host(RF_F32, RF_SHAPE(f.k, f.n), b);
+        in[1] = f.rhs_rows ? tp_host(RF_F32, RF_SHAPE(f.n, f.k), b_given)
+                           : tp_host(RF_F32, RF_SHAPE(f.k, f.n), b);
     }
     for (int p = 0; p < 2; p++) {
         f.precision = p ? RF_PRECISION_BF16 : RF_PRECISION_F32;
@@ -213,6 +263,8 @@ static void test_form(form f, uint64_t seed)
     tp_free_all(in, 2);
     if (a_given != a)
         free(a_given);
+    if (b_given != b)
+        free(b_given);
     free(a);
     free(b);
     free(want[0]);
@@ -224,11 +276,14 @@ static void test_form(form f, uint64_t seed)
  * others are its generated loops. */
 static void test_forms(void)
 {
-    test_form((form){"plain", 1, 64, 130, 45, false, 0}, 11);
-    test_form((form){"lhs transposed", 1, 48, 128, 40, true, 0}, 21);
-    test_form((form){"batched", 3, 20, 40, 10, false, 0}, 31);
-    test_form((form){"small", 1, 2, 3, 2, false, 0}, 41);
-    test_form((form){"matrix-vector", 1, 1, 300, 64, false, 0}, 51);
+    test_form((form){"plain", 1, 64, 130, 45, false, 0, false}, 11);
+    test_form((form){"lhs transposed", 1, 48, 128, 40, true, 0, false}, 21);
+    test_form((form){"batched", 3, 20, 40, 10, false, 0, false}, 31);
+    test_form((form){"small", 1, 2, 3, 2, false, 0, false}, 41);
+    test_form((form){"matrix-vector", 1, 1, 300, 64, false, 0, false}, 51);
+    /* a batch-1 dense layer: four rows at a time, bf16 instructions where the
+     * CPU has them; 30 rows and 300 points leave both remainders */
+    test_form((form){"dense rows", 1, 1, 300, 30, false, 0, true}, 61);
 }
 
 /* ---- Convolutions ---------------------------------------------------------------------- */
@@ -693,6 +748,7 @@ static void test_models(void)
 int main(void)
 {
     test_rounding();
+    test_rounding_rows();
     test_forms();
     test_conv_rounding();
     test_conv_forms();

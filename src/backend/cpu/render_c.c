@@ -40,6 +40,7 @@
 #include "module_abi.h"
 #include "render_c.h"
 #include "render_conv.h"
+#include "services.h" /* rfi_bf16_kernels_allowed */
 
 static const char abi_block[] =
     "/* BEGIN MODULE ABI */\n"
@@ -1151,6 +1152,34 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 "    r = (u & 0x7f800000u) == 0 ? u & 0x80000000u : r;\n"
                 "    v.u = r & 0xffff0000u;\n"
                 "    return v.f;\n}\n\n");
+    if (need & RFI_NEED_BF16_DOT)
+        putf(sb, "/* AVX512-BF16 (render_reduce.c), in assembly (immintrin.h alone adds 140 ms\n"
+                 " * to a compile): rf_bf16x32 rounds 32 floats from p to bfloat16 as\n"
+                 " * rf_round_bf16 does, rf_dpbf16 adds the products of their pairs to 16\n"
+                 " * f32 sums */\n"
+                 "#if defined(__AVX512BF16__) && defined(__GNUC__) && %d\n"
+                 "#define RF_BF16_DOT 1\n"
+                 "typedef float rf_dot_f32x16 __attribute__((vector_size(64)));\n"
+                 "typedef short rf_dot_bf16x32 __attribute__((vector_size(64)));\n"
+                 "static inline rf_dot_bf16x32 rf_bf16x32(const float *p)\n{\n"
+                 "    rf_dot_f32x16 lo, hi;\n"
+                 "    rf_dot_bf16x32 r;\n"
+                 "    memcpy(&lo, p, sizeof lo);\n"
+                 "    memcpy(&hi, p + 16, sizeof hi);\n"
+                 "    __asm__(\"vcvtne2ps2bf16 %%2, %%1, %%0\"\n"
+                 "            : \"=v\"(r) : \"v\"(hi), \"v\"(lo));\n"
+                 "    return r;\n}\n\n"
+                 "static inline rf_dot_f32x16 rf_dpbf16(rf_dot_f32x16 acc, rf_dot_bf16x32 a,\n"
+                 "                                      rf_dot_bf16x32 b)\n{\n"
+                 "    __asm__(\"vdpbf16ps %%2, %%1, %%0\" : \"+v\"(acc) : \"v\"(a), \"v\"(b));\n"
+                 "    return acc;\n}\n\n"
+                 "static inline float rf_sum16(rf_dot_f32x16 v)\n{\n"
+                 "    float s = 0;\n"
+                 "    for (int i = 0; i < 16; i++)\n"
+                 "        s += v[i];\n"
+                 "    return s;\n}\n"
+                 "#else\n#define RF_BF16_DOT 0\n#endif\n\n",
+             rfi_bf16_kernels_allowed() ? 1 : 0);
     if (need & RFI_NEED_DIV)
         putf(sb,
             "/* integer division: x / 0 = 0, INT_MIN / -1 wraps */\n"
