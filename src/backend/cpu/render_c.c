@@ -1084,6 +1084,51 @@ static void entry(rfi_render *R, const rfi_kir_module *m)
 }
 
 /* ---- Prelude -------------------------------------------------------------------------- */
+/* The prelude's bfloat16 rounding: the portable function, and the AVX512-BF16
+ * instructions of matrix-vector products. */
+static void bf16_prelude(rfi_strbuf *sb, unsigned need)
+{
+    if (need & RFI_NEED_BF16)
+        put(sb, "/* x rounded to bfloat16 and back (rfi_round_bf16: nearest even, a subnormal\n"
+                " * to a zero of its sign, NaN quiet), with selects for branches so that gcc\n"
+                " * vectorises it */\n"
+                "static inline float rf_round_bf16(float x)\n{\n"
+                "    union { float f; uint32_t u; } v = {x};\n"
+                "    uint32_t u = v.u, r = u + 0x7fffu + ((u >> 16) & 1u);\n"
+                "    r = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : r;\n"
+                "    r = (u & 0x7f800000u) == 0 ? u & 0x80000000u : r;\n"
+                "    v.u = r & 0xffff0000u;\n"
+                "    return v.f;\n}\n\n");
+    if (need & RFI_NEED_BF16_DOT)
+        putf(sb, "/* AVX512-BF16 (render_reduce.c), in assembly (immintrin.h alone adds 140 ms\n"
+                 " * to a compile): rf_bf16x32 rounds 32 floats from p to bfloat16 as\n"
+                 " * rf_round_bf16 does, rf_dpbf16 adds the products of their pairs to 16\n"
+                 " * f32 sums */\n"
+                 "#if defined(__AVX512BF16__) && defined(__GNUC__) && %d\n"
+                 "#define RF_BF16_DOT 1\n"
+                 "typedef float rf_dot_f32x16 __attribute__((vector_size(64)));\n"
+                 "typedef short rf_dot_bf16x32 __attribute__((vector_size(64)));\n"
+                 "static inline rf_dot_bf16x32 rf_bf16x32(const float *p)\n{\n"
+                 "    rf_dot_f32x16 lo, hi;\n"
+                 "    rf_dot_bf16x32 r;\n"
+                 "    memcpy(&lo, p, sizeof lo);\n"
+                 "    memcpy(&hi, p + 16, sizeof hi);\n"
+                 "    __asm__(\"vcvtne2ps2bf16 %%2, %%1, %%0\"\n"
+                 "            : \"=v\"(r) : \"v\"(hi), \"v\"(lo));\n"
+                 "    return r;\n}\n\n"
+                 "static inline rf_dot_f32x16 rf_dpbf16(rf_dot_f32x16 acc, rf_dot_bf16x32 a,\n"
+                 "                                      rf_dot_bf16x32 b)\n{\n"
+                 "    __asm__(\"vdpbf16ps %%2, %%1, %%0\" : \"+v\"(acc) : \"v\"(a), \"v\"(b));\n"
+                 "    return acc;\n}\n\n"
+                 "static inline float rf_sum16(rf_dot_f32x16 v)\n{\n"
+                 "    float s = 0;\n"
+                 "    for (int i = 0; i < 16; i++)\n"
+                 "        s += v[i];\n"
+                 "    return s;\n}\n"
+                 "#else\n#define RF_BF16_DOT 0\n#endif\n\n",
+             rfi_bf16_kernels_allowed() ? 1 : 0);
+}
+
 static void prelude(rfi_strbuf *sb, const rfi_render *R)
 {
     for (int f = 0; f < N_SIMD_FUNCS; f++)
@@ -1141,45 +1186,7 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
             "static inline uint8_t rf_f2u8(double v)\n{\n"
             "    return v != v ? 0 : v <= 0.0 ? 0 : v >= 255.0 ? 255 : "
             "(uint8_t)(int32_t)v;\n}\n\n");
-    if (need & RFI_NEED_BF16)
-        put(sb, "/* x rounded to bfloat16 and back (rfi_round_bf16: nearest even, a subnormal\n"
-                " * to a zero of its sign, NaN quiet), with selects for branches so that gcc\n"
-                " * vectorises it */\n"
-                "static inline float rf_round_bf16(float x)\n{\n"
-                "    union { float f; uint32_t u; } v = {x};\n"
-                "    uint32_t u = v.u, r = u + 0x7fffu + ((u >> 16) & 1u);\n"
-                "    r = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : r;\n"
-                "    r = (u & 0x7f800000u) == 0 ? u & 0x80000000u : r;\n"
-                "    v.u = r & 0xffff0000u;\n"
-                "    return v.f;\n}\n\n");
-    if (need & RFI_NEED_BF16_DOT)
-        putf(sb, "/* AVX512-BF16 (render_reduce.c), in assembly (immintrin.h alone adds 140 ms\n"
-                 " * to a compile): rf_bf16x32 rounds 32 floats from p to bfloat16 as\n"
-                 " * rf_round_bf16 does, rf_dpbf16 adds the products of their pairs to 16\n"
-                 " * f32 sums */\n"
-                 "#if defined(__AVX512BF16__) && defined(__GNUC__) && %d\n"
-                 "#define RF_BF16_DOT 1\n"
-                 "typedef float rf_dot_f32x16 __attribute__((vector_size(64)));\n"
-                 "typedef short rf_dot_bf16x32 __attribute__((vector_size(64)));\n"
-                 "static inline rf_dot_bf16x32 rf_bf16x32(const float *p)\n{\n"
-                 "    rf_dot_f32x16 lo, hi;\n"
-                 "    rf_dot_bf16x32 r;\n"
-                 "    memcpy(&lo, p, sizeof lo);\n"
-                 "    memcpy(&hi, p + 16, sizeof hi);\n"
-                 "    __asm__(\"vcvtne2ps2bf16 %%2, %%1, %%0\"\n"
-                 "            : \"=v\"(r) : \"v\"(hi), \"v\"(lo));\n"
-                 "    return r;\n}\n\n"
-                 "static inline rf_dot_f32x16 rf_dpbf16(rf_dot_f32x16 acc, rf_dot_bf16x32 a,\n"
-                 "                                      rf_dot_bf16x32 b)\n{\n"
-                 "    __asm__(\"vdpbf16ps %%2, %%1, %%0\" : \"+v\"(acc) : \"v\"(a), \"v\"(b));\n"
-                 "    return acc;\n}\n\n"
-                 "static inline float rf_sum16(rf_dot_f32x16 v)\n{\n"
-                 "    float s = 0;\n"
-                 "    for (int i = 0; i < 16; i++)\n"
-                 "        s += v[i];\n"
-                 "    return s;\n}\n"
-                 "#else\n#define RF_BF16_DOT 0\n#endif\n\n",
-             rfi_bf16_kernels_allowed() ? 1 : 0);
+    bf16_prelude(sb, need);
     if (need & RFI_NEED_DIV)
         putf(sb,
             "/* integer division: x / 0 = 0, INT_MIN / -1 wraps */\n"
