@@ -794,9 +794,10 @@ static bool name_output(rfi_render *R, const bool *dep, char (*saved)[32], int u
 
 static bool index_op(rfi_kir_op op) { return op >= RFI_KIR_VAR && op <= RFI_KIR_IMAX; }
 
-/* Whether fold value v is round(a) * round(b) of f32 loads contiguous along
- * the reduced loop, one shared by every output (*vec) and one per output
- * (*row), with nothing else in the reduced loop but their index arithmetic. */
+/* Whether the folded value is round_bf16(a) * round_bf16(b) of f32 loads
+ * contiguous along the reduced loop, one shared by every output (*vec) and
+ * one per output (*row), with nothing else in the reduced loop but their
+ * index arithmetic. */
 static bool bf16_dot(const rfi_kir_kernel *k, const bool *live, const bool *dep, int *vec,
                      int *row)
 {
