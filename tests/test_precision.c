@@ -212,6 +212,16 @@ static void build_form(rf_trace *t, rf_tensor *const *a, int n, void *user)
     }
 }
 
+/* v [rows, cols] as a new [cols, rows] array. */
+static double *transposed(const double *v, int64_t rows, int64_t cols)
+{
+    double *t = malloc((size_t)(rows * cols) * sizeof *t);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            t[c * rows + r] = v[r * cols + c];
+    return t;
+}
+
 /* One form at both precisions: each matches its own oracle, and the two
  * differ by far more than f32 rounding. */
 static void test_form(form f, uint64_t seed)
@@ -223,20 +233,8 @@ static void test_form(form f, uint64_t seed)
         want[p] = malloc((size_t)nc * sizeof **want);
         product(a, b, f.batch, f.m, f.k, f.n, p == 1, want[p], scale);
     }
-    double *a_given = a;
-    if (f.lhs_transposed) { /* a[M, K] stored as [K, M] */
-        a_given = malloc((size_t)na * sizeof *a_given);
-        for (int64_t i = 0; i < f.m; i++)
-            for (int64_t k = 0; k < f.k; k++)
-                a_given[k * f.m + i] = a[i * f.k + k];
-    }
-    double *b_given = b;
-    if (f.rhs_rows) { /* b[K, N] stored as [N, K] */
-        b_given = malloc((size_t)nb * sizeof *b_given);
-        for (int64_t k = 0; k < f.k; k++)
-            for (int64_t j = 0; j < f.n; j++)
-                b_given[j * f.k + k] = b[k * f.n + j];
-    }
+    double *a_given = f.lhs_transposed ? transposed(a, f.m, f.k) : a; /* stored [K, M] */
+    double *b_given = f.rhs_rows ? transposed(b, f.k, f.n) : b;         /* stored [N, K] */
     rf_array *in[2];
     if (f.batch > 1) {
         in[0] = tp_host(RF_F32, RF_SHAPE(f.batch, f.m, f.k), a_given);
