@@ -74,6 +74,9 @@ void rfi_cpu_check_free(rfi_cpu_check *c)
     rfi_free(c);
 }
 
+/* A buffer of n bytes, never a NULL for an empty value. */
+static void *buffer(size_t n) { return rfi_malloc(n ? n : 1); }
+
 /* Lists the operands of g's compare outputs as probes. */
 static bool plan_probes(rfi_cpu_check *c, const rfi_graph *g)
 {
@@ -91,7 +94,7 @@ static bool plan_probes(rfi_cpu_check *c, const rfi_graph *g)
             continue;
         c->first_probe[i] = c->n_probes;
         for (int j = 0; j < 2; j++) {
-            c->probe_values[c->n_probes] = rfi_malloc(rfi_node_nbytes(x->in[j]));
+            c->probe_values[c->n_probes] = buffer(rfi_node_nbytes(x->in[j]));
             if (!c->probe_values[c->n_probes])
                 return false;
             c->probe_ids[c->n_probes++] = x->in[j]->id;
@@ -111,10 +114,10 @@ rf_status rfi_cpu_check_new(const rfi_graph *g, double scale, rfi_cpu_check **ou
     c->values = rfi_calloc((size_t)(c->n_values ? c->n_values : 1), sizeof *c->values);
     bool ok = c->values && plan_probes(c, g);
     for (int i = 0; ok && i < g->n_outputs; i++)
-        ok = (c->values[i] = rfi_malloc(rfi_node_nbytes(g->outputs[i]))) != NULL;
+        ok = (c->values[i] = buffer(rfi_node_nbytes(g->outputs[i]))) != NULL;
     for (int i = 0; ok && i < g->n_updates; i++) {
         size_t bytes = g->captures[g->updates[i].capture]->nbytes;
-        ok = (c->values[g->n_outputs + i] = rfi_malloc(bytes)) != NULL;
+        ok = (c->values[g->n_outputs + i] = buffer(bytes)) != NULL;
     }
     if (!ok) {
         rfi_cpu_check_free(c);
