@@ -282,6 +282,8 @@ static void test_forms(void)
     /* a batch-1 dense layer: four rows at a time, bf16 instructions where the
      * CPU has them; 30 rows and 300 points leave both remainders */
     test_form((form){"dense rows", 1, 1, 300, 30, false, 0, true}, 61);
+    /* five of them: one output at a time, the same instructions */
+    test_form((form){"dense rows, batch 5", 1, 5, 100, 30, false, 0, true}, 71);
 }
 
 /* ---- Convolutions ---------------------------------------------------------------------- */

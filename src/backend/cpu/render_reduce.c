@@ -295,12 +295,15 @@ static void open_inner_reduced_loops(rfi_render *R, int end, int depth)
     }
 }
 
+static bool plain_bf16_dot(rfi_render *R, const bool *live, int depth);
+
 void rfi_render_reduction_loops(rfi_render *R, const bool *live, int depth)
 {
     const rfi_kir_kernel *k = R->k;
     rfi_schedule plain = {RFI_SCHED_PLAIN, 0, 0};
     declare_accs(R, depth);
-    open_reduced_loops(R, 0, depth, &plain);
+    if (!plain_bf16_dot(R, live, depth))
+        open_reduced_loops(R, 0, depth, &plain);
     rfi_render_statements(R, live, 2, depth + k->red_rank);
     fold(R, depth + k->red_rank);
     rfi_render_close_loops(R, depth, k->red_rank);
@@ -780,7 +783,7 @@ static bool name_output(rfi_render *R, const bool *dep, char (*saved)[32], int u
     return true;
 }
 
-/* ---- bf16 matrix-vector products ------------------------------------------------------ *
+/* ---- bf16 dot products ----------------------------------------------------------------- *
  * At RF_PRECISION_BF16 each operand value of a dot product is rounded to
  * bfloat16 before the product (kir_lower_reduce.c), and in portable C that
  * rounding costs about ten vector operations per value against the one
@@ -788,24 +791,23 @@ static bool name_output(rfi_render *R, const bool *dep, char (*saved)[32], int u
  * On a CPU with AVX512-BF16 one instruction rounds 32 values exactly as
  * rf_round_bf16 does (nearest even, subnormals to a zero of their sign, NaN
  * quiet) and another multiplies bf16 pairs into f32 sums (products of two
- * bfloat16 values are exact in f32), so an unrolled block's reduced loop runs
- * on them in steps of 32, its last points as before. Only the summation order
- * changes, as vectorising a float sum already does. */
+ * bfloat16 values are exact in f32), so a dot whose operands are contiguous
+ * along its one reduced loop runs on them in steps of 32, its last points as
+ * before: an unrolled block's four outputs sharing one operand's conversion,
+ * or a plain reduction's one output. Only the summation order changes, as
+ * vectorising a float sum already does. */
 
 static bool index_op(rfi_kir_op op) { return op >= RFI_KIR_VAR && op <= RFI_KIR_IMAX; }
 
-/* Whether the folded value is round_bf16(a) * round_bf16(b) of f32 loads
- * contiguous along the reduced loop, one shared by every output (*vec) and
- * one per output (*row), with nothing else in the reduced loop but their
- * index arithmetic. */
-static bool bf16_dot(const rfi_kir_kernel *k, const bool *live, const bool *dep, int *vec,
-                     int *row)
+/* Whether the folded value is round_bf16(a) * round_bf16(b) of two f32 loads
+ * contiguous along the one reduced loop, with nothing else in that loop but
+ * their index arithmetic; then loads[] are the two loads. */
+static bool bf16_dot_loads(const rfi_kir_kernel *k, const bool *live, int *loads)
 {
     const rfi_kir_ins *v = &k->ins[k->red_value];
-    if (k->red_guard >= 0 || k->acc_dtype != RF_F32 || k->red_kind != RF_REDUCE_SUM ||
-        v->op != RFI_KIR_BINARY || v->ir_op != RFI_OP_MUL)
+    if (k->red_rank != 1 || k->n_folds != 1 || k->red_guard >= 0 || k->acc_dtype != RF_F32 ||
+        k->red_kind != RF_REDUCE_SUM || v->op != RFI_KIR_BINARY || v->ir_op != RFI_OP_MUL)
         return false;
-    int loads[2];
     for (int j = 0; j < 2; j++) {
         int r = j ? v->b : v->a, l = r >= 0 ? k->ins[r].a : -1;
         int64_t coef;
@@ -815,17 +817,36 @@ static bool bf16_dot(const rfi_kir_kernel *k, const bool *live, const bool *dep,
             return false;
         loads[j] = l;
     }
-    if (dep[loads[0]] == dep[loads[1]])
-        return false;
-    *vec = dep[loads[0]] ? loads[1] : loads[0];
-    *row = dep[loads[0]] ? loads[0] : loads[1];
     for (int id = 0; id < k->n_ins; id++) {
         const rfi_kir_ins *x = &k->ins[id];
-        bool part = id == k->red_value || id == v->a || id == v->b || id == *vec || id == *row;
+        bool part = id == k->red_value || id == v->a || id == v->b || id == loads[0] ||
+                    id == loads[1];
         if (live[id] && x->level == 2 && !part && !index_op(x->op))
             return false;
     }
     return true;
+}
+
+/* The same for an unrolled block, with one load shared by every output
+ * (*vec) and one per output (*row). */
+static bool bf16_dot(const rfi_kir_kernel *k, const bool *live, const bool *dep, int *vec,
+                     int *row)
+{
+    int loads[2];
+    if (!bf16_dot_loads(k, live, loads) || dep[loads[0]] == dep[loads[1]])
+        return false;
+    *vec = dep[loads[0]] ? loads[1] : loads[0];
+    *row = dep[loads[0]] ? loads[0] : loads[1];
+    return true;
+}
+
+/* The live index arithmetic of k (NULL when out of memory). */
+static bool *index_mask(const rfi_kir_kernel *k, const bool *live)
+{
+    bool *index = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof *index);
+    for (int id = 0; index && id < k->n_ins; id++)
+        index[id] = live[id] && index_op(k->ins[id].op);
+    return index;
 }
 
 /* The AVX512-BF16 loop over the first `whole` (a multiple of 32) reduced
@@ -860,6 +881,61 @@ static bool bf16_dot_loop(rfi_render *R, const bool *index, const bool *dep, cha
     return name_output(R, dep, saved, 0);
 }
 
+/* The head of a plain reduction's one reduced loop over [first, n) at depth. */
+static void plain_loop_head(rfi_render *R, int depth, int64_t first, int64_t n)
+{
+    rfi_render_indent(R, depth);
+    put(R->sb, "#pragma omp simd reduction(+:acc)\n");
+    rfi_render_indent(R, depth);
+    putf(R->sb, "for (int64_t r0 = %lld; r0 < %lld; r0++) {\n", (long long)first, (long long)n);
+}
+
+/* A plain reduction's reduced loop where it is a bf16 dot product
+ * (bf16_dot_loads): its first multiple of 32 points with AVX512-BF16 under
+ * RF_BF16_DOT, then the head of the loop over the rest; false (nothing
+ * written) where it is not one. */
+static bool plain_bf16_dot(rfi_render *R, const bool *live, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    int loads[2];
+    int64_t n = k->red_dims[0], whole = n - n % 32;
+    if (k->red_rank != 1 || whole == 0 || !bf16_dot_loads(k, live, loads))
+        return false;
+    bool *index = index_mask(k, live);
+    if (!index) {
+        R->sb->failed = true;
+        return false;
+    }
+    char at[2][64];
+    for (int j = 0; j < 2; j++)
+        rfi_render_operand_text(R, k->ins[loads[j]].a, at[j], sizeof at[j]);
+    R->need |= RFI_NEED_BF16_DOT;
+    put(R->sb, "#if RF_BF16_DOT\n");
+    rfi_render_indent(R, depth);
+    put(R->sb, "{\n");
+    rfi_render_indent(R, depth + 1);
+    put(R->sb, "rf_dot_f32x16 dot_0 = {0};\n");
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "for (int64_t r0 = 0; r0 < %lld; r0 += 32) {\n", (long long)whole);
+    rfi_render_statements_where(R, index, 2, depth + 2, NULL, false);
+    rfi_render_indent(R, depth + 2);
+    putf(R->sb, "dot_0 = rf_dpbf16(dot_0, rf_bf16x32(&%s[%s]), rf_bf16x32(&%s[%s]));\n",
+         R->base_names[k->ins[loads[0]].base], at[0], R->base_names[k->ins[loads[1]].base],
+         at[1]);
+    rfi_render_indent(R, depth + 1);
+    put(R->sb, "}\n");
+    rfi_render_indent(R, depth + 1);
+    put(R->sb, "acc = rf_sum16(dot_0);\n");
+    rfi_render_indent(R, depth);
+    put(R->sb, "}\n");
+    plain_loop_head(R, depth, whole, n);
+    put(R->sb, "#else\n");
+    plain_loop_head(R, depth, 0, n);
+    put(R->sb, "#endif\n");
+    rfi_free(index);
+    return true;
+}
+
 /* The head of an unrolled block's reduced loop over [first, n). */
 static void unrolled_loop_head(rfi_render *R, int64_t first, int64_t n)
 {
@@ -881,13 +957,11 @@ static bool unrolled_loop(rfi_render *R, const bool *live, const bool *dep, char
         unrolled_loop_head(R, 0, n);
         return true;
     }
-    bool *index = rfi_calloc((size_t)k->n_ins, sizeof *index);
+    bool *index = index_mask(k, live);
     if (!index) {
         R->sb->failed = true;
         return false;
     }
-    for (int id = 0; id < k->n_ins; id++)
-        index[id] = live[id] && index_op(k->ins[id].op);
     bool ok = bf16_dot_loop(R, index, dep, saved, vec, row, whole);
     rfi_free(index);
     unrolled_loop_head(R, whole, n);
