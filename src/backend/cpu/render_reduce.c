@@ -881,13 +881,28 @@ static bool bf16_dot_loop(rfi_render *R, const bool *index, const bool *dep, cha
     return name_output(R, dep, saved, 0);
 }
 
-/* The head of a plain reduction's one reduced loop over [first, n) at depth. */
-static void plain_loop_head(rfi_render *R, int depth, int64_t first, int64_t n)
+/* The head of the one reduced loop r0 over [first, n) at depth, vectorised
+ * into `accs` accumulators acc_0.. (an unrolled block's), or into acc when
+ * accs is 0 (a plain reduction's). */
+static void reduced_loop_head(rfi_render *R, int depth, int accs, int64_t first, int64_t n)
 {
     rfi_render_indent(R, depth);
-    put(R->sb, "#pragma omp simd reduction(+:acc)\n");
+    put(R->sb, accs ? "#pragma omp simd reduction(+:acc_0" : "#pragma omp simd reduction(+:acc");
+    for (int u = 1; u < accs; u++)
+        putf(R->sb, ", acc_%d", u);
+    put(R->sb, ")\n");
     rfi_render_indent(R, depth);
     putf(R->sb, "for (int64_t r0 = %lld; r0 < %lld; r0++) {\n", (long long)first, (long long)n);
+}
+
+/* After a bf16 dot's vectorised loop over its first `whole` points: the head
+ * of the loop over the rest, or, without RF_BF16_DOT, over all n. */
+static void bf16_rest_head(rfi_render *R, int depth, int accs, int64_t whole, int64_t n)
+{
+    reduced_loop_head(R, depth, accs, whole, n);
+    put(R->sb, "#else\n");
+    reduced_loop_head(R, depth, accs, 0, n);
+    put(R->sb, "#endif\n");
 }
 
 /* A plain reduction's reduced loop where it is a bf16 dot product
@@ -928,22 +943,9 @@ static bool plain_bf16_dot(rfi_render *R, const bool *live, int depth)
     put(R->sb, "acc = rf_sum16(dot_0);\n");
     rfi_render_indent(R, depth);
     put(R->sb, "}\n");
-    plain_loop_head(R, depth, whole, n);
-    put(R->sb, "#else\n");
-    plain_loop_head(R, depth, 0, n);
-    put(R->sb, "#endif\n");
+    bf16_rest_head(R, depth, 0, whole, n);
     rfi_free(index);
     return true;
-}
-
-/* The head of an unrolled block's reduced loop over [first, n). */
-static void unrolled_loop_head(rfi_render *R, int64_t first, int64_t n)
-{
-    put(R->sb, "        #pragma omp simd reduction(+:acc_0");
-    for (int u = 1; u < UNROLL_OUTPUTS; u++)
-        putf(R->sb, ", acc_%d", u);
-    putf(R->sb, ")\n        for (int64_t r0 = %lld; r0 < %lld; r0++) {\n", (long long)first,
-         (long long)n);
 }
 
 /* The reduced loop's head of an unrolled block, after its vectorised bf16
@@ -954,7 +956,7 @@ static bool unrolled_loop(rfi_render *R, const bool *live, const bool *dep, char
     int64_t n = k->red_dims[0], whole = n - n % 32;
     int vec, row;
     if (!bf16_dot(k, live, dep, &vec, &row)) {
-        unrolled_loop_head(R, 0, n);
+        reduced_loop_head(R, 2, UNROLL_OUTPUTS, 0, n);
         return true;
     }
     bool *index = index_mask(k, live);
@@ -964,10 +966,7 @@ static bool unrolled_loop(rfi_render *R, const bool *live, const bool *dep, char
     }
     bool ok = bf16_dot_loop(R, index, dep, saved, vec, row, whole);
     rfi_free(index);
-    unrolled_loop_head(R, whole, n);
-    put(R->sb, "#else\n");
-    unrolled_loop_head(R, 0, n);
-    put(R->sb, "#endif\n");
+    bf16_rest_head(R, 2, UNROLL_OUTPUTS, whole, n);
     return ok;
 }
 
