@@ -30,10 +30,9 @@ struct rfi_cpu_check {
     double scale;  /* the tolerances widened this many times */
     void **values; /* the interpreter's outputs, then its updates */
     int n_values;
-    /* The operands of compare outputs, two per such output, by node id (the
-     * program's nodes are resolved each run into probe_nodes). */
+    /* The operands of compare outputs, two per such output (nodes of the
+     * program, which outlives the checker), and their interpreter values. */
     int n_probes;
-    int *probe_ids;
     const rfi_node **probe_nodes;
     void **probe_values;
     int *first_probe; /* per output: its first operand's probe, or -1 */
@@ -67,7 +66,6 @@ void rfi_cpu_check_free(rfi_cpu_check *c)
     for (int i = 0; c->probe_values && i < c->n_probes; i++)
         rfi_free(c->probe_values[i]);
     rfi_free(c->values);
-    rfi_free(c->probe_ids);
     rfi_free(c->probe_nodes);
     rfi_free(c->probe_values);
     rfi_free(c->first_probe);
@@ -82,10 +80,9 @@ static bool plan_probes(rfi_cpu_check *c, const rfi_graph *g)
 {
     int n = g->n_outputs;
     c->first_probe = rfi_malloc((size_t)(n ? n : 1) * sizeof *c->first_probe);
-    c->probe_ids = rfi_malloc((size_t)(2 * n + 1) * sizeof *c->probe_ids);
     c->probe_nodes = rfi_calloc((size_t)(2 * n + 1), sizeof *c->probe_nodes);
     c->probe_values = rfi_calloc((size_t)(2 * n + 1), sizeof *c->probe_values);
-    if (!c->first_probe || !c->probe_ids || !c->probe_nodes || !c->probe_values)
+    if (!c->first_probe || !c->probe_nodes || !c->probe_values)
         return false;
     for (int i = 0; i < n; i++) {
         const rfi_node *x = g->outputs[i];
@@ -97,7 +94,7 @@ static bool plan_probes(rfi_cpu_check *c, const rfi_graph *g)
             c->probe_values[c->n_probes] = buffer(rfi_node_nbytes(x->in[j]));
             if (!c->probe_values[c->n_probes])
                 return false;
-            c->probe_ids[c->n_probes++] = x->in[j]->id;
+            c->probe_nodes[c->n_probes++] = x->in[j];
         }
     }
     return true;
@@ -134,11 +131,6 @@ rf_status rfi_cpu_check_new(const rfi_graph *g, double scale, rfi_cpu_check **ou
 
 rf_status rfi_cpu_check_before(rfi_cpu_check *c, const rfi_graph *g, const rfi_run_io *io)
 {
-    for (int j = 0; j < c->n_probes; j++) {
-        if (c->probe_ids[j] >= g->n_nodes)
-            return rfi_error(RF_E_INTERNAL, "RF_CHECK: the program changed since it was compiled");
-        c->probe_nodes[j] = g->nodes[c->probe_ids[j]];
-    }
     rfi_run_io ref = {io->args, io->captures, c->values, c->values + g->n_outputs};
     return rfi_interp_run_probed(c->interp, g, &ref, c->probe_nodes, c->n_probes,
                                  c->probe_values);
