@@ -757,12 +757,109 @@ static void check_compare_tolerance(rf_array *const *in)
     rf_array_free(y);
     y = NULL;
     CHECK_STATUS(rf_jit(mul_add_compare_fn, &gt, in, 2, &y, 1), RF_E_INTERNAL);
-    CHECK_MSG("element 0 is 1, the interpreter's 0, comparing the interpreter's 0 with the "
-              "interpreter's 0.0299999993: 3.75e+03 tolerances apart");
+    CHECK_MSG(" compare element 0 as 1, the interpreter's 0 from the values the step read, "
+              "comparing the interpreter's 0 with the interpreter's 0.0299999993: 3.75e+03 "
+              "tolerances apart");
     CHECK(y == NULL);
     setenv("RF_CHECK", "1e6", 1);
     CHECK_OK(rf_jit(mul_add_compare_fn, &gt, in, 2, &y, 1));
     rf_array_free(y);
+}
+
+/* exp(x), and (exp(x) - c) * 1e7 where c is the interpreter's exp(x) (exp in
+ * double, rounded to f32): the second output is 0 in the interpreter and 1e7
+ * times the last-bit differences of the vectorised exp in the compiled
+ * run, rounding magnified by a later step. */
+static void magnified_exp_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *g = rf_exp(rf_arg(t, 0));
+    rf_return(t, g);
+    rf_return(t, rf_mul_s(rf_sub(g, rf_arg(t, 1)), 1e7));
+}
+
+static void dot_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_return(t, rf_matmul(rf_arg(t, 0), rf_arg(t, 1)));
+}
+
+/* The program's run is an RF_CHECK mismatch end to end (RF_CHECK_STEPS=0,
+ * naming `mismatch`) and passes step by step. */
+static void check_steps_accept(rf_trace_fn fn, rf_array **in, int n_out, const char *mismatch)
+{
+    rf_array *y[2] = {NULL, NULL};
+    setenv("RF_CHECK", "1", 1);
+    setenv("RF_CHECK_STEPS", "0", 1);
+    CHECK_STATUS(rf_jit(fn, NULL, in, 2, y, n_out), RF_E_INTERNAL);
+    CHECK_MSG(mismatch);
+    CHECK(y[0] == NULL);
+    unsetenv("RF_CHECK_STEPS");
+    CHECK_OK(rf_jit(fn, NULL, in, 2, y, n_out));
+    rf_array_free(y[0]);
+    rf_array_free(y[1]);
+}
+
+/* Rounding a later step magnifies, and a long sum's rounding, which scales
+ * with its terms rather than its result: end to end those are mismatches,
+ * step by step (each step on the values it read, a sum within the rounding
+ * of its terms' magnitudes) they are not. */
+static void test_check_steps(void)
+{
+    enum { N = 1024, DOT = 4096 };
+    float *x = malloc(N * sizeof *x), *c = malloc(N * sizeof *c), *e = malloc(N * sizeof *e);
+    float *terms = malloc(DOT * sizeof *terms), *ones = malloc(DOT * sizeof *ones);
+    CHECK(x && c && e && terms && ones);
+    if (!x || !c || !e || !terms || !ones)
+        return;
+    for (int i = 0; i < N; i++) {
+        x[i] = -10.0f + 20.0f * (float)i / N;
+        c[i] = (float)exp((double)x[i]);
+    }
+    rf_array *in[2] = {cpu_f32(x, RF_SHAPE(N)), cpu_f32(c, RF_SHAPE(N))};
+    unsetenv("RF_CHECK");
+    rf_array *y[2] = {NULL, NULL};
+    CHECK_OK(rf_jit(magnified_exp_fn, NULL, in, 2, y, 1));
+    CHECK_OK(rf_array_read(y[0], e, N * sizeof *e));
+    rf_array_free(y[0]);
+    bool differs = false;
+    for (int i = 0; i < N; i++)
+        differs = differs || e[i] != c[i];
+    if (differs)
+        check_steps_accept(magnified_exp_fn, in, 2, "RF_CHECK: output 1 (%");
+    else
+        printf("RF_CHECK steps: the compiled exp rounds as the interpreter's, not made\n");
+    rf_array_free(in[0]);
+    rf_array_free(in[1]);
+
+    /* terms of +-1e4 whose exact sum is 0.5 plus the last one's rounding */
+    double sum = 0;
+    uint32_t r = 12345;
+    for (int i = 0; i < DOT - 1; i++) {
+        r = r * 1664525u + 1013904223u;
+        terms[i] = (float)(((double)(r >> 8) / (1 << 24) - 0.5) * 2e4);
+        sum += terms[i];
+        ones[i] = 1;
+    }
+    terms[DOT - 1] = (float)(0.5 - sum);
+    ones[DOT - 1] = 1;
+    double exact = sum + terms[DOT - 1];
+    rf_array *dot_in[2] = {cpu_f32(terms, RF_SHAPE(1, DOT)), cpu_f32(ones, RF_SHAPE(DOT, 1))};
+    float got = 0;
+    CHECK_OK(rf_jit(dot_fn, NULL, dot_in, 2, y, 1));
+    CHECK_OK(rf_array_read(y[0], &got, sizeof got));
+    rf_array_free(y[0]);
+    if (fabs(got - exact) > 1e-6 + 1e-4 * fabs(exact))
+        check_steps_accept(dot_fn, dot_in, 1, "RF_CHECK: output 0 (%");
+    else
+        printf("RF_CHECK steps: the compiled sum is exact, not made\n");
+    rf_array_free(dot_in[0]);
+    rf_array_free(dot_in[1]);
+    free(x);
+    free(c);
+    free(e);
+    free(terms);
+    free(ones);
 }
 
 /* x * x + z with x = 1024.25, z = -1049088: the product rounded to f32 is
@@ -791,13 +888,16 @@ static void test_check_tolerance(void)
         setenv("RF_CHECK", "1", 1);
         y = NULL;
         CHECK_STATUS(rf_jit(mul_add_fn, NULL, in, 2, &y, 1), RF_E_INTERNAL);
-        CHECK_MSG("RF_CHECK: output 0");
+        CHECK_MSG("RF_CHECK: step 0 (LOOP) computes %");
+        CHECK_MSG(" add element 0 as 0.0625, the interpreter's 0 from the values the step "
+                  "read: 6.25e+04 tolerances apart");
         CHECK(y == NULL);
         setenv("RF_CHECK", "1e6", 1);
         CHECK_OK(rf_jit(mul_add_fn, NULL, in, 2, &y, 1));
         rf_array_free(y);
         check_compare_tolerance(in);
     }
+    test_check_steps();
     rf_array_free(in[0]);
     rf_array_free(in[1]);
     saved_backend ? setenv("RF_BACKEND", saved_backend, 1) : unsetenv("RF_BACKEND");

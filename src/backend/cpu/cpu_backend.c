@@ -31,8 +31,10 @@
  * costs more than the second core gives when it is busy.
  *
  * RF_CHECK=1 (read at compile time) makes every run also execute the
- * reference interpreter first and compare outputs and updated captures: the
- * differential mode the test suite uses to check both backends agree (check.c).
+ * reference interpreter first and compare outputs and updated captures, and
+ * record each step's values (through the module's `mark`) to judge a
+ * mismatch step by step: the differential mode the test suite uses to check
+ * both backends agree (check.c).
  * RF_PROFILE=1 (read at compile time too) times every step of every run and
  * prints the profile when the executable is freed (profile.c).
  *
@@ -313,6 +315,28 @@ static rf_status plan_on_guess(cpu_state *s, rfi_plan_opts *opts)
     return RF_OK;
 }
 
+/* Both the profile's and the checker's marks, for a program that has both. */
+static void mark_both(void *ctx, int step)
+{
+    cpu_state *s = ctx;
+    rfi_cpu_check_mark(s->check, step);
+    rfi_cpu_profile_mark(s->profile, step);
+}
+
+/* Who the module tells where each step starts (module_abi.h `mark`): the
+ * profile (RF_PROFILE), the checker's recording (RF_CHECK), both, or no one. */
+static void set_mark(cpu_state *s)
+{
+    bool check = rfi_cpu_check_records(s->check);
+    s->table.mark = check && s->profile ? mark_both
+                    : check             ? rfi_cpu_check_mark
+                    : s->profile        ? rfi_cpu_profile_mark
+                                        : NULL;
+    s->table.prof = check && s->profile ? (void *)s
+                    : check             ? (void *)s->check
+                                        : (void *)s->profile;
+}
+
 static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void **state)
 {
     cpu_state *s = rfi_calloc(1, sizeof *s);
@@ -342,14 +366,13 @@ static rf_status cpu_prepare_optimised(const rfi_graph *g, rfi_graph *opt, void 
         rfi_cpu_services_table(s->services, &s->table);
         st = make_arena(s);
     }
-    if (st == RF_OK && rfi_cpu_profile_wanted()) {
+    if (st == RF_OK && rfi_cpu_profile_wanted())
         s->profile = rfi_cpu_profile_new(s->plan, s->services, name);
-        s->table.mark = s->profile ? rfi_cpu_profile_mark : NULL;
-        s->table.prof = s->profile;
-    }
     double check_scale = rfi_cpu_check_scale();
     if (st == RF_OK && check_scale > 0)
-        st = rfi_cpu_check_new(g, check_scale, &s->check);
+        st = rfi_cpu_check_new(g, s->plan, s->buffers, check_scale, &s->check);
+    if (st == RF_OK)
+        set_mark(s);
     if (st != RF_OK) {
         cpu_release(s);
         return st;

@@ -21,8 +21,9 @@ typedef struct rf_module_services {
     /* Executes plan step `step` (a CALL step: matmul, convolution or a
      * reference kernel) on the buffer table. Returns 0 on success. */
     int (*call)(void *rt, int step, void *const *buffers);
-    /* When profiling (NULL otherwise): called with each plan step's index just
-     * before the step runs, and with -1 when the program is done. */
+    /* When profiling or checking (NULL otherwise): called with each plan
+     * step's index just before the step runs, and with -1 when the program is
+     * done. */
     void (*mark)(void *prof, int step);
     void *prof;
 } rf_module_services;

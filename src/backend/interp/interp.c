@@ -180,18 +180,8 @@ static rf_status produce(const rfi_graph *g, const rfi_node *n, const rfi_run_io
     return eval_node(n, rb->operands, out);
 }
 
-/* Copies node n's value into the probes that name it. */
-static void copy_probes(const rfi_node *n, const void *val, const rfi_node *const *probes,
-                        int n_probes, void *const *probe_out)
-{
-    for (int j = 0; j < n_probes; j++)
-        if (probes[j] == n)
-            rfi_interp_copy(probe_out[j], val, rfi_interp_nbytes(n));
-}
-
-rf_status rfi_interp_run_probed(void *state, const rfi_graph *g, const rfi_run_io *io,
-                                const rfi_node *const *probes, int n_probes,
-                                void *const *probe_out)
+rf_status rfi_interp_run_visited(void *state, const rfi_graph *g, const rfi_run_io *io,
+                                 rfi_interp_visit_fn visit, void *ctx)
 {
     const interp_plan *plan = state;
     if (!plan || plan->n_nodes != g->n_nodes)
@@ -208,8 +198,8 @@ rf_status rfi_interp_run_probed(void *state, const rfi_graph *g, const rfi_run_i
     for (int k = 0; k < g->n_nodes && st == RF_OK; k++) {
         const rfi_node *n = g->nodes[k];
         st = produce(g, n, io, &rb);
-        if (st == RF_OK && n_probes > 0)
-            copy_probes(n, rb.val[k], probes, n_probes, probe_out);
+        if (st == RF_OK && visit)
+            st = visit(ctx, n, &rb.val[k], rb.operands);
         for (int j = 0; j < n->n_in; j++)
             if (plan->last_use[n->in[j]->id] == k)
                 drop(&rb, n->in[j]->id);
@@ -232,7 +222,7 @@ rf_status rfi_interp_run_probed(void *state, const rfi_graph *g, const rfi_run_i
 
 static rf_status interp_run(void *state, const rfi_graph *g, const rfi_run_io *io)
 {
-    return rfi_interp_run_probed(state, g, io, NULL, 0, NULL);
+    return rfi_interp_run_visited(state, g, io, NULL, NULL);
 }
 
 const rfi_backend rfi_interp_backend = {

@@ -42,15 +42,20 @@ RFI_FUNC rf_status rfi_interp_index(const rfi_node *n, const void *const *in, vo
  * dispatched to the kernels above; the one entry for passes that fold constants. */
 RFI_FUNC rf_status rfi_interp_eval_node(const rfi_node *n, const void *const *inputs, void *out);
 
-/* rfi_interp_backend's run that also copies the value of each node in
- * probes[0..n_probes) into probe_out[j] (rfi_node_nbytes bytes each) as it is
- * made: the differential check's view of intermediates (cpu/check.c). state
- * is the interpreter backend's prepared state for g. */
+/* rfi_interp_backend's run that shows each node to `visit` as soon as it is
+ * made (the differential check's view of intermediates: cpu/check.c). state
+ * is the interpreter backend's prepared state for g. *value is the node's
+ * buffer (borrowed memory for ARGUMENT, CAPTURE and CONSTANT leaves) and
+ * operands[k] its k-th operand's; the visitor may point *value at other memory
+ * of the node's size, which must outlive the run: the nodes after read that
+ * instead, and outputs and updates are copied from it. A status other than
+ * RF_OK ends the run with it. */
 struct rfi_run_io; /* runtime.h */
-RFI_FUNC rf_status rfi_interp_run_probed(void *state, const rfi_graph *g,
-                                        const struct rfi_run_io *io,
-                                        const rfi_node *const *probes, int n_probes,
-                                        void *const *probe_out);
+typedef rf_status (*rfi_interp_visit_fn)(void *ctx, const rfi_node *n, const void **value,
+                                         const void *const *operands);
+RFI_FUNC rf_status rfi_interp_run_visited(void *state, const rfi_graph *g,
+                                         const struct rfi_run_io *io, rfi_interp_visit_fn visit,
+                                         void *ctx);
 
 /* ---- Sizes -------------------------------------------------------------------------- */
 static inline int64_t rfi_interp_numel(const rfi_node *n) { return rfi_numel(n->dims, n->rank); }
