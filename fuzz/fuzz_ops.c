@@ -231,21 +231,6 @@ static rf_status render(const rfi_graph *prog)
     return st;
 }
 
-/* After RF_E_INTERNAL: an RF_CHECK disagreement where a value of the
- * interpreter's it names (the output's, or a compare's operands) is NaN or
- * infinite (see the top), printed. */
-static bool non_finite_disagreement(rf_status st)
-{
-    static const char theirs[] = "the interpreter's ";
-    const char *msg = fuzz_disagreement(st);
-    bool non_finite = false;
-    for (const char *at = msg; at && (at = strstr(at, theirs)) != NULL; at++)
-        non_finite = non_finite || !isfinite(strtod(at + sizeof theirs - 1, NULL));
-    if (non_finite)
-        fprintf(stderr, "fuzz_ops: not fatal: %s\n", msg);
-    return non_finite;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static rf_array *args[3];
@@ -277,7 +262,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             st = render(e->prog);
         rf_exec_free(e);
     }
-    if ((st == RF_E_INTERNAL && !non_finite_disagreement(st)) || st == RF_E_COMPILE) {
+    bool internal = st == RF_E_INTERNAL && !fuzz_non_finite_disagreement(st, "fuzz_ops");
+    if (internal || st == RF_E_COMPILE) {
         fprintf(stderr, "fuzz_ops: %s: %s\n", rf_status_str(st), rf_errmsg());
         abort();
     }

@@ -15,15 +15,15 @@
  *
  * With RF_FUZZ_COMPILED=1 in the environment they run on the compiled CPU
  * backend instead (a few inputs a second), each run checked against the
- * interpreter (RF_CHECK, with 1000 times the rounding allowed). A
- * disagreement is printed, not fatal, and ends that input's training (its
- * updates are already applied): random optimisers with a tiny eps, the
- * gradients of normalisations of constant groups and losses taken at their
- * poles magnify rounding beyond any fixed tolerance (a fused multiply-add
- * where the interpreter rounds a product: x + 0 - x is then not 0 when x is
- * 1e9), and once a weight is infinite a convolution's result depends on its
- * algorithm (a padding position skipped, or multiplied as 0 * inf = NaN).
- * Read the printed disagreements; the fatal checks stay as above. */
+ * interpreter (RF_CHECK=1). Random optimisers with a tiny eps, the gradients
+ * of normalisations of constant groups and losses taken at their poles
+ * magnify rounding beyond any fixed tolerance end to end; RF_CHECK judges
+ * such a run step by step, each step on the values it read, where rounding
+ * does not pile up. A disagreement is fatal, unless a value of the
+ * interpreter's it names is NaN or infinite (once a weight is infinite a
+ * convolution's result depends on its algorithm: a padding position
+ * skipped, or multiplied as 0 * inf = NaN): that is printed and ends the
+ * input's training (its updates are already applied). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -238,21 +238,12 @@ static snapshot take_all(rf_model *m, rf_opt *opt)
     return s;
 }
 
-/* RF_CHECK's report of a disagreement with the interpreter (see the top). */
-static bool disagreement(rf_status st)
-{
-    const char *msg = fuzz_disagreement(st);
-    if (msg)
-        fprintf(stderr, "fuzz_train: not fatal: %s\n", msg);
-    return msg != NULL;
-}
-
 /* Aborts on an internal failure, or on a failed step that changed state.
- * false: stop (a disagreement). */
+ * false: stop (a non-finite disagreement, see the top). */
 static bool check(rf_status st, const char *what, rf_model *m, rf_opt *opt, const snapshot *before)
 {
-    if (disagreement(st))
-        return false;
+    if (fuzz_non_finite_disagreement(st, "fuzz_train"))
+        return false; /* not fatal (see the top) */
     if (st == RF_E_INTERNAL || st == RF_E_COMPILE) {
         fprintf(stderr, "fuzz_train: %s: %s: %s\n", what, rf_status_str(st), rf_errmsg());
         abort();
@@ -271,7 +262,7 @@ static bool check(rf_status st, const char *what, rf_model *m, rf_opt *opt, cons
     return true;
 }
 
-/* false: stop (a disagreement). */
+/* false: stop (a non-finite disagreement). */
 static bool train(rf_model *m, rf_opt *opt, rf_array *const *batch, unsigned pick, bytes *b)
 {
     double l;
@@ -302,7 +293,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static bool started;
     if (!started) {
-        fuzz_use_backend("1000");
+        fuzz_use_backend("1");
         started = true;
     }
     /* The same weights for the same input, whatever ran before it in this process,
@@ -328,7 +319,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rf_testmode(m);
         rf_array *y = NULL;
         rf_status st = rf_jit_model(m, batch[0], &y);
-        if (!disagreement(st) && (st == RF_E_INTERNAL || st == RF_E_COMPILE)) {
+        bool internal = st == RF_E_INTERNAL && !fuzz_non_finite_disagreement(st, "fuzz_train");
+        if (internal || st == RF_E_COMPILE) {
             fprintf(stderr, "fuzz_train: rf_jit_model: %s: %s\n", rf_status_str(st), rf_errmsg());
             abort();
         }

@@ -11,11 +11,13 @@
  * its own: repeated steps on one batch must lower its loss.
  *
  * The gradients come back as outputs (rf_trainstep_withgradient), so RF_CHECK
- * compares them at full sensitivity. Adam's epsilon is 1e-4 here, not 1e-8:
- * its first step maps a gradient g to lr*g/(|g| + eps), which near g = 0
- * multiplies the last-bit difference of any two summation orders by lr/eps
- * (measured with eps = 1e-8: parameters 1e-5 apart, from gradients that
- * agree to 1e-10).
+ * compares them at full sensitivity. Adam runs with its default epsilon,
+ * 1e-8: its first step maps a gradient g to lr*g/(|g| + eps), which near
+ * g = 0 multiplies the last-bit difference of any two summation orders by
+ * lr/eps, so both models' steps differ from the interpreter's end to end
+ * (parameters 1e-5 apart, from gradients that agree to 1e-10) and RF_CHECK
+ * judges them step by step, each step on the values it read (check.c;
+ * RF_CHECK_STEPS=0 shows the end-to-end mismatch).
  */
 #include "test_util.h"
 

@@ -76,7 +76,7 @@ static inline void tu_remove_tree(const char *path)
         waitpid(pid, &ws, 0);
 }
 
-/* A model on a device, Adam with epsilon 1e-4 (test_examples.c says why) and
+/* A model on a device, Adam with its defaults (epsilon 1e-8: test_examples.c) and
  * one batch of n seeded random images [n, 1, h, w] with the given labels,
  * for tests that take training steps. */
 typedef struct tu_trainer {
@@ -97,7 +97,7 @@ static inline bool tu_trainer_make(tu_trainer *t, rf_device *dev, rf_model *host
     t->yh = rf_array_from(RF_I32, RF_SHAPE(n), labels);
     t->x = t->xh ? rf_array_to(t->xh, dev) : NULL;
     t->y = t->yh ? rf_array_to(t->yh, dev) : NULL;
-    t->opt = t->m ? rf_setup(rf_adam_ex(lr, 0.9, 0.999, 1e-4), t->m) : NULL;
+    t->opt = t->m ? rf_setup(rf_adam(lr), t->m) : NULL;
     CHECK(t->m && t->x && t->y && t->opt);
     if (t->m && t->x && t->y && t->opt)
         rf_trainmode(t->m);
