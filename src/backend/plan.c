@@ -504,6 +504,15 @@ void rfi_plan_buffer(const rfi_plan *p, int node, int *buffer, size_t *offset)
     }
 }
 
+const char *rfi_step_kind_name(const rfi_step *s)
+{
+    if (s->kind != RFI_STEP_CALL)
+        return s->kind == RFI_STEP_LOOP ? "LOOP" : s->kind == RFI_STEP_REDUCE ? "REDUCE" : "COPY";
+    return s->call == RFI_CALL_MATMUL ? "CALL MATMUL"
+           : s->call == RFI_CALL_CONV ? "CALL CONV"
+                                      : "CALL FALLBACK";
+}
+
 int rfi_plan_count(const rfi_plan *p, rfi_step_kind kind)
 {
     int n = 0;

@@ -263,6 +263,9 @@ RFI_FUNC int rfi_plan_arena_buffer(const rfi_plan *p);
 /* Counts of steps by kind (for fusion tests) and a readable dump for RF_DUMP
  * ("plan" stage): one line per step with its roots and fused nodes. Owned. */
 RFI_FUNC int rfi_plan_count(const rfi_plan *p, rfi_step_kind kind);
+/* "LOOP", "REDUCE", "COPY", "CALL MATMUL", "CALL CONV" or "CALL FALLBACK"
+ * (profiles and RF_CHECK's messages). */
+RFI_FUNC const char *rfi_step_kind_name(const rfi_step *s);
 /* Element (n, c, h, w) of an [N, C, H, W] value in layout l: its offset in
  * elements. */
 static inline int64_t rfi_layout_offset(rfi_layout l, const int64_t *dims, int64_t n, int64_t c,

@@ -468,15 +468,6 @@ static rf_status check_results(const rfi_cpu_check *c, const rfi_graph *g, void 
 
 /* ---- Step by step --------------------------------------------------------------- */
 
-static const char *step_kind(const rfi_step *s)
-{
-    if (s->kind != RFI_STEP_CALL)
-        return s->kind == RFI_STEP_LOOP ? "LOOP" : s->kind == RFI_STEP_REDUCE ? "REDUCE" : "COPY";
-    return s->call == RFI_CALL_MATMUL ? "CALL MATMUL"
-           : s->call == RFI_CALL_CONV ? "CALL CONV"
-                                      : "CALL FALLBACK";
-}
-
 /* Whether node n adds terms in an order a compiled step may choose (a sum
  * of products, a sum reduction), so that its rounding error scales with the
  * terms' magnitudes rather than with its result's. */
@@ -576,7 +567,7 @@ static rf_status check_recorded(void *ctx, const rfi_node *n, const void **value
         *value = ours;
         return RF_OK;
     }
-    const char *op = rfi_op_table[n->op].name, *kind = step_kind(&c->plan->steps[q]);
+    const char *op = rfi_op_table[n->op].name, *kind = rfi_step_kind_name(&c->plan->steps[q]);
     if (compare_of_floats(n)) {
         rf_dtype dt = n->in[0]->dtype;
         return rfi_error(RF_E_INTERNAL, "RF_CHECK: step %d (%s) computes %%%d %s element %lld "

@@ -85,15 +85,6 @@ void rfi_cpu_profile_mark(void *ctx, int step)
 
 /* ---- Report ---------------------------------------------------------------------- */
 
-static const char *kind_name(const rfi_step *s)
-{
-    if (s->kind != RFI_STEP_CALL)
-        return s->kind == RFI_STEP_LOOP ? "LOOP" : s->kind == RFI_STEP_REDUCE ? "REDUCE" : "COPY";
-    return s->call == RFI_CALL_MATMUL ? "CALL MATMUL"
-           : s->call == RFI_CALL_CONV ? "CALL CONV"
-                                      : "CALL FALLBACK";
-}
-
 /* "CALL CONV bwd-weights: convolution f32[32,64,3,3]" and the like. */
 static void describe_step(const rfi_cpu_profile *prof, int q, rfi_strbuf *sb)
 {
@@ -103,7 +94,7 @@ static void describe_step(const rfi_cpu_profile *prof, int q, rfi_strbuf *sb)
     const rfi_node *what = (s->kind == RFI_STEP_CALL && s->n_epilogue > 0) || reduce_epilogue
                                ? prof->plan->g->nodes[s->core]
                                : root;
-    rfi_sb_printf(sb, "%s", kind_name(s));
+    rfi_sb_printf(sb, "%s", rfi_step_kind_name(s));
     if (s->kind == RFI_STEP_CALL)
         rfi_sb_printf(sb, " %s", rfi_cpu_services_step_path(prof->services, q));
     rfi_sb_printf(sb, ": %s", rfi_op_table[what->op].name);
@@ -192,7 +183,7 @@ static void report(const rfi_cpu_profile *prof)
         int64_t sum = 0;
         int count = 0, paired = 0;
         for (int q = 0; q < n; q++)
-            if (strcmp(kind_name(&prof->plan->steps[q]), kinds[k]) == 0) {
+            if (strcmp(rfi_step_kind_name(&prof->plan->steps[q]), kinds[k]) == 0) {
                 sum += ns[q], count++;
                 paired += prof->plan->steps[q].runs_with_next || runs_with_previous(prof, q);
             }
