@@ -741,15 +741,18 @@ static void mul_add_compare_fn(rf_trace *t, void *ctx)
 }
 
 /* With the inputs below, where the compiled x * x + z is 0.0625 and the
- * interpreter's 0: `== 0` flips between them, and RF_CHECK=1 accepts it, as
- * the interpreter's operands are equal (a flip within rounding); `> 0.03`
- * flips too, with operands 0.03 apart, 3750 tolerances: reported at 1,
- * accepted at RF_CHECK=1e6. */
+ * interpreter's 0: `== 0` flips between them, and RF_CHECK=1 accepts it end
+ * to end, as the interpreter's operands are equal (a flip within rounding);
+ * `> 0.03` flips too, with operands 0.03 apart, 3750 tolerances: end to end
+ * (RF_CHECK_STEPS=0) reported at 1 and accepted at RF_CHECK=1e6; step by
+ * step accepted, as x * x rounded one unit in the last place up makes the
+ * interpreter's compare true as well. */
 static void check_compare_tolerance(rf_array *const *in)
 {
     compare_case eq0 = {RF_EQ, 0}, gt = {RF_GT, 0.03};
     rf_array *y = NULL;
     setenv("RF_CHECK", "1", 1);
+    setenv("RF_CHECK_STEPS", "0", 1);
     CHECK_OK(rf_jit(mul_add_compare_fn, &eq0, in, 2, &y, 1));
     bool flag = true;
     CHECK_OK(rf_array_read(y, &flag, sizeof flag));
@@ -757,11 +760,15 @@ static void check_compare_tolerance(rf_array *const *in)
     rf_array_free(y);
     y = NULL;
     CHECK_STATUS(rf_jit(mul_add_compare_fn, &gt, in, 2, &y, 1), RF_E_INTERNAL);
-    CHECK_MSG(" compare element 0 as 1, the interpreter's 0 from the values the step read, "
-              "comparing the interpreter's 0 with the interpreter's 0.0299999993: 3.75e+03 "
-              "tolerances apart");
+    CHECK_MSG("element 0 is 1, the interpreter's 0, comparing the interpreter's 0 with the "
+              "interpreter's 0.0299999993: 3.75e+03 tolerances apart");
     CHECK(y == NULL);
     setenv("RF_CHECK", "1e6", 1);
+    CHECK_OK(rf_jit(mul_add_compare_fn, &gt, in, 2, &y, 1));
+    rf_array_free(y);
+    y = NULL;
+    setenv("RF_CHECK", "1", 1);
+    unsetenv("RF_CHECK_STEPS");
     CHECK_OK(rf_jit(mul_add_compare_fn, &gt, in, 2, &y, 1));
     rf_array_free(y);
 }
@@ -865,8 +872,11 @@ static void test_check_steps(void)
 /* x * x + z with x = 1024.25, z = -1049088: the product rounded to f32 is
  * 1049088 (a tie, to even), so the interpreter's result is 0; fused into one
  * multiply-add, as the compiled loops are where the CPU has one, it is
- * 0.0625, 62500 tolerances from 0. RF_CHECK=1 reports that, RF_CHECK=1e6
- * accepts it. A compare of it is judged by its operands (above). */
+ * 0.0625, 62500 tolerances from 0. End to end (RF_CHECK_STEPS=0) RF_CHECK=1
+ * reports that and RF_CHECK=1e6 accepts it; step by step RF_CHECK=1 accepts
+ * it, as the product rounded one unit in the last place either way moves
+ * the interpreter's result by 0.125. A compare of it is judged by its
+ * operands (above). */
 static void test_check_tolerance(void)
 {
     const char *backend = getenv("RF_BACKEND"), *check = getenv("RF_CHECK");
@@ -886,14 +896,19 @@ static void test_check_tolerance(void)
     } else {
         CHECK(fused == 0.0625f);
         setenv("RF_CHECK", "1", 1);
+        setenv("RF_CHECK_STEPS", "0", 1);
         y = NULL;
         CHECK_STATUS(rf_jit(mul_add_fn, NULL, in, 2, &y, 1), RF_E_INTERNAL);
-        CHECK_MSG("RF_CHECK: step 0 (LOOP) computes %");
-        CHECK_MSG(" add element 0 as 0.0625, the interpreter's 0 from the values the step "
-                  "read: 6.25e+04 tolerances apart");
+        CHECK_MSG("RF_CHECK: output 0 (%");
+        CHECK_MSG(" add) element 0 is 0.0625, the interpreter's 0: 6.25e+04 tolerances apart");
         CHECK(y == NULL);
         setenv("RF_CHECK", "1e6", 1);
         CHECK_OK(rf_jit(mul_add_fn, NULL, in, 2, &y, 1));
+        rf_array_free(y);
+        y = NULL;
+        setenv("RF_CHECK", "1", 1);
+        unsetenv("RF_CHECK_STEPS");
+        CHECK_OK(rf_jit(mul_add_fn, NULL, in, 2, &y, 1)); /* x * x rounded another way */
         rf_array_free(y);
         check_compare_tolerance(in);
     }

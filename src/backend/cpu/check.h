@@ -32,7 +32,7 @@ RFI_FUNC rf_status rfi_cpu_check_before(rfi_cpu_check *c, const rfi_graph *g,
 /* After it: compares io's outputs and g's updated captures with the
  * interpreter's, then, where they differ, the steps (check.c); RF_E_INTERNAL
  * naming the first element too far apart. */
-RFI_FUNC rf_status rfi_cpu_check_after(const rfi_cpu_check *c, const rfi_graph *g,
+RFI_FUNC rf_status rfi_cpu_check_after(rfi_cpu_check *c, const rfi_graph *g,
                                        const rfi_run_io *io);
 RFI_FUNC void rfi_cpu_check_free(rfi_cpu_check *c);
 

@@ -199,7 +199,7 @@ rf_status rfi_interp_run_visited(void *state, const rfi_graph *g, const rfi_run_
         const rfi_node *n = g->nodes[k];
         st = produce(g, n, io, &rb);
         if (st == RF_OK && visit)
-            st = visit(ctx, n, &rb.val[k], rb.operands);
+            st = visit(ctx, n, &rb.val[k], rb.owned[k], rb.operands);
         for (int j = 0; j < n->n_in; j++)
             if (plan->last_use[n->in[j]->id] == k)
                 drop(&rb, n->in[j]->id);

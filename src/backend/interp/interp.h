@@ -45,14 +45,16 @@ RFI_FUNC rf_status rfi_interp_eval_node(const rfi_node *n, const void *const *in
 /* rfi_interp_backend's run that shows each node to `visit` as soon as it is
  * made (the differential check's view of intermediates: cpu/check.c). state
  * is the interpreter backend's prepared state for g. *value is the node's
- * buffer (borrowed memory for ARGUMENT, CAPTURE and CONSTANT leaves) and
- * operands[k] its k-th operand's; the visitor may point *value at other memory
- * of the node's size, which must outlive the run: the nodes after read that
- * instead, and outputs and updates are copied from it. A status other than
- * RF_OK ends the run with it. */
+ * buffer (borrowed memory for ARGUMENT, CAPTURE and CONSTANT leaves), `own`
+ * the same buffer when the interpreter computed it (the visitor may change
+ * the value in place; NULL for the leaves) and operands[k] its k-th
+ * operand's. The visitor may also point *value at other memory of the node's
+ * size, which must outlive the run: the nodes after read that instead, and
+ * outputs and updates are copied from it. A status other than RF_OK ends the
+ * run with it. */
 struct rfi_run_io; /* runtime.h */
 typedef rf_status (*rfi_interp_visit_fn)(void *ctx, const rfi_node *n, const void **value,
-                                         const void *const *operands);
+                                         void *own, const void *const *operands);
 RFI_FUNC rf_status rfi_interp_run_visited(void *state, const rfi_graph *g,
                                          const struct rfi_run_io *io, rfi_interp_visit_fn visit,
                                          void *ctx);

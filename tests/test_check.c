@@ -1,0 +1,188 @@
+/* test_check.c: RF_CHECK's step-by-step judgement (src/backend/cpu/check.c)
+ * against compiled runs with known faults.
+ *
+ * A real compiled run agrees with the interpreter, so the faults are made
+ * here: the test plays the module's part for a small program (a plan built
+ * from it, an arena, the `mark` calls before each step), storing into each
+ * step's buffers the interpreter's values, except where a fault is wanted:
+ * one step's value off by a relative 1e-3 (far more than rounding the
+ * step's own arithmetic another way explains), or an output overwritten
+ * after its step. RF_CHECK_STEPS=2 makes the checker judge every run step by
+ * step; it must accept the faultless run and name the faulty step, or the
+ * overwritten output, otherwise.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/check.h"
+#include "backend/interp/interp.h"
+#include "backend/plan.h"
+#include "passes/passes.h"
+#include "test_util.h"
+
+enum { N = 6, M = 5 };
+
+/* e = exp(x) read twice (materialised), sum over rows of e, and e * 2 + 1. */
+static void program_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *e = rf_exp(rf_arg(t, 0));
+    int64_t axis = 1;
+    rf_return(t, rf_sum(e, &axis, 1, false));
+    rf_return(t, rf_add_s(rf_mul_s(e, 2), 1));
+}
+
+static rfi_graph *trace(void)
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "test_check");
+    rf_dtype dt = RF_F32;
+    int rank = 2;
+    int64_t dims[1][RF_MAX_RANK] = {{N, M}};
+    CHECK_OK(rfi_graph_set_args(g, 1, &dt, &rank, (const int64_t(*)[RF_MAX_RANK])dims));
+    program_fn(g, NULL);
+    CHECK_OK(g->status);
+    return g;
+}
+
+/* Every node's value in the interpreter (owned copies). */
+typedef struct values {
+    void **of;
+    int n;
+} values;
+
+static rf_status keep_value(void *ctx, const rfi_node *n, const void **value, void *own,
+                            const void *const *operands)
+{
+    values *v = ctx;
+    (void)own, (void)operands;
+    size_t bytes = rfi_node_nbytes(n);
+    v->of[n->id] = malloc(bytes ? bytes : 1);
+    if (v->of[n->id] && bytes)
+        memcpy(v->of[n->id], *value, bytes);
+    return RF_OK;
+}
+
+typedef enum fault { FAULT_NONE, FAULT_STEP, FAULT_OVERWRITE } fault;
+
+/* The run a module would make, with the fault: the first step that stores
+ * a float value (FAULT_STEP) or output 0 after the run (FAULT_OVERWRITE).
+ * Returns the step made faulty (or -1). */
+static int play_module(const rfi_plan *p, rfi_cpu_check *c, void *const *buffers,
+                       const values *v, fault f)
+{
+    const rfi_graph *g = p->g;
+    int faulty = -1;
+    for (int q = 0; q < p->n_steps; q++) {
+        rfi_cpu_check_mark(c, q);
+        const rfi_step *st = &p->steps[q];
+        for (int r = 0; r < st->n_roots; r++) {
+            int x = st->roots[r];
+            rfi_loc_kind k = p->loc[x].kind;
+            if (st->kind == RFI_STEP_COPY) {
+                int out = st->copy_to_output;
+                if (out >= 0)
+                    memcpy(buffers[g->n_args + g->n_captures + out], v->of[x],
+                           rfi_node_nbytes(g->nodes[x]));
+                continue;
+            }
+            if (k != RFI_LOC_ARENA && k != RFI_LOC_OUTPUT)
+                continue;
+            int b;
+            size_t off;
+            rfi_plan_buffer(p, x, &b, &off);
+            float *dst = (float *)((char *)buffers[b] + off);
+            memcpy(dst, v->of[x], rfi_node_nbytes(g->nodes[x]));
+            if (f == FAULT_STEP && faulty < 0 && g->nodes[x]->dtype == RF_F32) {
+                dst[0] *= 1.001f;
+                faulty = q;
+            }
+        }
+    }
+    rfi_cpu_check_mark(c, -1);
+    if (f == FAULT_OVERWRITE)
+        ((float *)buffers[g->n_args + g->n_captures])[0] += 1;
+    return faulty;
+}
+
+static void run_case(rfi_graph *g, rf_array *x, fault f)
+{
+    rfi_plan_opts opts = rfi_plan_opts_default();
+    rfi_plan *p = NULL;
+    CHECK_OK(rfi_plan_build(g, &opts, &p));
+    if (!p)
+        return;
+    int nb = rfi_plan_n_buffers(p);
+    void **buffers = calloc((size_t)nb, sizeof *buffers);
+    void *arena = malloc(p->arena_bytes + 64);
+    float out0[N], out1[N * M];
+    void *outs[2] = {out0, out1};
+    void *args[1] = {x->data};
+    buffers[0] = x->data;
+    buffers[g->n_args + g->n_captures] = out0;
+    buffers[g->n_args + g->n_captures + 1] = out1;
+    buffers[rfi_plan_arena_buffer(p)] = arena;
+    for (int i = 0; i < p->n_consts; i++)
+        buffers[rfi_plan_arena_buffer(p) + 1 + i] = (void *)g->nodes[p->consts[i]]->attr.data;
+
+    values v = {calloc((size_t)g->n_nodes, sizeof(void *)), g->n_nodes};
+    void *state = NULL;
+    CHECK_OK(rfi_interp_backend.prepare(g, &state));
+    float want0[N], want1[N * M];
+    void *wants[2] = {want0, want1};
+    rfi_run_io ref = {args, NULL, wants, NULL};
+    CHECK_OK(rfi_interp_run_visited(state, g, &ref, keep_value, &v));
+    rfi_interp_backend.release(state);
+
+    rfi_cpu_check *c = NULL;
+    CHECK_OK(rfi_cpu_check_new(g, p, buffers, 1, &c));
+    CHECK(rfi_cpu_check_records(c));
+    rfi_run_io io = {args, NULL, outs, NULL};
+    CHECK_OK(rfi_cpu_check_before(c, g, &io));
+    int faulty = play_module(p, c, buffers, &v, f);
+    rf_status st = rfi_cpu_check_after(c, g, &io);
+    if (st != RF_OK)
+        printf("fault %d: %s\n", (int)f, rf_errmsg());
+    if (f == FAULT_NONE) {
+        CHECK_OK(st);
+    } else if (f == FAULT_STEP) {
+        char want[64];
+        snprintf(want, sizeof want, "RF_CHECK: step %d (", faulty);
+        CHECK(faulty >= 0);
+        CHECK_STATUS(st, RF_E_INTERNAL);
+        CHECK_MSG(want);
+        CHECK_MSG("from the values the step read");
+    } else {
+        CHECK_STATUS(st, RF_E_INTERNAL);
+        CHECK_MSG("RF_CHECK: output 0 element 0 is ");
+        CHECK_MSG(" after the run, ");
+        CHECK_MSG(" as its step left it");
+    }
+    rfi_cpu_check_free(c);
+    for (int i = 0; i < v.n; i++)
+        free(v.of[i]);
+    free(v.of);
+    free(arena);
+    free(buffers);
+    rfi_plan_free(p);
+}
+
+int main(void)
+{
+    setenv("RF_CHECK_STEPS", "2", 1);
+    float xv[N * M];
+    for (int i = 0; i < N * M; i++)
+        xv[i] = 0.1f * (float)(i % 7) - 0.3f;
+    rf_array *x = rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(N, M), xv);
+    CHECK(x != NULL);
+    rfi_graph *g = x ? trace() : NULL;
+    if (g) {
+        CHECK_OK(rfi_verify(g));
+        run_case(g, x, FAULT_NONE);
+        run_case(g, x, FAULT_STEP);
+        run_case(g, x, FAULT_OVERWRITE);
+    }
+    rfi_graph_free(g);
+    rf_array_free(x);
+    return tu_finish("test_check");
+}
