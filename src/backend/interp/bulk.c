@@ -10,6 +10,8 @@
 
 void rfi_interp_load_f(const void *p, rf_dtype dt, int64_t start, int64_t count, double *dst)
 {
+    if (count <= 0)
+        return; /* an empty value's buffer may be NULL: no pointer arithmetic on it */
     switch (dt) {
     case RF_F32: {
         const float *src = (const float *)p + start;
@@ -29,6 +31,8 @@ void rfi_interp_load_f(const void *p, rf_dtype dt, int64_t start, int64_t count,
 
 void rfi_interp_load_i(const void *p, rf_dtype dt, int64_t start, int64_t count, int64_t *dst)
 {
+    if (count <= 0)
+        return; /* an empty value's buffer may be NULL: no pointer arithmetic on it */
     switch (dt) {
     case RF_I32: {
         const int32_t *src = (const int32_t *)p + start;
@@ -48,6 +52,8 @@ void rfi_interp_load_i(const void *p, rf_dtype dt, int64_t start, int64_t count,
 
 void rfi_interp_store_f(void *p, rf_dtype dt, int64_t start, int64_t count, const double *src)
 {
+    if (count <= 0)
+        return; /* an empty value's buffer may be NULL: no pointer arithmetic on it */
     switch (dt) {
     case RF_F32: {
         float *dst = (float *)p + start;
@@ -65,6 +71,8 @@ void rfi_interp_store_f(void *p, rf_dtype dt, int64_t start, int64_t count, cons
 
 void rfi_interp_store_i(void *p, rf_dtype dt, int64_t start, int64_t count, const int64_t *src)
 {
+    if (count <= 0)
+        return; /* an empty value's buffer may be NULL: no pointer arithmetic on it */
     switch (dt) {
     case RF_I64: rfi_interp_copy((int64_t *)p + start, src, (size_t)count * sizeof(int64_t)); break;
     case RF_BOOL: {
