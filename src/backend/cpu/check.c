@@ -54,7 +54,8 @@
  * select. So a node found too far apart in the step-by-step run is a
  * suspect, judged again after PERTURBED_RUNS more runs in which every value
  * a step computes inside itself with rounding (arithmetic, functions, sums)
- * is moved by a few units in the last place, differently in each run (a
+ * is moved by a few units in the last place (of an add's or sub's larger
+ * operand, where rounding that cancels shows), differently in each run (a
  * fixed pseudo-random choice per element): the suspect passes where its
  * recorded value is within its tolerance plus PERTURBED_WEIGHT times the
  * most a perturbed run moved the interpreter's value (a float), or where a
@@ -77,8 +78,8 @@
  * most), and how many times the most a perturbed run moved a value the
  * compiled code may differ from the interpreter's (its vectorised functions
  * are within a few units in the last place). */
-#define PERTURBED_RUNS 6
-#define PERTURBED_ULPS 4
+#define PERTURBED_RUNS 8
+#define PERTURBED_ULPS 8
 #define PERTURBED_WEIGHT 4
 
 typedef struct suspect rfi_cpu_check_suspect;
@@ -707,24 +708,38 @@ static uint64_t dice(uint64_t run, uint64_t node, uint64_t i)
     return z ^ (z >> 31);
 }
 
+/* One unit in the last place of |x| in dtype dt. */
+static double ulp_of(rf_dtype dt, double x)
+{
+    x = fabs(x);
+    if (dt == RF_F32)
+        return (double)nextafterf((float)x, INFINITY) - (double)(float)x;
+    return nextafter(x, INFINITY) - x;
+}
+
 /* Moves each element of a rounding op's value by up to PERTURBED_ULPS units
  * in the last place, up or down (dice): the same arithmetic rounded another
- * way, as a vectorised function or a fused multiply-add does. */
-static void perturb(const rfi_node *n, void *own, int run)
+ * way, as a vectorised function or a fused multiply-add does. The units of
+ * an add or sub are its larger operand's, since its inputs carry their
+ * rounding into it: where they cancel (v - m * m, m * m rounded or not) the
+ * result moves by as much as they do. */
+static void perturb(const rfi_node *n, void *own, const void *const *operands, int run)
 {
     int64_t numel = rfi_node_numel(n);
+    bool adds = n->op == RFI_OP_ADD || n->op == RFI_OP_SUB;
     for (int64_t i = 0; i < numel; i++) {
         uint64_t r = dice((uint64_t)run, (uint64_t)n->id, (uint64_t)i);
         int steps = (int)(r % (2 * PERTURBED_ULPS + 1)) - PERTURBED_ULPS;
-        for (int k = 0; k < abs(steps); k++) {
-            if (n->dtype == RF_F32) {
-                float *v = (float *)own + i;
-                *v = nextafterf(*v, steps > 0 ? INFINITY : -INFINITY);
-            } else {
-                double *v = (double *)own + i;
-                *v = nextafter(*v, steps > 0 ? INFINITY : -INFINITY);
-            }
-        }
+        double v = rfi_element_as_double(n->dtype, own, i);
+        double scale = v;
+        if (adds)
+            scale = fmax(fabs(rfi_element_as_double(n->dtype, operands[0], i)),
+                         fabs(rfi_element_as_double(n->dtype, operands[1], i)));
+        v += steps * ulp_of(n->dtype, scale);
+        if (n->dtype == RF_F32)
+            ((float *)own)[i] = (float)v;
+        else
+            ((double *)own)[i] = v;
     }
 }
 
@@ -735,10 +750,9 @@ static rf_status perturbed_run(void *ctx, const rfi_node *n, const void **value,
                                const void *const *operands)
 {
     rfi_cpu_check *c = ctx;
-    (void)operands;
     if (c->step_of[n->id] < 0) {
         if (own && rounds(n))
-            perturb(n, own, c->run);
+            perturb(n, own, operands, c->run);
         return RF_OK;
     }
     rfi_cpu_check_suspect *s = c->suspects[n->id];
