@@ -769,7 +769,7 @@ static rf_status perturbed_run(void *ctx, const rfi_node *n, const void **value,
     return RF_OK;
 }
 
-/* How far suspect x's recorded value is from the interpreter's, in units of
+/* How far suspect n's recorded value is from the interpreter's, in units of
  * each element's tolerance widened by PERTURBED_WEIGHT times how far the
  * perturbed runs moved it; integers and bools must match the plain run or
  * a perturbed one. */
@@ -785,7 +785,7 @@ static double suspect_distance(const rfi_cpu_check *c, const rfi_node *n, int64_
             continue;
         double d = !float_dtype(n->dtype) ? (s->moved[i] > 0 ? 0 : INFINITY)
                    : fabs(x - y) / (s->tol[i] + PERTURBED_WEIGHT * s->moved[i]);
-        if (n->op == RFI_OP_COMPARE && compare_of_floats(n) && d > 0) {
+        if (compare_of_floats(n) && d > 0) {
             double a = rfi_element_as_double(n->in[0]->dtype, s->operand[0], i);
             double b = rfi_element_as_double(n->in[0]->dtype, s->operand[1], i);
             double tol = 2 * (atol_of(n->in[0]->dtype) + rtol * fmax(fabs(a), fabs(b)));
