@@ -383,14 +383,18 @@ static const double rtol = 1e-4;
 #define RFI_MAX_OPERANDS_CHECKED 8 /* the most operands of an accumulating op */
 static double atol_of(rf_dtype dt) { return dt == RF_F64 ? 1e-12 : 1e-6; }
 
-static double distance(rf_dtype dt, const void *a, const void *b, int64_t n, int64_t *where)
+/* mag (may be NULL): per element, the magnitude of the terms a sum adds;
+ * where it exceeds |a| the tolerance is relative to it instead. */
+static double distance(rf_dtype dt, const void *a, const void *b, const void *mag, int64_t n,
+                       int64_t *where)
 {
     double worst = 0;
     for (int64_t i = 0; i < n; i++) {
         double x = rfi_element_as_double(dt, a, i), y = rfi_element_as_double(dt, b, i);
         if (x == y || (isnan(x) && isnan(y)))
             continue;
-        double d = !float_dtype(dt) ? INFINITY : fabs(x - y) / (atol_of(dt) + rtol * fabs(x));
+        double m = mag ? fmax(fabs(x), rfi_element_as_double(dt, mag, i)) : fabs(x);
+        double d = !float_dtype(dt) ? INFINITY : fabs(x - y) / (atol_of(dt) + rtol * m);
         if (isnan(d) || d > worst) {
             worst = isnan(d) ? INFINITY : d;
             *where = i;
@@ -399,10 +403,19 @@ static double distance(rf_dtype dt, const void *a, const void *b, int64_t n, int
     return worst;
 }
 
+/* How far element i of a compare's operands a and b are apart in units of
+ * both their tolerances, 2 * (atol + rtol * max(|a|, |b|)): a flip of the
+ * compare within that is rounding. Operands that are NaN or infinite never
+ * excuse a flip. */
+static double operand_distance(rf_dtype dt, const void *a, const void *b, int64_t i)
+{
+    double x = rfi_element_as_double(dt, a, i), y = rfi_element_as_double(dt, b, i);
+    double tol = 2 * (atol_of(dt) + rtol * fmax(fabs(x), fabs(y)));
+    return isfinite(x) && isfinite(y) ? fabs(x - y) / tol : INFINITY;
+}
+
 /* For a compare output: where the two results differ, how far the
- * interpreter's operands a and b were apart in units of both their
- * tolerances, 2 * (atol + rtol * max(|a|, |b|)); a flip within that is
- * rounding. Operands that are NaN or infinite never excuse a flip. */
+ * interpreter's operands a and b were apart (operand_distance). */
 static double compare_distance(rf_dtype operand_dt, const void *ours, const void *theirs,
                                const void *a, const void *b, int64_t n, int64_t *where)
 {
@@ -411,10 +424,7 @@ static double compare_distance(rf_dtype operand_dt, const void *ours, const void
     for (int64_t i = 0; i < n; i++) {
         if (rfi_element_as_double(RF_BOOL, ours, i) == rfi_element_as_double(RF_BOOL, theirs, i))
             continue;
-        double x = rfi_element_as_double(operand_dt, a, i);
-        double y = rfi_element_as_double(operand_dt, b, i);
-        double tol = 2 * (atol_of(operand_dt) + rtol * fmax(fabs(x), fabs(y)));
-        double d = isfinite(x) && isfinite(y) ? fabs(x - y) / tol : INFINITY;
+        double d = operand_distance(operand_dt, a, b, i);
         if (!flipped || d > worst) {
             worst = d;
             *where = i;
@@ -451,7 +461,7 @@ static rf_status check_output(const rfi_cpu_check *c, int i, const rfi_node *x, 
     if (c->first_probe[i] >= 0)
         return check_compare(c, i, x, ours, what);
     int64_t at = 0;
-    double d = distance(x->dtype, c->values[i], ours, rfi_node_numel(x), &at);
+    double d = distance(x->dtype, c->values[i], ours, NULL, rfi_node_numel(x), &at);
     if (d <= c->scale)
         return RF_OK;
     return rfi_error(RF_E_INTERNAL, "RF_CHECK: output %d (%%%d %s) element %lld is %.9g, "
@@ -482,7 +492,7 @@ static rf_status check_results(const rfi_cpu_check *c, const rfi_graph *g, void 
         const void *ours = update_of(g, i, updates);
         const void *theirs = c->values[g->n_outputs + i];
         int64_t at = 0;
-        double d = distance(a->dtype, theirs, ours, a->numel, &at);
+        double d = distance(a->dtype, theirs, ours, NULL, a->numel, &at);
         if (d > c->scale)
             return rfi_error(RF_E_INTERNAL, "RF_CHECK: update %d (capture %d) element %lld is "
                              "%.9g, the interpreter's %.9g: %.3g tolerances apart%s", i,
@@ -547,26 +557,6 @@ static void *magnitudes(const rfi_node *n, const void *const *operands)
     return out;
 }
 
-/* distance() with each element's tolerance relative to the larger of its
- * value and its terms' magnitude mag. */
-static double distance_of_sum(rf_dtype dt, const void *a, const void *b, const void *mag,
-                              int64_t n, int64_t *where)
-{
-    double worst = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double x = rfi_element_as_double(dt, a, i), y = rfi_element_as_double(dt, b, i);
-        if (x == y || (isnan(x) && isnan(y)))
-            continue;
-        double m = fmax(fabs(x), rfi_element_as_double(dt, mag, i));
-        double d = fabs(x - y) / (atol_of(dt) + rtol * m);
-        if (isnan(d) || d > worst) {
-            worst = isnan(d) ? INFINITY : d;
-            *where = i;
-        }
-    }
-    return worst;
-}
-
 /* A recorded node the plain step-by-step run found too far from the
  * interpreter's value: judged again after the perturbed runs. */
 struct suspect {
@@ -607,9 +597,10 @@ static void *copy_of(const void *src, size_t n)
 }
 
 /* Makes node n a suspect: keeps the interpreter's value, each element's
- * tolerance (its terms' magnitudes for a sum) and a compare's operands. */
+ * tolerance (relative to mag, its terms' magnitudes, for a sum) and a
+ * compare's operands. */
 static rf_status suspect_of(rfi_cpu_check *c, const rfi_node *n, const void *value,
-                            const void *const *operands)
+                            const void *const *operands, const void *mag)
 {
     int64_t numel = rfi_node_numel(n);
     size_t per = (size_t)(numel ? numel : 1) * sizeof(double);
@@ -619,15 +610,12 @@ static rf_status suspect_of(rfi_cpu_check *c, const rfi_node *n, const void *val
     if (ok && compare_of_floats(n))
         for (int j = 0; ok && j < 2; j++)
             ok = (s->operand[j] = copy_of(operands[j], rfi_node_nbytes(n->in[j]))) != NULL;
-    void *mag = ok && accumulates(n) ? magnitudes(n, operands) : NULL;
-    ok = ok && (mag || !accumulates(n));
     for (int64_t i = 0; ok && float_dtype(n->dtype) && i < numel; i++) {
         double m = fabs(rfi_element_as_double(n->dtype, value, i));
         if (mag)
             m = fmax(m, rfi_element_as_double(n->dtype, mag, i));
         s->tol[i] = atol_of(n->dtype) + rtol * m;
     }
-    rfi_free(mag);
     if (!ok) {
         free_suspect(s);
         return rfi_error(RF_E_NOMEM, "RF_CHECK: out of memory");
@@ -654,15 +642,15 @@ static rf_status check_recorded(void *ctx, const rfi_node *n, const void **value
     double d = compare_of_floats(n)
                    ? compare_distance(n->in[0]->dtype, ours, *value, operands[0], operands[1],
                                       numel, &at)
-                   : distance(n->dtype, *value, ours, numel, &at);
+                   : distance(n->dtype, *value, ours, NULL, numel, &at);
+    void *mag = NULL;
     if (d > c->scale && accumulates(n)) {
-        void *mag = magnitudes(n, operands);
-        if (!mag)
+        if (!(mag = magnitudes(n, operands)))
             return rfi_error(RF_E_NOMEM, "RF_CHECK: out of memory");
-        d = distance_of_sum(n->dtype, *value, ours, mag, numel, &at);
-        rfi_free(mag);
+        d = distance(n->dtype, *value, ours, mag, numel, &at);
     }
-    rf_status st = d <= c->scale ? RF_OK : suspect_of(c, n, *value, operands);
+    rf_status st = d <= c->scale ? RF_OK : suspect_of(c, n, *value, operands, mag);
+    rfi_free(mag);
     *value = ours;
     return st;
 }
@@ -698,16 +686,6 @@ static bool rounds(const rfi_node *n)
     }
 }
 
-/* A pseudo-random number of (run, node, element): the same in every process. */
-static uint64_t dice(uint64_t run, uint64_t node, uint64_t i)
-{
-    uint64_t z = run << 56 ^ node << 32 ^ i;
-    z += 0x9e3779b97f4a7c15u;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
 /* One unit in the last place of |x| in dtype dt. */
 static double ulp_of(rf_dtype dt, double x)
 {
@@ -718,8 +696,9 @@ static double ulp_of(rf_dtype dt, double x)
 }
 
 /* Moves each element of a rounding op's value by up to PERTURBED_ULPS units
- * in the last place, up or down (dice): the same arithmetic rounded another
- * way, as a vectorised function or a fused multiply-add does. The units of
+ * in the last place, up or down (a hash of run, node and element): the same
+ * arithmetic rounded another way, as a vectorised function or a fused
+ * multiply-add does. The units of
  * an add or sub are its larger operand's, since its inputs carry their
  * rounding into it: where they cancel (v - m * m, m * m rounded or not) the
  * result moves by as much as they do. */
@@ -728,7 +707,8 @@ static void perturb(const rfi_node *n, void *own, const void *const *operands, i
     int64_t numel = rfi_node_numel(n);
     bool adds = n->op == RFI_OP_ADD || n->op == RFI_OP_SUB;
     for (int64_t i = 0; i < numel; i++) {
-        uint64_t r = dice((uint64_t)run, (uint64_t)n->id, (uint64_t)i);
+        uint64_t at = (uint64_t)run << 56 ^ (uint64_t)n->id << 32 ^ (uint64_t)i;
+        uint64_t r = rfi_hash_u64(0, at);
         int steps = (int)(r % (2 * PERTURBED_ULPS + 1)) - PERTURBED_ULPS;
         double v = rfi_element_as_double(n->dtype, own, i);
         double scale = v;
@@ -785,12 +765,8 @@ static double suspect_distance(const rfi_cpu_check *c, const rfi_node *n, int64_
             continue;
         double d = !float_dtype(n->dtype) ? (s->moved[i] > 0 ? 0 : INFINITY)
                    : fabs(x - y) / (s->tol[i] + PERTURBED_WEIGHT * s->moved[i]);
-        if (compare_of_floats(n) && d > 0) {
-            double a = rfi_element_as_double(n->in[0]->dtype, s->operand[0], i);
-            double b = rfi_element_as_double(n->in[0]->dtype, s->operand[1], i);
-            double tol = 2 * (atol_of(n->in[0]->dtype) + rtol * fmax(fabs(a), fabs(b)));
-            d = isfinite(a) && isfinite(b) ? fabs(a - b) / tol : INFINITY;
-        }
+        if (compare_of_floats(n) && d > 0)
+            d = operand_distance(n->in[0]->dtype, s->operand[0], s->operand[1], i);
         if (isnan(d) || d > worst) {
             worst = isnan(d) ? INFINITY : d;
             *where = i;
@@ -860,7 +836,7 @@ static rf_status check_steps(rfi_cpu_check *c, const rfi_graph *g, const rfi_run
     for (int i = 0; st == RF_OK && i < opt->n_outputs; i++) {
         const rfi_node *x = opt->outputs[i];
         int64_t at = 0;
-        double d = distance(x->dtype, c->scratch[i], io->outputs[i], rfi_node_numel(x), &at);
+        double d = distance(x->dtype, c->scratch[i], io->outputs[i], NULL, rfi_node_numel(x), &at);
         if (d > c->scale)
             st = rfi_error(RF_E_INTERNAL, "RF_CHECK: output %d element %lld is %.9g after the "
                            "run, %.9g as its step left it: %.3g tolerances apart", i,
@@ -871,7 +847,7 @@ static rf_status check_steps(rfi_cpu_check *c, const rfi_graph *g, const rfi_run
         const rf_array *a = g->captures[g->updates[i].capture];
         const void *theirs = c->scratch[opt->n_outputs + i];
         int64_t at = 0;
-        double d = distance(a->dtype, theirs, a->data, a->numel, &at);
+        double d = distance(a->dtype, theirs, a->data, NULL, a->numel, &at);
         if (d > c->scale)
             st = rfi_error(RF_E_INTERNAL, "RF_CHECK: update %d (capture %d) element %lld is "
                            "%.9g after the run, %.9g as its step left it: %.3g tolerances "

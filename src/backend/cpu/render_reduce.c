@@ -914,7 +914,7 @@ static bool plain_bf16_dot(rfi_render *R, const bool *live, int depth)
     const rfi_kir_kernel *k = R->k;
     int loads[2];
     int64_t n = k->red_dims[0], whole = n - n % 32;
-    if (k->red_rank != 1 || whole == 0 || !bf16_dot_loads(k, live, loads))
+    if (whole == 0 || !bf16_dot_loads(k, live, loads)) /* which asks for one reduced loop */
         return false;
     bool *index = index_mask(k, live);
     if (!index) {
