@@ -685,6 +685,37 @@ static void test_float_unary(rf_dtype dt)
     rfi_free(data);
 }
 
+/* pow by constant exponents over the special values: gcc's vectoriser rewrites some (0.5
+ * into a square root, which differs from pow at -0 and -inf; 2 into a product), and
+ * the loop's vector body and its scalar tail must both agree with the interpreter. */
+static void test_pow_constant_exponents(rf_dtype dt)
+{
+    static const double exponents[] = {0.5, -0.5, 2, 3, 0.25, -1, 1, 0, 1.5, -2};
+    enum { N = N_SPECIAL * 4 + 3, N_EXPONENTS = sizeof exponents / sizeof exponents[0] };
+    targ a = {dt, 1, {N}};
+    rfi_graph *g = g_new(&a, 1);
+    rfi_node *x = g_arg(g, 0);
+    rfi_node *ys[N_EXPONENTS];
+    char names[N_EXPONENTS][48];
+    const char *labels[N_EXPONENTS];
+    tol tols[N_EXPONENTS];
+    for (int i = 0; i < N_EXPONENTS; i++) {
+        ys[i] = bin(g, RFI_OP_POW, x, bcast(g, scalar(g, dt, exponents[i]), NULL, x->dims, 1));
+        snprintf(names[i], sizeof names[i], "pow(x, %g) %s", exponents[i], rf_dtype_name(dt));
+        labels[i] = names[i];
+        tols[i] = exponents[i] == 0.5 ? BITS : ULPS; /* a square root: rounded once */
+    }
+    double vals[N];
+    for (int i = 0; i < N; i++) /* the specials, then scaled copies */
+        vals[i] = special[i % N_SPECIAL] * (i < N_SPECIAL ? 1.0 : 0.37 * (i / N_SPECIAL));
+    void *data = rfi_malloc(N * 8);
+    fill_float(data, dt, N, vals, N);
+    const void *args[1] = {data};
+    check_outputs(g, ys, N_EXPONENTS, args, labels, tols);
+    rfi_graph_free(g);
+    rfi_free(data);
+}
+
 static const rfi_op float_binary[] = {RFI_OP_ADD, RFI_OP_SUB, RFI_OP_MUL, RFI_OP_DIV,
                                       RFI_OP_POW, RFI_OP_MAX, RFI_OP_MIN, RFI_OP_REM};
 static const rfi_op int_binary[] = {RFI_OP_ADD, RFI_OP_SUB, RFI_OP_MUL, RFI_OP_DIV,
@@ -2071,6 +2102,8 @@ int main(void)
     test_errors();
     test_float_unary(RF_F32);
     test_float_unary(RF_F64);
+    test_pow_constant_exponents(RF_F32);
+    test_pow_constant_exponents(RF_F64);
     test_binary(RF_F64);
     test_binary(RF_I32);
     test_binary(RF_I64);

@@ -281,16 +281,13 @@ static void narrow(rfi_render *R, const rfi_kir_ins *x, rf_dtype dt, const char 
     put(R->sb, dt == RF_BOOL ? ") != 0)" : ")");
 }
 
+/* a one-argument libm function of a float dtype (simd_funcs) */
 static void emit_math(rfi_render *R, const rfi_kir_ins *x, const char *func)
 {
     rf_dtype at = R->k->ins[x->a].dtype;
     use_math(R, func, at);
     putf(R->sb, "%s%s(", func, at == RF_F32 ? "f" : "");
     rfi_render_operand(R, x->a);
-    if (x->b >= 0) {
-        put(R->sb, ", ");
-        rfi_render_operand(R, x->b);
-    }
     put(R->sb, ")");
 }
 
@@ -367,7 +364,11 @@ static void binary_float(rfi_render *R, const rfi_kir_ins *x)
     case RFI_OP_SUB: emit_fmt(R, x, "%a - %b"); return;
     case RFI_OP_MUL: emit_fmt(R, x, "%a * %b"); return;
     case RFI_OP_DIV: emit_fmt(R, x, "%a / %b"); return;
-    case RFI_OP_POW: emit_math(R, x, "pow"); return;
+    case RFI_OP_POW:
+        use_math(R, "pow", x->dtype);
+        R->need |= f32 ? RFI_NEED_POW_F32 : RFI_NEED_POW_F64;
+        emit_fmt(R, x, f32 ? "rf_pow_f32(%a, %b)" : "rf_pow_f64(%a, %b)");
+        return;
     case RFI_OP_MAX:
     case RFI_OP_MIN:
         R->need |= f32 ? RFI_NEED_MAXMIN_F32 : RFI_NEED_MAXMIN_F64;
@@ -1220,6 +1221,16 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 "static inline %s rf_min_%s(%s a, %s b)\n{\n"
                 "    %s m = a < b ? a : b;\n    return a != a ? a : m;\n}\n\n",
                 t, n, t, t, t, t, n, t, t, t);
+        if (need & (d ? RFI_NEED_POW_F64 : RFI_NEED_POW_F32))
+            putf(sb,
+                "/* pow; gcc's vectoriser computes pow(a, 0.5) as sqrt(a), which gives -0\n"
+                " * for -0 and NaN for -inf where pow gives +0 and +inf, so that case is\n"
+                " * spelled out (as a select: a conditional call would not vectorise) */\n"
+                "static inline %s rf_pow_%s(%s a, %s b)\n{\n"
+                "    %s root = a == -(%s)INFINITY ? (%s)INFINITY : sqrt%s(a) + 0;\n"
+                "    %s p = pow%s(a, b);\n"
+                "    return b == (%s)0.5 ? root : p;\n}\n\n",
+                t, n, t, t, t, t, t, d ? "" : "f", t, d ? "" : "f", t);
         if (need & (d ? RFI_NEED_LOGISTIC_F64 : RFI_NEED_LOGISTIC_F32))
             putf(sb,
                 "/* logistic, never exp of a large positive number */\n"

@@ -51,6 +51,8 @@ enum {
     RFI_NEED_LANES16 = 1u << 9, /* RF_LANES16 */
     RFI_NEED_BF16 = 1u << 10,   /* rf_round_bf16 */
     RFI_NEED_BF16_DOT = 1u << 11, /* RF_BF16_DOT and rf_bf16x32 */
+    RFI_NEED_POW_F32 = 1u << 12,
+    RFI_NEED_POW_F64 = 1u << 13,
 };
 
 /* The libm functions with vector variants (render_c.c's simd_funcs). */
