@@ -792,7 +792,7 @@ static void dot_fn(rf_trace *t, void *ctx)
 }
 
 /* The program's run is an RF_CHECK mismatch end to end (RF_CHECK_STEPS=0,
- * naming `mismatch`) and passes step by step. */
+ * naming `mismatch`) and passes step by step, leaving no message of a failure. */
 static void check_steps_accept(rf_trace_fn fn, rf_array **in, int n_out, const char *mismatch)
 {
     rf_array *y[2] = {NULL, NULL};
@@ -802,7 +802,9 @@ static void check_steps_accept(rf_trace_fn fn, rf_array **in, int n_out, const c
     CHECK_MSG(mismatch);
     CHECK(y[0] == NULL);
     unsetenv("RF_CHECK_STEPS");
+    rf_clear_error();
     CHECK_OK(rf_jit(fn, NULL, in, 2, y, n_out));
+    CHECK(strcmp(rf_errmsg(), "") == 0);
     rf_array_free(y[0]);
     rf_array_free(y[1]);
 }
