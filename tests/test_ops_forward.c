@@ -1323,7 +1323,7 @@ static void window_out_dims(const window_case *w, int64_t *od)
         od[k] = (w->xd[k] + w->lo[k] + w->hi[k] - w->win[k]) / w->str[k] + 1;
 }
 
-/* Naive reduce_window; kind SUM, MAX or MIN; padding is the identity. */
+/* Naive reduce_window; kind SUM, PROD, MAX or MIN; padding is the identity. */
 static void naive_reduce_window(const window_case *w, rf_reduce_kind kind, const double *x,
                                 double *out)
 {
@@ -1333,7 +1333,8 @@ static void naive_reduce_window(const window_case *w, rf_reduce_kind kind, const
     nw = tp_numel(w->win, w->rank);
     for (int64_t o = 0; o < no; o++) {
         unravel(o, od, w->rank, oi);
-        double acc = kind == RF_REDUCE_SUM ? 0 : kind == RF_REDUCE_MAX ? -INFINITY : INFINITY;
+        double acc = kind == RF_REDUCE_SUM ? 0 : kind == RF_REDUCE_PROD ? 1
+                   : kind == RF_REDUCE_MAX ? -INFINITY : INFINITY;
         for (int64_t q = 0; q < nw; q++) {
             unravel(q, w->win, w->rank, wi);
             int64_t flat = 0;
@@ -1348,6 +1349,8 @@ static void naive_reduce_window(const window_case *w, rf_reduce_kind kind, const
                 continue;
             double v = x[flat];
             if (kind == RF_REDUCE_SUM) acc += v;
+            else if (kind == RF_REDUCE_PROD) acc *= v;
+            else if (isnan(v) || isnan(acc)) acc = NAN; /* max and min propagate NaN */
             else if (kind == RF_REDUCE_MAX) acc = v > acc ? v : acc;
             else acc = v < acc ? v : acc;
         }
@@ -1355,7 +1358,14 @@ static void naive_reduce_window(const window_case *w, rf_reduce_kind kind, const
     }
 }
 
-/* Naive select_and_scatter: first max in window order, padding never selected. */
+/* Whether a ranks above b in select_and_scatter's choice: NaN above every number. */
+static bool ranks_above(double a, double b)
+{
+    return isnan(a) ? !isnan(b) : !isnan(b) && a > b;
+}
+
+/* Naive select_and_scatter: first max in window order (NaN the largest), padding never
+ * selected. */
 static void naive_select_scatter(const window_case *w, const double *x, const double *src,
                                  double *out)
 {
@@ -1377,7 +1387,7 @@ static void naive_select_scatter(const window_case *w, const double *x, const do
                     inside = false;
                 flat = flat * w->xd[k] + p;
             }
-            if (inside && (best < 0 || x[flat] > x[best]))
+            if (inside && (best < 0 || ranks_above(x[flat], x[best])))
                 best = flat;
         }
         if (best >= 0)
@@ -1474,6 +1484,99 @@ static void test_select_and_scatter(void)
             rf_array_free(o);
             tp_free_all(in, 2);
         }
+}
+
+/* A value for the non-finite tests: NaN, +-inf or a signed zero about one time in six,
+ * else a small number (sums and products of which are exact in f32). */
+static double non_finite_mix(uint64_t *rng)
+{
+    static const double special[] = {NAN, INFINITY, -INFINITY, -0.0, 0.0};
+    static const double plain[] = {1.5, -2, 3, -0.5, 0.75, -1.25, 2, 1};
+    double r = tp_rand(rng, 0, 1);
+    return r < 1.0 / 6 ? special[(int)(r * 6 * 5)] : plain[(int)(tp_rand(rng, 0, 8)) % 8];
+}
+
+/* Reductions, windows and max-pool gradients over NaN, infinities and signed zeros:
+ * the compiled loops (vectorised, split into chunks, padded windows guarded) must
+ * propagate them as the interpreter does. A reduction over axes is the window of
+ * those whole axes. */
+static void test_non_finite_windows(void)
+{
+    static const window_case cases[] = {
+        {4, {2, 3, 9, 11}, {1, 1, 3, 3}, {1, 1, 2, 2}, {0, 0, 1, 1}, {0, 0, 1, 1}},
+        {4, {2, 3, 8, 8}, {1, 1, 2, 2}, {1, 1, 2, 2}, {0, 0, 0, 0}, {0, 0, 0, 0}},
+        {3, {3, 5, 37}, {1, 1, 37}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}},   /* reduce axis 2 */
+        {3, {3, 5, 37}, {3, 1, 37}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}},   /* axes 0 and 2 */
+        {3, {3, 5, 37}, {1, 5, 1}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}},    /* axis 1 */
+        {3, {3, 5, 37}, {3, 5, 37}, {1, 1, 1}, {0, 0, 0}, {0, 0, 0}},   /* all */
+        {1, {700}, {700}, {1}, {0}, {0}},                                /* a long sum */
+    };
+    const rf_reduce_kind kinds[4] = {RF_REDUCE_SUM, RF_REDUCE_MAX, RF_REDUCE_MIN,
+                                     RF_REDUCE_PROD};
+    const char *kn[4] = {"sum", "max", "min", "prod"};
+    uint64_t rng = 4242;
+    double *x = malloc(700 * sizeof *x), *want = malloc(700 * sizeof *want);
+    double *src = malloc(700 * sizeof *src);
+    for (int c = 0; c < N_OF(cases); c++) {
+        const window_case *w = &cases[c];
+        int64_t nx = tp_numel(w->xd, w->rank), od[4];
+        window_out_dims(w, od);
+        bool whole = c >= 2; /* windows of whole axes: rf_reduce over them too */
+        for (int d = 0; d < 2; d++) {
+            rf_dtype dt = d ? RF_F64 : RF_F32;
+            for (int64_t i = 0; i < nx; i++)
+                x[i] = non_finite_mix(&rng);
+            rf_array *in = tp_host(dt, w->xd, w->rank, x);
+            for (int k = 0; k < 4; k++) {
+                if (kinds[k] == RF_REDUCE_PROD && !whole)
+                    continue; /* reduce_window has no product */
+                naive_reduce_window(w, kinds[k], x, want);
+                for (int64_t i = 0; i < tp_numel(od, w->rank); i++)
+                    want[i] = as_dtype(dt, want[i]);
+                window_box box = {w, kinds[k]};
+                rf_array *o = NULL;
+                char label[96];
+                snprintf(label, sizeof label, "non-finite reduce_window %s case %d %s", kn[k], c,
+                         rf_dtype_name(dt));
+                if (kinds[k] != RF_REDUCE_PROD &&
+                    run_prog(label, build_reduce_window, &box, &in, 1, &o, 1))
+                    tp_expect(label, o, dt, od, w->rank, want, 0, 4 * tol_of(dt));
+                rf_array_free(o);
+                o = NULL;
+                if (!whole)
+                    continue;
+                reduce_box rb = {kinds[k], {0}, 0, true};
+                for (int a = 0; a < w->rank; a++)
+                    if (w->win[a] > 1)
+                        rb.axes[rb.naxes++] = a;
+                snprintf(label, sizeof label, "non-finite reduce %s case %d %s", kn[k], c,
+                         rf_dtype_name(dt));
+                if (run_prog(label, build_reduce, &rb, &in, 1, &o, 1))
+                    tp_expect(label, o, dt, od, w->rank, want, 0, 4 * tol_of(dt));
+                rf_array_free(o);
+            }
+            rf_array_free(in);
+        }
+        if (w->rank != 4)
+            continue;
+        for (int64_t i = 0; i < nx; i++)
+            x[i] = as_dtype(RF_F32, non_finite_mix(&rng));
+        for (int64_t i = 0; i < tp_numel(od, w->rank); i++)
+            src[i] = floor(tp_rand(&rng, 1, 10));
+        naive_select_scatter(w, x, src, want);
+        rf_array *in[2] = {tp_host(RF_F32, w->xd, w->rank, x), tp_host(RF_F32, od, w->rank, src)};
+        rf_array *o = NULL;
+        window_box box = {w, RF_REDUCE_MAX};
+        char label[96];
+        snprintf(label, sizeof label, "non-finite select_and_scatter case %d", c);
+        if (run_prog(label, build_select_scatter, &box, in, 2, &o, 1))
+            tp_expect(label, o, RF_F32, w->xd, w->rank, want, 0, 0);
+        rf_array_free(o);
+        tp_free_all(in, 2);
+    }
+    free(x);
+    free(want);
+    free(src);
 }
 
 static void build_pools(rf_trace *t, rf_tensor *const *a, int n, void *u)
@@ -1814,6 +1917,7 @@ int main(void)
     test_conv();
     test_reduce_window();
     test_select_and_scatter();
+    test_non_finite_windows();
     test_pools();
     test_gather_scatter();
     test_onehot();
