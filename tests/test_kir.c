@@ -640,6 +640,13 @@ static void fill_float(void *p, rf_dtype dt, int64_t n, const double *v, int nv)
     }
 }
 
+/* n values: the specials, then scaled copies (so that the vectorised loop bodies see them) */
+static void fill_specials(double *vals, int n)
+{
+    for (int i = 0; i < n; i++)
+        vals[i] = special[i % N_SPECIAL] * (i < N_SPECIAL ? 1.0 : 0.37 * (i / N_SPECIAL));
+}
+
 /* ---- Tests -------------------------------------------------------------------------------- */
 static const rfi_op float_unary[] = {
     RFI_OP_NEG, RFI_OP_ABS, RFI_OP_SIGN, RFI_OP_EXP, RFI_OP_EXPM1, RFI_OP_LOG, RFI_OP_LOG1P,
@@ -655,63 +662,45 @@ static bool transcendental(rfi_op op)
            op == RFI_OP_POW;
 }
 
-/* Every unary float op, one output each, over the special values (a few times, so the
- * vectorised loop bodies run too). */
+/* pow by these constant exponents: gcc's vectoriser rewrites some (0.5 into a square root,
+ * which differs from pow at -0 and -inf; 2 into a product) */
+static const double pow_exponents[] = {0.5, -0.5, 2, 3, 0.25, -1, 1, 0, 1.5, -2};
+#define N_POW_EXPONENTS ((int)(sizeof pow_exponents / sizeof pow_exponents[0]))
+
+/* Every unary float op, and pow by constant exponents, one output each, over the special
+ * values (a few times and 3 more, so that the vectorised loop bodies and the scalar tails
+ * both run). */
 static void test_float_unary(rf_dtype dt)
 {
-    enum { N = N_SPECIAL * 4 };
+    enum { N = N_SPECIAL * 4 + 3, N_OUT = N_FLOAT_UNARY + N_POW_EXPONENTS };
     targ a = {dt, 1, {N}};
     rfi_graph *g = g_new(&a, 1);
     rfi_node *x = g_arg(g, 0);
-    rfi_node *ys[N_FLOAT_UNARY];
-    char names[N_FLOAT_UNARY][48];
-    const char *labels[N_FLOAT_UNARY];
-    tol tols[N_FLOAT_UNARY];
+    rfi_node *ys[N_OUT];
+    char names[N_OUT][48];
+    const char *labels[N_OUT];
+    tol tols[N_OUT];
     for (int i = 0; i < N_FLOAT_UNARY; i++) {
         rfi_op op = float_unary[i];
         ys[i] = op == RFI_OP_IS_FINITE ? mk(g, op, &x, 1, NULL, RF_BOOL, x->dims, 1) : un(g, op, x);
         snprintf(names[i], sizeof names[i], "%s %s", rfi_op_table[op].name, rf_dtype_name(dt));
-        labels[i] = names[i];
         tols[i] = transcendental(op) ? ULPS : EXACT;
     }
-    void *data = rfi_malloc(N * 8);
-    double vals[N];
-    for (int i = 0; i < N; i++) /* the specials, then scaled copies */
-        vals[i] = special[i % N_SPECIAL] * (i < N_SPECIAL ? 1.0 : 0.37 * (i / N_SPECIAL));
-    fill_float(data, dt, N, vals, N);
-    const void *args[1] = {data};
-    check_outputs(g, ys, N_FLOAT_UNARY, args, labels, tols);
-    rfi_graph_free(g);
-    rfi_free(data);
-}
-
-/* pow by constant exponents over the special values: gcc's vectoriser rewrites some (0.5
- * into a square root, which differs from pow at -0 and -inf; 2 into a product), and
- * the loop's vector body and its scalar tail must both agree with the interpreter. */
-static void test_pow_constant_exponents(rf_dtype dt)
-{
-    static const double exponents[] = {0.5, -0.5, 2, 3, 0.25, -1, 1, 0, 1.5, -2};
-    enum { N = N_SPECIAL * 4 + 3, N_EXPONENTS = sizeof exponents / sizeof exponents[0] };
-    targ a = {dt, 1, {N}};
-    rfi_graph *g = g_new(&a, 1);
-    rfi_node *x = g_arg(g, 0);
-    rfi_node *ys[N_EXPONENTS];
-    char names[N_EXPONENTS][48];
-    const char *labels[N_EXPONENTS];
-    tol tols[N_EXPONENTS];
-    for (int i = 0; i < N_EXPONENTS; i++) {
-        ys[i] = bin(g, RFI_OP_POW, x, bcast(g, scalar(g, dt, exponents[i]), NULL, x->dims, 1));
-        snprintf(names[i], sizeof names[i], "pow(x, %g) %s", exponents[i], rf_dtype_name(dt));
-        labels[i] = names[i];
-        tols[i] = exponents[i] == 0.5 ? BITS : ULPS; /* a square root: rounded once */
+    for (int e = 0; e < N_POW_EXPONENTS; e++) {
+        int i = N_FLOAT_UNARY + e;
+        double p = pow_exponents[e];
+        ys[i] = bin(g, RFI_OP_POW, x, bcast(g, scalar(g, dt, p), NULL, x->dims, 1));
+        snprintf(names[i], sizeof names[i], "pow(x, %g) %s", p, rf_dtype_name(dt));
+        tols[i] = p == 0.5 ? BITS : ULPS; /* a square root: rounded once */
     }
+    for (int i = 0; i < N_OUT; i++)
+        labels[i] = names[i];
     double vals[N];
-    for (int i = 0; i < N; i++) /* the specials, then scaled copies */
-        vals[i] = special[i % N_SPECIAL] * (i < N_SPECIAL ? 1.0 : 0.37 * (i / N_SPECIAL));
+    fill_specials(vals, N);
     void *data = rfi_malloc(N * 8);
     fill_float(data, dt, N, vals, N);
     const void *args[1] = {data};
-    check_outputs(g, ys, N_EXPONENTS, args, labels, tols);
+    check_outputs(g, ys, N_OUT, args, labels, tols);
     rfi_graph_free(g);
     rfi_free(data);
 }
@@ -2102,8 +2091,6 @@ int main(void)
     test_errors();
     test_float_unary(RF_F32);
     test_float_unary(RF_F64);
-    test_pow_constant_exponents(RF_F32);
-    test_pow_constant_exponents(RF_F64);
     test_binary(RF_F64);
     test_binary(RF_I32);
     test_binary(RF_I64);

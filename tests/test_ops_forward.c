@@ -1458,31 +1458,43 @@ static void test_reduce_window(void)
             }
 }
 
+/* select_and_scatter of x (f32) under window w, with integer sources drawn from rng,
+ * against the naive one (exact: each sum adds a few small integers). */
+static void check_select_scatter(const char *label, const window_case *w, const double *x,
+                                 uint64_t *rng)
+{
+    int64_t od[4];
+    window_out_dims(w, od);
+    int64_t ns = tp_numel(od, w->rank);
+    double *src = malloc((size_t)ns * sizeof *src);
+    double *want = malloc((size_t)tp_numel(w->xd, w->rank) * sizeof *want);
+    for (int64_t i = 0; i < ns; i++)
+        src[i] = floor(tp_rand(rng, 1, 10));
+    naive_select_scatter(w, x, src, want);
+    rf_array *in[2] = {tp_host(RF_F32, w->xd, w->rank, x), tp_host(RF_F32, od, w->rank, src)};
+    rf_array *o = NULL;
+    window_box box = {w, RF_REDUCE_MAX};
+    if (run_prog(label, build_select_scatter, &box, in, 2, &o, 1))
+        tp_expect(label, o, RF_F32, w->xd, w->rank, want, 0, 0);
+    rf_array_free(o);
+    tp_free_all(in, 2);
+    free(src);
+    free(want);
+}
+
 static void test_select_and_scatter(void)
 {
     uint64_t rng = 77;
     for (int c = 0; c < N_OF(WINDOW_CASES); c++)
         for (int ties = 0; ties < 2; ties++) {
             const window_case *w = &WINDOW_CASES[c];
-            int64_t nx = tp_numel(w->xd, w->rank), od[4];
-            window_out_dims(w, od);
-            int64_t ns = tp_numel(od, w->rank);
-            double x[128], s[512], want[128];
-            for (int64_t i = 0; i < nx; i++)
+            double x[128];
+            for (int64_t i = 0; i < tp_numel(w->xd, w->rank); i++)
                 x[i] = ties ? floor(tp_rand(&rng, 0, 3)) : as_dtype(RF_F32, tp_rand(&rng, -3, 3));
-            for (int64_t i = 0; i < ns; i++)
-                s[i] = floor(tp_rand(&rng, 1, 10));
-            naive_select_scatter(w, x, s, want);
-            rf_array *in[2] = {tp_host(RF_F32, w->xd, w->rank, x), tp_host(RF_F32, od, w->rank, s)};
-            rf_array *o = NULL;
-            window_box box = {w, RF_REDUCE_MAX};
             char label[80];
             snprintf(label, sizeof label, "select_and_scatter case %d%s", c,
                      ties ? " with ties" : "");
-            if (run_prog(label, build_select_scatter, &box, in, 2, &o, 1))
-                tp_expect(label, o, RF_F32, w->xd, w->rank, want, 0, 0);
-            rf_array_free(o);
-            tp_free_all(in, 2);
+            check_select_scatter(label, w, x, &rng);
         }
 }
 
@@ -1516,7 +1528,6 @@ static void test_non_finite_windows(void)
     const char *kn[4] = {"sum", "max", "min", "prod"};
     uint64_t rng = 4242;
     double *x = malloc(700 * sizeof *x), *want = malloc(700 * sizeof *want);
-    double *src = malloc(700 * sizeof *src);
     for (int c = 0; c < N_OF(cases); c++) {
         const window_case *w = &cases[c];
         int64_t nx = tp_numel(w->xd, w->rank), od[4];
@@ -1561,22 +1572,12 @@ static void test_non_finite_windows(void)
             continue;
         for (int64_t i = 0; i < nx; i++)
             x[i] = as_dtype(RF_F32, non_finite_mix(&rng));
-        for (int64_t i = 0; i < tp_numel(od, w->rank); i++)
-            src[i] = floor(tp_rand(&rng, 1, 10));
-        naive_select_scatter(w, x, src, want);
-        rf_array *in[2] = {tp_host(RF_F32, w->xd, w->rank, x), tp_host(RF_F32, od, w->rank, src)};
-        rf_array *o = NULL;
-        window_box box = {w, RF_REDUCE_MAX};
         char label[96];
         snprintf(label, sizeof label, "non-finite select_and_scatter case %d", c);
-        if (run_prog(label, build_select_scatter, &box, in, 2, &o, 1))
-            tp_expect(label, o, RF_F32, w->xd, w->rank, want, 0, 0);
-        rf_array_free(o);
-        tp_free_all(in, 2);
+        check_select_scatter(label, w, x, &rng);
     }
     free(x);
     free(want);
-    free(src);
 }
 
 static void build_pools(rf_trace *t, rf_tensor *const *a, int n, void *u)
