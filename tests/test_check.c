@@ -6,8 +6,9 @@
  * from it, an arena, the `mark` calls before each step), storing into each
  * step's buffers the interpreter's values, except where a fault is wanted:
  * one step's value off by a relative 1e-3 (far more than rounding the
- * step's own arithmetic another way explains), or an output overwritten
- * after its step. RF_CHECK_STEPS=2 makes the checker judge every run step by
+ * step's own arithmetic another way explains; also in a step that sums
+ * inside itself, whose perturbed runs move the sum by units of its terms'
+ * magnitudes), or an output overwritten after its step. RF_CHECK_STEPS=2 makes the checker judge every run step by
  * step; it must accept the faultless run and name the faulty step, or the
  * overwritten output, otherwise.
  */
@@ -21,9 +22,10 @@
 #include "passes/passes.h"
 #include "test_util.h"
 
-enum { N = 6, M = 5 };
+enum { N = 6, M = 5, K = 4 };
 
-/* e = exp(x) read twice (materialised), sum over rows of e, and e * 2 + 1. */
+/* e = exp(x) read twice (materialised), sum over rows of e, e * 2 + 1, and
+ * relu(x @ w) (the product summed inside the step that stores its relu). */
 static void program_fn(rf_trace *t, void *ctx)
 {
     (void)ctx;
@@ -31,6 +33,10 @@ static void program_fn(rf_trace *t, void *ctx)
     int64_t axis = 1;
     rf_return(t, rf_sum(e, &axis, 1, false));
     rf_return(t, rf_add_s(rf_mul_s(e, 2), 1));
+    float w[M * K];
+    for (int i = 0; i < M * K; i++)
+        w[i] = 0.1f * (float)(i % 5) - 0.15f;
+    rf_return(t, rf_relu(rf_matmul(rf_arg(t, 0), rf_constant(t, RF_F32, RF_SHAPE(M, K), w))));
 }
 
 static rfi_graph *trace(void)
@@ -63,11 +69,21 @@ static rf_status keep_value(void *ctx, const rfi_node *n, const void **value, vo
     return RF_OK;
 }
 
-typedef enum fault { FAULT_NONE, FAULT_STEP, FAULT_OVERWRITE } fault;
+typedef enum fault { FAULT_NONE, FAULT_STEP, FAULT_SUM_STEP, FAULT_OVERWRITE } fault;
 
-/* The run a module would make, with the fault: the first step that stores
- * a float value (FAULT_STEP) or output 0 after the run (FAULT_OVERWRITE).
- * Returns the step made faulty (or -1). */
+/* Whether root x of a step is the one fault f changes (FAULT_STEP: the first
+ * float value stored; FAULT_SUM_STEP: the relu of the product, output 2). */
+static bool faults(const rfi_graph *g, int x, fault f, int faulty)
+{
+    if (faulty >= 0 || g->nodes[x]->dtype != RF_F32)
+        return false;
+    return f == FAULT_STEP || (f == FAULT_SUM_STEP && x == (int)g->outputs[2]->id);
+}
+
+/* The run a module would make, with the fault: a step's value (FAULT_STEP,
+ * FAULT_SUM_STEP: its largest element, where a relu has not made it 0) or
+ * output 0 after the run (FAULT_OVERWRITE). Returns the step made faulty
+ * (or -1). */
 static int play_module(const rfi_plan *p, rfi_cpu_check *c, void *const *buffers,
                        const values *v, fault f)
 {
@@ -93,8 +109,11 @@ static int play_module(const rfi_plan *p, rfi_cpu_check *c, void *const *buffers
             rfi_plan_buffer(p, x, &b, &off);
             float *dst = (float *)((char *)buffers[b] + off);
             memcpy(dst, v->of[x], rfi_node_nbytes(g->nodes[x]));
-            if (f == FAULT_STEP && faulty < 0 && g->nodes[x]->dtype == RF_F32) {
-                dst[0] *= 1.001f;
+            if (faults(g, x, f, faulty)) {
+                int64_t top = 0;
+                for (int64_t i = 1; i < rfi_node_numel(g->nodes[x]); i++)
+                    top = dst[i] > dst[top] ? i : top;
+                dst[top] *= 1.001f;
                 faulty = q;
             }
         }
@@ -115,12 +134,12 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     int nb = rfi_plan_n_buffers(p);
     void **buffers = calloc((size_t)nb, sizeof *buffers);
     void *arena = malloc(p->arena_bytes + 64);
-    float out0[N], out1[N * M];
-    void *outs[2] = {out0, out1};
+    float out0[N], out1[N * M], out2[N * K];
+    void *outs[3] = {out0, out1, out2};
     void *args[1] = {x->data};
     buffers[0] = x->data;
-    buffers[g->n_args + g->n_captures] = out0;
-    buffers[g->n_args + g->n_captures + 1] = out1;
+    for (int i = 0; i < 3; i++)
+        buffers[g->n_args + g->n_captures + i] = outs[i];
     buffers[rfi_plan_arena_buffer(p)] = arena;
     for (int i = 0; i < p->n_consts; i++)
         buffers[rfi_plan_arena_buffer(p) + 1 + i] = (void *)g->nodes[p->consts[i]]->attr.data;
@@ -128,8 +147,8 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     values v = {calloc((size_t)g->n_nodes, sizeof(void *)), g->n_nodes};
     void *state = NULL;
     CHECK_OK(rfi_interp_backend.prepare(g, &state));
-    float want0[N], want1[N * M];
-    void *wants[2] = {want0, want1};
+    float want0[N], want1[N * M], want2[N * K];
+    void *wants[3] = {want0, want1, want2};
     rfi_run_io ref = {args, NULL, wants, NULL};
     CHECK_OK(rfi_interp_run_visited(state, g, &ref, keep_value, &v));
     rfi_interp_backend.release(state);
@@ -145,13 +164,15 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
         printf("fault %d: %s\n", (int)f, rf_errmsg());
     if (f == FAULT_NONE) {
         CHECK_OK(st);
-    } else if (f == FAULT_STEP) {
+    } else if (f == FAULT_STEP || f == FAULT_SUM_STEP) {
         char want[64];
         snprintf(want, sizeof want, "RF_CHECK: step %d (", faulty);
         CHECK(faulty >= 0);
         CHECK_STATUS(st, RF_E_INTERNAL);
         CHECK_MSG(want);
         CHECK_MSG("from the values the step read");
+        if (f == FAULT_SUM_STEP)
+            CHECK_MSG(" max element ");
     } else {
         CHECK_STATUS(st, RF_E_INTERNAL);
         CHECK_MSG("RF_CHECK: output 0 element 0 is ");
@@ -180,6 +201,7 @@ int main(void)
         CHECK_OK(rfi_verify(g));
         run_case(g, x, FAULT_NONE);
         run_case(g, x, FAULT_STEP);
+        run_case(g, x, FAULT_SUM_STEP);
         run_case(g, x, FAULT_OVERWRITE);
     }
     rfi_graph_free(g);

@@ -55,7 +55,8 @@
  * suspect, judged again after PERTURBED_RUNS more runs in which every value
  * a step computes inside itself with rounding (arithmetic, functions, sums)
  * is moved by a few units in the last place (of an add's or sub's larger
- * operand, where rounding that cancels shows), differently in each run (a
+ * operand, where rounding that cancels shows; of a sum's terms' magnitudes,
+ * which its rounding scales with), differently in each run (a
  * fixed pseudo-random choice per element): the suspect passes where its
  * recorded value is within its tolerance plus PERTURBED_WEIGHT times the
  * most a perturbed run moved the interpreter's value (a float), or where a
@@ -699,11 +700,14 @@ static double ulp_of(rf_dtype dt, double x)
 /* Moves each element of a rounding op's value by up to PERTURBED_ULPS units
  * in the last place, up or down (a hash of run, node and element): the same
  * arithmetic rounded another way, as a vectorised function or a fused
- * multiply-add does. The units of
- * an add or sub are its larger operand's, since its inputs carry their
- * rounding into it: where they cancel (v - m * m, m * m rounded or not) the
- * result moves by as much as they do. */
-static void perturb(const rfi_node *n, void *own, const void *const *operands, int run)
+ * multiply-add does. The units of an add or sub are its larger operand's,
+ * since its inputs carry their rounding into it: where they cancel (v - m * m,
+ * m * m rounded or not) the result moves by as much as they do. Those of a
+ * sum (a dot product, a convolution) are its terms' magnitudes' (mag), as
+ * its rounding is: a Winograd convolution whose exact value is 0 came out
+ * 1.4e-6 (the training fuzzer; its relu kept it). */
+static void perturb(const rfi_node *n, void *own, const void *const *operands,
+                    const void *mag, int run)
 {
     int64_t numel = rfi_node_numel(n);
     bool adds = n->op == RFI_OP_ADD || n->op == RFI_OP_SUB;
@@ -716,6 +720,8 @@ static void perturb(const rfi_node *n, void *own, const void *const *operands, i
         if (adds)
             scale = fmax(fabs(rfi_element_as_double(n->dtype, operands[0], i)),
                          fabs(rfi_element_as_double(n->dtype, operands[1], i)));
+        if (mag)
+            scale = fmax(fabs(v), rfi_element_as_double(n->dtype, mag, i));
         v += steps * ulp_of(n->dtype, scale);
         if (n->dtype == RF_F32)
             ((float *)own)[i] = (float)v;
@@ -732,8 +738,13 @@ static rf_status perturbed_run(void *ctx, const rfi_node *n, const void **value,
 {
     rfi_cpu_check *c = ctx;
     if (c->step_of[n->id] < 0) {
-        if (own && rounds(n))
-            perturb(n, own, operands, c->run);
+        if (!own || !rounds(n))
+            return RF_OK;
+        void *mag = NULL;
+        if (accumulates(n) && !(mag = magnitudes(n, operands)))
+            return rfi_error(RF_E_NOMEM, "RF_CHECK: out of memory");
+        perturb(n, own, operands, mag, c->run);
+        rfi_free(mag);
         return RF_OK;
     }
     rfi_cpu_check_suspect *s = c->suspects[n->id];
