@@ -8,9 +8,12 @@
  * one step's value off by a relative 1e-3 (far more than rounding the
  * step's own arithmetic another way explains; also in a step that sums
  * inside itself, whose perturbed runs move the sum by units of its terms'
- * magnitudes), or an output overwritten after its step. RF_CHECK_STEPS=2 makes the checker judge every run step by
- * step; it must accept the faultless run and name the faulty step, or the
- * overwritten output, otherwise.
+ * magnitudes), or an output overwritten after its step. RF_CHECK_STEPS=2
+ * makes the checker judge every run step by step; it must accept the
+ * faultless run and name the faulty step, or the overwritten output,
+ * otherwise. A second program takes the log of a difference that cancels to
+ * one unit in the last place: -inf there is rounding (the difference
+ * rounded to 0) and must be accepted, -inf where nothing cancels must not.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -39,14 +42,27 @@ static void program_fn(rf_trace *t, void *ctx)
     rf_return(t, rf_relu(rf_matmul(rf_arg(t, 0), rf_constant(t, RF_F32, RF_SHAPE(M, K), w))));
 }
 
-static rfi_graph *trace(void)
+/* The constants of log(exp(x) - c): c is exp(x) rounded to f32 and one unit
+ * less, so the difference is one unit (about 6e-8 at x near 0), except at
+ * element FAR, where it is 0.5. */
+enum { CANCEL = 7, FAR = 12 };
+static float cancel_c[N * M];
+
+static void cancel_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *c = rf_constant(t, RF_F32, RF_SHAPE(N, M), cancel_c);
+    rf_return(t, rf_log(rf_sub(rf_exp(rf_arg(t, 0)), c)));
+}
+
+static rfi_graph *trace(rf_trace_fn fn)
 {
     rfi_graph *g = rfi_graph_new(rf_device_cpu(), "test_check");
     rf_dtype dt = RF_F32;
     int rank = 2;
     int64_t dims[1][RF_MAX_RANK] = {{N, M}};
     CHECK_OK(rfi_graph_set_args(g, 1, &dt, &rank, (const int64_t(*)[RF_MAX_RANK])dims));
-    program_fn(g, NULL);
+    fn(g, NULL);
     CHECK_OK(g->status);
     return g;
 }
@@ -69,21 +85,44 @@ static rf_status keep_value(void *ctx, const rfi_node *n, const void **value, vo
     return RF_OK;
 }
 
-typedef enum fault { FAULT_NONE, FAULT_STEP, FAULT_SUM_STEP, FAULT_OVERWRITE } fault;
+typedef enum fault {
+    FAULT_NONE,
+    FAULT_STEP,      /* the first float value stored, its largest element * 1.001 */
+    FAULT_SUM_STEP,  /* the same in output 2, the relu of a product */
+    FAULT_OVERWRITE, /* output 0 changed after the run */
+    FAULT_CANCEL,    /* the log at element CANCEL -inf (rounding: accepted) */
+    FAULT_FAR,       /* the log at element FAR -inf (reported) */
+} fault;
 
-/* Whether root x of a step is the one fault f changes (FAULT_STEP: the first
- * float value stored; FAULT_SUM_STEP: the relu of the product, output 2). */
+/* Whether root x of a step is the one fault f changes. */
 static bool faults(const rfi_graph *g, int x, fault f, int faulty)
 {
     if (faulty >= 0 || g->nodes[x]->dtype != RF_F32)
         return false;
-    return f == FAULT_STEP || (f == FAULT_SUM_STEP && x == (int)g->outputs[2]->id);
+    switch (f) {
+    case FAULT_STEP: return true;
+    case FAULT_SUM_STEP: return x == (int)g->outputs[2]->id;
+    case FAULT_CANCEL:
+    case FAULT_FAR: return x == (int)g->outputs[0]->id;
+    default: return false;
+    }
 }
 
-/* The run a module would make, with the fault: a step's value (FAULT_STEP,
- * FAULT_SUM_STEP: its largest element, where a relu has not made it 0) or
- * output 0 after the run (FAULT_OVERWRITE). Returns the step made faulty
- * (or -1). */
+/* Changes root value dst (numel elements) as fault f says. */
+static void make_fault(float *dst, int64_t numel, fault f)
+{
+    if (f == FAULT_CANCEL || f == FAULT_FAR) {
+        dst[f == FAULT_CANCEL ? CANCEL : FAR] = -INFINITY;
+        return;
+    }
+    int64_t top = 0;
+    for (int64_t i = 1; i < numel; i++)
+        top = dst[i] > dst[top] ? i : top;
+    dst[top] *= 1.001f; /* the largest: a relu has not made it 0 */
+}
+
+/* The run a module would make, with fault f (see above). Returns the step
+ * made faulty (or -1). */
 static int play_module(const rfi_plan *p, rfi_cpu_check *c, void *const *buffers,
                        const values *v, fault f)
 {
@@ -110,10 +149,7 @@ static int play_module(const rfi_plan *p, rfi_cpu_check *c, void *const *buffers
             float *dst = (float *)((char *)buffers[b] + off);
             memcpy(dst, v->of[x], rfi_node_nbytes(g->nodes[x]));
             if (faults(g, x, f, faulty)) {
-                int64_t top = 0;
-                for (int64_t i = 1; i < rfi_node_numel(g->nodes[x]); i++)
-                    top = dst[i] > dst[top] ? i : top;
-                dst[top] *= 1.001f;
+                make_fault(dst, rfi_node_numel(g->nodes[x]), f);
                 faulty = q;
             }
         }
@@ -134,11 +170,15 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     int nb = rfi_plan_n_buffers(p);
     void **buffers = calloc((size_t)nb, sizeof *buffers);
     void *arena = malloc(p->arena_bytes + 64);
-    float out0[N], out1[N * M], out2[N * K];
-    void *outs[3] = {out0, out1, out2};
+    int n_out = g->n_outputs;
+    void *outs[3], *wants[3];
+    for (int i = 0; i < n_out; i++) {
+        outs[i] = malloc(rfi_node_nbytes(g->outputs[i]));
+        wants[i] = malloc(rfi_node_nbytes(g->outputs[i]));
+    }
     void *args[1] = {x->data};
     buffers[0] = x->data;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n_out; i++)
         buffers[g->n_args + g->n_captures + i] = outs[i];
     buffers[rfi_plan_arena_buffer(p)] = arena;
     for (int i = 0; i < p->n_consts; i++)
@@ -147,8 +187,6 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     values v = {calloc((size_t)g->n_nodes, sizeof(void *)), g->n_nodes};
     void *state = NULL;
     CHECK_OK(rfi_interp_backend.prepare(g, &state));
-    float want0[N], want1[N * M], want2[N * K];
-    void *wants[3] = {want0, want1, want2};
     rfi_run_io ref = {args, NULL, wants, NULL};
     CHECK_OK(rfi_interp_run_visited(state, g, &ref, keep_value, &v));
     rfi_interp_backend.release(state);
@@ -162,9 +200,9 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     rf_status st = rfi_cpu_check_after(c, g, &io);
     if (st != RF_OK)
         printf("fault %d: %s\n", (int)f, rf_errmsg());
-    if (f == FAULT_NONE) {
+    if (f == FAULT_NONE || f == FAULT_CANCEL) {
         CHECK_OK(st);
-    } else if (f == FAULT_STEP || f == FAULT_SUM_STEP) {
+    } else if (f == FAULT_STEP || f == FAULT_SUM_STEP || f == FAULT_FAR) {
         char want[64];
         snprintf(want, sizeof want, "RF_CHECK: step %d (", faulty);
         CHECK(faulty >= 0);
@@ -173,6 +211,8 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
         CHECK_MSG("from the values the step read");
         if (f == FAULT_SUM_STEP)
             CHECK_MSG(" max element ");
+        if (f == FAULT_FAR)
+            CHECK_MSG(" log element 12 as -inf");
     } else {
         CHECK_STATUS(st, RF_E_INTERNAL);
         CHECK_MSG("RF_CHECK: output 0 element 0 is ");
@@ -180,6 +220,10 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
         CHECK_MSG(" as its step left it");
     }
     rfi_cpu_check_free(c);
+    for (int i = 0; i < n_out; i++) {
+        free(outs[i]);
+        free(wants[i]);
+    }
     for (int i = 0; i < v.n; i++)
         free(v.of[i]);
     free(v.of);
@@ -196,13 +240,25 @@ int main(void)
         xv[i] = 0.1f * (float)(i % 7) - 0.3f;
     rf_array *x = rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(N, M), xv);
     CHECK(x != NULL);
-    rfi_graph *g = x ? trace() : NULL;
+    rfi_graph *g = x ? trace(program_fn) : NULL;
     if (g) {
         CHECK_OK(rfi_verify(g));
         run_case(g, x, FAULT_NONE);
         run_case(g, x, FAULT_STEP);
         run_case(g, x, FAULT_SUM_STEP);
         run_case(g, x, FAULT_OVERWRITE);
+    }
+    rfi_graph_free(g);
+    for (int i = 0; i < N * M; i++) { /* exp as the interpreter computes it */
+        float e = (float)exp((double)xv[i]);
+        cancel_c[i] = i == FAR ? e - 0.5f : nextafterf(e, 0);
+    }
+    g = x ? trace(cancel_fn) : NULL;
+    if (g) {
+        CHECK_OK(rfi_verify(g));
+        run_case(g, x, FAULT_NONE);
+        run_case(g, x, FAULT_CANCEL);
+        run_case(g, x, FAULT_FAR);
     }
     rfi_graph_free(g);
     rf_array_free(x);

@@ -59,8 +59,9 @@
  * which its rounding scales with), differently in each run (a
  * fixed pseudo-random choice per element): the suspect passes where its
  * recorded value is within its tolerance plus PERTURBED_WEIGHT times the
- * most a perturbed run moved the interpreter's value (a float), or where a
- * perturbed run gave the recorded value (an integer or bool). A wrong value
+ * most a perturbed run moved the interpreter's value (a float; anything,
+ * where one made it NaN or infinite), or where a perturbed run gave the
+ * recorded value (an integer or bool). A wrong value
  * moves no more under perturbation than a right one: a step off by a
  * relative 1e-3 is still reported (test_check.c). Without the perturbed
  * runs, RF_CHECK_STEPS=2 reported two of the 3676 programs of fuzz_ops's
@@ -751,11 +752,16 @@ static rf_status perturbed_run(void *ctx, const rfi_node *n, const void **value,
     const void *ours = c->recorded[n->id];
     for (int64_t i = 0; s && i < rfi_node_numel(n); i++) {
         double v = rfi_element_as_double(n->dtype, *value, i);
-        if (float_dtype(n->dtype))
-            s->moved[i] = fmax(s->moved[i],
-                               fabs(v - rfi_element_as_double(n->dtype, s->theirs, i)));
-        else if (v == rfi_element_as_double(n->dtype, ours, i))
+        if (float_dtype(n->dtype)) {
+            double plain = rfi_element_as_double(n->dtype, s->theirs, i);
+            /* NaN where the plain run's value is a number: rounding moves the
+             * operand across the edge of the op's domain (a log of a value
+             * that cancels to about 0), which is as far as a value can move */
+            double d = isnan(v) && !isnan(plain) ? INFINITY : fabs(v - plain);
+            s->moved[i] = fmax(s->moved[i], d);
+        } else if (v == rfi_element_as_double(n->dtype, ours, i)) {
             s->moved[i] = 1;
+        }
     }
     *value = ours;
     return RF_OK;
@@ -775,6 +781,8 @@ static double suspect_distance(const rfi_cpu_check *c, const rfi_node *n, int64_
         double y = rfi_element_as_double(n->dtype, ours, i);
         if (x == y || (isnan(x) && isnan(y)))
             continue;
+        if (float_dtype(n->dtype) && isinf(s->moved[i]))
+            continue; /* rounding alone can make it anything (-inf here, 0 there) */
         double d = !float_dtype(n->dtype) ? (s->moved[i] > 0 ? 0 : INFINITY)
                    : fabs(x - y) / (s->tol[i] + PERTURBED_WEIGHT * s->moved[i]);
         if (compare_of_floats(n) && d > 0)
