@@ -50,23 +50,22 @@
  * Rounding can also be magnified inside one step, in what it computes
  * without storing: a cancellation whose product the compiled loop fuses into
  * a multiply-add (x * x + z, 0.0625 against the interpreter's 0), or a
- * compare of two nearly equal values computed in the loop flipping a
- * select. So a node found too far apart in the step-by-step run is a
- * suspect, judged again after PERTURBED_RUNS more runs in which every value
- * a step computes inside itself with rounding (arithmetic, functions, sums)
- * is moved by a few units in the last place (of an add's or sub's larger
- * operand, where rounding that cancels shows; of a sum's terms' magnitudes,
- * which its rounding scales with), differently in each run (a
- * fixed pseudo-random choice per element): the suspect passes where its
- * recorded value is within its tolerance plus PERTURBED_WEIGHT times the
- * most a perturbed run moved the interpreter's value (a float; anything,
- * where one made it NaN or infinite), or where a perturbed run gave the
- * recorded value (an integer or bool). A wrong value
- * moves no more under perturbation than a right one: a step off by a
- * relative 1e-3 is still reported (test_check.c). Without the perturbed
- * runs, RF_CHECK_STEPS=2 reported two of the 3676 programs of fuzz_ops's
- * corpus so (one of each kind above; their results agree end to end); with
- * them, none. */
+ * compare of two nearly equal values computed in the loop flipping a select.
+ * So a node found too far apart in the step-by-step run is a suspect, judged
+ * again after PERTURBED_RUNS more runs in which every value a step computes
+ * inside itself with rounding (arithmetic, functions, sums) is moved by a
+ * few units in the last place (of an add's or sub's larger operand, where
+ * rounding that cancels shows; of a sum's terms' magnitudes, which its
+ * rounding scales with), differently in each run (a fixed pseudo-random
+ * choice per element): the suspect passes where its recorded value is within
+ * its tolerance plus PERTURBED_WEIGHT times the most a perturbed run moved
+ * the interpreter's value (a float; anything, where one made it NaN or
+ * infinite), or where a perturbed run gave the recorded value (an integer or
+ * bool). A wrong value moves no more under perturbation than a right one: a
+ * step off by a relative 1e-3 is still reported (test_check.c). Without the
+ * perturbed runs, RF_CHECK_STEPS=2 reported two of the 3676 programs of
+ * fuzz_ops's corpus so (one of each kind above; their results agree end to
+ * end); with them, none. */
 #include "check.h"
 
 #include "../interp/interp.h"
