@@ -667,6 +667,57 @@ static void test_compiler_override_and_fds(void)
     rfi_free(context);
 }
 
+/* $CC with more words, as make's: a wrapper and the compiler it runs ("ccache
+ * gcc"), plus a flag. Every command starts with them: the version probe and the
+ * compile (a wrapper that logs its arguments and runs them); the identity names
+ * them. Too many words are refused with a message. */
+static void test_compiler_with_arguments(void)
+{
+    const char *saved = getenv("CC");
+    char *saved_cc = saved ? strdup(saved) : NULL;
+    char script[600], log[600], cc[1400];
+    snprintf(script, sizeof script, "%s/wrap-cc", root);
+    snprintf(log, sizeof log, "%s/wrap-cc.log", root);
+    FILE *f = fopen(script, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fprintf(f, "#!/bin/sh\necho \"$*\" >> '%s'\nexec \"$@\"\n", log);
+        fclose(f);
+    }
+    chmod(script, 0700);
+    snprintf(cc, sizeof cc, " %s\tcc  -DRF_WRAPPED=1 ", script);
+    setenv("CC", cc, 1);
+    rfi_module *m = NULL;
+    rf_status st = RF_OK;
+    CHECK(load_and_run(7, &m, &st) == 49.0f);
+    CHECK_OK(st);
+    rfi_module_free(m);
+    char *context = NULL;
+    CHECK_OK(rfi_cc_context(&context));
+    CHECK(context && strstr(context, "\ncompiler_args=cc -DRF_WRAPPED=1\n"));
+    rfi_free(context);
+    int version = 0, compile = 0;
+    char line[2048];
+    f = fopen(log, "r");
+    CHECK(f != NULL);
+    while (f && fgets(line, sizeof line, f)) {
+        version += strcmp(line, "cc -DRF_WRAPPED=1 --version\n") == 0;
+        compile += strncmp(line, "cc -DRF_WRAPPED=1 -O2 ", 22) == 0;
+    }
+    if (f)
+        fclose(f);
+    CHECK(version == 1);
+    CHECK(compile == 1);
+    setenv("CC", "cc 1 2 3 4 5 6 7 8 9", 1);
+    CHECK_STATUS(rfi_cc_context(&context), RF_E_COMPILE);
+    CHECK_MSG("CC='cc 1 2 3 4 5 6 7 8 9': a compiler and at most 8 more words");
+    if (saved_cc)
+        setenv("CC", saved_cc, 1);
+    else
+        unsetenv("CC");
+    free(saved_cc);
+}
+
 /* The flag that keeps modules free of gathers (cc.c): a fake compiler that
  * accepts only gcc 12's spelling gets that one, in its context and in its
  * compile command, and is asked once: a second lookup of the same binary
@@ -1174,6 +1225,7 @@ int main(int argc, char **argv)
     test_module_in_parts();
     test_unloadable_object_reports();
     test_compiler_override_and_fds();
+    test_compiler_with_arguments();
     test_no_gather_flag();
     test_module_has_no_gathers();
     test_index_skips_generation();

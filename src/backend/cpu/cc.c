@@ -185,11 +185,52 @@ static bool status_ok(int ws) { return ws != -1 && WIFEXITED(ws) && WEXITSTATUS(
 
 /* ---- The compiler and its identity ------------------------------------------------------ */
 
+/* $CC may name a wrapper and its compiler ("ccache gcc") or add flags ("gcc
+ * -m64"), as make's does: its words (split at blanks; no quoting, no shell)
+ * start every compiler command. */
+#define CC_MAX_ARGS 8
+#define CC_ARG_MAX 256
+
 typedef struct compiler_info {
-    char name[PATH_MAX];     /* $CC as given, or "cc": argv[0] */
+    char name[PATH_MAX];     /* $CC's first word, or "cc": argv[0] */
+    char args[CC_MAX_ARGS][CC_ARG_MAX]; /* $CC's other words, argv[1..] */
+    int n_args;
     char exec_path[PATH_MAX]; /* what is executed: name, or its PATH match */
     char no_gather[96];      /* the flag that keeps it from emitting gathers, or "" */
 } compiler_info;
+
+/* Splits cc into ci's program name and arguments. */
+static rf_status split_compiler(const char *cc, compiler_info *ci)
+{
+    ci->n_args = -1;
+    for (const char *at = cc + strspn(cc, " \t"); *at; at += strspn(at, " \t")) {
+        size_t len = strcspn(at, " \t");
+        bool first = ci->n_args < 0;
+        if (ci->n_args >= CC_MAX_ARGS || len >= (first ? sizeof ci->name : CC_ARG_MAX))
+            return rfi_error(RF_E_COMPILE, "CC='%s': a compiler and at most %d more words of "
+                             "at most %d characters", cc, CC_MAX_ARGS, CC_ARG_MAX - 1);
+        char *word = first ? ci->name : ci->args[ci->n_args];
+        memcpy(word, at, len);
+        word[len] = '\0';
+        ci->n_args++;
+        at += len;
+    }
+    if (ci->n_args < 0) { /* blank: the default */
+        snprintf(ci->name, sizeof ci->name, "cc");
+        ci->n_args = 0;
+    }
+    return RF_OK;
+}
+
+/* Puts the start of a compiler command (argv[0] and $CC's other words) into
+ * argv; returns how many. argv has room for CC_MAX_ARGS + 1 more. */
+static int command_start(const compiler_info *ci, char **argv)
+{
+    argv[0] = (char *)ci->name;
+    for (int i = 0; i < ci->n_args; i++)
+        argv[1 + i] = (char *)ci->args[i];
+    return 1 + ci->n_args;
+}
 
 /* Finds the program to execute for `name` as execvp would. */
 static rf_status find_program(const char *name, char *out, size_t n)
@@ -222,7 +263,10 @@ static rf_status find_program(const char *name, char *out, size_t n)
 /* First line of `exec_path --version` into buf. */
 static rf_status compiler_version(const compiler_info *ci, char *buf, size_t n)
 {
-    char *argv[] = {(char *)ci->name, "--version", NULL};
+    char *argv[CC_MAX_ARGS + 3];
+    int a = command_start(ci, argv);
+    argv[a++] = "--version";
+    argv[a] = NULL;
     rfi_strbuf out = {0};
     bool trunc = false;
     int ws = 0;
@@ -303,8 +347,8 @@ static uint64_t compiler_env_hash(const char *cc)
 }
 
 /* The memo name for what (the version line, the gather flag) of the compiler
- * binary `resolved` run as argv[0] = ci->name (gcc prints its argv[0]): a hash
- * of both and of the binary's identity (device, inode, size, modification and
+ * binary `resolved` run as argv[0] = ci->name (gcc prints its argv[0]) with
+ * $CC's other words: a hash of them and of the binary's identity (device, inode, size, modification and
  * change times), so a replaced or upgraded compiler is asked again. False
  * when it cannot be stat'ed. */
 static bool memo_name(const char *what, const compiler_info *ci, const char *resolved,
@@ -317,6 +361,8 @@ static bool memo_name(const char *what, const compiler_info *ci, const char *res
                     (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec,
                     (int64_t)st.st_ctim.tv_sec, (int64_t)st.st_ctim.tv_nsec};
     uint64_t h = rfi_hash_bytes(RFI_HASH_INIT, ci->name, strlen(ci->name) + 1);
+    for (int i = 0; i < ci->n_args; i++) /* "ccache gcc" and "ccache clang" differ */
+        h = rfi_hash_bytes(h, ci->args[i], strlen(ci->args[i]) + 1);
     h = rfi_hash_bytes(h, resolved, strlen(resolved) + 1);
     uint64_t a = rfi_hash_u64(h, rfi_hash_bytes(h, id, sizeof id));
     uint64_t b = rfi_hash_u64(a, RF_MODULE_ABI);
@@ -370,8 +416,14 @@ static const char *const no_gather_flags[] = {
 /* Whether the compiler accepts `flag` (checking an empty translation unit). */
 static bool compiler_accepts(const compiler_info *ci, const char *flag)
 {
-    char *argv[] = {(char *)ci->name, "-fsyntax-only", "-x", "c", (char *)flag, "/dev/null",
-                    NULL};
+    char *argv[CC_MAX_ARGS + 7];
+    int a = command_start(ci, argv);
+    argv[a++] = "-fsyntax-only";
+    argv[a++] = "-x";
+    argv[a++] = "c";
+    argv[a++] = (char *)flag;
+    argv[a++] = "/dev/null";
+    argv[a] = NULL;
     rfi_strbuf out = {0};
     bool trunc = false;
     int ws = 0;
@@ -410,8 +462,9 @@ static void find_no_gather_flag(compiler_info *ci, const char *resolved)
 
 static rf_status build_identity(const char *cc, compiler_info *ci, char **context)
 {
-    snprintf(ci->name, sizeof ci->name, "%s", cc);
-    rf_status st = find_program(cc, ci->exec_path, sizeof ci->exec_path);
+    rf_status st = split_compiler(cc, ci);
+    if (st == RF_OK)
+        st = find_program(ci->name, ci->exec_path, sizeof ci->exec_path);
     if (st != RF_OK)
         return st;
     char resolved[PATH_MAX];
@@ -422,7 +475,10 @@ static rf_status build_identity(const char *cc, compiler_info *ci, char **contex
         return st;
     find_no_gather_flag(ci, resolved);
     rfi_strbuf sb = {0};
-    rfi_sb_printf(&sb, "compiler=%s\ncompiler_version=%s\nflags=", resolved, version);
+    rfi_sb_printf(&sb, "compiler=%s\n", resolved);
+    for (int i = 0; i < ci->n_args; i++) /* a wrapper's compiler, or flags of $CC */
+        rfi_sb_printf(&sb, "%s%s", i ? " " : "compiler_args=", ci->args[i]);
+    rfi_sb_printf(&sb, "%scompiler_version=%s\nflags=", ci->n_args ? "\n" : "", version);
     for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
         rfi_sb_printf(&sb, "%s ", compile_flags[i]);
     if (ci->no_gather[0])
@@ -541,9 +597,8 @@ static rf_status compile_with(const compiler_info *ci, const char *src_path,
         atomic_fetch_add(&n_compiles, 1);
         return compile_parts(ci, src_path, out_path, name, parts);
     }
-    char *argv[N_COMPILE_FLAGS + 7];
-    int a = 0;
-    argv[a++] = (char *)ci->name;
+    char *argv[CC_MAX_ARGS + N_COMPILE_FLAGS + 7];
+    int a = command_start(ci, argv);
     for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
         argv[a++] = (char *)compile_flags[i];
     if (ci->no_gather[0])
@@ -590,7 +645,7 @@ static int source_parts(const char *src_path)
 
 typedef struct part_job {
     const compiler_info *ci;
-    char *argv[N_COMPILE_FLAGS + 9];
+    char *argv[CC_MAX_ARGS + N_COMPILE_FLAGS + 9];
     char define[32], obj[PATH_MAX];
     rfi_strbuf out;
     bool truncated, started;
@@ -613,8 +668,7 @@ static void part_argv(part_job *j, const compiler_info *ci, const char *src_path
     j->ci = ci;
     snprintf(j->define, sizeof j->define, "-DRF_PART=%d", p);
     snprintf(j->obj, sizeof j->obj, "%s.part%d.o", out_path, p);
-    int a = 0;
-    j->argv[a++] = (char *)ci->name;
+    int a = command_start(ci, j->argv);
     for (size_t i = 0; i < N_COMPILE_FLAGS; i++)
         if (strcmp(compile_flags[i], "-shared") != 0)
             j->argv[a++] = (char *)compile_flags[i];
@@ -655,12 +709,11 @@ static rf_status compile_parts(const compiler_info *ci, const char *src_path,
                             jobs[p].truncated);
     }
     if (st == RF_OK) {
-        char **argv = rfi_calloc((size_t)parts + 8, sizeof *argv);
+        char **argv = rfi_calloc((size_t)parts + CC_MAX_ARGS + 8, sizeof *argv);
         if (!argv) {
             st = rfi_error(RF_E_NOMEM, "compiling module %s: out of memory", name);
         } else {
-            int a = 0;
-            argv[a++] = (char *)ci->name;
+            int a = command_start(ci, argv);
             argv[a++] = "-shared";
             argv[a++] = "-o";
             argv[a++] = (char *)out_path;
