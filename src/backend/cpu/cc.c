@@ -260,7 +260,7 @@ static rf_status find_program(const char *name, char *out, size_t n)
                      name);
 }
 
-/* First line of `exec_path --version` into buf. */
+/* First line of `$CC --version` (exec_path and $CC's other words) into buf. */
 static rf_status compiler_version(const compiler_info *ci, char *buf, size_t n)
 {
     char *argv[CC_MAX_ARGS + 3];
@@ -348,9 +348,9 @@ static uint64_t compiler_env_hash(const char *cc)
 
 /* The memo name for what (the version line, the gather flag) of the compiler
  * binary `resolved` run as argv[0] = ci->name (gcc prints its argv[0]) with
- * $CC's other words: a hash of them and of the binary's identity (device, inode, size, modification and
- * change times), so a replaced or upgraded compiler is asked again. False
- * when it cannot be stat'ed. */
+ * $CC's other words: a hash of them and of the binary's identity (device,
+ * inode, size, modification and change times), so a replaced or upgraded
+ * compiler is asked again. False when it cannot be stat'ed. */
 static bool memo_name(const char *what, const compiler_info *ci, const char *resolved,
                       char *out, size_t n)
 {
