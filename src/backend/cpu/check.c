@@ -111,6 +111,8 @@ struct rfi_cpu_check {
     rfi_cpu_check_suspect **suspects; /* per node of plan->g, while steps are judged */
     int n_suspects;
     int run;               /* the perturbed run going on (1..PERTURBED_RUNS) */
+    void **sum_magnitudes; /* per sum inside a step: its terms' magnitudes, taken in the
+                            * first perturbed run for all of them (perturb) */
 };
 
 double rfi_cpu_check_scale(void)
@@ -169,6 +171,7 @@ void rfi_cpu_check_free(rfi_cpu_check *c)
         free_all(c->recorded, opt->n_nodes);
         free_all(c->snapshots, opt->n_captures);
         free_all(c->scratch, opt->n_outputs + opt->n_updates);
+        free_all(c->sum_magnitudes, opt->n_nodes);
     }
     rfi_free(c->step_of);
     rfi_free(c->suspects);
@@ -223,7 +226,9 @@ static bool plan_steps(rfi_cpu_check *c)
     c->snapshots = rfi_calloc((size_t)opt->n_captures + 1, sizeof *c->snapshots);
     c->scratch = rfi_calloc((size_t)n_results + 1, sizeof *c->scratch);
     c->suspects = rfi_calloc((size_t)opt->n_nodes + 1, sizeof *c->suspects);
-    if (!c->recorded || !c->step_of || !c->snapshots || !c->scratch || !c->suspects)
+    c->sum_magnitudes = rfi_calloc((size_t)opt->n_nodes + 1, sizeof *c->sum_magnitudes);
+    if (!c->recorded || !c->step_of || !c->snapshots || !c->scratch || !c->suspects ||
+        !c->sum_magnitudes)
         return false;
     for (int x = 0; x < opt->n_nodes; x++)
         c->step_of[x] = -1;
@@ -740,11 +745,10 @@ static rf_status perturbed_run(void *ctx, const rfi_node *n, const void **value,
     if (c->step_of[n->id] < 0) {
         if (!own || !rounds(n))
             return RF_OK;
-        void *mag = NULL;
-        if (accumulates(n) && !(mag = magnitudes(n, operands)))
+        void **mag = &c->sum_magnitudes[n->id]; /* a few units move them no further */
+        if (accumulates(n) && !*mag && !(*mag = magnitudes(n, operands)))
             return rfi_error(RF_E_NOMEM, "RF_CHECK: out of memory");
-        perturb(n, own, operands, mag, c->run);
-        rfi_free(mag);
+        perturb(n, own, operands, *mag, c->run);
         return RF_OK;
     }
     rfi_cpu_check_suspect *s = c->suspects[n->id];
@@ -828,6 +832,10 @@ static rf_status judge_suspects(rfi_cpu_check *c, const rfi_run_io *steps)
     rf_status st = RF_OK;
     for (c->run = 1; st == RF_OK && c->run <= PERTURBED_RUNS; c->run++)
         st = rfi_interp_run_visited(c->opt_interp, opt, steps, perturbed_run, c);
+    for (int x = 0; x < opt->n_nodes; x++) {
+        rfi_free(c->sum_magnitudes[x]);
+        c->sum_magnitudes[x] = NULL;
+    }
     for (int x = 0; st == RF_OK && x < opt->n_nodes; x++) {
         if (!c->suspects[x])
             continue;
