@@ -209,6 +209,11 @@ int main(int argc, char **argv)
     bench_matmul("mlp dW2 512x128 @ 128x256", 128, 512, 128, 256, 0, 0);
     bench_matmul("mlp dx2 128x256 @ 256x512", 128, 256, 512, 256, 1, 1);
     bench_matmul("mlp dx1 128x512 @ 512x784", 128, 512, 784, 512, 1, 1);
+    /* ffn's blocks 256-1024-256, batch 128: the gradients of Dense(256 => 1024) */
+    bench_matmul("ffn dx 128x1024 @ 1024x256", 128, 1024, 1024, 256, 1, 0);
+    bench_matmul("ffn dW 1024x128 @ 128x256", 128, 1024, 128, 256, 0, 0);
+    bench_matmul("ffn dx' 128x256 @ 256x1024", 128, 256, 1024, 256, 1, 1);
+    bench_matmul("ffn dW' 256x128 @ 128x1024", 128, 256, 128, 1024, 0, 0);
     /* cnn, batch 64 */
     bench_conv("cnn conv1 fwd", (int64_t[]){64, 1, 28, 28}, (int64_t[]){32, 1, 3, 3}, 0);
     bench_conv("cnn conv2 fwd", (int64_t[]){64, 32, 13, 13}, (int64_t[]){64, 32, 3, 3}, 0);

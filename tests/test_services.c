@@ -349,22 +349,41 @@ static void test_matmul(void)
         worst = r.worst > worst ? r.worst : worst;
     }
     printf("matmul: %d f32 forms, worst relative error %.3g\n", n, worst);
-    /* An rhs whose rows lie 2 KB apart, read for 64 or more lhs rows, is
-     * copied into padded rows per call (dnnl_matmul.c): plain, batched (rows
-     * 4 KB apart) and with the lhs transposed (a weight gradient); with 8
-     * lhs rows it is read in place. */
-    static const dot_case aliased[] = {
-        {"aliased rhs rows", 2, 2, {64, 9}, {9, 512}, 0, 1, {0}, {0}, {1}, {0}},
-        {"aliased rhs rows, batch", 3, 3, {2, 64, 5}, {2, 5, 1024}, 1, 1, {0}, {0}, {2}, {1}},
-        {"aliased rhs rows, lhs transposed", 2, 2, {9, 64}, {9, 512}, 0, 1, {0}, {0}, {0}, {0}},
-        {"aliased rhs rows, few lhs rows", 2, 2, {8, 9}, {9, 512}, 0, 1, {0}, {0}, {1}, {0}},
+    /* An operand read down its columns (an rhs with N contiguous, a transposed
+     * lhs) whose rows lie 2 KB apart, read for 64 or more rows or columns of
+     * the other, is copied into padded rows per call (dnnl_matmul.c): plain,
+     * batched (rows 4 KB apart), with the other operand transposed (a weight
+     * gradient) and both at once; with 8 rows or columns of the other it is
+     * read in place. */
+    static const struct {
+        dot_case c;
+        const char *path;
+    } aliased[] = {
+        {{"aliased rhs rows", 2, 2, {64, 9}, {9, 512}, 0, 1, {0}, {0}, {1}, {0}},
+         "matmul padded rhs"},
+        {{"aliased rhs rows, batch", 3, 3, {2, 64, 5}, {2, 5, 1024}, 1, 1, {0}, {0}, {2}, {1}},
+         "matmul padded rhs"},
+        {{"aliased rhs rows, lhs transposed", 2, 2, {9, 64}, {9, 512}, 0, 1, {0}, {0}, {0}, {0}},
+         "matmul padded rhs"},
+        {{"aliased rhs rows, few lhs rows", 2, 2, {8, 9}, {9, 512}, 0, 1, {0}, {0}, {1}, {0}},
+         "matmul"},
+        {{"aliased lhs rows", 2, 2, {9, 512}, {9, 64}, 0, 1, {0}, {0}, {0}, {0}},
+         "matmul padded lhs"},
+        {{"aliased lhs rows, batch", 3, 3, {2, 5, 1024}, {2, 5, 64}, 1, 1, {0}, {0}, {1}, {1}},
+         "matmul padded lhs"},
+        {{"aliased lhs rows, rhs transposed", 2, 2, {9, 512}, {64, 9}, 0, 1, {0}, {0}, {0}, {1}},
+         "matmul padded lhs"},
+        {{"aliased lhs and rhs rows", 2, 2, {9, 512}, {9, 512}, 0, 1, {0}, {0}, {0}, {0}},
+         "matmul padded lhs and rhs"},
+        {{"aliased lhs rows, few rhs columns", 2, 2, {9, 512}, {9, 8}, 0, 1, {0}, {0}, {0}, {0}},
+         "matmul"},
     };
-    for (int k = 0; k < 4; k++) {
-        case_result a = run_dot(&aliased[k], RF_F32, k % 2 == 0);
-        const char *want = k < 3 ? "matmul padded rhs" : "matmul";
-        CHECK(a.kind == RFI_CALL_MATMUL && strcmp(a.path, want) == 0);
-        if (strcmp(a.path, want) != 0)
-            fprintf(stderr, "  case %s: path %s, expected %s\n", aliased[k].name, a.path, want);
+    for (size_t k = 0; k < sizeof aliased / sizeof aliased[0]; k++) {
+        case_result a = run_dot(&aliased[k].c, RF_F32, k % 2 == 0);
+        CHECK(a.kind == RFI_CALL_MATMUL && strcmp(a.path, aliased[k].path) == 0);
+        if (strcmp(a.path, aliased[k].path) != 0)
+            fprintf(stderr, "  case %s: path %s, expected %s\n", aliased[k].c.name, a.path,
+                    aliased[k].path);
     }
     /* Other dtypes run the reference kernel: bitwise. */
     case_result r = run_dot(&cases[4], RF_F64, true);

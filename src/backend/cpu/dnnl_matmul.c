@@ -11,9 +11,10 @@
  * oneDNN would take the strided form only with its slow reference
  * implementation, both operands are packed per call into the workspace (a
  * plain strided copy with contiguous writes) and described as contiguous.
- * An rhs whose rows lie a multiple of ALIASED_ROW_FLOATS apart is copied
- * per call into rows padded by RHS_ROW_PAD (below). Empty results do
- * nothing; K == 0 writes zeros.
+ * An operand read down its columns (an rhs with N contiguous, a transposed
+ * lhs) whose rows lie a multiple of ALIASED_ROW_FLOATS apart is copied per
+ * call into rows padded by ROW_PAD (below). Empty results do nothing; K == 0
+ * writes zeros.
  *
  * A product of RF_PRECISION_BF16 rounds its operands as it converts them,
  * every call: into bf16 for oneDNN's bf16 kernels where the CPU has bf16
@@ -327,7 +328,7 @@ struct rfi_cpu_matmul {
     const rfi_node *node;
     int64_t batch, m, k, n;
     bool pack;          /* operands packed into the workspace per call */
-    bool pad_rhs;       /* the rhs alone copied per call into rows RHS_ROW_PAD longer */
+    bool pad_lhs, pad_rhs; /* the operand copied per call into rows ROW_PAD longer */
     pack_format format; /* of the packed operands: PACK_F32 unless RF_PRECISION_BF16 */
     bool convert;       /* RF_PRECISION_BF16, not packed: each operand converted per call
                            in its own layout, into `format` */
@@ -569,41 +570,79 @@ static void pack_view(void *dst, const float *src, const operand_view *v, pack_f
     rfi_parallel_for(rows, grain, pack_rows, &p);
 }
 
-/* The rhs [B, K, N] read in place with its N dim contiguous and its rows a
- * multiple of ALIASED_ROW_FLOATS (2 KB) apart falls on few cache sets when
- * oneDNN's gemm walks down its columns, and the product slows by a third or
- * more. Measured on a 2-core AVX2 machine (AMD EPYC; a standalone program,
- * medians of 400 calls, two runs each): the mlp's second layer's input
- * gradient, 128 x 256 x 512, took 394-437 us with the rhs rows 512 floats
- * apart and 258-364 with them 528 apart; its weight gradient, 256 x 128 x
- * 512 with the lhs transposed, 425-515 against 295-307. With N = 500, 520
- * or 640 a row-major rhs ran as fast as a transposed one; with N = 1024 it
- * took 960 us against 440. Copying the rhs into rows RHS_ROW_PAD longer
- * costs a pass over it, which pays only when it is read for many lhs rows
- * (m >= PAD_MIN_ROWS): never at batch-1 inference. */
+/* An operand read in place down its columns - the rhs [B, K, N] with its N
+ * dim contiguous, or a transposed lhs [B, M, K] with its M dim contiguous -
+ * whose rows (one per k) lie a multiple of ALIASED_ROW_FLOATS (2 KB) apart
+ * falls on few cache sets when oneDNN's gemm walks down its columns, and the
+ * product slows by a third or more. Measured on a 2-core AVX2 machine (AMD
+ * EPYC; a standalone program, medians of 400 calls, two runs each): the mlp's
+ * second layer's input gradient, 128 x 256 x 512, took 394-437 us with the rhs
+ * rows 512 floats apart and 258-364 with them 528 apart; its weight gradient,
+ * 256 x 128 x 512 with the lhs transposed, 425-515 against 295-307. With N =
+ * 500, 520 or 640 a row-major rhs ran as fast as a transposed one; with N =
+ * 1024 it took 960 us against 440. The ffn's weight gradient 1024 x 128 x 256,
+ * whose transposed lhs has rows 1024 floats apart, ran at 70 GFLOP/s on two
+ * threads and 33 on one (`build/bench_services ffn`), its other products at
+ * 134-162 and 77-85; padded, at 102-139 and 78. Copying into rows ROW_PAD
+ * longer costs a pass over the operand, which pays only when it is read for
+ * many rows or columns of the other (at least PAD_MIN_ROWS): never at batch-1
+ * inference. */
 #define ALIASED_ROW_FLOATS 512
-#define RHS_ROW_PAD 16
+#define ROW_PAD 16
 #define PAD_MIN_ROWS 64
+
+static bool rows_aliased(int64_t row_stride, const rfi_cpu_matmul *m, int64_t reuse)
+{
+    return row_stride > 0 && row_stride % ALIASED_ROW_FLOATS == 0 && m->k > 1 &&
+           reuse >= PAD_MIN_ROWS;
+}
 
 static bool rhs_rows_aliased(const rfi_cpu_matmul *m)
 {
     const operand_view *r = &m->rhs;
-    return r->collapsible && r->stride[2] == 1 && r->stride[1] > 0 &&
-           r->stride[1] % ALIASED_ROW_FLOATS == 0 && m->k > 1 && m->m >= PAD_MIN_ROWS;
+    return r->collapsible && r->stride[2] == 1 && rows_aliased(r->stride[1], m, m->m);
 }
 
-/* The rhs's rows and batches in the padded copy, in floats. */
-static int64_t padded_row(const rfi_cpu_matmul *m) { return m->n + RHS_ROW_PAD; }
-static int64_t padded_batch(const rfi_cpu_matmul *m) { return m->k * padded_row(m); }
-
-static void copy_padded_rhs(float *restrict dst, const float *restrict src,
-                            const rfi_cpu_matmul *m)
+static bool lhs_rows_aliased(const rfi_cpu_matmul *m)
 {
-    int64_t sb = m->rhs.stride[0] > 0 ? m->rhs.stride[0] : 0, sr = m->rhs.stride[1];
-    for (int64_t b = 0; b < m->batch; b++)
-        for (int64_t k = 0; k < m->k; k++)
-            memcpy(dst + b * padded_batch(m) + k * padded_row(m), src + b * sb + k * sr,
-                   (size_t)m->n * sizeof(float));
+    const operand_view *l = &m->lhs;
+    return l->collapsible && l->stride[1] == 1 && rows_aliased(l->stride[2], m, m->n);
+}
+
+/* An operand's padded copy: `len` contiguous values per row, k rows per batch;
+ * its row and batch strides in floats. */
+static int64_t padded_row(int64_t len) { return len + ROW_PAD; }
+static int64_t padded_batch(const rfi_cpu_matmul *m, int64_t len)
+{
+    return m->k * padded_row(len);
+}
+
+/* A padded copy in progress: batches of k rows of len values, src's rows `sr`
+ * and batches `sb` floats apart (sb <= 0: one batch). */
+typedef struct padding {
+    const rfi_cpu_matmul *m;
+    const float *src;
+    float *dst;
+    int64_t len, sr, sb;
+} padding;
+
+static void pad_rows(void *ctx, int64_t lo, int64_t hi)
+{
+    const padding *p = ctx;
+    int64_t k = p->m->k, sb = p->sb > 0 ? p->sb : 0;
+    for (int64_t row = lo; row < hi; row++)
+        memcpy(p->dst + row / k * padded_batch(p->m, p->len) + row % k * padded_row(p->len),
+               p->src + row / k * sb + row % k * p->sr, (size_t)p->len * sizeof(float));
+}
+
+/* Copies the operand into padded rows, on the pool's threads when large (inline
+ * in a call that runs beside another). */
+static void copy_padded(float *dst, const float *src, const rfi_cpu_matmul *m, int64_t len,
+                        int64_t sr, int64_t sb)
+{
+    padding p = {m, src, dst, len, sr, sb};
+    int64_t grain = (PACK_GRAIN_VALUES + len - 1) / len;
+    rfi_parallel_for(m->batch * m->k, grain, pad_rows, &p);
 }
 
 static void make_views(rfi_cpu_matmul *m, const rfi_node *n)
@@ -688,16 +727,20 @@ static rf_status make_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_
     m->pack = false;
     if (m->lhs.collapsible && m->rhs.collapsible) {
         rfi_dnnl_tensor src = view_tensor(&m->lhs, false), wei = view_tensor(&m->rhs, false);
+        m->pad_lhs = lhs_rows_aliased(m);
         m->pad_rhs = rhs_rows_aliased(m);
+        if (m->pad_lhs)
+            src = (rfi_dnnl_tensor){3, {m->batch, m->m, m->k},
+                                    {padded_batch(m, m->m), 1, padded_row(m->m)}};
         if (m->pad_rhs)
             wei = (rfi_dnnl_tensor){3, {m->batch, m->k, m->n},
-                                    {padded_batch(m), padded_row(m), 1}};
+                                    {padded_batch(m, m->n), padded_row(m->n), 1}};
         rf_status st = rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
         if (st == RF_OK && !m->mm.is_ref)
             return RF_OK;
         rfi_dnnl_mm_destroy(&m->mm); /* a strided form oneDNN does not take well: pack */
     }
-    m->pad_rhs = false;
+    m->pad_lhs = m->pad_rhs = false;
     m->pack = true;
     rfi_dnnl_tensor src = view_tensor(&m->lhs, true), wei = view_tensor(&m->rhs, true);
     rf_status st = rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
@@ -765,9 +808,15 @@ rf_status rfi_cpu_matmul_prepare(const rfi_node *n, const rfi_epi_op *epi, int n
         ws += rfi_ws_align((size_t)(m->batch * m->m * m->k) * value);
         m->rhs_at = ws;
         ws += rfi_ws_align((size_t)(m->batch * m->k * m->n) * value);
-    } else if (m->pad_rhs) {
-        m->rhs_at = ws;
-        ws += rfi_ws_align((size_t)(m->batch * padded_batch(m)) * sizeof(float));
+    } else {
+        if (m->pad_lhs) {
+            m->lhs_at = ws;
+            ws += rfi_ws_align((size_t)(m->batch * padded_batch(m, m->m)) * sizeof(float));
+        }
+        if (m->pad_rhs) {
+            m->rhs_at = ws;
+            ws += rfi_ws_align((size_t)(m->batch * padded_batch(m, m->n)) * sizeof(float));
+        }
     }
     *workspace_bytes = ws;
     *out = m;
@@ -797,10 +846,17 @@ rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs
         pack_view(pb, b, &m->rhs, m->format, m->mm.bf16_isa);
         a = pa;
         b = pb;
-    } else if (m->pad_rhs) {
-        float *pb = (float *)((char *)workspace + m->rhs_at);
-        copy_padded_rhs(pb, b, m);
-        b = pb;
+    } else {
+        if (m->pad_lhs) {
+            float *pa = (float *)((char *)workspace + m->lhs_at);
+            copy_padded(pa, a, m, m->m, m->lhs.stride[2], m->lhs.stride[0]);
+            a = pa;
+        }
+        if (m->pad_rhs) {
+            float *pb = (float *)((char *)workspace + m->rhs_at);
+            copy_padded(pb, b, m, m->n, m->rhs.stride[1], m->rhs.stride[0]);
+            b = pb;
+        }
     }
     return rfi_dnnl_mm_run(&m->mm, s, a, b, out, workspace, m->post.n > 0 ? epi_src : NULL,
                            "dot_general");
@@ -814,7 +870,11 @@ const char *rfi_cpu_matmul_path(const rfi_cpu_matmul *m)
         return m->pack ? "matmul bf16 packed" : "matmul bf16";
     if (m->format == PACK_ROUNDED)
         return m->pack ? "matmul bf16-rounded packed" : "matmul bf16-rounded";
-    return m->pack ? "matmul packed" : m->pad_rhs ? "matmul padded rhs" : "matmul";
+    if (m->pack)
+        return "matmul packed";
+    if (m->pad_lhs)
+        return m->pad_rhs ? "matmul padded lhs and rhs" : "matmul padded lhs";
+    return m->pad_rhs ? "matmul padded rhs" : "matmul";
 }
 
 void rfi_cpu_matmul_free(rfi_cpu_matmul *m)
