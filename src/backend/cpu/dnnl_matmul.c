@@ -18,7 +18,8 @@
  *
  * A product of RF_PRECISION_BF16 rounds its operands as it converts them,
  * every call: into bf16 for oneDNN's bf16 kernels where the CPU has bf16
- * instructions, else into rounded f32 (make_bf16_primitive says how).
+ * instructions, else into rounded f32 (make_bf16_primitive says how); an
+ * aliased operand converted in its own layout goes into padded rows as well.
  *
  * A CALL step's epilogue (plan.h) becomes oneDNN post-ops when the primitive
  * takes them: tanh/logistic as eltwise, a bias along the result's last dim as
@@ -618,11 +619,11 @@ static int64_t padded_batch(const rfi_cpu_matmul *m, int64_t len)
 }
 
 /* A padded copy in progress: batches of k rows of len values, src's rows `sr`
- * and batches `sb` floats apart (sb <= 0: one batch). */
+ * and batches `sb` floats apart (sb <= 0: one batch), written in the
+ * matmul's format (rounded or bf16 under RF_PRECISION_BF16). */
 typedef struct padding {
+    packing pk; /* its dst: the padded rows; its v unused */
     const rfi_cpu_matmul *m;
-    const float *src;
-    float *dst;
     int64_t len, sr, sb;
 } padding;
 
@@ -631,18 +632,54 @@ static void pad_rows(void *ctx, int64_t lo, int64_t hi)
     const padding *p = ctx;
     int64_t k = p->m->k, sb = p->sb > 0 ? p->sb : 0;
     for (int64_t row = lo; row < hi; row++)
-        memcpy(p->dst + row / k * padded_batch(p->m, p->len) + row % k * padded_row(p->len),
-               p->src + row / k * sb + row % k * p->sr, (size_t)p->len * sizeof(float));
+        pack_row(&p->pk, row / k * padded_batch(p->m, p->len) + row % k * padded_row(p->len),
+                 p->pk.src + row / k * sb + row % k * p->sr, p->len, 1);
 }
 
 /* Copies the operand into padded rows, on the pool's threads when large (inline
  * in a call that runs beside another). */
-static void copy_padded(float *dst, const float *src, const rfi_cpu_matmul *m, int64_t len,
+static void copy_padded(void *dst, const float *src, const rfi_cpu_matmul *m, int64_t len,
                         int64_t sr, int64_t sb)
 {
-    padding p = {m, src, dst, len, sr, sb};
+    padding p = {{NULL, src, dst, m->format, m->mm.bf16_isa}, m, len, sr, sb};
     int64_t grain = (PACK_GRAIN_VALUES + len - 1) / len;
     rfi_parallel_for(m->batch * m->k, grain, pad_rows, &p);
+}
+
+static void copy_padded_lhs(void *dst, const float *src, const rfi_cpu_matmul *m)
+{
+    copy_padded(dst, src, m, m->m, m->lhs.stride[2], m->lhs.stride[0]);
+}
+
+static void copy_padded_rhs(void *dst, const float *src, const rfi_cpu_matmul *m)
+{
+    copy_padded(dst, src, m, m->n, m->rhs.stride[1], m->rhs.stride[0]);
+}
+
+/* The operands read in place: their views, an aliased one's padded copy in its
+ * place (pad_lhs, pad_rhs set). */
+static void in_place_tensors(rfi_cpu_matmul *m, rfi_dnnl_tensor *src, rfi_dnnl_tensor *wei)
+{
+    *src = view_tensor(&m->lhs, false);
+    *wei = view_tensor(&m->rhs, false);
+    m->pad_lhs = lhs_rows_aliased(m);
+    m->pad_rhs = rhs_rows_aliased(m);
+    if (m->pad_lhs)
+        *src = (rfi_dnnl_tensor){3, {m->batch, m->m, m->k},
+                                 {padded_batch(m, m->m), 1, padded_row(m->m)}};
+    if (m->pad_rhs)
+        *wei = (rfi_dnnl_tensor){3, {m->batch, m->k, m->n},
+                                 {padded_batch(m, m->n), padded_row(m->n), 1}};
+}
+
+/* An operand's share of the workspace: its packed, padded or converted copy. */
+static size_t operand_bytes(const rfi_cpu_matmul *m, bool lhs, size_t value)
+{
+    int64_t n = m->pack ? m->batch * m->k * (lhs ? m->m : m->n)
+                : (lhs ? m->pad_lhs : m->pad_rhs) ? m->batch * padded_batch(m, lhs ? m->m : m->n)
+                : m->convert ? rfi_node_numel(m->node->in[lhs ? 0 : 1])
+                             : 0;
+    return rfi_ws_align((size_t)n * value);
 }
 
 static void make_views(rfi_cpu_matmul *m, const rfi_node *n)
@@ -681,7 +718,10 @@ static rf_status try_bf16_form(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_d
                                pack_format format, bool packed)
 {
     rfi_dnnl_tensor dst = {3, {m->batch, m->m, m->n}, {m->m * m->n, m->n, 1}};
-    rfi_dnnl_tensor src = view_tensor(&m->lhs, packed), wei = view_tensor(&m->rhs, packed);
+    rfi_dnnl_tensor src = view_tensor(&m->lhs, true), wei = view_tensor(&m->rhs, true);
+    m->pad_lhs = m->pad_rhs = false;
+    if (!packed)
+        in_place_tensors(m, &src, &wei);
     rf_status st = format == PACK_BF16
                        ? mm_init_bf16(&m->mm, eng, &src, &wei, &dst, post)
                        : rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
@@ -693,6 +733,8 @@ static rf_status try_bf16_form(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_d
         m->format = format;
         m->pack = packed;
         m->convert = !packed;
+    } else {
+        m->pad_lhs = m->pad_rhs = false;
     }
     return st;
 }
@@ -726,15 +768,8 @@ static rf_status make_primitive(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_
     rfi_dnnl_tensor dst = {3, {m->batch, m->m, m->n}, {m->m * m->n, m->n, 1}};
     m->pack = false;
     if (m->lhs.collapsible && m->rhs.collapsible) {
-        rfi_dnnl_tensor src = view_tensor(&m->lhs, false), wei = view_tensor(&m->rhs, false);
-        m->pad_lhs = lhs_rows_aliased(m);
-        m->pad_rhs = rhs_rows_aliased(m);
-        if (m->pad_lhs)
-            src = (rfi_dnnl_tensor){3, {m->batch, m->m, m->k},
-                                    {padded_batch(m, m->m), 1, padded_row(m->m)}};
-        if (m->pad_rhs)
-            wei = (rfi_dnnl_tensor){3, {m->batch, m->k, m->n},
-                                    {padded_batch(m, m->n), padded_row(m->n), 1}};
+        rfi_dnnl_tensor src, wei;
+        in_place_tensors(m, &src, &wei);
         rf_status st = rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
         if (st == RF_OK && !m->mm.is_ref)
             return RF_OK;
@@ -798,26 +833,10 @@ rf_status rfi_cpu_matmul_prepare(const rfi_node *n, const rfi_epi_op *epi, int n
     }
     size_t ws = rfi_ws_align(m->mm.scratch_bytes);
     size_t value = m->format == PACK_BF16 ? sizeof(uint16_t) : sizeof(float);
-    if (m->convert) {
-        m->lhs_at = ws;
-        ws += rfi_ws_align((size_t)rfi_node_numel(n->in[0]) * value);
-        m->rhs_at = ws;
-        ws += rfi_ws_align((size_t)rfi_node_numel(n->in[1]) * value);
-    } else if (m->pack) {
-        m->lhs_at = ws;
-        ws += rfi_ws_align((size_t)(m->batch * m->m * m->k) * value);
-        m->rhs_at = ws;
-        ws += rfi_ws_align((size_t)(m->batch * m->k * m->n) * value);
-    } else {
-        if (m->pad_lhs) {
-            m->lhs_at = ws;
-            ws += rfi_ws_align((size_t)(m->batch * padded_batch(m, m->m)) * sizeof(float));
-        }
-        if (m->pad_rhs) {
-            m->rhs_at = ws;
-            ws += rfi_ws_align((size_t)(m->batch * padded_batch(m, m->n)) * sizeof(float));
-        }
-    }
+    m->lhs_at = ws;
+    ws += operand_bytes(m, true, value);
+    m->rhs_at = ws;
+    ws += operand_bytes(m, false, value);
     *workspace_bytes = ws;
     *out = m;
     return RF_OK;
@@ -834,30 +853,24 @@ rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs
         return RF_OK;
     }
     const float *a = lhs, *b = rhs;
-    if (m->convert) {
-        void *ca = (char *)workspace + m->lhs_at, *cb = (char *)workspace + m->rhs_at;
-        convert_operand(ca, a, rfi_node_numel(m->node->in[0]), m->format, m->mm.bf16_isa);
-        convert_operand(cb, b, rfi_node_numel(m->node->in[1]), m->format, m->mm.bf16_isa);
-        a = ca;
-        b = cb;
-    } else if (m->pack) {
-        void *pa = (char *)workspace + m->lhs_at, *pb = (char *)workspace + m->rhs_at;
-        pack_view(pa, a, &m->lhs, m->format, m->mm.bf16_isa);
-        pack_view(pb, b, &m->rhs, m->format, m->mm.bf16_isa);
-        a = pa;
-        b = pb;
+    void *ca = (char *)workspace + m->lhs_at, *cb = (char *)workspace + m->rhs_at;
+    if (m->pack) {
+        pack_view(ca, a, &m->lhs, m->format, m->mm.bf16_isa);
+        pack_view(cb, b, &m->rhs, m->format, m->mm.bf16_isa);
     } else {
-        if (m->pad_lhs) {
-            float *pa = (float *)((char *)workspace + m->lhs_at);
-            copy_padded(pa, a, m, m->m, m->lhs.stride[2], m->lhs.stride[0]);
-            a = pa;
-        }
-        if (m->pad_rhs) {
-            float *pb = (float *)((char *)workspace + m->rhs_at);
-            copy_padded(pb, b, m, m->n, m->rhs.stride[1], m->rhs.stride[0]);
-            b = pb;
-        }
+        if (m->pad_lhs)
+            copy_padded_lhs(ca, a, m);
+        else if (m->convert)
+            convert_operand(ca, a, rfi_node_numel(m->node->in[0]), m->format, m->mm.bf16_isa);
+        if (m->pad_rhs)
+            copy_padded_rhs(cb, b, m);
+        else if (m->convert)
+            convert_operand(cb, b, rfi_node_numel(m->node->in[1]), m->format, m->mm.bf16_isa);
     }
+    if (m->pack || m->pad_lhs || m->convert)
+        a = ca;
+    if (m->pack || m->pad_rhs || m->convert)
+        b = cb;
     return rfi_dnnl_mm_run(&m->mm, s, a, b, out, workspace, m->post.n > 0 ? epi_src : NULL,
                            "dot_general");
 }
@@ -866,15 +879,17 @@ int rfi_cpu_matmul_epilogue_ops(const rfi_cpu_matmul *m) { return m ? m->post.n 
 
 const char *rfi_cpu_matmul_path(const rfi_cpu_matmul *m)
 {
-    if (m->format == PACK_BF16)
-        return m->pack ? "matmul bf16 packed" : "matmul bf16";
-    if (m->format == PACK_ROUNDED)
-        return m->pack ? "matmul bf16-rounded packed" : "matmul bf16-rounded";
-    if (m->pack)
-        return "matmul packed";
-    if (m->pad_lhs)
-        return m->pad_rhs ? "matmul padded lhs and rhs" : "matmul padded lhs";
-    return m->pad_rhs ? "matmul padded rhs" : "matmul";
+    static const char *const paths[3][5] = {
+        [PACK_F32] = {"matmul", "matmul packed", "matmul padded lhs", "matmul padded rhs",
+                      "matmul padded lhs and rhs"},
+        [PACK_ROUNDED] = {"matmul bf16-rounded", "matmul bf16-rounded packed",
+                          "matmul bf16-rounded padded lhs", "matmul bf16-rounded padded rhs",
+                          "matmul bf16-rounded padded lhs and rhs"},
+        [PACK_BF16] = {"matmul bf16", "matmul bf16 packed", "matmul bf16 padded lhs",
+                       "matmul bf16 padded rhs", "matmul bf16 padded lhs and rhs"},
+    };
+    int form = m->pack ? 1 : m->pad_lhs + 2 * m->pad_rhs + (m->pad_lhs || m->pad_rhs);
+    return paths[m->format][form];
 }
 
 void rfi_cpu_matmul_free(rfi_cpu_matmul *m)
