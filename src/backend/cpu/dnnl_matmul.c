@@ -675,10 +675,13 @@ static void in_place_tensors(rfi_cpu_matmul *m, rfi_dnnl_tensor *src, rfi_dnnl_t
 /* An operand's share of the workspace: its packed, padded or converted copy. */
 static size_t operand_bytes(const rfi_cpu_matmul *m, bool lhs, size_t value)
 {
-    int64_t n = m->pack ? m->batch * m->k * (lhs ? m->m : m->n)
-                : (lhs ? m->pad_lhs : m->pad_rhs) ? m->batch * padded_batch(m, lhs ? m->m : m->n)
-                : m->convert ? rfi_node_numel(m->node->in[lhs ? 0 : 1])
-                             : 0;
+    int64_t len = lhs ? m->m : m->n, n = 0; /* len: the operand's free dim */
+    if (m->pack)
+        n = m->batch * m->k * len;
+    else if (lhs ? m->pad_lhs : m->pad_rhs)
+        n = m->batch * padded_batch(m, len);
+    else if (m->convert)
+        n = rfi_node_numel(m->node->in[lhs ? 0 : 1]);
     return rfi_ws_align((size_t)n * value);
 }
 
@@ -888,7 +891,11 @@ const char *rfi_cpu_matmul_path(const rfi_cpu_matmul *m)
         [PACK_BF16] = {"matmul bf16", "matmul bf16 packed", "matmul bf16 padded lhs",
                        "matmul bf16 padded rhs", "matmul bf16 padded lhs and rhs"},
     };
-    int form = m->pack ? 1 : m->pad_lhs + 2 * m->pad_rhs + (m->pad_lhs || m->pad_rhs);
+    int form = m->pack                    ? 1
+               : m->pad_lhs && m->pad_rhs ? 4
+               : m->pad_rhs               ? 3
+               : m->pad_lhs               ? 2
+                                          : 0;
     return paths[m->format][form];
 }
 
