@@ -586,11 +586,12 @@ static void pack_view(void *dst, const float *src, const operand_view *v, pack_f
  * threads and 33 on one (`build/bench_services ffn`), its other products at
  * 134-162 and 77-85; padded, at 102-139 and 78. Over the products with a
  * transposed lhs of M = 512 or 1024 rows and K, N in 128..1024 on two threads
- * (two runs each way), padding took M = 1024, N <= 256 from 58-72 GFLOP/s to
+ * (two runs each way), padding took M = 1024, N <= 256 from 58-73 GFLOP/s to
  * 78-152 and M = 512, N <= 512 from 96-132 to 109-158; with N = 1024 (and M =
- * 1024, N = 512) both ran at 135-168. Copying into rows ROW_PAD longer costs a
- * pass over the operand, which pays only when it is read for many rows or
- * columns of the other (at least PAD_MIN_ROWS): never at batch-1 inference. */
+ * 1024, N = 512) both ran at 127-168 but for one padded run at 86 (of 48).
+ * Copying into rows ROW_PAD longer costs a pass over the operand, which pays
+ * only when it is read for many rows or columns of the other (at least
+ * PAD_MIN_ROWS): never at batch-1 inference. */
 #define ALIASED_ROW_FLOATS 512
 #define ROW_PAD 16
 #define PAD_MIN_ROWS 64
