@@ -394,12 +394,6 @@ static void test_matmul(void)
     CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
 }
 
-/* RF_PRECISION_BF16 in every form, against the reference kernel, which rounds
- * the operands too: a call that skipped the rounding would be some 2^-9
- * apart, far above the 1e-5 of run_case. Each form runs with the bf16
- * kernels where this CPU has them, and with RF_BF16_KERNELS=0 (f32 kernels
- * over rounded operands) everywhere; strided views are converted in place,
- * others packed. */
 static bool ends_with(const char *s, const char *end)
 {
     size_t n = strlen(s), e = strlen(end);
@@ -425,6 +419,12 @@ static int check_aliased_bf16(void)
     return padded;
 }
 
+/* RF_PRECISION_BF16 in every form, against the reference kernel, which rounds
+ * the operands too: a call that skipped the rounding would be some 2^-9
+ * apart, far above the 1e-5 of run_case. Each form runs with the bf16
+ * kernels where this CPU has them, and with RF_BF16_KERNELS=0 (f32 kernels
+ * over rounded operands) everywhere; strided views are converted in place,
+ * others packed. */
 static void test_matmul_bf16(void)
 {
     int with_isa = 0, in_place = 0, padded = 0;
