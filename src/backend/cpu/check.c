@@ -58,15 +58,16 @@
  * rounding that cancels shows; of a sum's terms' magnitudes, which its
  * rounding scales with), differently in each run (a fixed pseudo-random
  * choice per element), except the first two, which move only the adds, subs
- * and sums, all up and then all down: the suspect passes where its recorded
- * value is within its tolerance plus PERTURBED_WEIGHT times the most a
- * perturbed run moved the interpreter's value (a float; anything, where one
- * made it NaN or infinite), or where a perturbed run gave the recorded value
- * (an integer or bool). A wrong value moves no more under perturbation than
- * a right one: a step off by a relative 1e-3 is still reported
- * (test_check.c). Without the perturbed runs, RF_CHECK_STEPS=2 reported two
- * of the 3676 programs of fuzz_ops's corpus so (one of each kind above;
- * their results agree end to end); with them, none. */
+ * and sums that cancel to about 0, all up and then all down (perturb): the
+ * suspect passes where its recorded value is within its tolerance plus
+ * PERTURBED_WEIGHT times the most a perturbed run moved the interpreter's
+ * value (a float; anything, where one made it NaN or infinite), or where a
+ * perturbed run gave the recorded value (an integer or bool). A wrong value
+ * moves no more under perturbation than a right one: a step off by a
+ * relative 1e-3 is still reported (test_check.c). Without the perturbed
+ * runs, RF_CHECK_STEPS=2 reported two of the 3676 programs of fuzz_ops's
+ * corpus so (one of each kind above; their results agree end to end); with
+ * them, none. */
 #include "check.h"
 
 #include "../interp/interp.h"
@@ -714,28 +715,24 @@ static double ulp_of(rf_dtype dt, double x)
  * its rounding is: a Winograd convolution whose exact value is 0 came out
  * 1.4e-6 (the training fuzzer; its relu kept it).
  *
- * The first COHERENT_RUNS runs move only the adds, subs and sums, every
- * element by PERTURBED_ULPS units, up in odd runs and down in even ones, the
- * rest exact: a difference that cancels to about 0 then lands on both sides
- * of it whatever its operands' rounding, which independent moves may all
- * miss. The training fuzzer found one: a centred RMSProp's first step takes
- * the square root of max(v - m * m, 0), v and m * m the same square rounded;
- * the compiled loop's multiply-add gave 2e-14, and a parameter 0.85% from
- * the interpreter's, where each of eight random runs left the difference at
- * or below 0. */
+ * The first COHERENT_RUNS runs move only the elements of adds, subs and sums
+ * that cancel to within PERTURBED_ULPS units of 0, by that many units, up in
+ * odd runs and down in even ones, everything else exact: such a difference
+ * then lands on both sides of 0, which independent moves of it and of its
+ * operands may all miss. The training fuzzer found one: a centred RMSProp's
+ * first step takes the square root of max(v - m * m, 0), v and m * m the
+ * same square rounded; the compiled loop's multiply-add gave 2e-14, and a
+ * parameter 0.85% from the interpreter's, where each of eight random runs
+ * left the difference at or below 0. */
 static void perturb(const rfi_node *n, void *own, const void *const *operands,
                     const void *mag, int run)
 {
     int64_t numel = rfi_node_numel(n);
     bool adds = n->op == RFI_OP_ADD || n->op == RFI_OP_SUB;
-    if (run <= COHERENT_RUNS && !adds && !mag)
+    bool coherent = run <= COHERENT_RUNS;
+    if (coherent && !adds && !mag)
         return;
     for (int64_t i = 0; i < numel; i++) {
-        uint64_t at = (uint64_t)run << 56 ^ (uint64_t)n->id << 32 ^ (uint64_t)i;
-        uint64_t r = rfi_hash_u64(0, at);
-        int steps = run > COHERENT_RUNS ? (int)(r % (2 * PERTURBED_ULPS + 1)) - PERTURBED_ULPS
-                    : run % 2           ? PERTURBED_ULPS
-                                        : -PERTURBED_ULPS;
         double v = rfi_element_as_double(n->dtype, own, i);
         double scale = v;
         if (adds)
@@ -743,7 +740,17 @@ static void perturb(const rfi_node *n, void *own, const void *const *operands,
                          fabs(rfi_element_as_double(n->dtype, operands[1], i)));
         if (mag)
             scale = fmax(fabs(v), rfi_element_as_double(n->dtype, mag, i));
-        v += steps * ulp_of(n->dtype, scale);
+        double unit = ulp_of(n->dtype, scale);
+        int steps;
+        if (coherent) {
+            if (fabs(v) > PERTURBED_ULPS * unit)
+                continue; /* nothing cancelled here */
+            steps = run % 2 ? PERTURBED_ULPS : -PERTURBED_ULPS;
+        } else {
+            uint64_t at = (uint64_t)run << 56 ^ (uint64_t)n->id << 32 ^ (uint64_t)i;
+            steps = (int)(rfi_hash_u64(0, at) % (2 * PERTURBED_ULPS + 1)) - PERTURBED_ULPS;
+        }
+        v += steps * unit;
         if (n->dtype == RF_F32)
             ((float *)own)[i] = (float)v;
         else
