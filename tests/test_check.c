@@ -78,7 +78,7 @@ static void square_fn(rf_trace *t, void *ctx)
     rf_return(t, rf_sqrt(rf_relu(rf_sub(a, rf_mul(x, x)))));
 }
 
-static rfi_graph *trace_shaped(rf_trace_fn fn, int64_t rows, int64_t cols)
+static rfi_graph *trace(rf_trace_fn fn, int64_t rows, int64_t cols)
 {
     rfi_graph *g = rfi_graph_new(rf_device_cpu(), "test_check");
     rf_dtype dt = RF_F32;
@@ -89,8 +89,6 @@ static rfi_graph *trace_shaped(rf_trace_fn fn, int64_t rows, int64_t cols)
     CHECK_OK(g->status);
     return g;
 }
-
-static rfi_graph *trace(rf_trace_fn fn) { return trace_shaped(fn, N, M); }
 
 /* Every node's value in the interpreter (owned copies). */
 typedef struct values {
@@ -271,36 +269,35 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     rfi_plan_free(p);
 }
 
+/* Traces fn over a rows x cols argument and plays the faults on it with x. */
+static void run_program(rf_trace_fn fn, rf_array *x, int64_t rows, int64_t cols,
+                        const fault *list, int n)
+{
+    CHECK(x != NULL);
+    rfi_graph *g = x ? trace(fn, rows, cols) : NULL;
+    if (g) {
+        CHECK_OK(rfi_verify(g));
+        for (int k = 0; k < n; k++)
+            run_case(g, x, list[k]);
+    }
+    rfi_graph_free(g);
+    rf_array_free(x);
+}
+
 int main(void)
 {
     setenv("RF_CHECK_STEPS", "2", 1);
     float xv[N * M];
     for (int i = 0; i < N * M; i++)
         xv[i] = 0.1f * (float)(i % 7) - 0.3f;
-    rf_array *x = rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(N, M), xv);
-    CHECK(x != NULL);
-    rfi_graph *g = x ? trace(program_fn) : NULL;
-    if (g) {
-        CHECK_OK(rfi_verify(g));
-        run_case(g, x, FAULT_NONE);
-        run_case(g, x, FAULT_STEP);
-        run_case(g, x, FAULT_SUM_STEP);
-        run_case(g, x, FAULT_OVERWRITE);
-    }
-    rfi_graph_free(g);
+    run_program(program_fn, rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(N, M), xv), N, M,
+                (const fault[]){FAULT_NONE, FAULT_STEP, FAULT_SUM_STEP, FAULT_OVERWRITE}, 4);
     for (int i = 0; i < N * M; i++) { /* exp as the interpreter computes it */
         float e = (float)exp((double)xv[i]);
         cancel_c[i] = i == FAR ? e - 0.5f : nextafterf(e, 0);
     }
-    g = x ? trace(cancel_fn) : NULL;
-    if (g) {
-        CHECK_OK(rfi_verify(g));
-        run_case(g, x, FAULT_NONE);
-        run_case(g, x, FAULT_CANCEL);
-        run_case(g, x, FAULT_FAR);
-    }
-    rfi_graph_free(g);
-    rf_array_free(x);
+    run_program(cancel_fn, rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(N, M), xv), N, M,
+                (const fault[]){FAULT_NONE, FAULT_CANCEL, FAULT_FAR}, 3);
 
     int contracted = 0; /* elements whose multiply-add leaves a square root above 0 */
     uint64_t state = 12345;
@@ -311,16 +308,9 @@ int main(void)
         contracted += fmaf(-square_x[i], square_x[i], square_a[i]) > 0;
     }
     CHECK(contracted > SQ_ROWS * SQ_COLS / 4);
-    x = rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(SQ_ROWS, SQ_COLS), square_x);
-    CHECK(x != NULL);
-    g = x ? trace_shaped(square_fn, SQ_ROWS, SQ_COLS) : NULL;
-    if (g) {
-        CHECK_OK(rfi_verify(g));
-        run_case(g, x, FAULT_NONE);
-        run_case(g, x, FAULT_CONTRACT);
-        run_case(g, x, FAULT_SQRT_FAR);
-    }
-    rfi_graph_free(g);
-    rf_array_free(x);
+    run_program(square_fn,
+                rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(SQ_ROWS, SQ_COLS), square_x),
+                SQ_ROWS, SQ_COLS,
+                (const fault[]){FAULT_NONE, FAULT_CONTRACT, FAULT_SQRT_FAR}, 3);
     return tu_finish("test_check");
 }
