@@ -725,10 +725,14 @@ static rf_status try_bf16_form(rfi_cpu_matmul *m, dnnl_engine_t eng, const rfi_d
                                pack_format format, bool packed)
 {
     rfi_dnnl_tensor dst = {3, {m->batch, m->m, m->n}, {m->m * m->n, m->n, 1}};
-    rfi_dnnl_tensor src = view_tensor(&m->lhs, true), wei = view_tensor(&m->rhs, true);
-    m->pad_lhs = m->pad_rhs = false;
-    if (!packed)
+    rfi_dnnl_tensor src, wei;
+    if (packed) {
+        src = view_tensor(&m->lhs, true);
+        wei = view_tensor(&m->rhs, true);
+        m->pad_lhs = m->pad_rhs = false;
+    } else {
         in_place_tensors(m, &src, &wei);
+    }
     rf_status st = format == PACK_BF16
                        ? mm_init_bf16(&m->mm, eng, &src, &wei, &dst, post)
                        : rfi_dnnl_mm_init(&m->mm, eng, &src, &wei, &dst, post, "dot_general");
