@@ -2,7 +2,10 @@
  * keeps in a convolution's layout (src/backend/layout.c) give the interpreter's
  * results, on every path that touches the layout: the convolutions reading
  * and writing it directly, the services' reorders around a convolution that
- * does not take it (RF_CONV_PATH=im2col), the max-pool gradients unrolled
+ * does not take it (RF_CONV_PATH=im2col), winograd.c's convolutions reading
+ * and writing every layout, views of blocked buffers and the result in its
+ * layout with the bias and relu applied (RF_CONV_PATH=winograd: every 3x3
+ * stride-1 convolution and 3x3 weight gradient), the max-pool gradients unrolled
  * (src/passes/pools.c) and, with RF_UNROLL_POOLS=0, the native kernel's 2x2
  * and general (3x3 windows) blocked paths, a pool whose result is row-major (it
  * feeds the dense layer), and windows that leave a row and a column
@@ -95,30 +98,36 @@ static void forward_variant(const char *label, const char *blocked, float *out)
 int main(void)
 {
     dev = rf_device_cpu();
-    double blocked[STEPS], reordered[STEPS], native[STEPS], plain[STEPS];
+    double blocked[STEPS], reordered[STEPS], native[STEPS], plain[STEPS], wino[STEPS];
     run_variant(pooled_cnn, "cnn: blocked", NULL, NULL, NULL, blocked);
     run_variant(pooled_cnn, "cnn: blocked, im2col convolutions", NULL, "im2col", NULL,
                 reordered);
+    run_variant(pooled_cnn, "cnn: blocked, winograd.c's convolutions", NULL, "winograd", NULL,
+                wino);
     run_variant(pooled_cnn, "cnn: blocked, native max-pool gradients", NULL, NULL, "0", native);
     run_variant(pooled_cnn, "cnn: row-major", "0", NULL, NULL, plain);
     for (int s = 0; s < STEPS; s++) {
         CHECK_NEAR(blocked[s], plain[s], 0, 1e-5);
         CHECK_NEAR(reordered[s], plain[s], 0, 1e-5);
         CHECK_NEAR(native[s], plain[s], 0, 1e-5);
+        CHECK_NEAR(wino[s], plain[s], 0, 1e-5);
     }
     float logits_blocked[80] = {0}, logits_plain[80] = {0};
     forward_variant("cnn forward: row-major", "0", logits_plain);
     forward_variant("cnn forward: blocked", NULL, logits_blocked);
     for (int i = 0; i < 80; i++)
         CHECK_NEAR(logits_blocked[i], logits_plain[i], 1e-6, 1e-5);
-    double laid_out[STEPS], resnet_reordered[STEPS], resnet_plain[STEPS];
+    double laid_out[STEPS], resnet_reordered[STEPS], resnet_plain[STEPS], resnet_wino[STEPS];
     run_variant(narrow_resnet, "resnet: blocked", NULL, NULL, NULL, laid_out);
     run_variant(narrow_resnet, "resnet: blocked, im2col convolutions", NULL, "im2col", NULL,
                 resnet_reordered);
+    run_variant(narrow_resnet, "resnet: blocked, winograd.c's convolutions", NULL, "winograd",
+                NULL, resnet_wino);
     run_variant(narrow_resnet, "resnet: row-major", "0", NULL, NULL, resnet_plain);
     for (int s = 0; s < STEPS; s++) {
         CHECK_NEAR(laid_out[s], resnet_plain[s], 0, 1e-5);
         CHECK_NEAR(resnet_reordered[s], resnet_plain[s], 0, 1e-5);
+        CHECK_NEAR(resnet_wino[s], resnet_plain[s], 0, 1e-5);
     }
     return tu_finish("test_layouts");
 }

@@ -569,7 +569,8 @@ static void test_conv(const char *path)
         if (r.kind != RFI_CALL_CONV)
             fprintf(stderr, "  conv case %s runs as %d\n", cases[k].name, (int)r.kind);
         worst = r.worst > worst ? r.worst : worst;
-        took += path && !strcmp(r.path, path);
+        took += path && (!strcmp(r.path, path) ||
+                         (!strcmp(path, "winograd") && !strncmp(r.path, "winograd ", 9)));
         if (path && strcmp(r.path, path) != 0 && getenv("RF_TEST_VERBOSE"))
             printf("  %s: %s\n", cases[k].name, r.path);
         dnnl += strcmp(r.path, "im2col") != 0;
@@ -626,11 +627,12 @@ static bool has_avx512_core(void)
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-/* The rule's choices that depend on the form: Winograd for 3x3 stride-1
- * forward and weight-gradient forms with >= 32 channels (where oneDNN has it:
- * AVX-512 CPUs), backward-data for the widely padded input gradient of an
- * unpadded 3x3, Winograd's where that gradient is whole 4x4 tiles (12x12),
- * and the direct kernels once RF_CONV_WINOGRAD=0. Each result is within the
+/* The rule's choices that depend on the form: where oneDNN has Winograd
+ * kernels (AVX-512 CPUs), its Winograd for 3x3 stride-1 forward and
+ * weight-gradient forms with >= 32 channels, backward-data for the widely
+ * padded input gradient of an unpadded 3x3, Winograd's where that gradient
+ * is whole 4x4 tiles (12x12); elsewhere winograd.c's for all four; the
+ * direct kernels once RF_CONV_WINOGRAD=0. Each result is within the
  * contraction bound of run_case (1e-5 of sum |x||w|). */
 static void test_conv_rule_paths(void)
 {
@@ -645,20 +647,15 @@ static void test_conv_rule_paths(void)
     bool avx512 = has_avx512_core();
     case_result t = run_conv(&tiled_grad, RF_F32, false);
     printf("conv rule: %s -> %s (%.3g)\n", tiled_grad.name, t.path, t.worst);
-    CHECK(!strcmp(t.path, avx512 ? "bwd-data-winograd" : "bwd-data"));
+    CHECK(!strcmp(t.path, avx512 ? "bwd-data-winograd" : "winograd 4x4"));
     case_result f = run_conv(&forward, RF_F32, false);
     case_result k = run_conv(&kernel_grad, RF_F32, true);
     case_result d = run_conv(&input_grad, RF_F32, false);
     printf("conv rule: %s -> %s (%.3g), %s -> %s (%.3g), %s -> %s (%.3g)\n", forward.name, f.path,
            f.worst, kernel_grad.name, k.path, k.worst, input_grad.name, d.path, d.worst);
-    CHECK(!strcmp(f.path, avx512 ? "forward-winograd" : "forward") || !strcmp(f.path, "forward"));
-    CHECK(!strcmp(k.path, avx512 ? "bwd-weights-winograd" : "bwd-weights") ||
-          !strcmp(k.path, "bwd-weights"));
-    if (avx512) {
-        CHECK(!strcmp(f.path, "forward-winograd"));
-        CHECK(!strcmp(k.path, "bwd-weights-winograd"));
-    }
-    CHECK(!strcmp(d.path, "bwd-data"));
+    CHECK(!strcmp(f.path, avx512 ? "forward-winograd" : "winograd 4x4"));
+    CHECK(!strcmp(k.path, avx512 ? "bwd-weights-winograd" : "winograd 3x3"));
+    CHECK(!strcmp(d.path, avx512 ? "bwd-data" : "winograd 4x4"));
     setenv("RF_CONV_WINOGRAD", "0", 1);
     f = run_conv(&forward, RF_F32, false);
     k = run_conv(&kernel_grad, RF_F32, false);
@@ -669,9 +666,10 @@ static void test_conv_rule_paths(void)
     CHECK(!strcmp(t.path, "bwd-data"));
 }
 
-/* RF_CONV_WINOGRAD=1: Winograd wherever oneDNN takes it, below the channel
- * threshold too (the 16-channel form here); every form stays exact to the
- * contraction bound (run_case) whichever kernel runs it. */
+/* RF_CONV_WINOGRAD=1: Winograd wherever oneDNN takes it (AVX-512), else
+ * winograd.c's wherever its forms fit, below the channel threshold too (the
+ * 16-channel forms here, and winograd.c's the 3-channel one); every form
+ * stays exact to the contraction bound (run_case) whichever kernel runs it. */
 static void test_conv_winograd_everywhere(void)
 {
     static const conv_case cases[] = {
@@ -695,6 +693,59 @@ static void test_conv_winograd_everywhere(void)
            wino, n, worst);
     if (has_avx512_core())
         CHECK(wino >= 2); /* the two 16-channel forms */
+    else
+        CHECK(wino == 3); /* the 3x3 kernels and the kernel gradient, not the 5x5 */
+}
+
+/* RF_CONV_PATH=winograd: winograd.c's convolution on any channel counts,
+ * both forms (the result or the kernel in tiles), each against the
+ * reference kernel within run_case's contraction bound: channel counts that
+ * are not a multiple of the vector's 8, asymmetric and negative padding,
+ * partial tiles, a row of more tiles than a band holds, chunks of images
+ * with a shorter last one, a result smaller than a tile; then at bf16 over
+ * rounded copies. */
+static void test_conv_own_winograd(void)
+{
+    static const conv_case cases[] = {
+        {"3x3 odd channels", 4, {3, 13, 7, 10}, {11, 13, 3, 3}, {1, 1}, {1, 0}, {0, 2}, {0},
+         {0}, 1, 1},
+        {"3x3 input grad", 4, {2, 40, 10, 10}, {24, 40, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0},
+         1, 1},
+        {"3x3 trimmed", 4, {2, 16, 13, 13}, {16, 16, 3, 3}, {1, 1}, {0, -1}, {-1, 0}, {0}, {0},
+         1, 1},
+        {"3x3 wide rows", 4, {1, 8, 5, 70}, {8, 8, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
+        {"3x3 chunk tail", 4, {5, 32, 48, 48}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0},
+         1, 1},
+        {"3x3 to 1x1", 4, {1, 8, 3, 3}, {9, 8, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
+        {"kernel grad padded", 4, {12, 6, 8, 8}, {20, 6, 8, 8}, {1, 1}, {1, 1}, {1, 1}, {0},
+         {0}, 1, 1},
+        {"kernel grad odd", 4, {5, 3, 17, 14}, {7, 3, 15, 12}, {1, 1}, {0}, {0}, {0}, {0}, 1,
+         1},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]), took = 0;
+    double worst = 0;
+    setenv("RF_CONV_PATH", "winograd", 1);
+    for (int i = 0; i < n; i++) {
+        case_result r = run_conv(&cases[i], RF_F32, i % 2 == 1);
+        bool tiles3 = cases[i].w[2] != 3;
+        CHECK(!strcmp(r.path, tiles3 ? "winograd 3x3" : "winograd 4x4"));
+        if (strncmp(r.path, "winograd", 8) != 0)
+            fprintf(stderr, "  conv case %s: path %s\n", cases[i].name, r.path);
+        took += strncmp(r.path, "winograd", 8) == 0;
+        worst = r.worst > worst ? r.worst : worst;
+    }
+    setenv("RF_BF16_KERNELS", "0", 1);
+    case_result b = run_conv_at(&cases[0], RF_F32, false, RF_PRECISION_BF16);
+    case_result k = run_conv_at(&cases[6], RF_F32, false, RF_PRECISION_BF16);
+    CHECK(!strcmp(b.path, "winograd 4x4 bf16-rounded"));
+    CHECK(!strcmp(k.path, "winograd 3x3 bf16-rounded"));
+    unsetenv("RF_BF16_KERNELS");
+    /* a form neither tiling computes (stride 2) takes the default path */
+    case_result other = run_conv(&conv_cases[2], RF_F32, false);
+    CHECK(strncmp(other.path, "winograd", 8) != 0);
+    unsetenv("RF_CONV_PATH");
+    printf("conv winograd.c: %d of %d forms, worst relative error %.3g (bf16: %.3g, %.3g)\n",
+           took, n, worst, b.worst, k.worst);
 }
 
 /* ---- Native FALLBACK kernels (pool.c) ------------------------------------------------------ */
@@ -1503,16 +1554,17 @@ static void conv_grads_fn(rf_trace *t, rf_tensor *const *a, int n, void *u)
 }
 
 /* Compiled with RF_CHECK=1 (each run is compared with the interpreter), on
- * the default path (backward-weights reads the views) and with im2col forced
- * (the services transpose them back first). */
+ * the default path (backward-weights reads the views), with im2col forced
+ * (the services transpose them back first) and with winograd.c's forced
+ * (which reads them; the stride-2 forms fall back to the default). */
 static void test_conv_views(void)
 {
     static const int64_t strides[2] = {1, 2};
     uint64_t seed = 7;
     setenv("RF_CHECK", "1", 1);
-    for (int forced = 0; forced < 2; forced++) {
+    for (int forced = 0; forced < 3; forced++) {
         if (forced)
-            setenv("RF_CONV_PATH", "im2col", 1);
+            setenv("RF_CONV_PATH", forced == 1 ? "im2col" : "winograd", 1);
         for (int k = 0; k < 2; k++) {
             int64_t o = strides[k] == 1 ? 8 : 4;
             double xv[4 * 16 * 8 * 8], wv[16 * 16 * 9], cv[4 * 16 * 8 * 8];
@@ -1580,6 +1632,8 @@ int main(void)
     test_conv("forward");
     test_conv("bwd-weights");
     test_conv("bwd-data");
+    test_conv("winograd");
+    test_conv_own_winograd();
     test_conv_bf16();
     test_conv_rule_paths();
     test_conv_winograd_everywhere();

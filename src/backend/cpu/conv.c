@@ -62,6 +62,7 @@
 #include "../../runtime/threadpool.h"
 #include "services.h"
 #include "table_reorder.h"
+#include "winograd.h"
 
 #define COL_BUDGET_BYTES ((size_t)32 << 20) /* the most col memory one chunk uses */
 /* Forward convolutions with larger kernels go to im2col: oneDNN's direct
@@ -78,7 +79,7 @@
 /* Fewer channels than this: no Winograd (winograd_wanted). */
 #define WINOGRAD_MIN_CHANNELS 32
 
-enum { PATH_IM2COL, PATH_FORWARD, PATH_BWD_WEIGHTS, PATH_BWD_DATA };
+enum { PATH_IM2COL, PATH_FORWARD, PATH_BWD_WEIGHTS, PATH_BWD_DATA, PATH_OWN_WINOGRAD };
 
 /* One tensor argument of a oneDNN convolution: the user memory over the IR
  * buffer and, when the primitive wants another layout, its memory in the
@@ -125,7 +126,8 @@ struct rfi_cpu_conv {
     size_t col_at;                  /* workspace offset of col (after the scratchpad) */
     int path;                       /* PATH_*: im2col or one of oneDNN's convolutions */
     bool winograd;                  /* that convolution is oneDNN's Winograd */
-    dnnl_conv dc;                   /* the oneDNN convolution (path != PATH_IM2COL) */
+    dnnl_conv dc;                   /* the oneDNN convolution (PATH_FORWARD.. PATH_BWD_DATA) */
+    rfi_winograd *own;              /* winograd.c's (PATH_OWN_WINOGRAD) */
     const rfi_epi_op *epi;          /* the step's epilogue (prepare time only) */
     int n_epi;
     bool views[2];                  /* operand k's buffer holds it with dims 0, 1 swapped */
@@ -150,6 +152,12 @@ const char *rfi_cpu_conv_path(const rfi_cpu_conv *c)
          {"im2col bf16-rounded", "forward-winograd bf16-rounded",
           "bwd-weights-winograd bf16-rounded", "bwd-data-winograd bf16-rounded"}},
     };
+    if (!c->empty && c->path == PATH_OWN_WINOGRAD) {
+        bool f4 = !strcmp(rfi_winograd_path(c->own), "winograd 4x4");
+        return !c->rounds ? rfi_winograd_path(c->own)
+               : f4       ? "winograd 4x4 bf16-rounded"
+                          : "winograd 3x3 bf16-rounded";
+    }
     return names[!c->bf16 || c->empty ? 0 : c->rounds ? 2 : 1][c->winograd][c->path];
 }
 
@@ -1043,17 +1051,46 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
     try_path(c, PATH_BWD_DATA, eng);
 }
 
+/* Whether to try winograd.c's convolution, and on how few channels (its
+ * min_channels). RF_CONV_PATH=winograd forces it where the form fits (any
+ * channels); another RF_CONV_PATH, or RF_CONV_WINOGRAD=0, never; else only
+ * where oneDNN has no Winograd kernels (below AVX-512, where its channel
+ * block is 8), with WINOGRAD_MIN_CHANNELS as for oneDNN's, or any channels
+ * with RF_CONV_WINOGRAD=1. */
+static bool own_winograd_wanted(int64_t *min_channels)
+{
+    const char *forced = getenv("RF_CONV_PATH"), *env = getenv("RF_CONV_WINOGRAD");
+    *min_channels = 1;
+    if (forced && *forced)
+        return !strcmp(forced, "winograd");
+    if (env && *env == '0')
+        return false;
+    if (!env || *env != '1')
+        *min_channels = WINOGRAD_MIN_CHANNELS;
+    return rfi_dnnl_channel_block() == 8;
+}
+
 /* The path as choose_dnnl_path says; at bf16 first among oneDNN's bf16
- * convolutions (where allowed), then (rounds) among the f32 paths. */
-static void choose_path(rfi_cpu_conv *c, dnnl_engine_t eng)
+ * convolutions (where allowed), then (rounds) winograd.c's where wanted,
+ * then among the f32 paths. Returns the workspace the path needs. */
+static size_t choose_path(rfi_cpu_conv *c, dnnl_engine_t eng)
 {
     if (c->bf16 && rfi_bf16_kernels_allowed()) {
         choose_dnnl_path(c, eng);
         if (c->path != PATH_IM2COL)
-            return;
+            return c->dnnl_workspace;
     }
     c->rounds = c->bf16;
+    int64_t min_channels;
+    size_t bytes = 0;
+    if (own_winograd_wanted(&min_channels) &&
+        rfi_winograd_prepare(c->node, c->views, c->layouts, c->epi, c->n_epi, min_channels, eng,
+                             &c->own, &bytes) == RF_OK) {
+        c->path = PATH_OWN_WINOGRAD;
+        return bytes;
+    }
     choose_dnnl_path(c, eng);
+    return c->dnnl_workspace;
 }
 
 /* Reserves the rounded copies of x and w (rounds) after `used` workspace bytes. */
@@ -1094,9 +1131,9 @@ rf_status rfi_cpu_conv_prepare(const rfi_node *n, const rfi_epi_op *epi, int n_e
         *out = c;
         return RF_OK;
     }
-    choose_path(c, eng);
+    size_t path_bytes = choose_path(c, eng);
     if (c->path != PATH_IM2COL) {
-        *workspace_bytes = reserve_rounded(c, c->dnnl_workspace);
+        *workspace_bytes = reserve_rounded(c, path_bytes);
         *out = c;
         return RF_OK;
     }
@@ -1137,6 +1174,8 @@ rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void *x, cons
         x = xr;
         w = wr;
     }
+    if (c->path == PATH_OWN_WINOGRAD)
+        return rfi_winograd_run(c->own, s, x, w, out, epi_src, workspace);
     if (c->path != PATH_IM2COL)
         return run_dnnl_conv(c, s, x, w, out, epi_src, workspace);
     float *col = (float *)((char *)workspace + c->col_at);
@@ -1161,6 +1200,7 @@ void rfi_cpu_conv_free(rfi_cpu_conv *c)
     rfi_dnnl_mm_destroy(&c->full);
     rfi_dnnl_mm_destroy(&c->last);
     destroy_dnnl_conv(&c->dc);
+    rfi_winograd_free(c->own);
     rfi_free(c);
 }
 
@@ -1171,11 +1211,13 @@ bool rfi_cpu_conv_is_winograd(const rfi_cpu_conv *c)
 
 bool rfi_cpu_conv_takes_views(const rfi_cpu_conv *c)
 {
-    return c && !c->empty && c->path == PATH_BWD_WEIGHTS;
+    return c && !c->empty && (c->path == PATH_BWD_WEIGHTS || c->path == PATH_OWN_WINOGRAD);
 }
 
 int rfi_cpu_conv_epilogue_ops(const rfi_cpu_conv *c)
 {
+    if (c && !c->empty && c->path == PATH_OWN_WINOGRAD)
+        return rfi_winograd_epilogue_ops(c->own);
     if (!c || c->empty || c->path != PATH_FORWARD)
         return 0;
     return c->dc.post.n + (c->dc.bias_mem ? 1 : 0);
@@ -1184,7 +1226,8 @@ int rfi_cpu_conv_epilogue_ops(const rfi_cpu_conv *c)
 bool rfi_cpu_conv_input_copy(const rfi_cpu_conv *c, int k, const dnnl_memory_desc_t **user,
                              const dnnl_memory_desc_t **inner, size_t *bytes)
 {
-    if (!c || c->empty || c->path == PATH_IM2COL || k < 0 || k > 1 || c->rounds ||
+    if (!c || c->empty || c->path == PATH_IM2COL || c->path == PATH_OWN_WINOGRAD || k < 0 ||
+        k > 1 || c->rounds ||
         (c->path == PATH_BWD_DATA && k == 1)) /* that input is the kernel packed per call */
         return false;
     const conv_arg *a = &c->dc.args[k];
@@ -1205,5 +1248,7 @@ void rfi_cpu_conv_share_input(rfi_cpu_conv *c, int k, void *storage, bool fills)
 
 bool rfi_cpu_conv_laid_out(const rfi_cpu_conv *c, int k)
 {
+    if (c && !c->empty && c->path == PATH_OWN_WINOGRAD)
+        return rfi_winograd_laid_out(c->own, k);
     return c && !c->empty && c->path != PATH_IM2COL && k >= 0 && k < 3 && c->laid_out[k];
 }

@@ -207,7 +207,8 @@ RFI_FUNC bool rfi_cpu_conv_laid_out(const rfi_cpu_conv *c, int k);
  * "bwd-weights" or "bwd-data", with "-winograd" for its Winograd kernels (for
  * profiles, tests and benches). */
 RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
-/* Whether c runs oneDNN's Winograd convolution. */
+/* Whether c runs oneDNN's Winograd convolution (not winograd.c's, whose
+ * transforms want both threads: services.c, runs_well_beside). */
 RFI_FUNC bool rfi_cpu_conv_is_winograd(const rfi_cpu_conv *c);
 
 /* Native kernels for FALLBACK steps (pool.c): SELECT_AND_SCATTER and

@@ -1,0 +1,589 @@
+/* winograd.c: 2-D stride-1 convolutions by Winograd's minimal filtering
+ * (winograd.h gives the two forms), for CPUs where oneDNN has none.
+ *
+ * F(4x4, 3x3): a 4x4 tile of the result is A^T [(G g G^T) . (B^T d B)] A
+ * for its 6x6 input patch d and the 3x3 kernel g, summed over channels
+ * (B^T 6x6, G 6x3, A^T 4x6). F(3x3, 4x4), from the same points (G 6x4, A^T
+ * 3x6): a 3x3 result from a 4x4 piece of a large kernel and its 6x6 patch,
+ * summed over channels and over the kernel's pieces. The points are 0, 1,
+ * -1, 2, -1/2 and infinity, not Lavin and Gray's 0, +-1, +-2: the rounding
+ * error of a result next to padding, relative to its own sum |x||w|, grows
+ * with the whole patch's magnitude, and was 2.5-3x smaller with these
+ * (float32 simulation of 12x12 input gradients, 40 channels, 6 seeds:
+ * worst 2.9-3.1e-6 against 7.8e-6; the tests' bound is 1e-5).
+ *
+ * A call reorders the input and the kernel (oneDNN) into blocks of LANES
+ * channels, channel innermost; transforms the kernel into U and the input
+ * into V (the workspace); multiplies them position by position (one batched
+ * oneDNN matmul: 36 products of M x K by K x O); transforms each product
+ * row back into the result, in blocks; and reorders that into the result.
+ * K counts channels (and, in the second form, the kernel's pieces); M counts
+ * result tiles (first form) or the result's batch (second form). The
+ * transforms run on LANES channels at once: every tile element is one
+ * vector load and every transformed element one vector store. U, V and the
+ * products keep a row's 36 positions together ([row][36][channels]), which
+ * the matmul reads through strides: a transformed tile is stored in 1 KB
+ * instead of 36 lines megabytes apart. Measured on the cnn's weight
+ * gradient (two threads): the kernel transform 0.58 ms with positions
+ * outermost against 0.24 ms, the input transform 0.31 against 0.15 ms,
+ * where the products lost 0.04-0.09 ms through the strides.
+ *
+ * The first form runs on chunks of images whose transformed input and
+ * products fit CHUNK_BYTES. A NaN or infinity in a patch spreads over its
+ * whole tile, as in oneDNN's Winograd kernels.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "../../runtime/threadpool.h"
+#include "winograd.h"
+
+#define LANES 8 /* channels per vector: one AVX2 register of f32 */
+#define ALPHA 6 /* transformed tile side */
+#define POSITIONS (ALPHA * ALPHA)
+/* The first form's images per batched product: their transformed input and
+ * products within this many bytes. */
+#define CHUNK_BYTES ((size_t)4 << 20)
+/* Transformed operands beyond this many bytes: not taken (the direct kernels
+ * need no workspace). */
+#define MAX_BYTES ((size_t)128 << 20)
+
+enum { RESULT_TILES, KERNEL_TILES }; /* F(4x4, 3x3), F(3x3, 4x4) */
+
+typedef float v8f __attribute__((vector_size(LANES * sizeof(float))));
+/* A v8f in memory: every V, U and M row and every block of the staged
+ * operands starts on a multiple of LANES floats of the 64-byte aligned
+ * workspace, so whole-vector loads and stores are aligned. */
+typedef float v8f_mem __attribute__((vector_size(LANES * sizeof(float)), may_alias));
+typedef int32_t v8i __attribute__((vector_size(LANES * sizeof(int32_t))));
+#define LOAD8(p) (*(const v8f_mem *)(p))
+#define STORE8(p, v) (*(v8f_mem *)(p) = (v))
+
+/* An operand in blocks of LANES channels, channel innermost: reordered by
+ * oneDNN into the workspace at `at`, or its own buffer when that is laid
+ * out so. Blocks run along one of the buffer's two leading dims (aBcd8b or
+ * Abcd8a); the block of lanes `blk` at index i of the operand's other
+ * leading dim starts (i * outer + blk * block) planes in. oneDNN fills a
+ * block's padding channels with zeros (setting the memory's handle pads
+ * it), which the products rely on: a padding channel of the input meets a
+ * zero row of the kernel, and must not be a NaN another step left in the
+ * workspace. */
+typedef struct blocking {
+    dnnl_primitive_t prim; /* NULL: the buffer is in those blocks already */
+    dnnl_memory_t from, to;
+    size_t at;
+    int64_t outer, block;
+    bool laid_out; /* the buffer is read or written in its own layout */
+} blocking;
+
+struct rfi_winograd {
+    int form;
+    int64_t n0, n1, o0;     /* x's dims 0 and 1, w's dim 0 */
+    int64_t n1_pad, o0_pad; /* rounded up to LANES */
+    int64_t ih, iw, kh, kw, oh, ow;
+    int64_t top, left;      /* input row and column of tile (0, 0)'s patch */
+    int64_t tiles_h, tiles_w, tiles;
+    int64_t rows_per_image; /* product rows per image of dim 0: tiles or 1 */
+    int64_t k_tiles;        /* kernel pieces: 1 or tiles */
+    int64_t k_dim;          /* K = k_tiles * n1_pad */
+    int64_t chunk;          /* images of dim 0 per product */
+    rfi_dnnl_mm full, last; /* the products of a full and of the last chunk */
+    blocking xb, kb, rb;    /* x in blocks of dim 1, the kernel of dim 0, the result of dim 1 */
+    size_t u_at, v_at, m_at;
+    int n_epi;              /* leading epilogue ops the result transform applies */
+    rfi_epi_kind epi[RFI_EPI_MAX];
+};
+
+/* ---- The transforms, on LANES channels at once --------------------------------------- */
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* z[k*zs] = (B^T d)[k] for d[r*s], r < 6. */
+INLINE void data_1d(const v8f *d, int s, v8f *z, int zs)
+{
+    v8f d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
+    z[0] = d0 + 1.5f * (d1 - d3) - 2.0f * d2 + d4;
+    z[zs] = d4 - d1 - 2.5f * d2 - 0.5f * d3;
+    z[2 * zs] = d4 + d1 + 0.5f * d2 - 2.5f * d3;
+    z[3 * zs] = d4 - d2 + 0.5f * (d3 - d1);
+    z[4 * zs] = d4 - d2 + 2.0f * (d1 - d3);
+    z[5 * zs] = d1 + 1.5f * (d2 - d4) - 2.0f * d3 + d5;
+}
+
+/* u[k*us] = (G g)[k] for a 3-tap g[r*s]. */
+INLINE void kernel3_1d(const v8f *g, int s, v8f *u, int us)
+{
+    v8f g0 = g[0], g1 = g[s], g2 = g[2 * s];
+    u[0] = g0;
+    u[us] = (g0 + g1 + g2) * (-1.0f / 3);
+    u[2 * us] = (g0 - g1 + g2) * (1.0f / 3);
+    u[3 * us] = (g0 + 2.0f * g1 + 4.0f * g2) * (1.0f / 15);
+    u[4 * us] = (8.0f * g1 - 16.0f * g0 - 4.0f * g2) * (1.0f / 15);
+    u[5 * us] = g2;
+}
+
+/* u[k*us] = (G g)[k] for a 4-tap g[r*s] (the second form's G). */
+INLINE void kernel4_1d(const v8f *g, int s, v8f *u, int us)
+{
+    v8f g0 = g[0], g1 = g[s], g2 = g[2 * s], g3 = g[3 * s];
+    u[0] = g0;
+    u[us] = (g0 + g1 + g2 + g3) * (-1.0f / 3);
+    u[2 * us] = (g0 - g1 + g2 - g3) * (1.0f / 3);
+    u[3 * us] = (g0 + 2.0f * g1 + 4.0f * g2 + 8.0f * g3) * (1.0f / 15);
+    u[4 * us] = (8.0f * g1 - 16.0f * g0 - 4.0f * g2 + 2.0f * g3) * (1.0f / 15);
+    u[5 * us] = g3;
+}
+
+/* y[i*ys] = (A^T m)[i] for m[r*s], r < 6: 4 outputs, or 3 (the second form). */
+INLINE void result_1d(const v8f *m, int s, v8f *y, int ys, int outputs)
+{
+    v8f m0 = m[0], m1 = m[s], m2 = m[2 * s], m3 = m[3 * s], m4 = m[4 * s], m5 = m[5 * s];
+    v8f a = m1 + m2, b = m1 - m2;
+    y[0] = m0 + a + m3 + m4;
+    y[ys] = b + 2.0f * m3 - 0.5f * m4;
+    if (outputs == 4) {
+        y[2 * ys] = a + 4.0f * m3 + 0.25f * m4;
+        y[3 * ys] = b + 8.0f * m3 - 0.125f * m4 + m5;
+    } else {
+        y[2 * ys] = a + 4.0f * m3 + 0.25f * m4 + m5;
+    }
+}
+
+/* ---- Channel blocks ----------------------------------------------------------------- */
+
+/* Operand v's buffer (holding v with dims 0 and 1 swapped when `swapped`,
+ * in `layout`) into blocks along v's dim lane_dim, or (`back`) those blocks
+ * into the buffer; nothing where they are the buffer's own layout. Both are
+ * described in the buffer's dims. A layout oneDNN cannot describe is read
+ * (written) row-major, the services reordering it. */
+static dnnl_status_t make_blocking(blocking *b, const rfi_node *v, bool swapped, rfi_layout layout,
+                                   int lane_dim, bool back, dnnl_engine_t eng, size_t *ws)
+{
+    int s0 = swapped ? 1 : 0, s1 = 1 - s0;
+    dnnl_dims_t dims = {v->dims[s0], v->dims[s1], v->dims[2], v->dims[3]};
+    int lanes_at = swapped ? 1 - lane_dim : lane_dim; /* in the buffer's dims */
+    b->outer = lanes_at == 1 ? (dims[1] + LANES - 1) / LANES : 1;
+    b->block = lanes_at == 1 ? 1 : dims[1];
+    int block = rfi_layout_block(layout);
+    dnnl_format_tag_t tag = rfi_dnnl_layout_tag(layout, false);
+    b->laid_out = layout != RFI_LAYOUT_PLAIN && tag != dnnl_format_tag_undef &&
+                  (block == 0 || dims[1] % block == 0);
+    dnnl_memory_desc_t buffer, blocks;
+    dnnl_status_t st = rfi_dnnl.memory_desc_init_by_tag(&buffer, 4, dims, dnnl_f32,
+                                                        b->laid_out ? tag : dnnl_abcd);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_desc_init_by_tag(&blocks, 4, dims, dnnl_f32,
+                                              lanes_at == 1 ? dnnl_aBcd8b : dnnl_Abcd8a);
+    if (st != dnnl_success || rfi_dnnl.memory_desc_equal(&buffer, &blocks))
+        return st;
+    dnnl_memory_desc_t from = back ? blocks : buffer, to = back ? buffer : blocks;
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_create(&b->from, &from, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_create(&b->to, &to, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success)
+        st = rfi_dnnl_reorder_create(&from, &to, eng, &b->prim);
+    b->at = *ws;
+    *ws += rfi_ws_align(rfi_dnnl.memory_desc_get_size(&blocks));
+    return st;
+}
+
+/* From the buffer into the blocks at ws + at, or (`back`) the other way. */
+static rf_status run_reorder(const blocking *b, dnnl_stream_t s, const float *buffer, bool back,
+                             char *ws)
+{
+    void *blocks = ws + b->at;
+    dnnl_status_t st = rfi_dnnl.memory_set_data_handle(b->from, back ? blocks : (void *)buffer);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_set_data_handle(b->to, back ? (void *)buffer : blocks);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, b->from}, {DNNL_ARG_TO, b->to}};
+    if (st == dnnl_success)
+        st = rfi_dnnl.primitive_execute(b->prim, s, 2, args);
+    if (st == dnnl_success)
+        st = rfi_dnnl.stream_wait(s);
+    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "winograd convolution", "reorder");
+}
+
+/* The blocks of an operand's buffer: at ws + at, reordered from it, or the
+ * buffer itself. */
+static rf_status run_blocking(const blocking *b, dnnl_stream_t s, const float *buffer, char *ws,
+                              const float **blocks_out)
+{
+    *blocks_out = b->prim ? (const float *)(ws + b->at) : buffer;
+    return b->prim ? run_reorder(b, s, buffer, false, ws) : RF_OK;
+}
+
+static void destroy_blocking(blocking *b)
+{
+    if (b->prim)
+        rfi_dnnl.primitive_destroy(b->prim);
+    if (b->from)
+        rfi_dnnl.memory_destroy(b->from);
+    if (b->to)
+        rfi_dnnl.memory_destroy(b->to);
+}
+
+/* out[r * cols + c] = the LANES channels of element (row0 + r, col0 + c) of
+ * a block's h x w plane (zero outside it, or everywhere when plane is NULL). */
+INLINE void stage(const float *plane, int64_t h, int64_t w, int64_t row0, int64_t col0, int rows,
+                  int cols, v8f *out)
+{
+    const v8f zero = {0};
+    int64_t c_lo = col0 < 0 ? -col0 : 0, c_hi = w - col0 < cols ? w - col0 : cols;
+    if (!plane)
+        c_hi = c_lo = 0;
+    for (int r = 0; r < rows; r++) {
+        int64_t row = row0 + r;
+        v8f *dst = out + r * cols;
+        if (row < 0 || row >= h || c_lo >= c_hi) {
+            for (int c = 0; c < cols; c++)
+                dst[c] = zero;
+            continue;
+        }
+        const float *src = plane + (row * w + col0) * LANES;
+        for (int64_t c = 0; c < c_lo; c++)
+            dst[c] = zero;
+        for (int64_t c = c_lo; c < c_hi; c++)
+            dst[c] = LOAD8(src + c * LANES);
+        for (int64_t c = c_hi; c < cols; c++)
+            dst[c] = zero;
+    }
+}
+
+/* ---- The three jobs of a call (rfi_parallel_for bodies) ----------------------------- */
+
+typedef struct job {
+    const rfi_winograd *w;
+    const float *src;
+    float *dst;
+    int64_t first, images;       /* the chunk (images of dim 0) */
+    const void *const *epi_src;  /* result_items: the epilogue's operands */
+} job;
+
+/* Each job is compiled for AVX2 (one vector a register) and for the
+ * baseline (two halves), chosen once at load time. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define VECTOR_JOB __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_JOB
+#endif
+
+/* U from the blocked kernel: item (channel c, block of output lanes), each
+ * of the kernel's pieces. */
+VECTOR_JOB static void kernel_items(void *ctx, int64_t lo, int64_t hi)
+{
+    const job *jb = ctx;
+    const rfi_winograd *w = jb->w;
+    int64_t blocks = w->o0_pad / LANES, kplane = w->kh * w->kw * LANES;
+    size_t pos_stride = (size_t)w->o0_pad;
+    int64_t row_stride = POSITIONS * w->o0_pad;
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t c = i / blocks, ob = i % blocks;
+        const float *plane =
+            c < w->n1 ? jb->src + (c * w->kb.outer + ob * w->kb.block) * kplane : NULL;
+        for (int64_t t = 0; t < w->k_tiles; t++) {
+            v8f g[16], z[ALPHA * 4], u[POSITIONS];
+            if (w->form == RESULT_TILES) {
+                stage(plane, 3, 3, 0, 0, 3, 3, g);
+                for (int s = 0; s < 3; s++)
+                    kernel3_1d(g + s, 3, z + s, 3);
+                for (int k = 0; k < ALPHA; k++)
+                    kernel3_1d(z + 3 * k, 1, u + ALPHA * k, 1);
+            } else {
+                int64_t row0 = t / w->tiles_w * 4, col0 = t % w->tiles_w * 4;
+                stage(plane, w->kh, w->kw, row0, col0, 4, 4, g);
+                for (int s = 0; s < 4; s++)
+                    kernel4_1d(g + s, 4, z + s, 4);
+                for (int k = 0; k < ALPHA; k++)
+                    kernel4_1d(z + 4 * k, 1, u + ALPHA * k, 1);
+            }
+            float *dst = jb->dst + (t * w->n1_pad + c) * row_stride + ob * LANES;
+            for (int p = 0; p < POSITIONS; p++)
+                STORE8(dst + p * pos_stride, u[p]);
+        }
+    }
+}
+
+/* Tiles of a row whose patches a data item stages at once. */
+#define BAND_TILES 15
+
+/* V from the blocked input: item (image of the chunk, block of input
+ * lanes), a row of tiles at a time. */
+VECTOR_JOB static void data_items(void *ctx, int64_t lo, int64_t hi)
+{
+    const job *jb = ctx;
+    const rfi_winograd *w = jb->w;
+    int64_t blocks = w->n1_pad / LANES, plane_size = w->ih * w->iw * LANES;
+    size_t pos_stride = (size_t)w->k_dim;
+    int64_t row_stride = POSITIONS * w->k_dim;
+    bool tile_rows = w->form == RESULT_TILES; /* a tile per product row, or per K column block */
+    v8f band[ALPHA * (4 * BAND_TILES + 2)];
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t n = jb->first + i / blocks, cb = i % blocks;
+        const float *plane = jb->src + (n * w->xb.outer + cb * w->xb.block) * plane_size;
+        float *base = jb->dst + (i / blocks) * w->rows_per_image * row_stride + cb * LANES;
+        for (int64_t ty = 0; ty < w->tiles_h; ty++) {
+            for (int64_t tx0 = 0; tx0 < w->tiles_w; tx0 += BAND_TILES) {
+                int64_t txs = w->tiles_w - tx0 < BAND_TILES ? w->tiles_w - tx0 : BAND_TILES;
+                int bc = (int)(4 * txs + 2);
+                stage(plane, w->ih, w->iw, w->top + 4 * ty, w->left + 4 * tx0, ALPHA, bc, band);
+                for (int64_t tx = 0; tx < txs; tx++) {
+                    v8f z[POSITIONS], v[POSITIONS];
+                    for (int s = 0; s < ALPHA; s++)
+                        data_1d(band + 4 * tx + s, bc, z + s, ALPHA);
+                    for (int k = 0; k < ALPHA; k++)
+                        data_1d(z + ALPHA * k, 1, v + ALPHA * k, 1);
+                    int64_t t = ty * w->tiles_w + tx0 + tx;
+                    float *dst = base + (tile_rows ? t * row_stride : t * w->n1_pad);
+                    for (int p = 0; p < POSITIONS; p++)
+                        STORE8(dst + p * pos_stride, v[p]);
+                }
+            }
+        }
+    }
+}
+
+/* y = relu(y) as the interpreter computes it: NaN stays NaN (the canonical
+ * one), -0 and below become +0. */
+INLINE void relu8(v8f *y)
+{
+    const v8f nan = {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
+    v8i keep = *y > 0.0f, is_nan = *y != *y;
+    *y = (v8f)(((v8i)*y & keep) | ((v8i)nan & is_nan));
+}
+
+/* The epilogue's leading ops the call applies, on the LANES channels from
+ * o of a result tile's `count` vectors. */
+INLINE void epilogue8(const job *jb, int64_t o, v8f *y, int count)
+{
+    const rfi_winograd *w = jb->w;
+    for (int e = 0; e < w->n_epi; e++) {
+        if (w->epi[e] == RFI_EPI_RELU) {
+            for (int i = 0; i < count; i++)
+                relu8(&y[i]);
+            continue;
+        }
+        const float *bias = jb->epi_src[e];
+        v8f b = {0};
+        for (int l = 0; l < LANES && o + l < w->o0; l++)
+            b[l] = bias[o + l];
+        for (int i = 0; i < count; i++)
+            y[i] += b;
+    }
+}
+
+/* The result, in blocks of LANES channels, from the products: item (image
+ * of the chunk, block of output lanes). */
+VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
+{
+    const job *jb = ctx;
+    const rfi_winograd *w = jb->w;
+    int64_t blocks = w->o0_pad / LANES;
+    int outs = w->form == RESULT_TILES ? 4 : 3;
+    size_t pos_stride = (size_t)w->o0_pad;
+    int64_t row_stride = POSITIONS * w->o0_pad;
+    int64_t plane = w->oh * w->ow * LANES;
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t n = i / blocks, o = i % blocks * LANES;
+        float *out = jb->dst + (jb->first * blocks + i) * plane;
+        for (int64_t t = 0; t < w->rows_per_image; t++) {
+            const float *m = jb->src + (n * w->rows_per_image + t) * row_stride + o;
+            v8f in[POSITIONS], z[ALPHA * 4], y[16];
+            for (int p = 0; p < POSITIONS; p++)
+                in[p] = LOAD8(m + p * pos_stride);
+            for (int s = 0; s < ALPHA; s++)
+                result_1d(in + s, ALPHA, z + s, ALPHA, outs);
+            for (int k = 0; k < outs; k++)
+                result_1d(z + ALPHA * k, 1, y + outs * k, 1, outs);
+            epilogue8(jb, o, y, outs * outs);
+            int64_t y0 = w->form == RESULT_TILES ? t / w->tiles_w * 4 : 0;
+            int64_t x0 = w->form == RESULT_TILES ? t % w->tiles_w * 4 : 0;
+            int rows = (int)(w->oh - y0 < outs ? w->oh - y0 : outs);
+            int cols = (int)(w->ow - x0 < outs ? w->ow - x0 : outs);
+            for (int a = 0; a < rows; a++)
+                for (int b = 0; b < cols; b++)
+                    STORE8(out + ((y0 + a) * w->ow + x0 + b) * LANES, y[a * outs + b]);
+        }
+    }
+}
+
+/* ---- Prepare and run ------------------------------------------------------------------ */
+
+static int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+/* The form and geometry of n, or false where neither form computes it. */
+static bool read_form(rfi_winograd *w, const rfi_node *n)
+{
+    const rfi_node *x = n->in[0], *k = n->in[1];
+    const rfi_attrs *at = &n->attr;
+    if (x->rank != 4 || at->i[0] > 1 || at->i[1] > 1)
+        return false;
+    for (int d = 0; d < 2; d++)
+        if (at->l[0][d] != 1 || at->l[3][d] > 1 || at->l[4][d] != 1)
+            return false;
+    w->n0 = x->dims[0], w->n1 = x->dims[1], w->o0 = k->dims[0];
+    w->ih = x->dims[2], w->iw = x->dims[3];
+    w->kh = k->dims[2], w->kw = k->dims[3];
+    w->oh = n->dims[2], w->ow = n->dims[3];
+    w->top = -at->l[1][0], w->left = -at->l[1][1];
+    if (w->kh == 3 && w->kw == 3) {
+        w->form = RESULT_TILES;
+        w->tiles_h = (w->oh + 3) / 4, w->tiles_w = (w->ow + 3) / 4;
+    } else if (w->oh == 3 && w->ow == 3) {
+        w->form = KERNEL_TILES;
+        w->tiles_h = (w->kh + 3) / 4, w->tiles_w = (w->kw + 3) / 4;
+    } else {
+        return false;
+    }
+    w->tiles = w->tiles_h * w->tiles_w;
+    w->n1_pad = round_up(w->n1, LANES);
+    w->o0_pad = round_up(w->o0, LANES);
+    w->rows_per_image = w->form == RESULT_TILES ? w->tiles : 1;
+    w->k_tiles = w->form == RESULT_TILES ? 1 : w->tiles;
+    w->k_dim = w->k_tiles * w->n1_pad;
+    return w->n0 > 0 && w->n1 > 0 && w->o0 > 0 && w->oh > 0 && w->ow > 0;
+}
+
+/* The batched product of a chunk of `images`: V [36][M][K] x U [36][K][O]. */
+static rf_status make_product(const rfi_winograd *w, rfi_dnnl_mm *mm, dnnl_engine_t eng,
+                              int64_t images)
+{
+    int64_t m = images * w->rows_per_image, k = w->k_dim, o = w->o0_pad;
+    rfi_dnnl_tensor src = {3, {POSITIONS, m, k}, {k, POSITIONS * k, 1}};
+    rfi_dnnl_tensor wei = {3, {POSITIONS, k, o}, {o, POSITIONS * o, 1}};
+    rfi_dnnl_tensor dst = {3, {POSITIONS, m, o}, {o, POSITIONS * o, 1}};
+    return rfi_dnnl_mm_init(mm, eng, &src, &wei, &dst, NULL, "winograd convolution");
+}
+
+/* The epilogue's leading ops the result transform applies: per-channel
+ * BIAS (along the result's dim 1) and RELU, in order. */
+static void take_epilogue(rfi_winograd *w, const rfi_epi_op *epi, int n_epi)
+{
+    for (w->n_epi = 0; w->n_epi < n_epi && w->n_epi < RFI_EPI_MAX; w->n_epi++) {
+        const rfi_epi_op *op = &epi[w->n_epi];
+        if (op->kind != RFI_EPI_RELU && !(op->kind == RFI_EPI_BIAS && op->axis == 1))
+            break;
+        w->epi[w->n_epi] = op->kind;
+    }
+}
+
+/* A BIAS among the epilogue ops the services apply after the call: those
+ * index a row-major result (services.c), so the result stays row-major. */
+static bool bias_left(const rfi_epi_op *epi, int n_epi, int taken)
+{
+    for (int e = taken; e < n_epi; e++)
+        if (epi[e].kind == RFI_EPI_BIAS)
+            return true;
+    return false;
+}
+
+rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
+                               const rfi_layout layouts[3], const rfi_epi_op *epi, int n_epi,
+                               int64_t min_channels, dnnl_engine_t eng, rfi_winograd **out,
+                               size_t *workspace_bytes)
+{
+    *out = NULL;
+    *workspace_bytes = 0;
+    rfi_winograd probe = {0};
+    if (n->op != RFI_OP_CONVOLUTION || n->n_in != 2 || !read_form(&probe, n))
+        return RF_E_UNSUPPORTED;
+    int64_t in_channels = probe.form == RESULT_TILES ? probe.n1 : probe.n0;
+    if (in_channels < min_channels || probe.o0 < min_channels)
+        return RF_E_UNSUPPORTED;
+    size_t u_bytes = (size_t)(POSITIONS * probe.k_dim * probe.o0_pad) * sizeof(float);
+    size_t image_bytes = (size_t)(POSITIONS * probe.rows_per_image *
+                                  (probe.k_dim + probe.o0_pad)) * sizeof(float);
+    int64_t chunk = probe.n0;
+    if (probe.form == RESULT_TILES) {
+        chunk = (int64_t)(CHUNK_BYTES / image_bytes);
+        chunk = chunk < 1 ? 1 : chunk > probe.n0 ? probe.n0 : chunk;
+    }
+    if (u_bytes + image_bytes * (size_t)chunk > MAX_BYTES)
+        return RF_E_UNSUPPORTED;
+    rfi_winograd *w = rfi_calloc(1, sizeof *w);
+    if (!w)
+        return rfi_error(RF_E_NOMEM, "cpu: winograd convolution: out of memory");
+    *w = probe;
+    w->chunk = chunk;
+    take_epilogue(w, epi, n_epi);
+    rf_status st = make_product(w, &w->full, eng, chunk);
+    if (st == RF_OK && w->n0 % chunk != 0)
+        st = make_product(w, &w->last, eng, w->n0 % chunk);
+    if (st != RF_OK) {
+        rfi_winograd_free(w);
+        return st;
+    }
+    size_t scratch = w->full.scratch_bytes > w->last.scratch_bytes ? w->full.scratch_bytes
+                                                                   : w->last.scratch_bytes;
+    size_t v_bytes = (size_t)(POSITIONS * chunk * w->rows_per_image * w->k_dim) * sizeof(float);
+    w->u_at = rfi_ws_align(scratch);
+    w->v_at = w->u_at + rfi_ws_align(u_bytes);
+    w->m_at = w->v_at + rfi_ws_align(v_bytes);
+    size_t end = w->m_at + rfi_ws_align(image_bytes * (size_t)chunk - v_bytes);
+    rfi_layout result_layout = bias_left(epi, n_epi, w->n_epi) ? RFI_LAYOUT_PLAIN : layouts[2];
+    dnnl_status_t ds = make_blocking(&w->xb, n->in[0], views[0], layouts[0], 1, false, eng, &end);
+    if (ds == dnnl_success)
+        ds = make_blocking(&w->kb, n->in[1], views[1], layouts[1], 0, false, eng, &end);
+    if (ds == dnnl_success)
+        ds = make_blocking(&w->rb, n, false, result_layout, 1, true, eng, &end);
+    if (ds != dnnl_success) {
+        rfi_winograd_free(w);
+        return rfi_dnnl_error(ds, "winograd convolution", "reorder");
+    }
+    *workspace_bytes = end;
+    *out = w;
+    return RF_OK;
+}
+
+rf_status rfi_winograd_run(rfi_winograd *w, dnnl_stream_t s, const float *x, const float *k,
+                           float *out, const void *const *epi_src, void *workspace)
+{
+    char *ws = workspace;
+    float *u = (float *)(ws + w->u_at), *v = (float *)(ws + w->v_at), *m = (float *)(ws + w->m_at);
+    const float *x_blocks, *k_blocks;
+    rf_status rs = run_blocking(&w->kb, s, k, ws, &k_blocks);
+    if (rs == RF_OK)
+        rs = run_blocking(&w->xb, s, x, ws, &x_blocks);
+    if (rs != RF_OK)
+        return rs;
+    job kj = {w, k_blocks, u, 0, 0, NULL};
+    rfi_parallel_for(w->n1_pad * (w->o0_pad / LANES), 8, kernel_items, &kj);
+    float *r_blocks = w->rb.prim ? (float *)(ws + w->rb.at) : out;
+    for (int64_t first = 0; first < w->n0; first += w->chunk) {
+        int64_t images = w->n0 - first < w->chunk ? w->n0 - first : w->chunk;
+        job dj = {w, x_blocks, v, first, images, NULL};
+        rfi_parallel_for(images * (w->n1_pad / LANES), 1, data_items, &dj);
+        rfi_dnnl_mm *mm = images == w->chunk ? &w->full : &w->last;
+        rf_status st = rfi_dnnl_mm_run(mm, s, v, u, m, ws, NULL, "winograd convolution");
+        if (st != RF_OK)
+            return st;
+        job rj = {w, m, r_blocks, first, images, epi_src};
+        rfi_parallel_for(images * (w->o0_pad / LANES), 1, result_items, &rj);
+    }
+    return w->rb.prim ? run_reorder(&w->rb, s, out, true, ws) : RF_OK;
+}
+
+int rfi_winograd_epilogue_ops(const rfi_winograd *w) { return w->n_epi; }
+
+bool rfi_winograd_laid_out(const rfi_winograd *w, int k)
+{
+    const blocking *b = k == 0 ? &w->xb : k == 1 ? &w->kb : &w->rb;
+    return k >= 0 && k < 3 && b->laid_out;
+}
+
+const char *rfi_winograd_path(const rfi_winograd *w)
+{
+    return w->form == RESULT_TILES ? "winograd 4x4" : "winograd 3x3";
+}
+
+void rfi_winograd_free(rfi_winograd *w)
+{
+    if (!w)
+        return;
+    rfi_dnnl_mm_destroy(&w->full);
+    rfi_dnnl_mm_destroy(&w->last);
+    destroy_blocking(&w->xb);
+    destroy_blocking(&w->kb);
+    destroy_blocking(&w->rb);
+    rfi_free(w);
+}
