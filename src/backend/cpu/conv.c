@@ -26,10 +26,12 @@
  * from and to the plain buffers. 3x3 forms with enough channels (and, for
  * backward-data, whole 4x4 tiles) use oneDNN's Winograd algorithm instead of
  * its direct one (winograd_wanted: measured faster there, and its rounding
- * error stays within the tests' 1e-5 bound relative to sum |x||w|). RF_CONV_PATH
- * (im2col, forward, bwd-weights, bwd-data) in the environment before prepare
- * forces a path (if the form allows it; else im2col): for tests and
- * benchmarks.
+ * error stays within the tests' 1e-5 bound relative to sum |x||w|). Where
+ * oneDNN has no Winograd kernels (below AVX-512), 3x3 stride-1 forms and 3x3
+ * weight gradients with enough channels run winograd.c's own instead
+ * (own_winograd_wanted). RF_CONV_PATH (im2col, forward, bwd-weights,
+ * bwd-data, winograd) in the environment before prepare forces a path (if
+ * the form allows it; else im2col): for tests and benchmarks.
  *
  * A buffer the plan keeps channel-blocked (plan.h) is described to oneDNN
  * as such (rfi_cpu_conv_laid_out): no reorder at all when that is the
@@ -1056,7 +1058,10 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
  * channels); another RF_CONV_PATH, or RF_CONV_WINOGRAD=0, never; else only
  * where oneDNN has no Winograd kernels (below AVX-512, where its channel
  * block is 8), with WINOGRAD_MIN_CHANNELS as for oneDNN's, or any channels
- * with RF_CONV_WINOGRAD=1. */
+ * with RF_CONV_WINOGRAD=1. Measured on two AVX2 cores: the cnn's 32 -> 64
+ * channels (64 images, 13x13) forward 1.03 against 1.92 ms direct, its
+ * gradients 2.1 against 3.4 ms; the ResNet example's 16 channels at 14x14
+ * forward 0.85 against 0.95 ms, but gradients 2.0 against 1.7 ms. */
 static bool own_winograd_wanted(int64_t *min_channels)
 {
     const char *forced = getenv("RF_CONV_PATH"), *env = getenv("RF_CONV_WINOGRAD");
