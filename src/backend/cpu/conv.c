@@ -154,12 +154,8 @@ const char *rfi_cpu_conv_path(const rfi_cpu_conv *c)
          {"im2col bf16-rounded", "forward-winograd bf16-rounded",
           "bwd-weights-winograd bf16-rounded", "bwd-data-winograd bf16-rounded"}},
     };
-    if (!c->empty && c->path == PATH_OWN_WINOGRAD) {
-        bool f4 = !strcmp(rfi_winograd_path(c->own), "winograd 4x4");
-        return !c->rounds ? rfi_winograd_path(c->own)
-               : f4       ? "winograd 4x4 bf16-rounded"
-                          : "winograd 3x3 bf16-rounded";
-    }
+    if (!c->empty && c->path == PATH_OWN_WINOGRAD)
+        return rfi_winograd_path(c->own, c->rounds);
     return names[!c->bf16 || c->empty ? 0 : c->rounds ? 2 : 1][c->winograd][c->path];
 }
 

@@ -102,12 +102,15 @@ struct rfi_winograd {
 INLINE void data_1d(const v8f *d, int s, v8f *z, int zs)
 {
     v8f d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
-    z[0] = d0 + 1.5f * (d1 - d3) - 2.0f * d2 + d4;
-    z[zs] = d4 - d1 - 2.5f * d2 - 0.5f * d3;
-    z[2 * zs] = d4 + d1 + 0.5f * d2 - 2.5f * d3;
-    z[3 * zs] = d4 - d2 + 0.5f * (d3 - d1);
-    z[4 * zs] = d4 - d2 + 2.0f * (d1 - d3);
-    z[5 * zs] = d1 + 1.5f * (d2 - d4) - 2.0f * d3 + d5;
+    /* rows 1 and 2 are p -+ q, rows 3 and 4 a -+ multiples of e: 20 ops, not 32 */
+    v8f a = d4 - d2, e = d1 - d3;
+    v8f p = a - 1.5f * d3, q = e + 1.5f * d2;
+    z[0] = (d0 - d2) + a + 1.5f * e;
+    z[zs] = p - q;
+    z[2 * zs] = p + q;
+    z[3 * zs] = a - 0.5f * e;
+    z[4 * zs] = a + 2.0f * e;
+    z[5 * zs] = e + (d5 - d3) - 1.5f * a;
 }
 
 /* u[k*us] = (G g)[k] for a 3-tap g[r*s]. */
@@ -571,9 +574,12 @@ bool rfi_winograd_laid_out(const rfi_winograd *w, int k)
     return k >= 0 && k < 3 && b->laid_out;
 }
 
-const char *rfi_winograd_path(const rfi_winograd *w)
+const char *rfi_winograd_path(const rfi_winograd *w, bool rounded)
 {
-    return w->form == RESULT_TILES ? "winograd 4x4" : "winograd 3x3";
+    static const char *const names[2][2] = {{"winograd 4x4", "winograd 3x3"},
+                                            {"winograd 4x4 bf16-rounded",
+                                             "winograd 3x3 bf16-rounded"}};
+    return names[rounded][w->form == RESULT_TILES ? 0 : 1];
 }
 
 void rfi_winograd_free(rfi_winograd *w)

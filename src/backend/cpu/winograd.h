@@ -41,8 +41,9 @@ RFI_FUNC int rfi_winograd_epilogue_ops(const rfi_winograd *w);
 /* Whether tensor k (0, 1: operands; 2: the result) is read or written in
  * its buffer's layout (else row-major, the services reordering it). */
 RFI_FUNC bool rfi_winograd_laid_out(const rfi_winograd *w, int k);
-/* "winograd 4x4" (the result in 4x4 tiles) or "winograd 3x3" (the kernel). */
-RFI_FUNC const char *rfi_winograd_path(const rfi_winograd *w);
+/* "winograd 4x4" (the result in 4x4 tiles) or "winograd 3x3" (the kernel),
+ * with " bf16-rounded" when the caller rounds the operands (`rounded`). */
+RFI_FUNC const char *rfi_winograd_path(const rfi_winograd *w, bool rounded);
 RFI_FUNC void rfi_winograd_free(rfi_winograd *w);
 
 #endif
