@@ -532,9 +532,63 @@ static bool accumulates(const rfi_node *n)
     }
 }
 
+/* A convolution's magnitudes widened to the largest within TILE_REACH
+ * positions along each of its last two dims: a Winograd convolution
+ * computes a tile of results (4x4 in both of reflux's and oneDNN's) from
+ * one transformed patch, so its rounding scales with the tile's largest
+ * window, not with each result's own. Found by the training fuzzer: a
+ * result whose window held only zeros came out 1.9e-6 (and its relu kept
+ * it), where its tile's other windows summed magnitudes up to 21. */
+#define TILE_REACH 3
+
+static double mag_at(const rfi_node *n, const void *mag, int64_t i)
+{
+    return rfi_element_as_double(n->dtype, mag, i);
+}
+
+static void set_mag(const rfi_node *n, void *mag, int64_t i, double v)
+{
+    if (n->dtype == RF_F32)
+        ((float *)mag)[i] = (float)v;
+    else
+        ((double *)mag)[i] = v;
+}
+
+/* One pass of widen_to_tiles: along the dim whose elements lie `step` apart,
+ * `len` of them per line. */
+static void widen_along(const rfi_node *n, void *mag, void *tmp, int64_t step, int64_t len)
+{
+    int64_t numel = rfi_node_numel(n);
+    rfi_interp_copy(tmp, mag, rfi_node_nbytes(n));
+    for (int64_t i = 0; i < numel; i++) {
+        int64_t at = i / step % len, lo = at < TILE_REACH ? at : TILE_REACH;
+        int64_t hi = len - 1 - at < TILE_REACH ? len - 1 - at : TILE_REACH;
+        double m = 0;
+        for (int64_t k = -lo; k <= hi; k++)
+            m = fmax(m, mag_at(n, tmp, i + k * step));
+        set_mag(n, mag, i, m);
+    }
+}
+
+/* Widens a 2-D (or higher) convolution's magnitudes in place; false when
+ * memory ran out. */
+static bool widen_to_tiles(const rfi_node *n, void *mag)
+{
+    if (n->op != RFI_OP_CONVOLUTION || n->rank < 4 || rfi_node_numel(n) == 0)
+        return true;
+    void *tmp = buffer(rfi_node_nbytes(n));
+    if (!tmp)
+        return false;
+    int64_t w = n->dims[n->rank - 1], h = n->dims[n->rank - 2];
+    widen_along(n, mag, tmp, 1, w);
+    widen_along(n, mag, tmp, w, h);
+    rfi_free(tmp);
+    return true;
+}
+
 /* For an accumulating node: the sum of the magnitudes of its terms, n
- * evaluated on the absolute values of its float operands (owned; NULL when
- * memory ran out). */
+ * evaluated on the absolute values of its float operands, for a
+ * convolution widened to its tiles (owned; NULL when memory ran out). */
 static void *magnitudes(const rfi_node *n, const void *const *operands)
 {
     void *abs_in[RFI_MAX_OPERANDS_CHECKED] = {0};
@@ -557,7 +611,7 @@ static void *magnitudes(const rfi_node *n, const void *const *operands)
         in[k] = abs_in[k];
     }
     if (ok)
-        ok = rfi_interp_eval_node(n, in, out) == RF_OK;
+        ok = rfi_interp_eval_node(n, in, out) == RF_OK && widen_to_tiles(n, out);
     for (int k = 0; k < n->n_in && k < RFI_MAX_OPERANDS_CHECKED; k++)
         rfi_free(abs_in[k]);
     if (!ok) {
