@@ -702,7 +702,8 @@ static void test_conv_winograd_everywhere(void)
  * reference kernel within run_case's contraction bound: channel counts that
  * are not a multiple of the vector's 8, asymmetric and negative padding,
  * partial tiles, a row of more tiles than a band holds, chunks of images
- * with a shorter last one, a result smaller than a tile; then at bf16 over
+ * with a shorter last one, a result smaller than a tile, a weight gradient
+ * whose channels go to several products added up; then at bf16 over
  * rounded copies. */
 static void test_conv_own_winograd(void)
 {
@@ -721,6 +722,9 @@ static void test_conv_own_winograd(void)
          {0}, 1, 1},
         {"kernel grad odd", 4, {5, 3, 17, 14}, {7, 3, 15, 12}, {1, 1}, {0}, {0}, {0}, {0}, 1,
          1},
+        /* 20 images in three blocks of 8, each its own product, added up */
+        {"kernel grad chunked", 4, {64, 20, 12, 12}, {64, 20, 10, 10}, {1, 1}, {0}, {0}, {0},
+         {0}, 1, 1},
     };
     int n = (int)(sizeof cases / sizeof cases[0]), took = 0;
     double worst = 0;

@@ -57,6 +57,7 @@
     X(post_ops_destroy)                                                                    \
     X(post_ops_append_eltwise)                                                             \
     X(post_ops_append_binary)                                                              \
+    X(post_ops_append_sum)                                                                 \
     X(primitive_desc_create)                                                               \
     X(reorder_primitive_desc_create)                                                       \
     X(primitive_desc_destroy)                                                              \

@@ -97,10 +97,12 @@ int rfi_dnnl_post_faithful(const rfi_epi_op *ops, int n)
 
 dnnl_status_t rfi_dnnl_post_attr(dnnl_primitive_attr_t attr, const rfi_dnnl_post *post)
 {
-    if (!post || post->n == 0)
+    if (!post || (post->n == 0 && !post->accumulate))
         return dnnl_success;
     dnnl_post_ops_t ops = NULL;
     dnnl_status_t st = rfi_dnnl.post_ops_create(&ops);
+    if (st == dnnl_success && post->accumulate)
+        st = rfi_dnnl.post_ops_append_sum(ops, 1.0f);
     for (int k = 0; k < post->n && st == dnnl_success; k++) {
         dnnl_memory_desc_t md;
         switch (post->kind[k]) {

@@ -96,11 +96,13 @@ typedef struct rfi_dnnl_tensor {
 /* A plan epilogue (plan.h) as oneDNN post-ops: eltwise tanh/logistic and
  * binary adds whose second operand (src1) is a plain strided tensor in the
  * dst's dims (a BIAS: ones except along the bias dim; an ADD: dst's shape).
- * Never a relu (rfi_dnnl_post_faithful). */
+ * Never a relu (rfi_dnnl_post_faithful). `accumulate`: the product is added
+ * to what dst holds (a sum post-op ahead of the n ops; winograd.c). */
 typedef struct rfi_dnnl_post {
     int n;
     rfi_epi_kind kind[RFI_EPI_MAX];
     rfi_dnnl_tensor src1[RFI_EPI_MAX];
+    bool accumulate;
 } rfi_dnnl_post;
 /* How many leading ops of an epilogue oneDNN's post-ops compute as the
  * interpreter does: those before the first RELU. oneDNN's jit kernels take

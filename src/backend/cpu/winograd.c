@@ -8,9 +8,10 @@
  * summed over channels and over the kernel's pieces. The points are 0, 1,
  * -1, 2, -1/2 and infinity, not Lavin and Gray's 0, +-1, +-2: the rounding
  * error of a result next to padding, relative to its own sum |x||w|, grows
- * with the whole patch's magnitude, and was 2.5-3x smaller with these
- * (float32 simulation of 12x12 input gradients, 40 channels, 6 seeds:
- * worst 2.9-3.1e-6 against 7.8e-6; the tests' bound is 1e-5).
+ * with the whole patch's magnitude, and was 2.5-3.5x smaller with these
+ * (float32 simulation of 12x12 input gradients, 40 channels, 6 seeds: the
+ * worst 3.1e-6 against 7.8e-6, the median 2.1e-6 against 7.5e-6; the tests'
+ * bound is 1e-5).
  *
  * A call reorders the input and the kernel (oneDNN) into blocks of LANES
  * channels, channel innermost; transforms the kernel into U and the input
@@ -29,8 +30,11 @@
  * where the products lost 0.04-0.09 ms through the strides.
  *
  * The first form runs on chunks of images whose transformed input and
- * products fit CHUNK_BYTES. A NaN or infinity in a patch spreads over its
- * whole tile, as in oneDNN's Winograd kernels.
+ * products fit CHUNK_BYTES; the second on chunks of the channels it sums
+ * over (the forward's images), whose transformed kernel and input fit
+ * K_CHUNK_BYTES, each chunk's product added to the last's by the matmul
+ * (a sum post-op). A NaN or infinity in a patch spreads over its whole
+ * tile, as in oneDNN's Winograd kernels.
  */
 #include <math.h>
 #include <string.h>
@@ -44,6 +48,12 @@
 /* The first form's images per batched product: their transformed input and
  * products within this many bytes. */
 #define CHUNK_BYTES ((size_t)4 << 20)
+/* The second form's channels per product (whose products add up): their
+ * transformed kernel and input within this many bytes, the L2 of two cores
+ * (the transforms split over them). Measured on the cnn's step (two AVX2
+ * cores, 1 MB of L2 each, two alternating rounds): 4.53 ms with 2 MB, 4.54-4.58
+ * with 4 MB, 4.74-4.76 with 1 MB, 4.62-4.81 with no chunks (5.3 MB of U). */
+#define K_CHUNK_BYTES ((size_t)2 << 20)
 /* Transformed operands beyond this many bytes: not taken (the direct kernels
  * need no workspace). */
 #define MAX_BYTES ((size_t)128 << 20)
@@ -85,9 +95,12 @@ struct rfi_winograd {
     int64_t tiles_h, tiles_w, tiles;
     int64_t rows_per_image; /* product rows per image of dim 0: tiles or 1 */
     int64_t k_tiles;        /* kernel pieces: 1 or tiles */
-    int64_t k_dim;          /* K = k_tiles * n1_pad */
+    int64_t k_lanes;        /* channels of dim 1 per product: n1_pad, or fewer (second form) */
+    int64_t k_dim;          /* a product's K = k_tiles * k_lanes */
     int64_t chunk;          /* images of dim 0 per product */
-    rfi_dnnl_mm full, last; /* the products of a full and of the last chunk */
+    /* The products of a full and of the last chunk of images (first form), or
+     * of the first chunk of channels and of the others, added (second form). */
+    rfi_dnnl_mm full, last;
     blocking xb, kb, rb;    /* x in blocks of dim 1, the kernel of dim 0, the result of dim 1 */
     size_t u_at, v_at, m_at;
     int n_epi;              /* leading epilogue ops the result transform applies */
@@ -260,6 +273,7 @@ typedef struct job {
     const float *src;
     float *dst;
     int64_t first, images;       /* the chunk (images of dim 0) */
+    int64_t c0;                  /* the first channel of dim 1 in the product */
     const void *const *epi_src;  /* result_items: the epilogue's operands */
 } job;
 
@@ -281,7 +295,7 @@ VECTOR_JOB static void kernel_items(void *ctx, int64_t lo, int64_t hi)
     size_t pos_stride = (size_t)w->o0_pad;
     int64_t row_stride = POSITIONS * w->o0_pad;
     for (int64_t i = lo; i < hi; i++) {
-        int64_t c = i / blocks, ob = i % blocks;
+        int64_t c = jb->c0 + i / blocks, ob = i % blocks;
         const float *plane =
             c < w->n1 ? jb->src + (c * w->kb.outer + ob * w->kb.block) * kplane : NULL;
         for (int64_t t = 0; t < w->k_tiles; t++) {
@@ -300,7 +314,7 @@ VECTOR_JOB static void kernel_items(void *ctx, int64_t lo, int64_t hi)
                 for (int k = 0; k < ALPHA; k++)
                     kernel4_1d(z + 4 * k, 1, u + ALPHA * k, 1);
             }
-            float *dst = jb->dst + (t * w->n1_pad + c) * row_stride + ob * LANES;
+            float *dst = jb->dst + (t * w->k_lanes + c - jb->c0) * row_stride + ob * LANES;
             for (int p = 0; p < POSITIONS; p++)
                 STORE8(dst + p * pos_stride, u[p]);
         }
@@ -316,15 +330,15 @@ VECTOR_JOB static void data_items(void *ctx, int64_t lo, int64_t hi)
 {
     const job *jb = ctx;
     const rfi_winograd *w = jb->w;
-    int64_t blocks = w->n1_pad / LANES, plane_size = w->ih * w->iw * LANES;
+    int64_t blocks = w->k_lanes / LANES, plane_size = w->ih * w->iw * LANES;
     size_t pos_stride = (size_t)w->k_dim;
     int64_t row_stride = POSITIONS * w->k_dim;
     bool tile_rows = w->form == RESULT_TILES; /* a tile per product row, or per K column block */
     v8f band[ALPHA * (4 * BAND_TILES + 2)];
     for (int64_t i = lo; i < hi; i++) {
-        int64_t n = jb->first + i / blocks, cb = i % blocks;
+        int64_t n = jb->first + i / blocks, cb = jb->c0 / LANES + i % blocks;
         const float *plane = jb->src + (n * w->xb.outer + cb * w->xb.block) * plane_size;
-        float *base = jb->dst + (i / blocks) * w->rows_per_image * row_stride + cb * LANES;
+        float *base = jb->dst + (i / blocks) * w->rows_per_image * row_stride + i % blocks * LANES;
         for (int64_t ty = 0; ty < w->tiles_h; ty++) {
             for (int64_t tx0 = 0; tx0 < w->tiles_w; tx0 += BAND_TILES) {
                 int64_t txs = w->tiles_w - tx0 < BAND_TILES ? w->tiles_w - tx0 : BAND_TILES;
@@ -337,7 +351,7 @@ VECTOR_JOB static void data_items(void *ctx, int64_t lo, int64_t hi)
                     for (int k = 0; k < ALPHA; k++)
                         data_1d(z + ALPHA * k, 1, v + ALPHA * k, 1);
                     int64_t t = ty * w->tiles_w + tx0 + tx;
-                    float *dst = base + (tile_rows ? t * row_stride : t * w->n1_pad);
+                    float *dst = base + (tile_rows ? t * row_stride : t * w->k_lanes);
                     for (int p = 0; p < POSITIONS; p++)
                         STORE8(dst + p * pos_stride, v[p]);
                 }
@@ -443,19 +457,41 @@ static bool read_form(rfi_winograd *w, const rfi_node *n)
     w->o0_pad = round_up(w->o0, LANES);
     w->rows_per_image = w->form == RESULT_TILES ? w->tiles : 1;
     w->k_tiles = w->form == RESULT_TILES ? 1 : w->tiles;
+    w->k_lanes = w->n1_pad;
     w->k_dim = w->k_tiles * w->n1_pad;
     return w->n0 > 0 && w->n1 > 0 && w->o0 > 0 && w->oh > 0 && w->ow > 0;
 }
 
-/* The batched product of a chunk of `images`: V [36][M][K] x U [36][K][O]. */
+/* The batched product of a chunk of `images`: V [36][M][K] x U [36][K][O],
+ * added to what the result holds when `accumulate`. */
 static rf_status make_product(const rfi_winograd *w, rfi_dnnl_mm *mm, dnnl_engine_t eng,
-                              int64_t images)
+                              int64_t images, bool accumulate)
 {
     int64_t m = images * w->rows_per_image, k = w->k_dim, o = w->o0_pad;
     rfi_dnnl_tensor src = {3, {POSITIONS, m, k}, {k, POSITIONS * k, 1}};
     rfi_dnnl_tensor wei = {3, {POSITIONS, k, o}, {o, POSITIONS * o, 1}};
     rfi_dnnl_tensor dst = {3, {POSITIONS, m, o}, {o, POSITIONS * o, 1}};
-    return rfi_dnnl_mm_init(mm, eng, &src, &wei, &dst, NULL, "winograd convolution");
+    rfi_dnnl_post post = {0};
+    post.accumulate = accumulate;
+    return rfi_dnnl_mm_init(mm, eng, &src, &wei, &dst, &post, "winograd convolution");
+}
+
+/* The second form's channels per product: the most whole blocks of LANES,
+ * dividing them evenly, whose transformed kernel and input fit
+ * K_CHUNK_BYTES (at least one block). The products then add up in the
+ * result, and each block's transforms are written to, and read from, a
+ * core's cache rather than memory. */
+static void choose_k_lanes(rfi_winograd *w)
+{
+    int64_t blocks = w->n1_pad / LANES;
+    size_t per_block = (size_t)(POSITIONS * w->k_tiles * LANES * (w->o0_pad + w->n0)) *
+                       sizeof(float);
+    int64_t fit = 1;
+    for (int64_t d = 1; d <= blocks; d++)
+        if (blocks % d == 0 && (size_t)d * per_block <= K_CHUNK_BYTES)
+            fit = d;
+    w->k_lanes = fit * LANES;
+    w->k_dim = w->k_tiles * w->k_lanes;
 }
 
 /* The epilogue's leading ops the result transform applies: per-channel
@@ -493,6 +529,8 @@ rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
     int64_t in_channels = probe.form == RESULT_TILES ? probe.n1 : probe.n0;
     if (in_channels < min_channels || probe.o0 < min_channels)
         return RF_E_UNSUPPORTED;
+    if (probe.form == KERNEL_TILES)
+        choose_k_lanes(&probe);
     size_t u_bytes = (size_t)(POSITIONS * probe.k_dim * probe.o0_pad) * sizeof(float);
     size_t image_bytes = (size_t)(POSITIONS * probe.rows_per_image *
                                   (probe.k_dim + probe.o0_pad)) * sizeof(float);
@@ -509,9 +547,11 @@ rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
     *w = probe;
     w->chunk = chunk;
     take_epilogue(w, epi, n_epi);
-    rf_status st = make_product(w, &w->full, eng, chunk);
+    rf_status st = make_product(w, &w->full, eng, chunk, false);
     if (st == RF_OK && w->n0 % chunk != 0)
-        st = make_product(w, &w->last, eng, w->n0 % chunk);
+        st = make_product(w, &w->last, eng, w->n0 % chunk, false);
+    if (st == RF_OK && w->k_lanes < w->n1_pad)
+        st = make_product(w, &w->last, eng, chunk, true);
     if (st != RF_OK) {
         rfi_winograd_free(w);
         return st;
@@ -549,19 +589,34 @@ rf_status rfi_winograd_run(rfi_winograd *w, dnnl_stream_t s, const float *x, con
         rs = run_blocking(&w->xb, s, x, ws, &x_blocks);
     if (rs != RF_OK)
         return rs;
-    job kj = {w, k_blocks, u, 0, 0, NULL};
-    rfi_parallel_for(w->n1_pad * (w->o0_pad / LANES), 8, kernel_items, &kj);
     float *r_blocks = w->rb.prim ? (float *)(ws + w->rb.at) : out;
-    for (int64_t first = 0; first < w->n0; first += w->chunk) {
-        int64_t images = w->n0 - first < w->chunk ? w->n0 - first : w->chunk;
-        job dj = {w, x_blocks, v, first, images, NULL};
-        rfi_parallel_for(images * (w->n1_pad / LANES), 1, data_items, &dj);
-        rfi_dnnl_mm *mm = images == w->chunk ? &w->full : &w->last;
-        rf_status st = rfi_dnnl_mm_run(mm, s, v, u, m, ws, NULL, "winograd convolution");
-        if (st != RF_OK)
-            return st;
-        job rj = {w, m, r_blocks, first, images, epi_src};
-        rfi_parallel_for(images * (w->o0_pad / LANES), 1, result_items, &rj);
+    if (w->form == KERNEL_TILES) { /* chunks of channels, their products added up */
+        for (int64_t c0 = 0; c0 < w->n1_pad; c0 += w->k_lanes) {
+            job kj = {w, k_blocks, u, 0, 0, c0, NULL};
+            rfi_parallel_for(w->k_lanes * (w->o0_pad / LANES), 8, kernel_items, &kj);
+            job dj = {w, x_blocks, v, 0, w->n0, c0, NULL};
+            rfi_parallel_for(w->n0 * (w->k_lanes / LANES), 1, data_items, &dj);
+            rs = rfi_dnnl_mm_run(c0 == 0 ? &w->full : &w->last, s, v, u, m, ws, NULL,
+                                 "winograd convolution");
+            if (rs != RF_OK)
+                return rs;
+        }
+        job rj = {w, m, r_blocks, 0, w->n0, 0, epi_src};
+        rfi_parallel_for(w->n0 * (w->o0_pad / LANES), 1, result_items, &rj);
+    } else { /* the kernel once, then chunks of images */
+        job kj = {w, k_blocks, u, 0, 0, 0, NULL};
+        rfi_parallel_for(w->n1_pad * (w->o0_pad / LANES), 8, kernel_items, &kj);
+        for (int64_t first = 0; first < w->n0; first += w->chunk) {
+            int64_t images = w->n0 - first < w->chunk ? w->n0 - first : w->chunk;
+            job dj = {w, x_blocks, v, first, images, 0, NULL};
+            rfi_parallel_for(images * (w->n1_pad / LANES), 1, data_items, &dj);
+            rfi_dnnl_mm *mm = images == w->chunk ? &w->full : &w->last;
+            rs = rfi_dnnl_mm_run(mm, s, v, u, m, ws, NULL, "winograd convolution");
+            if (rs != RF_OK)
+                return rs;
+            job rj = {w, m, r_blocks, first, images, 0, epi_src};
+            rfi_parallel_for(images * (w->o0_pad / LANES), 1, result_items, &rj);
+        }
     }
     return w->rb.prim ? run_reorder(&w->rb, s, out, true, ws) : RF_OK;
 }
