@@ -1055,8 +1055,8 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
  * where oneDNN has no Winograd kernels (below AVX-512, where its channel
  * block is 8), with WINOGRAD_MIN_CHANNELS as for oneDNN's, or any channels
  * with RF_CONV_WINOGRAD=1. Measured on two AVX2 cores: the cnn's 32 -> 64
- * channels (64 images, 13x13) forward 1.03 against 1.92 ms direct, its
- * gradients 2.1 against 3.4 ms; the ResNet example's 16 channels at 14x14
+ * channels (64 images, 13x13) forward 1.0 against 1.92 ms direct, its
+ * gradients 2.0-2.1 against 3.4 ms; the ResNet example's 16 channels at 14x14
  * forward 0.85 against 0.95 ms, but gradients 2.0 against 1.7 ms. */
 static bool own_winograd_wanted(int64_t *min_channels)
 {
