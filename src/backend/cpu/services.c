@@ -61,9 +61,8 @@
  * as it is: reordered into a copy in the workspace, in the layout the call
  * reads, before the call (an operand), or out of one after it (the result). */
 typedef struct relayout {
-    dnnl_primitive_t reorder; /* NULL: the value is read or written where it lives */
-    dnnl_memory_t from, to;
-    size_t at;                /* workspace offset of the plain copy */
+    rfi_dnnl_copy copy; /* prim NULL: the value is read or written where it lives */
+    size_t at;          /* workspace offset of the plain copy */
     size_t bytes;
 } relayout;
 
@@ -304,37 +303,56 @@ static rf_status make_relayout(rfi_cpu_services *s, relayout *r, const rfi_node 
         st = rfi_dnnl.memory_desc_init_by_tag(&to, 4, dims, dnnl_f32,
                                               rfi_dnnl_layout_tag(to_layout, false));
     if (st == dnnl_success)
-        st = rfi_dnnl.memory_create(&r->from, &from, s->engine, DNNL_MEMORY_NONE);
-    if (st == dnnl_success)
-        st = rfi_dnnl.memory_create(&r->to, &to, s->engine, DNNL_MEMORY_NONE);
-    if (st == dnnl_success)
-        st = rfi_dnnl_reorder_create(&from, &to, s->engine, &r->reorder);
+        st = rfi_dnnl_copy_make(&r->copy, &from, &to, s->engine);
     r->bytes = rfi_node_nbytes(x);
     return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "layout copy", "reorder");
 }
 
+dnnl_status_t rfi_dnnl_copy_make(rfi_dnnl_copy *c, const dnnl_memory_desc_t *from,
+                                 const dnnl_memory_desc_t *to, dnnl_engine_t eng)
+{
+    dnnl_status_t st = rfi_dnnl.memory_create(&c->from, from, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_create(&c->to, to, eng, DNNL_MEMORY_NONE);
+    if (st == dnnl_success)
+        st = rfi_dnnl_reorder_create(from, to, eng, &c->prim);
+    return st;
+}
+
+rf_status rfi_dnnl_copy_run(const rfi_dnnl_copy *c, dnnl_stream_t s, const void *from, void *to,
+                            const char *what)
+{
+    dnnl_status_t st = rfi_dnnl.memory_set_data_handle(c->from, (void *)from);
+    if (st == dnnl_success)
+        st = rfi_dnnl.memory_set_data_handle(c->to, to);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, c->from}, {DNNL_ARG_TO, c->to}};
+    if (st == dnnl_success)
+        st = rfi_dnnl.primitive_execute(c->prim, s, 2, args);
+    if (st == dnnl_success)
+        st = rfi_dnnl.stream_wait(s);
+    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, what, "execute");
+}
+
+void rfi_dnnl_copy_free(rfi_dnnl_copy *c)
+{
+    if (c->prim)
+        rfi_dnnl.primitive_destroy(c->prim);
+    if (c->from)
+        rfi_dnnl.memory_destroy(c->from);
+    if (c->to)
+        rfi_dnnl.memory_destroy(c->to);
+    memset(c, 0, sizeof *c);
+}
+
 static void free_relayout(relayout *r)
 {
-    if (r->reorder)
-        rfi_dnnl.primitive_destroy(r->reorder);
-    if (r->from)
-        rfi_dnnl.memory_destroy(r->from);
-    if (r->to)
-        rfi_dnnl.memory_destroy(r->to);
+    rfi_dnnl_copy_free(&r->copy);
     memset(r, 0, sizeof *r);
 }
 
 static rf_status run_relayout(dnnl_stream_t stream, relayout *r, const void *from, void *to)
 {
-    dnnl_status_t st = rfi_dnnl.memory_set_data_handle(r->from, (void *)from);
-    if (st == dnnl_success)
-        st = rfi_dnnl.memory_set_data_handle(r->to, to);
-    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, r->from}, {DNNL_ARG_TO, r->to}};
-    if (st == dnnl_success)
-        st = rfi_dnnl.primitive_execute(r->reorder, stream, 2, args);
-    if (st == dnnl_success)
-        st = rfi_dnnl.stream_wait(stream);
-    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "layout copy", "execute");
+    return rfi_dnnl_copy_run(&r->copy, stream, from, to, "layout copy");
 }
 
 static rfi_layout layout_of(const rfi_plan *p, const rfi_node *x)
@@ -398,7 +416,7 @@ static rf_status take_layouts(rfi_cpu_services *s, int k)
 /* Workspace for step k's plain copies, after everything else it uses. */
 static void reserve_relayout(relayout *r, size_t *workspace)
 {
-    if (!r->reorder)
+    if (!r->copy.prim)
         return;
     *workspace = rfi_ws_align(*workspace);
     r->at = *workspace;
@@ -883,7 +901,7 @@ static rf_status run_call(const rfi_cpu_services *s, int step, void *const *buff
         cs->operands[j] = buffer_at(buffers, cs->in[j]);
     for (int j = 0; j < cs->n_in && st == RF_OK; j++) {
         relayout *r = &cs->in_plain[j];
-        if (!r->reorder)
+        if (!r->copy.prim)
             continue;
         void *copy = ws + r->at;
         st = run_relayout(stream, r, cs->operands[j], copy);
@@ -899,14 +917,14 @@ static rf_status run_call(const rfi_cpu_services *s, int step, void *const *buff
     for (int e = 0; e < cs->n_epi; e++) {
         cs->epi_src[e] = cs->epi_in[e].buffer >= 0 ? buffer_at(buffers, cs->epi_in[e]) : NULL;
         relayout *r = &cs->epi_plain[e];
-        if (r->reorder && st == RF_OK) {
+        if (r->copy.prim && st == RF_OK) {
             void *copy = ws + r->at;
             st = run_relayout(stream, r, cs->epi_src[e], copy);
             cs->epi_src[e] = copy;
         }
     }
     void *result = buffer_at(buffers, cs->out);
-    void *out = cs->out_plain.reorder ? ws + cs->out_plain.at : result;
+    void *out = cs->out_plain.copy.prim ? ws + cs->out_plain.at : result;
     if (st != RF_OK)
         return st;
     switch (cs->kind) {
@@ -927,7 +945,7 @@ static rf_status run_call(const rfi_cpu_services *s, int step, void *const *buff
     }
     if (st == RF_OK && cs->epi_applied < cs->n_epi)
         st = apply_epilogue(cs, out);
-    if (st == RF_OK && cs->out_plain.reorder)
+    if (st == RF_OK && cs->out_plain.copy.prim)
         st = run_relayout(stream, &cs->out_plain, out, result);
     return st;
 }

@@ -144,6 +144,19 @@ RFI_FUNC void rfi_dnnl_mm_destroy(rfi_dnnl_mm *mm);
  * node's dims or with dims 0 and 1 swapped; dnnl_format_tag_undef where
  * there is none (conv.c). */
 RFI_FUNC dnnl_format_tag_t rfi_dnnl_layout_tag(rfi_layout layout, bool swapped);
+/* A reorder between two layouts of one tensor, made once and run on any
+ * pair of buffers: the primitive and its two memories (no data). prim NULL:
+ * nothing made (zeroed, or after rfi_dnnl_copy_free). services.c. */
+typedef struct rfi_dnnl_copy {
+    dnnl_primitive_t prim;
+    dnnl_memory_t from, to;
+} rfi_dnnl_copy;
+RFI_FUNC dnnl_status_t rfi_dnnl_copy_make(rfi_dnnl_copy *c, const dnnl_memory_desc_t *from,
+                                          const dnnl_memory_desc_t *to, dnnl_engine_t eng);
+/* Reorders `from` into `to` and waits; errors name `what`. */
+RFI_FUNC rf_status rfi_dnnl_copy_run(const rfi_dnnl_copy *c, dnnl_stream_t s, const void *from,
+                                     void *to, const char *what);
+RFI_FUNC void rfi_dnnl_copy_free(rfi_dnnl_copy *c);
 /* A reorder primitive from one memory layout to another (conv.c). */
 RFI_FUNC dnnl_status_t rfi_dnnl_reorder_create(const dnnl_memory_desc_t *from,
                                                const dnnl_memory_desc_t *to, dnnl_engine_t eng,

@@ -79,8 +79,7 @@ typedef int32_t v8i __attribute__((vector_size(LANES * sizeof(int32_t))));
  * zero row of the kernel, and must not be a NaN another step left in the
  * workspace. */
 typedef struct blocking {
-    dnnl_primitive_t prim; /* NULL: the buffer is in those blocks already */
-    dnnl_memory_t from, to;
+    rfi_dnnl_copy copy; /* prim NULL: the buffer is in those blocks already */
     size_t at;
     int64_t outer, block;
     bool laid_out; /* the buffer is read or written in its own layout */
@@ -192,32 +191,11 @@ static dnnl_status_t make_blocking(blocking *b, const rfi_node *v, bool swapped,
                                               lanes_at == 1 ? dnnl_aBcd8b : dnnl_Abcd8a);
     if (st != dnnl_success || rfi_dnnl.memory_desc_equal(&buffer, &blocks))
         return st;
-    dnnl_memory_desc_t from = back ? blocks : buffer, to = back ? buffer : blocks;
-    if (st == dnnl_success)
-        st = rfi_dnnl.memory_create(&b->from, &from, eng, DNNL_MEMORY_NONE);
-    if (st == dnnl_success)
-        st = rfi_dnnl.memory_create(&b->to, &to, eng, DNNL_MEMORY_NONE);
-    if (st == dnnl_success)
-        st = rfi_dnnl_reorder_create(&from, &to, eng, &b->prim);
+    st = back ? rfi_dnnl_copy_make(&b->copy, &blocks, &buffer, eng)
+              : rfi_dnnl_copy_make(&b->copy, &buffer, &blocks, eng);
     b->at = *ws;
     *ws += rfi_ws_align(rfi_dnnl.memory_desc_get_size(&blocks));
     return st;
-}
-
-/* From the buffer into the blocks at ws + at, or (`back`) the other way. */
-static rf_status run_reorder(const blocking *b, dnnl_stream_t s, const float *buffer, bool back,
-                             char *ws)
-{
-    void *blocks = ws + b->at;
-    dnnl_status_t st = rfi_dnnl.memory_set_data_handle(b->from, back ? blocks : (void *)buffer);
-    if (st == dnnl_success)
-        st = rfi_dnnl.memory_set_data_handle(b->to, back ? (void *)buffer : blocks);
-    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, b->from}, {DNNL_ARG_TO, b->to}};
-    if (st == dnnl_success)
-        st = rfi_dnnl.primitive_execute(b->prim, s, 2, args);
-    if (st == dnnl_success)
-        st = rfi_dnnl.stream_wait(s);
-    return st == dnnl_success ? RF_OK : rfi_dnnl_error(st, "winograd convolution", "reorder");
 }
 
 /* The blocks of an operand's buffer: at ws + at, reordered from it, or the
@@ -225,18 +203,10 @@ static rf_status run_reorder(const blocking *b, dnnl_stream_t s, const float *bu
 static rf_status run_blocking(const blocking *b, dnnl_stream_t s, const float *buffer, char *ws,
                               const float **blocks_out)
 {
-    *blocks_out = b->prim ? (const float *)(ws + b->at) : buffer;
-    return b->prim ? run_reorder(b, s, buffer, false, ws) : RF_OK;
-}
-
-static void destroy_blocking(blocking *b)
-{
-    if (b->prim)
-        rfi_dnnl.primitive_destroy(b->prim);
-    if (b->from)
-        rfi_dnnl.memory_destroy(b->from);
-    if (b->to)
-        rfi_dnnl.memory_destroy(b->to);
+    *blocks_out = b->copy.prim ? (const float *)(ws + b->at) : buffer;
+    return b->copy.prim ? rfi_dnnl_copy_run(&b->copy, s, buffer, ws + b->at,
+                                            "winograd convolution")
+                        : RF_OK;
 }
 
 /* out[r * cols + c] = the LANES channels of element (row0 + r, col0 + c) of
@@ -589,7 +559,7 @@ rf_status rfi_winograd_run(rfi_winograd *w, dnnl_stream_t s, const float *x, con
         rs = run_blocking(&w->xb, s, x, ws, &x_blocks);
     if (rs != RF_OK)
         return rs;
-    float *r_blocks = w->rb.prim ? (float *)(ws + w->rb.at) : out;
+    float *r_blocks = w->rb.copy.prim ? (float *)(ws + w->rb.at) : out;
     if (w->form == KERNEL_TILES) { /* chunks of channels, their products added up */
         for (int64_t c0 = 0; c0 < w->n1_pad; c0 += w->k_lanes) {
             job kj = {w, k_blocks, u, 0, 0, c0, NULL};
@@ -618,7 +588,9 @@ rf_status rfi_winograd_run(rfi_winograd *w, dnnl_stream_t s, const float *x, con
             rfi_parallel_for(images * (w->o0_pad / LANES), 1, result_items, &rj);
         }
     }
-    return w->rb.prim ? run_reorder(&w->rb, s, out, true, ws) : RF_OK;
+    return w->rb.copy.prim ? rfi_dnnl_copy_run(&w->rb.copy, s, r_blocks, out,
+                                               "winograd convolution")
+                           : RF_OK;
 }
 
 int rfi_winograd_epilogue_ops(const rfi_winograd *w) { return w->n_epi; }
@@ -643,8 +615,8 @@ void rfi_winograd_free(rfi_winograd *w)
         return;
     rfi_dnnl_mm_destroy(&w->full);
     rfi_dnnl_mm_destroy(&w->last);
-    destroy_blocking(&w->xb);
-    destroy_blocking(&w->kb);
-    destroy_blocking(&w->rb);
+    rfi_dnnl_copy_free(&w->xb.copy);
+    rfi_dnnl_copy_free(&w->kb.copy);
+    rfi_dnnl_copy_free(&w->rb.copy);
     rfi_free(w);
 }
