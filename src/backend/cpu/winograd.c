@@ -14,10 +14,13 @@
  * bound is 1e-5).
  *
  * A call reorders the input and the kernel (oneDNN) into blocks of LANES
- * channels, channel innermost; transforms the kernel into U and the input
- * into V (the workspace); multiplies them position by position (one batched
+ * channels, channel innermost, unless their buffers are laid out so (the
+ * plan's 8-channel blocks); transforms the kernel into U and the input into
+ * V (the workspace); multiplies them position by position (one batched
  * oneDNN matmul: 36 products of M x K by K x O); transforms each product
- * row back into the result, in blocks; and reorders that into the result.
+ * row back into the result's blocks, applying a leading bias and relu of
+ * the step's epilogue; and reorders those into the result's layout, unless
+ * they are it.
  * K counts channels (and, in the second form, the kernel's pieces); M counts
  * result tiles (first form) or the result's batch (second form). The
  * transforms run on LANES channels at once: every tile element is one
