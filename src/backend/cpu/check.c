@@ -332,6 +332,8 @@ static void record(rfi_cpu_check *c, int x)
     int buf;
     size_t offset;
     rfi_plan_buffer(p, x, &buf, &offset);
+    if (!c->buffers[buf] || rfi_node_nbytes(n) == 0)
+        return; /* an empty value (its buffer may be NULL: no offset from it) */
     const char *src = (const char *)c->buffers[buf] + offset;
     char *dst = c->recorded[x];
     rfi_layout l = rfi_plan_layout(p, x);

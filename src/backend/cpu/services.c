@@ -765,9 +765,13 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     return RF_OK;
 }
 
+/* NULL for an empty value whose buffer is NULL (an empty argument or
+ * output): an offset, even 0, from a null pointer is undefined in C (the
+ * op fuzzer's clang build found one). */
 static void *buffer_at(void *const *buffers, value_ref r)
 {
-    return (char *)buffers[r.buffer] + r.offset;
+    char *base = buffers[r.buffer];
+    return base ? base + r.offset : NULL;
 }
 
 /* ---- Epilogues applied here ----------------------------------------------------------- */
