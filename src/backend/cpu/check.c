@@ -543,17 +543,13 @@ static bool accumulates(const rfi_node *n)
  * it), where its tile's other windows summed magnitudes up to 21. */
 #define TILE_REACH 3
 
-static double mag_at(const rfi_node *n, const void *mag, int64_t i)
+/* Element i of a float buffer of dtype dt set to v (rounded, for f32). */
+static void set_float(rf_dtype dt, void *p, int64_t i, double v)
 {
-    return rfi_element_as_double(n->dtype, mag, i);
-}
-
-static void set_mag(const rfi_node *n, void *mag, int64_t i, double v)
-{
-    if (n->dtype == RF_F32)
-        ((float *)mag)[i] = (float)v;
+    if (dt == RF_F32)
+        ((float *)p)[i] = (float)v;
     else
-        ((double *)mag)[i] = v;
+        ((double *)p)[i] = v;
 }
 
 /* One pass of widen_to_tiles: along the dim whose elements lie `step` apart,
@@ -567,8 +563,8 @@ static void widen_along(const rfi_node *n, void *mag, void *tmp, int64_t step, i
         int64_t hi = len - 1 - at < TILE_REACH ? len - 1 - at : TILE_REACH;
         double m = 0;
         for (int64_t k = -lo; k <= hi; k++)
-            m = fmax(m, mag_at(n, tmp, i + k * step));
-        set_mag(n, mag, i, m);
+            m = fmax(m, rfi_element_as_double(n->dtype, tmp, i + k * step));
+        set_float(n->dtype, mag, i, m);
     }
 }
 
@@ -806,11 +802,7 @@ static void perturb(const rfi_node *n, void *own, const void *const *operands,
             uint64_t at = (uint64_t)run << 56 ^ (uint64_t)n->id << 32 ^ (uint64_t)i;
             steps = (int)(rfi_hash_u64(0, at) % (2 * PERTURBED_ULPS + 1)) - PERTURBED_ULPS;
         }
-        v += steps * unit;
-        if (n->dtype == RF_F32)
-            ((float *)own)[i] = (float)v;
-        else
-            ((double *)own)[i] = v;
+        set_float(n->dtype, own, i, v + steps * unit);
     }
 }
 

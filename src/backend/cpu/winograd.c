@@ -342,24 +342,31 @@ INLINE void relu8(v8f *y)
     *y = (v8f)(((v8i)*y & keep) | ((v8i)nan & is_nan));
 }
 
-/* The epilogue's leading ops the call applies, on the LANES channels from
- * o of a result tile's `count` vectors. */
-INLINE void epilogue8(const job *jb, int64_t o, v8f *y, int count)
+/* The epilogue's BIAS vectors on the LANES channels from o (one per op;
+ * zero in padding lanes), made once per item of result_items. */
+INLINE void bias8(const job *jb, int64_t o, v8f *bias)
 {
     const rfi_winograd *w = jb->w;
     for (int e = 0; e < w->n_epi; e++) {
-        if (w->epi[e] == RFI_EPI_RELU) {
-            for (int i = 0; i < count; i++)
-                relu8(&y[i]);
-            continue;
-        }
-        const float *bias = jb->epi_src[e];
-        v8f b = {0};
-        for (int l = 0; l < LANES && o + l < w->o0; l++)
-            b[l] = bias[o + l];
-        for (int i = 0; i < count; i++)
-            y[i] += b;
+        const v8f zero = {0};
+        bias[e] = zero;
+        const float *src = jb->epi_src[e];
+        for (int l = 0; w->epi[e] == RFI_EPI_BIAS && l < LANES && o + l < w->o0; l++)
+            bias[e][l] = src[o + l];
     }
+}
+
+/* The epilogue's leading ops the call applies, on a result tile's `count`
+ * vectors (bias: bias8's). */
+INLINE void epilogue8(const rfi_winograd *w, const v8f *bias, v8f *y, int count)
+{
+    for (int e = 0; e < w->n_epi; e++)
+        for (int i = 0; i < count; i++) {
+            if (w->epi[e] == RFI_EPI_RELU)
+                relu8(&y[i]);
+            else
+                y[i] += bias[e];
+        }
 }
 
 /* The result, in blocks of LANES channels, from the products: item (image
@@ -376,6 +383,8 @@ VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
     for (int64_t i = lo; i < hi; i++) {
         int64_t n = i / blocks, o = i % blocks * LANES;
         float *out = jb->dst + (jb->first * blocks + i) * plane;
+        v8f bias[RFI_EPI_MAX];
+        bias8(jb, o, bias);
         for (int64_t t = 0; t < w->rows_per_image; t++) {
             const float *m = jb->src + (n * w->rows_per_image + t) * row_stride + o;
             v8f in[POSITIONS], z[ALPHA * 4], y[16];
@@ -385,7 +394,7 @@ VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
                 result_1d(in + s, ALPHA, z + s, ALPHA, outs);
             for (int k = 0; k < outs; k++)
                 result_1d(z + ALPHA * k, 1, y + outs * k, 1, outs);
-            epilogue8(jb, o, y, outs * outs);
+            epilogue8(w, bias, y, outs * outs);
             int64_t y0 = w->form == RESULT_TILES ? t / w->tiles_w * 4 : 0;
             int64_t x0 = w->form == RESULT_TILES ? t % w->tiles_w * 4 : 0;
             int rows = (int)(w->oh - y0 < outs ? w->oh - y0 : outs);
