@@ -1396,14 +1396,15 @@ static rfi_plan_opts pool_variant(int v)
 }
 
 /* The module's direct forwards that run their pool's kernel (kir.h
- * pool_kernel), each checked: 32 channels in two vectors of 16, 2x2 windows,
- * the pool's kernel lowered, run by it alone, its outermost loop over
- * [batch][2 channel blocks][window_rows], the plan's step running the pool,
- * and with tile_floats > 0 its result in a tile of that size, taking no
- * bytes (else in the arena). */
+ * pool_kernel), each checked: 32 channels in vectors of `lanes`, 2x2
+ * windows, the pool's kernel lowered, run by it alone, its outermost loop
+ * over [batch][32 / lanes channel blocks][window_rows], the plan's step
+ * running the pool, and with tile_floats > 0 its result in a tile of that
+ * size, taking no bytes (else in the arena). */
 static int pooled_forwards(const rfi_plan *p, const rfi_kir_module *km, int64_t batch,
-                           int64_t window_rows, int64_t tile_floats)
+                           int64_t window_rows, int64_t tile_floats, int64_t lanes)
 {
+    int64_t groups = lanes > 0 ? 32 / lanes : 0;
     int pooled = 0;
     for (int s = 0; km && s < km->n_steps; s++) {
         const rfi_kir_conv *d = &km->steps[s].conv;
@@ -1411,10 +1412,10 @@ static int pooled_forwards(const rfi_plan *p, const rfi_kir_module *km, int64_t 
             continue;
         pooled++;
         const rfi_kir_step *pk = &km->steps[d->pool_kernel];
-        CHECK(d->kind == RFI_KIR_CONV_FORWARD && d->o == 32 && d->lanes == 16);
-        CHECK(d->pool_rows == 2 && d->pool_groups == 2 && pk->pooled_by == s);
+        CHECK(d->kind == RFI_KIR_CONV_FORWARD && d->o == 32 && d->lanes == lanes);
+        CHECK(d->pool_rows == 2 && d->pool_groups == groups && pk->pooled_by == s);
         CHECK(pk->kind == RFI_KIR_STEP_KERNEL && pk->step == d->pool_step);
-        CHECK(pk->kernel->dims[0] == batch * 2 * window_rows);
+        CHECK(pk->kernel->dims[0] == batch * groups * window_rows);
         const rfi_step *st = &p->steps[km->steps[s].step];
         CHECK(st->runs_pool && d->tiled == (tile_floats > 0) && d->tile_floats == tile_floats);
         CHECK(p->loc[st->roots[0]].kind == (tile_floats > 0 ? RFI_LOC_TILE : RFI_LOC_ARENA));
@@ -1592,7 +1593,7 @@ static void test_spread_weight_grad(void)
         CHECK(v == 0 || (spread_bytes > 0 && arena[v] + spread_bytes <= arena[0]));
         /* the pool's result goes row-major to the dense layer, its codes
          * channel-blocked: the forward does not run the pool's loop */
-        CHECK(pooled_forwards(p, km, 0, 0, 0) == 0);
+        CHECK(pooled_forwards(p, km, 0, 0, 0, 0) == 0);
         for (int q = 0; p && q < p->n_steps; q++)
             CHECK(!p->steps[q].runs_pool);
         rfi_free(source);
@@ -1604,10 +1605,11 @@ static void test_spread_weight_grad(void)
 }
 
 /* A 1 -> 32 first layer with a 2x2 pool whose result (and codes) stay
- * channel-blocked for the next convolution: with 16-channel blocks its
+ * channel-blocked for the next convolution: with direct convolutions its
  * forward is a loop that runs the pool's kernel after each pair of rows
- * (the entry point does not call that kernel); with 8-channel blocks, or
- * without direct convolutions, they stay a call and a loop. */
+ * (the entry point does not call that kernel), in two vectors of 16
+ * channels with 16-channel blocks, four of 8 with 8-channel blocks (a tile
+ * spanning the four blocks' rows); without, they stay a call and a loop. */
 static void test_pooled_forward(void)
 {
     rf_nn_seed(10);
@@ -1622,15 +1624,16 @@ static void test_pooled_forward(void)
         rfi_plan *p = NULL;
         rfi_kir_module *km = NULL;
         char *source = plan_and_render(g, &o, &p, &km);
-        CHECK(pooled_forwards(p, km, 4, 13, (26 + 2) * 26 * 16) == (v == 1));
-        CHECK(source && (strstr(source, "pool over them") != NULL) == (v == 1));
+        int64_t lanes = v == 1 ? 16 : 8, tile = ((32 / lanes - 1) * 26 + 2) * 26 * lanes;
+        CHECK(pooled_forwards(p, km, 4, 13, tile, lanes) == (v > 0));
+        CHECK(source && (strstr(source, "pool over them") != NULL) == (v > 0));
         /* the pool's kernel (step 1) is called from the forward's loop, on
          * its tile, or by the entry point, not both */
-        CHECK(source && (strstr(source, "k1_max(c->pool, q, q + 1, yt);") != NULL) == (v == 1));
-        CHECK(source && (strstr(source, "float ytile[") != NULL) == (v == 1));
+        CHECK(source && (strstr(source, "k1_max(c->pool, q, q + 1, yt);") != NULL) == (v > 0));
+        CHECK(source && (strstr(source, "float ytile[") != NULL) == (v > 0));
         bool entry_calls =
             source && (strstr(source, "k1_max(&c, ") || strstr(source, ", k1_max, &c)"));
-        CHECK(entry_calls == (v != 1));
+        CHECK(entry_calls == (v == 0));
         /* the pool's kernel loops over the 16 lanes of a block innermost (with
          * 16-channel blocks: one 512-bit vector, RF_LANES16), over 8 with 8 */
         CHECK(source && (strstr(source, "RF_KERNEL RF_LANES16 void k1_max(") != NULL) == (v != 2));
@@ -1660,7 +1663,7 @@ static void test_pooled_forward_untiled(void)
     rfi_plan *p = NULL;
     rfi_kir_module *km = NULL;
     char *source = g ? plan_and_render(g, &o, &p, &km) : NULL;
-    CHECK(pooled_forwards(p, km, 2, 31, 0) == 1);
+    CHECK(pooled_forwards(p, km, 2, 31, 0, 16) == 1);
     CHECK(source && strstr(source, "k1_max(c->pool, q, q + 1);") && !strstr(source, "ytile"));
     rfi_free(source);
     rfi_kir_free(km);

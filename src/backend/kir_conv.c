@@ -21,9 +21,9 @@
  * vectors hold 16 floats), with kernels up to 7x7; and,
  * where the machine's vectors hold 8 floats or the output gradient is a
  * spread pool gradient, weight gradients of few input channels to more
- * outputs (gradient_vectors below); and, where they hold 16, forwards to
- * 32 outputs whose result only a pool's loop reads (pooled_vectors), which
- * the loop then runs row by row (kir.h pool_step). There the library is at
+ * outputs (gradient_vectors below); and forwards to 32 outputs whose result
+ * only a pool's loop reads, in vectors of the plan's channel block
+ * (pooled_vectors), which the loop then runs row by row (kir.h pool_step). There the library is at
  * its slowest: on a 2-core AVX-512 machine, oneDNN ran the ResNet's 8 -> 8
  * channel 3x3 convolutions at ~95 GFLOP/s and its 1 -> 8 first layer at
  * ~30, where the generated loop (one vector of output channels times a row
@@ -53,8 +53,8 @@
 #define DIRECT_MAX_GRADIENT 1536 /* the same for a weight gradient's partials (per chunk) */
 #define DIRECT_MAX_ROWS 8192    /* kh * padded width * c floats */
 #define DIRECT_MAX_VECTORS 8    /* a weight gradient's outputs: 8 vectors of 8 at most */
-#define POOLED_MAX_OUT 32       /* a pooled forward's outputs: 2 vectors of 16 at most */
-#define TILE_MAX_FLOATS 16384   /* a pooled forward's tile: 64 KB of its stack */
+#define POOLED_MAX_OUT 32       /* a pooled forward's outputs: 2 vectors of 16 or 4 of 8 */
+#define TILE_MAX_FLOATS 20480   /* a pooled forward's tile: 80 KB of its stack */
 
 /* Materialised node x's buffer and offset; false when x has none (inline). */
 static bool buffer_of(const rfi_plan *p, const rfi_node *x, int *buffer, size_t *offset)
@@ -385,15 +385,22 @@ static bool forward_vectors_of_8(const rfi_plan *p, const rfi_kir_conv *d)
     return d->kind == RFI_KIR_CONV_FORWARD && p->channel_blocks == RFI_LAYOUT_C8 && d->o == 16;
 }
 
-/* A forward convolution to 32 output channels in vectors of 16 with a pool
- * over its result (pool_step): a loop that writes the 5.5 MB result of the
- * cnn's 1 -> 32 first layer row by row and pools each pair of rows while
- * they are in the cache, where oneDNN's kernel and the pool's loop each
- * went through the whole of it. */
+/* A forward convolution to at most 32 output channels in vectors of the
+ * plan's channel block (16, or 8 where the machine's vectors hold 8) with a
+ * pool over its result (pool_step): a loop that writes the 5.5 MB result of
+ * the cnn's 1 -> 32 first layer row by row and pools each pair of rows
+ * while they are in the cache, where oneDNN's kernel and the pool's loop
+ * each went through the whole of it (and the services' relu, which
+ * oneDNN's kernel never applies: rfi_dnnl_post_faithful).
+ * On a 2-core AVX2 machine, in four vectors of 8 and with the rows in a
+ * tile, the layer and its pool took 0.38-0.39 ms in the cnn step against
+ * 0.39-0.42 ms for oneDNN's kernel and 0.12-0.13 for the pool's loop. */
 static bool pooled_vectors(const rfi_plan *p, const rfi_kir_conv *d)
 {
+    int64_t block = rfi_layout_block(p->channel_blocks);
     return d->kind == RFI_KIR_CONV_FORWARD && d->pool_step >= 0 &&
-           p->channel_blocks == RFI_LAYOUT_C16 && d->o % 16 == 0 && d->o <= POOLED_MAX_OUT;
+           rfi_layout_blocked(p->channel_blocks) && d->o % block == 0 &&
+           d->o <= POOLED_MAX_OUT;
 }
 
 /* The channel counts and sizes the generated loops are chosen for. Sixteen
@@ -421,7 +428,9 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
 static int64_t lanes_of(const rfi_plan *p, const rfi_kir_conv *d)
 {
     if (d->kind == RFI_KIR_CONV_FORWARD)
-        return forward_vectors_of_8(p, d) ? 8 : pooled_vectors(p, d) ? 16 : d->o;
+        return forward_vectors_of_8(p, d)  ? 8
+               : pooled_vectors(p, d) ? rfi_layout_block(p->channel_blocks)
+                                      : d->o;
     return rfi_layout_blocked(d->w_layout) ? rfi_layout_block(d->w_layout) : d->o;
 }
 
@@ -456,12 +465,12 @@ bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out)
     d.y_layout = rfi_plan_layout(p, y->id);
     if (!forward && d.y_layout != RFI_LAYOUT_PLAIN)
         return false;
-    if (forward && p->channel_blocks == RFI_LAYOUT_C16 && d.y_layout == RFI_LAYOUT_C16) {
-        d.lanes = 16; /* what pooled_vectors takes */
+    if (forward && rfi_layout_blocked(p->channel_blocks) && d.y_layout == p->channel_blocks) {
+        d.lanes = rfi_layout_block(p->channel_blocks); /* what pooled_vectors takes */
         d.pool_step = pool_step_of(p, step, y, &d, &d.pool_rows);
-        d.pool_groups = d.o / 16;
-        /* [N, O / 16, OH, OW, 16]: rows i .. i + pool_rows - 1 of one image */
-        int64_t span = ((d.pool_groups - 1) * d.oh + d.pool_rows) * d.ow * 16;
+        d.pool_groups = d.o / d.lanes;
+        /* [N, O / L, OH, OW, L]: rows i .. i + pool_rows - 1 of one image */
+        int64_t span = ((d.pool_groups - 1) * d.oh + d.pool_rows) * d.ow * d.lanes;
         d.tile_floats = d.pool_step >= 0 && span <= TILE_MAX_FLOATS ? span : 0;
         d.tiled = d.pool_step >= 0 && p->loc[y->id].kind == RFI_LOC_TILE;
     }

@@ -512,7 +512,7 @@ static void forward_rows_head(rfi_strbuf *def, const rfi_kir_conv *d)
                       "        const int64_t first = (n * %lld * %lld + pr * %lld) * %lld;\n"
                       "        float *const yt = (float *)((uintptr_t)ytile - "
                       "(uintptr_t)first * sizeof(float));\n",
-                      (long long)d->pool_groups, OH, R, (long long)d->ow * 16);
+                      (long long)d->pool_groups, OH, R, (long long)(d->ow * d->lanes));
     rfi_sb_printf(def, "        for (int64_t i = pr * %lld; i < pr * %lld + %lld; i++) {\n", R, R,
                   R);
 }
