@@ -631,9 +631,10 @@ static bool has_avx512_core(void)
  * kernels (AVX-512 CPUs), its Winograd for 3x3 stride-1 forward and
  * weight-gradient forms with >= 32 channels, backward-data for the widely
  * padded input gradient of an unpadded 3x3, Winograd's where that gradient
- * is whole 4x4 tiles (12x12); elsewhere winograd.c's for all four; the
- * direct kernels once RF_CONV_WINOGRAD=0. Each result is within the
- * contraction bound of run_case (1e-5 of sum |x||w|). */
+ * is whole 4x4 tiles (12x12); elsewhere winograd.c's for all four, and at
+ * 16 channels for a 3x3 kernel but not a 3x3 result; the direct kernels
+ * once RF_CONV_WINOGRAD=0. Each result is within the contraction bound of
+ * run_case (1e-5 of sum |x||w|). */
 static void test_conv_rule_paths(void)
 {
     static const conv_case forward = {"wide 3x3 forward", 4, {4, 32, 9, 9}, {48, 32, 3, 3},
@@ -656,6 +657,16 @@ static void test_conv_rule_paths(void)
     CHECK(!strcmp(f.path, avx512 ? "forward-winograd" : "winograd 4x4"));
     CHECK(!strcmp(k.path, avx512 ? "bwd-weights-winograd" : "winograd 3x3"));
     CHECK(!strcmp(d.path, avx512 ? "bwd-data" : "winograd 4x4"));
+    static const conv_case forward16 = {"16 channels 3x3", 4, {4, 16, 9, 9}, {16, 16, 3, 3},
+                                        {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1};
+    static const conv_case kernel_grad16 = {"16 channels kernel grad", 4, {16, 4, 11, 11},
+                                            {16, 4, 9, 9}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1};
+    f = run_conv(&forward16, RF_F32, false);
+    k = run_conv(&kernel_grad16, RF_F32, true);
+    printf("conv rule: %s -> %s (%.3g), %s -> %s (%.3g)\n", forward16.name, f.path, f.worst,
+           kernel_grad16.name, k.path, k.worst);
+    CHECK(avx512 ? !strstr(f.path, "winograd") : !strcmp(f.path, "winograd 4x4"));
+    CHECK(!strcmp(k.path, "bwd-weights"));
     setenv("RF_CONV_WINOGRAD", "0", 1);
     f = run_conv(&forward, RF_F32, false);
     k = run_conv(&kernel_grad, RF_F32, false);
@@ -1481,10 +1492,12 @@ static void test_conv_shared_inputs(void)
         abs_args[k] = abs_copy(args[k], RF_F32, n);
     }
     float *shared_out[2], *plain_out[2];
+    setenv("RF_CONV_WINOGRAD", "0", 1); /* oneDNN's kernels, whose inputs are reordered */
     int shared = run_two_convs(g, args, shared_out);
     setenv("RF_CONV_SHARE", "0", 1);
     int unshared = run_two_convs(g, args, plain_out);
     unsetenv("RF_CONV_SHARE");
+    unsetenv("RF_CONV_WINOGRAD");
     CHECK(shared == 1 && unshared == 0);
     void **want = interp_all(g, args), **scale = interp_all(g, abs_args);
     double worst = 0;

@@ -80,6 +80,8 @@
 #define TRAINING_KIND_MIN_CHANNELS 16
 /* Fewer channels than this: no Winograd (winograd_wanted). */
 #define WINOGRAD_MIN_CHANNELS 32
+/* winograd.c's forward and input-gradient form takes fewer (own_winograd_wanted). */
+#define OWN_WINOGRAD_MIN_CHANNELS 16
 
 enum { PATH_IM2COL, PATH_FORWARD, PATH_BWD_WEIGHTS, PATH_BWD_DATA, PATH_OWN_WINOGRAD };
 
@@ -1049,25 +1051,30 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
     try_path(c, PATH_BWD_DATA, eng);
 }
 
-/* Whether to try winograd.c's convolution, and on how few channels (its
- * min_channels). RF_CONV_PATH=winograd forces it where the form fits (any
- * channels); another RF_CONV_PATH, or RF_CONV_WINOGRAD=0, never; else only
- * where oneDNN has no Winograd kernels (below AVX-512, where its channel
- * block is 8), with WINOGRAD_MIN_CHANNELS as for oneDNN's, or any channels
- * with RF_CONV_WINOGRAD=1. Measured on two AVX2 cores: the cnn's 32 -> 64
+/* Whether to try winograd.c's convolution, and on how few channels in each
+ * of its forms (its min_channels: a 3x3 kernel, a 3x3 result).
+ * RF_CONV_PATH=winograd forces it where the form fits (any channels);
+ * another RF_CONV_PATH, or RF_CONV_WINOGRAD=0, never; else only where oneDNN
+ * has no Winograd kernels (below AVX-512, where its channel block is 8), with
+ * OWN_WINOGRAD_MIN_CHANNELS and WINOGRAD_MIN_CHANNELS, or any channels with
+ * RF_CONV_WINOGRAD=1. Measured on two AVX2 cores: the cnn's 32 -> 64
  * channels (64 images, 13x13) forward 1.0 against 1.92 ms direct, its
- * gradients 2.0-2.1 against 3.4 ms; the ResNet example's 16 channels at 14x14
- * forward 0.85 against 0.95 ms, but gradients 2.0 against 1.7 ms. */
-static bool own_winograd_wanted(int64_t *min_channels)
+ * gradients 2.0-2.1 against 3.4 ms. The ResNet example's 16 channels at
+ * 14x14 (128 images): forward 0.84-0.89 against 0.94 ms, input and weight
+ * gradient 1.40-1.44 against 1.77 ms with the weight gradient oneDNN's, but
+ * 1.68-1.78 ms with both winograd.c's; the step 15.2-15.3 against 16.3 ms. */
+static bool own_winograd_wanted(int64_t min_channels[2])
 {
     const char *forced = getenv("RF_CONV_PATH"), *env = getenv("RF_CONV_WINOGRAD");
-    *min_channels = 1;
+    min_channels[0] = min_channels[1] = 1;
     if (forced && *forced)
         return !strcmp(forced, "winograd");
     if (env && *env == '0')
         return false;
-    if (!env || *env != '1')
-        *min_channels = WINOGRAD_MIN_CHANNELS;
+    if (!env || *env != '1') {
+        min_channels[0] = OWN_WINOGRAD_MIN_CHANNELS;
+        min_channels[1] = WINOGRAD_MIN_CHANNELS;
+    }
     return rfi_dnnl_channel_block() == 8;
 }
 
@@ -1082,9 +1089,9 @@ static size_t choose_path(rfi_cpu_conv *c, dnnl_engine_t eng)
             return c->dnnl_workspace;
     }
     c->rounds = c->bf16;
-    int64_t min_channels;
+    int64_t min_channels[2];
     size_t bytes = 0;
-    if (own_winograd_wanted(&min_channels) &&
+    if (own_winograd_wanted(min_channels) &&
         rfi_winograd_prepare(c->node, c->views, c->layouts, c->epi, c->n_epi, min_channels, eng,
                              &c->own, &bytes) == RF_OK) {
         c->path = PATH_OWN_WINOGRAD;

@@ -506,8 +506,8 @@ static bool bias_left(const rfi_epi_op *epi, int n_epi, int taken)
 
 rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
                                const rfi_layout layouts[3], const rfi_epi_op *epi, int n_epi,
-                               int64_t min_channels, dnnl_engine_t eng, rfi_winograd **out,
-                               size_t *workspace_bytes)
+                               const int64_t min_channels[2], dnnl_engine_t eng,
+                               rfi_winograd **out, size_t *workspace_bytes)
 {
     *out = NULL;
     *workspace_bytes = 0;
@@ -515,7 +515,8 @@ rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
     if (n->op != RFI_OP_CONVOLUTION || n->n_in != 2 || !read_form(&probe, n))
         return RF_E_UNSUPPORTED;
     int64_t in_channels = probe.form == RESULT_TILES ? probe.n1 : probe.n0;
-    if (in_channels < min_channels || probe.o0 < min_channels)
+    int64_t fewest = min_channels[probe.form == RESULT_TILES ? 0 : 1];
+    if (in_channels < fewest || probe.o0 < fewest)
         return RF_E_UNSUPPORTED;
     if (probe.form == KERNEL_TILES)
         choose_k_lanes(&probe);

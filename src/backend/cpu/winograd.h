@@ -25,13 +25,14 @@ typedef struct rfi_winograd rfi_winograd;
  * a view's: its buffer's), read and written as they are where oneDNN can
  * describe them (rfi_winograd_laid_out). epi: the step's epilogue, whose
  * leading per-channel BIAS and RELU ops the result transform applies
- * (rfi_winograd_epilogue_ops). `min_channels`: the fewest channels (C and O)
- * taken. Keeps pointers to nothing of the caller's; freed with
- * rfi_winograd_free. */
+ * (rfi_winograd_epilogue_ops). min_channels[f]: the fewest channels (C and
+ * O) taken in form f (0: a 3x3 kernel, 1: a 3x3 result). Keeps pointers to
+ * nothing of the caller's; freed with rfi_winograd_free. */
 RFI_FUNC rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
                                         const rfi_layout layouts[3], const rfi_epi_op *epi,
-                                        int n_epi, int64_t min_channels, dnnl_engine_t eng,
-                                        rfi_winograd **out, size_t *workspace_bytes);
+                                        int n_epi, const int64_t min_channels[2],
+                                        dnnl_engine_t eng, rfi_winograd **out,
+                                        size_t *workspace_bytes);
 /* epi_src: the operand of each epilogue op (conv.c's convention). */
 RFI_FUNC rf_status rfi_winograd_run(rfi_winograd *w, dnnl_stream_t s, const float *x,
                                     const float *k, float *out, const void *const *epi_src,
