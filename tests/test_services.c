@@ -723,10 +723,11 @@ static void test_conv_own_winograd(void)
          {0}, 1, 1},
         {"3x3 input grad", 4, {2, 40, 10, 10}, {24, 40, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0},
          1, 1},
-        {"3x3 trimmed", 4, {2, 16, 13, 13}, {16, 16, 3, 3}, {1, 1}, {0, -1}, {-1, 0}, {0}, {0},
+        /* 27 tiles: the fused form's last six-tile item holds 3 */
+        {"3x3 trimmed", 4, {3, 16, 13, 13}, {16, 16, 3, 3}, {1, 1}, {0, -1}, {-1, 0}, {0}, {0},
          1, 1},
         {"3x3 wide rows", 4, {1, 8, 5, 70}, {8, 8, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1},
-        {"3x3 chunk tail", 4, {5, 32, 48, 48}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0},
+        {"3x3 many tiles", 4, {5, 32, 48, 48}, {32, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0},
          1, 1},
         {"3x3 to 1x1", 4, {1, 8, 3, 3}, {9, 8, 3, 3}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1},
         {"kernel grad padded", 4, {12, 6, 8, 8}, {20, 6, 8, 8}, {1, 1}, {1, 1}, {1, 1}, {0},
@@ -736,6 +737,10 @@ static void test_conv_own_winograd(void)
         /* 20 images in three blocks of 8, each its own product, added up */
         {"kernel grad chunked", 4, {64, 20, 12, 12}, {64, 20, 10, 10}, {1, 1}, {0}, {0}, {0},
          {0}, 1, 1},
+        /* beyond the fused form's 64 input channels: V and the products in the
+         * workspace, 16 images in chunks of 13 and 3 */
+        {"3x3 unfused", 4, {16, 72, 20, 20}, {16, 72, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0},
+         1, 1},
     };
     int n = (int)(sizeof cases / sizeof cases[0]), took = 0;
     double worst = 0;

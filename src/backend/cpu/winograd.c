@@ -32,7 +32,22 @@
  * outermost against 0.24 ms, the input transform 0.31 against 0.15 ms,
  * where the products lost 0.04-0.09 ms through the strides.
  *
- * The first form runs on chunks of images whose transformed input and
+ * The first form with at most FUSED_MAX_K input channels (rounded up to
+ * LANES) runs fused instead (fused_items): six tiles at a time, their
+ * transformed patches in a table on the stack, the products of that table
+ * and U (positions outermost there) by a register-blocked loop of its own,
+ * and the output transform straight from those products, so V and the
+ * products never go through memory. oneDNN's batched matmul ran these
+ * products (K of 16-64) at 100-150 GFLOP/s on two AVX2 cores, 55-85% of
+ * their peak; the loop runs at about 80% of it. The cnn's second layer
+ * (32 -> 64 channels, 64 images) forward took 0.82-0.88 ms in the step
+ * against 0.95-1.02 (its products alone at the peak would take 0.47), its
+ * input gradient (64 -> 32) about 0.05 ms less, the step 4.35-4.50 ->
+ * 4.15-4.29 ms (5 alternating pairs of RF_PROFILE=40 rf_bench --workload
+ * cnn); the ResNet's 16- and 32-channel layers about as before, with 1.7
+ * MB less memory.
+ *
+ * Otherwise the first form runs on chunks of images whose transformed input and
  * products fit CHUNK_BYTES; the second on chunks of the channels it sums
  * over (the forward's images), whose transformed kernel and input fit
  * K_CHUNK_BYTES, each chunk's product added to the last's by the matmul
@@ -105,6 +120,8 @@ struct rfi_winograd {
     rfi_dnnl_mm full, last;
     blocking xb, kb, rb;    /* x in blocks of dim 1, the kernel of dim 0, the result of dim 1 */
     size_t u_at, v_at, m_at;
+    bool fused;             /* the first form by fused_items: no products through oneDNN */
+    size_t u_row, u_pos;    /* U's strides (floats): a K row, a position */
     int n_epi;              /* leading epilogue ops the result transform applies */
     rfi_epi_kind epi[RFI_EPI_MAX];
 };
@@ -248,6 +265,7 @@ typedef struct job {
     int64_t first, images;       /* the chunk (images of dim 0) */
     int64_t c0;                  /* the first channel of dim 1 in the product */
     const void *const *epi_src;  /* result_items: the epilogue's operands */
+    const float *u;              /* fused_items: the transformed kernel */
 } job;
 
 /* Each job is compiled for x86-64-v3 (AVX2 and FMA: one vector a register,
@@ -271,8 +289,8 @@ VECTOR_JOB static void kernel_items(void *ctx, int64_t lo, int64_t hi)
     const job *jb = ctx;
     const rfi_winograd *w = jb->w;
     int64_t blocks = w->o0_pad / LANES, kplane = w->kh * w->kw * LANES;
-    size_t pos_stride = (size_t)w->o0_pad;
-    int64_t row_stride = POSITIONS * w->o0_pad;
+    size_t pos_stride = w->u_pos;
+    int64_t row_stride = w->u_row;
     for (int64_t i = lo; i < hi; i++) {
         int64_t c = jb->c0 + i / blocks, ob = i % blocks;
         const float *plane =
@@ -300,6 +318,19 @@ VECTOR_JOB static void kernel_items(void *ctx, int64_t lo, int64_t hi)
     }
 }
 
+/* B^T d B of the 6x6 patch at patch[r * stride + c], stored at dst + p *
+ * pos_stride for each of its 36 positions p. */
+INLINE void data_tile(const v8f *patch, int stride, float *dst, size_t pos_stride)
+{
+    v8f z[POSITIONS], v[POSITIONS];
+    for (int s = 0; s < ALPHA; s++)
+        data_1d(patch + s, stride, z + s, ALPHA);
+    for (int k = 0; k < ALPHA; k++)
+        data_1d(z + ALPHA * k, 1, v + ALPHA * k, 1);
+    for (int p = 0; p < POSITIONS; p++)
+        STORE8(dst + p * pos_stride, v[p]);
+}
+
 /* Tiles of a row whose patches a data item stages at once. */
 #define BAND_TILES 15
 
@@ -324,15 +355,9 @@ VECTOR_JOB static void data_items(void *ctx, int64_t lo, int64_t hi)
                 int bc = (int)(4 * txs + 2);
                 stage(plane, w->ih, w->iw, w->top + 4 * ty, w->left + 4 * tx0, ALPHA, bc, band);
                 for (int64_t tx = 0; tx < txs; tx++) {
-                    v8f z[POSITIONS], v[POSITIONS];
-                    for (int s = 0; s < ALPHA; s++)
-                        data_1d(band + 4 * tx + s, bc, z + s, ALPHA);
-                    for (int k = 0; k < ALPHA; k++)
-                        data_1d(z + ALPHA * k, 1, v + ALPHA * k, 1);
                     int64_t t = ty * w->tiles_w + tx0 + tx;
                     float *dst = base + (tile_rows ? t * row_stride : t * w->k_lanes);
-                    for (int p = 0; p < POSITIONS; p++)
-                        STORE8(dst + p * pos_stride, v[p]);
+                    data_tile(band + 4 * tx, bc, dst, pos_stride);
                 }
             }
         }
@@ -375,6 +400,28 @@ INLINE void epilogue8(const rfi_winograd *w, const v8f *bias, v8f *y, int count)
         }
 }
 
+/* The outs x outs result tile at row y0, column x0 (4x4 in the first form,
+ * the whole 3x3 result in the second) on LANES channels from the 36
+ * products at m + p * pos_stride, with the epilogue's leading ops (bias:
+ * bias8's), into the channel block's plane `out`. */
+INLINE void result_tile(const rfi_winograd *w, const float *m, size_t pos_stride,
+                        const v8f *bias, int outs, int64_t y0, int64_t x0, float *out)
+{
+    v8f in[POSITIONS], z[ALPHA * 4], y[16];
+    for (int p = 0; p < POSITIONS; p++)
+        in[p] = LOAD8(m + p * pos_stride);
+    for (int s = 0; s < ALPHA; s++)
+        result_1d(in + s, ALPHA, z + s, ALPHA, outs);
+    for (int k = 0; k < outs; k++)
+        result_1d(z + ALPHA * k, 1, y + outs * k, 1, outs);
+    epilogue8(w, bias, y, outs * outs);
+    int rows = (int)(w->oh - y0 < outs ? w->oh - y0 : outs);
+    int cols = (int)(w->ow - x0 < outs ? w->ow - x0 : outs);
+    for (int a = 0; a < rows; a++)
+        for (int b = 0; b < cols; b++)
+            STORE8(out + ((y0 + a) * w->ow + x0 + b) * LANES, y[a * outs + b]);
+}
+
 /* The result, in blocks of LANES channels, from the products: item (image
  * of the chunk, block of output lanes). */
 VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
@@ -382,7 +429,6 @@ VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
     const job *jb = ctx;
     const rfi_winograd *w = jb->w;
     int64_t blocks = w->o0_pad / LANES;
-    int outs = w->form == RESULT_TILES ? 4 : 3;
     size_t pos_stride = (size_t)w->o0_pad;
     int64_t row_stride = POSITIONS * w->o0_pad;
     int64_t plane = w->oh * w->ow * LANES;
@@ -393,21 +439,122 @@ VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
         bias8(jb, o, bias);
         for (int64_t t = 0; t < w->rows_per_image; t++) {
             const float *m = jb->src + (n * w->rows_per_image + t) * row_stride + o;
-            v8f in[POSITIONS], z[ALPHA * 4], y[16];
-            for (int p = 0; p < POSITIONS; p++)
-                in[p] = LOAD8(m + p * pos_stride);
-            for (int s = 0; s < ALPHA; s++)
-                result_1d(in + s, ALPHA, z + s, ALPHA, outs);
-            for (int k = 0; k < outs; k++)
-                result_1d(z + ALPHA * k, 1, y + outs * k, 1, outs);
-            epilogue8(w, bias, y, outs * outs);
-            int64_t y0 = w->form == RESULT_TILES ? t / w->tiles_w * 4 : 0;
-            int64_t x0 = w->form == RESULT_TILES ? t % w->tiles_w * 4 : 0;
-            int rows = (int)(w->oh - y0 < outs ? w->oh - y0 : outs);
-            int cols = (int)(w->ow - x0 < outs ? w->ow - x0 : outs);
-            for (int a = 0; a < rows; a++)
-                for (int b = 0; b < cols; b++)
-                    STORE8(out + ((y0 + a) * w->ow + x0 + b) * LANES, y[a * outs + b]);
+            if (w->form == RESULT_TILES)
+                result_tile(w, m, pos_stride, bias, 4, t / w->tiles_w * 4, t % w->tiles_w * 4,
+                            out);
+            else
+                result_tile(w, m, pos_stride, bias, 3, 0, 0, out);
+        }
+    }
+}
+
+/* ---- The first form fused: transforms and products on a few tiles at once ------------ */
+
+/* Tiles a fused item takes: the rows of the products' register blocks. */
+#define FUSED_TILES 6
+/* Output channels a register block holds: two vectors. */
+#define FUSED_COLS (2 * LANES)
+/* The most K (input channels, rounded up to LANES) a fused item's stack
+ * holds the transformed tiles of. */
+#define FUSED_MAX_K 64
+
+/* The FUSED_TILES x 16 block of the product of V (rows at v + r * v_row, K
+ * of them contiguous) and U (row c at u + c * u_row), stored at m + r *
+ * m_row: twelve accumulators, the two kernel vectors and a broadcast, 15 of
+ * AVX2's 16 registers. Named, not an array: gcc -O3 kept an array of them
+ * partly on the stack (render_conv.c found the same). */
+INLINE void product16(const float *v, size_t v_row, const float *u, size_t u_row, int64_t k,
+                      float *m, size_t m_row)
+{
+    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0};
+    v8f b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0}, b4 = {0}, b5 = {0};
+    for (int64_t c = 0; c < k; c++) {
+        v8f lo = LOAD8(u + c * u_row), hi = LOAD8(u + c * u_row + LANES);
+        float x0 = v[c], x1 = v[v_row + c], x2 = v[2 * v_row + c];
+        float x3 = v[3 * v_row + c], x4 = v[4 * v_row + c], x5 = v[5 * v_row + c];
+        a0 += x0 * lo, b0 += x0 * hi, a1 += x1 * lo, b1 += x1 * hi;
+        a2 += x2 * lo, b2 += x2 * hi, a3 += x3 * lo, b3 += x3 * hi;
+        a4 += x4 * lo, b4 += x4 * hi, a5 += x5 * lo, b5 += x5 * hi;
+    }
+    STORE8(m, a0), STORE8(m + LANES, b0), STORE8(m + m_row, a1), STORE8(m + m_row + LANES, b1);
+    STORE8(m + 2 * m_row, a2), STORE8(m + 2 * m_row + LANES, b2);
+    STORE8(m + 3 * m_row, a3), STORE8(m + 3 * m_row + LANES, b3);
+    STORE8(m + 4 * m_row, a4), STORE8(m + 4 * m_row + LANES, b4);
+    STORE8(m + 5 * m_row, a5), STORE8(m + 5 * m_row + LANES, b5);
+}
+
+/* The same for the last 8 output channels, where O is an odd number of
+ * LANES. */
+INLINE void product8(const float *v, size_t v_row, const float *u, size_t u_row, int64_t k,
+                     float *m, size_t m_row)
+{
+    v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0};
+    for (int64_t c = 0; c < k; c++) {
+        v8f lo = LOAD8(u + c * u_row);
+        a0 += v[c] * lo, a1 += v[v_row + c] * lo, a2 += v[2 * v_row + c] * lo;
+        a3 += v[3 * v_row + c] * lo, a4 += v[4 * v_row + c] * lo, a5 += v[5 * v_row + c] * lo;
+    }
+    STORE8(m, a0), STORE8(m + m_row, a1), STORE8(m + 2 * m_row, a2);
+    STORE8(m + 3 * m_row, a3), STORE8(m + 4 * m_row, a4), STORE8(m + 5 * m_row, a5);
+}
+
+/* The input transform of tile t (of the batch's tiles, image by image) on
+ * every block of input lanes, into vt [36][k_dim]. */
+INLINE void fused_data(const rfi_winograd *w, const float *x, int64_t t, float *vt)
+{
+    int64_t n = t / w->tiles, ty = t % w->tiles / w->tiles_w, tx = t % w->tiles_w;
+    int64_t plane_size = w->ih * w->iw * LANES;
+    for (int64_t cb = 0; cb < w->k_dim / LANES; cb++) {
+        const float *plane = x + (n * w->xb.outer + cb * w->xb.block) * plane_size;
+        v8f patch[POSITIONS];
+        stage(plane, w->ih, w->iw, w->top + 4 * ty, w->left + 4 * tx, ALPHA, ALPHA, patch);
+        data_tile(patch, ALPHA, vt + cb * LANES, (size_t)w->k_dim);
+    }
+}
+
+/* The first form on FUSED_TILES tiles of the whole batch at once: item i
+ * (tiles i * FUSED_TILES on, images and tiles in order) transforms its
+ * tiles' patches into a table on the stack, multiplies them by U position
+ * by position a block of FUSED_COLS output channels at a time, and
+ * transforms those products back into the result, so the transformed tiles
+ * and products stay in a core's first caches. */
+VECTOR_JOB static void fused_items(void *ctx, int64_t lo, int64_t hi)
+{
+    const job *jb = ctx;
+    const rfi_winograd *w = jb->w;
+    _Alignas(64) float vt[FUSED_TILES * POSITIONS * FUSED_MAX_K];
+    _Alignas(64) float mt[FUSED_TILES * POSITIONS * FUSED_COLS];
+    int64_t all = w->n0 * w->tiles, blocks = w->o0_pad / LANES;
+    size_t v_row = (size_t)POSITIONS * w->k_dim;
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t t0 = i * FUSED_TILES;
+        int count = (int)(all - t0 < FUSED_TILES ? all - t0 : FUSED_TILES);
+        for (int r = 0; r < FUSED_TILES; r++) {
+            if (r < count)
+                fused_data(w, jb->src, t0 + r, vt + r * v_row);
+            else /* rows past the last tile: zeros, whose products are not stored */
+                memset(vt + r * v_row, 0, v_row * sizeof(float));
+        }
+        for (int64_t o = 0; o < w->o0_pad; o += FUSED_COLS) {
+            int cols = (int)(w->o0_pad - o < FUSED_COLS ? w->o0_pad - o : FUSED_COLS);
+            for (int p = 0; p < POSITIONS; p++) {
+                const float *vp = vt + p * w->k_dim, *up = jb->u + p * w->u_pos + o;
+                float *mp = mt + p * FUSED_COLS;
+                if (cols == FUSED_COLS)
+                    product16(vp, v_row, up, w->u_row, w->k_dim, mp, POSITIONS * FUSED_COLS);
+                else
+                    product8(vp, v_row, up, w->u_row, w->k_dim, mp, POSITIONS * FUSED_COLS);
+            }
+            for (int h = 0; h < cols; h += LANES) {
+                v8f bias[RFI_EPI_MAX];
+                bias8(jb, o + h, bias);
+                for (int r = 0; r < count; r++) {
+                    int64_t t = t0 + r, plane = t / w->tiles * blocks + (o + h) / LANES;
+                    int64_t y0 = t % w->tiles / w->tiles_w * 4, x0 = t % w->tiles_w * 4;
+                    result_tile(w, mt + r * POSITIONS * FUSED_COLS + h, FUSED_COLS, bias, 4, y0,
+                                x0, jb->dst + plane * w->oh * w->ow * LANES);
+                }
+            }
         }
     }
 }
@@ -535,9 +682,14 @@ rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
         return rfi_error(RF_E_NOMEM, "cpu: winograd convolution: out of memory");
     *w = probe;
     w->chunk = chunk;
+    w->fused = w->form == RESULT_TILES && w->k_dim <= FUSED_MAX_K;
+    /* positions outermost for fused_items (a position's K rows together),
+     * else a row's positions together, as the matmul reads them */
+    w->u_row = (size_t)(w->fused ? 1 : POSITIONS) * (size_t)w->o0_pad;
+    w->u_pos = (size_t)(w->fused ? w->k_dim : 1) * (size_t)w->o0_pad;
     take_epilogue(w, epi, n_epi);
-    rf_status st = make_product(w, &w->full, eng, chunk, false);
-    if (st == RF_OK && w->n0 % chunk != 0)
+    rf_status st = w->fused ? RF_OK : make_product(w, &w->full, eng, chunk, false);
+    if (st == RF_OK && !w->fused && w->n0 % chunk != 0)
         st = make_product(w, &w->last, eng, w->n0 % chunk, false);
     if (st == RF_OK && w->k_lanes < w->n1_pad)
         st = make_product(w, &w->last, eng, chunk, true);
@@ -548,10 +700,13 @@ rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
     size_t scratch = w->full.scratch_bytes > w->last.scratch_bytes ? w->full.scratch_bytes
                                                                    : w->last.scratch_bytes;
     size_t v_bytes = (size_t)(POSITIONS * chunk * w->rows_per_image * w->k_dim) * sizeof(float);
+    size_t m_bytes = image_bytes * (size_t)chunk - v_bytes;
+    if (w->fused)
+        v_bytes = m_bytes = 0;
     w->u_at = rfi_ws_align(scratch);
     w->v_at = w->u_at + rfi_ws_align(u_bytes);
     w->m_at = w->v_at + rfi_ws_align(v_bytes);
-    size_t end = w->m_at + rfi_ws_align(image_bytes * (size_t)chunk - v_bytes);
+    size_t end = w->m_at + rfi_ws_align(m_bytes);
     rfi_layout result_layout = bias_left(epi, n_epi, w->n_epi) ? RFI_LAYOUT_PLAIN : layouts[2];
     dnnl_status_t ds = make_blocking(&w->xb, n->in[0], views[0], layouts[0], 1, false, eng, &end);
     if (ds == dnnl_success)
@@ -581,29 +736,34 @@ rf_status rfi_winograd_run(rfi_winograd *w, dnnl_stream_t s, const float *x, con
     float *r_blocks = w->rb.copy.prim ? (float *)(ws + w->rb.at) : out;
     if (w->form == KERNEL_TILES) { /* chunks of channels, their products added up */
         for (int64_t c0 = 0; c0 < w->n1_pad; c0 += w->k_lanes) {
-            job kj = {w, k_blocks, u, 0, 0, c0, NULL};
+            job kj = {w, k_blocks, u, 0, 0, c0, NULL, NULL};
             rfi_parallel_for(w->k_lanes * (w->o0_pad / LANES), 8, kernel_items, &kj);
-            job dj = {w, x_blocks, v, 0, w->n0, c0, NULL};
+            job dj = {w, x_blocks, v, 0, w->n0, c0, NULL, NULL};
             rfi_parallel_for(w->n0 * (w->k_lanes / LANES), 1, data_items, &dj);
             rs = rfi_dnnl_mm_run(c0 == 0 ? &w->full : &w->last, s, v, u, m, ws, NULL,
                                  "winograd convolution");
             if (rs != RF_OK)
                 return rs;
         }
-        job rj = {w, m, r_blocks, 0, w->n0, 0, epi_src};
+        job rj = {w, m, r_blocks, 0, w->n0, 0, epi_src, NULL};
         rfi_parallel_for(w->n0 * (w->o0_pad / LANES), 1, result_items, &rj);
     } else { /* the kernel once, then chunks of images */
-        job kj = {w, k_blocks, u, 0, 0, 0, NULL};
+        job kj = {w, k_blocks, u, 0, 0, 0, NULL, NULL};
         rfi_parallel_for(w->n1_pad * (w->o0_pad / LANES), 8, kernel_items, &kj);
-        for (int64_t first = 0; first < w->n0; first += w->chunk) {
+        if (w->fused) {
+            job fj = {w, x_blocks, r_blocks, 0, w->n0, 0, epi_src, u};
+            int64_t items = (w->n0 * w->tiles + FUSED_TILES - 1) / FUSED_TILES;
+            rfi_parallel_for(items, 1, fused_items, &fj);
+        }
+        for (int64_t first = 0; !w->fused && first < w->n0; first += w->chunk) {
             int64_t images = w->n0 - first < w->chunk ? w->n0 - first : w->chunk;
-            job dj = {w, x_blocks, v, first, images, 0, NULL};
+            job dj = {w, x_blocks, v, first, images, 0, NULL, NULL};
             rfi_parallel_for(images * (w->n1_pad / LANES), 1, data_items, &dj);
             rfi_dnnl_mm *mm = images == w->chunk ? &w->full : &w->last;
             rs = rfi_dnnl_mm_run(mm, s, v, u, m, ws, NULL, "winograd convolution");
             if (rs != RF_OK)
                 return rs;
-            job rj = {w, m, r_blocks, first, images, 0, epi_src};
+            job rj = {w, m, r_blocks, first, images, 0, epi_src, NULL};
             rfi_parallel_for(images * (w->o0_pad / LANES), 1, result_items, &rj);
         }
     }
