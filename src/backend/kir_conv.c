@@ -16,27 +16,26 @@
  *     stride 1, no lhs dilation, the forward's stride as rhs dilation, low
  *     padding >= 0, no epilogue.
  *
- * The choice: fewer than 16 input channels (16 for a dilated input) and 8
- * or 16 output channels (one vector of them; 16 only where the machine's
- * vectors hold 16 floats), with kernels up to 7x7; and,
- * where the machine's vectors hold 8 floats or the output gradient is a
- * spread pool gradient, weight gradients of few input channels to more
- * outputs (gradient_vectors below); and forwards to 32 outputs whose result
- * only a pool's loop reads, in vectors of the plan's channel block
- * (pooled_vectors), which the loop then runs row by row (kir.h pool_step). There the library is at
- * its slowest: on a 2-core AVX-512 machine, oneDNN ran the ResNet's 8 -> 8
- * channel 3x3 convolutions at ~95 GFLOP/s and its 1 -> 8 first layer at
- * ~30, where the generated loop (one vector of output channels times a row
- * of outputs per register block; render_conv.c) ran at 140-175; its
- * weight gradients of the 1 -> 8 and the 1x1 8 -> 16 layers took 0.7-0.8
- * ms for 6-15 MFLOP, with reorders to its blocked layouts, the loops
- * 0.16-0.21 ms; its backward-data of the 16 -> 8 strided layers 1.0-1.1
- * and 0.7-0.9 ms, the loops 0.75 and 0.53. With 16 or more input channels
- * (undilated) oneDNN's blocked kernels reached 200+ GFLOP/s, and with 32
- * output channels they were as fast as the loops or faster there (the
- * cnn's 1 -> 32 first layer: forward 0.26 against 0.30-0.33 ms, weight
- * gradient 0.21 against 0.25-0.31), so those stay calls, but for the AVX2
- * weight gradients. The limits keep the renderer's stack tables small: the
+ * The choice: fewer than 16 input channels (16 for a dilated input) and 8 or 16
+ * output channels (one vector of them; 16 only where the machine's vectors hold
+ * 16 floats), with kernels up to 7x7; and, where the machine's vectors hold 8
+ * floats or the output gradient is a spread pool gradient, weight gradients of
+ * few input channels to more outputs (gradient_vectors below); and forwards to
+ * 32 outputs whose result only a pool's loop reads, in vectors of the plan's
+ * channel block (pooled_vectors), which the loop then runs row by row (kir.h
+ * pool_step). There the library is at its slowest: on a 2-core AVX-512 machine,
+ * oneDNN ran the ResNet's 8 -> 8 channel 3x3 convolutions at ~95 GFLOP/s and
+ * its 1 -> 8 first layer at ~30, where the generated loop (one vector of output
+ * channels times a row of outputs per register block; render_conv.c) ran at
+ * 140-175; its weight gradients of the 1 -> 8 and the 1x1 8 -> 16 layers took
+ * 0.7-0.8 ms for 6-15 MFLOP, with reorders to its blocked layouts, the loops
+ * 0.16-0.21 ms; its backward-data of the 16 -> 8 strided layers 1.0-1.1 and
+ * 0.7-0.9 ms, the loops 0.75 and 0.53. With 16 or more input channels
+ * (undilated) oneDNN's blocked kernels reached 200+ GFLOP/s, and with 32 output
+ * channels they were as fast as the loops or faster there (the cnn's 1 -> 32
+ * first layer: forward 0.26 against 0.30-0.33 ms, weight gradient 0.21 against
+ * 0.25-0.31), so those stay calls, but for the AVX2 weight gradients and the
+ * pooled forwards. The limits keep the renderer's stack tables small: the
  * kernel reordered for the loop or one chunk's partial weight gradient
  * (c*kh*kw*o floats) and the padded input rows (kh rows of the width the
  * outputs read).
@@ -427,10 +426,11 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
  * channel block). */
 static int64_t lanes_of(const rfi_plan *p, const rfi_kir_conv *d)
 {
-    if (d->kind == RFI_KIR_CONV_FORWARD)
-        return forward_vectors_of_8(p, d)  ? 8
-               : pooled_vectors(p, d) ? rfi_layout_block(p->channel_blocks)
-                                      : d->o;
+    if (d->kind == RFI_KIR_CONV_FORWARD) {
+        if (forward_vectors_of_8(p, d))
+            return 8;
+        return pooled_vectors(p, d) ? rfi_layout_block(p->channel_blocks) : d->o;
+    }
     return rfi_layout_blocked(d->w_layout) ? rfi_layout_block(d->w_layout) : d->o;
 }
 
