@@ -47,12 +47,12 @@
  * cnn); the ResNet's 16- and 32-channel layers about as before, with 1.7
  * MB less memory.
  *
- * Otherwise the first form runs on chunks of images whose transformed input and
- * products fit CHUNK_BYTES; the second on chunks of the channels it sums
+ * Otherwise the first form runs on chunks of images whose transformed input
+ * and products fit CHUNK_BYTES; the second on chunks of the channels it sums
  * over (the forward's images), whose transformed kernel and input fit
- * K_CHUNK_BYTES, each chunk's product added to the last's by the matmul
- * (a sum post-op). A NaN or infinity in a patch spreads over its whole
- * tile, as in oneDNN's Winograd kernels.
+ * K_CHUNK_BYTES, each chunk's product added to the last's by the matmul (a
+ * sum post-op). A NaN or infinity in a patch spreads over its whole tile, as
+ * in oneDNN's Winograd kernels.
  */
 #include <math.h>
 #include <string.h>
