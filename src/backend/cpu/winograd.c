@@ -461,8 +461,9 @@ VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
 /* The FUSED_TILES x 16 block of the product of V (rows at v + r * v_row, K
  * of them contiguous) and U (row c at u + c * u_row), stored at m + r *
  * m_row: twelve accumulators, the two kernel vectors and a broadcast, 15 of
- * AVX2's 16 registers. Named, not an array: gcc -O3 kept an array of them
- * partly on the stack (render_conv.c found the same). */
+ * AVX2's 16 registers. Named, and the column count fixed: a first version
+ * with an array of accumulators and the column count tested in the loop
+ * kept three of them on the stack (render_conv.c found arrays so too). */
 INLINE void product16(const float *v, size_t v_row, const float *u, size_t u_row, int64_t k,
                       float *m, size_t m_row)
 {
@@ -483,7 +484,7 @@ INLINE void product16(const float *v, size_t v_row, const float *u, size_t u_row
     STORE8(m + 5 * m_row, a5), STORE8(m + 5 * m_row + LANES, b5);
 }
 
-/* The same for the last 8 output channels, where O is an odd number of
+/* The same for the last 8 output channels, where O is an odd multiple of
  * LANES. */
 INLINE void product8(const float *v, size_t v_row, const float *u, size_t u_row, int64_t k,
                      float *m, size_t m_row)
@@ -722,6 +723,26 @@ rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
     return RF_OK;
 }
 
+/* The first form unfused: for each chunk of images V, the batched product
+ * (oneDNN) and the result transform. */
+static rf_status run_chunks(rfi_winograd *w, dnnl_stream_t s, const float *x_blocks,
+                            const float *u, float *v, float *m, float *r_blocks,
+                            const void *const *epi_src, char *ws)
+{
+    for (int64_t first = 0; first < w->n0; first += w->chunk) {
+        int64_t images = w->n0 - first < w->chunk ? w->n0 - first : w->chunk;
+        job dj = {w, x_blocks, v, first, images, 0, NULL, NULL};
+        rfi_parallel_for(images * (w->n1_pad / LANES), 1, data_items, &dj);
+        rfi_dnnl_mm *mm = images == w->chunk ? &w->full : &w->last;
+        rf_status rs = rfi_dnnl_mm_run(mm, s, v, u, m, ws, NULL, "winograd convolution");
+        if (rs != RF_OK)
+            return rs;
+        job rj = {w, m, r_blocks, first, images, 0, epi_src, NULL};
+        rfi_parallel_for(images * (w->o0_pad / LANES), 1, result_items, &rj);
+    }
+    return RF_OK;
+}
+
 rf_status rfi_winograd_run(rfi_winograd *w, dnnl_stream_t s, const float *x, const float *k,
                            float *out, const void *const *epi_src, void *workspace)
 {
@@ -747,24 +768,17 @@ rf_status rfi_winograd_run(rfi_winograd *w, dnnl_stream_t s, const float *x, con
         }
         job rj = {w, m, r_blocks, 0, w->n0, 0, epi_src, NULL};
         rfi_parallel_for(w->n0 * (w->o0_pad / LANES), 1, result_items, &rj);
-    } else { /* the kernel once, then chunks of images */
+    } else { /* the kernel once, then the tiles fused or chunks of images */
         job kj = {w, k_blocks, u, 0, 0, 0, NULL, NULL};
         rfi_parallel_for(w->n1_pad * (w->o0_pad / LANES), 8, kernel_items, &kj);
         if (w->fused) {
             job fj = {w, x_blocks, r_blocks, 0, w->n0, 0, epi_src, u};
             int64_t items = (w->n0 * w->tiles + FUSED_TILES - 1) / FUSED_TILES;
             rfi_parallel_for(items, 1, fused_items, &fj);
-        }
-        for (int64_t first = 0; !w->fused && first < w->n0; first += w->chunk) {
-            int64_t images = w->n0 - first < w->chunk ? w->n0 - first : w->chunk;
-            job dj = {w, x_blocks, v, first, images, 0, NULL, NULL};
-            rfi_parallel_for(images * (w->n1_pad / LANES), 1, data_items, &dj);
-            rfi_dnnl_mm *mm = images == w->chunk ? &w->full : &w->last;
-            rs = rfi_dnnl_mm_run(mm, s, v, u, m, ws, NULL, "winograd convolution");
+        } else {
+            rs = run_chunks(w, s, x_blocks, u, v, m, r_blocks, epi_src, ws);
             if (rs != RF_OK)
                 return rs;
-            job rj = {w, m, r_blocks, first, images, 0, epi_src, NULL};
-            rfi_parallel_for(images * (w->o0_pad / LANES), 1, result_items, &rj);
         }
     }
     return w->rb.copy.prim ? rfi_dnnl_copy_run(&w->rb.copy, s, r_blocks, out,
