@@ -27,9 +27,10 @@ static void gather(const rfi_node *n, const void *const *in, void *out)
     axis_view v = view_around(x, (int)n->attr.i[0]);
     int64_t m_count = rfi_interp_numel(indices);
     size_t esz = rf_dtype_size(n->dtype);
-    if (v.len == 0) { /* nothing to take from: the result is empty or all zero */
-        if (rfi_interp_nbytes(n) > 0)
-            memset(out, 0, rfi_interp_nbytes(n));
+    if (rfi_interp_nbytes(n) == 0) /* an empty result: buffers may be NULL, no offsets */
+        return;
+    if (v.len == 0) { /* nothing to take from: the result is all zero */
+        memset(out, 0, rfi_interp_nbytes(n));
         return;
     }
     for (int64_t o = 0; o < v.outer; o++) {

@@ -116,6 +116,8 @@ static void concatenate(const rfi_node *n, const void *const *in, void *out)
     int64_t offset = 0;                       /* where this operand starts in a block */
     for (int k = 0; k < n->n_in; k++) {
         int64_t row = n->in[k]->dims[axis] * inner;
+        if (row == 0) /* an empty operand: its buffer may be NULL, no offset from it */
+            continue;
         for (int64_t o = 0; o < outer; o++)
             rfi_interp_copy((char *)out + (size_t)(o * out_row + offset) * esz,
                    (const char *)in[k] + (size_t)(o * row) * esz, (size_t)row * esz);
