@@ -8,8 +8,10 @@
  *     F(4x4, 3x3), the result cut into 4x4 tiles;
  *   - a 3x3 result (the weight gradient of a 3x3 convolution, whose kernel
  *     is the output gradient): F(3x3, 4x4), the kernel cut into 4x4 tiles.
- * Either way the contraction over channels (and tiles) is one batched
- * oneDNN matmul over the 36 transformed positions.
+ * Either way the contraction over channels (and tiles) runs position by
+ * position over the 36 transformed positions: for the first form with up to
+ * 64 input channels in a loop of winograd.c's own, fused with the
+ * transforms; else as one batched oneDNN matmul.
  */
 #ifndef RF_BACKEND_CPU_WINOGRAD_H
 #define RF_BACKEND_CPU_WINOGRAD_H
