@@ -422,6 +422,13 @@ INLINE void result_tile(const rfi_winograd *w, const float *m, size_t pos_stride
             STORE8(out + ((y0 + a) * w->ow + x0 + b) * LANES, y[a * outs + b]);
 }
 
+/* The result's plane of image n's block of LANES channels from o, in the
+ * result's blocks at r_blocks. */
+INLINE float *result_plane(const rfi_winograd *w, float *r_blocks, int64_t n, int64_t o)
+{
+    return r_blocks + (n * (w->o0_pad / LANES) + o / LANES) * w->oh * w->ow * LANES;
+}
+
 /* The result, in blocks of LANES channels, from the products: item (image
  * of the chunk, block of output lanes). */
 VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
@@ -431,10 +438,9 @@ VECTOR_JOB static void result_items(void *ctx, int64_t lo, int64_t hi)
     int64_t blocks = w->o0_pad / LANES;
     size_t pos_stride = (size_t)w->o0_pad;
     int64_t row_stride = POSITIONS * w->o0_pad;
-    int64_t plane = w->oh * w->ow * LANES;
     for (int64_t i = lo; i < hi; i++) {
         int64_t n = i / blocks, o = i % blocks * LANES;
-        float *out = jb->dst + (jb->first * blocks + i) * plane;
+        float *out = result_plane(w, jb->dst, jb->first + n, o);
         v8f bias[RFI_EPI_MAX];
         bias8(jb, o, bias);
         for (int64_t t = 0; t < w->rows_per_image; t++) {
@@ -525,7 +531,7 @@ VECTOR_JOB static void fused_items(void *ctx, int64_t lo, int64_t hi)
     const rfi_winograd *w = jb->w;
     _Alignas(64) float vt[FUSED_TILES * POSITIONS * FUSED_MAX_K];
     _Alignas(64) float mt[FUSED_TILES * POSITIONS * FUSED_COLS];
-    int64_t all = w->n0 * w->tiles, blocks = w->o0_pad / LANES;
+    int64_t all = w->n0 * w->tiles;
     size_t v_row = (size_t)POSITIONS * w->k_dim;
     for (int64_t i = lo; i < hi; i++) {
         int64_t t0 = i * FUSED_TILES;
@@ -550,10 +556,10 @@ VECTOR_JOB static void fused_items(void *ctx, int64_t lo, int64_t hi)
                 v8f bias[RFI_EPI_MAX];
                 bias8(jb, o + h, bias);
                 for (int r = 0; r < count; r++) {
-                    int64_t t = t0 + r, plane = t / w->tiles * blocks + (o + h) / LANES;
+                    int64_t t = t0 + r;
                     int64_t y0 = t % w->tiles / w->tiles_w * 4, x0 = t % w->tiles_w * 4;
                     result_tile(w, mt + r * POSITIONS * FUSED_COLS + h, FUSED_COLS, bias, 4, y0,
-                                x0, jb->dst + plane * w->oh * w->ow * LANES);
+                                x0, result_plane(w, jb->dst, t / w->tiles, o + h));
                 }
             }
         }
