@@ -611,9 +611,10 @@ static void test_init(void)
     /* Conv kernel [out 8, in 4, 8, 8]: fan_in = 4 * 64, fan_out = 8 * 64. */
     const int64_t k[4] = {8, 4, 8, 8};
     check_init(RF_INIT_GLOROT_UNIFORM, k, 4, true, sqrt(6.0 / (256.0 + 512.0)));
-    /* Vectors: fan_in = fan_out = n. */
+    /* Vectors, as Flux's nfan(n) = (1, n): an n x 1 matrix. */
     const int64_t v[1] = {2048};
-    check_init(RF_INIT_GLOROT_UNIFORM, v, 1, true, sqrt(6.0 / 4096.0));
+    check_init(RF_INIT_GLOROT_UNIFORM, v, 1, true, sqrt(6.0 / 2049.0));
+    check_init(RF_INIT_KAIMING_NORMAL, v, 1, false, sqrt(2.0));
 
     rf_array *z = rf_init_array(RF_INIT_ZEROS, RF_SHAPE(3, 2), 1);
     rf_array *o = rf_init_array(RF_INIT_ONES, RF_SHAPE(3, 2), 1);

@@ -391,6 +391,42 @@ static void test_centred_rmsprop_cancellation(void)
     rf_model_free(m);
 }
 
+/* f64 parameters see their hyperparameters at f64 precision, as
+ * Optimisers.jl's T(o.eta) does and as their state starts (beta^t from the
+ * exact beta): one Adam(0.1) step of w = 1 with g = 0.5 (bias-corrected
+ * moments 0.5 and 0.25) is 1 - 0.1 * 0.5 / (0.5 + 1e-8) within an ulp or
+ * two, and rf_adjust writes
+ * an f64 rate (f32-rounded hyperparameters miss by 7e-6 relative). */
+static void test_f64_hyperparameters(void)
+{
+    double w0 = 1.0, g0 = 0.5;
+    rf_model *host = rf_model_new(&leaf_type, NULL, 0);
+    CHECK_OK(rf_model_add_param(host, "w", rf_array_from(RF_F64, RF_SHAPE(1), &w0)));
+    rf_to_opts to = {.keep_f64 = true};
+    rf_model *m = rf_model_to_opts(host, rf_device_cpu(), &to);
+    rf_model_free(host);
+    rf_opt *opt = m ? rf_setup(rf_adam(0.1), m) : NULL;
+    rf_array *g = rf_array_new(rf_device_cpu(), RF_F64, RF_SHAPE(1), NULL);
+    CHECK(m && opt && g);
+    if (!m || !opt || !g)
+        return;
+    CHECK_OK(rf_array_write(g, &g0, sizeof g0));
+    rf_exec *e = NULL;
+    CHECK_OK(compile_update(opt, m, &g, 1, &e));
+    CHECK_OK(rf_exec_run(e, &g, 1, NULL, 0));
+    double w1 = 0, want = 1.0 - 0.1 * 0.5 / (0.5 + 1e-8);
+    CHECK_OK(rf_array_read(rf_model_param_array(m, 0), &w1, sizeof w1));
+    CHECK(fabs(w1 - want) <= 4e-16);
+    if (!(fabs(w1 - want) <= 4e-16))
+        fprintf(stderr, "f64 adam: %.17g, want %.17g\n", w1, want);
+    CHECK_OK(rf_adjust(opt, 0.3));
+    CHECK(rf_opt_lr(opt) == 0.3); /* exactly: the scalar is f64 */
+    rf_exec_free(e);
+    rf_array_free(g);
+    rf_opt_free(opt);
+    rf_model_free(m);
+}
+
 /* Two dtype groups (f32 a, b; f64 c, d) run the same rules. */
 static void test_mixed_dtypes(void)
 {
@@ -471,9 +507,31 @@ static void test_errors(fmodel *fm)
     rf_rule_free(empty);
     CHECK(rf_adam(NAN) == NULL);
     CHECK(rf_descent(-1) == NULL);
+    /* finite but beyond f32 (it would become infinite for f32 parameters) */
+    rf_clear_error();
+    CHECK(rf_descent(1e39) == NULL);
+    CHECK_MSG("rf_descent: eta 1e+39 is beyond the f32 range");
+    CHECK(rf_adam_ex(1e-3, 0.9, 0.999, -1e39) == NULL);
+    /* a bias-corrected beta of 1 divides by zero; Lion, AMSGrad and Momentum take it */
+    rf_clear_error();
+    CHECK(rf_adam_ex(1e-3, 1.0, 0.999, 1e-8) == NULL);
+    CHECK_MSG("rf_adam: beta1 must be below 1");
+    CHECK(rf_nadam(1e-3, 0.9, 1.5, 1e-8) == NULL);
+    CHECK(rf_radam(1e-3, 0.9, 1.0, 1e-8) == NULL);
+    CHECK(rf_adamw(1e-3, 1.0, 0.999, 0.0, 1e-8) == NULL);
+    rf_rule *take[3] = {rf_lion(1e-3, 1.0, 1.0), rf_amsgrad(1e-3, 1.0, 1.0, 1e-8),
+                        rf_adamax(1e-3, 0.9, 1.0, 1e-8)}; /* AdaMax corrects beta1 only */
+    for (int i = 0; i < 3; i++) {
+        CHECK(take[i] != NULL);
+        rf_rule_free(take[i]);
+    }
     CHECK(rfi_rule_hash(rf_opt_rule(NULL)) == rfi_rule_hash(NULL));
 
     rf_opt *opt = rf_setup(rf_adam(0.1), fm->m);
+    rf_clear_error();
+    CHECK_STATUS(rf_adjust(opt, 1e39), RF_E_INVALID);
+    CHECK_MSG("within the f32 range, got 1e+39");
+    CHECK(fabs(rf_opt_lr(opt) - 0.1) < 1e-8);
     rf_exec *e = NULL;
     /* too few gradients */
     CHECK_STATUS(compile_update(opt, fm->m, fm->g[0], 3, &e), RF_E_INVALID);
@@ -599,6 +657,7 @@ int main(void)
     fmodel_free(&fm);
     test_foreach_program();
     test_mixed_dtypes();
+    test_f64_hyperparameters();
     test_centred_rmsprop_cancellation();
     test_visit();
     test_lifetimes();

@@ -27,7 +27,12 @@ extern "C" {
 typedef struct rf_rule rf_rule;
 typedef struct rf_opt rf_opt;
 
-/* Optimisers.jl defaults in comments. */
+/* Optimisers.jl defaults in comments (Lion: the paper's). Hyperparameters
+ * must be finite (ClipGrad's delta and ClipNorm's omega may be infinite)
+ * and within the f32 range, all but ClipNorm's omega >= 0; the betas of rules that correct their
+ * moments' bias by 1 - beta^t (Adam, AdamW, RAdam, AdaMax's beta1, OAdam,
+ * NAdam, AdaBelief) below 1. f64 parameters see them at f64 precision, f32
+ * ones rounded to f32. A bad value returns NULL with the error set. */
 RF_API rf_rule *rf_descent(double lr);                                   /* 0.1 */
 RF_API rf_rule *rf_momentum(double lr, double rho);                      /* 0.01, 0.9 */
 RF_API rf_rule *rf_nesterov(double lr, double rho);                      /* 0.001, 0.9 */
@@ -46,6 +51,9 @@ RF_API rf_rule *rf_adadelta(double rho, double eps);                     /* 0.9,
 RF_API rf_rule *rf_amsgrad(double lr, double beta1, double beta2, double eps);
 RF_API rf_rule *rf_nadam(double lr, double beta1, double beta2, double eps);
 RF_API rf_rule *rf_adabelief(double lr, double beta1, double beta2, double eps); /* eps 1e-16 */
+/* Lion as published (Chen et al. 2023): m = beta2 m + (1 - beta2) dx, with
+ * the paper's defaults; Optimisers.jl 0.4 swaps m and dx in that average and
+ * defaults to (0.9, 0.999). */
 RF_API rf_rule *rf_lion(double lr, double beta1, double beta2);          /* 0.001, 0.9, 0.99 */
 RF_API rf_rule *rf_weightdecay(double lambda);                           /* 5e-4 */
 RF_API rf_rule *rf_signdecay(double lambda);                             /* 1e-3 */

@@ -4,10 +4,8 @@
  * Initialisers fill new host f32 arrays from the library's counter-based
  * generator (rf_rand / rf_randn, Philox), so a seed gives the same weights on
  * every platform. Fans follow Flux's nfan for matrices and kernels
- * ([out, in, k...]: fan_in = in * prod(k), fan_out = out * prod(k)); a
- * vector of n counts n both ways (Flux treats it as an n x 1 matrix; the
- * difference only matters for Glorot/Kaiming on vectors, which layers never
- * ask for).
+ * ([out, in, k...]: fan_in = in * prod(k), fan_out = out * prod(k)) and
+ * vectors (an n-vector is an n x 1 matrix: fan_in 1, fan_out n).
  *
  * The seed counter is the one piece of process-wide state in nn (atomics, like
  * torch.manual_seed): rf_nn_seed resets it. This file does not build IR.
@@ -53,7 +51,8 @@ static void fans(const int64_t *dims, int rank, double *fan_in, double *fan_out)
     if (rank == 0) {
         *fan_in = *fan_out = 1;
     } else if (rank == 1) {
-        *fan_in = *fan_out = (double)dims[0];
+        *fan_in = 1;
+        *fan_out = (double)dims[0];
     } else {
         double receptive = 1;
         for (int i = 2; i < rank; i++)

@@ -68,7 +68,8 @@ RFI_FUNC int rfi_rule_leaves(rf_rule *r, rf_rule **out, int cap);
  * over the concatenation of its members (update.c). */
 typedef struct rfi_opt_leaf {
     rf_rule *rule;                 /* borrowed from the opt's rule tree */
-    rf_array *hp[RFI_RULE_MAX_HP]; /* f32 device scalars; NULL for structural ones */
+    rf_array *hp[RFI_RULE_MAX_HP]; /* device scalars, f32 or f64 (setup.c's hp_dtype);
+                                      NULL for structural ones */
 } rfi_opt_leaf;
 
 typedef struct rfi_opt_group {

@@ -9,6 +9,7 @@
  */
 #include "optim.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -126,6 +127,20 @@ bool rfi_rule_has_lr(const rf_rule *r)
 
 /* ---- Construction ---------------------------------------------------------------------------- */
 
+/* Whether the rule keeps <hp>^t for hyperparameter `hp` (beta1, beta2) to
+ * correct its moments' bias, dividing by 1 - <hp>^t: then <hp> must be below 1. */
+static bool has_bias_correction(rfi_rule_kind kind, const char *hp)
+{
+    const rfi_state_role *roles;
+    rf_rule probe = {.kind = kind, .flag = true};
+    int n = rfi_rule_state_roles(&probe, &roles);
+    size_t len = strlen(hp);
+    for (int k = 0; k < n; k++)
+        if (!strncmp(roles[k].name, hp, len) && !strcmp(roles[k].name + len, "t"))
+            return true;
+    return false;
+}
+
 static rf_rule *make(rfi_rule_kind kind, int n, const double *hp)
 {
     const char *name = rule_names[kind];
@@ -141,6 +156,18 @@ static rf_rule *make(rfi_rule_kind kind, int n, const double *hp)
         }
         if (hn && hp[i] < 0 && kind != RFI_RULE_CLIPNORM) {
             rfi_error(RF_E_INVALID, "rf_%s: %s cannot be negative, got %g", name, hn, hp[i]);
+            return NULL;
+        }
+        /* f32 parameters see the hyperparameters as f32 (setup.c): a finite
+         * value beyond its range would become infinite there. */
+        if (hn && isfinite(hp[i]) && fabs(hp[i]) > FLT_MAX) {
+            rfi_error(RF_E_INVALID, "rf_%s: %s %g is beyond the f32 range (%g)", name, hn,
+                      hp[i], (double)FLT_MAX);
+            return NULL;
+        }
+        if (hn && !(hp[i] < 1) && has_bias_correction(kind, hn)) {
+            rfi_error(RF_E_INVALID, "rf_%s: %s must be below 1 (the update divides by 1 - "
+                      "%s^t), got %g", name, hn, hn, hp[i]);
             return NULL;
         }
     }
@@ -182,10 +209,6 @@ rf_rule *rf_adamw(double lr, double beta1, double beta2, double lambda, double e
 }
 rf_rule *rf_radam(double lr, double beta1, double beta2, double eps)
 {
-    if (!(beta2 < 1)) { /* rho_inf = 2/(1-beta2) - 1 needs beta2 < 1 */
-        rfi_error(RF_E_INVALID, "rf_radam: beta2 must be below 1, got %g", beta2);
-        return NULL;
-    }
     return MAKE(RFI_RULE_RADAM, lr, beta1, beta2, eps);
 }
 rf_rule *rf_adamax(double lr, double beta1, double beta2, double eps)

@@ -10,6 +10,7 @@
  */
 #include "optim.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -121,6 +122,18 @@ static void device_without_params(rf_opt *o, rf_model *m)
 
 /* ---- State ----------------------------------------------------------------------------------- */
 
+/* The dtype of the hyperparameter scalars: f64 when any parameter is f64, so
+ * that f64 parameters see the values given (as Optimisers.jl's T(o.eta) does,
+ * and consistent with their state, initialised from the exact values), else
+ * f32 (the update converts them to each group's dtype). */
+static rf_dtype hp_dtype(const rf_opt *o)
+{
+    for (int k = 0; k < o->n_groups; k++)
+        if (o->groups[k].dtype == RF_F64)
+            return RF_F64;
+    return RF_F32;
+}
+
 static rf_status make_leaves(rf_opt *o)
 {
     o->n_leaves = rfi_rule_leaves(o->rule, NULL, 0);
@@ -131,13 +144,14 @@ static rf_status make_leaves(rf_opt *o)
         return rfi_error(RF_E_NOMEM, "rf_setup: out of memory");
     }
     rfi_rule_leaves(o->rule, rules, o->n_leaves);
+    rf_dtype dt = hp_dtype(o);
     for (int l = 0; l < o->n_leaves; l++) {
         rfi_opt_leaf *lf = &o->leaves[l];
         lf->rule = rules[l];
         for (int k = 0; k < lf->rule->n_hp; k++) {
             if (!rfi_rule_hp_name(lf->rule, k))
                 continue;
-            if (!(lf->hp[k] = filled(o->device, RF_F32, false, 1, lf->rule->hp[k]))) {
+            if (!(lf->hp[k] = filled(o->device, dt, false, 1, lf->rule->hp[k]))) {
                 rfi_free(rules);
                 return RF_E_NOMEM; /* filled() said why */
             }
@@ -257,9 +271,9 @@ rf_status rf_adjust(rf_opt *opt, double lr)
 {
     if (!opt)
         return rfi_error(RF_E_INVALID, "rf_adjust: opt is NULL");
-    if (!(lr >= 0) || isinf(lr))
-        return rfi_error(RF_E_INVALID, "rf_adjust: the learning rate must be finite and >= 0, "
-                         "got %g", lr);
+    if (!(lr >= 0) || isinf(lr) || lr > FLT_MAX)
+        return rfi_error(RF_E_INVALID, "rf_adjust: the learning rate must be finite, >= 0 "
+                         "and within the f32 range, got %g", lr);
     int n = 0;
     for (int l = 0; l < opt->n_leaves; l++)
         if (rfi_rule_has_lr(opt->leaves[l].rule))
@@ -267,12 +281,14 @@ rf_status rf_adjust(rf_opt *opt, double lr)
     if (n == 0)
         return rfi_error(RF_E_INVALID, "rf_adjust: no rule of %s has a learning rate",
                          rf_rule_name(opt->rule));
-    float v = (float)lr;
     for (int l = 0; l < opt->n_leaves; l++) {
         rfi_opt_leaf *lf = &opt->leaves[l];
         if (!rfi_rule_has_lr(lf->rule))
             continue;
-        rf_status st = rf_array_write(lf->hp[0], &v, sizeof v);
+        float v32 = (float)lr;
+        bool f64 = rf_array_dtype(lf->hp[0]) == RF_F64;
+        rf_status st = f64 ? rf_array_write(lf->hp[0], &lr, sizeof lr)
+                           : rf_array_write(lf->hp[0], &v32, sizeof v32);
         if (st != RF_OK)
             return st;
         lf->rule->hp[0] = lr; /* so rf_opt_rule describes what runs */

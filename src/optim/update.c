@@ -55,11 +55,12 @@ static rf_status fail(rf_trace *t, rf_status st, const char *fmt, ...)
 
 static rf_tensor *num(emitter *e, double v) { return rf_scalar(e->t, v); }
 
-/* Hyperparameter k of leaf l: its f32 device scalar, in the group's dtype. */
+/* Hyperparameter k of leaf l: its device scalar, in the group's dtype. */
 static rf_tensor *hp(emitter *e, int l, int k)
 {
-    rf_tensor *h = rf_capture(e->t, e->o->leaves[l].hp[k]);
-    return e->g->dtype == RF_F32 ? h : rf_convert(h, e->g->dtype);
+    rf_array *a = e->o->leaves[l].hp[k];
+    rf_tensor *h = rf_capture(e->t, a);
+    return e->g->dtype == rf_array_dtype(a) ? h : rf_convert(h, e->g->dtype);
 }
 
 static rf_array *state_array(emitter *e, int l, int role)
