@@ -14,6 +14,7 @@
 
 #include "runtime/runtime.h" /* a fake device struct for the worker-error test */
 
+#include <dirent.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -229,6 +230,27 @@ static void test_loader_device(void)
     CHECK_OK(rf_loader_to(l, rf_device_cpu()));
     rf_loader_free(l);
 
+    /* f64 on the CPU device: unwrapped, batches stay where and as they are;
+     * wrapped with the CPU device, they become f32 as rf_array_to makes them. */
+    double v64[6] = {1, 2, 3, 4, 5, 6};
+    rf_array *h64 = rf_array_from(RF_F64, RF_SHAPE(6), v64);
+    rf_array *c64 = rf_array_to_opts(h64, rf_device_cpu(), &(rf_to_opts){.keep_f64 = true});
+    CHECK(c64 && rf_array_dtype(c64) == RF_F64);
+    l = rf_loader_new(&c64, 1, &(rf_loader_opts){.batchsize = 4});
+    CHECK_OK(rf_loader_next(l, &b));
+    CHECK(b && rf_array_dtype(b[0]) == RF_F64 && rf_array_device(b[0]) == rf_device_cpu());
+    double got64[4] = {0};
+    CHECK(b && rf_array_numel(b[0]) == 4);
+    CHECK_OK(b ? rf_array_read(b[0], got64, sizeof got64) : RF_E_INVALID);
+    CHECK(got64[0] == 1.0 && got64[3] == 4.0);
+    CHECK_OK(rf_loader_reset(l));
+    CHECK_OK(rf_loader_to(l, rf_device_cpu()));
+    CHECK_OK(rf_loader_next(l, &b));
+    CHECK(b && rf_array_dtype(b[0]) == RF_F32);
+    rf_loader_free(l);
+    rf_array_free(c64);
+    rf_array_free(h64);
+
     /* A device that cannot hold arrays: the worker's error reaches the caller. */
     rf_device *cuda = rf_device_cuda(0);
     if (!cuda) {
@@ -275,6 +297,24 @@ static void test_loader_errors(void)
     CHECK(rf_loader_n_batches(NULL) == 0);
     rf_loader_free(l);
     rf_loader_free(NULL);
+    /* a batch size near INT64_MAX: one smaller batch (10 rows), or none with drop_last */
+    for (int drop = 0; drop < 2; drop++) {
+        l = rf_loader_new((rf_array *[]){a}, 1,
+                          &(rf_loader_opts){.batchsize = INT64_MAX - 5, .drop_last = drop});
+        CHECK(l && rf_loader_n_batches(l) == 1 - drop);
+        batch = NULL;
+        CHECK_OK(rf_loader_next(l, &batch));
+        CHECK(drop ? batch == NULL : batch && rf_array_dims(batch[0])[0] == 10);
+        rf_loader_free(l);
+    }
+    /* 2^61 + 1 empty observations: the shuffle's permutation cannot be allocated */
+    rf_array *huge = rf_zeros(RF_F32, RF_SHAPE(((int64_t)1 << 61) + 1, 0));
+    CHECK(huge != NULL);
+    rf_clear_error();
+    CHECK(!rf_loader_new((rf_array *[]){huge}, 1, &(rf_loader_opts){.batchsize = 4,
+                                                                      .shuffle = true}));
+    CHECK_MSG("out of memory (2305843009213693953 observations)");
+    rf_array_free(huge);
     rf_array_free(a);
     rf_array_free(b);
     rf_array_free(s);
@@ -454,6 +494,14 @@ static void test_idx_errors(void)
     write_file(gzp, gzbuf, gn - 10, false);
     CHECK_STATUS(rf_idx_load(gzp, &a), RF_E_CORRUPT);
     CHECK(a == NULL);
+    /* Cut inside its 8-byte trailer (CRC-32, length): every data byte is
+     * there, but nothing can vouch for them. */
+    for (size_t cut = 1; cut <= 8; cut += 7) {
+        write_file(gzp, gzbuf, gn - cut, false);
+        CHECK_STATUS(rf_idx_load(gzp, &a), RF_E_CORRUPT);
+        CHECK_MSG("truncated");
+        CHECK(a == NULL);
+    }
 
     CHECK_STATUS(rf_idx_load(NULL, &a), RF_E_INVALID);
     CHECK_STATUS(rf_idx_load(raw, NULL), RF_E_INVALID);
@@ -654,6 +702,18 @@ static void write_st(const char *path, const char *header, const void *data, siz
     write_bytes(path, buf, 8 + hl + n);
 }
 
+/* The checkpoint temporaries left in tmpdir. */
+static int count_temporaries(void)
+{
+    DIR *d = opendir(tmpdir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strncmp(e->d_name, ".reflux-checkpoint.", 19) == 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
 static void test_checkpoint_roundtrip(void)
 {
     const char *path = tmp_path("model.safetensors");
@@ -667,7 +727,17 @@ static void test_checkpoint_roundtrip(void)
     CHECK(same_snapshot(&sa, &sb)); /* bit-identical */
     /* Saving over an existing file replaces it; no temporary file is left behind. */
     CHECK_OK(rf_checkpoint_save(path, b, NULL));
-    CHECK(access(tmp_path("model.safetensors.tmp"), F_OK) != 0);
+    CHECK(count_temporaries() == 0);
+    /* A name as long as the file system takes (255 bytes): the temporary
+     * file's name does not grow with it. */
+    char name[256];
+    memset(name, 'c', 255);
+    name[255] = '\0';
+    const char *longp = tmp_path(name);
+    CHECK_OK(rf_checkpoint_save(longp, a, NULL));
+    CHECK_OK(rf_checkpoint_load(longp, b, NULL));
+    CHECK(count_temporaries() == 0);
+    unlink(longp);
     rf_model_free(a);
     rf_model_free(b);
 }

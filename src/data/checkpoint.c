@@ -220,14 +220,17 @@ static rf_status sync_parent_dir(const char *op, const char *path)
     return st;
 }
 
-/* A fresh temporary name beside path: path.tmp.<pid>.<n>. */
+/* A fresh temporary name in path's directory: <dir>/.reflux-checkpoint.<pid>.<n>.tmp
+ * (short, so that any name the file system takes for path works). */
 static char *temp_name(const char *path)
 {
     static _Atomic uint64_t counter; /* documented: only makes names unique */
-    size_t len = strlen(path) + 64;
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path + 1) : 0;
+    size_t len = (size_t)dir_len + 80;
     char *tmp = rfi_malloc(len);
     if (tmp)
-        snprintf(tmp, len, "%s.tmp.%ld.%llu", path, (long)getpid(),
+        snprintf(tmp, len, "%.*s.reflux-checkpoint.%ld.%llu.tmp", dir_len, path, (long)getpid(),
                  (unsigned long long)atomic_fetch_add(&counter, 1));
     return tmp;
 }

@@ -196,6 +196,15 @@ static rf_status read_data(gzFile f, const char *path, const idx_type *t, const 
      * the raw bytes are read into its buffer and decoded in place. */
     int64_t got = read_bytes(f, a->data, expected);
     int64_t extra = got == (int64_t)expected ? count_rest(f) : 0;
+    int err = Z_OK;
+    gzerror(f, &err);
+    if (got >= 0 && extra >= 0 && err == Z_BUF_ERROR) {
+        /* zlib reads a stream cut short, even inside its CRC trailer, as a
+         * short read and says so only here: unchecked data is corrupt data */
+        rfi_array_release(a);
+        return rfi_error(RF_E_CORRUPT, "rf_idx_load: %s: the compressed stream is truncated "
+                         "(its end and checksum are missing)", path);
+    }
     if (got < 0 || extra < 0) {
         rfi_array_release(a);
         return gz_failure(f, path);

@@ -135,13 +135,14 @@ static rf_array *gather_rows(const rf_loader *l, const rf_array *src, int64_t st
 }
 
 /* Whether rows can be gathered straight into an array on dev: dev addresses
- * ordinary memory and moving there keeps the dtype (f64 becomes f32 on a
- * compute device, which rf_array_to does). */
-static bool gathers_directly(const rf_array *src, rf_device *dev)
+ * ordinary memory and the batch keeps the dtype: always on the sources' own
+ * device (an unwrapped loader), else unless moving there changes it (f64
+ * becomes f32 on a compute device, which rf_array_to does). */
+static bool gathers_directly(const rf_array *src, rf_device *dev, bool unwrapped)
 {
     if (dev->kind != RF_DEVICE_HOST && dev->kind != RF_DEVICE_CPU)
         return false;
-    return !(src->dtype == RF_F64 && rfi_device_is_compute(dev));
+    return unwrapped || !(src->dtype == RF_F64 && rfi_device_is_compute(dev));
 }
 
 /* The status of a failed array allocation or move. The array functions return
@@ -162,7 +163,7 @@ static rf_status make_batch(const rf_loader *l, int64_t k, rf_device *dev, rf_ar
         const rf_array *src = l->arrays[j];
         rf_device *target = dev ? dev : src->device;
         rf_array *a;
-        if (gathers_directly(src, target)) {
+        if (gathers_directly(src, target, dev == NULL)) {
             a = gather_rows(l, src, start, b, target);
         } else {
             rf_array *staged = gather_rows(l, src, start, b, src->device);
@@ -372,7 +373,7 @@ rf_loader *rf_loader_new(rf_array *const *arrays, int n, const rf_loader_opts *o
     l->current = rfi_calloc((size_t)n, sizeof *l->current);
     l->pf.ready = rfi_calloc((size_t)n, sizeof *l->pf.ready);
     if (o.shuffle)
-        l->perm = rfi_malloc((size_t)(n_obs ? n_obs : 1) * sizeof *l->perm);
+        l->perm = rfi_calloc((size_t)(n_obs ? n_obs : 1), sizeof *l->perm); /* checks n * size */
     if (!l->arrays || !l->current || !l->pf.ready || (o.shuffle && !l->perm)) {
         rf_loader_free(l);
         rfi_error(RF_E_NOMEM, "rf_loader_new: out of memory (%lld observations)",
@@ -407,7 +408,7 @@ int64_t rf_loader_n_batches(const rf_loader *l)
     if (!l)
         return 0;
     int64_t bs = l->opts.batchsize;
-    return l->opts.drop_last ? l->n_obs / bs : (l->n_obs + bs - 1) / bs;
+    return l->n_obs / bs + (!l->opts.drop_last && l->n_obs % bs != 0);
 }
 
 int64_t rf_loader_n_obs(const rf_loader *l) { return l ? l->n_obs : 0; }
