@@ -102,6 +102,15 @@ static rf_tensor *null_forward(rf_model *m, rf_tensor *x)
 }
 static const rf_layer_type null_type = {"Broken", null_forward, NULL};
 
+/* A forward that returns its input and also calls rf_return with it. */
+static rf_tensor *returning_forward(rf_model *m, rf_tensor *x)
+{
+    (void)m;
+    rf_return(rf_tensor_trace(x), x);
+    return x;
+}
+static const rf_layer_type returning_type = {"Returning", returning_forward, NULL};
+
 /* ---- Visit order, paths, counts ------------------------------------------------------- */
 
 typedef struct seen {
@@ -416,6 +425,12 @@ static void test_errors(void)
     CHECK_STATUS(rf_compile(apply_fn, broken, &x4, 1, &e), RF_E_INTERNAL);
     CHECK_MSG("Broken()");
     rf_model_free(broken);
+    /* rf_compile_model's output 0 is the model's: a layer's own rf_return is refused */
+    rf_model *returning = rf_model_new(&returning_type, NULL, 0);
+    CHECK_STATUS(rf_compile_model(returning, x4, &e), RF_E_INVALID);
+    CHECK_MSG("rf_compile_model: a layer's forward called rf_return 1 time");
+    CHECK(e == NULL);
+    rf_model_free(returning);
     CHECK(rf_apply(m, NULL) == NULL);
 
     /* Constructors. */

@@ -69,6 +69,33 @@ static rf_tensor *bad_aux_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *
     return rf_mse(yhat, b[1]);
 }
 
+/* aux values of every dtype: reported as their values, as doubles */
+static rf_tensor *typed_aux_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
+                                 void *ctx)
+{
+    (void)n;
+    (void)ctx;
+    rf_tensor *yhat = rf_apply(m, b[0]);
+    rf_trace *t = rf_tensor_trace(yhat);
+    rf_aux_set(aux, "i32", rf_scalar_typed(t, RF_I32, 16));
+    rf_aux_set(aux, "i64", rf_scalar_typed(t, RF_I64, -5));
+    rf_aux_set(aux, "f64", rf_scalar_typed(t, RF_F64, 0.1));
+    rf_aux_set(aux, "finite", rf_is_finite(rf_mean_all(yhat)));
+    return rf_mse(yhat, b[1]);
+}
+
+/* returns a value of its own: the step's outputs would no longer be its own */
+static rf_tensor *returning_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
+                                 void *ctx)
+{
+    (void)n;
+    (void)aux;
+    (void)ctx;
+    rf_tensor *yhat = rf_apply(m, b[0]);
+    rf_return(rf_tensor_trace(yhat), yhat);
+    return rf_mse(yhat, b[1]);
+}
+
 static rf_tensor *vector_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
 {
     (void)n;
@@ -332,7 +359,31 @@ static void test_aux(rf_model *host, rf_array *x, rf_array *y)
     CHECK_MSG("f32[16,2]");
     CHECK_STATUS(rf_trainstep(bad_aux_loss, NULL, m, args, 2, opt, &l, NULL), RF_E_SHAPE);
     CHECK_MSG("rf_aux_set: \"rows\" must be a scalar, got f32[16]");
+    snapshot before;
+    snap_take(&before, m, opt);
+    CHECK_STATUS(rf_trainstep(returning_loss, NULL, m, args, 2, opt, &l, NULL), RF_E_INVALID);
+    CHECK_MSG("the loss function (or a layer) called rf_return 1 time;");
+    CHECK(snap_changed(&before) == 0);
+    snap_free(&before);
     CHECK(rf_opt_steps(opt) == 1);
+    /* integer and bool aux values, with and without gradient outputs */
+    for (int with_grads = 0; with_grads < 2; with_grads++) {
+        rf_array **grads = NULL;
+        int ng = 0;
+        memset(&st, 0, sizeof st);
+        if (with_grads)
+            CHECK_OK(rf_trainstep_withgradient(typed_aux_loss, NULL, m, args, 2, opt, &l, &st,
+                                               &grads, &ng));
+        else
+            CHECK_OK(rf_trainstep(typed_aux_loss, NULL, m, args, 2, opt, &l, &st));
+        CHECK(st.n == 4);
+        CHECK(rf_stats_get(&st, "i32") == 16 && rf_stats_get(&st, "i64") == -5);
+        CHECK(rf_stats_get(&st, "f64") == 0.1 && rf_stats_get(&st, "finite") == 1);
+        for (int i = 0; i < ng; i++)
+            rf_array_free(grads[i]);
+        free(grads);
+    }
+    CHECK(rf_opt_steps(opt) == 3);
     rf_opt_free(opt);
     rf_model_free(m);
 }

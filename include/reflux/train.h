@@ -56,11 +56,13 @@ RF_API void rf_update(rf_trace *t, rf_opt *opt, rf_model *m, const rf_grads *g);
 /* ---- trainstep ------------------------------------------------------------------------
  * One step: differentiate, update m and opt in place, return the loss to the
  * host. The fused step (forward, backward, update) is compiled on the first
- * call for each (model, rule kind, loss fn and ctx, batch dtypes and shapes,
- * train/test mode) and cached on the model. A non-finite loss applies no
- * update (model and optimiser state stay bit-identical) and returns
- * RF_E_DOMAIN. A step of a model that another thread is stepping returns
- * RF_E_INVALID and changes nothing. stats may be NULL. */
+ * call for each (model structure, train/test mode and matmul precision,
+ * optimiser instance, loss fn and ctx, with or without gradients, device,
+ * batch dtypes and shapes) and cached on the model. The loss function
+ * returns the loss and must not call rf_return (RF_E_INVALID). A non-finite
+ * loss applies no update (model and optimiser state stay bit-identical) and
+ * returns RF_E_DOMAIN. A step of a model that another thread is stepping
+ * returns RF_E_INVALID and changes nothing. stats may be NULL. */
 RF_API rf_status rf_trainstep(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *const *batch,
                               int n, rf_opt *opt, double *loss_out, rf_stats *stats);
 /* As rf_trainstep, and *grads receives one new device array per trainable

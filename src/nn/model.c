@@ -806,7 +806,11 @@ static rf_status check_model_device(const rf_model *m, rf_device *dev)
 static void trace_model(rf_trace *t, void *ctx)
 {
     rf_tensor *y = rf_apply(ctx, rf_arg(t, 0));
-    if (y)
+    if (y && t->n_outputs != 0) /* output 0 must be the model's */
+        rfi_graph_fail(t, RF_E_INVALID, "rf_compile_model: a layer's forward called rf_return "
+                       "%d time%s; a forward returns its result", t->n_outputs,
+                       t->n_outputs == 1 ? "" : "s");
+    else if (y)
         rf_return(t, y);
 }
 

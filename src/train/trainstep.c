@@ -86,6 +86,12 @@ static void step_trace(rf_trace *t, void *vctx)
         rfi_graph_fail(t, st, "%s", rf_errmsg());
     if (t->status != RF_OK)
         return;
+    if (t->n_outputs != 0) { /* the step's outputs are its own: loss, aux, gradients */
+        rfi_graph_fail(t, RF_E_INVALID, "rf_trainstep: the loss function (or a layer) called "
+                       "rf_return %d time%s; return the loss, and report other values with "
+                       "rf_aux_set", t->n_outputs, t->n_outputs == 1 ? "" : "s");
+        return;
+    }
     guard_updates(t, loss);
     return_outputs(t, s, loss, aux, g);
 }
@@ -196,27 +202,23 @@ static rfi_step_entry *find_or_compile(step_ctx *s, const rfi_step_probe *p,
     return e;
 }
 
-/* Hands the gradient outputs to the caller as a malloc'd array (the header
- * says: free each, then the array with free()). */
-static rf_status give_grads(const char *op, rf_array **outs, int n, rf_array ***grads,
-                            int *ngrads)
+/* Hands the gradient outputs to the caller in g, an array malloc'd before the
+ * step ran (so that nothing can fail once it has updated the model; the
+ * header says: free each, then the array with free()). */
+static void give_grads(rf_array **outs, int n, rf_array **g, rf_array ***grads, int *ngrads)
 {
-    rf_array **g = malloc((size_t)(n > 0 ? n : 1) * sizeof *g);
-    if (!g)
-        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
     for (int i = 0; i < n; i++) {
         g[i] = outs[i];
         outs[i] = NULL;
     }
     *grads = g;
     *ngrads = n;
-    return RF_OK;
 }
 
-/* A scalar output written by rfi_exec_run_into, as a double. */
-static double scalar_value(const rf_exec *x, int i, const double *slot)
+/* A scalar output written by rfi_exec_run_into (any dtype), as a double. */
+static double scalar_value(const rf_exec *x, int i, const void *slot)
 {
-    return rf_exec_output_dtype(x, i) == RF_F64 ? *slot : (double)*(const float *)slot;
+    return rfi_element_as_double(rf_exec_output_dtype(x, i), slot, 0);
 }
 
 /* Runs a compiled step without gradient outputs: the loss and aux values are
@@ -224,7 +226,7 @@ static double scalar_value(const rf_exec *x, int i, const double *slot)
 static rf_status run_scalars(rf_exec *x, rf_array *const *batch, int n, int n_host,
                              double *values)
 {
-    double slots[1 + RF_MAX_AUX];
+    double slots[1 + RF_MAX_AUX] = {0}; /* 8 bytes: room for any scalar */
     void *out[1 + RF_MAX_AUX];
     for (int i = 0; i < n_host; i++)
         out[i] = &slots[i];
@@ -243,7 +245,7 @@ static rf_status run_step(const char *op, const rfi_step_entry *e, rf_array *con
     rf_exec *x = rfi_step_entry_exec(e);
     int n_host = 1 + o->n_aux;
     double values[1 + RF_MAX_AUX];
-    rf_array **outs = NULL;
+    rf_array **outs = NULL, **given = NULL;
     int n_out = 0;
     rf_status st;
     if (!grads) {
@@ -251,8 +253,12 @@ static rf_status run_step(const char *op, const rfi_step_entry *e, rf_array *con
     } else {
         n_out = n_host + o->n_grads;
         outs = rfi_calloc((size_t)n_out, sizeof *outs);
-        if (!outs)
+        given = malloc((size_t)(o->n_grads > 0 ? o->n_grads : 1) * sizeof *given);
+        if (!outs || !given) {
+            rfi_free(outs);
+            free(given);
             return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+        }
         st = rf_exec_run(x, batch, n, outs, n_out);
         for (int i = 0; st == RF_OK && i < n_host; i++)
             values[i] = rf_to_number(outs[i]);
@@ -271,12 +277,15 @@ static rf_status run_step(const char *op, const rfi_step_entry *e, rf_array *con
         if (!isfinite(loss))
             st = rfi_error(RF_E_DOMAIN, "%s: loss is %s; no update was applied", op,
                            isnan(loss) ? "NaN" : loss > 0 ? "Inf" : "-Inf");
-        else if (grads)
-            st = give_grads(op, outs + n_host, o->n_grads, grads, ngrads);
+        else if (grads) {
+            give_grads(outs + n_host, o->n_grads, given, grads, ngrads);
+            given = NULL;
+        }
     }
     for (int i = 0; i < n_out; i++)
         rf_array_free(outs[i]);
     rfi_free(outs);
+    free(given);
     return st;
 }
 
