@@ -254,6 +254,8 @@ static void test_reference_cases(void)
                  .stride = {2, 2}, .pad = {1, 1}, .dilation = {2, 2}}), false, WB, NULL, false);
     run_case("convt_crop", rf_conv_transpose2d(2, 2, 2, 2, RF_ACT_IDENTITY, &(rf_conv_opts){
                  .stride = {3, 3}, .pad = {2, 2}}), false, WB, NULL, false);
+    run_case("convt_same", rf_conv_transpose2d(3, 4, 2, 3, RF_ACT_IDENTITY, &(rf_conv_opts){
+                 .stride = {2, 2}, .pad_same = true}), false, WB, NULL, false);
 
     run_case("maxpool", rf_maxpool(2, 2, 0, 0), false, NONE, NULL, false);
     run_case("maxpool_p", rf_maxpool(3, 3, 2, 1), false, NONE, NULL, false);
@@ -496,6 +498,35 @@ static void test_same_pad_shapes(void)
         if (e) {
             const int64_t *dims = rf_exec_output_dims(e, 0);
             CHECK(dims[2] == (in + s - 1) / s && dims[3] == (in + s - 1) / s);
+        }
+        rf_exec_free(e);
+        rf_array_free(x);
+        rf_model_free(m);
+    }
+    /* ConvTranspose: Flux pads as a Conv of kernel k - stride + 1, so the
+     * output is (in - 1) * s + (k - 1) * d + 1 - (k - s) * d: in * s for d = 1
+     * (also when the stride exceeds the kernel: a crop). */
+    static const int64_t tcases[][4] = {/* k, stride, dilation, in */
+                                        {3, 1, 1, 7}, {3, 2, 1, 4}, {4, 2, 1, 4}, {5, 3, 1, 3},
+                                        {2, 4, 1, 5}, {3, 2, 2, 4}};
+    for (size_t i = 0; i < sizeof tcases / sizeof *tcases; i++) {
+        int64_t k = tcases[i][0], s = tcases[i][1], d = tcases[i][2], in = tcases[i][3];
+        rf_model *host = rf_conv_transpose2d(k, k, 1, 1, RF_ACT_IDENTITY, &(rf_conv_opts){
+            .stride = {s, s}, .dilation = {d, d}, .pad_same = true});
+        rf_model *m = rf_model_to(host, dev);
+        rf_model_free(host);
+        rf_array *x = rf_array_new(dev, RF_F32, RF_SHAPE(1, 1, in, in), NULL);
+        rf_exec *e = NULL;
+        CHECK_OK(rf_compile(trace_apply, m, &x, 1, &e));
+        int64_t want = (in - 1) * s + (k - 1) * d + 1 - (k - s) * d;
+        CHECK(d != 1 || want == in * s);
+        if (e) {
+            const int64_t *dims = rf_exec_output_dims(e, 0);
+            CHECK(dims[2] == want && dims[3] == want);
+            if (dims[2] != want)
+                fprintf(stderr, "convtranspose same k=%lld s=%lld d=%lld in=%lld: %lld, want "
+                        "%lld\n", (long long)k, (long long)s, (long long)d, (long long)in,
+                        (long long)dims[2], (long long)want);
         }
         rf_exec_free(e);
         rf_array_free(x);

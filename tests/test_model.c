@@ -425,12 +425,31 @@ static void test_errors(void)
     CHECK_STATUS(rf_compile(apply_fn, broken, &x4, 1, &e), RF_E_INTERNAL);
     CHECK_MSG("Broken()");
     rf_model_free(broken);
+    /* an input of another dtype than the layer's parameters, named with the layer */
+    rf_array *h64 = rf_array_new(rf_device_host(), RF_F64, RF_SHAPE(16, 4), NULL);
+    rf_array *x64 = rf_array_to_opts(h64, cpu, &(rf_to_opts){.keep_f64 = true});
+    rf_array_free(h64);
+    CHECK_STATUS(rf_compile_model(m, x64, &e), RF_E_DTYPE);
+    CHECK_MSG("Dense(4 => 8): input f64[16,4] has dtype f64, but the layer's parameters are f32");
+    rf_model *bn_host = rf_batchnorm(4, RF_ACT_IDENTITY), *bn = rf_model_to(bn_host, cpu);
+    CHECK_STATUS(rf_compile_model(bn, x64, &e), RF_E_DTYPE);
+    CHECK_MSG("BatchNorm(4");
+    rf_model_free(bn);
+    rf_model_free(bn_host);
+    /* an adaptive pool's output larger than its input */
+    rf_model *ap = rf_adaptive_meanpool(2, 2);
+    rf_array *x0 = rf_array_new(cpu, RF_F32, RF_SHAPE(1, 1, 0, 4), NULL);
+    CHECK_STATUS(rf_compile_model(ap, x0, &e), RF_E_SHAPE);
+    CHECK_MSG("spatial size 0x4, smaller than the output size 2x2");
+    rf_array_free(x0);
+    rf_model_free(ap);
     /* rf_compile_model's output 0 is the model's: a layer's own rf_return is refused */
     rf_model *returning = rf_model_new(&returning_type, NULL, 0);
     CHECK_STATUS(rf_compile_model(returning, x4, &e), RF_E_INVALID);
     CHECK_MSG("rf_compile_model: a layer's forward called rf_return 1 time");
     CHECK(e == NULL);
     rf_model_free(returning);
+    rf_array_free(x64);
     CHECK(rf_apply(m, NULL) == NULL);
 
     /* Constructors. */
@@ -476,6 +495,75 @@ static void test_errors(void)
 }
 
 /* ---- Containers and a custom layer -------------------------------------------------------- */
+
+/* Models form a tree: one owner each, no cycles, no double frees. */
+static void test_tree_ownership(void)
+{
+    rf_model *d = rf_dense(4, 4, RF_ACT_IDENTITY);
+    rf_clear_error();
+    CHECK(rf_chain(d, d) == NULL); /* d is freed once, with the failed chain */
+    CHECK_MSG("already belongs to Chain(");
+    CHECK_MSG("sharing a layer");
+    d = rf_dense(4, 4, RF_ACT_IDENTITY);
+    CHECK(rf_chain(d, d, d) == NULL);
+
+    rf_model *q = rf_dense(4, 4, RF_ACT_IDENTITY);
+    rf_model *p = rf_chain(q);
+    CHECK(p != NULL);
+    CHECK_STATUS(rf_model_add_child(q, p), RF_E_INVALID); /* a cycle: p stays as it was */
+    CHECK_MSG("is, or contains,");
+    CHECK_STATUS(rf_model_add_child(p, p), RF_E_INVALID);
+    rf_model *other = rf_chain_n(NULL, 0);
+    CHECK_STATUS(rf_model_add_child(other, q), RF_E_INVALID); /* q stays p's */
+    CHECK(rf_model_n_children(other) == 0 && rf_model_child(p, 0) == q);
+    rf_clear_error();
+    rf_model_free(q); /* not its owner: nothing happens */
+    CHECK_MSG("rf_model_free: Dense(4 => 4) belongs to another model");
+    CHECK(rf_model_n_parameters(p) == 20);
+    rf_model_free(other);
+    rf_model_free(p);
+    /* an array whose constructor failed: its message is kept */
+    rf_model *m = rf_model_new(&null_type, NULL, 0);
+    rf_clear_error();
+    CHECK_STATUS(rf_model_add_param(m, "w", rf_zeros(RF_F32, RF_SHAPE(-2))), RF_E_INVALID);
+    CHECK_MSG("rf_model_add_param(Broken): array \"w\" is NULL (its constructor failed: "
+              "rf_zeros");
+    rf_model_free(m);
+}
+
+/* Skip and Parallel add or multiply equal shapes (Flux's + and * do not
+ * broadcast), and refuse the wrong number of layers added after construction. */
+static void test_combine_errors(void)
+{
+    rf_device *cpu = rf_device_cpu();
+    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(2, 4), NULL), *y = NULL;
+    rf_model *hosts[4] = {
+        rf_skip(rf_dense(4, 1, RF_ACT_IDENTITY), RF_COMBINE_ADD),
+        rf_parallel(RF_COMBINE_MUL, rf_dense(4, 1, RF_ACT_IDENTITY),
+                    rf_dense(4, 3, RF_ACT_IDENTITY)),
+        rf_skip(rf_dense(4, 4, RF_ACT_IDENTITY), RF_COMBINE_ADD),
+        rf_parallel(RF_COMBINE_ADD, rf_dense(4, 4, RF_ACT_IDENTITY)),
+    };
+    CHECK_OK(rf_model_add_child(hosts[2], rf_dense(4, 4, RF_ACT_IDENTITY)));
+    for (int i = 0; i < 64; i++)
+        CHECK_OK(rf_model_add_child(hosts[3], rf_dense(4, 4, RF_ACT_IDENTITY)));
+    const char *want[4] = {"gives results of different shapes to add: f32[2,1] (0) and "
+                           "f32[2,4] (1)",
+                           "gives results of different shapes to multiply: f32[2,1] (0) and "
+                           "f32[2,3] (1)",
+                           "a SkipConnection holds one layer, this one 2",
+                           "a Parallel holds 1 to 64 layers, this one 65"};
+    for (int i = 0; i < 4; i++) {
+        rf_model *m = hosts[i] ? rf_model_to(hosts[i], cpu) : NULL;
+        CHECK(m != NULL);
+        CHECK(rf_jit_model(m, x, &y) == (i < 2 ? RF_E_SHAPE : RF_E_INVALID));
+        CHECK_MSG(want[i]);
+        CHECK(y == NULL);
+        rf_model_free(m);
+        rf_model_free(hosts[i]);
+    }
+    rf_array_free(x);
+}
 
 static void test_containers_and_custom(void)
 {
@@ -700,6 +788,8 @@ int main(void)
     test_compile_model();
     test_errors();
     test_containers_and_custom();
+    test_tree_ownership();
+    test_combine_errors();
     test_init();
     return tu_finish("test_model");
 }

@@ -13,9 +13,12 @@
  *
  * Ownership: constructors return an owned model (rf_model_free). Container
  * constructors (rf_chain, rf_skip, rf_parallel and their _n forms) take
- * ownership of the models passed to them (also on failure). rf_model_free frees the whole tree, its
- * arrays (each model holds one reference per array) and every compiled
- * executable cached for it.
+ * ownership of the models passed to them (also on failure). Models form a
+ * tree: each has at most one owner, so one layer cannot sit in two places
+ * (see rf_model_add_child). rf_model_free frees the whole tree, its arrays
+ * (each model holds one reference per array) and every compiled executable
+ * cached for it; on a model that belongs to another it does nothing (the
+ * owner frees it) and sets the error.
  */
 #ifndef REFLUX_NN_H
 #define REFLUX_NN_H
@@ -87,7 +90,10 @@ RF_API rf_model *rf_model_new(const rf_layer_type *type, const void *config, siz
  * takes over the caller's reference to `a` (also on failure). */
 RF_API rf_status rf_model_add_param(rf_model *m, const char *name, rf_array *a);
 RF_API rf_status rf_model_add_state(rf_model *m, const char *name, rf_array *a);
-/* Adds a child; the model takes ownership of `child` (also on failure). */
+/* Adds a child; the model takes ownership of `child` (also on failure),
+ * except that a child that already belongs to a model (a layer shared twice:
+ * weight tying is not supported) or that is m or one of m's ancestors is
+ * refused (RF_E_INVALID) and stays with its owner. */
 RF_API rf_status rf_model_add_child(rf_model *m, rf_model *child);
 
 /* Inside a forward function: the i-th parameter/state/child of m, captured in
@@ -172,7 +178,8 @@ RF_API rf_model *rf_dense_ex(int64_t in, int64_t out, rf_act act, const rf_dense
 typedef struct rf_conv_opts {
     int64_t stride[2];   /* 0: 1 */
     int64_t pad[2];      /* symmetric padding per spatial dim */
-    bool pad_same;       /* Flux's SamePad(): output size = ceil(in / stride) */
+    bool pad_same;       /* Flux's SamePad(): output size ceil(in / stride) for Conv,
+                            in * stride for ConvTranspose (dilation 1) */
     int64_t dilation[2]; /* 0: 1 */
     int64_t groups;      /* 0: 1 */
     bool no_bias;
@@ -190,6 +197,8 @@ RF_API rf_model *rf_conv_transpose2d(int64_t kh, int64_t kw, int64_t in, int64_t
 RF_API rf_model *rf_maxpool(int64_t kh, int64_t kw, int64_t stride, int64_t pad);
 RF_API rf_model *rf_meanpool(int64_t kh, int64_t kw, int64_t stride, int64_t pad);
 RF_API rf_model *rf_global_meanpool(void); /* NCHW -> NC11 */
+/* AdaptiveMeanPool((oh, ow)): the input's spatial size must be a multiple of
+ * (oh, ow) (equal windows; other sizes are refused with RF_E_UNSUPPORTED). */
 RF_API rf_model *rf_adaptive_meanpool(int64_t oh, int64_t ow);
 RF_API rf_model *rf_flatten_layer(void);
 /* An activation as a layer (Flux's `x -> relu.(x)` inside a Chain). */
@@ -206,7 +215,9 @@ RF_API rf_model *rf_groupnorm(int64_t channels, int64_t groups);
  * scales the rest by 1/(1-p); the mask comes from the model's RNG key, which
  * advances every step. Identity in test mode. */
 RF_API rf_model *rf_dropout(double p, uint64_t seed);
-/* Embedding(vocab => dim): integer ids [...] -> [..., dim]; weight [vocab, dim] ~ N(0,1). */
+/* Embedding(vocab => dim): integer ids [...] -> [..., dim]; weight [vocab, dim] ~ N(0,1).
+ * Ids count from 0; one outside [0, vocab) is clamped into it (a compiled step
+ * cannot stop on data), where Flux throws. */
 RF_API rf_model *rf_embedding(int64_t vocab, int64_t dim, uint64_t seed);
 
 /* Containers. They take ownership of their children, also on failure.
@@ -218,7 +229,8 @@ RF_API rf_model *rf_embedding(int64_t vocab, int64_t dim, uint64_t seed);
  * fails inside the list cannot silently shorten it: a NULL entry is an error
  * (RF_E_INVALID "rf_chain: layer 1 is NULL (its constructor failed: ...)",
  * layers counted from 0 like path names, keeping the constructor's message),
- * and every non-NULL entry is freed. An empty chain is rf_chain_n(NULL, 0)
+ * and every non-NULL entry is freed (but one that belongs to another model,
+ * see rf_model_add_child). An empty chain is rf_chain_n(NULL, 0)
  * (the identity). C++ has no compound literals: C++ code calls the _n forms
  * with an array. */
 RF_API rf_model *rf_chain_n(rf_model *const *layers, int n);

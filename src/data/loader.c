@@ -20,6 +20,7 @@
 #include "../runtime/runtime.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -372,8 +373,10 @@ rf_loader *rf_loader_new(rf_array *const *arrays, int n, const rf_loader_opts *o
     l->arrays = rfi_calloc((size_t)n, sizeof *l->arrays);
     l->current = rfi_calloc((size_t)n, sizeof *l->current);
     l->pf.ready = rfi_calloc((size_t)n, sizeof *l->pf.ready);
-    if (o.shuffle)
-        l->perm = rfi_calloc((size_t)(n_obs ? n_obs : 1), sizeof *l->perm); /* checks n * size */
+    /* a permutation of every observation (empty ones too: 2^61 of them fit in
+     * no byte count) */
+    if (o.shuffle && (uint64_t)n_obs <= SIZE_MAX / sizeof *l->perm)
+        l->perm = rfi_malloc((size_t)(n_obs ? n_obs : 1) * sizeof *l->perm);
     if (!l->arrays || !l->current || !l->pf.ready || (o.shuffle && !l->perm)) {
         rf_loader_free(l);
         rfi_error(RF_E_NOMEM, "rf_loader_new: out of memory (%lld observations)",

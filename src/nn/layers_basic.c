@@ -51,6 +51,8 @@ static rf_tensor *dense_forward(rf_model *m, rf_tensor *x)
                           ty, (long long)rf_tensor_dim(x, -1), (long long)c->in);
         return NULL;
     }
+    if (!rfi_layer_check_dtype(m, x))
+        return NULL;
     rf_tensor *w = rf_model_param(m, t, 0);
     rf_tensor *b = c->bias ? rf_model_param(m, t, 1) : NULL;
     if (rank == 2)
@@ -114,10 +116,17 @@ rf_model *rf_flatten_layer(void) { return rf_model_new(&flatten_type, NULL, 0); 
 /* ---- Building containers ----------------------------------------------------------------- */
 
 /* Frees layers[0..n) (NULL entries skipped). */
+/* Frees each entry once (a list may name a layer twice), but not one that
+ * belongs to a model: its owner frees it. */
 static void free_layers(rf_model *const *layers, int n)
 {
-    for (int i = 0; i < n; i++)
-        rf_model_free(layers[i]);
+    for (int i = 0; i < n; i++) {
+        bool seen = layers[i] && layers[i]->parent;
+        for (int j = 0; j < i && !seen; j++)
+            seen = layers[j] == layers[i];
+        if (!seen)
+            rf_model_free(layers[i]);
+    }
 }
 
 /* Reports a NULL entry of a layer list. A NULL there almost always comes from
@@ -201,15 +210,40 @@ static void combine_describe(const rf_model *m, char *buf, size_t n)
     snprintf(buf, n, "%s", combine_name((rf_combine)c->combine));
 }
 
-/* combine(ys[0], ..., ys[n-1]): sums, products, or a concatenation along the
- * channel axis 1 (NCHW channels, [N, F] features). */
-static rf_tensor *combine(rf_combine how, rf_tensor *const *ys, int n)
+static bool same_shape(const rf_tensor *a, const rf_tensor *b)
+{
+    int rank = rf_tensor_rank(a);
+    if (rank != rf_tensor_rank(b))
+        return false;
+    for (int d = 0; d < rank; d++)
+        if (rf_tensor_dim(a, d) != rf_tensor_dim(b, d))
+            return false;
+    return true;
+}
+
+/* combine(ys[0], ..., ys[n-1]) for layer m on input x: sums, products (of
+ * equal shapes: Flux's + and * do not broadcast), or a concatenation along
+ * the channel axis 1 (NCHW channels, [N, F] features). */
+static rf_tensor *combine(rf_model *m, rf_tensor *x, rf_combine how, rf_tensor *const *ys,
+                          int n)
 {
     for (int i = 0; i < n; i++)
         if (!ys[i])
             return NULL;
     if (how == RF_COMBINE_CONCAT_CHANNELS)
         return rf_concatenate(ys, n, 1);
+    for (int i = 1; i < n; i++) {
+        if (!same_shape(ys[0], ys[i])) {
+            char a[128], b[128];
+            rfi_type_str(a, sizeof a, rf_tensor_dtype(ys[0]), rf_tensor_dims(ys[0]),
+                         rf_tensor_rank(ys[0]));
+            rfi_type_str(b, sizeof b, rf_tensor_dtype(ys[i]), rf_tensor_dims(ys[i]),
+                         rf_tensor_rank(ys[i]));
+            return rfi_layer_input_error(m, x, RF_E_SHAPE, "gives results of different "
+                                         "shapes to %s: %s (0) and %s (%d)",
+                                         how == RF_COMBINE_ADD ? "add" : "multiply", a, b, i);
+        }
+    }
     rf_tensor *acc = ys[0];
     for (int i = 1; i < n; i++)
         acc = how == RF_COMBINE_ADD ? rf_add(acc, ys[i]) : rf_mul(acc, ys[i]);
@@ -226,8 +260,12 @@ static bool combine_valid(rf_combine c)
 static rf_tensor *skip_forward(rf_model *m, rf_tensor *x)
 {
     const combine_config *c = rf_model_config(m);
+    if (rf_model_n_children(m) != 1)
+        return rfi_layer_input_error(m, x, RF_E_INVALID, "cannot be combined: a "
+                                     "SkipConnection holds one layer, this one %d",
+                                     rf_model_n_children(m));
     rf_tensor *ys[2] = {rf_apply(rf_model_child(m, 0), x), x};
-    return combine((rf_combine)c->combine, ys, 2);
+    return combine(m, x, (rf_combine)c->combine, ys, 2);
 }
 
 static const rf_layer_type skip_type = {"SkipConnection", skip_forward, combine_describe};
@@ -252,10 +290,13 @@ static rf_tensor *parallel_forward(rf_model *m, rf_tensor *x)
 {
     const combine_config *c = rf_model_config(m);
     int n = rf_model_n_children(m);
+    if (n < 1 || n > PARALLEL_MAX) /* rf_model_add_child may have changed the count */
+        return rfi_layer_input_error(m, x, RF_E_INVALID, "cannot be combined: a Parallel "
+                                     "holds 1 to %d layers, this one %d", PARALLEL_MAX, n);
     rf_tensor *ys[PARALLEL_MAX];
     for (int i = 0; i < n; i++)
         ys[i] = rf_apply(rf_model_child(m, i), x);
-    return combine((rf_combine)c->combine, ys, n);
+    return combine(m, x, (rf_combine)c->combine, ys, n);
 }
 
 static const rf_layer_type parallel_type = {"Parallel", parallel_forward, combine_describe};

@@ -41,6 +41,8 @@ static bool check_nchw(rf_model *m, rf_tensor *x, int64_t channels)
         rfi_layer_input_error(m, x, RF_E_DTYPE, "must be floating point");
         return false;
     }
+    if (!rfi_layer_check_dtype(m, x))
+        return false;
     if (channels >= 0 && rf_tensor_dim(x, 1) != channels) {
         rfi_layer_input_error(m, x, RF_E_SHAPE, "has %lld channels, expected %lld",
                               (long long)rf_tensor_dim(x, 1), (long long)channels);
@@ -83,14 +85,20 @@ static int64_t effective_kernel(const conv_config *c, int i)
     return (c->k[i] - 1) * c->dilation[i] + 1;
 }
 
-/* The padding of spatial dim i: symmetric, or Flux's SamePad ((k_eff - 1)
- * in all, the odd unit low: cld/fld in Flux's calc_padding). */
+/* a / 2 rounded towards -infinity (Julia's fld(a, 2)) */
+static int64_t floor_half(int64_t a) { return a >= 0 ? a / 2 : -((1 - a) / 2); }
+
+/* The padding of spatial dim i: symmetric, or Flux's SamePad: (k - 1) *
+ * dilation in all, the odd unit low (cld and fld in Flux's calc_padding),
+ * and for ConvTranspose the same with k - stride + 1 for k (negative when
+ * the stride exceeds the kernel: a crop), so that the output is in * stride. */
 static void conv_padding(const conv_config *c, int i, int64_t *lo, int64_t *hi)
 {
     if (c->pad_same) {
-        int64_t total = effective_kernel(c, i) - 1;
-        *lo = (total + 1) / 2;
-        *hi = total / 2;
+        int64_t k = c->transpose ? c->k[i] - c->stride[i] + 1 : c->k[i];
+        int64_t total = (k - 1) * c->dilation[i];
+        *lo = -floor_half(-total);
+        *hi = floor_half(total);
     } else {
         *lo = *hi = c->pad[i];
     }
@@ -406,6 +414,10 @@ static rf_tensor *adaptive_meanpool_forward(rf_model *m, rf_tensor *x)
     if (!check_nchw(m, x, -1))
         return NULL;
     int64_t h = rf_tensor_dim(x, 2), w = rf_tensor_dim(x, 3);
+    if (h < c->out[0] || w < c->out[1])
+        return rfi_layer_input_error(m, x, RF_E_SHAPE, "has spatial size %lldx%lld, smaller "
+                                     "than the output size %lldx%lld", (long long)h,
+                                     (long long)w, (long long)c->out[0], (long long)c->out[1]);
     if (h % c->out[0] != 0 || w % c->out[1] != 0)
         return rfi_layer_input_error(m, x, RF_E_UNSUPPORTED,
                                      "has spatial size %lldx%lld, not divisible by the output "

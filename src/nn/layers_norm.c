@@ -40,6 +40,8 @@ static bool check_input(rf_model *m, rf_tensor *x, int min_rank, const char *lay
         rfi_layer_input_error(m, x, RF_E_DTYPE, "must be floating point");
         return false;
     }
+    if (!rfi_layer_check_dtype(m, x))
+        return false;
     if (rf_tensor_dim(x, axis) != features) {
         rfi_layer_input_error(m, x, RF_E_SHAPE, "has %lld %s, expected %lld",
                               (long long)rf_tensor_dim(x, axis), what, (long long)features);

@@ -86,6 +86,13 @@ static rf_status add_array(rf_model *m, const char *op, bool trainable, const ch
 {
     if (!m || !a) {
         rf_array_free(a);
+        if (m && rf_errmsg()[0]) { /* the array's constructor failed: keep why */
+            char why[RFI_ERRMSG_MAX];
+            snprintf(why, sizeof why, "%s", rf_errmsg());
+            return rfi_error(strstr(why, "out of memory") ? RF_E_NOMEM : RF_E_INVALID,
+                             "%s(%s): array \"%s\" is NULL (its constructor failed: %s)", op,
+                             m->type->name, name ? name : "", why);
+        }
         return rfi_error(RF_E_INVALID, "%s: %s is NULL", op, m ? "array" : "model");
     }
     rf_status st = check_array_name(m, op, name);
@@ -118,20 +125,40 @@ rf_status rf_model_add_state(rf_model *m, const char *name, rf_array *a)
     return add_array(m, "rf_model_add_state", false, name, a);
 }
 
+/* Whether a is m or one of m's ancestors. */
+static bool is_ancestor(const rf_model *a, const rf_model *m)
+{
+    for (; m; m = m->parent)
+        if (m == a)
+            return true;
+    return false;
+}
+
 rf_status rf_model_add_child(rf_model *m, rf_model *child)
 {
-    if (!m || !child || m == child) {
-        if (child != m)
-            rf_model_free(child);
-        return rfi_error(RF_E_INVALID, "rf_model_add_child: %s",
-                         !m ? "model is NULL" : !child ? "child is NULL"
-                                                       : "a model cannot be its own child");
+    if (!m || !child) {
+        rf_model_free(child);
+        return rfi_error(RF_E_INVALID, "rf_model_add_child: %s is NULL",
+                         !m ? "model" : "child");
+    }
+    /* A tree, not a graph: a model has one owner (freed once, visited once),
+     * so a shared layer (Flux's weight tying) or a cycle is refused, and the
+     * child stays with whoever owns it. */
+    if (child->parent || is_ancestor(child, m)) {
+        char what[256], where[256];
+        rfi_model_describe(child, what, sizeof what);
+        rfi_model_describe(child->parent ? child->parent : m, where, sizeof where);
+        return rfi_error(RF_E_INVALID, "rf_model_add_child: %s %s %s; a model has one owner "
+                         "(sharing a layer between models or positions is not supported)",
+                         what, child->parent ? "already belongs to" : "is, or contains,",
+                         where);
     }
     if (!rfi_grow((void **)&m->children, m->n_children, &m->cap_children, sizeof *m->children)) {
         rf_model_free(child);
         return rfi_error(RF_E_NOMEM, "rf_model_add_child(%s): out of memory", m->type->name);
     }
     m->children[m->n_children++] = child;
+    child->parent = m;
     return RF_OK;
 }
 
@@ -749,6 +776,13 @@ void rf_model_free(rf_model *m)
 {
     if (!m)
         return;
+    if (m->parent) { /* its owner frees it: freeing it here would free it twice */
+        char what[256];
+        rfi_model_describe(m, what, sizeof what);
+        rfi_error(RF_E_INVALID, "rf_model_free: %s belongs to another model; free the root of "
+                  "its tree", what);
+        return;
+    }
     /* Detach the optimisers first, so a callback that detaches itself finds
      * nothing to change while we iterate. */
     struct rf_opt **opts = m->opts;
@@ -761,8 +795,10 @@ void rf_model_free(rf_model *m)
 
     rfi_step_cache_free(m->cache);
     m->cache = NULL;
-    for (int i = 0; i < m->n_children; i++)
+    for (int i = 0; i < m->n_children; i++) {
+        m->children[i]->parent = NULL;
         rf_model_free(m->children[i]);
+    }
     rfi_free(m->children);
     free_arrays(m->params, m->n_params);
     free_arrays(m->state, m->n_state);
@@ -857,4 +893,15 @@ rf_tensor *rfi_layer_input_error(rf_model *m, rf_tensor *x, rf_status st, const 
     va_end(ap);
     rf_trace_fail(rf_tensor_trace(x), st, "%s: input %s %s", name, type, why);
     return NULL;
+}
+
+bool rfi_layer_check_dtype(rf_model *m, rf_tensor *x)
+{
+    if (m->n_params == 0 || rf_tensor_dtype(x) == m->params[0].a->dtype)
+        return true;
+    rfi_layer_input_error(m, x, RF_E_DTYPE, "has dtype %s, but the layer's parameters are %s; "
+                          "convert the input (rf_convert) or keep the model in %s",
+                          rf_dtype_name(rf_tensor_dtype(x)), rf_dtype_name(m->params[0].a->dtype),
+                          rf_dtype_name(rf_tensor_dtype(x)));
+    return false;
 }

@@ -27,6 +27,7 @@ struct rf_model {
     int n_state, cap_state;
     rf_model **children;      /* owned */
     int n_children, cap_children;
+    rf_model *parent;         /* the model that owns this one, NULL for a root */
 
     bool training;
     bool sets_precision;      /* rf_apply builds the layer's products with: */
@@ -67,6 +68,9 @@ RFI_FUNC uint64_t rfi_nn_next_seed(uint64_t seed);
  * ("Chain(Dense(4 => 8, tanh), Dense(8 => 2))"), for error messages. Always
  * NUL-terminated. */
 RFI_FUNC void rfi_model_describe(const rf_model *m, char *buf, size_t n);
+/* Whether x has the dtype of m's parameters (true for a layer without any);
+ * else records a trace error naming the layer and both dtypes. */
+RFI_FUNC bool rfi_layer_check_dtype(rf_model *m, rf_tensor *x);
 /* For a layer's forward: records "<Layer(config)>: input <type> <why>" on x's
  * trace (printf-style why) and returns NULL. */
 RFI_FUNC rf_tensor *rfi_layer_input_error(rf_model *m, rf_tensor *x, rf_status st,
