@@ -307,13 +307,13 @@ static void test_loader_errors(void)
         CHECK(drop ? batch == NULL : batch && rf_array_dims(batch[0])[0] == 10);
         rf_loader_free(l);
     }
-    /* 2^61 + 1 empty observations: the shuffle's permutation cannot be allocated */
-    rf_array *huge = rf_zeros(RF_F32, RF_SHAPE(((int64_t)1 << 61) + 1, 0));
+    /* 2^62 empty u8 observations: the shuffle's permutation has no byte count */
+    rf_array *huge = rf_zeros(RF_U8, RF_SHAPE((int64_t)1 << 62, 0));
     CHECK(huge != NULL);
     rf_clear_error();
     CHECK(!rf_loader_new((rf_array *[]){huge}, 1, &(rf_loader_opts){.batchsize = 4,
                                                                       .shuffle = true}));
-    CHECK_MSG("out of memory (2305843009213693953 observations)");
+    CHECK_MSG("out of memory (4611686018427387904 observations)");
     rf_array_free(huge);
     rf_array_free(a);
     rf_array_free(b);

@@ -361,6 +361,32 @@ static void test_writable_file_is_never_loaded(void)
     rfi_module_free(m);
 }
 
+/* Something other than a regular file where an entry's file belongs is
+ * never read: a FIFO (opening it for reading would wait for a writer for
+ * ever, holding the entry's lock) or an empty directory (no file could be
+ * renamed over it) is removed and the entry rebuilt. */
+static void test_special_files_are_replaced(void)
+{
+    for (int kind = 0; kind < 2; kind++) {
+        rfi_module *m = NULL;
+        rf_status st;
+        CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+        char so[600];
+        snprintf(so, sizeof so, "%s", m ? m->so_path : "");
+        rfi_module_free(m);
+        CHECK(unlink(so) == 0);
+        CHECK(kind == 0 ? mkfifo(so, 0600) == 0 : mkdir(so, 0700) == 0);
+        uint64_t c0 = rfi_cc_n_compiles();
+        CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+        CHECK_OK(st);
+        CHECK(m && m->compiled);
+        CHECK(rfi_cc_n_compiles() == c0 + 1);
+        struct stat sb;
+        CHECK(stat(so, &sb) == 0 && S_ISREG(sb.st_mode));
+        rfi_module_free(m);
+    }
+}
+
 /* Memoised values (the compiler's version line): round trip, a memo of the
  * compiler was written by the loads above, names are checked, an untrusted or
  * multi-line memo is ignored. */
@@ -495,6 +521,19 @@ static void test_untrusted_dir_falls_back(void)
     setenv("RF_CACHE_DIR", bad, 1);
     CHECK_STATUS(rfi_disk_cache_dir(&dir), RF_E_INVALID);
     CHECK_MSG("writable by group or others");
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+    rfi_free(dir);
+    /* a file where the directory should be */
+    snprintf(bad, sizeof bad, "%s/plainfile", root);
+    FILE *f = fopen(bad, "w");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    check_falls_back(bad);
+    setenv("RF_CACHE_DIR", bad, 1);
+    dir = NULL;
+    CHECK_STATUS(rfi_disk_cache_dir(&dir), RF_E_INVALID);
+    CHECK_MSG("plainfile: not a directory");
     setenv("RF_CACHE_DIR", cache_dir, 1);
     rfi_free(dir);
     if (geteuid() == 0) { /* root can give the directory away */
@@ -1217,6 +1256,7 @@ int main(int argc, char **argv)
     test_concurrent_processes_compile_once();
     test_corrupt_entry_is_rebuilt();
     test_writable_file_is_never_loaded();
+    test_special_files_are_replaced();
     test_memo();
     test_records();
     test_untrusted_dir_falls_back();

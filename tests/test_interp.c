@@ -864,7 +864,7 @@ static void test_io(void)
     const int rank = 1;
     const int64_t dims[1][RF_MAX_RANK] = {{3}};
     CHECK_OK(rfi_graph_set_args(g, 1, &dt, &rank, dims));
-    rf_array *state = rfi_array_alloc(rf_device_cpu(), RF_F32, RF_SHAPE(3));
+    rf_array *state = rfi_array_alloc("test", rf_device_cpu(), RF_F32, RF_SHAPE(3));
     CHECK(state != NULL);
     if (!state) {
         rfi_graph_free(g);

@@ -915,8 +915,8 @@ static void test_hash(void)
 
 static void test_captures(void)
 {
-    rf_array *w = rfi_array_alloc(rf_device_cpu(), RF_F32, RF_SHAPE(3, 2));
-    rf_array *v = rfi_array_alloc(rf_device_cpu(), RF_F32, RF_SHAPE(5));
+    rf_array *w = rfi_array_alloc("test", rf_device_cpu(), RF_F32, RF_SHAPE(3, 2));
+    rf_array *v = rfi_array_alloc("test", rf_device_cpu(), RF_F32, RF_SHAPE(5));
     CHECK(w && v);
     if (!w || !v) {
         rfi_array_release(w);
@@ -963,7 +963,7 @@ static void test_captures(void)
     rfi_graph_free(g);
 
     /* the capture's type enters the hash */
-    rf_array *w64 = rfi_array_alloc(rf_device_cpu(), RF_F64, RF_SHAPE(3, 2));
+    rf_array *w64 = rfi_array_alloc("test", rf_device_cpu(), RF_F64, RF_SHAPE(3, 2));
     g = fresh();
     CHECK(rfi_graph_capture_index(g, w64) == 0);
     CHECK(rfi_graph_capture_index(g, v) == 1);

@@ -76,7 +76,7 @@ static rfi_node *g_arg(rfi_graph *g, int i)
 static rfi_node *g_capture(rfi_graph *g, rf_dtype dt, const int64_t *dims, int rank,
                            const void *data)
 {
-    rf_array *arr = rfi_array_alloc(rf_device_cpu(), dt, dims, rank);
+    rf_array *arr = rfi_array_alloc("test", rf_device_cpu(), dt, dims, rank);
     CHECK(arr != NULL);
     memcpy(arr->data, data, arr->nbytes);
     int index = rfi_graph_capture_index(g, arr);

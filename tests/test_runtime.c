@@ -114,6 +114,13 @@ static void test_array_basics(void)
     CHECK_MSG("invalid dtype");
     CHECK(rf_zeros(RF_F64, RF_SHAPE(INT64_MAX / 4, 4)) == NULL);
     CHECK_MSG("overflow");
+    /* an empty array too: its nonzero dims' product must fit in bytes, in any order */
+    CHECK(rf_zeros(RF_F32, RF_SHAPE(INT64_MAX, 2, 0)) == NULL);
+    CHECK(rf_zeros(RF_F32, RF_SHAPE(INT64_MAX / 2, 0)) == NULL);
+    CHECK_MSG("too large");
+    rf_array *empty = rf_zeros(RF_F32, RF_SHAPE(INT64_MAX / 8, 0, 2));
+    CHECK(empty && rf_array_numel(empty) == 0 && rf_array_nbytes(empty) == 0);
+    rf_array_free(empty);
     CHECK(rf_array_new(NULL, RF_F32, RF_SHAPE(2), NULL) == NULL);
     CHECK_MSG("device is NULL");
 }

@@ -189,7 +189,7 @@ static rf_status read_data(gzFile f, const char *path, const idx_type *t, const 
     rf_status st = check_plausible(f, path, expected, file_bytes, 4 + 4 * (int64_t)rank);
     if (st != RF_OK)
         return st;
-    rf_array *a = rfi_array_alloc(rf_device_host(), t->dtype, dims, rank);
+    rf_array *a = rfi_array_alloc("rf_idx_load", rf_device_host(), t->dtype, dims, rank);
     if (!a)
         return strstr(rf_errmsg(), "out of memory") ? RF_E_NOMEM : RF_E_CORRUPT;
     /* The array is at least as large as the file's data (i8/i16 widen), so

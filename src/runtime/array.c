@@ -68,13 +68,18 @@ static rf_status check_shape(const char *op, rf_dtype dt, const int64_t *dims, i
     if (rank > 0 && !dims)
         return rfi_error(RF_E_INVALID, "%s: dims is NULL for rank %d", op, rank);
     size_t esize = rf_dtype_size(dt);
+    /* The product of the nonzero dims must fit in bytes, also for an empty
+     * array: then no product of some of the dims, in any order, overflows
+     * (code computes row sizes and strides from them). */
     uint64_t n = 1;
-    bool overflow = false;
+    bool overflow = false, empty = false;
     for (int i = 0; i < rank; i++) {
         if (dims[i] < 0)
             return rfi_error(RF_E_INVALID, "%s: dim %d is negative (%lld)", op, i,
                              (long long)dims[i]);
-        if (dims[i] != 0 && n > (uint64_t)INT64_MAX / (uint64_t)dims[i])
+        if (dims[i] == 0)
+            empty = true;
+        else if (n > (uint64_t)INT64_MAX / (uint64_t)dims[i])
             overflow = true;
         else
             n *= (uint64_t)dims[i];
@@ -84,10 +89,8 @@ static rf_status check_shape(const char *op, rf_dtype dt, const int64_t *dims, i
         return rfi_error(RF_E_INVALID, "%s: %s is too large (its byte size overflows)", op,
                          rfi_type_str(ty, sizeof ty, dt, dims, rank));
     }
-    /* A zero dim makes the array empty whatever the other dims say. */
-    for (int i = 0; i < rank; i++)
-        if (dims[i] == 0)
-            n = 0;
+    if (empty)
+        n = 0;
     *numel = (int64_t)n;
     *nbytes = (size_t)n * esize;
     return RF_OK;
@@ -131,9 +134,10 @@ static rf_array *alloc_checked(const char *op, rf_device *dev, rf_dtype dt,
     return a;
 }
 
-rf_array *rfi_array_alloc(rf_device *dev, rf_dtype dt, const int64_t *dims, int rank)
+rf_array *rfi_array_alloc(const char *op, rf_device *dev, rf_dtype dt, const int64_t *dims,
+                          int rank)
 {
-    return alloc_checked("rf_array_new", dev, dt, dims, rank);
+    return alloc_checked(op, dev, dt, dims, rank);
 }
 
 rf_array *rfi_array_retain(rf_array *a)

@@ -133,10 +133,15 @@ rf_status rfi_disk_cache_dir(char **out)
     if (!configured_dir(path, sizeof path - 64))
         return rfi_error(RF_E_INVALID, "module cache: none of RF_CACHE_DIR, XDG_CACHE_HOME, "
                                        "HOME names a usable directory");
-    if (rfi_make_dirs(path) != 0)
-        return rfi_error(RF_E_IO, "module cache: cannot create directory %s: %s", path,
-                         strerror(errno));
     struct stat st;
+    if (rfi_make_dirs(path) != 0) {
+        int e = errno;
+        if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode)) /* something else is there */
+            return rfi_error(RF_E_INVALID, "module cache: refusing directory %s: %s", path,
+                             untrusted_dir_reason(&st));
+        return rfi_error(RF_E_IO, "module cache: cannot create directory %s: %s", path,
+                         strerror(e));
+    }
     if (stat(path, &st) != 0)
         return rfi_error(RF_E_IO, "module cache: cannot stat %s: %s", path, strerror(errno));
     const char *why = untrusted_dir_reason(&st);
@@ -192,7 +197,9 @@ static file_state read_trusted(const char *path, char **data, size_t *len)
 {
     *data = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer (for
+     * ever, holding the entry's lock); a regular file reads as usual */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT ? FILE_MISSING : FILE_BAD;
     struct stat st;
@@ -292,12 +299,20 @@ static bool set_paths(entry_paths *p, const char *dir, const char *key,
            (size_t)snprintf(p->lock, sizeof p->lock, "%s/%s.lock", dir, key) < sizeof p->lock;
 }
 
+/* Removes what is at path: a file, or an (empty) directory someone made
+ * there, which would otherwise make every later write of the entry fail. */
+static void remove_path(const char *path)
+{
+    if (unlink(path) != 0 && (errno == EISDIR || errno == EPERM))
+        rmdir(path);
+}
+
 static void remove_entry(const entry_paths *p, bool keep_source)
 {
-    unlink(p->ok); /* first: without a manifest the rest is never trusted */
-    unlink(p->obj);
+    remove_path(p->ok); /* first: without a manifest the rest is never trusted */
+    remove_path(p->obj);
     if (!keep_source)
-        unlink(p->src);
+        remove_path(p->src);
 }
 
 /* The manifest text for a context and an object of the given size and hash. */
@@ -639,7 +654,7 @@ static bool parse_index(const char *data, size_t len, const rfi_disk_cache_index
 /* Whether path is a file this user may trust (no read). */
 static bool trusted_present(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC); /* see read_trusted */
     if (fd < 0)
         return false;
     struct stat st;

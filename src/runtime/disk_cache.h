@@ -68,7 +68,7 @@
  *
  * This file does not compile anything, does not know what a description
  * means, and keeps no global state beyond the once-per-process fallback
- * warning.
+ * warning and a counter that makes temporary names unique.
  */
 #ifndef RF_RUNTIME_DISK_CACHE_H
 #define RF_RUNTIME_DISK_CACHE_H

@@ -34,7 +34,8 @@ RFI_FUNC rf_array *rfi_array_retain(rf_array *a);
 /* Drops one reference, freeing the array at zero. NULL ok. */
 RFI_FUNC void rfi_array_release(rf_array *a);
 /* A new uninitialised array (refs = 1); NULL with RF_E_NOMEM/RF_E_INVALID set. */
-RFI_FUNC rf_array *rfi_array_alloc(rf_device *dev, rf_dtype dt, const int64_t *dims, int rank);
+RFI_FUNC rf_array *rfi_array_alloc(const char *op, rf_device *dev, rf_dtype dt,
+                                   const int64_t *dims, int rank);
 RFI_FUNC bool rfi_device_is_compute(const rf_device *dev);
 /* Element i of a buffer of dtype dt as a double (bool: 0 or 1; unknown
  * dtypes: NaN). */
