@@ -261,13 +261,15 @@ RF_API rf_tensor *rf_mse(rf_tensor *yhat, rf_tensor *y);
 RF_API rf_tensor *rf_mae(rf_tensor *yhat, rf_tensor *y);
 RF_API rf_tensor *rf_msle(rf_tensor *yhat, rf_tensor *y);           /* eps = 1.19e-7 (f32) */
 RF_API rf_tensor *rf_huber(rf_tensor *yhat, rf_tensor *y, double delta); /* Flux default 1 */
-/* Cross-entropies: y is one-hot [N, C] (float) or class ids [N] (i32/i64). Sum over
- * classes, mean over the batch. */
+/* Cross-entropies (and rf_focal): y is one-hot [N, C] (yhat's dtype) or class
+ * ids [N] (i32, i64 or u8). Sum over classes, mean over the batch. */
 RF_API rf_tensor *rf_crossentropy(rf_tensor *yhat, rf_tensor *y);   /* yhat probabilities */
 RF_API rf_tensor *rf_logitcrossentropy(rf_tensor *logits, rf_tensor *y);
+/* Binary cross-entropies: y of yhat's shape (targets in [0, 1]); mean over all elements. */
 RF_API rf_tensor *rf_binarycrossentropy(rf_tensor *yhat, rf_tensor *y);
 RF_API rf_tensor *rf_logitbinarycrossentropy(rf_tensor *logits, rf_tensor *y);
-RF_API rf_tensor *rf_kldivergence(rf_tensor *yhat, rf_tensor *y);   /* y and yhat probabilities */
+/* y and yhat probabilities of one shape [N, C]: sum over classes, mean over the batch. */
+RF_API rf_tensor *rf_kldivergence(rf_tensor *yhat, rf_tensor *y);
 /* Flux's focal_loss (its default gamma is 2). */
 RF_API rf_tensor *rf_focal(rf_tensor *yhat, rf_tensor *y, double gamma);
 /* Index of the max along the class axis (Flux's onecold): [N, C] -> [N] i64. */
