@@ -215,6 +215,52 @@ static void trace_shapes(rf_trace *t, void *ctx)
     rf_return(t, rf_reshape(x, RF_SHAPE(-1, 4)));
 }
 
+/* Huge attribute values: an error, never a signed overflow in the checks. */
+static rf_tensor *huge_reshape(rf_trace *t)
+{
+    return rf_reshape(zeros(t, RF_F32, RF_SHAPE(2, 3)), RF_SHAPE(-1, 3, 0x5555555555555556));
+}
+static rf_tensor *huge_pad(rf_trace *t)
+{
+    rf_tensor *x = zeros(t, RF_F32, RF_SHAPE(4));
+    return rf_pad(x, rf_scalar(t, 0), (const int64_t[]){INT64_MAX}, (const int64_t[]){1}, NULL);
+}
+static rf_tensor *huge_interior(rf_trace *t)
+{
+    rf_tensor *x = zeros(t, RF_F32, RF_SHAPE(4));
+    return rf_pad(x, rf_scalar(t, 0), NULL, NULL, (const int64_t[]){INT64_MAX / 2});
+}
+static rf_tensor *huge_conv_pad(rf_trace *t)
+{
+    rf_conv_params p = rf_conv_params_default(1);
+    p.pad_lo[0] = INT64_MAX;
+    p.pad_hi[0] = 1;
+    return rf_conv(zeros(t, RF_F32, RF_SHAPE(1, 1, 4)), zeros(t, RF_F32, RF_SHAPE(1, 1, 2)), &p);
+}
+static rf_tensor *huge_conv_dilation(rf_trace *t)
+{
+    rf_conv_params p = rf_conv_params_default(1);
+    p.lhs_dilation[0] = INT64_MAX;
+    return rf_conv(zeros(t, RF_F32, RF_SHAPE(1, 1, 4)), zeros(t, RF_F32, RF_SHAPE(1, 1, 2)), &p);
+}
+static rf_tensor *huge_pool_pad(rf_trace *t)
+{
+    return rf_maxpool2d(zeros(t, RF_F32, RF_SHAPE(1, 1, 4, 4)), (const int64_t[]){2, 2}, NULL,
+                        (const int64_t[]){INT64_MAX, 0});
+}
+/* An empty spatial axis dilated stays empty: JAX gives [1, 1, 1] here. */
+static void trace_empty_conv(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_conv_params p = rf_conv_params_default(1);
+    p.lhs_dilation[0] = 2;
+    p.pad_lo[0] = p.pad_hi[0] = 1;
+    rf_tensor *y = rf_conv(zeros(t, RF_F32, RF_SHAPE(1, 1, 0)), zeros(t, RF_F32, RF_SHAPE(1, 1, 2)),
+                           &p);
+    CHECK_TYPE(y, RF_F32, 1, 1, 1);
+    rf_return(t, y);
+}
+
 static rf_tensor *bad_reshape(rf_trace *t)
 {
     return rf_reshape(zeros(t, RF_F32, RF_SHAPE(2, 3, 4)), RF_SHAPE(5, -1));
@@ -259,6 +305,13 @@ static void test_shapes(void)
     EXPECT_ERROR(bad_transpose, RF_E_INVALID, "rf_transpose: [0,0] is not a permutation");
     EXPECT_ERROR(bad_slice, RF_E_SHAPE, "rf_slice: invalid slice");
     EXPECT_ERROR(bad_concat, RF_E_SHAPE, "rf_concatenate: f32[2,3] and f32[3,3] do not fit");
+    EXPECT_ERROR(huge_reshape, RF_E_SHAPE, "rf_reshape: the product of [-1,3,");
+    EXPECT_ERROR(huge_pad, RF_E_SHAPE, "rf_pad: invalid padding of axis 0");
+    EXPECT_ERROR(huge_interior, RF_E_SHAPE, "rf_pad: invalid padding of axis 0");
+    EXPECT_ERROR(huge_conv_pad, RF_E_SHAPE, "do not fit along spatial axis 0");
+    EXPECT_ERROR(huge_conv_dilation, RF_E_SHAPE, "do not fit along spatial axis 0");
+    EXPECT_ERROR(huge_pool_pad, RF_E_SHAPE, "does not fit axis 2");
+    free(trace_ok(trace_empty_conv, NULL, "empty conv"));
 }
 
 /* ---- Reductions ------------------------------------------------------------------------------ */
@@ -533,6 +586,14 @@ static void trace_inner_mix(rf_trace *t, void *ctx)
     CHECK(rf_add(zeros(t, RF_F32, RF_SHAPE(2)), outer) == NULL);
 }
 
+/* the outer tensor first: the error still belongs to this (inner) trace */
+static void trace_inner_mix_reversed(rf_trace *t, void *ctx)
+{
+    rf_tensor *outer = ctx;
+    CHECK(rf_mul(outer, zeros(t, RF_F32, RF_SHAPE(2))) == NULL);
+    CHECK(rf_trace_status(t) == RF_E_INVALID);
+}
+
 static void trace_outer_mix(rf_trace *t, void *ctx)
 {
     (void)ctx;
@@ -540,6 +601,11 @@ static void trace_outer_mix(rf_trace *t, void *ctx)
     char *text = NULL;
     CHECK_STATUS(rf_trace_text(trace_inner_mix, x, NULL, 0, &text, NULL), RF_E_INVALID);
     CHECK_MSG("rf_add: operands f32[2] and f32[2] belong to different traces");
+    free(text);
+    text = NULL;
+    CHECK_STATUS(rf_trace_text(trace_inner_mix_reversed, x, NULL, 0, &text, NULL),
+                 RF_E_INVALID);
+    CHECK_MSG("rf_mul: operands f32[2] and f32[2] belong to different traces");
     free(text);
     CHECK(rf_trace_status(t) == RF_OK);
     rf_return(t, x);

@@ -292,6 +292,8 @@ static const gcase CASES[] = {
     {"logsumexp keepdims axis 0", f_logsumexp_k, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"gelu", f_gelu, 1, {F64_IN(2, -3, 3, 3, 4)}, {0}},
     {"softplus", f_softplus, 1, {F64_IN(2, -3, 3, 3, 4)}, {0}},
+    /* smooth at 0 (its max(x, 0) + log1p(exp(-|x|)) form has kinks that cancel) */
+    {"softplus at 0", f_softplus, 1, {FIXED(RF_F64, 1, VALS(0, -0.0, 1e-3, -2, 40), 5)}, {0}},
     {"elu", f_elu, 1, {F64_SYM(2, 0.2, 2, 3, 4)}, {0}},
     {"relu", f_relu, 1, {F64_SYM(2, 0.2, 2, 3, 4)}, {0}},
     {"leakyrelu", f_leakyrelu, 1, {F64_SYM(2, 0.2, 2, 3, 4)}, {0}},

@@ -1891,6 +1891,19 @@ static void test_nn(void)
         tp_free_all(o, 12);
         rf_array_free(in);
     }
+    /* logsumexp of a row with an infinite max: -inf for a fully masked row,
+     * +inf with a +inf entry (not NaN from inf - inf), as JAX */
+    const double xi[6] = {-INFINITY, -INFINITY, -INFINITY, 1, INFINITY, 2};
+    const double lsei[2] = {-INFINITY, INFINITY};
+    for (int d = 0; d < 2; d++) {
+        rf_dtype dt = d ? RF_F64 : RF_F32;
+        rf_array *in = tp_host(dt, DIMS(2, 3), 2, xi);
+        rf_array *o[12] = {0};
+        if (run_prog(d ? "nn inf f64" : "nn inf f32", build_nn, NULL, &in, 1, o, 12))
+            tp_expect("logsumexp infinite rows", o[2], dt, DIMS(2), 1, lsei, 0, 0);
+        tp_free_all(o, 12);
+        rf_array_free(in);
+    }
 }
 
 int main(void)

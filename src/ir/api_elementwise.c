@@ -58,9 +58,10 @@ bool rfi_api_same_graph(const char *fn, const rfi_node *a, const rfi_node *b)
 {
     if (a->g == b->g)
         return true;
-    rfi_graph_fail(a->g, RF_E_INVALID, "%s: operands %s and %s belong to different traces "
-                   "(mixing traces)", fn,
-                   RFI_TSTR(a), RFI_TSTR(b));
+    /* The inner trace fails, whichever operand it gave: it is the one being
+     * built (failing the other would leave it to a confusing "tensor is NULL"). */
+    rfi_graph_fail(rfi_graph_inner(a->g, b->g), RF_E_INVALID, "%s: operands %s and %s belong "
+                   "to different traces (mixing traces)", fn, RFI_TSTR(a), RFI_TSTR(b));
     return false;
 }
 

@@ -89,8 +89,10 @@ rf_tensor *rf_conv(rf_tensor *x, rf_tensor *w, const rf_conv_params *p)
     for (int i = 0; i < ns; i++) {
         int64_t s = or_one(p->stride[i]), ld = or_one(p->lhs_dilation[i]);
         int64_t rd = or_one(p->rhs_dilation[i]);
-        int64_t in_d = (x->dims[2 + i] - 1) * ld + 1, k_d = (w->dims[2 + i] - 1) * rd + 1;
-        if (s < 1 || ld < 1 || rd < 1 || in_d + p->pad_lo[i] + p->pad_hi[i] < k_d) {
+        int64_t in_d, k_d, padded;
+        if (s < 1 || ld < 1 || rd < 1 || !rfi_dilate_ok(x->dims[2 + i], ld, &in_d) ||
+            !rfi_dilate_ok(w->dims[2 + i], rd, &k_d) ||
+            !rfi_pad_ok(in_d, p->pad_lo[i], p->pad_hi[i], &padded) || padded < k_d) {
             rfi_graph_fail(x->g, RF_E_SHAPE, "%s: x %s and w %s do not fit along spatial axis "
                            "%d (stride %lld, padding %lld/%lld, dilation %lld/%lld)", fn,
                            RFI_TSTR(x), RFI_TSTR(w), i, (long long)s, (long long)p->pad_lo[i],
@@ -132,7 +134,9 @@ static bool window_attrs(const char *fn, const rfi_node *x, const int64_t *windo
     for (int i = 0; i < x->rank; i++) {
         int64_t k = window[i], s = strides ? strides[i] : 1;
         int64_t lo = pad_lo ? pad_lo[i] : 0, hi = pad_hi ? pad_hi[i] : 0;
-        if (k < 1 || s < 1 || lo < 0 || hi < 0 || x->dims[i] + lo + hi < k) {
+        int64_t padded;
+        if (k < 1 || s < 1 || lo < 0 || hi < 0 || !rfi_pad_ok(x->dims[i], lo, hi, &padded) ||
+            padded < k) {
             rfi_graph_fail(x->g, RF_E_SHAPE, "%s: window %lld (stride %lld, padding %lld/%lld) "
                            "does not fit axis %d of %s", fn, (long long)k, (long long)s,
                            (long long)lo, (long long)hi, i, RFI_TSTR(x));
@@ -142,7 +146,7 @@ static bool window_attrs(const char *fn, const rfi_node *x, const int64_t *windo
         attr->l[1][i] = s;
         attr->l[2][i] = lo;
         attr->l[3][i] = hi;
-        out[i] = (x->dims[i] + lo + hi - k) / s + 1;
+        out[i] = (padded - k) / s + 1;
     }
     for (int k = 0; k < 4; k++)
         attr->nl[k] = x->rank;
@@ -478,48 +482,55 @@ rf_tensor *rf_softplus(rf_tensor *x)
 {
     if (!x || !need_float("rf_softplus", x))
         return NULL;
-    /* max(x, 0) + log1p(exp(-|x|)): never overflows */
-    rf_tensor *tail = rf_log1p(rf_exp(rf_neg(rf_abs(x))));
+    /* max(x, 0) + log1p(exp(-|x|)): never overflows. -|x| is written
+     * min(x, -x): at 0 abs's derivative is 0 (and relu's), but min's tie
+     * goes to its first operand, so the gradient there is sigmoid(0) = 0.5. */
+    rf_tensor *tail = rf_log1p(rf_exp(rf_min(x, rf_neg(x))));
     return rf_add(rf_relu(x), tail);
 }
 
-/* Checks a softmax-family call and returns x - max(x, axis) (keepdims);
- * *axis_out receives the normalised axis. The max is not stop-gradient'ed:
- * it cancels mathematically, so gradients are exact either way. */
-static rfi_node *shifted(const char *fn, rfi_node *x, int axis, int64_t *axis_out,
-                         rfi_node **max_out)
+/* Checks a softmax-family call and returns max(x, axis) (keepdims);
+ * *axis_out receives the normalised axis. */
+static rfi_node *row_max(const char *fn, rfi_node *x, int axis, int64_t *axis_out)
 {
     int a;
     if (!x || !need_float(fn, x) || !rfi_api_axis(fn, x, axis, x->rank, &a))
         return NULL;
     *axis_out = a;
-    rfi_node *m = rf_reduce_max(x, axis_out, 1, true);
-    if (max_out)
-        *max_out = m;
-    return rf_sub(x, m);
+    return rf_reduce_max(x, axis_out, 1, true);
+}
+
+/* x - max(x, axis) (keepdims). The max is not stop-gradient'ed: it cancels
+ * mathematically, so gradients are exact either way. */
+static rfi_node *shifted(const char *fn, rfi_node *x, int axis, int64_t *axis_out)
+{
+    rfi_node *m = row_max(fn, x, axis, axis_out);
+    return m ? rf_sub(x, m) : NULL;
 }
 
 rf_tensor *rf_softmax(rf_tensor *x, int axis)
 {
     int64_t a;
-    rfi_node *e = rf_exp(shifted("rf_softmax", x, axis, &a, NULL));
+    rfi_node *e = rf_exp(shifted("rf_softmax", x, axis, &a));
     return e ? rf_div(e, rf_sum(e, &a, 1, true)) : NULL;
 }
 
 rf_tensor *rf_logsoftmax(rf_tensor *x, int axis)
 {
     int64_t a;
-    rfi_node *z = shifted("rf_logsoftmax", x, axis, &a, NULL);
+    rfi_node *z = shifted("rf_logsoftmax", x, axis, &a);
     return z ? rf_sub(z, rf_log(rf_sum(rf_exp(z), &a, 1, true))) : NULL;
 }
 
 rf_tensor *rf_logsumexp(rf_tensor *x, int axis, bool keepdims)
 {
     int64_t a;
-    rfi_node *m = NULL;
-    rfi_node *z = shifted("rf_logsumexp", x, axis, &a, &m);
-    if (!z)
+    rfi_node *m = row_max("rf_logsumexp", x, axis, &a);
+    if (!m)
         return NULL;
-    rfi_node *r = rf_add(rf_log(rf_sum(rf_exp(z), &a, 1, true)), m);
+    /* A row whose max is infinite (all -inf, or a +inf) is shifted by 0
+     * instead: x - max would be NaN there, the sum is -inf or +inf (as JAX). */
+    rfi_node *shift = rf_select(rf_is_finite(m), m, rf_zeros_like(m));
+    rfi_node *r = rf_add(rf_log(rf_sum(rf_exp(rf_sub(x, shift)), &a, 1, true)), shift);
     return keepdims ? r : rf_squeeze(r, (int)a);
 }

@@ -130,9 +130,13 @@ rf_tensor *rf_reshape(rf_tensor *x, const int64_t *dims, int rank)
     int infer = -1;
     for (int i = 0; i < rank; i++) {
         out[i] = dims[i];
-        if (dims[i] != -1)
-            known *= dims[i];
-        else if (infer < 0)
+        if (dims[i] != -1) {
+            if (!rfi_mul_ok(known, dims[i], &known)) {
+                rfi_graph_fail(x->g, RF_E_SHAPE, "%s: the product of %s overflows (for %s)", fn,
+                               DIMS_STR(dims, rank), RFI_TSTR(x));
+                return NULL;
+            }
+        } else if (infer < 0)
             infer = i;
         else {
             rfi_graph_fail(x->g, RF_E_SHAPE, "%s: more than one -1 in %s for %s", fn,
@@ -274,8 +278,9 @@ rf_tensor *rf_pad(rf_tensor *x, rf_tensor *value, const int64_t *low, const int6
     bool none = true;
     for (int i = 0; i < x->rank; i++) {
         int64_t lo = low ? low[i] : 0, hi = high ? high[i] : 0, in = interior ? interior[i] : 0;
-        int64_t d = x->dims[i];
-        if (in < 0 || lo + hi + d + (d > 0 ? d - 1 : 0) * in < 0) {
+        int64_t d = x->dims[i], gaps, n;
+        if (in < 0 || !rfi_mul_ok(d > 0 ? d - 1 : 0, in, &gaps) || !rfi_add_ok(d, gaps, &n) ||
+            !rfi_pad_ok(n, lo, hi, &n) || n < 0) {
             rfi_graph_fail(x->g, RF_E_SHAPE, "%s: invalid padding of axis %d (low %lld, "
                            "high %lld, interior %lld) of %s", fn, i, (long long)lo,
                            (long long)hi, (long long)in, RFI_TSTR(x));

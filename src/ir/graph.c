@@ -8,6 +8,7 @@
  */
 #include "ir.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +17,9 @@
 
 /* ---- Graphs -------------------------------------------------------------------------- */
 
+/* Numbers traces in creation order (only compared, never used as a key). */
+static _Atomic uint64_t graph_seq;
+
 rfi_graph *rfi_graph_new(rf_device *dev, const char *name)
 {
     rfi_graph *g = rfi_calloc(1, sizeof *g);
@@ -23,6 +27,7 @@ rfi_graph *rfi_graph_new(rf_device *dev, const char *name)
         rfi_error(RF_E_NOMEM, "out of memory creating a trace");
         return NULL;
     }
+    g->seq = atomic_fetch_add(&graph_seq, 1);
     g->device = dev;
     if (!name)
         name = "program";
@@ -319,7 +324,7 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
         if (!in[i])
             return NULL; /* an earlier failure already recorded the error */
     for (int i = 0; i < n_in; i++) {
-        if (in[i]->g != g) {
+        if (in[i]->g != g) { /* g was named as the graph being built */
             rfi_graph_fail(g, RF_E_INVALID,
                            "%s: operand %d belongs to another trace (mixing traces)", name, i);
             return NULL;
@@ -436,4 +441,9 @@ int *rfi_use_counts(const rfi_graph *g)
     for (int i = 0; i < g->n_updates; i++)
         uses[g->updates[i].value->id]++;
     return uses;
+}
+
+rfi_graph *rfi_graph_inner(rfi_graph *a, rfi_graph *b)
+{
+    return a->seq > b->seq ? a : b;
 }

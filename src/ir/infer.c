@@ -61,33 +61,6 @@ static rf_status fail(ictx *c, rf_status st, const char *fmt, ...)
 
 /* ---- Small helpers --------------------------------------------------------------- */
 
-/* Checked int64 arithmetic: attribute values come from users and may be huge. */
-static bool add_ok(int64_t a, int64_t b, int64_t *out)
-{
-    return !__builtin_add_overflow(a, b, out);
-}
-
-static bool mul_ok(int64_t a, int64_t b, int64_t *out)
-{
-    return !__builtin_mul_overflow(a, b, out);
-}
-
-/* (n - 1) * step + 1 for n >= 1 (a dilated extent), 0 for n == 0. */
-static bool dilate_ok(int64_t n, int64_t step, int64_t *out)
-{
-    if (n <= 0) {
-        *out = 0;
-        return true;
-    }
-    return mul_ok(n - 1, step, out) && add_ok(*out, 1, out);
-}
-
-/* a + lo + hi */
-static bool pad_ok(int64_t a, int64_t lo, int64_t hi, int64_t *out)
-{
-    return add_ok(a, lo, out) && add_ok(*out, hi, out);
-}
-
 static bool same_dims(const rfi_node *x, const rfi_node *y)
 {
     return x->rank == y->rank &&
@@ -421,7 +394,7 @@ static rf_status infer_concatenate(ictx *c)
         if (!fits)
             return fail(c, RF_E_SHAPE, "operand %d %s does not match operand 0 %s off axis %lld",
                         k, TY(y), TY(x), (long long)axis);
-        if (!add_ok(c->dims[axis], y->dims[axis], &c->dims[axis]))
+        if (!rfi_add_ok(c->dims[axis], y->dims[axis], &c->dims[axis]))
             return fail(c, RF_E_SHAPE, "result is too large along axis %lld", (long long)axis);
     }
     return RF_OK;
@@ -444,8 +417,8 @@ static rf_status infer_pad(ictx *c)
                         TY(x));
         int64_t d = x->dims[i];
         int64_t n, gaps;
-        if (!mul_ok(d > 0 ? d - 1 : 0, in[i], &gaps) || !add_ok(d, gaps, &n) ||
-            !pad_ok(n, lo[i], hi[i], &n))
+        if (!rfi_mul_ok(d > 0 ? d - 1 : 0, in[i], &gaps) || !rfi_add_ok(d, gaps, &n) ||
+            !rfi_pad_ok(n, lo[i], hi[i], &n))
             return fail(c, RF_E_SHAPE, "low %s, high %s, interior %s overflow for %s",
                         LIST(lo, x->rank), LIST(hi, x->rank), LIST(in, x->rank), TY(x));
         if (n < 0)
@@ -644,8 +617,8 @@ static rf_status infer_convolution(ictx *c)
         if (k < 1)
             return fail(c, RF_E_SHAPE, "kernel %s has an empty spatial dim", TY(w));
         int64_t in_dil, k_dil, padded;
-        if (!dilate_ok(in, ldil[i], &in_dil) || !dilate_ok(k, rdil[i], &k_dil) ||
-            !pad_ok(in_dil, lo[i], hi[i], &padded))
+        if (!rfi_dilate_ok(in, ldil[i], &in_dil) || !rfi_dilate_ok(k, rdil[i], &k_dil) ||
+            !rfi_pad_ok(in_dil, lo[i], hi[i], &padded))
             return fail(c, RF_E_SHAPE, "padding or dilation overflows for input %s, kernel %s",
                         TY(x), TY(w));
         if (padded < k_dil)
@@ -674,7 +647,7 @@ static rf_status window_dims(ictx *c, const rfi_node *x, int64_t *out)
                         "pad_hi %s >= 0", LIST(win, x->rank), LIST(stride, x->rank),
                         LIST(lo, x->rank), LIST(hi, x->rank));
         int64_t padded;
-        if (!pad_ok(x->dims[i], lo[i], hi[i], &padded))
+        if (!rfi_pad_ok(x->dims[i], lo[i], hi[i], &padded))
             return fail(c, RF_E_SHAPE, "padding %s/%s overflows for %s", LIST(lo, x->rank),
                         LIST(hi, x->rank), TY(x));
         if (padded < win[i])

@@ -219,9 +219,40 @@ struct rf_trace {
 
     rf_status status;        /* sticky: first error */
     char *errmsg;            /* its message (rfi_malloc) */
+    uint64_t seq;            /* creation order: of two open traces, the later is the inner */
 };
 
+/* ---- Checked int64 arithmetic (attribute values come from users and may be huge) ----- */
+static inline bool rfi_add_ok(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+static inline bool rfi_mul_ok(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+/* (n - 1) * step + 1 for n >= 1 (a dilated extent), 0 for n == 0. */
+static inline bool rfi_dilate_ok(int64_t n, int64_t step, int64_t *out)
+{
+    if (n <= 0) {
+        *out = 0;
+        return true;
+    }
+    return rfi_mul_ok(n - 1, step, out) && rfi_add_ok(*out, 1, out);
+}
+
+/* a + lo + hi */
+static inline bool rfi_pad_ok(int64_t a, int64_t lo, int64_t hi, int64_t *out)
+{
+    return rfi_add_ok(a, lo, out) && rfi_add_ok(*out, hi, out);
+}
+
 /* ---- Graphs ------------------------------------------------------------------------ */
+/* Of the traces of two operands that differ, the one a mixing error belongs
+ * to: the later (traces nest, so it is the one whose function is running). */
+RFI_FUNC rfi_graph *rfi_graph_inner(rfi_graph *a, rfi_graph *b);
 /* A new, empty graph for `dev` (NULL on OOM). */
 RFI_FUNC rfi_graph *rfi_graph_new(rf_device *dev, const char *name);
 /* Frees the graph, its nodes, and releases its capture references. NULL ok. */
