@@ -480,7 +480,31 @@ static void test_errors(void)
     rf_model_free(net);
 }
 
-/* SamePad keeps ceil(in / stride) for odd and even kernels and dilations. */
+/* The output size of a (k x k, stride s, dilation d) SamePad Conv or
+ * ConvTranspose of one channel on an in x in input; -1 if it did not compile
+ * or is not square. */
+static int64_t same_pad_output(bool transpose, int64_t k, int64_t s, int64_t d, int64_t in)
+{
+    rf_conv_opts o = {.stride = {s, s}, .dilation = {d, d}, .pad_same = true};
+    rf_model *host = transpose ? rf_conv_transpose2d(k, k, 1, 1, RF_ACT_IDENTITY, &o)
+                               : rf_conv2d(k, k, 1, 1, RF_ACT_IDENTITY, &o);
+    rf_model *m = rf_model_to(host, dev);
+    rf_model_free(host);
+    rf_array *x = rf_array_new(dev, RF_F32, RF_SHAPE(1, 1, in, in), NULL);
+    rf_exec *e = NULL;
+    CHECK_OK(rf_compile(trace_apply, m, &x, 1, &e));
+    const int64_t *dims = e ? rf_exec_output_dims(e, 0) : NULL;
+    int64_t out = dims && dims[2] == dims[3] ? dims[2] : -1;
+    rf_exec_free(e);
+    rf_array_free(x);
+    rf_model_free(m);
+    return out;
+}
+
+/* SamePad keeps ceil(in / stride) for odd and even kernels and dilations. A
+ * ConvTranspose is padded as a Conv of kernel k - stride + 1 (Flux), so its
+ * output is (in - 1) * s + (k - 1) * d + 1 - (k - s) * d: in * s for d = 1
+ * (also when the stride exceeds the kernel: a crop). */
 static void test_same_pad_shapes(void)
 {
     static const int64_t cases[][4] = {/* k, stride, dilation, in */
@@ -488,49 +512,21 @@ static void test_same_pad_shapes(void)
                                        {3, 3, 2, 10}, {5, 2, 3, 9}, {2, 4, 1, 5}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int64_t k = cases[i][0], s = cases[i][1], d = cases[i][2], in = cases[i][3];
-        rf_model *host = rf_conv2d(k, k, 1, 1, RF_ACT_IDENTITY, &(rf_conv_opts){
-                                       .stride = {s, s}, .dilation = {d, d}, .pad_same = true});
-        rf_model *m = rf_model_to(host, dev);
-        rf_model_free(host);
-        rf_array *x = rf_array_new(dev, RF_F32, RF_SHAPE(1, 1, in, in), NULL);
-        rf_exec *e = NULL;
-        CHECK_OK(rf_compile(trace_apply, m, &x, 1, &e));
-        if (e) {
-            const int64_t *dims = rf_exec_output_dims(e, 0);
-            CHECK(dims[2] == (in + s - 1) / s && dims[3] == (in + s - 1) / s);
-        }
-        rf_exec_free(e);
-        rf_array_free(x);
-        rf_model_free(m);
+        CHECK(same_pad_output(false, k, s, d, in) == (in + s - 1) / s);
     }
-    /* ConvTranspose: Flux pads as a Conv of kernel k - stride + 1, so the
-     * output is (in - 1) * s + (k - 1) * d + 1 - (k - s) * d: in * s for d = 1
-     * (also when the stride exceeds the kernel: a crop). */
     static const int64_t tcases[][4] = {/* k, stride, dilation, in */
                                         {3, 1, 1, 7}, {3, 2, 1, 4}, {4, 2, 1, 4}, {5, 3, 1, 3},
                                         {2, 4, 1, 5}, {3, 2, 2, 4}};
     for (size_t i = 0; i < sizeof tcases / sizeof *tcases; i++) {
         int64_t k = tcases[i][0], s = tcases[i][1], d = tcases[i][2], in = tcases[i][3];
-        rf_model *host = rf_conv_transpose2d(k, k, 1, 1, RF_ACT_IDENTITY, &(rf_conv_opts){
-            .stride = {s, s}, .dilation = {d, d}, .pad_same = true});
-        rf_model *m = rf_model_to(host, dev);
-        rf_model_free(host);
-        rf_array *x = rf_array_new(dev, RF_F32, RF_SHAPE(1, 1, in, in), NULL);
-        rf_exec *e = NULL;
-        CHECK_OK(rf_compile(trace_apply, m, &x, 1, &e));
         int64_t want = (in - 1) * s + (k - 1) * d + 1 - (k - s) * d;
         CHECK(d != 1 || want == in * s);
-        if (e) {
-            const int64_t *dims = rf_exec_output_dims(e, 0);
-            CHECK(dims[2] == want && dims[3] == want);
-            if (dims[2] != want)
-                fprintf(stderr, "convtranspose same k=%lld s=%lld d=%lld in=%lld: %lld, want "
-                        "%lld\n", (long long)k, (long long)s, (long long)d, (long long)in,
-                        (long long)dims[2], (long long)want);
-        }
-        rf_exec_free(e);
-        rf_array_free(x);
-        rf_model_free(m);
+        int64_t got = same_pad_output(true, k, s, d, in);
+        CHECK(got == want);
+        if (got != want)
+            fprintf(stderr, "convtranspose same k=%lld s=%lld d=%lld in=%lld: %lld, want %lld\n",
+                    (long long)k, (long long)s, (long long)d, (long long)in, (long long)got,
+                    (long long)want);
     }
 }
 
