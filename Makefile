@@ -33,4 +33,4 @@ bench: deps
 	bench/compare.sh --bench build/rf_bench
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

@@ -8,6 +8,17 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* Whether k is one of the n option names (each takes a value): an unknown
+ * flag is reported as unknown, not as one missing its value. */
+static inline int cli_known(const char *k, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(k, names[i]))
+            return 1;
+    return 0;
+}
 
 /* An integer in [lo, hi] into *out: 0, or -1 when v is not one. */
 static inline int cli_int(const char *v, long long lo, long long hi, long long *out)

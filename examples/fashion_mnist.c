@@ -22,6 +22,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <reflux.h>
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,18 +120,37 @@ static rf_status take(rf_array **a, int64_t limit)
     return RF_OK;
 }
 
-static void write_curve(const struct options *o, const double *loss_, const double *acc, int n)
+/* Closes f, saying on stderr if path was not written whole; 0 or -1. */
+static int close_written(FILE *f, const char *path)
 {
-    FILE *f = fopen(o->csv, "w");
-    if (f) {
-        fprintf(f, "epoch,train_loss,test_acc\n");
-        for (int i = 0; i < n; i++)
-            fprintf(f, "%d,%.6f,%.6f\n", i + 1, loss_[i], acc[i]);
-        fclose(f);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        fprintf(stderr, "fashion_mnist: cannot write %s\n", path);
+        return -1;
     }
-    f = fopen(o->svg, "w");
-    if (!f)
-        return;
+    return 0;
+}
+
+static int write_csv(const char *path, const double *loss_, const double *acc, int n)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "fashion_mnist: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "epoch,train_loss,test_acc\n");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%d,%.6f,%.6f\n", i + 1, loss_[i], acc[i]);
+    return close_written(f, path);
+}
+
+static int write_svg(const char *path, const double *loss_, const double *acc, int n)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "fashion_mnist: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
     const double W = 640, H = 360, pad = 40;
     double maxloss = 0;
     for (int i = 0; i < n; i++)
@@ -154,7 +174,7 @@ static void write_curve(const struct options *o, const double *loss_, const doub
         fprintf(f, "'/>\n");
     }
     fprintf(f, "</svg>\n");
-    fclose(f);
+    return close_written(f, path);
 }
 
 static int fail(const char *what)
@@ -177,6 +197,13 @@ static int parse(int argc, char **argv, struct options *o)
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
             fputs(usage, stdout);
             return 1;
+        }
+        static const char *const options[] = {"--model", "--epochs", "--batch", "--limit",
+                                              "--lr", "--csv", "--svg", "--data",
+                                              "--matmul-precision"};
+        if (!cli_known(k, options, (int)(sizeof options / sizeof *options))) {
+            fprintf(stderr, "fashion_mnist: unknown option %s\n%s", k, usage);
+            return -1;
         }
         if (i + 1 == argc) {
             fprintf(stderr, "fashion_mnist: %s needs a value\n%s", k, usage);
@@ -205,12 +232,9 @@ static int parse(int argc, char **argv, struct options *o)
             o->svg = v;
         } else if (!strcmp(k, "--data")) {
             o->data = v;
-        } else if (!strcmp(k, "--matmul-precision")) {
+        } else { /* --matmul-precision */
             o->precision = v;
             bad = strcmp(v, "f32") && strcmp(v, "bf16");
-        } else {
-            fprintf(stderr, "fashion_mnist: unknown option %s\n%s", k, usage);
-            return -1;
         }
         if (bad) {
             fprintf(stderr, "fashion_mnist: bad value for %s: '%s'\n%s", k, v, usage);
@@ -286,7 +310,8 @@ int main(int argc, char **argv)
                accs[e], secs);
         fflush(stdout);
     }
-    write_curve(&o, losses, accs, epochs);
+    int written = write_csv(o.csv, losses, accs, epochs);
+    written |= write_svg(o.svg, losses, accs, epochs);
     rf_cache_stats cs = rf_model_cache_stats(model);
     printf("cache: %d entries, %llu compiles, %llu hits, %llu misses\n", cs.entries,
            (unsigned long long)cs.compiles, (unsigned long long)cs.hits,
@@ -299,5 +324,5 @@ int main(int argc, char **argv)
     rf_opt_free(opt);
     rf_model_free(model);
     rf_array_free(xtrain), rf_array_free(ytrain), rf_array_free(xtest), rf_array_free(ytest);
-    return 0;
+    return written ? 1 : 0;
 }

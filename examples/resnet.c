@@ -121,6 +121,12 @@ int main(int argc, char **argv)
             fputs(usage, stdout);
             return 0;
         }
+        static const char *const options[] = {"--epochs", "--batch", "--width", "--limit",
+                                              "--test-limit", "--lr", "--matmul-precision"};
+        if (!cli_known(k, options, (int)(sizeof options / sizeof *options))) {
+            fprintf(stderr, "resnet: unknown option %s\n%s", k, usage);
+            return 2;
+        }
         if (i + 1 == argc) {
             fprintf(stderr, "resnet: %s needs a value\n%s", k, usage);
             return 2;
@@ -145,12 +151,9 @@ int main(int argc, char **argv)
             test_limit = n;
         } else if (!strcmp(k, "--lr")) {
             bad = cli_positive(v, &lr);
-        } else if (!strcmp(k, "--matmul-precision")) {
+        } else { /* --matmul-precision */
             bad = strcmp(v, "f32") && strcmp(v, "bf16");
             precision = strcmp(v, "bf16") ? RF_PRECISION_F32 : RF_PRECISION_BF16;
-        } else {
-            fprintf(stderr, "resnet: unknown option %s\n%s", k, usage);
-            return 2;
         }
         if (bad) {
             fprintf(stderr, "resnet: bad value for %s: '%s'\n%s", k, v, usage);

@@ -47,7 +47,8 @@ run_suite() {
         total_passed=$((total_passed + total - failed))
         total_failed=$((total_failed + failed))
     elif grep -q 'No tests were found' "$log"; then
-        echo "run-tests: no tests in $dir" >&2
+        echo "run-tests: no tests in $dir" >&2 # a build that lost its tests is a failure
+        total_failed=$((total_failed + 1))
     else
         echo "run-tests: ctest in $dir gave no summary (exit $rc)" >&2
         total_failed=$((total_failed + 1))

@@ -10,6 +10,7 @@ set -euo pipefail
 PACKAGES=(
     cmake
     gcc
+    g++
     make
     pkg-config
     zlib1g-dev
