@@ -27,6 +27,12 @@
  * model, its optimiser state and a loader are used by one thread at a time,
  * which includes running executables that capture that model (a training
  * step of a model another thread is stepping is refused: RF_E_INVALID).
+ *
+ * fork: a child process forked after reflux started threads runs on one
+ * thread; executables compiled before the fork that call oneDNN refuse to run
+ * there (RF_E_INVALID: compile them again in the child, rf_model_cache_clear
+ * for cached steps), since oneDNN's primitives would wait for threads the
+ * child does not have.
  */
 #ifndef REFLUX_H
 #define REFLUX_H

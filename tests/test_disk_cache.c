@@ -711,6 +711,49 @@ static void test_compiler_override_and_fds(void)
     rfi_free(context);
 }
 
+/* A compiler that does not finish is killed after RF_CC_TIMEOUT seconds, with
+ * what it started (its process group), and the compile fails saying so; one
+ * that leaves a background process holding its output is not waited for. */
+static void test_compiler_timeout(void)
+{
+    const char *saved = getenv("CC");
+    char *saved_cc = saved ? strdup(saved) : NULL;
+    char script[600];
+    snprintf(script, sizeof script, "%s/slow-cc", root);
+    for (int kind = 0; kind < 2; kind++) {
+        FILE *f = fopen(script, "w");
+        CHECK(f != NULL);
+        if (f) {
+            fputs(kind == 0 ? "#!/bin/sh\n"
+                              "if [ \"$1\" = --version ]; then echo 'slow-cc 1.0'; exit 0; fi\n"
+                              "sleep 300\n"
+                            : "#!/bin/sh\n"
+                              "sleep 30 &\n"
+                              "if [ \"$1\" = --version ]; then echo 'bg-cc 1.0'; exit 0; fi\n"
+                              "exit 4\n",
+                  f);
+            fclose(f);
+        }
+        chmod(script, 0700);
+        setenv("CC", script, 1);
+        setenv("RF_CC_TIMEOUT", "1", 1);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        rfi_module *m = NULL;
+        CHECK_STATUS(rfi_cc_load_module(kind ? "int b;" : "int s;", "slow", &m), RF_E_COMPILE);
+        CHECK_MSG(kind == 0 ? "timed out after 1 s (RF_CC_TIMEOUT) and killed" : "exit status 4");
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        CHECK(secs < 20);
+        unsetenv("RF_CC_TIMEOUT");
+    }
+    if (saved_cc)
+        setenv("CC", saved_cc, 1);
+    else
+        unsetenv("CC");
+    free(saved_cc);
+}
+
 /* $CC with more words, as make's: a wrapper and the compiler it runs ("ccache
  * gcc"), plus a flag. Every command starts with them: the version probe and the
  * compile (a wrapper that logs its arguments and runs them); the identity names
@@ -1270,6 +1313,7 @@ int main(int argc, char **argv)
     test_module_in_parts();
     test_unloadable_object_reports();
     test_compiler_override_and_fds();
+    test_compiler_timeout();
     test_compiler_with_arguments();
     test_no_gather_flag();
     test_module_has_no_gathers();

@@ -11,12 +11,16 @@
  * - A training step of a model that another thread is stepping is refused
  *   with a message and changes nothing.
  * - A failing call on one thread leaves another thread's message alone.
+ * - A child forked after the threads started does not wait for them.
  *
  * Checks are made on the main thread from what the threads recorded (the
  * CHECK counters are not atomic). Runs on both backends, like every test of
  * public behaviour.
  */
+#include <math.h>
 #include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -282,6 +286,70 @@ static void test_shared_executable(void)
     rf_model_free(m);
 }
 
+/* ---- A forked child ----------------------------------------------------------------- */
+
+/* In the child: an executable made before the fork runs, or (its library
+ * primitives wait for threads the child does not have) fails with a message;
+ * one compiled in the child runs, its outputs those of the parent's. Returns
+ * the exit status: 0 when all holds. */
+static int forked_child(rf_model *m, rf_array *x, const float *want, size_t n, rf_exec *old)
+{
+    alarm(120); /* a hang ends the child, and the parent sees it */
+    rf_array *y = NULL;
+    rf_status st = rf_exec_run(old, &x, 1, &y, 1);
+    rf_array_free(y);
+    if (st != RF_OK && !strstr(rf_errmsg(), "compiled before the process forked"))
+        return 2;
+    rf_exec *fresh = NULL;
+    if (rf_compile_model(m, x, &fresh) != RF_OK || rf_exec_run(fresh, &x, 1, &y, 1) != RF_OK)
+        return 3;
+    rf_array *host = rf_array_to(y, rf_device_host());
+    const float *got = host ? rf_array_data(host) : NULL;
+    int bad = !got || rf_array_nbytes(host) != n * sizeof *want;
+    for (size_t i = 0; !bad && i < n; i++)
+        bad = fabsf(got[i] - want[i]) > 1e-5f * (1 + fabsf(want[i]));
+    rf_array_free(host);
+    rf_array_free(y);
+    rf_exec_free(fresh);
+    return bad ? 4 : 0;
+}
+
+/* A process forked after the library's threads started (its pool's and
+ * OpenMP's) runs on one thread: its loops inline, its library calls with one
+ * thread; nothing waits for a thread that was not forked. */
+static void test_fork(void)
+{
+    rf_model *m = device_mlp(33);
+    rf_array *xh = rf_randn(RF_F32, RF_SHAPE(BATCH, 1, 12, 12), 300);
+    rf_array *x = xh ? rf_array_to(xh, rf_device_cpu()) : NULL;
+    rf_exec *forward = NULL;
+    rf_array *y = NULL, *host = NULL;
+    CHECK(m && x);
+    if (m && x)
+        CHECK_OK(rf_compile_model(m, x, &forward));
+    if (forward)
+        CHECK_OK(rf_exec_run(forward, &x, 1, &y, 1));
+    host = y ? rf_array_to(y, rf_device_host()) : NULL;
+    if (host) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(forked_child(m, x, rf_array_data(host), (size_t)rf_array_numel(host), forward));
+        int ws = 0;
+        CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid);
+        CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+        if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+            fprintf(stderr, "forked child: %s %d\n", WIFEXITED(ws) ? "exit status" : "signal",
+                    WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws));
+    }
+    rf_array_free(host);
+    rf_array_free(y);
+    rf_exec_free(forward);
+    rf_array_free(x);
+    rf_array_free(xh);
+    rf_model_free(m);
+}
+
 /* ---- Messages stay on their thread ------------------------------------------------ */
 
 typedef struct failing_call {
@@ -334,5 +402,6 @@ int main(void)
     test_overlapping_steps();
     test_shared_executable();
     test_messages_per_thread();
+    test_fork();
     return tu_finish("test_threads");
 }

@@ -73,6 +73,20 @@ static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static int configured_size; /* RF_NUM_THREADS or the CPU count, read once */
 static pthread_once_t size_once = PTHREAD_ONCE_INIT;
 static _Atomic(const rfi_openmp_api *) openmp; /* adopted OpenMP runtime, or NULL */
+static atomic_uint forked; /* forks since threads started (0: the original process) */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* In a forked child only the forking thread exists: the pool's workers and
+ * OpenMP's are gone (waiting for them would hang), so everything runs on it. */
+static void after_fork_in_child(void)
+{
+    atomic_fetch_add(&forked, 1);
+    const rfi_openmp_api *api = atomic_load_explicit(&openmp, memory_order_acquire);
+    if (api && api->set_num_threads)
+        api->set_num_threads(1);
+}
+
+static void watch_forks(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
 
 static inline void cpu_relax(void)
 {
@@ -166,22 +180,18 @@ static int size_from_env(void)
 
 static void read_size(void) { configured_size = size_from_env(); }
 
+/* At exit: the workers stop waiting. The pool is neither freed nor its locks
+ * destroyed, and no worker is joined: another thread may still be inside
+ * parallel_for while exit runs (the process ends with it anyway). */
 static void pool_shutdown(void)
 {
     pool *p = the_pool;
-    if (!p)
+    if (!p || atomic_load(&forked))
         return;
     pthread_mutex_lock(&p->lock);
     atomic_store(&p->stop, true);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
-    for (int i = 0; i < p->n_workers; i++)
-        pthread_join(p->workers[i], NULL);
-    pthread_cond_destroy(&p->wake);
-    pthread_mutex_destroy(&p->lock);
-    pthread_mutex_destroy(&p->submit);
-    the_pool = NULL;
-    rfi_free(p);
 }
 
 /* Creates the pool; on any failure the pool has fewer workers (or is NULL:
@@ -210,6 +220,7 @@ static void pool_init(void)
 
 static pool *get_pool(void)
 {
+    pthread_once(&atfork_once, watch_forks);
     pthread_once(&pool_once, pool_init);
     return the_pool;
 }
@@ -217,11 +228,14 @@ static pool *get_pool(void)
 int rfi_threadpool_size(void)
 {
     pthread_once(&size_once, read_size);
-    return configured_size;
+    return atomic_load(&forked) ? 1 : configured_size;
 }
+
+unsigned rfi_threadpool_fork_generation(void) { return atomic_load(&forked); }
 
 void rfi_threadpool_use_openmp(const rfi_openmp_api *api)
 {
+    pthread_once(&atfork_once, watch_forks);
     atomic_store_explicit(&openmp, api, memory_order_release);
 }
 

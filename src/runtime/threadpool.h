@@ -28,6 +28,7 @@ typedef struct rfi_openmp_api {
                      unsigned flags); /* GOMP_parallel */
     int (*thread_num)(void);          /* omp_get_thread_num */
     int (*num_threads)(void);         /* omp_get_num_threads */
+    void (*set_num_threads)(int);     /* omp_set_num_threads (may be NULL) */
 } rfi_openmp_api;
 
 /* From now on, parallel_for runs on that OpenMP runtime's threads instead of
@@ -37,8 +38,15 @@ typedef struct rfi_openmp_api {
  * by the CPU backend's library loader; `api` must stay valid for the process. */
 RFI_FUNC void rfi_threadpool_use_openmp(const rfi_openmp_api *api);
 
-/* The number of threads a parallel_for may use (>= 1, the caller included). */
+/* The number of threads a parallel_for may use (>= 1, the caller included;
+ * 1 in a child process forked after the pool or OpenMP started threads: they
+ * do not exist there, so its loops run inline and the OpenMP runtime is told
+ * to use one thread). */
 RFI_FUNC int rfi_threadpool_size(void);
+/* How many forks this process descends through since threads started: 0 in
+ * the process that started them. Library state made before a fork (oneDNN's
+ * primitives, which fix their thread count) must not be used after one. */
+RFI_FUNC unsigned rfi_threadpool_fork_generation(void);
 
 /* Runs body(ctx, lo, hi) over disjoint ranges covering [0, n) and returns when
  * all are done. The range is cut into at most 4 * size() chunks of at least

@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <link.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -29,6 +30,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Flags between the program name and "-o"; -lm goes after the source.
@@ -86,6 +88,10 @@ static void child_exec(const char *path, char *const argv[], int in_fd, int out_
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    /* a process group of its own, so a timeout kills what it started too;
+     * SIGCHLD as the compiler expects it (SIG_IGN would survive exec) */
+    setpgid(0, 0);
+    signal(SIGCHLD, SIG_DFL);
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
         _exit(127);
 #ifdef SYS_close_range
@@ -99,29 +105,85 @@ static void child_exec(const char *path, char *const argv[], int in_fd, int out_
     _exit(127);
 }
 
-/* Appends what is read from fd until EOF to out (at most OUTPUT_KEEP bytes;
- * the rest is read and dropped so the child never blocks on a full pipe). */
-static void read_all(int fd, rfi_strbuf *out, bool *truncated)
+/* wstatus values of run_program that no process gives */
+#define WS_LOST (-1)      /* waitpid could not tell (SIGCHLD ignored) */
+#define WS_TIMED_OUT (-2) /* killed after RF_CC_TIMEOUT seconds */
+
+/* How long a compiler may run: RF_CC_TIMEOUT seconds (a positive integer),
+ * else 600. */
+static int cc_timeout_seconds(void)
+{
+    const char *v = getenv("RF_CC_TIMEOUT");
+    char *end;
+    long t = v ? strtol(v, &end, 10) : 0;
+    return v && *v && !*end && t > 0 && t <= 86400 ? (int)t : 600;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+typedef enum read_result { READ_DATA, READ_NONE_NOW, READ_EOF } read_result;
+
+/* Appends what one read of fd gives to out (at most OUTPUT_KEEP bytes in
+ * all; the rest is read and dropped so the child never blocks on a full
+ * pipe). fd is non-blocking. */
+static read_result read_some(int fd, rfi_strbuf *out, bool *truncated)
 {
     char buf[4096];
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r < 0)
+        return errno == EINTR || errno == EAGAIN ? READ_NONE_NOW : READ_EOF;
+    if (r == 0)
+        return READ_EOF;
+    size_t room = out->len < OUTPUT_KEEP ? OUTPUT_KEEP - out->len : 0;
+    size_t take = (size_t)r < room ? (size_t)r : room;
+    if (take < (size_t)r)
+        *truncated = true;
+    if (take)
+        rfi_sb_printf(out, "%.*s", (int)take, buf);
+    return READ_DATA;
+}
+
+/* Collects the output of child pid from the non-blocking fd until the child
+ * has exited and what it wrote is read, or the deadline passes (then its
+ * process group is killed). Returns the wait status, WS_LOST or
+ * WS_TIMED_OUT. A grandchild that keeps the pipe open past the child's exit
+ * is not waited for. */
+static int collect(pid_t pid, int fd, rfi_strbuf *out, bool *truncated)
+{
+    int64_t deadline = now_ms() + 1000 * (int64_t)cc_timeout_seconds();
+    bool open_pipe = true;
     for (;;) {
-        ssize_t r = read(fd, buf, sizeof buf);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return;
-        size_t room = out->len < OUTPUT_KEEP ? OUTPUT_KEEP - out->len : 0;
-        size_t take = (size_t)r < room ? (size_t)r : room;
-        if (take < (size_t)r)
-            *truncated = true;
-        if (take)
-            rfi_sb_printf(out, "%.*s", (int)take, buf);
+        int ws = 0;
+        pid_t r = waitpid(pid, &ws, WNOHANG);
+        if (r == pid || (r < 0 && errno != EINTR)) {
+            bool lost = r != pid;
+            while (open_pipe && read_some(fd, out, truncated) == READ_DATA)
+                ;
+            return lost ? WS_LOST : ws;
+        }
+        if (now_ms() > deadline) {
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
+                ;
+            return WS_TIMED_OUT;
+        }
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (open_pipe && poll(&pf, 1, 50) > 0 && read_some(fd, out, truncated) == READ_EOF)
+            open_pipe = false;
+        else if (!open_pipe)
+            poll(NULL, 0, 20); /* only the child's exit is left to wait for */
     }
 }
 
 /* Runs path with argv (no shell), stdin from /dev/null, stdout+stderr into
- * *output. *wstatus gets waitpid's status. Returns -1 (errno set) when the
- * program could not be started at all. */
+ * *output. *wstatus gets waitpid's status, WS_LOST or WS_TIMED_OUT. Returns
+ * -1 (errno set) when the program could not be started at all. */
 static int run_program(const char *path, char *const argv[], rfi_strbuf *output,
                        bool *truncated, int *wstatus)
 {
@@ -158,20 +220,27 @@ static int run_program(const char *path, char *const argv[], rfi_strbuf *output,
         errno = e;
         return -1;
     }
-    read_all(p[0], output, truncated);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    *wstatus = collect(pid, p[0], output, truncated);
     close(p[0]);
-    while (waitpid(pid, wstatus, 0) < 0) {
-        if (errno != EINTR) {
-            *wstatus = -1;
-            return 0;
-        }
-    }
     return 0;
+}
+
+static bool sigchld_ignored(void)
+{
+    struct sigaction sa;
+    return sigaction(SIGCHLD, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN;
 }
 
 static void describe_status(char *buf, size_t n, int ws)
 {
-    if (ws == -1)
+    if (ws == WS_TIMED_OUT)
+        snprintf(buf, n, "timed out after %d s (RF_CC_TIMEOUT) and killed",
+                 cc_timeout_seconds());
+    else if (ws == WS_LOST && sigchld_ignored())
+        snprintf(buf, n, "its exit status is lost: this process ignores SIGCHLD (SIG_IGN); "
+                 "set it to SIG_DFL while reflux compiles");
+    else if (ws == WS_LOST)
         snprintf(buf, n, "lost track of the process");
     else if (WIFEXITED(ws))
         snprintf(buf, n, "exit status %d", WEXITSTATUS(ws));
@@ -181,7 +250,7 @@ static void describe_status(char *buf, size_t n, int ws)
         snprintf(buf, n, "wait status %d", ws);
 }
 
-static bool status_ok(int ws) { return ws != -1 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0; }
+static bool status_ok(int ws) { return ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0; }
 
 /* ---- The compiler and its identity ------------------------------------------------------ */
 
@@ -277,7 +346,7 @@ static rf_status compiler_version(const compiler_info *ci, char *buf, size_t n)
     }
     const char *text = out.data ? out.data : "";
     if (!status_ok(ws)) {
-        char why[64];
+        char why[160];
         describe_status(why, sizeof why, ws);
         rf_status st = rfi_error(RF_E_COMPILE, "C compiler %s --version failed (%s): %.500s",
                                  ci->exec_path, why, text);
@@ -351,20 +420,41 @@ static uint64_t compiler_env_hash(const char *cc)
  * $CC's other words: a hash of them and of the binary's identity (device,
  * inode, size, modification and change times), so a replaced or upgraded
  * compiler is asked again. False when it cannot be stat'ed. */
-static bool memo_name(const char *what, const compiler_info *ci, const char *resolved,
-                      char *out, size_t n)
+/* Hashes the identity of the file at path (device, inode, size, times):
+ * false if there is none. */
+static bool hash_file_id(uint64_t *h, const char *path)
 {
     struct stat st;
-    if (stat(resolved, &st) != 0)
+    if (stat(path, &st) != 0)
         return false;
     int64_t id[] = {(int64_t)st.st_dev, (int64_t)st.st_ino, (int64_t)st.st_size,
                     (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec,
                     (int64_t)st.st_ctim.tv_sec, (int64_t)st.st_ctim.tv_nsec};
+    *h = rfi_hash_bytes(*h, id, sizeof id);
+    return true;
+}
+
+static bool memo_name(const char *what, const compiler_info *ci, const char *resolved,
+                      char *out, size_t n)
+{
     uint64_t h = rfi_hash_bytes(RFI_HASH_INIT, ci->name, strlen(ci->name) + 1);
-    for (int i = 0; i < ci->n_args; i++) /* "ccache gcc" and "ccache clang" differ */
-        h = rfi_hash_bytes(h, ci->args[i], strlen(ci->args[i]) + 1);
     h = rfi_hash_bytes(h, resolved, strlen(resolved) + 1);
-    uint64_t a = rfi_hash_u64(h, rfi_hash_bytes(h, id, sizeof id));
+    if (!hash_file_id(&h, resolved))
+        return false;
+    /* A wrapper ("ccache gcc", "env gcc") runs the compiler its words name,
+     * found in PATH: the words, PATH and the files they resolve to are part
+     * of the name, so another or an upgraded compiler is asked again. */
+    if (ci->n_args > 0) {
+        const char *path = getenv("PATH");
+        h = rfi_hash_bytes(h, path ? path : "", path ? strlen(path) + 1 : 1);
+    }
+    for (int i = 0; i < ci->n_args; i++) {
+        h = rfi_hash_bytes(h, ci->args[i], strlen(ci->args[i]) + 1);
+        char found[PATH_MAX]; /* a word that is no program only sets a message, unused */
+        if (ci->args[i][0] != '-' && find_program(ci->args[i], found, sizeof found) == RF_OK)
+            hash_file_id(&h, found);
+    }
+    uint64_t a = rfi_hash_u64(h, 0);
     uint64_t b = rfi_hash_u64(a, RF_MODULE_ABI);
     snprintf(out, n, "cc-%s-%016llx%016llx", what, (unsigned long long)a, (unsigned long long)b);
     return true;
@@ -562,7 +652,7 @@ static rf_status compile_failed(const char *name, char *const argv[], const char
 static rf_status run_failed(const char *name, char *const argv[], const char *src_path, int err,
                             int ws, const rfi_strbuf *out, bool truncated)
 {
-    char why[128];
+    char why[160];
     if (err)
         snprintf(why, sizeof why, "cannot start the compiler: %s", strerror(err));
     else

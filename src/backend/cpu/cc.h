@@ -3,12 +3,13 @@
  * compiles it with the system C compiler, then dlopens it and resolves its one
  * entry point (RF_MODULE_ENTRY_NAME, module_abi.h).
  *
- * Compiler: $CC if set and non-empty, else `cc`. CC names ONE program (a path,
- * or a name looked up in PATH); it is not split on spaces, so wrappers such as
- * "ccache gcc" must be given as a single executable (e.g. a ccache symlink).
- * It runs without a shell (fork + exec of an argv array), stdin from
- * /dev/null, stdout and stderr captured through a pipe, no other inherited
- * file descriptors. Flags, and why:
+ * Compiler: $CC if set and non-empty, else `cc`. Its words (split at blanks,
+ * no quoting, as make's) start every command: a program (a path, or a name
+ * looked up in PATH), then a wrapper's compiler or flags ("ccache gcc",
+ * "gcc -m64"). It runs without a shell (fork + exec of an argv array), in a
+ * process group of its own, stdin from /dev/null, stdout and stderr captured
+ * through a pipe, no other inherited file descriptors, killed with its group
+ * after RF_CC_TIMEOUT seconds (default 600). Flags, and why:
  *   -O2               optimised, but far faster to compile than -O3
  *   -std=c11          the dialect the renderer writes
  *   -fPIC -shared     a shared object for dlopen

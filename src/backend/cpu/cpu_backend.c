@@ -407,9 +407,12 @@ static rf_status cpu_run(void *state, const rfi_graph *g, const rfi_run_io *io)
         s->buffers[b++] = io->outputs[i];
     rfi_cpu_services_start_run(s->services);
     int failed = s->entry(&s->table, s->buffers);
-    if (failed)
-        return rfi_error(RF_E_INTERNAL, "rf_exec_run: step %d of the compiled program failed",
-                         failed - 1);
+    if (failed) { /* a library call's failure: its message says why */
+        char why[RFI_ERRMSG_MAX - 64];
+        snprintf(why, sizeof why, "%s", rf_errmsg());
+        return rfi_error(rfi_cpu_services_failure(s->services), "rf_exec_run: step %d of the "
+                         "compiled program failed: %s", failed - 1, why);
+    }
     return s->check ? rfi_cpu_check_after(s->check, g, io) : RF_OK;
 }
 

@@ -93,6 +93,7 @@ static void load_library(void)
     /* dlsym on the handle searches oneDNN's dependencies too: its OpenMP. */
     resolve(lib, "omp_set_num_threads", &api.omp_set_num_threads, sizeof api.omp_set_num_threads);
     rfi_dnnl = api;
+    openmp_api.set_num_threads = api.omp_set_num_threads;
     if (resolve(lib, "GOMP_parallel", &openmp_api.parallel, sizeof openmp_api.parallel) &&
         resolve(lib, "omp_get_thread_num", &openmp_api.thread_num,
                 sizeof openmp_api.thread_num) &&

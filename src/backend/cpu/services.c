@@ -119,6 +119,8 @@ struct rfi_cpu_services {
     size_t workspace_bytes;
     bool have_library; /* oneDNN loaded: engine and stream exist */
     int threads;
+    unsigned fork_generation; /* rfi_threadpool_fork_generation() when prepared */
+    rf_status failure;        /* of the last call that failed */
     void **shared;        /* the blocked copies convolutions share (owned) */
     int n_shared;
     size_t shared_bytes;
@@ -151,8 +153,9 @@ void rfi_cpu_services_start_run(rfi_cpu_services *s)
  * threads then). */
 static void set_library_threads(const rfi_cpu_services *s, int threads)
 {
+    int most = rfi_threadpool_size(); /* 1 in a forked child (threadpool.h) */
     if (s->have_library && rfi_dnnl.omp_set_num_threads)
-        rfi_dnnl.omp_set_num_threads(threads);
+        rfi_dnnl.omp_set_num_threads(threads < most ? threads : most);
 }
 
 /* Products smaller than this many multiply-adds run on the calling thread
@@ -723,6 +726,7 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     s->plan = p;
     s->n_steps = p->n_steps;
     s->threads = rfi_threadpool_size();
+    s->fork_generation = rfi_threadpool_fork_generation();
     const char *alternate = getenv("RF_ALTERNATE_ORDER");
     s->alternate = !(alternate && strcmp(alternate, "0") == 0);
     s->steps = rfi_arena_alloc(&s->mem, ((size_t)p->n_steps + 1) * sizeof *s->steps);
@@ -998,9 +1002,23 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
         rfi_error(RF_E_INTERNAL, "cpu: call of step %d, which is not a call step", step);
         return 1;
     }
+    if (s->have_library && s->fork_generation != rfi_threadpool_fork_generation()) {
+        /* its primitives would wait for threads that were not forked */
+        s->failure = rfi_error(RF_E_INVALID, "this executable was compiled before the "
+                               "process forked, and its library calls cannot run in the child: "
+                               "compile it again there (rf_model_cache_clear for cached steps)");
+        return 1;
+    }
     rf_status st = s->steps[step].partner >= 0 ? run_pair(s, step, buffers)
                                               : run_call(s, step, buffers, s->stream);
+    if (st != RF_OK)
+        s->failure = st;
     return st == RF_OK ? 0 : 1;
+}
+
+rf_status rfi_cpu_services_failure(const rfi_cpu_services *s)
+{
+    return s && s->failure != RF_OK ? s->failure : RF_E_INTERNAL;
 }
 
 void rfi_cpu_services_table(rfi_cpu_services *s, rf_module_services *table)

@@ -38,6 +38,9 @@ RFI_FUNC rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services 
 /* module_abi.h's `call`: runs CALL step `step` on the buffer table (rt is the
  * rfi_cpu_services). 0 on success; otherwise non-zero with rfi_error set. */
 RFI_FUNC int rfi_cpu_services_call(void *rt, int step, void *const *buffers);
+/* The status of the last call that failed (its message is the thread's
+ * error), RF_E_INTERNAL if none did. */
+RFI_FUNC rf_status rfi_cpu_services_failure(const rfi_cpu_services *s);
 /* module_abi.h's `parallel_for` (rt: the rfi_cpu_services, or NULL), over the
  * process-wide pool, in the direction of the current run. */
 RFI_FUNC void rfi_cpu_services_parallel_for(void *rt, int64_t n, int64_t grain,
