@@ -177,7 +177,7 @@ static int collect(pid_t pid, int fd, rfi_strbuf *out, bool *truncated)
         if (open_pipe && poll(&pf, 1, 50) > 0 && read_some(fd, out, truncated) == READ_EOF)
             open_pipe = false;
         else if (!open_pipe)
-            poll(NULL, 0, 20); /* only the child's exit is left to wait for */
+            poll(NULL, 0, 1); /* only the child's exit is left: it follows its EOF */
     }
 }
 
