@@ -899,6 +899,16 @@ static void test_checkpoint_errors(void)
     rf_array_read(rf_model_param_array(small, 0), w, sizeof w);
     rf_array_read(rf_model_param_array(small, 1), v, sizeof v);
     CHECK(w[0] == 1.5f && w[1] == -2.0f && v[0] == 4.25f);
+    /* PyTorch's BatchNorm counter (an i64 reflux has no use for) is passed over */
+    const uint8_t with_counter[20] = {0, 0, 0x80, 0x3f, 0, 0, 0, 0x40, 0, 0, 0x80, 0x40, 7};
+    write_st(bad, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                  "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},"
+                  "\"1.num_batches_tracked\":{\"dtype\":\"I64\",\"shape\":[],"
+                  "\"data_offsets\":[12,20]}}",
+             with_counter, sizeof with_counter);
+    CHECK_OK(rf_checkpoint_load(bad, small, NULL));
+    rf_array_read(rf_model_param_array(small, 0), w, sizeof w);
+    CHECK(w[0] == 1.0f && w[1] == 2.0f);
     static const struct {
         const char *header;
         rf_status st;

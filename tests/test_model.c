@@ -522,6 +522,17 @@ static void test_tree_ownership(void)
     CHECK(rf_model_n_parameters(p) == 20);
     rf_model_free(other);
     rf_model_free(p);
+    /* names a checkpoint could not hold: the safetensors header's own, and not UTF-8 */
+    rf_model *named = rf_model_new(&null_type, NULL, 0);
+    CHECK_STATUS(rf_model_add_param(named, "__metadata__", rf_zeros(RF_F32, RF_SHAPE(1))),
+                 RF_E_INVALID);
+    CHECK_MSG("\"__metadata__\" is reserved");
+    CHECK_STATUS(rf_model_add_state(named, "bad\xff\xfe", rf_zeros(RF_F32, RF_SHAPE(1))),
+                 RF_E_INVALID);
+    CHECK_MSG("is not valid UTF-8");
+    const char *accented = "\xc3\xa9t\xc3\xa9 \xe2\x9c\x93"; /* "été ✓" */
+    CHECK_OK(rf_model_add_state(named, accented, rf_zeros(RF_F32, RF_SHAPE(1))));
+    rf_model_free(named);
     /* an array whose constructor failed: its message is kept */
     rf_model *m = rf_model_new(&null_type, NULL, 0);
     rf_clear_error();

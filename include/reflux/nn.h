@@ -86,8 +86,10 @@ typedef struct rf_layer_type {
  * is copied when the model moves between devices). Add arrays and children
  * with the functions below. Owned. */
 RF_API rf_model *rf_model_new(const rf_layer_type *type, const void *config, size_t config_size);
-/* Adds a named trainable parameter / non-trainable state array. The model
- * takes over the caller's reference to `a` (also on failure). */
+/* Adds a named trainable parameter / non-trainable state array (a UTF-8 name
+ * without '.', unique in the layer, not "__metadata__"; PyTorch's names make
+ * checkpoints PyTorch reads as its own). The model takes over the caller's
+ * reference to `a` (also on failure). */
 RF_API rf_status rf_model_add_param(rf_model *m, const char *name, rf_array *a);
 RF_API rf_status rf_model_add_state(rf_model *m, const char *name, rf_array *a);
 /* Adds a child; the model takes ownership of `child` (also on failure),

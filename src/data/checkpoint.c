@@ -369,8 +369,19 @@ static rf_status check_match(const char *op, const char *path, const named *w,
     return RF_OK;
 }
 
+/* Whether an entry is one PyTorch's state_dict has and reflux has no use for:
+ * BatchNorm's num_batches_tracked (its momentum is fixed), so a PyTorch model's
+ * saved weights load. */
+static bool torch_only(const char *name)
+{
+    static const char suffix[] = ".num_batches_tracked";
+    size_t n = strlen(name), k = sizeof suffix - 1;
+    return n >= k && !strcmp(name + n - k, suffix);
+}
+
 /* Every wanted array has a matching entry, and every entry is wanted (an
- * optimiser's "opt." entries may be skipped when no optimiser is given). */
+ * optimiser's "opt." entries may be skipped when no optimiser is given, and
+ * PyTorch's entries reflux has no use for always). */
 static rf_status match_all(const char *op, const char *path, const named_list *l,
                            const rfi_st_header *h, bool with_opt, const rfi_st_entry **found)
 {
@@ -386,7 +397,7 @@ static rf_status match_all(const char *op, const char *path, const named_list *l
     }
     for (int i = 0; i < h->n && st == RF_OK; i++) {
         const char *name = h->entries[i].name;
-        if (!used[i] && (with_opt || strncmp(name, "opt.", 4) != 0))
+        if (!used[i] && !torch_only(name) && (with_opt || strncmp(name, "opt.", 4) != 0))
             st = rfi_error(RF_E_CORRUPT, "%s: %s: the file has tensor \"%s\", which the %s "
                            "lacks", op, path, name,
                            strncmp(name, "opt.", 4) == 0 ? "optimiser" : "model");

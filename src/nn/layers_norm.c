@@ -1,7 +1,8 @@
 /* layers_norm.c: normalisation layers: BatchNorm, LayerNorm, GroupNorm.
  *
  * All three normalise with the biased variance and eps 1e-5 and apply a
- * learned affine map (parameters "scale", ones, and "bias", zeros), as Flux
+ * learned affine map (parameters "weight", ones, and "bias", zeros: Flux's
+ * scale and bias under PyTorch's names, as checkpoints use them), as Flux
  * and PyTorch do. BatchNorm keeps running statistics as state arrays
  * ("running_mean", zeros; "running_var", ones): in train mode it normalises
  * with the batch statistics and records rf_assign updates
@@ -66,7 +67,7 @@ static rf_tensor *standardise(rf_tensor *x, rf_tensor *mean, rf_tensor *var)
     return rf_mul(rf_sub(x, mean), rf_rsqrt(rf_add_s(var, NORM_EPS)));
 }
 
-/* A layer with ones "scale" and zeros "bias" parameters of size n. */
+/* A layer with ones "weight" (Flux's scale) and zeros "bias" parameters of size n. */
 static rf_model *affine_layer(const rf_layer_type *type, const void *config, size_t size,
                               int64_t n)
 {
@@ -74,7 +75,7 @@ static rf_model *affine_layer(const rf_layer_type *type, const void *config, siz
     if (!m)
         return NULL;
     const int64_t dims[1] = {n};
-    rf_status st = rf_model_add_param(m, "scale", rf_ones(RF_F32, dims, 1));
+    rf_status st = rf_model_add_param(m, "weight", rf_ones(RF_F32, dims, 1));
     if (st == RF_OK)
         st = rf_model_add_param(m, "bias", rf_zeros(RF_F32, dims, 1));
     if (st != RF_OK) {
