@@ -42,7 +42,7 @@ RF_API rf_tensor *rf_iota(rf_trace *t, rf_dtype dt, const int64_t *dims, int ran
 /* ---- Elementwise unary -------------------------------------------------------- */
 RF_API rf_tensor *rf_neg(rf_tensor *x);
 RF_API rf_tensor *rf_abs(rf_tensor *x);
-RF_API rf_tensor *rf_sign(rf_tensor *x);
+RF_API rf_tensor *rf_sign(rf_tensor *x); /* -1, 0 or 1; -0 gives +0 (StableHLO: -0) */
 RF_API rf_tensor *rf_exp(rf_tensor *x);
 RF_API rf_tensor *rf_expm1(rf_tensor *x);
 RF_API rf_tensor *rf_log(rf_tensor *x);
@@ -65,8 +65,12 @@ RF_API rf_tensor *rf_stop_gradient(rf_tensor *x);
 RF_API rf_tensor *rf_add(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_sub(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_mul(rf_tensor *a, rf_tensor *b);
+/* Integer division and remainder never trap: x / 0 and x % 0 give 0 (XLA: -1
+ * and x), INT_MIN / -1 gives INT_MIN and INT_MIN % -1 gives 0. */
 RF_API rf_tensor *rf_div(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_pow(rf_tensor *a, rf_tensor *b);
+/* NaN propagates; of two equal operands (+0 and -0 included) the second is
+ * returned, where IEEE 754's maximum orders -0 below +0. */
 RF_API rf_tensor *rf_max(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_min(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_rem(rf_tensor *a, rf_tensor *b); /* C fmod / truncated remainder */
