@@ -28,6 +28,11 @@
  * the chunks fall depends only on n, grain and the pool's size, never on
  * which thread runs them, so results do not change from run to run.
  *
+ * A child forked after threads started has none of them (pthread_atfork
+ * counts the forks): its loops run inline and OpenMP gets one thread. At exit
+ * the workers are told to stop, but the pool is kept: another thread may
+ * still be in a parallel_for.
+ *
  * Deliberately no priorities, per-call allocation, or nested parallelism: a
  * call made while the pool is busy, or from inside an OpenMP region, runs
  * inline.

@@ -415,11 +415,6 @@ static uint64_t compiler_env_hash(const char *cc)
     return path ? rfi_hash_bytes(h, path, strlen(path)) : h;
 }
 
-/* The memo name for what (the version line, the gather flag) of the compiler
- * binary `resolved` run as argv[0] = ci->name (gcc prints its argv[0]) with
- * $CC's other words: a hash of them and of the binary's identity (device,
- * inode, size, modification and change times), so a replaced or upgraded
- * compiler is asked again. False when it cannot be stat'ed. */
 /* Hashes the identity of the file at path (device, inode, size, times):
  * false if there is none. */
 static bool hash_file_id(uint64_t *h, const char *path)
@@ -434,6 +429,11 @@ static bool hash_file_id(uint64_t *h, const char *path)
     return true;
 }
 
+/* The memo name for what (the version line, the gather flag) of the compiler
+ * binary `resolved` run as argv[0] = ci->name (gcc prints its argv[0]) with
+ * $CC's other words: a hash of them and of the binary's identity (device,
+ * inode, size, modification and change times), so a replaced or upgraded
+ * compiler is asked again. False when it cannot be stat'ed. */
 static bool memo_name(const char *what, const compiler_info *ci, const char *resolved,
                       char *out, size_t n)
 {
