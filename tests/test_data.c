@@ -939,6 +939,9 @@ static void test_checkpoint_errors(void)
          "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}} x",
          RF_E_CORRUPT, "text after"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"v\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+         RF_E_CORRUPT, "invalid UTF-8"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
          "\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}",
          RF_E_CORRUPT, "expected '}'"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"

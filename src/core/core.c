@@ -283,3 +283,25 @@ size_t rf_dtype_size(rf_dtype dt)
     static const size_t sizes[RF_DTYPE_COUNT] = {4, 8, 4, 8, 1, 1};
     return rfi_dtype_valid((int)dt) ? sizes[dt] : 0;
 }
+
+bool rfi_valid_utf8(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 0 : (*p & 0xE0) == 0xC0 ? 1 : (*p & 0xF0) == 0xE0 ? 2
+              : (*p & 0xF8) == 0xF0 ? 3 : -1;
+        if (n < 0 || (n == 1 && *p < 0xC2) || (n == 3 && *p > 0xF4))
+            return false;
+        unsigned cp = n == 0 ? *p : *p & (0x3F >> n);
+        for (int k = 1; k <= n; k++) {
+            if ((p[k] & 0xC0) != 0x80)
+                return false;
+            cp = cp << 6 | (p[k] & 0x3F);
+        }
+        if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+            (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return false;
+        p += n + 1;
+    }
+    return true;
+}

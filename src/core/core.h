@@ -90,6 +90,9 @@ RFI_FUNC int64_t rfi_numel(const int64_t *dims, int rank);
 RFI_FUNC bool rfi_dtype_is_float(rf_dtype dt);
 RFI_FUNC bool rfi_dtype_is_int(rf_dtype dt); /* i32, i64, u8 */
 RFI_FUNC bool rfi_dtype_valid(int dt);
+/* Whether the NUL-terminated s is well-formed UTF-8 (no overlong forms,
+ * surrogates or code points above U+10FFFF). */
+RFI_FUNC bool rfi_valid_utf8(const char *s);
 /* x rounded to bfloat16 (8 significant bits) and widened back: to nearest
  * even, a subnormal to a zero of its sign, a NaN stays a NaN (quiet): what
  * x86's VCVTNEPS2BF16 gives, and so oneDNN, whose results a matmul of

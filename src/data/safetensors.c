@@ -179,6 +179,10 @@ static bool parse_string(parser *p, char **out)
     }
     p->pos = close + 1;
     dst[n] = '\0';
+    if (!rfi_valid_utf8(dst)) { /* JSON text is UTF-8; safetensors refuses the rest too */
+        rfi_free(dst);
+        return fail(p, "invalid UTF-8 in a string");
+    }
     *out = dst;
     return true;
 }

@@ -67,36 +67,12 @@ static bool name_taken(const rfi_named_array *list, int n, const char *name)
 }
 
 /* Array names become path components: non-empty, no '.', and unique in the layer. */
-/* Whether s is well-formed UTF-8 (checkpoints store names in a JSON header,
- * which other readers require to be UTF-8). */
-static bool valid_utf8(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        int n = *p < 0x80 ? 0 : (*p & 0xE0) == 0xC0 ? 1 : (*p & 0xF0) == 0xE0 ? 2
-              : (*p & 0xF8) == 0xF0 ? 3 : -1;
-        if (n < 0 || (n == 1 && *p < 0xC2) || (n == 3 && *p > 0xF4))
-            return false;
-        unsigned cp = n == 0 ? *p : *p & (0x3F >> n);
-        for (int k = 1; k <= n; k++) {
-            if ((p[k] & 0xC0) != 0x80)
-                return false;
-            cp = cp << 6 | (p[k] & 0x3F);
-        }
-        if ((n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-            (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
-            return false;
-        p += n + 1;
-    }
-    return true;
-}
-
 static rf_status check_array_name(const rf_model *m, const char *op, const char *name)
 {
     if (!name || !*name)
         return rfi_error(RF_E_INVALID, "%s(%s): the array name is %s", op, m->type->name,
                          name ? "empty" : "NULL");
-    if (!valid_utf8(name))
+    if (!rfi_valid_utf8(name)) /* checkpoints keep names in a JSON header */
         return rfi_error(RF_E_INVALID, "%s(%s): array name \"%s\" is not valid UTF-8", op,
                          m->type->name, name);
     if (!strcmp(name, "__metadata__")) /* the safetensors header's own entry */
