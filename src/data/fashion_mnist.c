@@ -64,7 +64,8 @@ static rf_status convert(const rf_array *img, const rf_array *lab, rf_array **im
     int64_t n = img->dims[0];
     rf_array *x = rfi_array_alloc("rf_fashion_mnist", rf_device_host(), RF_F32,
                                   (const int64_t[]){n, 1, FMNIST_SIDE, FMNIST_SIDE}, 4);
-    rf_array *y = rfi_array_alloc("rf_fashion_mnist", rf_device_host(), RF_I32, (const int64_t[]){n}, 1);
+    rf_array *y = rfi_array_alloc("rf_fashion_mnist", rf_device_host(), RF_I32,
+                                  (const int64_t[]){n}, 1);
     if (!x || !y) {
         rfi_array_release(x);
         rfi_array_release(y);
