@@ -139,17 +139,22 @@ def _run_child(script, tag, workload, mode, args, cache_dir, quiet=False):
     return fields
 
 
-def drive(script, tag, args, modes_for, fallback=None):
+def drive(script, tag, args, modes_for, fallback=None, cold_always=False):
     """The parent: every selected workload in every mode of modes_for(workload), each in its
     own process; prints the best (lowest us_per_step) line per workload. A mode that fails is
     replaced by fallback[mode] when there is one. compile_* workloads get a fresh cache
-    directory (cold) or the cold run's one (warm; primed if needed)."""
+    directory (cold) or the cold run's one (warm; primed if needed); with cold_always (a
+    framework with an on-disk cache it would otherwise reuse) every other workload gets a
+    fresh one too, so its first call compiles cold, as rf_bench's does."""
     fallback = fallback or {}
     cache_dirs = {}
     failures = 0
     try:
         for w in args.names:
             cache_dir = None
+            if cold_always and not w.startswith("compile_"):
+                cache_dir = tempfile.mkdtemp(prefix="%s_bench_cache." % tag)
+                cache_dirs["run:" + w] = cache_dir
             if w.startswith("compile_"):
                 model = w.split("_")[1]
                 fresh = w.endswith("_cold") or model not in cache_dirs

@@ -4,9 +4,10 @@
 
 Same models, batch sizes, initialisation (Glorot-uniform weights with Flux's fans, zero
 biases; BatchNorm scale 1, shift 0, train-mode batch statistics with running averages,
-momentum 0.1), optimiser (optax.adam: betas 0.9/0.999, eps 1e-8), losses and threads (XLA's
-intra-op pool sized by XLA_FLAGS intra_op_parallelism_threads = RF_NUM_THREADS or every
-core) as bench/rf_bench.c; random but fixed data. A training step is ONE jax.jit of
+momentum 0.1), optimiser (optax.adam: betas 0.9/0.999, eps 1e-8), losses and threads (the
+process pinned to RF_NUM_THREADS cores when that is fewer than it may use: XLA's CPU client
+sizes its pools by the cores, and no flag limits them) as bench/rf_bench.c; random but fixed
+data. A training step is ONE jax.jit of
 value_and_grad + optax update (parameters and state donated), followed by float(loss) (the
 loss back on the host, as reflux returns it). Inference is a jitted forward pass.
 compile_* workloads use a fresh persistent compilation cache directory (cold) or the cold
@@ -233,9 +234,11 @@ def inference(jax, workload, bf16):
 
 def child(args):
     workload = args.names[0]
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=true "
-                               "intra_op_parallelism_threads=%d" % common.num_threads()).strip()
+    # XLA's CPU client uses every core the process may run on (no flag limits its thread
+    # pools), so fewer threads than cores means fewer cores: pinned before jax is imported.
+    threads, cores = common.num_threads(), sorted(os.sched_getaffinity(0))
+    if threads < len(cores):
+        os.sched_setaffinity(0, cores[:threads])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     import optax

@@ -174,12 +174,14 @@ def main():
         return child(args)
     sys.stderr.write("# torch_bench: torch %s, %d threads\n"
                      % (importlib.metadata.version("torch"), common.num_threads()))
+    # cold_always: Inductor's on-disk cache would make every run after the first a warm
+    # compile, where reflux's and JAX's are cold
     if args.mode != "best":
-        return common.drive(__file__, "torch", args, lambda w: [args.mode])
+        return common.drive(__file__, "torch", args, lambda w: [args.mode], cold_always=True)
     # torch.compile needs a C++ compiler, not a network; where it fails, TorchScript.
     return common.drive(__file__, "torch", args,
                         lambda w: ["compile"] if w.startswith("compile_") else ["eager", "compile"],
-                        fallback={"compile": "script"})
+                        fallback={"compile": "script"}, cold_always=True)
 
 
 if __name__ == "__main__":
