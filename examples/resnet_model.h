@@ -1,6 +1,7 @@
 /* resnet_model.h: the small ResNet of examples/resnet.c, shared with the
- * benchmark (bench/rf_bench.c runs it at width 8) so the two cannot drift.
- * Static functions over the public API only; include it after reflux.h. */
+ * benchmark (bench/rf_bench.c runs it at the example's default width, 16) so
+ * the two cannot drift. Static functions over the public API only; include it
+ * after reflux.h. */
 #ifndef RF_EXAMPLES_RESNET_MODEL_H
 #define RF_EXAMPLES_RESNET_MODEL_H
 
