@@ -665,10 +665,25 @@ static void test_unloadable_object_reports(void)
     CHECK(m == NULL);
 }
 
+/* $CC as it is (NULL: unset), for cc_restore after a test sets its own. */
+static char *cc_save(void)
+{
+    const char *cc = getenv("CC");
+    return cc ? strdup(cc) : NULL;
+}
+
+static void cc_restore(char *saved)
+{
+    if (saved)
+        setenv("CC", saved, 1);
+    else
+        unsetenv("CC");
+    free(saved);
+}
+
 static void test_compiler_override_and_fds(void)
 {
-    const char *saved = getenv("CC");
-    char *saved_cc = saved ? strdup(saved) : NULL;
+    char *saved_cc = cc_save();
     /* A missing compiler. */
     setenv("CC", "/nonexistent/reflux-cc", 1);
     rfi_module *m = NULL;
@@ -701,11 +716,7 @@ static void test_compiler_override_and_fds(void)
     CHECK(context && strstr(context, "compiler_version=fake-cc 1.0"));
     rfi_free(context);
     close(marker);
-    if (saved_cc)
-        setenv("CC", saved_cc, 1);
-    else
-        unsetenv("CC");
-    free(saved_cc);
+    cc_restore(saved_cc);
     CHECK_OK(rfi_cc_context(&context));
     CHECK(context && !strstr(context, "fake-cc"));
     rfi_free(context);
@@ -716,8 +727,7 @@ static void test_compiler_override_and_fds(void)
  * that leaves a background process holding its output is not waited for. */
 static void test_compiler_timeout(void)
 {
-    const char *saved = getenv("CC");
-    char *saved_cc = saved ? strdup(saved) : NULL;
+    char *saved_cc = cc_save();
     char script[600];
     snprintf(script, sizeof script, "%s/slow-cc", root);
     for (int kind = 0; kind < 2; kind++) {
@@ -747,11 +757,7 @@ static void test_compiler_timeout(void)
         CHECK(secs < 20);
         unsetenv("RF_CC_TIMEOUT");
     }
-    if (saved_cc)
-        setenv("CC", saved_cc, 1);
-    else
-        unsetenv("CC");
-    free(saved_cc);
+    cc_restore(saved_cc);
 }
 
 /* $CC with more words, as make's: a wrapper and the compiler it runs ("ccache
@@ -760,8 +766,7 @@ static void test_compiler_timeout(void)
  * them. Too many words are refused with a message. */
 static void test_compiler_with_arguments(void)
 {
-    const char *saved = getenv("CC");
-    char *saved_cc = saved ? strdup(saved) : NULL;
+    char *saved_cc = cc_save();
     char script[600], log[600], cc[1400];
     snprintf(script, sizeof script, "%s/wrap-cc", root);
     snprintf(log, sizeof log, "%s/wrap-cc.log", root);
@@ -798,11 +803,7 @@ static void test_compiler_with_arguments(void)
     setenv("CC", "cc 1 2 3 4 5 6 7 8 9", 1);
     CHECK_STATUS(rfi_cc_context(&context), RF_E_COMPILE);
     CHECK_MSG("CC='cc 1 2 3 4 5 6 7 8 9': a compiler and at most 8 more words");
-    if (saved_cc)
-        setenv("CC", saved_cc, 1);
-    else
-        unsetenv("CC");
-    free(saved_cc);
+    cc_restore(saved_cc);
 }
 
 /* The flag that keeps modules free of gathers (cc.c): a fake compiler that
@@ -812,8 +813,7 @@ static void test_compiler_with_arguments(void)
 static void test_no_gather_flag(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    const char *saved = getenv("CC");
-    char *saved_cc = saved ? strdup(saved) : NULL;
+    char *saved_cc = cc_save();
     char script[600], log[600];
     snprintf(script, sizeof script, "%s/gather-cc", root);
     snprintf(log, sizeof log, "%s/gather-cc.log", root);
@@ -857,11 +857,7 @@ static void test_no_gather_flag(void)
     if (f)
         fclose(f);
     CHECK(probes == 2); /* -mno-gather refused, then gcc 12's accepted; once */
-    if (saved_cc)
-        setenv("CC", saved_cc, 1);
-    else
-        unsetenv("CC");
-    free(saved_cc);
+    cc_restore(saved_cc);
 #endif
 }
 
