@@ -955,6 +955,7 @@ static void build_arg(rf_trace *t, rf_tensor *const *a, int n, void *u)
     rf_return(t, rf_argmax(a[1], 0));
     rf_return(t, rf_argmax(a[2], -1));
     rf_return(t, rf_argmin(a[2], 0));
+    rf_return(t, rf_argmin(a[1], 0));
 }
 
 static void test_argmax(void)
@@ -966,10 +967,10 @@ static void test_argmax(void)
         rf_array *in[3] = {tp_host(dts[d], DIMS(2, 4), 2, x),
                            tp_host(RF_F32, DIMS(4), 1, (const double[]){1, NAN, 5, NAN}),
                            tp_host(RF_I64, DIMS(3, 2), 2, (const double[]){4, -4, 4, 9, 4, 9})};
-        rf_array *o[7] = {0};
+        rf_array *o[8] = {0};
         char label[64];
         snprintf(label, sizeof label, "argmax/argmin %s", rf_dtype_name(dts[d]));
-        if (run_prog(label, build_arg, NULL, in, 3, o, 7)) {
+        if (run_prog(label, build_arg, NULL, in, 3, o, 8)) {
             tp_expect("argmax axis 1 (ties: first)", o[0], RF_I64, DIMS(2), 1,
                       (const double[]){1, 0}, 0, 0);
             tp_expect("argmin axis 1 (ties: first)", o[1], RF_I64, DIMS(2), 1,
@@ -984,8 +985,10 @@ static void test_argmax(void)
                       (const double[]){0, 1, 1}, 0, 0);
             tp_expect("argmin i64 axis 0 all tied", o[6], RF_I64, DIMS(2), 1,
                       (const double[]){0, 0}, 0, 0);
+            tp_expect("argmin NaN counts as min too (first NaN, NumPy)", o[7], RF_I64, NULL, 0,
+                      (const double[]){1}, 0, 0);
         }
-        tp_free_all(o, 7);
+        tp_free_all(o, 8);
         tp_free_all(in, 3);
     }
 }

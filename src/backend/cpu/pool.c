@@ -9,9 +9,8 @@
  *     never selected; a window of padding only selects nothing) and adds its
  *     source value there; unselected positions are 0. Sums are formed in
  *     double in source order and rounded once, as the reference does.
- *   ARGMAX / ARGMIN: first index of the extreme along attr i[0]; NaN ranks
- *     above every number (argmax: the first NaN; argmin: NaNs ignored unless
- *     all are NaN, then index 0).
+ *   ARGMAX / ARGMIN: first index of the extreme along attr i[0]; a NaN is the
+ *     extreme of both (the first NaN, as NumPy and JAX).
  *
  * Leading dims that a select_and_scatter window does not span (window 1,
  * stride 1, no padding: batch and channels of a pooling) are collapsed into
@@ -570,7 +569,7 @@ typedef struct arg_job {
         T top = x[0];                                                                        \
         for (int64_t i = 1; i < k->len; i++) {                                               \
             T v = x[i * k->inner];                                                           \
-            if (k->want_max ? ABOVE(v, top) : ABOVE(top, v)) {                               \
+            if (k->want_max ? ABOVE(v, top) : ABOVE(-v, -top)) {                             \
                 top = v;                                                                     \
                 best = i;                                                                    \
             }                                                                                \

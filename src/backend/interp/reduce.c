@@ -8,8 +8,8 @@
  * Identities: sum 0, prod 1, max -inf (integers: the dtype's minimum), min
  * +inf (integers: the dtype's maximum), and all-ones (true), or 0 (false);
  * and/or are bitwise on integers, which is logical on bool. max/min
- * propagate NaN. ARGMAX/ARGMIN rank NaN above every number, so argmax picks
- * the first NaN and argmin ignores NaNs unless all are NaN (then index 0).
+ * propagate NaN. ARGMAX/ARGMIN return the first NaN when there is one (as NumPy
+ * and JAX), else the first index of the largest / smallest value.
  * REDUCE walks the operand a row (last dim) at a time with an odometer, so
  * no index arithmetic per element. Deliberately no reassociation or pairwise
  * summation: plain loops.
@@ -186,12 +186,17 @@ static rf_status reduce(const rfi_node *n, const void *x_data, void *out)
 }
 
 /* ---- ARGMAX / ARGMIN -------------------------------------------------------------------- */
-/* a ranks above b: NaN above every number; integers compared exactly. */
-static bool ranks_above(const void *x, rf_dtype dt, int64_t a, int64_t b)
+/* Element a is a better extreme than b: NaN beats every number (for argmax and argmin
+ * alike, as NumPy and JAX), then the larger (want_max) or smaller number; integers are
+ * compared exactly. Negating floats turns "smaller" into "larger" and keeps NaN a NaN. */
+static bool more_extreme(const void *x, rf_dtype dt, bool want_max, int64_t a, int64_t b)
 {
-    if (rfi_dtype_is_float(dt))
-        return rfi_gt_nan_max(rfi_ld_f(x, dt, a), rfi_ld_f(x, dt, b));
-    return rfi_ld_i(x, dt, a) > rfi_ld_i(x, dt, b);
+    if (rfi_dtype_is_float(dt)) {
+        double va = rfi_ld_f(x, dt, a), vb = rfi_ld_f(x, dt, b);
+        return want_max ? rfi_gt_nan_max(va, vb) : rfi_gt_nan_max(-va, -vb);
+    }
+    int64_t ia = rfi_ld_i(x, dt, a), ib = rfi_ld_i(x, dt, b);
+    return want_max ? ia > ib : ia < ib;
 }
 
 static void arg_extreme(const rfi_node *n, const void *x_data, void *out)
@@ -207,9 +212,7 @@ static void arg_extreme(const rfi_node *n, const void *x_data, void *out)
             int64_t base = o * len * inner + in, best = 0;
             for (int64_t k = 1; k < len; k++) {
                 int64_t cur = base + k * inner, top = base + best * inner;
-                bool better = want_max ? ranks_above(x_data, x->dtype, cur, top)
-                                       : ranks_above(x_data, x->dtype, top, cur);
-                if (better)
+                if (more_extreme(x_data, x->dtype, want_max, cur, top))
                     best = k;
             }
             rfi_st_i(out, n->dtype, o * inner + in, best);
@@ -281,7 +284,7 @@ static rf_status select_and_scatter(const rfi_node *n, const void *const *in, vo
         int64_t w[RF_MAX_RANK] = {0}, selected = -1;
         for (int64_t j = 0; j < window_count; j++) {
             int64_t cand = window_source(x, at, xs, o, w);
-            if (cand >= 0 && (selected < 0 || ranks_above(in[0], x->dtype, cand, selected)))
+            if (cand >= 0 && (selected < 0 || more_extreme(in[0], x->dtype, true, cand, selected)))
                 selected = cand; /* strictly above: the first max stays */
             rfi_interp_next(w, at->l[0], x->rank);
         }
