@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compare.sh: runs reflux (bench/rf_bench), PyTorch (bench/peers/torch_bench.py) and JAX
-# (bench/peers/jax_bench.py) side by side, interleaved (reflux, torch, jax, reflux, torch,
-# jax, ... one workload at a time, each run a separate process, several rounds), then prints
+# (bench/peers/jax_bench.py) side by side, interleaved (one workload at a time, each tool's
+# run a separate process, the tools' order rotating from round to round), then prints
 # a table of the medians over the rounds: time per step, the torch/reflux and jax/reflux
 # ratios (> 1: reflux is faster), compile times, each process's peak memory, and the issue's
 # targets met or missed.
@@ -251,11 +251,14 @@ if [ -x "$(dirname "$bench")/peak_flops" ]; then
         "$(dirname "$bench")/peak_flops" 2>/dev/null | grep '^peak_flops ' >>"$log" || true
     done
 fi
+# Each round starts with the next tool (reflux torch jax, then torch jax reflux, ...), so no
+# tool always runs right after another one's process has warmed or loaded the machine.
+read -r -a tool_list <<<"$tools"
 for round in $(seq 1 "$rounds"); do
     for w in $workloads; do
         case "$w" in compile_*) [ "$round" -le "$compile_rounds" ] || continue ;; esac
-        for tool in $tools; do
-            run_one "$tool" "$w" "$round"
+        for k in "${!tool_list[@]}"; do
+            run_one "${tool_list[$(( (k + round - 1) % ${#tool_list[@]} ))]}" "$w" "$round"
         done
     done
     echo "# round $round done after $(( $(date +%s) - start )) s" >&2
