@@ -295,6 +295,9 @@ static void test_nulls(void)
     CHECK_STATUS(rf_array_write(x, buf, sizeof buf + 4), RF_E_INVALID);
     CHECK_STATUS(rf_array_write(NULL, buf, sizeof buf), RF_E_INVALID);
     CHECK(rf_array_to(NULL, rf_device_cpu()) == NULL);
+    CHECK_MSG("rf_array_to: array is NULL");
+    CHECK(rf_array_to_opts(x, NULL, &(rf_to_opts){.keep_f64 = true}) == NULL);
+    CHECK_MSG("rf_array_to_opts: device is NULL");
     CHECK(isnan(rf_to_number(NULL)));
     rf_array_free(NULL);
     rf_exec_free(NULL);

@@ -242,22 +242,19 @@ rf_array *rf_rand(rf_dtype dtype, const int64_t *dims, int rank, uint64_t seed)
 
 /* ---- Moving between devices --------------------------------------------------------- */
 
-rf_array *rf_array_to(const rf_array *a, rf_device *dev)
-{
-    return rf_array_to_opts(a, dev, NULL);
-}
-
-rf_array *rf_array_to_opts(const rf_array *a, rf_device *dev, const rf_to_opts *opts)
+/* The copy for rf_array_to and rf_array_to_opts; `op` names the caller in errors. */
+static rf_array *array_to(const char *op, const rf_array *a, rf_device *dev,
+                          const rf_to_opts *opts)
 {
     if (!a || !dev) {
-        rfi_error(RF_E_INVALID, "rf_array_to: %s is NULL", a ? "device" : "array");
+        rfi_error(RF_E_INVALID, "%s: %s is NULL", op, a ? "device" : "array");
         return NULL;
     }
     bool keep_f64 = opts && opts->keep_f64;
     rf_dtype dt = a->dtype;
     if (dt == RF_F64 && !keep_f64 && rfi_device_is_compute(dev))
         dt = RF_F32; /* Flux's rule: compute devices work in f32 */
-    rf_array *b = alloc_checked("rf_array_to", dev, dt, a->dims, a->rank);
+    rf_array *b = alloc_checked(op, dev, dt, a->dims, a->rank);
     if (!b)
         return NULL;
     if (dt == a->dtype) {
@@ -269,6 +266,16 @@ rf_array *rf_array_to_opts(const rf_array *a, rf_device *dev, const rf_to_opts *
             dst[i] = (float)src[i];
     }
     return b;
+}
+
+rf_array *rf_array_to(const rf_array *a, rf_device *dev)
+{
+    return array_to("rf_array_to", a, dev, NULL);
+}
+
+rf_array *rf_array_to_opts(const rf_array *a, rf_device *dev, const rf_to_opts *opts)
+{
+    return array_to("rf_array_to_opts", a, dev, opts);
 }
 
 /* ---- Accessors ------------------------------------------------------------------------- */
