@@ -132,7 +132,9 @@ static void fd_compare(const char *model_name, const char *what, rf_array *a, rf
         double lm = run_loss(eloss, args, nargs);
         double fd = (lp - lm) / (2 * FD_EPS);
         double err = fabs(ad[i] - fd) / (FD_ATOL + FD_RTOL * fabs(fd));
-        if (!(err <= max_err)) {
+        if (isnan(err))
+            err = INFINITY; /* a NaN stays the worst instead of being replaced by the next */
+        if (err > max_err) {
             max_err = err, worst = i, worst_ad = ad[i], worst_fd = fd;
         }
     }

@@ -86,6 +86,8 @@ static void compare(const char *what, rf_array *a, const fx_entry *e)
     int64_t bad = -1;
     for (int64_t i = 0; i < e->n; i++) {
         double err = fabs((double)got[i] - e->v[i]);
+        if (isnan(err))
+            err = INFINITY; /* a NaN result fails */
         double tol = 1e-6 * maxabs + 1e-5 * fabs(e->v[i]);
         if (err / tol > worst)
             worst = err / tol;

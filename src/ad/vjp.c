@@ -20,8 +20,8 @@
  *   add / sub           ct, ct / ct, -ct
  *   mul                 ct * b, ct * a
  *   div                 ct / b, -ct * y / b
- *   pow                 ct * b * a^(b-1);  ct * y * log(a), 0 where a == 0 (JAX's
- *                       choice; negative a gives NaN: no real derivative)
+ *   pow                 ct * b * a^(b-1), 0 where b == 0;  ct * y * log(a), 0 where
+ *                       a == 0 (JAX's choice; negative a gives NaN: no real derivative)
  *   max / min           ct to the selected operand; ties go to a (a >= b / a <= b);
  *                       except relu, max(x, 0) with a constant zero: ct where y > 0
  *                       (NNlib's and PyTorch's rule: 0 at x == 0), read from the
@@ -196,8 +196,12 @@ static rf_status vjp_pow(const rfi_vjp_args *a, rfi_node **gr)
 {
     rfi_node *x = a->in[0], *p = a->in[1];
     if (a->want[0]) {
+        /* x^0 is 1 everywhere, so p = 0 gives 0, where p * x^(p-1) would be 0 * inf at
+         * x = 0 (PyTorch's rule; JAX's float pow gives NaN there). */
         rfi_node *pm1 = rfi_ad_binary(G, RFI_OP_SUB, p, rfi_ad_full_like(G, p, 1.0));
         rfi_node *d = rfi_ad_binary(G, RFI_OP_MUL, p, rfi_ad_binary(G, RFI_OP_POW, x, pm1));
+        rfi_node *p_zero = rfi_ad_full_like(G, p, 0.0);
+        d = rfi_ad_select(G, rfi_ad_compare(G, p, p_zero, RF_EQ), p_zero, d);
         gr[0] = rfi_ad_binary(G, RFI_OP_MUL, a->ct, d);
     }
     if (a->want[1]) {
