@@ -121,6 +121,8 @@ GF(f_maxpool_pad, rf_maxpool2d(x[0], DIMS(3, 3), DIMS(2, 2), DIMS(1, 1)))
 GF(f_meanpool, rf_meanpool2d(x[0], DIMS(2, 2), DIMS(1, 2), NULL))
 GF(f_sel_scatter, rf_select_and_scatter(x[0], x[1], DIMS(1, 1, 2, 2), DIMS(1, 1, 1, 2),
                                         DIMS(0, 0, 1, 0), DIMS(0, 0, 0, 1)))
+GF(f_sas_pad1, rf_select_and_scatter(x[0], x[1], DIMS(2), DIMS(1), DIMS(1), DIMS(0)))
+GF(f_sas_w3, rf_select_and_scatter(x[0], x[1], DIMS(3), DIMS(1), DIMS(0), DIMS(0)))
 GF(f_gather0, rf_gather(x[0], x[1], 0))
 GF(f_gather1, rf_gather(x[0], x[1], 1))
 GF(f_scatter0, rf_scatter_add(x[0], x[1], x[2], 0))
@@ -275,6 +277,16 @@ static const gcase CASES[] = {
     {"meanpool2d", f_meanpool, 1, {F64_IN(4, -2, 2, 1, 2, 4, 5)}, {0}},
     {"select_and_scatter (x and source)", f_sel_scatter, 2,
      {F64_IN(4, -2, 2, 1, 2, 4, 5), F64_IN(4, -2, 2, 1, 2, 4, 3)}, {0}},
+    /* the source's gradient follows the forward selection: padding never (window 0 is
+     * [pad, -inf] and takes x0), a NaN above every number (both windows take x1) */
+    {"select_and_scatter source, -inf beside padding", f_sas_pad1, 2,
+     {{.dt = RF_F64, .rank = 1, .d = {4}, .vals = VALS(-INFINITY, -INFINITY, 1, 2), .nodiff = true},
+      F64_IN(1, -2, 2, 4)},
+     {0}},
+    {"select_and_scatter source, NaN in windows", f_sas_w3, 2,
+     {{.dt = RF_F64, .rank = 1, .d = {4}, .vals = VALS(1, NAN, 2, 0), .nodiff = true},
+      F64_IN(1, -2, 2, 2)},
+     {0}},
     {"conv2d batch groups 2", f_conv, 2,
      {F64_IN(4, -1, 1, 4, 2, 3, 3), F64_IN(4, -1, 1, 4, 2, 2, 2)},
      {2, {1, 1}, {0, 0}, {0, 0}, {1, 1}, {1, 1}, 1, 2}},

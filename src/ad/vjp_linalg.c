@@ -352,12 +352,15 @@ rf_status rfi_vjp_select_and_scatter(const rfi_vjp_args *a, rfi_node **gr)
                          "grad: select_and_scatter source gradient needs windows of at most %d "
                          "elements, got %lld",
                          MAX_WINDOW_ELEMS, (long long)n_offsets);
-    /* source[w] receives ct at the first max of window w: walk the window offsets
-     * in row-major order, keeping the best value so far and its ct. Padding is
-     * -inf, so it is never preferred to a real element. */
-    rfi_node *xp = rfi_ad_pad(G, x, rfi_ad_scalar(G, x->dtype, -INFINITY), lo, hi, NULL);
+    /* source[w] receives ct at the element the forward op selects in window w: the
+     * first maximum in row-major window order, a NaN above every number, padding
+     * never. Walk the window offsets keeping the best value so far, its ct, and
+     * whether a real (unpadded) element has been seen. */
+    rfi_node *real = rfi_ad_pad(G, rfi_ad_full(G, RF_BOOL, x->dims, r, 1.0),
+                                rfi_ad_scalar(G, RF_BOOL, 0.0), lo, hi, NULL);
+    rfi_node *xp = rfi_ad_pad(G, x, rfi_ad_scalar(G, x->dtype, 0.0), lo, hi, NULL);
     rfi_node *cp = rfi_ad_pad(G, a->ct, rfi_ad_scalar(G, a->ct->dtype, 0.0), lo, hi, NULL);
-    rfi_node *best = NULL, *val = NULL;
+    rfi_node *best = NULL, *val = NULL, *have = NULL;
     int64_t off[RF_MAX_RANK] = {0};
     for (int64_t k = 0; k < n_offsets; k++) {
         int64_t start[RF_MAX_RANK], limit[RF_MAX_RANK];
@@ -367,13 +370,21 @@ rf_status rfi_vjp_select_and_scatter(const rfi_vjp_args *a, rfi_node **gr)
         }
         rfi_node *xs = rfi_ad_slice(G, xp, start, limit, str);
         rfi_node *cs = rfi_ad_slice(G, cp, start, limit, str);
+        rfi_node *rs = rfi_ad_slice(G, real, start, limit, str);
         if (k == 0) {
-            best = xs;
-            val = cs;
+            best = xs, val = cs, have = rs; /* a padded cs is 0, as no selection gives */
         } else {
-            rfi_node *take = rfi_ad_compare(G, xs, best, RF_GT);
+            rfi_node *xs_nan = rfi_ad_compare(G, xs, xs, RF_NE);
+            rfi_node *best_number = rfi_ad_compare(G, best, best, RF_EQ);
+            rfi_node *nan_over_number = rfi_ad_binary(G, RFI_OP_AND, xs_nan, best_number);
+            rfi_node *better = rfi_ad_binary(G, RFI_OP_OR, rfi_ad_compare(G, xs, best, RF_GT),
+                                             nan_over_number);
+            rfi_node *take = rfi_ad_binary(
+                G, RFI_OP_AND, rs,
+                rfi_ad_binary(G, RFI_OP_OR, rfi_ad_unary(G, RFI_OP_NOT, have), better));
             best = rfi_ad_select(G, take, xs, best);
             val = rfi_ad_select(G, take, cs, val);
+            have = rfi_ad_binary(G, RFI_OP_OR, have, rs);
         }
         for (int d = r - 1; d >= 0; d--) { /* next offset, row-major */
             if (++off[d] < win[d])
