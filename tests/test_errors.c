@@ -1040,6 +1040,15 @@ static void grad_nonscalar_fn(rf_trace *t, void *ctx)
     rf_return(t, g->out);
 }
 
+/* A weak scalar's uses each take their own dtype (here f64), so it has no gradient. */
+static void grad_weak_fn(rf_trace *t, void *ctx)
+{
+    struct grad_ctx *g = ctx;
+    rf_tensor *x = rf_arg(t, 0), *s = rf_scalar(t, 2);
+    g->st = rf_grad(t, rf_sum_all(rf_mul(x, s)), &s, 1, &g->out);
+    rf_return(t, g->out);
+}
+
 static void test_grad_errors(void)
 {
     rf_array *x = cpu_zeros(RF_F32, RF_SHAPE(2, 3));
@@ -1053,6 +1062,15 @@ static void test_grad_errors(void)
     CHECK_MSG("f32[2,3]");
     CHECK(e == NULL);
     rf_array_free(x);
+
+    for (int k = 0; k < 2; k++) { /* f64 made a typed copy (the gradient was 0); f32 did not */
+        x = cpu_zeros(k ? RF_F32 : RF_F64, RF_SHAPE(3));
+        g = (struct grad_ctx){RF_OK, (rf_tensor *)&g};
+        CHECK(rf_compile(grad_weak_fn, &g, &x, 1, &e) == RF_E_INVALID);
+        CHECK(g.st == RF_E_INVALID && g.out == NULL && e == NULL);
+        CHECK_MSG("rf_grad: wrt[0] is a weak scalar (rf_scalar)");
+        rf_array_free(x);
+    }
 }
 
 int main(void)

@@ -93,7 +93,8 @@ RF_API int64_t rf_tensor_numel(const rf_tensor *x);
 /* ---- Gradients ----------------------------------------------------------------
  * rf_grad(t, y, wrt, n, out) sets out[i] to d y / d wrt[i] (same shape and
  * dtype as wrt[i]) for a scalar float `y` built from wrt[i] (arguments,
- * captures or any intermediate tensor). Reverse mode: the trace records one
+ * captures or any intermediate tensor; not a weak rf_scalar, whose uses each
+ * take their own dtype: use rf_scalar_typed). Reverse mode: the trace records one
  * "grad" node per output and the autodiff pass replaces them by ordinary ops
  * at compile time. Tensors that only reach `y` through rf_stop_gradient, or
  * not at all, get zeros. Returns the status (out[i] NULL on failure). */

@@ -656,6 +656,13 @@ rf_status rf_grad(rf_trace *t, rf_tensor *y, rf_tensor *const *wrt, int n, rf_te
                            RFI_TSTR(wrt[i]));
             return graph_status(t);
         }
+        if (wrt[i]->weak) { /* each use made its own typed copy, which y depends on */
+            rfi_graph_fail(t, RF_E_INVALID,
+                           "%s: wrt[%d] is a weak scalar (rf_scalar), which takes each use's "
+                           "dtype and has no gradient of its own: make it with rf_scalar_typed",
+                           fn, i);
+            return graph_status(t);
+        }
     }
     for (int i = 0; i < n; i++) {
         rfi_node *in[2] = {y, wrt[i]};
