@@ -377,6 +377,31 @@ static void test_nested_is_rejected(void)
     rf_array_free(x);
 }
 
+/* A gradient taken w.r.t. an earlier gradient (g1 = 2x, y2 = sum(g1 * g1): d y2 / d g1 =
+ * 2 g1 = 4x) needs nothing nested: g1 is a leaf of the second sweep. */
+static void build_wrt_grad(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n;
+    (void)u;
+    rf_tensor *g1 = NULL, *g2 = NULL;
+    rf_grad(t, rf_sum_all(rf_mul(a[0], a[0])), &a[0], 1, &g1);
+    rf_grad(t, rf_sum_all(rf_mul(g1, g1)), &g1, 1, &g2);
+    rf_return(t, g2);
+}
+
+static void test_wrt_a_gradient(void)
+{
+    rf_array *x = tp_dev(RF_F32, RF_SHAPE(6), X6), *out[1] = {0};
+    CHECK_OK(tp_run(build_wrt_grad, NULL, &x, 1, out, 1));
+    double want[6];
+    for (int i = 0; i < 6; i++)
+        want[i] = 4 * X6[i];
+    tp_expect("d sum(g1^2) / d g1 with g1 = grad(sum(x^2))", out[0], RF_F32, RF_SHAPE(6), want,
+              1e-6, 1e-6);
+    tp_free_all(out, 1);
+    rf_array_free(x);
+}
+
 /* ---- Part 2: finite differences for the intricate rules ------------------------------ */
 
 typedef rf_tensor *(*fd_fn)(rf_trace *t, rf_tensor *const *a);
@@ -717,6 +742,7 @@ int main(void)
     test_aux_and_intermediate();
     test_sgd_update();
     test_nested_is_rejected();
+    test_wrt_a_gradient();
     test_finite_differences();
     test_every_op_has_a_rule();
     test_dce();

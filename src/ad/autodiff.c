@@ -70,6 +70,17 @@ static bool needed(const ad_ctx *c, int id)
     return c->from_wrt[id] && c->to_y[id];
 }
 
+/* The gradient must flow back through GRAD node x: one of its operands depends on a
+ * wrt. (A GRAD node that is itself a wrt, on operands free of wrts, is an ordinary
+ * leaf of this sweep: y's gradient w.r.t. an earlier gradient.) */
+static bool through_grad(const ad_ctx *c, const rfi_node *x)
+{
+    for (int k = 0; k < x->n_in; k++)
+        if (c->from_wrt[x->in[k]->id])
+            return true;
+    return false;
+}
+
 /* Adds cotangent contribution `d` to node x's cotangent. */
 static rf_status accumulate(ad_ctx *c, const rfi_node *user, int k, rfi_node *d)
 {
@@ -138,7 +149,7 @@ static rf_status sweep(ad_ctx *c, const rfi_node *y)
     }
     mark_region(c, y);
     for (int id = 0; id <= y->id; id++) {
-        if (g->nodes[id]->op == RFI_OP_GRAD && needed(c, id))
+        if (g->nodes[id]->op == RFI_OP_GRAD && needed(c, id) && through_grad(c, g->nodes[id]))
             return rfi_error(RF_E_UNSUPPORTED,
                              "grad: nested gradients are not supported (%%%d is a grad inside "
                              "the region differentiated for %%%d)",
