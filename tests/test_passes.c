@@ -514,17 +514,17 @@ static void test_transposed_dot_operands(void)
            f32_args);
 }
 
-/* A graph of x [xd] and a pool cotangent src of dt (the windows' result
+/* A graph of x [xd] of x_dt and a pool cotangent src of dt (the windows' result
  * shape, written to sd), with window attributes `win`, strides `st` and
  * padding `pad` on the last two dims in *a. */
 static rfi_graph *pool_graph(const int64_t *xd, const int64_t *win, const int64_t *st,
-                             int64_t pad, rf_dtype dt, int64_t *sd, rfi_node **x,
+                             int64_t pad, rf_dtype x_dt, rf_dtype dt, int64_t *sd, rfi_node **x,
                              rfi_node **src, rfi_attrs *a)
 {
     for (int d = 0; d < 4; d++)
         sd[d] = (xd[d] + (d >= 2 ? 2 * pad : 0) - win[d]) / st[d] + 1;
     rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
-    const rf_dtype dts[2] = {dt, dt};
+    const rf_dtype dts[2] = {x_dt, dt};
     const int ranks[2] = {4, 4};
     int64_t dims[2][RF_MAX_RANK] = {{xd[0], xd[1], xd[2], xd[3]}, {sd[0], sd[1], sd[2], sd[3]}};
     CHECK_OK(rfi_graph_set_args(g, 2, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims));
@@ -542,31 +542,34 @@ static rfi_graph *pool_graph(const int64_t *xd, const int64_t *win, const int64_
 }
 
 /* select(x > 0, select_and_scatter(x, s), +0) with windows `win`, strides
- * `st` and padding `pad` over x [2,1,4,6]; returns whether simplify moved the
- * mask onto s (no select of x's shape is left), after checking the results
- * bitwise on x full of ties, signed zeros, NaNs and negatives. */
-static bool pooled_mask_moved(const int64_t *win, const int64_t *st, int64_t pad)
+ * `st` and padding `pad` over x [2,1,4,6] of x_dt (s is f32); returns whether
+ * simplify moved the mask onto s (no select of x's shape is left), after
+ * checking the results bitwise on x full of ties, signed zeros, NaNs and
+ * negatives. */
+static bool pooled_mask_moved(const int64_t *win, const int64_t *st, int64_t pad, rf_dtype x_dt)
 {
     const int64_t xd[4] = {2, 1, 4, 6};
     int64_t sd[4];
     rfi_node *x, *src;
     rfi_attrs a;
-    rfi_graph *g = pool_graph(xd, win, st, pad, RF_F32, sd, &x, &src, &a);
+    rfi_graph *g = pool_graph(xd, win, st, pad, x_dt, RF_F32, sd, &x, &src, &a);
     rfi_node *sas_in[2] = {x, src};
     rfi_node *sas = node(g, RFI_OP_SELECT_AND_SCATTER, sas_in, 2, &a, RF_F32, NULL, 0);
     rfi_attrs gt = attrs0();
     gt.i[0] = RF_GT;
     rfi_node *cmp_in[2] = {x, splat_like(g, x, 0.0)};
     rfi_node *p = node(g, RFI_OP_COMPARE, cmp_in, 2, &gt, RF_BOOL, NULL, 0);
-    rfi_node *sel_in[3] = {p, sas, splat_like(g, x, 0.0)};
+    rfi_node *sel_in[3] = {p, sas, splat_like(g, sas, 0.0)};
     rfi_graph_add_output(g, node(g, RFI_OP_SELECT, sel_in, 3, NULL, RF_F32, NULL, 0));
     float xv[48], sv[48];
+    double xv64[48];
     const float pattern[8] = {0.0f, -0.0f, 1.0f, 1.0f, NAN, -2.0f, 3.0f, -0.0f};
     for (int i = 0; i < 48; i++) {
         xv[i] = i % 11 == 3 ? 1.0f : pattern[(i * 5) % 8];
+        xv64[i] = xv[i];
         sv[i] = (float)(i % 7) - 2.5f;
     }
-    void *args[2] = {xv, sv};
+    void *args[2] = {x_dt == RF_F64 ? (void *)xv64 : (void *)xv, sv};
     rfi_graph *out = apply(rfi_simplify, g);
     bool moved = false;
     if (out) {
@@ -585,10 +588,11 @@ static bool pooled_mask_moved(const int64_t *win, const int64_t *st, int64_t pad
 static void test_pooled_gradient_mask(void)
 {
     const int64_t w22[4] = {1, 1, 2, 2}, w23[4] = {1, 1, 2, 3}, s11[4] = {1, 1, 1, 1};
-    CHECK(pooled_mask_moved(w22, w22, 0)); /* the usual 2x2 pooling */
-    CHECK(pooled_mask_moved(w23, w23, 0));
-    CHECK(pooled_mask_moved(w22, s11, 0)); /* overlapping windows */
-    CHECK(!pooled_mask_moved(w22, w22, 1)); /* padded: left alone */
+    CHECK(pooled_mask_moved(w22, w22, 0, RF_F32)); /* the usual 2x2 pooling */
+    CHECK(pooled_mask_moved(w23, w23, 0, RF_F32));
+    CHECK(pooled_mask_moved(w22, s11, 0, RF_F32));  /* overlapping windows */
+    CHECK(!pooled_mask_moved(w22, w22, 1, RF_F32)); /* padded: left alone */
+    CHECK(pooled_mask_moved(w22, w22, 0, RF_F64));  /* x f64, the cotangent f32 */
 }
 
 /* ---- Unrolled pools (pools.c) ------------------------------------------------------ */
@@ -609,7 +613,7 @@ static bool pool_unrolled(const int64_t *xd, const int64_t *win, const int64_t *
     int64_t sd[4];
     rfi_node *x, *src;
     rfi_attrs a;
-    rfi_graph *g = pool_graph(xd, win, st, pad, dt, sd, &x, &src, &a);
+    rfi_graph *g = pool_graph(xd, win, st, pad, dt, dt, sd, &x, &src, &a);
     a.i[0] = RF_REDUCE_MAX;
     rfi_graph_add_output(g, node(g, RFI_OP_REDUCE_WINDOW, &x, 1, &a, dt, NULL, 0));
     rfi_node *sas_in[2] = {x, src};
@@ -683,7 +687,7 @@ static rfi_graph *spread_graph(const int64_t *xd, rfi_node **sas)
     int64_t sd[4];
     rfi_node *x, *src;
     rfi_attrs a;
-    rfi_graph *g = pool_graph(xd, win, win, 0, RF_F32, sd, &x, &src, &a);
+    rfi_graph *g = pool_graph(xd, win, win, 0, RF_F32, RF_F32, sd, &x, &src, &a);
     rfi_node *in[2] = {x, src};
     *sas = node(g, RFI_OP_SELECT_AND_SCATTER, in, 2, &a, RF_F32, NULL, 0);
     return g;

@@ -465,11 +465,13 @@ static rfi_node *mask_pooled_gradient(simp *s, const rfi_node *n, rfi_node *cons
         rank != src->rank || !same_dims(src, dims, rank))
         return NULL; /* checked first: a failed node would fail the whole pass */
     rfi_node *pooled = rfi_node_new(s->c, RFI_OP_REDUCE_WINDOW, &x, 1, &pool, dt, NULL, 0);
+    /* x and the cotangent may differ in dtype: each zero comes from its own side */
     rfi_node *zero = (rfi_node *)splat_scalar(in[2]);
+    rfi_node *x_zero = (rfi_node *)splat_scalar(in[0]->in[1]);
     rfi_attrs gt;
     memset(&gt, 0, sizeof gt);
     gt.i[0] = RF_GT;
-    rfi_node *cmp_in[2] = {pooled, new_splat(s->c, zero, pooled->dims, pooled->rank)};
+    rfi_node *cmp_in[2] = {pooled, new_splat(s->c, x_zero, pooled->dims, pooled->rank)};
     rfi_node *keep = rfi_node_new(s->c, RFI_OP_COMPARE, cmp_in, 2, &gt, RF_BOOL, NULL, 0);
     rfi_node *sel_in[3] = {keep, src, new_splat(s->c, zero, src->dims, src->rank)};
     rfi_node *masked = rfi_node_new(s->c, RFI_OP_SELECT, sel_in, 3, NULL, src->dtype, NULL, 0);
