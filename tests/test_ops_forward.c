@@ -1428,6 +1428,43 @@ static const window_case WINDOW_CASES[] = {
     {3, {2, 3, 4}, {2, 2, 3}, {1, 1, 1}, {2, 0, 2}, {5, 5, 5}},
 };
 
+/* max(v, -0) of a convolution's or a product's result keeps -0 where v <= 0 (of equal
+ * operands max gives the second); only max(v, +0) is the library calls' relu, which
+ * writes +0 there. */
+static void build_relu_signs(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n;
+    rf_conv_params p = rf_conv_params_default(2);
+    double zero = *(const double *)u;
+    rf_return(t, rf_max(rf_conv(a[0], a[1], &p), rf_scalar(t, zero)));
+    rf_return(t, rf_max(rf_matmul(a[2], a[3]), rf_scalar(t, zero)));
+}
+
+static void test_relu_zero_signs(void)
+{
+    const double x[4] = {-1, 2, -0.5, 3}, one[1] = {1};
+    const double eye[16] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+    rf_array *in[4] = {tp_dev(RF_F32, DIMS(1, 1, 1, 4), 4, x),
+                       tp_dev(RF_F32, DIMS(1, 1, 1, 1), 4, one), tp_dev(RF_F32, DIMS(1, 4), 2, x),
+                       tp_dev(RF_F32, DIMS(4, 4), 2, eye)};
+    for (int minus = 0; minus < 2; minus++) {
+        double zero = minus ? -0.0 : 0.0;
+        rf_array *o[2] = {0};
+        if (run_prog("max of conv/matmul with a signed zero", build_relu_signs, &zero, in, 4, o,
+                     2)) {
+            for (int k = 0; k < 2; k++) {
+                double *v = tp_read(o[k], NULL);
+                for (int i = 0; v && i < 4; i++)
+                    CHECK(x[i] > 0 ? v[i] == x[i]
+                                   : v[i] == 0 && (bool)signbit(v[i]) == (bool)minus);
+                free(v);
+            }
+        }
+        tp_free_all(o, 2);
+    }
+    tp_free_all(in, 4);
+}
+
 static void test_reduce_window(void)
 {
     uint64_t rng = 55;
@@ -1932,6 +1969,7 @@ int main(void)
     test_dot_general();
     test_matmul();
     test_conv();
+    test_relu_zero_signs();
     test_reduce_window();
     test_select_and_scatter();
     test_non_finite_windows();

@@ -317,16 +317,16 @@ static int sole_user(const rfi_plan_builder *b, int x)
     return b->users[b->user_start[x]];
 }
 
-/* A zero scalar: a rank-0 constant 0, or a broadcast of one. */
-static bool is_zero_scalar(const rfi_node *z)
+/* +0 as a scalar: a rank-0 f32/f64 constant whose bytes are all zero, or a broadcast of
+ * one. (-0 is not: max(v, -0) gives -0 for v <= 0, where the relu epilogue writes +0.) */
+static bool is_plus_zero_scalar(const rfi_node *z)
 {
+    static const unsigned char zero[8];
     if (z->op == RFI_OP_BROADCAST_IN_DIM)
         z = z->in[0];
-    if (z->op != RFI_OP_CONSTANT || z->rank != 0 || !z->attr.data)
-        return false;
-    if (z->dtype == RF_F32)
-        return *(const float *)z->attr.data == 0.0f;
-    return z->dtype == RF_F64 && *(const double *)z->attr.data == 0.0;
+    return z->op == RFI_OP_CONSTANT && z->rank == 0 && z->attr.data &&
+           (z->dtype == RF_F32 || z->dtype == RF_F64) &&
+           memcmp(z->attr.data, zero, rf_dtype_size(z->dtype)) == 0;
 }
 
 /* Whether y will certainly have a buffer whatever the fusion decides. */
@@ -374,7 +374,9 @@ static bool classify_epilogue(const rfi_plan_builder *b, const bool *forced, int
     case RFI_OP_TANH: op->kind = RFI_EPI_TANH; return true;
     case RFI_OP_LOGISTIC: op->kind = RFI_EPI_LOGISTIC; return true;
     case RFI_OP_MAX:
-        return un->in[0] != un->in[1] && is_zero_scalar(un->in[un->in[0]->id == v ? 1 : 0]);
+        /* max(v, +0) only: of equal operands max gives the second, so max(+0, v) is -0
+         * at v = -0, where the epilogue writes +0 */
+        return un->in[0]->id == v && is_plus_zero_scalar(un->in[1]);
     case RFI_OP_ADD: break;
     default: return false;
     }
