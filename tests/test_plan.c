@@ -423,7 +423,7 @@ static void test_results(void)
 }
 
 /* A reshape of a materialised value is an alias; an update from another
- * capture is a copy; a swap of two captures is refused with a message. */
+ * capture is a copy; a swap of two captures goes through the copy scratch. */
 static void alias_fn(rf_trace *t, void *vctx)
 {
     results_ctx *c = vctx;
@@ -466,14 +466,78 @@ static void test_alias_and_swap(void)
 
     g = trace_program(swap_fn, &c, &x, 1);
     p = NULL;
-    CHECK_STATUS(rfi_plan_build(g, NULL, &p), RF_E_UNSUPPORTED);
-    CHECK_MSG("capture");
-    CHECK(p == NULL);
+    CHECK_OK(rfi_plan_build(g, NULL, &p));
+    if (p) { /* b -> scratch, b <- a, a <- scratch */
+        CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 3);
+        CHECK(p->copy_scratch_bytes == 4 * sizeof(float));
+        CHECK(p->arena_bytes >= p->copy_scratch_offset + p->copy_scratch_bytes);
+        int order[3] = {-1, -1, -1}, k = 0;
+        for (int q = 0; q < p->n_steps; q++)
+            if (p->steps[q].kind == RFI_STEP_COPY && k < 3)
+                order[k++] = p->steps[q].copy_scratch;
+        CHECK(order[0] == RFI_COPY_TO_SCRATCH && order[1] == RFI_COPY_DIRECT &&
+              order[2] == RFI_COPY_FROM_SCRATCH);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
     rfi_graph_free(g);
     CHECK_STATUS(rfi_plan_build(NULL, NULL, &p), RF_E_INVALID);
     rf_array_free(x);
     rf_array_free(c.a);
     rf_array_free(c.b);
+}
+
+/* Updates that copy captured arrays into each other, run: v0 <- v1 <- v2 <- v0 (a
+ * rotation), v3 <- v4 <- v5 assigned v4's first (a chain whose order is not the
+ * assignments'), v6 <- v6 * 1 (itself, after simplification) with v7 <- v6. All read
+ * the old values. */
+static void copies_fn(rf_trace *t, void *vctx)
+{
+    rf_array **v = vctx;
+    rf_tensor *c[8];
+    for (int i = 0; i < 8; i++)
+        c[i] = rf_capture(t, v[i]);
+    rf_assign(t, v[0], c[1]);
+    rf_assign(t, v[1], c[2]);
+    rf_assign(t, v[2], c[0]);
+    rf_assign(t, v[4], c[5]);
+    rf_assign(t, v[3], c[4]);
+    rf_assign(t, v[6], rf_mul_s(c[6], 1.0));
+    rf_assign(t, v[7], c[6]);
+    rf_return(t, rf_sum_all(c[0]));
+}
+
+static void test_capture_copies_run(void)
+{
+    rf_array *v[8];
+    float val[8][3];
+    for (int i = 0; i < 8; i++) {
+        for (int k = 0; k < 3; k++)
+            val[i][k] = (float)(10 * i + k);
+        v[i] = rf_array_new(cpu, RF_F32, RF_SHAPE(3), val[i]);
+    }
+    rf_exec *e = NULL;
+    CHECK_OK(rf_compile(copies_fn, v, NULL, 0, &e));
+    /* the old value each array takes, per run */
+    const int from[8] = {1, 2, 0, 4, 5, 5, 6, 6};
+    for (int run = 0; e && run < 2; run++) {
+        rf_array *out = NULL;
+        CHECK_OK(rf_exec_run(e, NULL, 0, &out, 1));
+        CHECK(out && rf_to_number(out) == val[0][0] + val[0][1] + val[0][2]);
+        rf_array_free(out);
+        float now[8][3];
+        for (int i = 0; i < 8; i++) {
+            for (int k = 0; k < 3; k++)
+                now[i][k] = val[from[i]][k];
+            float got[3] = {0};
+            CHECK_OK(rf_array_read(v[i], got, sizeof got));
+            CHECK(memcmp(got, now[i], sizeof got) == 0);
+        }
+        memcpy(val, now, sizeof val);
+    }
+    rf_exec_free(e);
+    for (int i = 0; i < 8; i++)
+        rf_array_free(v[i]);
 }
 
 /* ---- Training steps as rf_trainstep traces them -------------------------------------------- */
@@ -1775,6 +1839,7 @@ int main(void)
     test_softmax();
     test_results();
     test_alias_and_swap();
+    test_capture_copies_run();
     test_tiny_train_step();
     test_matvec();
     test_mlp_train_step();

@@ -43,8 +43,9 @@ RF_API int rf_n_args(const rf_trace *t);
 RF_API rf_tensor *rf_capture(rf_trace *t, rf_array *a);
 /* Records `a <- value` (same shape and dtype as `a`; `a` is captured if it was
  * not). All updates are applied together when a run ends successfully, after
- * every output has been computed from the old values. Assigning one array
- * twice keeps the last value. */
+ * every output has been computed from the old values: values that read other
+ * captured arrays see them as they were before the run, so `a <- b, b <- a`
+ * swaps. Assigning one array twice keeps the last value. */
 RF_API void rf_assign(rf_trace *t, rf_array *a, rf_tensor *value);
 /* Appends `x` to the outputs (in call order). */
 RF_API void rf_return(rf_trace *t, rf_tensor *x);

@@ -121,9 +121,11 @@
  *   end.
  *
  * Final COPY steps, in this order: copies to outputs; copies to captures
- *   whose source is a capture's bytes (they read old values); the other
- *   copies to captures. A copy chain between captures (a <- b while b is
- *   itself updated by a copy before) is reported as unsupported.
+ *   whose source is another capture's bytes (they read old values), each
+ *   before any copy that overwrites its source; the other copies to captures
+ *   (a capture's copy onto itself among them: it changes nothing). A cycle of
+ *   captures copied from each other (a swap) goes through the plan's copy
+ *   scratch: one source is copied there first, and from there last.
  *
  * Not here: arena offsets (memplan.c), assembling/printing the plan (plan.c),
  * and anything about how steps become code.
@@ -915,6 +917,7 @@ static int new_step(rfi_plan_builder *b, rfi_step_kind kind, rfi_call_kind call)
     st->call = call;
     st->copy_to_output = -1;
     st->copy_to_capture = -1;
+    st->copy_scratch = RFI_COPY_DIRECT;
     st->epi = -1;
     b->order[id] = id; /* steps are appended at the end of the order */
     b->pos_of[id] = id;
@@ -1216,7 +1219,7 @@ typedef struct pending_copy {
     int src, to_output, to_capture;
 } pending_copy;
 
-static rf_status add_copy_step(rfi_plan_builder *b, const pending_copy *c)
+static rf_status add_copy_step(rfi_plan_builder *b, const pending_copy *c, rfi_copy_scratch how)
 {
     int s = new_step(b, RFI_STEP_COPY, RFI_CALL_NONE);
     if (s < 0 || !rfi_intlist_push(&b->steps[s].roots, c->src) ||
@@ -1224,6 +1227,7 @@ static rf_status add_copy_step(rfi_plan_builder *b, const pending_copy *c)
         return rfi_error(RF_E_NOMEM, "plan: out of memory");
     b->steps[s].copy_to_output = c->to_output;
     b->steps[s].copy_to_capture = c->to_capture;
+    b->steps[s].copy_scratch = how;
     return RF_OK;
 }
 
@@ -1234,29 +1238,84 @@ static int source_capture(const rfi_plan_builder *b, int src)
     return l->kind == RFI_LOC_CAPTURE ? l->index : -1;
 }
 
-/* Appends the copies in the order of the header; rejects capture chains. */
+/* Copy i of pc is one capture's bytes into another capture (not itself: that copy
+ * changes nothing). */
+static bool capture_to_capture(const rfi_plan_builder *b, const pending_copy *c)
+{
+    int from = c->to_capture >= 0 ? source_capture(b, c->src) : -1;
+    return from >= 0 && from != c->to_capture;
+}
+
+/* Emits every capture-to-capture copy of pc not done whose target no copy not done still
+ * reads; returns whether it emitted any. */
+static bool emit_ready_copies(rfi_plan_builder *b, const pending_copy *pc, int n, bool *done,
+                              rf_status *st)
+{
+    bool progress = false;
+    for (int i = 0; *st == RF_OK && i < n; i++) {
+        if (done[i] || !capture_to_capture(b, &pc[i]))
+            continue;
+        bool still_read = false;
+        for (int j = 0; j < n && !still_read; j++)
+            still_read = j != i && !done[j] && capture_to_capture(b, &pc[j]) &&
+                         source_capture(b, pc[j].src) == pc[i].to_capture;
+        if (!still_read) {
+            *st = add_copy_step(b, &pc[i], RFI_COPY_DIRECT);
+            done[i] = progress = true;
+        }
+    }
+    return progress;
+}
+
+/* Emits the capture-to-capture copies of pc so that each capture is overwritten only
+ * after every copy reading its old bytes: a chain a <- b, b <- c runs b's copy last,
+ * in whichever order the updates were assigned. A cycle (a <- b, b <- a) is broken
+ * by copying one source into the plan's copy scratch first and the scratch into its
+ * target once the rest of the cycle is done. */
+static rf_status emit_capture_copies(rfi_plan_builder *b, const pending_copy *pc, int n)
+{
+    bool *done = rfi_calloc((size_t)n + 1, sizeof *done);
+    if (!done)
+        return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    rf_status st = RF_OK;
+    int staged = -1;
+    while (st == RF_OK) {
+        while (emit_ready_copies(b, pc, n, done, &st))
+            ;
+        if (st != RF_OK)
+            break;
+        if (staged >= 0) { /* its cycle is done: nothing reads its target any more */
+            st = add_copy_step(b, &pc[staged], RFI_COPY_FROM_SCRATCH);
+            staged = -1;
+            continue;
+        }
+        for (int i = 0; i < n && staged < 0; i++)
+            if (!done[i] && capture_to_capture(b, &pc[i]))
+                staged = i;
+        if (staged < 0)
+            break;
+        size_t bytes = rfi_node_nbytes(b->g->nodes[pc[staged].src]);
+        if (bytes > b->p->copy_scratch_bytes)
+            b->p->copy_scratch_bytes = bytes;
+        st = add_copy_step(b, &pc[staged], RFI_COPY_TO_SCRATCH);
+        done[staged] = true;
+    }
+    rfi_free(done);
+    return st;
+}
+
+/* Appends the copies in the order of the header. */
 static rf_status emit_copies(rfi_plan_builder *b, const pending_copy *pc, int n)
 {
     rf_status st = RF_OK;
     for (int i = 0; st == RF_OK && i < n; i++)
         if (pc[i].to_output >= 0)
-            st = add_copy_step(b, &pc[i]);
-    for (int i = 0; st == RF_OK && i < n; i++) {
-        if (pc[i].to_capture < 0 || source_capture(b, pc[i].src) < 0)
-            continue;
-        for (int j = 0; j < i; j++)
-            if (pc[j].to_capture == source_capture(b, pc[i].src) &&
-                source_capture(b, pc[j].src) >= 0)
-                return rfi_error(RF_E_UNSUPPORTED,
-                                 "plan: the update of capture %d reads capture %d, which is "
-                                 "itself updated from a capture (a chain or swap of captured "
-                                 "arrays); not supported", pc[i].to_capture,
-                                 source_capture(b, pc[i].src));
-        st = add_copy_step(b, &pc[i]);
-    }
+            st = add_copy_step(b, &pc[i], RFI_COPY_DIRECT);
+    if (st == RF_OK)
+        st = emit_capture_copies(b, pc, n);
     for (int i = 0; st == RF_OK && i < n; i++)
-        if (pc[i].to_capture >= 0 && source_capture(b, pc[i].src) < 0)
-            st = add_copy_step(b, &pc[i]);
+        if (pc[i].to_capture >= 0 && !capture_to_capture(b, &pc[i]))
+            st = add_copy_step(b, &pc[i], RFI_COPY_DIRECT);
     return st;
 }
 

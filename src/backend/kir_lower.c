@@ -1069,9 +1069,16 @@ static rf_status lower_copy_step(const rfi_plan *p, rfi_kir_module *m, int s)
         return rfi_error(RF_E_INTERNAL, "kir: copy step %d has no value", s);
     const rfi_node *n = g->nodes[st->roots[0]];
     int src = 0, dst = 0;
-    size_t src_off = 0;
+    size_t src_off = 0, dst_off = 0;
     rfi_plan_buffer(p, n->id, &src, &src_off);
-    if (st->copy_to_output >= 0 && st->copy_to_output < g->n_outputs)
+    if (st->copy_scratch == RFI_COPY_FROM_SCRATCH) {
+        src = rfi_plan_arena_buffer(p);
+        src_off = p->copy_scratch_offset;
+    }
+    if (st->copy_scratch == RFI_COPY_TO_SCRATCH) {
+        dst = rfi_plan_arena_buffer(p);
+        dst_off = p->copy_scratch_offset;
+    } else if (st->copy_to_output >= 0 && st->copy_to_output < g->n_outputs)
         dst = g->n_args + g->n_captures + st->copy_to_output;
     else if (st->copy_to_capture >= 0 && st->copy_to_capture < g->n_captures)
         dst = g->n_args + st->copy_to_capture;
@@ -1080,7 +1087,7 @@ static rf_status lower_copy_step(const rfi_plan *p, rfi_kir_module *m, int s)
                          "(output %d, capture %d)", s, n->id, st->copy_to_output,
                          st->copy_to_capture);
     size_t nbytes = rfi_node_nbytes(n);
-    if (nbytes == 0 || (dst == src && src_off == 0))
+    if (nbytes == 0 || (dst == src && src_off == dst_off))
         return RF_OK;
     rfi_kir_step *ks = add_step(m, RFI_KIR_STEP_COPY, s);
     if (!ks || !(ks->comment = describe_step(p, s, "copy")))
@@ -1088,6 +1095,7 @@ static rf_status lower_copy_step(const rfi_plan *p, rfi_kir_module *m, int s)
     ks->src_buffer = src;
     ks->src_offset = src_off;
     ks->dst_buffer = dst;
+    ks->dst_offset = dst_off;
     ks->nbytes = nbytes;
     return RF_OK;
 }

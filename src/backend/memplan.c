@@ -8,7 +8,8 @@
  * read came before s is freed: a step's results never share bytes with its
  * own inputs. Offsets come from a greedy best fit over a free list
  * (coalescing neighbours, the arena's top growing when nothing fits), every
- * size rounded up to RFI_PLAN_ALIGN bytes; arena_bytes is the peak top.
+ * size rounded up to RFI_PLAN_ALIGN bytes; arena_bytes is the peak top, plus
+ * the copy scratch (fuse.c: a swap of captures) placed above it.
  *
  * Arguments, captures, constants, outputs, in-place updates and the unstored
  * roots of left-out steps are not in the arena. Runs after the plan's steps
@@ -181,6 +182,10 @@ static bool place_buffers(rfi_plan_builder *b, const int *def, const int *last, 
         }
     }
     b->p->arena_bytes = fl.peak;
+    if (b->p->copy_scratch_bytes > 0) { /* above every buffer: copies run last */
+        b->p->copy_scratch_offset = aligned(fl.peak);
+        b->p->arena_bytes = b->p->copy_scratch_offset + aligned(b->p->copy_scratch_bytes);
+    }
     rfi_free(fl.v);
     return ok;
 }

@@ -250,6 +250,7 @@ static rf_status finish_steps(rfi_plan_builder *b)
         s->n_fused = fused.n;
         s->copy_to_output = bs->copy_to_output;
         s->copy_to_capture = bs->copy_to_capture;
+        s->copy_scratch = bs->copy_scratch;
         s->left_out = false;
         s->runs_pool = false;
         s->runs_with_next = false;
@@ -557,8 +558,13 @@ static void print_step(rfi_strbuf *sb, const rfi_plan *p, int q)
         rfi_sb_printf(sb, "]");
     }
     if (s->kind == RFI_STEP_COPY) {
-        rfi_sb_printf(sb, " %%%d -> ", s->roots[0]);
-        if (s->copy_to_output >= 0)
+        if (s->copy_scratch == RFI_COPY_FROM_SCRATCH)
+            rfi_sb_printf(sb, " scratch (%%%d) -> ", s->roots[0]);
+        else
+            rfi_sb_printf(sb, " %%%d -> ", s->roots[0]);
+        if (s->copy_scratch == RFI_COPY_TO_SCRATCH)
+            rfi_sb_printf(sb, "scratch\n");
+        else if (s->copy_to_output >= 0)
             rfi_sb_printf(sb, "output %d\n", s->copy_to_output);
         else
             rfi_sb_printf(sb, "capture %d\n", s->copy_to_capture);

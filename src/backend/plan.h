@@ -92,6 +92,12 @@ typedef struct rfi_epi_op {
     int axis;    /* BIAS: the result dim the vector runs along; else -1 */
 } rfi_epi_op;
 
+typedef enum rfi_copy_scratch {
+    RFI_COPY_DIRECT,       /* roots[0] -> the output or capture */
+    RFI_COPY_TO_SCRATCH,   /* roots[0] -> the copy scratch */
+    RFI_COPY_FROM_SCRATCH, /* the copy scratch (roots[0]'s type) -> the capture */
+} rfi_copy_scratch;
+
 typedef struct rfi_step {
     rfi_step_kind kind;
     rfi_call_kind call;  /* for RFI_STEP_CALL */
@@ -99,9 +105,12 @@ typedef struct rfi_step {
     int n_roots;
     int *fused;          /* inline node ids computed inside this step (for comments, tests) */
     int n_fused;
-    /* RFI_STEP_COPY: copy node roots[0] to the output or capture below. */
+    /* RFI_STEP_COPY: copy node roots[0] to the output or capture below; or,
+     * to break a cycle of captures copied from each other (a swap), roots[0]'s
+     * bytes into the plan's copy scratch, then the scratch into the capture. */
     int copy_to_output;  /* output index, or -1 */
     int copy_to_capture; /* capture index, or -1 */
+    rfi_copy_scratch copy_scratch;
     /* RFI_STEP_CALL: the node the call computes (roots[0] unless an epilogue
      * follows it) and the epilogue (n_epilogue == 0: none). RFI_STEP_REDUCE:
      * the reduction folded: roots[0], or an inline reduction whose one root
@@ -169,6 +178,7 @@ typedef struct rfi_plan {
     int *consts;         /* node ids of materialised CONSTANT nodes */
     int n_consts;
     size_t arena_bytes;  /* the arena's size: the planned peak of intermediates */
+    size_t copy_scratch_bytes, copy_scratch_offset; /* in the arena, above every buffer */
     /* Segmented LOOP steps (NULL arrays: none). seg_extent[q] > 0: step q's loop
      * runs over a flat [seg_extent[q]] vector; its root x with seg_offset[x] >= 0
      * is a SEGMENT root: x's elements, in row-major order, are the flat elements

@@ -28,6 +28,7 @@ typedef struct rfi_bstep {
     rfi_intlist inputs;  /* materialised nodes read (aliases resolved), leaves included */
     int copy_to_output;
     int copy_to_capture;
+    rfi_copy_scratch copy_scratch;
     int epi;             /* CALL with an epilogue: index into builder->epis, else -1 */
 } rfi_bstep;
 
