@@ -390,6 +390,44 @@ done:
     rf_array_free(m.counter);
 }
 
+/* The argument is the very array the program captures and updates (in place, in the
+ * compiled step's first loop); every output and the update read its old bytes. */
+static void arg_is_capture_fn(rf_trace *t, void *ctx)
+{
+    rf_array *w = ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_return(t, rf_mul_s(x, 2));
+    rf_return(t, rf_sum(x, (const int64_t[]){0}, 1, false));
+    rf_assign(t, w, rf_add(rf_capture(t, w), x));
+}
+
+static void test_argument_is_updated_capture(void)
+{
+    float v[16];
+    for (int i = 0; i < 16; i++)
+        v[i] = (float)(i + 1);
+    rf_array *w = rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(4, 4), v);
+    rf_exec *e = NULL;
+    CHECK_OK(rf_compile(arg_is_capture_fn, w, &w, 1, &e));
+    for (int run = 0; e && run < 2; run++) {
+        rf_array *o[2] = {0};
+        CHECK_OK(rf_exec_run(e, &w, 1, o, 2));
+        float twice[16], colsum[4], now[16];
+        CHECK_OK(rf_array_read(o[0], twice, sizeof twice));
+        CHECK_OK(rf_array_read(o[1], colsum, sizeof colsum));
+        CHECK_OK(rf_array_read(w, now, sizeof now));
+        for (int i = 0; i < 16; i++)
+            CHECK(twice[i] == 2 * v[i] && now[i] == 2 * v[i]);
+        for (int j = 0; j < 4; j++)
+            CHECK(colsum[j] == v[j] + v[4 + j] + v[8 + j] + v[12 + j]);
+        memcpy(v, now, sizeof v);
+        rf_array_free(o[0]);
+        rf_array_free(o[1]);
+    }
+    rf_exec_free(e);
+    rf_array_free(w);
+}
+
 static void test_run_checks(void)
 {
     model m = {0};
@@ -588,6 +626,7 @@ int main(void)
     test_refcount_threads();
     test_capture_keeps_alive();
     test_updates();
+    test_argument_is_updated_capture();
     test_run_checks();
     test_compile_checks();
     test_dump();

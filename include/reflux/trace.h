@@ -125,8 +125,9 @@ RF_API rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *arg
  * RF_E_DEVICE with expected vs actual otherwise). outs[0..nouts) receive new
  * arrays (owned) for the outputs; nouts may be less than the number of
  * outputs (the rest are dropped) but not more. Updates of captured arrays are
- * applied only when the whole run succeeded. Runs of one executable from
- * several threads take turns. */
+ * applied only when the whole run succeeded; an argument may be one of those
+ * arrays (the run reads its old contents, from a copy the run makes). Runs of
+ * one executable from several threads take turns. */
 RF_API rf_status rf_exec_run(rf_exec *e, rf_array *const *args, int nargs, rf_array **outs,
                              int nouts);
 /* Compile, run once, free. outs as for rf_exec_run. */

@@ -6,7 +6,8 @@
  * function does. Updates are staged and applied here after a successful run,
  * so a failed run leaves every captured array untouched, unless the backend
  * writes them itself (rfi_backend.writes_updates: a compiled module, which
- * cannot fail half way). A run allocates only the output arrays it returns.
+ * cannot fail half way). A run allocates only the output arrays it returns,
+ * and a copy of any argument that is also a captured array the run updates in place.
  */
 #include "runtime.h"
 
@@ -120,14 +121,61 @@ static void free_exec_buffers(rf_exec *e)
     rfi_free(e->ptrs);
 }
 
+/* Whether a's bytes overlap a captured array the program updates. */
+static bool overlaps_updated_capture(const rfi_graph *g, const rf_array *a)
+{
+    uintptr_t lo = (uintptr_t)a->data, hi = lo + a->nbytes;
+    for (int i = 0; a->nbytes > 0 && i < g->n_updates; i++) {
+        const rf_array *c = g->captures[g->updates[i].capture];
+        uintptr_t clo = (uintptr_t)c->data, chi = clo + c->nbytes;
+        if (lo < chi && clo < hi)
+            return true;
+    }
+    return false;
+}
+
+/* Points the table's argument entries at the arguments' bytes. An argument that is also
+ * a captured array the run updates is copied first (into *copies, made then) when the
+ * backend writes updates while it runs (in place): the run must read the bytes as they
+ * were before it, as the outputs and updates are defined. */
+static rf_status point_at_arguments(rf_exec *e, rf_array *const *args, void ***copies)
+{
+    const rfi_graph *g = e->prog;
+    *copies = NULL;
+    for (int i = 0; i < g->n_args; i++) {
+        e->ptrs[i] = args[i]->data;
+        if (!e->backend->writes_updates || !overlaps_updated_capture(g, args[i]))
+            continue;
+        if (!*copies && !(*copies = rfi_calloc((size_t)g->n_args, sizeof **copies)))
+            return rfi_error(RF_E_NOMEM, "rf_exec_run: out of memory");
+        void *copy = rfi_malloc(args[i]->nbytes);
+        if (!copy)
+            return rfi_error(RF_E_NOMEM, "rf_exec_run: out of memory copying argument %d, "
+                             "which is also a captured array the program updates", i);
+        memcpy(copy, args[i]->data, args[i]->nbytes);
+        e->ptrs[i] = (*copies)[i] = copy;
+    }
+    return RF_OK;
+}
+
+static void free_copies(void **copies, int n)
+{
+    for (int i = 0; copies && i < n; i++)
+        rfi_free(copies[i]);
+    rfi_free(copies);
+}
+
 /* Fills the pointer table for one run and runs the backend; on success
  * applies staged updates. Outputs go to out[i]. The caller holds run_lock. */
 static rf_status run_locked(rf_exec *e, rf_array *const *args, void *const *out)
 {
     const rfi_graph *g = e->prog;
-    void **p = e->ptrs;
-    for (int i = 0; i < g->n_args; i++)
-        p[i] = args[i]->data;
+    void **p = e->ptrs, **copies = NULL;
+    rf_status st = point_at_arguments(e, args, &copies);
+    if (st != RF_OK) {
+        free_copies(copies, g->n_args);
+        return st;
+    }
     void **outputs = p + g->n_args + g->n_captures;
     for (int i = 0; i < g->n_outputs; i++)
         outputs[i] = out[i];
@@ -140,7 +188,8 @@ static rf_status run_locked(rf_exec *e, rf_array *const *args, void *const *out)
         .outputs = outputs,
         .updates = e->staged ? updates : NULL,
     };
-    rf_status st = e->backend->run(e->state, g, &io);
+    st = e->backend->run(e->state, g, &io);
+    free_copies(copies, g->n_args);
     if (st != RF_OK || !e->staged)
         return st; /* on failure captures are untouched: updates were only staged */
     /* All outputs were computed from the old values; now apply the updates,
