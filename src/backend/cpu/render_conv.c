@@ -332,7 +332,8 @@ static void fill_rows(rfi_strbuf *sb, const conv_form *f, int depth, bool valid)
         char next[96];
         snprintf(next, sizeof next, "n * %lld + y + %lld", H,
                  (long long)(d->stride[0] * PREFETCH_AHEAD));
-        long long per = contiguous ? C : B > 0 ? B : 1; /* channels side by side in a row */
+        /* channels side by side in a row (at least 1: a convolution may have none) */
+        long long per = contiguous && C > 0 ? C : B > 0 ? B : 1;
         prefetch_row(sb, "x", next, (long long)d->n * H, H, C / per, W * per, copied * per,
                      depth + 1);
     }
