@@ -594,6 +594,46 @@ static void test_many_entries(rf_model *host)
     rf_opt_free(opt);
 }
 
+/* A model or optimiser rebuilt every iteration, the old one freed, leaves no cache
+ * growing; the process-wide count of compiles of one step warns once, at the 9th.
+ * (Batch sizes no other test uses, so no earlier compile counts.) */
+static void rebuild_steps(rf_model *host, bool new_model, int64_t batch, char **err)
+{
+    rf_model *m = rf_model_to(host, cpu);
+    rf_array *x = randn_dev(batch, 4, 300), *y = randn_dev(batch, 2, 301);
+    rf_array *args[2] = {x, y};
+    captured c;
+    capture_start(&c);
+    for (int i = 0; i < 10; i++) {
+        if (new_model && i > 0) {
+            rf_model_free(m);
+            m = rf_model_to(host, cpu);
+        }
+        rf_opt *opt = rf_setup(rf_momentum(0.01, 0.9), m);
+        double l;
+        CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, opt, &l, NULL));
+        CHECK(rf_model_cache_stats(m).entries == 1);
+        rf_opt_free(opt);
+    }
+    *err = capture_end(&c);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_model_free(m);
+}
+
+static void test_rebuilt_objects(rf_model *host)
+{
+    for (int new_model = 0; new_model < 2; new_model++) {
+        char *err = NULL;
+        rebuild_steps(host, new_model, new_model ? 23 : 21, &err);
+        const char *w = err ? strstr(err, "has been compiled more than 8 times") : NULL;
+        CHECK(w != NULL && strstr(w + 1, "has been compiled") == NULL); /* once */
+        CHECK(err && strstr(err, "with momentum") != NULL);
+        fprintf(stderr, "%s", err ? err : "");
+        free(err);
+    }
+}
+
 /* ---- (11) rf_train over a loader ------------------------------------------------------------ */
 
 static rf_loader *loader_of(const float *xs, const float *ys, bool to_device)
@@ -682,6 +722,7 @@ int main(void)
         test_nan_through_relu();
         test_adjust(host, x, y);
         test_many_entries(host);
+        test_rebuilt_objects(host);
         test_train_loop(host);
     }
     rf_array_free(x);

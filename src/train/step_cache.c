@@ -11,11 +11,15 @@
  * and is freed with the model; rf_opt_free drops the entries of that
  * optimiser. Lookups scan the entries linearly: a healthy program has a
  * handful (one per batch shape), and past 8 we warn, because that usually
- * means a model or optimiser rebuilt every iteration. It does not compile or
- * run anything (trainstep.c does).
+ * means a model or optimiser rebuilt every iteration. A model or optimiser
+ * rebuilt every iteration whose predecessor was freed leaves no cache growing,
+ * so the documented process-wide record below counts compiles of each key
+ * without the objects' identities, and warns past 8 of one such key. It does
+ * not compile or run anything (trainstep.c does).
  */
 #include "train_internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -223,6 +227,74 @@ static void warn_many(const rf_model *m, const rfi_step_cache *c, const rfi_step
     rfi_sb_free(&sb);
 }
 
+/* ---- Steps compiled again for new objects ----------------------------------------------
+ * Documented process-wide cache: how many times each step key, less the identities of
+ * the model and optimiser objects and the loss's ctx, was compiled (REBUILD_SLOTS keys,
+ * the least recently compiled replaced), under a mutex. */
+
+#define REBUILD_SLOTS 64
+
+typedef struct rebuild_record {
+    uint64_t key, last_use;
+    int compiles;
+    bool warned;
+} rebuild_record;
+
+static pthread_mutex_t rebuild_lock = PTHREAD_MUTEX_INITIALIZER;
+static rebuild_record rebuilds[REBUILD_SLOTS];
+static uint64_t rebuild_clock;
+
+static uint64_t structural_key(const rfi_step_probe *p)
+{
+    uint64_t h = rfi_hash_u64(RFI_HASH_INIT, p->model_hash);
+    h = rfi_hash_u64(h, p->rule_hash);
+    h = rfi_hash_bytes(h, &p->loss, sizeof p->loss);
+    h = rfi_hash_u64(h, p->with_grads);
+    h = rfi_hash_bytes(h, &p->device, sizeof p->device);
+    for (int i = 0; i < p->n_batch; i++) {
+        const rf_array *a = p->batch[i];
+        h = rfi_hash_u64(h, (uint64_t)a->dtype);
+        h = rfi_hash_bytes(h, a->dims, (size_t)a->rank * sizeof a->dims[0]);
+    }
+    return h;
+}
+
+/* Counts a compile of p's key for a model or optimiser; true the first time the count
+ * passes WARN_ENTRIES. */
+static bool compiled_again(const rfi_step_probe *p)
+{
+    uint64_t key = structural_key(p);
+    pthread_mutex_lock(&rebuild_lock);
+    rebuild_record *r = NULL, *oldest = &rebuilds[0];
+    for (int i = 0; i < REBUILD_SLOTS && !r; i++) {
+        if (rebuilds[i].compiles > 0 && rebuilds[i].key == key)
+            r = &rebuilds[i];
+        else if (rebuilds[i].last_use < oldest->last_use)
+            oldest = &rebuilds[i];
+    }
+    if (!r) {
+        r = oldest;
+        *r = (rebuild_record){key, 0, 0, false};
+    }
+    r->last_use = ++rebuild_clock;
+    bool warn = ++r->compiles > WARN_ENTRIES && !r->warned;
+    r->warned = r->warned || warn;
+    pthread_mutex_unlock(&rebuild_lock);
+    return warn;
+}
+
+static void warn_rebuilt(const rf_model *m, const rfi_step_probe *p)
+{
+    char model[160];
+    rfi_model_describe(m, model, sizeof model);
+    if (strlen(model) == sizeof model - 1) /* cut: say so */
+        memcpy(model + sizeof model - 5, "...)", 5);
+    fprintf(stderr, "reflux: warning: the train step of model %s with %s has been compiled "
+            "more than %d times in this process, for new model or optimiser objects each "
+            "time: build the model and optimiser once and reuse them\n", model,
+            p->rule_name ? p->rule_name : "its optimiser", WARN_ENTRIES);
+}
+
 /* ---- Inserting, dropping, freeing ----------------------------------------------------- */
 
 static rfi_step_entry *entry_new(const rfi_step_probe *p, rf_exec *exec,
@@ -276,8 +348,11 @@ rfi_step_entry *rfi_step_cache_insert(rf_model *m, const rfi_step_probe *p, rf_e
     }
     c->entries[c->n++] = e;
     c->compiles++;
+    bool again = compiled_again(p);
     if (c->n > WARN_ENTRIES)
         warn_many(m, c, p);
+    else if (again)
+        warn_rebuilt(m, p);
     return e;
 }
 
