@@ -466,11 +466,11 @@ static void test_errors(void)
     rf_clear_error();
     CHECK(rf_chain(rf_dense(2, 2, RF_ACT_IDENTITY), rf_dense(0, 3, RF_ACT_RELU),
                    rf_dense(3, 2, RF_ACT_RELU)) == NULL);
-    CHECK_MSG("rf_chain: layer 1 is NULL (its constructor failed: ");
+    CHECK_MSG("rf_chain: layer 1 is NULL (a layer constructor failed; the last error before this call: ");
     CHECK_MSG("rf_dense(0 => 3)");
     rf_clear_error();
     CHECK(rf_chain(rf_chain(rf_dense(-1, 2, RF_ACT_IDENTITY)), rf_flatten_layer()) == NULL);
-    CHECK_MSG("rf_chain: layer 0 is NULL (its constructor failed: rf_chain: layer 0 is NULL");
+    CHECK_MSG("rf_chain: layer 0 is NULL (a layer constructor failed; the last error before this call: rf_chain: layer 0 is NULL");
     rf_clear_error();
     rf_model *empty = rf_chain_n(NULL, 0); /* the identity */
     CHECK(empty && rf_model_n_children(empty) == 0);

@@ -500,7 +500,27 @@ static void test_errors(fmodel *fm)
     /* a failed rule inside a chain: an error keeping its message; the others are freed */
     rf_clear_error();
     CHECK(rf_chain_rules(rf_clipgrad(1.0), rf_accumgrad(0), rf_descent(0.1)) == NULL);
-    CHECK_MSG("rf_chain_rules: rule 1 is NULL (its constructor failed: rf_accumgrad");
+    CHECK_MSG("rf_chain_rules: rule 1 is NULL (a rule constructor failed; the last error "
+              "before this call: rf_accumgrad");
+    /* a rule belongs to one place: refused (and left to its owner) anywhere else */
+    rf_rule *a = rf_adam(0.1);
+    CHECK(rf_chain_rules(a, a) == NULL); /* a is freed once (ASan would see a second) */
+    CHECK_MSG("rf_chain_rules: rule 1 (adam) is rule 0 again");
+    rf_rule *d = rf_descent(0.1), *chain = rf_chain_rules(d, rf_momentum(0.01, 0.9));
+    CHECK(chain != NULL);
+    CHECK(rf_chain_rules(rf_clipgrad(1.0), d) == NULL); /* the clipgrad is freed */
+    CHECK_MSG("rf_chain_rules: rule 1 (descent) already belongs to a chain or an optimiser");
+    CHECK(rf_setup(d, fm->m) == NULL);
+    CHECK_MSG("rf_setup: the rule (descent) already belongs to a chain or an optimiser");
+    rf_rule_free(d);
+    CHECK_MSG("rf_rule_free: the rule (descent) belongs to a chain or an optimiser");
+    rf_rule *shared = rf_adam(0.1);
+    rf_opt *first = rf_setup(shared, fm->m);
+    CHECK(first != NULL);
+    CHECK(rf_setup(shared, fm->m) == NULL);
+    CHECK_MSG("rf_setup: the rule (adam) already belongs to a chain or an optimiser");
+    rf_opt_free(first);  /* frees shared */
+    rf_rule_free(chain); /* frees d and the momentum */
     CHECK(rf_chain_rules_n(NULL, 1) == NULL);
     rf_rule *empty = rf_chain_rules_n(NULL, 0);
     CHECK(empty && !strcmp(rf_rule_name(empty), "chain"));

@@ -229,8 +229,9 @@ RF_API rf_model *rf_embedding(int64_t vocab, int64_t dim, uint64_t seed);
  * literal array and its length is taken with sizeof (which does not evaluate
  * them again). There is no NULL terminator, so a layer constructor that
  * fails inside the list cannot silently shorten it: a NULL entry is an error
- * (RF_E_INVALID "rf_chain: layer 1 is NULL (its constructor failed: ...)",
- * layers counted from 0 like path names, keeping the constructor's message),
+ * (RF_E_INVALID "rf_chain: layer 1 is NULL (a layer constructor failed; the
+ * last error before this call: ...)", layers counted from 0 like path names,
+ * quoting the last error, the failed constructor's when only one failed),
  * and every non-NULL entry is freed (but one that belongs to another model,
  * see rf_model_add_child). An empty chain is rf_chain_n(NULL, 0)
  * (the identity). C++ has no compound literals: C++ code calls the _n forms

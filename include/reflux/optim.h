@@ -13,7 +13,10 @@
  *
  * Ownership: rule constructors return owned rules (rf_rule_free). rf_setup
  * and rf_chain_rules(_n) take ownership of the rules given to them (also on
- * failure). rf_opt is owned (rf_opt_free) and holds references to its arrays.
+ * failure). A rule belongs to one place: one that already belongs to a chain
+ * or an optimiser, or appears twice in one chain, is refused (RF_E_INVALID;
+ * it stays with its owner), and rf_rule_free of such a rule does nothing but
+ * say so. rf_opt is owned (rf_opt_free) and holds references to its arrays.
  */
 #ifndef REFLUX_OPTIM_H
 #define REFLUX_OPTIM_H
@@ -61,8 +64,8 @@ RF_API rf_rule *rf_clipgrad(double delta);                               /* 10 *
 RF_API rf_rule *rf_clipnorm(double omega, double p);                     /* 10, 2 */
 /* OptimiserChain(rules...): takes ownership of rules[0..n) (also on
  * failure). A NULL entry (a rule constructor that failed) is an error,
- * RF_E_INVALID "rf_chain_rules: rule 1 is NULL (its constructor failed: ...)",
- * and frees the others. In C, rf_chain_rules(a, b, ...) is a macro over
+ * RF_E_INVALID "rf_chain_rules: rule 1 is NULL (a rule constructor failed;
+ * the last error before this call: ...)", and frees the others. In C, rf_chain_rules(a, b, ...) is a macro over
  * rf_chain_rules_n with a compound-literal array (see rf_chain in nn.h);
  * C++ code calls rf_chain_rules_n. */
 RF_API rf_rule *rf_chain_rules_n(rf_rule *const *rules, int n);

@@ -130,14 +130,16 @@ static void free_layers(rf_model *const *layers, int n)
 }
 
 /* Reports a NULL entry of a layer list. A NULL there almost always comes from
- * a constructor that failed as an argument, so its message (still in the
- * buffer) is kept: it says why, where "layer 1 is NULL" alone would not. */
+ * a constructor that failed as an argument, so the last error before this call
+ * (still in the buffer; another argument's when several failed) is kept: it
+ * says why, where "layer 1 is NULL" alone would not. */
 static void null_layer_error(const char *op, int i)
 {
     char why[RFI_ERRMSG_MAX];
     snprintf(why, sizeof why, "%s", rf_errmsg());
     if (why[0])
-        rfi_error(RF_E_INVALID, "%s: layer %d is NULL (its constructor failed: %s)", op, i, why);
+        rfi_error(RF_E_INVALID, "%s: layer %d is NULL (a layer constructor failed; the last "
+                  "error before this call: %s)", op, i, why);
     else
         rfi_error(RF_E_INVALID, "%s: layer %d is NULL (its constructor failed)", op, i);
 }

@@ -22,7 +22,11 @@ struct rf_rule {
     bool flag;                    /* RMSProp centred */
     rf_rule **children;           /* chain members (owned) */
     int n_children;
+    bool owned;                   /* taken by a chain or an optimiser, which frees it */
 };
+
+/* Frees r and its members whoever owns them: for the owners (a chain, rf_opt_free). */
+RFI_FUNC void rfi_rule_destroy(rf_rule *r);
 
 /* Structural hash of a rule: kinds and flags, not hyperparameter values
  * (those are runtime state), so rf_adjust never changes it. */

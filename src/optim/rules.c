@@ -260,24 +260,56 @@ rf_rule *rf_accumgrad(int n)
     return MAKE(RFI_RULE_ACCUMGRAD, (double)n);
 }
 
-/* Frees rules[0..n) (NULL entries skipped): a chain owns its list also on failure. */
+/* Frees the entries of rules[0..n) that the caller still owned (a chain takes its list
+ * also on failure): not NULL, not another owner's, each once. */
 static void free_rules(rf_rule *const *rules, int n)
 {
-    for (int i = 0; i < n; i++)
-        rf_rule_free(rules[i]);
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = rules[j] == rules[i];
+        if (!seen && rules[i] && !rules[i]->owned)
+            rfi_rule_destroy(rules[i]);
+    }
 }
 
-/* Reports a NULL entry of a rule list, keeping the message of the rule
- * constructor that (almost always) failed as the argument: it says why. */
+/* Reports a NULL entry of a rule list. It almost always comes from a rule constructor
+ * that failed as an argument, so the message of the last error before this call (which
+ * may be another argument's, when several failed) is kept: it says why. */
 static void null_rule_error(int i)
 {
     char why[RFI_ERRMSG_MAX];
     snprintf(why, sizeof why, "%s", rf_errmsg());
     if (why[0])
-        rfi_error(RF_E_INVALID, "rf_chain_rules: rule %d is NULL (its constructor failed: %s)", i,
-                  why);
+        rfi_error(RF_E_INVALID, "rf_chain_rules: rule %d is NULL (a rule constructor failed; "
+                  "the last error before this call: %s)", i, why);
     else
         rfi_error(RF_E_INVALID, "rf_chain_rules: rule %d is NULL (its constructor failed)", i);
+}
+
+/* Checks a rule list: no NULL, no rule that belongs elsewhere or appears twice. */
+static bool rule_list_ok(rf_rule *const *rules, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!rules[i]) {
+            null_rule_error(i);
+            return false;
+        }
+        if (rules[i]->owned) {
+            rfi_error(RF_E_INVALID, "rf_chain_rules: rule %d (%s) already belongs to a chain "
+                      "or an optimiser: give each place a rule of its own", i,
+                      rf_rule_name(rules[i]));
+            return false;
+        }
+        for (int j = 0; j < i; j++) {
+            if (rules[j] == rules[i]) {
+                rfi_error(RF_E_INVALID, "rf_chain_rules: rule %d (%s) is rule %d again: give "
+                          "each place a rule of its own", i, rf_rule_name(rules[i]), j);
+                return false;
+            }
+        }
+    }
+    return true;
 }
 
 rf_rule *rf_chain_rules_n(rf_rule *const *rules, int n)
@@ -286,24 +318,26 @@ rf_rule *rf_chain_rules_n(rf_rule *const *rules, int n)
         rfi_error(RF_E_INVALID, "rf_chain_rules: invalid rule list (n = %d)", n);
         return NULL;
     }
-    for (int i = 0; i < n; i++) {
-        if (!rules[i]) {
-            free_rules(rules, n);
-            null_rule_error(i);
-            return NULL;
-        }
+    if (!rule_list_ok(rules, n)) {
+        char why[RFI_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", rf_errmsg());
+        free_rules(rules, n);
+        rfi_error(RF_E_INVALID, "%s", why);
+        return NULL;
     }
     rf_rule *r = make(RFI_RULE_CHAIN, 0, NULL);
     rf_rule **children = n > 0 ? rfi_malloc((size_t)n * sizeof *children) : NULL;
     if (!r || (n > 0 && !children)) {
         rfi_free(children);
-        rf_rule_free(r);
+        rfi_rule_destroy(r);
         free_rules(rules, n);
         rfi_error(RF_E_NOMEM, "rf_chain_rules: out of memory");
         return NULL;
     }
-    if (n > 0)
-        memcpy(children, rules, (size_t)n * sizeof *children);
+    for (int i = 0; i < n; i++) {
+        children[i] = rules[i];
+        children[i]->owned = true;
+    }
     r->children = children;
     r->n_children = n;
     return r;
@@ -314,14 +348,24 @@ const char *rf_rule_name(const rf_rule *r)
     return r && r->kind < RFI_RULE_KIND_COUNT ? rule_names[r->kind] : "(null)";
 }
 
-void rf_rule_free(rf_rule *r)
+void rfi_rule_destroy(rf_rule *r)
 {
     if (!r)
         return;
     for (int i = 0; i < r->n_children; i++)
-        rf_rule_free(r->children[i]);
+        rfi_rule_destroy(r->children[i]);
     rfi_free(r->children);
     rfi_free(r);
+}
+
+void rf_rule_free(rf_rule *r)
+{
+    if (r && r->owned) {
+        rfi_error(RF_E_INVALID, "rf_rule_free: the rule (%s) belongs to a chain or an "
+                  "optimiser, which frees it", rf_rule_name(r));
+        return;
+    }
+    rfi_rule_destroy(r);
 }
 
 /* ---- Structure ------------------------------------------------------------------------------- */

@@ -202,12 +202,17 @@ static void opt_release(rf_opt *o)
     rfi_free(o->param_dtype);
     rfi_free(o->param_numel);
     rf_array_free(o->steps);
-    rf_rule_free(o->rule);
+    rfi_rule_destroy(o->rule);
     rfi_free(o);
 }
 
 rf_opt *rf_setup(rf_rule *rule, rf_model *model)
 {
+    if (rule && rule->owned) { /* not ours to take, nor to free */
+        rfi_error(RF_E_INVALID, "rf_setup: the rule (%s) already belongs to a chain or an "
+                  "optimiser: give each optimiser a rule of its own", rf_rule_name(rule));
+        return NULL;
+    }
     if (!rule || !model) {
         rf_rule_free(rule);
         rfi_error(RF_E_INVALID, "rf_setup: %s is NULL", rule ? "model" : "rule");
@@ -220,6 +225,7 @@ rf_opt *rf_setup(rf_rule *rule, rf_model *model)
         return NULL;
     }
     o->rule = rule;
+    rule->owned = true;
     o->uid = rfi_next_uid();
     rf_status st = read_params(o, model);
     if (st == RF_OK && o->n_params == 0)
