@@ -65,9 +65,10 @@ RF_API rf_rule *rf_clipnorm(double omega, double p);                     /* 10, 
 /* OptimiserChain(rules...): takes ownership of rules[0..n) (also on
  * failure). A NULL entry (a rule constructor that failed) is an error,
  * RF_E_INVALID "rf_chain_rules: rule 1 is NULL (a rule constructor failed;
- * the last error before this call: ...)", and frees the others. In C, rf_chain_rules(a, b, ...) is a macro over
- * rf_chain_rules_n with a compound-literal array (see rf_chain in nn.h);
- * C++ code calls rf_chain_rules_n. */
+ * the last error before this call: ...)", and frees the others. In C,
+ * rf_chain_rules(a, b, ...) is a macro over rf_chain_rules_n with a
+ * compound-literal array (see rf_chain in nn.h); C++ code calls
+ * rf_chain_rules_n. */
 RF_API rf_rule *rf_chain_rules_n(rf_rule *const *rules, int n);
 #ifndef __cplusplus
 #define rf_chain_rules(...) \
