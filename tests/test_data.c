@@ -825,6 +825,15 @@ static void test_checkpoint_optimiser(void)
     CHECK_STATUS(rf_checkpoint_load(path, b, ob), RF_E_CORRUPT);
     CHECK_MSG("\"opt.");
     CHECK_MSG("is missing");
+    /* another model's optimiser: refused both ways, b untouched */
+    CHECK_STATUS(rf_checkpoint_save(path, a, ob), RF_E_INVALID);
+    CHECK_MSG("rf_checkpoint_save: the optimiser (adam) was not set up for this model");
+    CHECK_OK(rf_checkpoint_save(path, a, oa));
+    sb = take_snapshot(b, ob);
+    CHECK_STATUS(rf_checkpoint_load(path, b, oa), RF_E_INVALID);
+    CHECK_MSG("rf_checkpoint_load: the optimiser (adam) was not set up for this model");
+    snapshot after = take_snapshot(b, ob);
+    CHECK(same_snapshot(&sb, &after));
 done:
     adam_pair_free(&p);
 }

@@ -77,6 +77,9 @@ static void named_list_free(named_list *l)
 /* Every array of m (and opt) with its checkpoint name, in visit order. */
 static rf_status collect_arrays(const char *op, rf_model *m, rf_opt *opt, named_list *out)
 {
+    if (opt && !rfi_model_has_opt(m, opt)) /* its state would not be this model's */
+        return rfi_error(RF_E_INVALID, "%s: the optimiser (%s) was not set up for this model; "
+                         "pass the one rf_setup made for it", op, rf_rule_name(rf_opt_rule(opt)));
     rf_clear_error(); /* the visitors report running out of memory only by message */
     out->prefix = "";
     rf_model_visit(m, collect_one, out);

@@ -754,6 +754,14 @@ rf_status rfi_model_attach_opt(rf_model *m, struct rf_opt *opt)
     return RF_OK;
 }
 
+bool rfi_model_has_opt(const rf_model *m, const struct rf_opt *opt)
+{
+    for (int i = 0; m && i < m->n_opts; i++)
+        if (m->opts[i] == opt)
+            return true;
+    return false;
+}
+
 void rfi_model_detach_opt(rf_model *m, struct rf_opt *opt)
 {
     if (!m)

@@ -59,6 +59,8 @@ RFI_FUNC uint64_t rfi_model_structure_hash(const rf_model *m);
 /* Registers / unregisters an optimiser on a model (see `opts`). */
 RFI_FUNC rf_status rfi_model_attach_opt(rf_model *m, struct rf_opt *opt);
 RFI_FUNC void rfi_model_detach_opt(rf_model *m, struct rf_opt *opt);
+/* Whether opt was set up for m (rf_setup(rule, m)). */
+RFI_FUNC bool rfi_model_has_opt(const rf_model *m, const struct rf_opt *opt);
 
 /* The seed a layer constructor initialises with (nn/init.c): `seed` itself
  * when non-zero, else the next value of the process-wide initialisation

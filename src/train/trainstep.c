@@ -119,14 +119,6 @@ static void scan_array(const char *path, rf_array *a, bool trainable, void *ud)
         d->mixed = true;
 }
 
-static bool opt_is_set_up_for(const rf_opt *opt, const rf_model *m)
-{
-    for (int i = 0; i < m->n_opts; i++)
-        if (m->opts[i] == opt)
-            return true;
-    return false;
-}
-
 static rf_status check_batch(const char *op, rf_array *const *batch, int n)
 {
     if (n < 1 || !batch)
@@ -168,7 +160,7 @@ static rf_status check_step(const char *op, rf_loss_fn loss, rf_model *m,
             return rfi_error(RF_E_DEVICE, "%s: batch[%d] lives on %s but the model lives on %s",
                              op, i, rf_device_name(batch[i]->device), rf_device_name(*dev));
     }
-    if (!opt_is_set_up_for(opt, m))
+    if (!rfi_model_has_opt(m, opt))
         return rfi_error(RF_E_INVALID, "%s: the optimiser (%s) was not set up for this model; "
                          "call rf_setup(rule, model) with the model you train", op,
                          rf_rule_name(rf_opt_rule(opt)));
