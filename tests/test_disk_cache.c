@@ -848,6 +848,20 @@ static void test_no_gather_flag(void)
     CHECK_OK(rfi_cc_context(&context));
     CHECK(context && strstr(context, "-mtune-ctrl=^use_gather"));
     rfi_free(context);
+    /* a damaged memo (a torn write: "-mtune-ctrl") never reaches a command line: the
+     * compiler is asked again */
+    char cmd[900];
+    snprintf(cmd, sizeof cmd,
+             "for f in '%s'/cc-gather-*.memo; do printf %%s -mtune-ctrl > \"$f\"; done",
+             cache_dir);
+    CHECK(system(cmd) == 0);
+    unsetenv("CC");
+    CHECK_OK(rfi_cc_context(&context));
+    rfi_free(context);
+    setenv("CC", script, 1);
+    CHECK_OK(rfi_cc_context(&context));
+    CHECK(context && strstr(context, "-mno-red-zone -mtune-ctrl=^use_gather -lm"));
+    rfi_free(context);
     int probes = 0;
     char line[1024];
     f = fopen(log, "r");
@@ -856,7 +870,7 @@ static void test_no_gather_flag(void)
         probes += strncmp(line, "-fsyntax-only", 13) == 0;
     if (f)
         fclose(f);
-    CHECK(probes == 2); /* -mno-gather refused, then gcc 12's accepted; once */
+    CHECK(probes == 4); /* -mno-gather refused, then gcc 12's accepted; again after damage */
     cc_restore(saved_cc);
 #endif
 }

@@ -522,8 +522,20 @@ static bool compiler_accepts(const compiler_info *ci, const char *flag)
     return ok;
 }
 
-/* ci->no_gather: from the memo when this binary was asked before, else by
- * trying each candidate (and memoising the answer: the flag, or "none"). */
+/* Index of `value` among the no-gather flags, n for "none", -1 for anything else (a
+ * damaged memo, whose words would reach every compiler command line). */
+static int no_gather_choice(const char *value)
+{
+    size_t n = sizeof no_gather_flags / sizeof no_gather_flags[0];
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(value, no_gather_flags[i]))
+            return (int)i;
+    return strcmp(value, "none") ? -1 : (int)n;
+}
+
+/* ci->no_gather: from the memo when this binary was asked before (and the memo holds
+ * one of the answers), else by trying each candidate (and memoising the answer: the
+ * flag, or "none"). */
 static void find_no_gather_flag(compiler_info *ci, const char *resolved)
 {
     char memo[96];
@@ -531,9 +543,13 @@ static void find_no_gather_flag(compiler_info *ci, const char *resolved)
     ci->no_gather[0] = '\0';
     bool named = memo_name("gather", ci, resolved, memo, sizeof memo);
     if (named && rfi_disk_cache_memo_get(memo, &value)) {
-        snprintf(ci->no_gather, sizeof ci->no_gather, "%s", strcmp(value, "none") ? value : "");
+        int choice = no_gather_choice(value);
+        if (choice >= 0)
+            snprintf(ci->no_gather, sizeof ci->no_gather, "%s",
+                     strcmp(value, "none") ? no_gather_flags[choice] : "");
         rfi_free(value);
-        return;
+        if (choice >= 0)
+            return;
     }
     size_t n = sizeof no_gather_flags / sizeof no_gather_flags[0];
     for (size_t i = 0; i < n && !ci->no_gather[0]; i++)
