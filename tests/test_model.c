@@ -422,7 +422,7 @@ static void test_errors(void)
     CHECK_STATUS(rf_compile(apply_fn, NULL, &x4, 1, &e), RF_E_INVALID);
     CHECK_MSG("rf_apply: model is NULL");
     rf_model *broken = rf_model_new(&null_type, NULL, 0);
-    CHECK_STATUS(rf_compile(apply_fn, broken, &x4, 1, &e), RF_E_INTERNAL);
+    CHECK_STATUS(rf_compile(apply_fn, broken, &x4, 1, &e), RF_E_INVALID);
     CHECK_MSG("Broken()");
     rf_model_free(broken);
     /* an input of another dtype than the layer's parameters, named with the layer */

@@ -619,7 +619,7 @@ rf_tensor *rf_apply(rf_model *m, rf_tensor *x)
         if (rf_trace_status(t) == RF_OK) {
             char what[256];
             rfi_model_describe(m, what, sizeof what);
-            rf_trace_fail(t, RF_E_INTERNAL,
+            rf_trace_fail(t, RF_E_INVALID,
                           "rf_apply: %s: the forward function returned NULL without "
                           "recording an error (it should call rf_trace_fail)", what);
         }
