@@ -257,6 +257,12 @@ static void test_rules(fmodel *fm)
     /* per-array norms: some arrays are clipped, others not */
     run_case(fm, "clipnorm2", rf_chain_rules(rf_clipnorm(1.0, 2), rf_descent(0.1)), 3, 0, 0);
     run_case(fm, "clipnorm1", rf_chain_rules(rf_clipnorm(2.0, 1), rf_descent(0.1)), 3, 0, 0);
+    run_case(fm, "clipnormglobal2",
+             rf_chain_rules(rf_clipnorm_global(1.0, 2), rf_descent(0.1)), 3, 0, 0);
+    run_case(fm, "clipnormglobal1",
+             rf_chain_rules(rf_clipnorm_global(2.0, 1), rf_descent(0.1)), 3, 0, 0);
+    run_case(fm, "clipnormglobalinf",
+             rf_chain_rules(rf_clipnorm_global(0.5, INFINITY), rf_descent(0.1)), 3, 0, 0);
     run_case(fm, "clipnorminf", rf_chain_rules(rf_clipnorm(0.5, INFINITY), rf_descent(0.1)),
              3, 0, 0);
     run_case(fm, "accum_wd_descent",

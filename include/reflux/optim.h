@@ -61,7 +61,13 @@ RF_API rf_rule *rf_lion(double lr, double beta1, double beta2);          /* 0.00
 RF_API rf_rule *rf_weightdecay(double lambda);                           /* 5e-4 */
 RF_API rf_rule *rf_signdecay(double lambda);                             /* 1e-3 */
 RF_API rf_rule *rf_clipgrad(double delta);                               /* 10 */
+/* ClipNorm scales each parameter array's gradient whose p-norm exceeds omega
+ * down to omega (Optimisers.jl: per array); rf_clipnorm_global scales all the
+ * gradients together by min(omega / their joint p-norm, 1) (PyTorch's
+ * clip_grad_norm_ without its 1e-6, optax's clip_by_global_norm). A model
+ * whose parameters mix dtypes gets one joint norm per dtype. */
 RF_API rf_rule *rf_clipnorm(double omega, double p);                     /* 10, 2 */
+RF_API rf_rule *rf_clipnorm_global(double omega, double p);              /* 10, 2 */
 /* OptimiserChain(rules...): takes ownership of rules[0..n) (also on
  * failure). A NULL entry (a rule constructor that failed) is an error,
  * RF_E_INVALID "rf_chain_rules: rule 1 is NULL (a rule constructor failed;

@@ -29,7 +29,7 @@ static const char *const rule_names[RFI_RULE_KIND_COUNT] = {
     [RFI_RULE_LION] = "lion",           [RFI_RULE_WEIGHTDECAY] = "weightdecay",
     [RFI_RULE_SIGNDECAY] = "signdecay", [RFI_RULE_CLIPGRAD] = "clipgrad",
     [RFI_RULE_CLIPNORM] = "clipnorm",   [RFI_RULE_CHAIN] = "chain",
-    [RFI_RULE_ACCUMGRAD] = "accumgrad",
+    [RFI_RULE_ACCUMGRAD] = "accumgrad", [RFI_RULE_CLIPNORM_GLOBAL] = "clipnorm_global",
 };
 
 /* Hyperparameter names in constructor order. A NULL entry is structural (it
@@ -57,6 +57,7 @@ static const char *const hp_names[RFI_RULE_KIND_COUNT][RFI_RULE_MAX_HP] = {
     [RFI_RULE_CLIPGRAD] = {"delta"},
     [RFI_RULE_CLIPNORM] = {"omega", NULL},
     [RFI_RULE_ACCUMGRAD] = {NULL},
+    [RFI_RULE_CLIPNORM_GLOBAL] = {"omega", NULL},
 };
 
 /* State roles (see rfi_state_role). Adam-like rules keep beta^t as scalars,
@@ -148,13 +149,14 @@ static rf_rule *make(rfi_rule_kind kind, int n, const double *hp)
         const char *hn = hp_names[kind][i];
         bool structural = hn == NULL;
         /* Clip thresholds and ClipNorm's p may be infinite (no clipping, max-norm). */
-        bool may_be_inf = structural || kind == RFI_RULE_CLIPGRAD || kind == RFI_RULE_CLIPNORM;
+        bool clipnorm = kind == RFI_RULE_CLIPNORM || kind == RFI_RULE_CLIPNORM_GLOBAL;
+        bool may_be_inf = structural || kind == RFI_RULE_CLIPGRAD || clipnorm;
         if (isnan(hp[i]) || (!may_be_inf && isinf(hp[i]))) {
             rfi_error(RF_E_INVALID, "rf_%s: %s must be finite, got %g", name,
                       hn ? hn : "p", hp[i]);
             return NULL;
         }
-        if (hn && hp[i] < 0 && kind != RFI_RULE_CLIPNORM) {
+        if (hn && hp[i] < 0 && !clipnorm) {
             rfi_error(RF_E_INVALID, "rf_%s: %s cannot be negative, got %g", name, hn, hp[i]);
             return NULL;
         }
@@ -248,6 +250,15 @@ rf_rule *rf_clipnorm(double omega, double p)
         return NULL;
     }
     return MAKE(RFI_RULE_CLIPNORM, omega, p);
+}
+
+rf_rule *rf_clipnorm_global(double omega, double p)
+{
+    if (!(omega >= 0)) {
+        rfi_error(RF_E_INVALID, "rf_clipnorm_global: omega must be >= 0, got %g", omega);
+        return NULL;
+    }
+    return MAKE(RFI_RULE_CLIPNORM_GLOBAL, omega, p);
 }
 
 rf_rule *rf_accumgrad(int n)

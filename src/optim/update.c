@@ -355,6 +355,15 @@ static rf_tensor *norm_finish(rf_tensor *part, double p)
     return rf_pow_s(part, 1.0 / p);
 }
 
+/* ClipNorm over all parameters at once (PyTorch's clip_grad_norm_, optax's
+ * clip_by_global_norm, without their epsilon): the norm of the whole flat vector. */
+static rf_tensor *emit_clipnorm_global(emitter *e, int l, rf_tensor *dx)
+{
+    double p = e->o->leaves[l].rule->hp[1];
+    rf_tensor *norm = norm_finish(norm_part(dx, p), p);
+    return rf_mul(dx, rf_min(rf_div(hp(e, l, 0), norm), num(e, 1.0)));
+}
+
 static rf_tensor *emit_clipnorm(emitter *e, int l, rf_tensor *dx)
 {
     double p = e->o->leaves[l].rule->hp[1];
@@ -435,6 +444,7 @@ static rf_tensor *apply_rule(emitter *e, const rf_rule *r, rf_tensor *dx)
         return rf_clamp(dx, rf_neg(d), d);
     }
     case RFI_RULE_CLIPNORM: return emit_clipnorm(e, l, dx);
+    case RFI_RULE_CLIPNORM_GLOBAL: return emit_clipnorm_global(e, l, dx);
     case RFI_RULE_ACCUMGRAD: return emit_accumgrad(e, l, dx);
     default:
         fail(e->t, RF_E_INTERNAL, "rf_update: unknown rule kind %d", (int)r->kind);

@@ -31,7 +31,8 @@ Two oracles, both independent of the C code:
     AMSGrad (Optimisers: no bias correction, state starts at eps), NAdam
     (PyTorch uses a momentum-decay schedule), AdaBelief, Lion (no PyTorch
     core rule; we follow the published recurrence, see update.c), SignDecay,
-    ClipGrad, ClipNorm (per-array norms), AccumGrad, chains.
+    ClipGrad, ClipNorm (per-array norms), AccumGrad, chains; and reflux's
+    ClipNormGlobal (one joint norm; close to torch.nn.utils.clip_grad_norm_).
 
 Run: python3 tests/ref/gen_optim.py   (from anywhere; writes next to itself)
 """
@@ -441,6 +442,44 @@ for name, rule, steps, make in CASES:
         d = max_diff(ref, tref)
         assert d < 1e-12, "%s: explicit formula and torch.optim differ by %g" % (name, d)
         ref = tref
+    emit(name, ref)
+
+# ClipNormGlobal(omega, p) -> Descent(eta): every array's gradient scaled by
+# min(omega / joint p-norm of all of them, 1). Explicit oracle, checked against
+# torch.nn.utils.clip_grad_norm_ (which divides by norm + 1e-6: close, not equal).
+def run_global_clip(omega, p, eta, steps, clip=None):
+    xs = {n: PARAMS[n].clone() for n in NAMES}
+    traj = []
+    for k in range(steps):
+        g = GRADS[k % 3]
+        if clip is None:
+            total = torch.linalg.vector_norm(torch.cat([g[n].reshape(-1) for n in NAMES]),
+                                             ord=p).item()
+            scale = min(omega / total, 1.0)
+            dx = {n: g[n] * scale for n in NAMES}
+        else:
+            dx = clip(g)
+        for n in NAMES:
+            xs[n] = xs[n] - eta * dx[n]
+        traj.append({n: xs[n].clone() for n in NAMES})
+    return traj
+
+
+def torch_clip(omega, p):
+    def clip(g):
+        ps = [torch.nn.Parameter(PARAMS[n].clone()) for n in NAMES]
+        for t, n in zip(ps, NAMES):
+            t.grad = g[n].clone()
+        torch.nn.utils.clip_grad_norm_(ps, max_norm=omega, norm_type=p)
+        return {n: t.grad for t, n in zip(ps, NAMES)}
+    return clip
+
+
+for name, omega, p in (("clipnormglobal2", h(1.0), 2), ("clipnormglobal1", h(2.0), 1),
+                       ("clipnormglobalinf", h(0.5), math.inf)):
+    ref = run_global_clip(omega, p, h(0.1), 3)
+    assert max_diff(ref, run_global_clip(omega, p, h(0.1), 3, torch_clip(omega, p))) < 1e-6
+    assert max_diff(ref, run_explicit(Chain(ClipNorm(omega, p), Descent(h(0.1))), 3)) > 1e-3
     emit(name, ref)
 
 # rf_adjust: the learning rate changes after step 1 (same program in C).
