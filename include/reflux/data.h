@@ -36,7 +36,8 @@ RF_API int rf_loader_n_arrays(const rf_loader *l);
  * on (seed, e), so it is the same on every run and platform. */
 RF_API rf_status rf_loader_reset(rf_loader *l);
 /* The next batch: *batch points at rf_loader_n_arrays() borrowed arrays, or
- * NULL at the end of the epoch (status RF_OK). The arrays stay valid until the
+ * NULL at the end of the epoch (status RF_OK; it stays NULL until
+ * rf_loader_reset starts the next epoch). The arrays stay valid until the
  * next rf_loader_next, rf_loader_reset or rf_loader_free. */
 RF_API rf_status rf_loader_next(rf_loader *l, rf_array *const **batch);
 RF_API void rf_loader_free(rf_loader *l);
