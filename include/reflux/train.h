@@ -81,7 +81,8 @@ typedef struct rf_train_opts {
     rf_stats *mean_stats;/* if set, receives the mean of each aux value */
 } rf_train_opts;
 /* One pass over `data` (a device-wrapped loader), a single trainstep per
- * batch, with a progress bar (batch i/n, loss, samples/s, ETA). Stops with
+ * batch, with a progress bar (batch i/n, the mean loss so far, samples/s and
+ * ETA after the first batch, which compiles). Stops with
  * RF_E_DOMAIN ("loss is NaN on batch 17, stopping training") on a non-finite
  * loss; RF_E_DEVICE if the loader yields host arrays. */
 RF_API rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_opt *opt,

@@ -32,7 +32,9 @@ typedef struct progress {
     int64_t total;     /* batches in the pass (<= 0: unknown) */
     double start, last_draw;
     int64_t samples;
-    int64_t done;      /* batches stepped so far, and the last loss */
+    double first_end;  /* when batch 1 (whose time includes compiling) ended */
+    int64_t first_samples;
+    int64_t done;      /* batches stepped so far, and the pass's mean loss */
     double loss;
 } progress;
 
@@ -45,17 +47,26 @@ static void format_eta(char *buf, size_t n, double seconds)
         snprintf(buf, n, "%ld:%02ld", s / 60, s % 60);
 }
 
-/* "\r<label> [=====>    ] 17/469 loss=0.4123 1234 samples/s ETA 0:12" */
-static void draw(progress *p, int64_t done, double loss, bool force)
+/* "\r<label> [=====>    ] 17/469 loss=0.4123 1234 samples/s ETA 0:12", the loss the mean
+ * of the pass so far (as Keras shows it), the speed and ETA from the batches after the
+ * first, whose time includes compiling the step. */
+static void draw(progress *p, int64_t done, double mean_loss, bool force)
 {
-    p->done = done;
-    p->loss = loss;
     double t = now_seconds();
+    if (done == 1) {
+        p->first_end = t;
+        p->first_samples = p->samples;
+    }
+    p->done = done;
+    p->loss = mean_loss;
     if (!p->on || (!force && t - p->last_draw < REDRAW_SECONDS))
         return;
     p->last_draw = t;
-    double elapsed = t - p->start;
-    double rate = elapsed > 0 ? (double)p->samples / elapsed : 0;
+    bool steady = done > 1 && t > p->first_end;
+    double elapsed = steady ? t - p->first_end : t - p->start;
+    int64_t counted = steady ? p->samples - p->first_samples : p->samples;
+    int64_t batches = steady ? done - 1 : done;
+    double rate = elapsed > 0 ? (double)counted / elapsed : 0;
     fprintf(stderr, "\r%s%s", p->label ? p->label : "", p->label ? " " : "");
     if (p->total > 0) {
         int filled = (int)(done * BAR_WIDTH / p->total);
@@ -66,12 +77,12 @@ static void draw(progress *p, int64_t done, double loss, bool force)
                                                                         : ' ';
         bar[BAR_WIDTH] = '\0';
         char eta[32];
-        format_eta(eta, sizeof eta, done > 0 ? elapsed / (double)done * (double)(p->total - done)
-                                             : 0);
+        format_eta(eta, sizeof eta,
+                   batches > 0 ? elapsed / (double)batches * (double)(p->total - done) : 0);
         fprintf(stderr, "[%s] %lld/%lld loss=%.4f %.0f samples/s ETA %s", bar, (long long)done,
-                (long long)p->total, loss, rate, eta);
+                (long long)p->total, mean_loss, rate, eta);
     } else {
-        fprintf(stderr, "%lld loss=%.4f %.0f samples/s", (long long)done, loss, rate);
+        fprintf(stderr, "%lld loss=%.4f %.0f samples/s", (long long)done, mean_loss, rate);
     }
     fflush(stderr);
 }
@@ -164,7 +175,7 @@ rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_
         return st;
     int n = rf_loader_n_arrays(data);
     progress p = {o->progress > 0 || (o->progress < 0 && isatty(fileno(stderr))), o->label,
-                  rf_loader_n_batches(data), now_seconds(), 0, 0, 0, NAN};
+                  rf_loader_n_batches(data), now_seconds(), 0, 0, 0, 0, 0, NAN};
     means acc;
     memset(&acc, 0, sizeof acc);
     for (int64_t number = 1;; number++) {
@@ -179,7 +190,7 @@ rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_
             break;
         p.samples += batch[0] && batch[0]->rank > 0 ? batch[0]->dims[0] : 1;
         accumulate(&acc, l, &s);
-        draw(&p, number, l, false);
+        draw(&p, number, acc.loss / (double)acc.n, false);
     }
     finish(&p);
     report_means(&acc, o);
