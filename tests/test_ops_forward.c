@@ -1465,6 +1465,43 @@ static void test_relu_zero_signs(void)
     tp_free_all(in, 4);
 }
 
+/* logistic of a product's result, large enough to be a library call: values down to
+ * -87.3 have normal-float results (a library post-op flushed those below -86.99 to 0). */
+static void build_logistic_product(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_return(t, rf_sigmoid(rf_matmul(a[0], a[1])));
+}
+
+static void test_logistic_product_tail(void)
+{
+    enum { M = 128, K = 256, N = 64 };
+    static double x[M * K], w[K * N];
+    for (int i = 0; i < M * K; i++)
+        x[i] = -80.0 - 7.3 * (double)(i % 997) / 996.0; /* -80 .. -87.3 */
+    for (int i = 0; i < K * N; i++)
+        w[i] = i / N == i % N; /* the first N columns of x */
+    rf_array *in[2] = {tp_dev(RF_F32, DIMS(M, K), 2, x), tp_dev(RF_F32, DIMS(K, N), 2, w)};
+    rf_array *o = NULL;
+    if (run_prog("logistic of a product", build_logistic_product, NULL, in, 2, &o, 1)) {
+        double *v = tp_read(o, NULL), worst = 0;
+        for (int r = 0; v && r < M; r++) {
+            for (int c = 0; c < N; c++) {
+                double xv = (double)(float)x[r * K + c], e = exp(xv);
+                double want = (double)(float)(e / (1 + e));
+                double err = fabs(v[r * N + c] - want) / want;
+                worst = err > worst || isnan(err) ? (isnan(err) ? INFINITY : err) : worst;
+            }
+        }
+        CHECK(v && worst <= 4e-7); /* 3 ulp or so, never a flush to 0 */
+        if (worst > 4e-7)
+            fprintf(stderr, "logistic of a product: worst relative error %g\n", worst);
+        free(v);
+    }
+    rf_array_free(o);
+    tp_free_all(in, 2);
+}
+
 static void test_reduce_window(void)
 {
     uint64_t rng = 55;
@@ -1970,6 +2007,7 @@ int main(void)
     test_matmul();
     test_conv();
     test_relu_zero_signs();
+    test_logistic_product_tail();
     test_reduce_window();
     test_select_and_scatter();
     test_non_finite_windows();

@@ -40,9 +40,9 @@
  * A CALL step's epilogue (plan.h) runs inside oneDNN's forward convolution
  * when that path is taken and accepts it: a leading per-channel bias as the
  * primitive's bias input, the rest as post-ops (a residual as a binary add of
- * a dst-shaped tensor, tanh/logistic as eltwise; failing that, the bias too
- * as a binary add of a [1, O, 1...] tensor; failing that, the bias input
- * alone), but never a relu or what follows it (rfi_dnnl_post_faithful). The
+ * a dst-shaped tensor, tanh as eltwise; failing that, the bias too as a
+ * binary add of a [1, O, 1...] tensor; failing that, the bias input alone),
+ * but never a relu or a logistic or what follows them (rfi_dnnl_post_faithful). The
  * services apply the ops the primitive does not (rfi_cpu_conv_epilogue_ops)
  * after the call.
  *
