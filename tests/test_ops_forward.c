@@ -6,6 +6,8 @@
  * It deliberately does not test gradients (test_grad_fd.c), error messages
  * or the IR text; only values, dtypes and shapes.
  */
+#include <float.h>
+
 #include "test_prog.h"
 
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -1912,6 +1914,41 @@ static void build_nn(rf_trace *t, rf_tensor *const *a, int n, void *u)
     rf_return(t, rf_softplus(x));
 }
 
+/* gelu's left tail in f32 and f64: relative error against x / (1 + exp(-2 z)) in long
+ * double (the written form 0.5 x (1 + tanh z) lost every digit from x = -5 in f32). */
+static void build_gelu(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_return(t, rf_gelu(a[0]));
+}
+
+static void test_gelu_tail(void)
+{
+    const double x[8] = {-2, -3, -4, -5, -6, -7.5, -9, -10};
+    for (int d = 0; d < 2; d++) {
+        rf_dtype dt = d ? RF_F64 : RF_F32;
+        rf_array *in = tp_dev(dt, DIMS(8), 1, x), *o = NULL;
+        if (run_prog("gelu tail", build_gelu, NULL, &in, 1, &o, 1)) {
+            double *v = tp_read(o, NULL);
+            for (int i = 0; v && i < 8; i++) {
+                long double xv = x[i], c = sqrtl(2.0L / 3.14159265358979323846264L);
+                long double z = c * (xv + 0.044715L * xv * xv * xv);
+                double want = (double)(xv / (1 + expl(-2 * z)));
+                /* rounding z alone moves the result by |2 z| ulps: up to 87 at -10 */
+                double bound = (double)(fabsl(2 * z) + 8) * (d ? DBL_EPSILON : FLT_EPSILON);
+                double err = fabs(v[i] - want) / fabs(want);
+                CHECK(err <= bound);
+                if (!(err <= bound))
+                    fprintf(stderr, "gelu %s (%g): %g, want %g\n", rf_dtype_name(dt), x[i],
+                            v[i], want);
+            }
+            free(v);
+        }
+        rf_array_free(o);
+        rf_array_free(in);
+    }
+}
+
 static void test_nn(void)
 {
     /* row 2 has huge values: softmax must be computed stably */
@@ -2016,5 +2053,6 @@ int main(void)
     test_onehot();
     test_rng();
     test_nn();
+    test_gelu_tail();
     return tu_finish("test_ops_forward");
 }

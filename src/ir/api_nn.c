@@ -457,11 +457,13 @@ rf_tensor *rf_gelu(rf_tensor *x)
 {
     if (!x || !need_float("rf_gelu", x))
         return NULL;
+    /* 0.5 x (1 + tanh(z)) = x logistic(2 z): the same function (NNlib's and PyTorch's
+     * tanh approximation) without 1 + tanh(z) cancelling for x < -2, which lost every
+     * digit from x = -5 on (f32) */
     const double c = sqrt(2.0 / 3.14159265358979323846);
     rfi_node *x3 = rf_mul(rf_mul(x, x), x);
-    rfi_node *inner = rf_mul_s(rf_add(x, rf_mul_s(x3, 0.044715)), c);
-    rfi_node *one_plus_tanh = rf_add_s(rf_tanh(inner), 1.0);
-    return rf_mul(rf_mul_s(x, 0.5), one_plus_tanh);
+    rfi_node *inner = rf_mul_s(rf_add(x, rf_mul_s(x3, 0.044715)), 2 * c);
+    return rf_mul(x, rf_sigmoid(inner));
 }
 
 rf_tensor *rf_sigmoid(rf_tensor *x)
