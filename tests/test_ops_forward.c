@@ -628,6 +628,35 @@ static void build_shapes(rf_trace *t, rf_tensor *const *a, int n, void *u)
     rf_return(t, rf_reshape(rf_slice(v3, DIMS(1), DIMS(2), NULL), NULL, 0));
 }
 
+/* float -> integer -> float: an integer 0 converts to +0, also from (-1, -0] (compiled
+ * code that folded the pair into a truncation kept -0). */
+static void build_round_trip(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_return(t, rf_convert(rf_convert(a[0], RF_I64), RF_F64));
+    rf_return(t, rf_convert(rf_convert(a[0], RF_I32), RF_F64));
+    rf_return(t, rf_convert(rf_convert(a[1], RF_I64), RF_F32));
+}
+
+static void test_convert_round_trip(void)
+{
+    double x[19];
+    for (int i = 0; i < 19; i++) /* -0.9 .. 0.9 and -0, both vector body and tail */
+        x[i] = i == 9 ? -0.0 : (i - 9) * 0.1;
+    rf_array *in[2] = {tp_dev(RF_F64, DIMS(19), 1, x), tp_dev(RF_F32, DIMS(19), 1, x)};
+    rf_array *o[3] = {0};
+    if (run_prog("float -> int -> float", build_round_trip, NULL, in, 2, o, 3)) {
+        for (int k = 0; k < 3; k++) {
+            double *v = tp_read(o[k], NULL);
+            for (int i = 0; v && i < 19; i++)
+                CHECK(v[i] == 0 && !signbit(v[i]));
+            free(v);
+        }
+    }
+    tp_free_all(o, 3);
+    tp_free_all(in, 2);
+}
+
 static void test_shapes(void)
 {
     rf_array *in[3] = {tp_host(RF_F32, DIMS(3), 1, (const double[]){1, 2, 3}),
@@ -2033,6 +2062,7 @@ int main(void)
     test_select();
     test_clamp();
     test_convert();
+    test_convert_round_trip();
     test_shapes();
     test_transpose();
     test_slice_concat_reverse();

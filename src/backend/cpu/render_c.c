@@ -302,7 +302,14 @@ static void unary_float(rfi_render *R, const rfi_kir_ins *x)
         return;
     case RFI_OP_EXP: emit_math(R, x, "exp"); return;
     case RFI_OP_EXPM1: emit_math(R, x, "expm1"); return;
-    case RFI_OP_LOG: emit_math(R, x, "log"); return;
+    case RFI_OP_LOG: /* glibc's vector logf is up to 4 ulp off: in double, rounded once */
+        if (at == RF_F32) {
+            use_math(R, "log", RF_F64);
+            emit_fmt(R, x, "(float)log((double)%a)");
+        } else {
+            emit_math(R, x, "log");
+        }
+        return;
     case RFI_OP_LOG1P: emit_math(R, x, "log1p"); return;
     case RFI_OP_SQRT: emit_fmt(R, x, "sqrt%f(%a)"); return;
     case RFI_OP_RSQRT: /* in double, rounded once: the interpreter's value exactly */
@@ -311,7 +318,7 @@ static void unary_float(rfi_render *R, const rfi_kir_ins *x)
     case RFI_OP_TANH: emit_math(R, x, "tanh"); return;
     case RFI_OP_LOGISTIC:
         R->need |= at == RF_F32 ? RFI_NEED_LOGISTIC_F32 : RFI_NEED_LOGISTIC_F64;
-        use_math(R, "exp", at);
+        use_math(R, "exp", RF_F64); /* f32 too: computed in double, rounded once */
         emit_fmt(R, x, at == RF_F32 ? "rf_logistic_f32(%a)" : "rf_logistic_f64(%a)");
         return;
     case RFI_OP_SIN: emit_math(R, x, "sin"); return;
@@ -409,12 +416,33 @@ static void binary_int(rfi_render *R, const rfi_kir_ins *x)
     }
 }
 
+/* A float converted to an integer and back: gcc folds the pair into a truncation,
+ * which gives -0 on (-1, -0] where the integer 0 gives +0; so the pair is written as
+ * the saturated truncation in double, plus 0 (which gcc cannot drop from a value that
+ * may be -0). Equal to the pair's value: every saturated truncation is an integer the
+ * integer type holds, converted exactly or rounded alike. */
+static bool float_int_float(rfi_render *R, const rfi_kir_ins *x)
+{
+    const rfi_kir_ins *i = &R->k->ins[x->a];
+    if (i->op != RFI_KIR_CONVERT || !rfi_dtype_is_float(R->k->ins[i->a].dtype) ||
+        (i->dtype != RF_I32 && i->dtype != RF_I64 && i->dtype != RF_U8))
+        return false;
+    R->need |= RFI_NEED_SAT;
+    putf(R->sb, "((%s)rf_ftrunc_%s((double)", rfi_render_ctype(x->dtype),
+         i->dtype == RF_I32 ? "i32" : i->dtype == RF_I64 ? "i64" : "u8");
+    rfi_render_operand(R, i->a);
+    put(R->sb, ") + 0)");
+    return true;
+}
+
 static void convert(rfi_render *R, const rfi_kir_ins *x)
 {
     rf_dtype from = R->k->ins[x->a].dtype, to = x->dtype;
     if (to == RF_BOOL) {
         emit_fmt(R, x, "(uint8_t)(%a != 0)");
     } else if (rfi_dtype_is_float(to) || !rfi_dtype_is_float(from)) {
+        if (rfi_dtype_is_float(to) && !rfi_dtype_is_float(from) && float_int_float(R, x))
+            return;
         if (rfi_dtype_is_float(to))
             emit_fmt(R, x, "(%T)%a");
         else
@@ -1187,7 +1215,16 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
             "         : v >= 9223372036854775807.0 ? INT64_MAX : (int64_t)v;\n}\n\n"
             "static inline uint8_t rf_f2u8(double v)\n{\n"
             "    return v != v ? 0 : v <= 0.0 ? 0 : v >= 255.0 ? 255 : "
-            "(uint8_t)(int32_t)v;\n}\n\n");
+            "(uint8_t)(int32_t)v;\n}\n\n"
+            "/* the same, as the integer's value in double (float -> int -> float) */\n"
+            "static inline double rf_ftrunc_i32(double v)\n{\n"
+            "    return v != v ? 0.0 : v <= -2147483648.0 ? -2147483648.0\n"
+            "         : v >= 2147483647.0 ? 2147483647.0 : trunc(v);\n}\n\n"
+            "static inline double rf_ftrunc_i64(double v)\n{\n"
+            "    return v != v ? 0.0 : v <= -9223372036854775808.0 ? -9223372036854775808.0\n"
+            "         : v >= 9223372036854775807.0 ? 9223372036854775807.0 : trunc(v);\n}\n\n"
+            "static inline double rf_ftrunc_u8(double v)\n{\n"
+            "    return v != v ? 0.0 : v <= 0.0 ? 0.0 : v >= 255.0 ? 255.0 : trunc(v);\n}\n\n");
     bf16_prelude(sb, need);
     if (need & RFI_NEED_DIV)
         putf(sb,
@@ -1233,11 +1270,12 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 t, n, t, t, t, t, t, d ? "" : "f", t, d ? "" : "f", t);
         if (need & (d ? RFI_NEED_LOGISTIC_F64 : RFI_NEED_LOGISTIC_F32))
             putf(sb,
-                "/* logistic, never exp of a large positive number */\n"
+                "/* logistic, never exp of a large positive number; in double (f32: rounded\n"
+                " * once, where f32 math and two more roundings came to 4 ulp) */\n"
                 "static inline %s rf_logistic_%s(%s x)\n{\n"
-                "    %s e = exp%s(-fabs%s(x));\n"
-                "    return (x >= 0 ? 1 : e) / (1 + e);\n}\n\n",
-                t, n, t, t, d ? "" : "f", d ? "" : "f");
+                "    double e = exp(-fabs((double)x));\n"
+                "    return (%s)((x >= 0 ? 1 : e) / (1 + e));\n}\n\n",
+                t, n, t, t);
     }
 }
 
