@@ -4,7 +4,7 @@
 #                the Fashion-MNIST CNN for 5 epochs (learning curve in build/)
 #   make test    install missing build packages, then build and test twice (build/ and a
 #                sanitizer build in build-asan/); prints "N passed, N failed"
-#   make bench   build and run bench/rf_bench, then the side-by-side comparison with PyTorch
+#   make bench   build and run build/rf_bench, then the side-by-side comparison with PyTorch
 #                and JAX (bench/compare.sh; peers skipped when not installed)
 #   make clean   remove the build directories
 

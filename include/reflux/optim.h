@@ -31,8 +31,9 @@ typedef struct rf_rule rf_rule;
 typedef struct rf_opt rf_opt;
 
 /* Optimisers.jl defaults in comments (Lion: the paper's). Hyperparameters
- * must be finite (ClipGrad's delta and ClipNorm's omega may be infinite)
- * and within the f32 range, all but ClipNorm's omega >= 0; the betas of rules that correct their
+ * must be finite (ClipGrad's delta and ClipNorm's omega may be infinite),
+ * within the f32 range otherwise, and >= 0 (ClipNorm's p is the norm's
+ * order: any value); the betas of rules that correct their
  * moments' bias by 1 - beta^t (Adam, AdamW, RAdam, AdaMax's beta1, OAdam,
  * NAdam, AdaBelief) below 1. f64 parameters see them at f64 precision, f32
  * ones rounded to f32. A bad value returns NULL with the error set. */
