@@ -69,33 +69,20 @@ static void count_correct(rf_trace *t, void *ctx)
     rf_return(t, rf_sum_all(rf_convert(hits, RF_F32)));
 }
 
-/* Test accuracy over a loader, one compiled executable per batch shape,
- * compiled on first use and kept for the later epochs (the model is captured
- * by reference: they see its new weights). */
-struct evaluator {
-    rf_exec *execs[2];
-    int64_t shapes[2];
-};
-
-static rf_status evaluate(struct evaluator *ev, rf_model *m, rf_loader *test, double *acc)
+/* Test accuracy over a loader. count_correct is jitted: one executable per batch shape
+ * (the full batches and a smaller last one), compiled on first use and kept for the later
+ * epochs; the model is captured by reference, so they see its new weights (it is always
+ * called in test mode, the mode it was traced in). */
+static rf_status evaluate(rf_jitted *count, rf_loader *test, double *acc)
 {
     double correct = 0, total = 0;
     rf_array *const *b;
     rf_status st = rf_loader_reset(test);
     while (st == RF_OK && (st = rf_loader_next(test, &b)) == RF_OK && b) {
-        int64_t n = rf_array_dims(b[0])[0];
-        int slot = (ev->shapes[0] == n || !ev->execs[0]) ? 0 : 1;
-        if (!ev->execs[slot]) {
-            st = rf_compile(count_correct, m, b, 2, &ev->execs[slot]);
-            ev->shapes[slot] = n;
-        } else if (ev->shapes[slot] != n) {
-            st = RF_E_SHAPE; /* a third batch shape: not in this example's loaders */
-        }
         rf_array *out = NULL;
+        st = rf_jitted_run(count, b, 2, &out, 1);
         if (st == RF_OK)
-            st = rf_exec_run(ev->execs[slot], b, 2, &out, 1);
-        if (st == RF_OK)
-            correct += rf_to_number(out), total += (double)n;
+            correct += rf_to_number(out), total += (double)rf_array_dims(b[0])[0];
         rf_array_free(out);
     }
     *acc = total > 0 ? correct / total : 0;
@@ -284,7 +271,9 @@ int main(int argc, char **argv)
         return fail("making the loaders");
 
     double losses[MAX_EPOCHS], accs[MAX_EPOCHS];
-    struct evaluator ev = {{NULL, NULL}, {0, 0}};
+    rf_jitted *count = rf_jitted_new(count_correct, model);
+    if (!count)
+        return fail("making the evaluation function");
     int epochs = o.epochs;
     for (int e = 0; e < epochs; e++) {
         /* Step decay for the last epochs: a learning-rate change is runtime
@@ -302,7 +291,7 @@ int main(int argc, char **argv)
         if (st != RF_OK)
             return fail("training");
         rf_testmode(model);
-        if (evaluate(&ev, model, test, &accs[e]) != RF_OK)
+        if (evaluate(count, test, &accs[e]) != RF_OK)
             return fail("evaluating");
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
@@ -317,8 +306,7 @@ int main(int argc, char **argv)
            (unsigned long long)cs.compiles, (unsigned long long)cs.hits,
            (unsigned long long)cs.misses);
 
-    rf_exec_free(ev.execs[0]);
-    rf_exec_free(ev.execs[1]);
+    rf_jitted_free(count);
     rf_loader_free(train);
     rf_loader_free(test);
     rf_opt_free(opt);

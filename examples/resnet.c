@@ -45,35 +45,18 @@ static void count_correct(rf_trace *t, void *ctx)
     rf_return(t, rf_sum_all(rf_convert(hits, RF_F32)));
 }
 
-/* One evaluation executable per distinct batch shape, compiled on first use. */
-#define MAX_SHAPES 4
-struct evaluator {
-    rf_exec *exec[MAX_SHAPES];
-    int64_t batch[MAX_SHAPES];
-    int n;
-};
-
-static rf_exec *evaluator_get(struct evaluator *ev, rf_model *m, rf_array *const *b)
-{
-    int64_t n = rf_array_dims(b[0])[0];
-    for (int i = 0; i < ev->n; i++)
-        if (ev->batch[i] == n)
-            return ev->exec[i];
-    if (ev->n == MAX_SHAPES || rf_compile(count_correct, m, b, 2, &ev->exec[ev->n]) != RF_OK)
-        return NULL;
-    ev->batch[ev->n] = n;
-    return ev->exec[ev->n++];
-}
-
-static rf_status evaluate(struct evaluator *ev, rf_model *m, rf_loader *test, double *acc)
+/* Test accuracy over a loader. count_correct is jitted: one executable per batch shape
+ * (the full batches and a smaller last one), compiled on first use and kept for the later
+ * epochs; the model is captured by reference, so they see its new weights (it is always
+ * called in test mode, the mode it was traced in). */
+static rf_status evaluate(rf_jitted *count, rf_loader *test, double *acc)
 {
     double correct = 0, total = 0;
     rf_array *const *b;
     rf_status st = rf_loader_reset(test);
     while (st == RF_OK && (st = rf_loader_next(test, &b)) == RF_OK && b) {
-        rf_exec *e = evaluator_get(ev, m, b);
         rf_array *out = NULL;
-        st = e ? rf_exec_run(e, b, 2, &out, 1) : RF_E_COMPILE;
+        st = rf_jitted_run(count, b, 2, &out, 1);
         if (st == RF_OK)
             correct += rf_to_number(out), total += (double)rf_array_dims(b[0])[0];
         rf_array_free(out);
@@ -188,7 +171,9 @@ int main(int argc, char **argv)
     if (!train || !test || rf_loader_to(train, dev) || rf_loader_to(test, dev))
         return fail("making the loaders");
 
-    struct evaluator ev = {0};
+    rf_jitted *count = rf_jitted_new(count_correct, model);
+    if (!count)
+        return fail("making the evaluation function");
     for (int e = 1; e <= epochs; e++) {
         /* Step decay over the last two epochs (0.3x, then 0.1x): runtime state,
          * no recompilation. */
@@ -203,16 +188,16 @@ int main(int argc, char **argv)
                      &(rf_train_opts){.progress = -1, .label = "train", .mean_loss = &train_loss}))
             return fail("training");
         rf_testmode(model);
-        if (evaluate(&ev, model, test, &acc))
+        if (evaluate(count, test, &acc))
             return fail("evaluating");
         clock_gettime(CLOCK_MONOTONIC, &t1);
         printf("epoch=%d train_loss=%.4f test_acc=%.4f seconds=%.1f eval_executables=%d\n", e,
                train_loss, acc,
-               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec), ev.n);
+               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
+               rf_jitted_n_compiled(count));
         fflush(stdout);
     }
-    for (int i = 0; i < ev.n; i++)
-        rf_exec_free(ev.exec[i]);
+    rf_jitted_free(count);
     rf_loader_free(train);
     rf_loader_free(test);
     rf_opt_free(opt);

@@ -428,6 +428,67 @@ static void test_argument_is_updated_capture(void)
     rf_array_free(w);
 }
 
+/* ---- rf_jitted: one executable per argument types ---------------------------------- */
+
+/* sum(x) * w, w captured: [rows, 3] arguments of any row count */
+static void weighted_sum_fn(rf_trace *t, void *ctx)
+{
+    rf_return(t, rf_mul(rf_sum_all(rf_arg(t, 0)), rf_capture(t, ctx)));
+}
+
+static void test_jitted(void)
+{
+    rf_array *w = cpu_fill(NULL, 0, 2.0);
+    rf_jitted *f = rf_jitted_new(weighted_sum_fn, w);
+    CHECK(f != NULL && rf_jitted_n_compiled(f) == 0);
+    const int rows[6] = {8, 8, 3, 8, 3, 5};
+    for (int k = 0; f && k < 6; k++) {
+        rf_array *x = cpu_fill(RF_SHAPE(rows[k], 3), 1.0), *y = NULL;
+        CHECK_OK(rf_jitted_run(f, &x, 1, &y, 1));
+        CHECK(y && rf_to_number(y) == 2.0 * 3 * rows[k]);
+        rf_array_free(y);
+        rf_array_free(x);
+    }
+    CHECK(rf_jitted_n_compiled(f) == 3); /* 8, 3 and 5 rows */
+    /* captured by reference: a new w is seen without compiling */
+    float three = 3.0f;
+    CHECK_OK(rf_array_write(w, &three, sizeof three));
+    rf_array *x = cpu_fill(RF_SHAPE(3, 3), 1.0), *y = NULL;
+    CHECK_OK(rf_jitted_run(f, &x, 1, &y, 1));
+    CHECK(y && rf_to_number(y) == 27.0 && rf_jitted_n_compiled(f) == 3);
+    rf_array_free(y);
+    /* errors: nothing cached, outputs NULL */
+    rf_array *host = rf_fill(RF_F32, RF_SHAPE(4, 3), 1.0);
+    y = (rf_array *)&three;
+    CHECK_STATUS(rf_jitted_run(f, &host, 1, &y, 1), RF_E_DEVICE);
+    CHECK(y == NULL && rf_jitted_n_compiled(f) == 3);
+    rf_array *none = NULL;
+    CHECK_STATUS(rf_jitted_run(f, &none, 1, NULL, 0), RF_E_INVALID);
+    CHECK_MSG("rf_jitted_run: argument 0 is NULL");
+    CHECK_STATUS(rf_jitted_run(NULL, &x, 1, NULL, 0), RF_E_INVALID);
+    CHECK_STATUS(rf_jitted_run(f, NULL, 1, NULL, 0), RF_E_INVALID);
+    CHECK(rf_jitted_new(NULL, NULL) == NULL);
+    /* past 8 executables each new one warns */
+    captured c;
+    capture_start(&c);
+    for (int r = 10; f && r < 16; r++) {
+        rf_array *xr = cpu_fill(RF_SHAPE(r, 3), 1.0);
+        CHECK_OK(rf_jitted_run(f, &xr, 1, NULL, 0));
+        rf_array_free(xr);
+    }
+    char *err = capture_end(&c);
+    CHECK(rf_jitted_n_compiled(f) == 9);
+    CHECK(err && strstr(err, "reflux: warning: rf_jitted_run: 9 executables compiled for one "
+                             "function, the new one for arguments f32[15,3]") != NULL);
+    CHECK(err && strstr(err, "8 executables") == NULL);
+    free(err);
+    rf_array_free(host);
+    rf_array_free(x);
+    rf_jitted_free(f);
+    rf_jitted_free(NULL);
+    rf_array_free(w);
+}
+
 static void test_run_checks(void)
 {
     model m = {0};
@@ -627,6 +688,7 @@ int main(void)
     test_capture_keeps_alive();
     test_updates();
     test_argument_is_updated_capture();
+    test_jitted();
     test_run_checks();
     test_compile_checks();
     test_dump();

@@ -157,38 +157,6 @@ static void snap_free(snapshot *s)
     s->n = 0;
 }
 
-/* ---- Capturing stderr ------------------------------------------------------------------- */
-
-typedef struct captured {
-    int saved;
-    FILE *f;
-} captured;
-
-static void capture_start(captured *c)
-{
-    fflush(stderr);
-    c->f = tmpfile();
-    c->saved = dup(fileno(stderr));
-    dup2(fileno(c->f), fileno(stderr));
-}
-
-/* Restores stderr; returns what was written (malloc'd). */
-static char *capture_end(captured *c)
-{
-    fflush(stderr);
-    dup2(c->saved, fileno(stderr));
-    close(c->saved);
-    long n = ftell(c->f);
-    if (n < 0)
-        n = 0;
-    rewind(c->f);
-    char *text = calloc((size_t)n + 1, 1);
-    if (fread(text, 1, (size_t)n, c->f) != (size_t)n)
-        text[0] = '\0';
-    fclose(c->f);
-    return text;
-}
-
 /* ---- (1) the manual path and (2) trainstep ----------------------------------------------- */
 
 typedef struct manual_step {

@@ -176,4 +176,36 @@ static inline int tu_finish(const char *name)
     return tu_failures ? 1 : 0;
 }
 
+/* ---- Capturing stderr ------------------------------------------------------------------- */
+
+typedef struct captured {
+    int saved;
+    FILE *f;
+} captured;
+
+static inline void capture_start(captured *c)
+{
+    fflush(stderr);
+    c->f = tmpfile();
+    c->saved = dup(fileno(stderr));
+    dup2(fileno(c->f), fileno(stderr));
+}
+
+/* Restores stderr; returns what was written (malloc'd). */
+static inline char *capture_end(captured *c)
+{
+    fflush(stderr);
+    dup2(c->saved, fileno(stderr));
+    close(c->saved);
+    long n = ftell(c->f);
+    if (n < 0)
+        n = 0;
+    rewind(c->f);
+    char *text = calloc((size_t)n + 1, 1);
+    if (fread(text, 1, (size_t)n, c->f) != (size_t)n)
+        text[0] = '\0';
+    fclose(c->f);
+    return text;
+}
+
 #endif

@@ -134,6 +134,27 @@ RF_API rf_status rf_exec_run(rf_exec *e, rf_array *const *args, int nargs, rf_ar
 RF_API rf_status rf_jit(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,
                         rf_array **outs, int nouts);
 
+/* ---- Jitted functions: compiled per argument types, cached ---------------------
+ * rf_jitted_new(fn, ctx) wraps a traced function as JAX's jax.jit does: the first
+ * rf_jitted_run with arguments of a new count, dtype, shape or device traces and
+ * compiles fn (as rf_compile), later runs with those types run the executable
+ * compiled then. So an evaluation function called on a test set's full batches and
+ * its smaller last one compiles twice, whatever the number of calls. fn must trace
+ * the same program for the same argument types; arrays it captures are read at run
+ * time (a model's training updates are seen). Past 8 executables each new one
+ * prints a warning (arguments whose shapes keep changing). Lookups and compiles from
+ * several threads are safe; runs of one executable take turns. Owned:
+ * rf_jitted_free frees it and its executables. */
+typedef struct rf_jitted rf_jitted;
+RF_API rf_jitted *rf_jitted_new(rf_trace_fn fn, void *ctx);
+/* As rf_exec_run (outs owned by the caller), compiling first when the argument
+ * types are new; a failed compile is not cached (the next run tries again). */
+RF_API rf_status rf_jitted_run(rf_jitted *f, rf_array *const *args, int nargs, rf_array **outs,
+                               int nouts);
+/* The executables compiled so far (one per distinct argument types). */
+RF_API int rf_jitted_n_compiled(rf_jitted *f);
+RF_API void rf_jitted_free(rf_jitted *f);
+
 RF_API int rf_exec_n_args(const rf_exec *e);
 RF_API int rf_exec_n_outputs(const rf_exec *e);
 RF_API int rf_exec_n_updates(const rf_exec *e);
