@@ -212,6 +212,15 @@ static void test_describe_and_summary(void)
         CHECK(strstr(buf, "  Scale(3),") != NULL);
     }
     rf_model_free(m);
+    /* a container with a parameter of its own says so on its opening line */
+    m = rf_chain(rf_dense(2, 2, RF_ACT_IDENTITY));
+    CHECK(m && rf_model_add_param(m, "alpha", rf_zeros(RF_F32, RF_SHAPE(3))) == RF_OK);
+    if (m) {
+        rf_model_summary(m, buf, sizeof buf);
+        CHECK(strncmp(buf, "Chain(", 6) == 0 && strstr(buf, "# 3 parameters of its own\n"));
+        CHECK(strstr(buf, "Total: 3 trainable arrays, 9 parameters") != NULL);
+    }
+    rf_model_free(m);
     CHECK(strcmp(rf_act_name(RF_ACT_SWISH), "swish") == 0);
     CHECK(strcmp(rf_act_name(RF_ACT_COUNT), "unknown") == 0);
 }

@@ -552,7 +552,13 @@ static void summary_tree(const rf_model *m, rfi_strbuf *sb, int depth)
         rfi_sb_printf(sb, "\n");
         return;
     }
-    rfi_sb_printf(sb, "%s(\n", m->type->name);
+    rfi_sb_printf(sb, "%s(", m->type->name);
+    int64_t own = own_parameters(m); /* a container's own, as a custom layer may have */
+    if (own > 0) {
+        pad_to_comment(sb, start);
+        rfi_sb_printf(sb, "# %lld parameter%s of its own", (long long)own, own == 1 ? "" : "s");
+    }
+    rfi_sb_printf(sb, "\n");
     char cfg[256] = "";
     if (m->type->describe)
         m->type->describe(m, cfg, sizeof cfg);
