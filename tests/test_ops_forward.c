@@ -636,24 +636,26 @@ static void build_round_trip(rf_trace *t, rf_tensor *const *a, int n, void *u)
     rf_return(t, rf_convert(rf_convert(a[0], RF_I64), RF_F64));
     rf_return(t, rf_convert(rf_convert(a[0], RF_I32), RF_F64));
     rf_return(t, rf_convert(rf_convert(a[1], RF_I64), RF_F32));
+    rf_return(t, rf_convert(rf_convert(rf_convert(a[1], RF_I32), RF_I64), RF_F32));
+    rf_return(t, rf_convert(rf_convert(rf_convert(a[0], RF_U8), RF_I32), RF_F64));
 }
 
 static void test_convert_round_trip(void)
 {
     double x[19];
-    for (int i = 0; i < 19; i++) /* -0.9 .. 0.9 and -0, both vector body and tail */
-        x[i] = i == 9 ? -0.0 : (i - 9) * 0.1;
+    for (int i = 0; i < 19; i++) /* -0 and -0.1 .. -0.9 (and 0.1 .. 0.3), body and tail */
+        x[i] = i % 10 == 0 ? -0.0 : i % 7 == 3 ? (i % 3 + 1) * 0.1 : -(i % 10) * 0.1;
     rf_array *in[2] = {tp_dev(RF_F64, DIMS(19), 1, x), tp_dev(RF_F32, DIMS(19), 1, x)};
-    rf_array *o[3] = {0};
-    if (run_prog("float -> int -> float", build_round_trip, NULL, in, 2, o, 3)) {
-        for (int k = 0; k < 3; k++) {
+    rf_array *o[5] = {0};
+    if (run_prog("float -> int -> float", build_round_trip, NULL, in, 2, o, 5)) {
+        for (int k = 0; k < 5; k++) {
             double *v = tp_read(o[k], NULL);
             for (int i = 0; v && i < 19; i++)
                 CHECK(v[i] == 0 && !signbit(v[i]));
             free(v);
         }
     }
-    tp_free_all(o, 3);
+    tp_free_all(o, 5);
     tp_free_all(in, 2);
 }
 

@@ -421,11 +421,22 @@ static void binary_int(rfi_render *R, const rfi_kir_ins *x)
  * the saturated truncation in double, plus 0 (which gcc cannot drop from a value that
  * may be -0). Equal to the pair's value: every saturated truncation is an integer the
  * integer type holds, converted exactly or rounded alike. */
+static int int_bits(rf_dtype dt)
+{
+    return dt == RF_U8 ? 8 : dt == RF_I32 ? 32 : dt == RF_I64 ? 64 : 0;
+}
+
+/* Integer conversions that keep every value (u8 -> i32, i32 -> i64, ...) may stand
+ * between the two: the integer is still the saturated truncation. */
 static bool float_int_float(rfi_render *R, const rfi_kir_ins *x)
 {
     const rfi_kir_ins *i = &R->k->ins[x->a];
+    while (i->op == RFI_KIR_CONVERT && int_bits(i->dtype) > 0 &&
+           int_bits(R->k->ins[i->a].dtype) > 0 &&
+           int_bits(R->k->ins[i->a].dtype) < int_bits(i->dtype))
+        i = &R->k->ins[i->a];
     if (i->op != RFI_KIR_CONVERT || !rfi_dtype_is_float(R->k->ins[i->a].dtype) ||
-        (i->dtype != RF_I32 && i->dtype != RF_I64 && i->dtype != RF_U8))
+        int_bits(i->dtype) == 0)
         return false;
     R->need |= RFI_NEED_SAT;
     putf(R->sb, "((%s)rf_ftrunc_%s((double)", rfi_render_ctype(x->dtype),
