@@ -13,8 +13,9 @@
  * handful (one per batch shape), and past 8 we warn, because that usually
  * means a model or optimiser rebuilt every iteration. A model or optimiser
  * rebuilt every iteration whose predecessor was freed leaves no cache growing,
- * so the documented process-wide record below counts compiles of each key
- * without the objects' identities, and warns past 8 of one such key. It does
+ * so the documented process-wide record below counts, per key without the
+ * objects' identities, compiles for new objects after the previous ones were
+ * freed, and warns past 8 of one such key. It does
  * not compile or run anything (trainstep.c does).
  */
 #include "train_internal.h"
@@ -228,16 +229,21 @@ static void warn_many(const rf_model *m, const rfi_step_cache *c, const rfi_step
 }
 
 /* ---- Steps compiled again for new objects ----------------------------------------------
- * Documented process-wide cache: how many times each step key, less the identities of
- * the model and optimiser objects and the loss's ctx, was compiled (REBUILD_SLOTS keys,
- * the least recently compiled replaced), under a mutex. */
+ * Documented process-wide cache: for each step key less the identities of the model and
+ * optimiser objects and the loss's ctx (REBUILD_SLOTS keys, the least recently compiled
+ * replaced, under a mutex), the objects it was last compiled for and whether one of them
+ * has been freed since. A compile for new objects after the previous ones were freed is a
+ * rebuild; recompiles for living objects (rf_model_cache_clear, an ensemble of models of
+ * one architecture) are not counted. */
 
 #define REBUILD_SLOTS 64
 
 typedef struct rebuild_record {
     uint64_t key, last_use;
-    int compiles;
-    bool warned;
+    int compiles;           /* the first, and each rebuild since */
+    bool warned, orphaned;  /* orphaned: last_cache's model or last_opt_uid freed */
+    const rfi_step_cache *last_cache;
+    uint64_t last_opt_uid;
 } rebuild_record;
 
 static pthread_mutex_t rebuild_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -259,9 +265,9 @@ static uint64_t structural_key(const rfi_step_probe *p)
     return h;
 }
 
-/* Counts a compile of p's key for a model or optimiser; true the first time the count
- * passes WARN_ENTRIES. */
-static bool compiled_again(const rfi_step_probe *p)
+/* Records a compile of p's key for the model whose cache is c; true the first time the
+ * key's rebuilds pass WARN_ENTRIES. */
+static bool compiled_again(const rfi_step_cache *c, const rfi_step_probe *p)
 {
     uint64_t key = structural_key(p);
     pthread_mutex_lock(&rebuild_lock);
@@ -274,13 +280,29 @@ static bool compiled_again(const rfi_step_probe *p)
     }
     if (!r) {
         r = oldest;
-        *r = (rebuild_record){key, 0, 0, false};
+        *r = (rebuild_record){.key = key};
     }
+    if (r->compiles == 0 || r->orphaned)
+        r->compiles++;
+    r->orphaned = false;
+    r->last_cache = c;
+    r->last_opt_uid = p->opt_uid;
     r->last_use = ++rebuild_clock;
-    bool warn = ++r->compiles > WARN_ENTRIES && !r->warned;
+    bool warn = r->compiles > WARN_ENTRIES && !r->warned;
     r->warned = r->warned || warn;
     pthread_mutex_unlock(&rebuild_lock);
     return warn;
+}
+
+/* The model whose cache is c (c non-NULL), or the optimiser opt_uid, is being freed. */
+static void objects_freed(const rfi_step_cache *c, uint64_t opt_uid)
+{
+    pthread_mutex_lock(&rebuild_lock);
+    for (int i = 0; i < REBUILD_SLOTS; i++)
+        if (rebuilds[i].compiles > 0 &&
+            (c ? rebuilds[i].last_cache == c : rebuilds[i].last_opt_uid == opt_uid))
+            rebuilds[i].orphaned = true;
+    pthread_mutex_unlock(&rebuild_lock);
 }
 
 static void warn_rebuilt(const rf_model *m, const rfi_step_probe *p)
@@ -348,7 +370,7 @@ rfi_step_entry *rfi_step_cache_insert(rf_model *m, const rfi_step_probe *p, rf_e
     }
     c->entries[c->n++] = e;
     c->compiles++;
-    bool again = compiled_again(p);
+    bool again = compiled_again(c, p);
     if (c->n > WARN_ENTRIES)
         warn_many(m, c, p);
     else if (again)
@@ -361,6 +383,7 @@ void rfi_step_cache_drop_opt(rf_model *m, uint64_t opt_uid)
     rfi_step_cache *c = m ? m->cache : NULL;
     if (!c)
         return;
+    objects_freed(NULL, opt_uid);
     int kept = 0;
     for (int i = 0; i < c->n; i++) {
         if (c->entries[i]->opt_uid == opt_uid)
@@ -375,6 +398,7 @@ void rfi_step_cache_free(rfi_step_cache *c)
 {
     if (!c)
         return;
+    objects_freed(c, 0);
     for (int i = 0; i < c->n; i++)
         entry_free(c->entries[i]);
     rfi_free(c->entries);
