@@ -1967,7 +1967,8 @@ static void test_gelu_tail(void)
         if (run_prog("gelu tail", build_gelu, NULL, &in, 1, &o, 1)) {
             double *v = tp_read(o, NULL);
             for (int i = 0; v && i < N; i++) {
-                long double xv = d ? x[i] : (float)x[i], c = sqrtl(2.0L / 3.14159265358979323846264L);
+                long double c = sqrtl(2.0L / 3.14159265358979323846264L);
+                long double xv = d ? x[i] : (float)x[i];
                 long double z = c * (xv + 0.044715L * xv * xv * xv);
                 double want = (double)(xv / (1 + expl(-2 * z)));
                 double bound = (double)(4 * fabsl(2 * z) + 8) * (d ? DBL_EPSILON : FLT_EPSILON);
