@@ -129,6 +129,9 @@ struct rf_exec {
      * hold run_lock, so calls from several threads wait for each other. */
     void **ptrs;
     void **staged;
+    /* The address range spanning every updated captured array (empty: lo == hi): an
+     * argument outside it overlaps none of them (exec.c checks every run). */
+    uintptr_t updated_lo, updated_hi;
     pthread_mutex_t run_lock;
 };
 
