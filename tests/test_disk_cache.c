@@ -871,6 +871,40 @@ static void test_no_gather_flag(void)
     if (f)
         fclose(f);
     CHECK(probes == 4); /* -mno-gather refused, then gcc 12's accepted; again after damage */
+
+    /* a probe that could not finish (the compiler killed) gives no answer to remember:
+     * asked again next time, where a stored "none" would drop the flag for good */
+    snprintf(script, sizeof script, "%s/crash-cc", root);
+    snprintf(log, sizeof log, "%s/crash-cc.log", root);
+    f = fopen(script, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fprintf(f,
+                "#!/bin/sh\n"
+                "if [ \"$1\" = --version ]; then echo 'crash-cc 1.0'; exit 0; fi\n"
+                "echo \"$*\" >> '%s'\n"
+                "kill -KILL $$\n",
+                log);
+        fclose(f);
+    }
+    chmod(script, 0700);
+    for (int k = 0; k < 2; k++) {
+        unsetenv("CC");
+        CHECK_OK(rfi_cc_context(&context));
+        rfi_free(context);
+        setenv("CC", script, 1);
+        CHECK_OK(rfi_cc_context(&context));
+        CHECK(context && !strstr(context, "gather"));
+        rfi_free(context);
+    }
+    probes = 0;
+    f = fopen(log, "r");
+    CHECK(f != NULL);
+    while (f && fgets(line, sizeof line, f))
+        probes += strncmp(line, "-fsyntax-only", 13) == 0;
+    if (f)
+        fclose(f);
+    CHECK(probes == 6); /* all three flags, both times */
     cc_restore(saved_cc);
 #endif
 }

@@ -81,6 +81,9 @@ static int fd_above_stdio(int fd)
     return moved;
 }
 
+/* The exit status of a child that could not start the program (as a shell's). */
+#define CHILD_EXEC_FAILED 127
+
 /* In the child, between fork and exec: async-signal-safe calls only. */
 static void child_exec(const char *path, char *const argv[], int in_fd, int out_fd,
                        long max_fd, const char *exec_fail_msg)
@@ -93,7 +96,7 @@ static void child_exec(const char *path, char *const argv[], int in_fd, int out_
     setpgid(0, 0);
     signal(SIGCHLD, SIG_DFL);
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
-        _exit(127);
+        _exit(CHILD_EXEC_FAILED);
 #ifdef SYS_close_range
     if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
 #endif
@@ -102,7 +105,7 @@ static void child_exec(const char *path, char *const argv[], int in_fd, int out_
     execv(path, argv);
     ssize_t w = write(2, exec_fail_msg, strlen(exec_fail_msg));
     (void)w;
-    _exit(127);
+    _exit(CHILD_EXEC_FAILED);
 }
 
 /* wstatus values of run_program that no process gives */
@@ -503,8 +506,12 @@ static const char *const no_gather_flags[] = {
     "-mtune-ctrl=^use_gather_2parts,^use_gather_4parts,^use_gather_8parts", /* gcc 13's names */
 };
 
-/* Whether the compiler accepts `flag` (checking an empty translation unit). */
-static bool compiler_accepts(const compiler_info *ci, const char *flag)
+typedef enum probe_verdict { PROBE_ACCEPTED, PROBE_REJECTED, PROBE_FAILED } probe_verdict;
+
+/* Whether the compiler accepts `flag` (checking an empty translation unit): accepted
+ * (exit 0), rejected (it ran and exited with a failure status), or failed (it could not
+ * be run, waited for or finished: an answer nobody may remember). */
+static probe_verdict compiler_accepts(const compiler_info *ci, const char *flag)
 {
     char *argv[CC_MAX_ARGS + 7];
     int a = command_start(ci, argv);
@@ -517,9 +524,13 @@ static bool compiler_accepts(const compiler_info *ci, const char *flag)
     rfi_strbuf out = {0};
     bool trunc = false;
     int ws = 0;
-    bool ok = run_program(ci->exec_path, argv, &out, &trunc, &ws) == 0 && status_ok(ws);
+    bool ran = run_program(ci->exec_path, argv, &out, &trunc, &ws) == 0;
     rfi_sb_free(&out);
-    return ok;
+    if (ran && status_ok(ws))
+        return PROBE_ACCEPTED;
+    if (ran && ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) != CHILD_EXEC_FAILED)
+        return PROBE_REJECTED;
+    return PROBE_FAILED;
 }
 
 /* Index of `value` among the no-gather flags, n for "none", -1 for anything else (a
@@ -552,10 +563,16 @@ static void find_no_gather_flag(compiler_info *ci, const char *resolved)
             return;
     }
     size_t n = sizeof no_gather_flags / sizeof no_gather_flags[0];
-    for (size_t i = 0; i < n && !ci->no_gather[0]; i++)
-        if (compiler_accepts(ci, no_gather_flags[i]))
+    bool answered = true; /* every probe ran to an answer: remember it */
+    for (size_t i = 0; i < n && !ci->no_gather[0]; i++) {
+        probe_verdict v = compiler_accepts(ci, no_gather_flags[i]);
+        if (v == PROBE_ACCEPTED)
             snprintf(ci->no_gather, sizeof ci->no_gather, "%s", no_gather_flags[i]);
-    if (named)
+        answered = answered && v != PROBE_FAILED;
+    }
+    /* "none" after a probe that could not run would drop the flag for good, and gcc 12's
+     * gathers miscompile: only a complete answer is kept */
+    if (named && (ci->no_gather[0] || answered))
         rfi_disk_cache_memo_put(memo, ci->no_gather[0] ? ci->no_gather : "none");
 }
 #else
