@@ -20,7 +20,8 @@
  *   - RF_DUMP always generates (the C text is dumped) and skips the memo;
  *   - a memo record with a byte altered, writable by others, or missing is a
  *     miss (the module still comes through the index) and is written again;
- *   - RF_UNROLL_POOLS=0 (read by the optimise stage) gets a record of its own;
+ *   - RF_UNROLL_POOLS=0 (read by the optimise stage) gets a record of its own,
+ *     RF_BF16_KERNELS=0 (read by the renderer) an index entry of its own;
  *   - a program whose independent nodes are created in another order traces
  *     to the same canonical program: it generates nothing and takes the first
  *     order's module.
@@ -328,6 +329,18 @@ static void test_optimise_switches_key_the_record(void)
     check_outcome(compile_and_run(), 0, 1, 0, 1);
 }
 
+/* What the renderer reads from the environment keys the program index: under
+ * RF_BF16_KERNELS=0 the source is generated again (for this f32 step the same bytes,
+ * so the module is a disk hit, no compiler; a bf16 product's would differ). */
+static void test_render_switches_key_the_index(void)
+{
+    setenv("RF_BF16_KERNELS", "0", 1);
+    check_outcome(compile_and_run(), 1, 0, 0, 1);
+    check_outcome(compile_and_run(), 0, 1, 0, 1);
+    unsetenv("RF_BF16_KERNELS");
+    check_outcome(compile_and_run(), 0, 1, 0, 1);
+}
+
 /* exp(x) and tanh(x), created in either order: the traced programs are put in
  * one canonical order, so they are one program for every cache. */
 static void exp_then_tanh(rf_trace *t, void *ctx)
@@ -409,6 +422,7 @@ int main(int argc, char **argv)
     test_dump_always_generates();
     test_bad_record_is_rebuilt();
     test_optimise_switches_key_the_record();
+    test_render_switches_key_the_index();
     test_creation_order_is_not_part_of_the_program();
     tu_remove_tree(root);
     return tu_finish("test_warm_compile");

@@ -148,13 +148,14 @@ static rf_status make_arena(cpu_state *s)
  *     program's name (the generator does not read it today; it is cheap).
  * Plan options are described field by field (the assertion below catches a
  * new field that changes the struct's size). The plan, the lowering and the
- * renderer read nothing but the program and these options (the environment
- * only through rfi_plan_opts_default): one that starts reading anything else
- * must put it in the description too.
+ * renderer read nothing but the program, these options (the environment only
+ * through rfi_plan_opts_default) and RF_BF16_KERNELS (whether generated bf16
+ * products may use the CPU's bf16 instructions): one that starts reading
+ * anything else must put it in the description too.
  * The index stores the whole description and compares it byte for byte;
  * varints keep it small (18 KB for the ResNet step). */
 
-#define DESC_MAGIC "reflux cpu program description v2"
+#define DESC_MAGIC "reflux cpu program description v3"
 
 /* Every field of rfi_plan_opts (see above for what the assertion catches). */
 _Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 16,
@@ -185,6 +186,7 @@ static bool describe(const rfi_graph *g, const rfi_plan_opts *opts, rfi_strbuf *
     rfi_sb_printf(b, "%s\n%s\n", DESC_MAGIC, build_id);
     rfi_codec_put_int(b, RF_MODULE_ABI);
     desc_plan_opts(b, opts);
+    rfi_codec_put_int(b, rfi_bf16_kernels_allowed()); /* the renderer reads it */
     rfi_program_describe(b, g);
     if (b->failed) {
         rfi_sb_free(b);
