@@ -392,6 +392,31 @@ static void test_special_files_are_replaced(void)
     }
 }
 
+/* A directory or a symlink at an entry's lock file is removed and the lock made again:
+ * the intact entry loads (no compile), where every compile of it failed to lock. */
+static void test_bad_lock_path_is_replaced(void)
+{
+    for (int kind = 0; kind < 2; kind++) {
+        char so[600], lock[620];
+        entry_object(so, sizeof so);
+        size_t len = strlen(so);
+        const char *dot = strrchr(so, '.');
+        CHECK(dot != NULL);
+        snprintf(lock, sizeof lock, "%.*s.lock", (int)(dot ? (size_t)(dot - so) : len), so);
+        unlink(lock);
+        CHECK(kind == 0 ? mkdir(lock, 0700) == 0 : symlink("/nonexistent", lock) == 0);
+        rfi_module *m = NULL;
+        rf_status st;
+        uint64_t c0 = rfi_cc_n_compiles();
+        CHECK_NEAR(load_and_run(0, &m, &st), 42.0, 0, 0);
+        CHECK_OK(st);
+        CHECK(rfi_cc_n_compiles() == c0);
+        struct stat sb;
+        CHECK(lstat(lock, &sb) != 0 || S_ISREG(sb.st_mode)); /* a file, or gone */
+        rfi_module_free(m);
+    }
+}
+
 /* Memoised values (the compiler's version line): round trip, a memo of the
  * compiler was written by the loads above, names are checked, an untrusted or
  * multi-line memo is ignored. */
@@ -1349,6 +1374,7 @@ int main(int argc, char **argv)
     test_corrupt_entry_is_rebuilt();
     test_writable_file_is_never_loaded();
     test_special_files_are_replaced();
+    test_bad_lock_path_is_replaced();
     test_memo();
     test_records();
     test_untrusted_dir_falls_back();

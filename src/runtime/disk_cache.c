@@ -418,7 +418,13 @@ static rf_status build_entry(const entry_paths *p, const char *source, const cha
  * fd or -1 (errno EWOULDBLOCK: held by someone else, when not waiting). */
 static int lock_path(const char *path, bool wait)
 {
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+    if (fd < 0 && (errno == EISDIR || errno == ELOOP)) {
+        /* a directory or a symlink someone made there would fail every compile of
+         * the entry: removed, and the lock file made again */
+        remove_path(path);
+        fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+    }
     if (fd < 0)
         return -1;
     while (flock(fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
