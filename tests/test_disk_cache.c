@@ -831,6 +831,24 @@ static void test_compiler_with_arguments(void)
     cc_restore(saved_cc);
 }
 
+/* The compiler's memos are written when its identity is first worked out, also before
+ * anything has made the cache directory (a second process asked the compiler again). */
+static void test_memos_in_a_fresh_dir(void)
+{
+    char fresh[700], cmd[800];
+    snprintf(fresh, sizeof fresh, "%s/fresh-cache", root);
+    char *saved_cc = cc_save();
+    setenv("RF_CACHE_DIR", fresh, 1);
+    setenv("CC", "cc -std=c11", 1); /* an identity this process has not worked out */
+    char *context = NULL;
+    CHECK_OK(rfi_cc_context(&context));
+    rfi_free(context);
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q '^cc-version-.*\\.memo$'", fresh);
+    CHECK(system(cmd) == 0);
+    cc_restore(saved_cc);
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+}
+
 /* The flag that keeps modules free of gathers (cc.c): a fake compiler that
  * accepts only gcc 12's spelling gets that one, in its context and in its
  * compile command, and is asked once: a second lookup of the same binary
@@ -1375,6 +1393,7 @@ int main(int argc, char **argv)
     test_writable_file_is_never_loaded();
     test_special_files_are_replaced();
     test_bad_lock_path_is_replaced();
+    test_memos_in_a_fresh_dir();
     test_memo();
     test_records();
     test_untrusted_dir_falls_back();

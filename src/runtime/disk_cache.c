@@ -874,12 +874,15 @@ bool rfi_disk_cache_memo_get(const char *name, char **value)
 
 void rfi_disk_cache_memo_put(const char *name, const char *value)
 {
-    char path[PATH_MAX];
-    if (value && *value && !strchr(value, '\n') && memo_path(name, path, sizeof path)) {
-        int saved = errno;
+    char path[PATH_MAX], dir[PATH_MAX];
+    int saved = errno;
+    /* the compiler's identity is worked out before the first entry makes the directory:
+     * without it here a second process would ask the compiler again */
+    if (configured_dir(dir, sizeof dir - 80))
+        (void)rfi_make_dirs(dir);
+    if (value && *value && !strchr(value, '\n') && memo_path(name, path, sizeof path))
         (void)write_atomic(path, value, strlen(value));
-        errno = saved;
-    }
+    errno = saved;
 }
 
 /* ---- The size limit ---------------------------------------------------------------------- *
