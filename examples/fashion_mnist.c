@@ -92,14 +92,9 @@ static rf_status evaluate(rf_jitted *count, rf_loader *test, double *acc)
 /* A subset of the first `limit` observations (all when limit <= 0). */
 static rf_status take(rf_array **a, int64_t limit)
 {
-    int64_t n = rf_array_dims(*a)[0];
-    if (limit <= 0 || limit >= n)
+    if (limit <= 0 || limit >= rf_array_dims(*a)[0])
         return RF_OK;
-    int64_t dims[RF_MAX_RANK];
-    int rank = rf_array_rank(*a);
-    memcpy(dims, rf_array_dims(*a), sizeof(int64_t) * (size_t)rank);
-    dims[0] = limit;
-    rf_array *sub = rf_array_from(rf_array_dtype(*a), dims, rank, rf_array_data(*a));
+    rf_array *sub = rf_array_rows(*a, 0, limit);
     if (!sub)
         return RF_E_NOMEM;
     rf_array_free(*a);

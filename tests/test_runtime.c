@@ -158,6 +158,34 @@ static void test_array_to(void)
     rf_array_free(h3);
 }
 
+static void test_array_rows(void)
+{
+    const float v[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    rf_array *h = rf_array_from(RF_F32, RF_SHAPE(5, 2), v);
+    rf_array *c = rf_array_to(h, rf_device_cpu());
+    rf_array *r = rf_array_rows(c, 1, 3);
+    CHECK(r && rf_array_device(r) == rf_device_cpu() && rf_array_rank(r) == 2 &&
+          rf_array_dims(r)[0] == 2 && rf_array_dims(r)[1] == 2);
+    float got[4] = {0};
+    CHECK_OK(rf_array_read(r, got, sizeof got));
+    CHECK(got[0] == 2 && got[1] == 3 && got[2] == 4 && got[3] == 5);
+    rf_array_free(r);
+    r = rf_array_rows(h, 5, 5); /* empty, on the host */
+    CHECK(r && rf_array_dims(r)[0] == 0 && rf_array_device(r) == rf_device_host());
+    rf_array_free(r);
+    CHECK(rf_array_rows(c, 3, 6) == NULL);
+    CHECK_MSG("rf_array_rows: rows [3, 6) are not within the 5 of f32[5,2]");
+    CHECK(rf_array_rows(c, 2, 1) == NULL && rf_array_rows(c, -1, 1) == NULL);
+    CHECK(rf_array_rows(NULL, 0, 0) == NULL);
+    CHECK_MSG("rf_array_rows: array is NULL");
+    rf_array *s = rf_fill(RF_F32, NULL, 0, 1.0);
+    CHECK(rf_array_rows(s, 0, 0) == NULL);
+    CHECK_MSG("rank 0");
+    rf_array_free(s);
+    rf_array_free(c);
+    rf_array_free(h);
+}
+
 static void test_random(void)
 {
     enum { N = 20000 };
@@ -682,6 +710,7 @@ int main(void)
     test_devices();
     test_array_basics();
     test_array_to();
+    test_array_rows();
     test_random();
     test_to_number();
     test_refcount_threads();

@@ -44,6 +44,11 @@ typedef struct rf_to_opts {
 RF_API rf_array *rf_array_to(const rf_array *a, rf_device *dev);
 RF_API rf_array *rf_array_to_opts(const rf_array *a, rf_device *dev, const rf_to_opts *opts);
 
+/* A copy of rows [lo, hi) of `a` along its first dim, on a's device (a subset of
+ * a dataset: rf_array_rows(images, 0, 10000)). 0 <= lo <= hi <= dims[0], rank >= 1.
+ * Owned. Errors: RF_E_INVALID (NULL, rank 0), RF_E_SHAPE (the range), RF_E_NOMEM. */
+RF_API rf_array *rf_array_rows(const rf_array *a, int64_t lo, int64_t hi);
+
 RF_API rf_device *rf_array_device(const rf_array *a);
 RF_API rf_dtype rf_array_dtype(const rf_array *a);
 RF_API int rf_array_rank(const rf_array *a);

@@ -278,6 +278,33 @@ rf_array *rf_array_to_opts(const rf_array *a, rf_device *dev, const rf_to_opts *
     return array_to("rf_array_to_opts", a, dev, opts);
 }
 
+rf_array *rf_array_rows(const rf_array *a, int64_t lo, int64_t hi)
+{
+    static const char op[] = "rf_array_rows";
+    if (!a || a->rank < 1) {
+        rfi_error(RF_E_INVALID, "%s: %s", op, a ? "the array has no rows (rank 0)"
+                                               : "array is NULL");
+        return NULL;
+    }
+    if (lo < 0 || lo > hi || hi > a->dims[0]) {
+        char ty[128];
+        rfi_type_str(ty, sizeof ty, a->dtype, a->dims, a->rank);
+        rfi_error(RF_E_SHAPE, "%s: rows [%lld, %lld) are not within the %lld of %s", op,
+                  (long long)lo, (long long)hi, (long long)a->dims[0], ty);
+        return NULL;
+    }
+    int64_t dims[RF_MAX_RANK];
+    memcpy(dims, a->dims, (size_t)a->rank * sizeof dims[0]);
+    dims[0] = hi - lo;
+    rf_array *b = alloc_checked(op, a->device, a->dtype, dims, a->rank);
+    if (!b)
+        return NULL;
+    size_t row = a->dims[0] > 0 ? a->nbytes / (size_t)a->dims[0] : 0;
+    if (b->nbytes > 0)
+        memcpy(b->data, (const char *)a->data + (size_t)lo * row, b->nbytes);
+    return b;
+}
+
 /* ---- Accessors ------------------------------------------------------------------------- */
 
 rf_device *rf_array_device(const rf_array *a) { return a ? a->device : NULL; }
