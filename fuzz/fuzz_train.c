@@ -114,7 +114,7 @@ static rf_model *model(bytes *b)
 static rf_rule *rule(bytes *b)
 {
     double a = hyper_of(b), c = hyper_of(b), d = hyper_of(b), e = hyper_of(b);
-    switch (next(b) % 20) {
+    switch (next(b) % 21) {
     case 0: return rf_descent(a);
     case 1: return rf_momentum(a, c);
     case 2: return rf_nesterov(a, c);
@@ -134,6 +134,7 @@ static rf_rule *rule(bytes *b)
     case 16: return rf_signdecay(a);
     case 17: return rf_clipgrad(a);
     case 18: return rf_clipnorm(a, c);
+    case 19: return rf_clipnorm_global(a, c);
     default: return rf_accumgrad((int)size_of(b));
     }
 }
