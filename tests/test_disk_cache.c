@@ -849,6 +849,34 @@ static void test_memos_in_a_fresh_dir(void)
     setenv("RF_CACHE_DIR", cache_dir, 1);
 }
 
+/* The context of the compiler `cc` worked out again: another compiler's first, so this
+ * process's identity cache does not answer (owned). */
+static char *context_again(const char *cc)
+{
+    char *context = NULL;
+    unsetenv("CC");
+    CHECK_OK(rfi_cc_context(&context));
+    rfi_free(context);
+    context = NULL;
+    setenv("CC", cc, 1);
+    CHECK_OK(rfi_cc_context(&context));
+    return context;
+}
+
+/* Lines of a fake compiler's log that are flag probes. */
+static int count_probes(const char *log)
+{
+    int probes = 0;
+    char line[1024];
+    FILE *f = fopen(log, "r");
+    CHECK(f != NULL);
+    while (f && fgets(line, sizeof line, f))
+        probes += strncmp(line, "-fsyntax-only", 13) == 0;
+    if (f)
+        fclose(f);
+    return probes;
+}
+
 /* The flag that keeps modules free of gathers (cc.c): a fake compiler that
  * accepts only gcc 12's spelling gets that one, in its context and in its
  * compile command, and is asked once: a second lookup of the same binary
@@ -884,11 +912,7 @@ static void test_no_gather_flag(void)
     rfi_module *m = NULL;
     CHECK_STATUS(rfi_cc_load_module("int z;", "gather", &m), RF_E_COMPILE);
     CHECK_MSG("-mtune-ctrl=^use_gather -o");
-    unsetenv("CC"); /* another compiler, then this one again: from the memo */
-    CHECK_OK(rfi_cc_context(&context));
-    rfi_free(context);
-    setenv("CC", script, 1);
-    CHECK_OK(rfi_cc_context(&context));
+    context = context_again(script); /* from the memo */
     CHECK(context && strstr(context, "-mtune-ctrl=^use_gather"));
     rfi_free(context);
     /* a damaged memo (a torn write: "-mtune-ctrl") never reaches a command line: the
@@ -898,22 +922,10 @@ static void test_no_gather_flag(void)
              "for f in '%s'/cc-gather-*.memo; do printf %%s -mtune-ctrl > \"$f\"; done",
              cache_dir);
     CHECK(system(cmd) == 0);
-    unsetenv("CC");
-    CHECK_OK(rfi_cc_context(&context));
-    rfi_free(context);
-    setenv("CC", script, 1);
-    CHECK_OK(rfi_cc_context(&context));
+    context = context_again(script);
     CHECK(context && strstr(context, "-mno-red-zone -mtune-ctrl=^use_gather -lm"));
     rfi_free(context);
-    int probes = 0;
-    char line[1024];
-    f = fopen(log, "r");
-    CHECK(f != NULL);
-    while (f && fgets(line, sizeof line, f))
-        probes += strncmp(line, "-fsyntax-only", 13) == 0;
-    if (f)
-        fclose(f);
-    CHECK(probes == 4); /* -mno-gather refused, then gcc 12's accepted; again after damage */
+    CHECK(count_probes(log) == 4); /* -mno-gather refused, then gcc 12's accepted; again after damage */
 
     /* a probe that could not finish (the compiler killed) gives no answer to remember:
      * asked again next time, where a stored "none" would drop the flag for good */
@@ -932,22 +944,11 @@ static void test_no_gather_flag(void)
     }
     chmod(script, 0700);
     for (int k = 0; k < 2; k++) {
-        unsetenv("CC");
-        CHECK_OK(rfi_cc_context(&context));
-        rfi_free(context);
-        setenv("CC", script, 1);
-        CHECK_OK(rfi_cc_context(&context));
+        context = context_again(script);
         CHECK(context && !strstr(context, "gather"));
         rfi_free(context);
     }
-    probes = 0;
-    f = fopen(log, "r");
-    CHECK(f != NULL);
-    while (f && fgets(line, sizeof line, f))
-        probes += strncmp(line, "-fsyntax-only", 13) == 0;
-    if (f)
-        fclose(f);
-    CHECK(probes == 6); /* all three flags, both times */
+    CHECK(count_probes(log) == 6); /* all three flags, both times */
     cc_restore(saved_cc);
 #endif
 }

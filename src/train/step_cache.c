@@ -196,6 +196,14 @@ static void describe_part(rfi_strbuf *sb, int part, const rfi_step_probe *p,
     }
 }
 
+/* m described for a warning, at most 159 characters ("...)" ending a cut one). */
+static void describe_for_warning(const rf_model *m, char model[160])
+{
+    rfi_model_describe(m, model, 160);
+    if (strlen(model) == 159) /* cut: say so */
+        memcpy(model + 155, "...)", 5);
+}
+
 /* Warns that c holds many entries, naming how the new one (the last) differs
  * from the nearest other entry (fewest differing key parts; the newest wins ties). */
 static void warn_many(const rf_model *m, const rfi_step_cache *c, const rfi_step_probe *p)
@@ -218,9 +226,7 @@ static void warn_many(const rf_model *m, const rfi_step_cache *c, const rfi_step
         describe_part(&sb, part, p, nearest);
     }
     char model[160];
-    rfi_model_describe(m, model, sizeof model);
-    if (strlen(model) == sizeof model - 1) /* cut: say so */
-        memcpy(model + sizeof model - 5, "...)", 5);
+    describe_for_warning(m, model);
     fprintf(stderr, "reflux: warning: %d compiled train steps cached for model %s: the new one "
             "differs from the nearest in %s; rebuilding the model or optimiser every "
             "iteration compiles a new step each time\n", c->n, model,
@@ -308,9 +314,7 @@ static void objects_freed(const rfi_step_cache *c, uint64_t opt_uid)
 static void warn_rebuilt(const rf_model *m, const rfi_step_probe *p)
 {
     char model[160];
-    rfi_model_describe(m, model, sizeof model);
-    if (strlen(model) == sizeof model - 1) /* cut: say so */
-        memcpy(model + sizeof model - 5, "...)", 5);
+    describe_for_warning(m, model);
     fprintf(stderr, "reflux: warning: the train step of model %s with %s has been compiled "
             "more than %d times in this process, for new model or optimiser objects each "
             "time: build the model and optimiser once and reuse them\n", model,

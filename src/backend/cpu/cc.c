@@ -555,9 +555,10 @@ static void find_no_gather_flag(compiler_info *ci, const char *resolved)
     bool named = memo_name("gather", ci, resolved, memo, sizeof memo);
     if (named && rfi_disk_cache_memo_get(memo, &value)) {
         int choice = no_gather_choice(value);
+        int n_flags = (int)(sizeof no_gather_flags / sizeof no_gather_flags[0]);
         if (choice >= 0)
             snprintf(ci->no_gather, sizeof ci->no_gather, "%s",
-                     strcmp(value, "none") ? no_gather_flags[choice] : "");
+                     choice < n_flags ? no_gather_flags[choice] : "");
         rfi_free(value);
         if (choice >= 0)
             return;
