@@ -925,7 +925,8 @@ static void test_no_gather_flag(void)
     context = context_again(script);
     CHECK(context && strstr(context, "-mno-red-zone -mtune-ctrl=^use_gather -lm"));
     rfi_free(context);
-    CHECK(count_probes(log) == 4); /* -mno-gather refused, then gcc 12's accepted; again after damage */
+    /* -mno-gather refused, then gcc 12's accepted; again after the damage */
+    CHECK(count_probes(log) == 4);
 
     /* a probe that could not finish (the compiler killed) gives no answer to remember:
      * asked again next time, where a stored "none" would drop the flag for good */
