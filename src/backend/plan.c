@@ -422,12 +422,13 @@ rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan
     if (g->status != RF_OK)
         return rfi_error(RF_E_INVALID, "rfi_plan_build: the program %s failed to trace",
                          g->name ? g->name : "program");
+    uint64_t failures = rfi_alloc_failures_here();
     rfi_plan *p = rfi_calloc(1, sizeof *p);
     if (!p)
         return rfi_error(RF_E_NOMEM, "rfi_plan_build: out of memory");
     p->g = g;
     p->loc = rfi_arena_alloc(&p->mem, ((size_t)g->n_nodes + 1) * sizeof *p->loc);
-    rfi_plan_builder b;
+    rfi_plan_builder b = {0}; /* freeable even when builder_init is not reached */
     rf_status st = RF_OK;
     if (!p->loc || !builder_init(&b, g, opts, p))
         st = rfi_error(RF_E_NOMEM, "rfi_plan_build: out of memory");
@@ -454,8 +455,12 @@ rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan
     }
     if (st == RF_OK)
         st = rfi_memplan(&b);
-    if (p->loc)
-        builder_free(&b);
+    builder_free(&b);
+    /* A decision that could not allocate was taken as "no" (no fusion, no
+     * layout): a plan must be a function of its program and options alone,
+     * as modules are found by those in the disk cache's index. */
+    if (st == RF_OK && rfi_alloc_failures_here() != failures)
+        st = rfi_error(RF_E_NOMEM, "rfi_plan_build: out of memory");
     if (st != RF_OK) {
         rfi_plan_free(p);
         return st;

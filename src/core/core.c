@@ -11,7 +11,8 @@
 
 /* ---- Errors ------------------------------------------------------------------ */
 
-/* The one piece of per-thread state: the last failure's message. */
+/* Per-thread state, one of two pieces (the other: failed_here below): the
+ * last failure's message. */
 static _Thread_local char errmsg[RFI_ERRMSG_MAX];
 
 rf_status rfi_verror(rf_status st, const char *fmt, va_list ap)
@@ -48,36 +49,79 @@ const char *rf_version(void) { return "0.1.0"; }
 
 /* ---- Allocation ---------------------------------------------------------------- */
 
+/* Documented global state: the allocation count, and the failure hook tests
+ * set (fail_at: the number of the first allocation that fails, 0 for none). */
 static atomic_uint_fast64_t n_allocs;
+static atomic_uint_fast64_t fail_at;
+static atomic_bool fail_persistent;
+static atomic_uint_fast64_t n_failed;
+/* Allocations that failed on this thread, for rfi_alloc_failures_here. */
+static _Thread_local uint64_t failed_here;
+
+/* Counts one allocation; true if the hook says it fails. */
+static bool allocation_fails(void)
+{
+    uint64_t k = atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed) + 1;
+    uint64_t at = atomic_load_explicit(&fail_at, memory_order_relaxed);
+    if (at == 0 || k < at || (k > at && !atomic_load(&fail_persistent)))
+        return false;
+    atomic_fetch_add(&n_failed, 1);
+    failed_here++;
+    return true;
+}
+
+/* Passes an allocation's result through, counting a failure. */
+static void *counted(void *p)
+{
+    if (!p)
+        failed_here++;
+    return p;
+}
+
+uint64_t rfi_alloc_failures_here(void) { return failed_here; }
+
+void rfi_alloc_fail_after(int64_t n, bool persistent)
+{
+    atomic_store(&fail_at, 0);
+    atomic_store(&n_failed, 0);
+    atomic_store(&fail_persistent, persistent);
+    if (n >= 0)
+        atomic_store(&fail_at, atomic_load(&n_allocs) + (uint64_t)n + 1);
+}
+
+uint64_t rfi_alloc_failures(void) { return atomic_load(&n_failed); }
 
 void *rfi_malloc(size_t n)
 {
-    atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
-    return malloc(n ? n : 1);
+    if (allocation_fails())
+        return NULL;
+    return counted(malloc(n ? n : 1));
 }
 
 void *rfi_calloc(size_t n, size_t size)
 {
-    atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
-    if (n == 0 || size == 0)
-        return calloc(1, 1);
-    return calloc(n, size);
+    if (allocation_fails())
+        return NULL;
+    return counted(n == 0 || size == 0 ? calloc(1, 1) : calloc(n, size));
 }
 
 void *rfi_malloc_aligned(size_t n)
 {
-    atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
-    if (n > SIZE_MAX - RFI_DATA_ALIGN)
+    if (allocation_fails())
         return NULL;
+    if (n > SIZE_MAX - RFI_DATA_ALIGN)
+        return counted(NULL);
     /* C11 asks for a size that is a multiple of the alignment */
     size_t rounded = (n + RFI_DATA_ALIGN - 1) / RFI_DATA_ALIGN * RFI_DATA_ALIGN;
-    return aligned_alloc(RFI_DATA_ALIGN, rounded ? rounded : RFI_DATA_ALIGN);
+    return counted(aligned_alloc(RFI_DATA_ALIGN, rounded ? rounded : RFI_DATA_ALIGN));
 }
 
+/* A failed realloc leaves p allocated, as realloc does. */
 void *rfi_realloc(void *p, size_t n)
 {
-    atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed);
-    return realloc(p, n ? n : 1);
+    if (allocation_fails())
+        return NULL;
+    return counted(realloc(p, n ? n : 1));
 }
 
 void rfi_free(void *p) { free(p); }

@@ -18,7 +18,8 @@
 #define RFI_FUNC __attribute__((visibility("hidden")))
 
 /* ---- Errors ------------------------------------------------------------------
- * The message buffer is thread-local (the only per-thread state in reflux). */
+ * The message buffer is thread-local (per-thread state, with the count of
+ * allocations that failed on the thread: rfi_alloc_failures_here). */
 #define RFI_ERRMSG_MAX 2048
 /* Sets this thread's message (printf-style) and returns st. */
 RFI_FUNC rf_status rfi_error(rf_status st, const char *fmt, ...)
@@ -46,6 +47,17 @@ RFI_FUNC bool rfi_grow(void **items, int n, int *cap, size_t size);
 /* Number of rfi_malloc/calloc/realloc calls that allocated so far (for tests
  * of "zero allocations per step"). */
 RFI_FUNC uint64_t rfi_alloc_count(void);
+/* Test hook: the allocation after the next n fails, and with `persistent`
+ * every one after it too; n < 0 turns failures off. Resets the count of
+ * failed allocations, which rfi_alloc_failures returns. */
+RFI_FUNC void rfi_alloc_fail_after(int64_t n, bool persistent);
+RFI_FUNC uint64_t rfi_alloc_failures(void);
+/* Allocations that have failed on the calling thread so far (the hook's and
+ * real ones). Code that treats a failed allocation as a "no" (a fusion or
+ * layout not taken) compares this before and after, where a degraded answer
+ * must not be kept: a plan is a function of its program and options, and
+ * the disk cache's index relies on that (plan.c, cpu_backend.c, trace.c). */
+RFI_FUNC uint64_t rfi_alloc_failures_here(void);
 
 /* A growable string buffer for printers and messages. On allocation failure
  * it sets `failed` and drops further text. */

@@ -491,6 +491,7 @@ static rf_status lower_and_optimise(rfi_graph *g, const rfi_backend *backend, rf
 static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args, int nargs,
                                 const rf_compile_opts *opts, rf_exec **out)
 {
+    uint64_t failures = rfi_alloc_failures_here();
     rfi_graph *g;
     rf_status st = trace_fn("rf_compile", fn, ctx, args, nargs, opts, &g);
     if (st != RF_OK)
@@ -515,13 +516,19 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
     if (st == RF_OK) {
         e = rfi_exec_new();
         if (!e)
-            st = RF_E_NOMEM;
+            st = rfi_error(RF_E_NOMEM, "rf_compile: out of memory");
+        else
+            e->backend = backend; /* so that rf_exec_free releases what prepare makes */
     }
     if (st == RF_OK)
         st = backend->optimise ? backend->prepare_optimised(prog, opt, &e->state)
                                : backend->prepare(prog, &e->state);
     else
         rfi_graph_free(opt);
+    /* A pass may take a failed allocation as "leave it": such programs are
+     * neither remembered nor used. */
+    if (st == RF_OK && rfi_alloc_failures_here() != failures)
+        st = rfi_error(RF_E_NOMEM, "rf_compile: out of memory");
     if (st == RF_OK && use_memo)
         rfi_lower_memo_record(&memo);
     if (use_memo)
@@ -532,7 +539,6 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
         return st;
     }
     e->prog = prog;
-    e->backend = backend;
     e->hash = hash;
     e->device = prog->device;
     st = rfi_exec_init_buffers(e);

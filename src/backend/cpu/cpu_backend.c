@@ -209,9 +209,17 @@ static rf_status generate_source(void *ctx, char **source)
     const source_job *job = ctx;
     rfi_kir_module *kir = NULL;
     *source = NULL;
+    uint64_t failures = rfi_alloc_failures_here();
     rf_status st = rfi_kir_lower(job->plan, &kir);
     if (st == RF_OK)
         st = rfi_render_c(kir, source);
+    if (st == RF_OK && rfi_alloc_failures_here() != failures) {
+        /* a lowering choice may have been given up: the source must not be
+         * recorded as this program's (the index assumes it is determined) */
+        rfi_free(*source);
+        *source = NULL;
+        st = rfi_error(RF_E_NOMEM, "rf_compile: out of memory generating %s's source", job->name);
+    }
     if (st == RF_OK && rfi_dump_wanted()) {
         char *plan_text = rfi_plan_print(job->plan);
         if (plan_text)

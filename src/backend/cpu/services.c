@@ -748,7 +748,7 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
                                                          dnnl_stream_default_flags) != dnnl_success)
             st = rfi_error(RF_E_INTERNAL, "cpu: services: oneDNN stream_create failed");
     size_t most = 0;
-    for (int k = 0; need && k < p->n_steps; k++)
+    for (int k = 0; st == RF_OK && k < p->n_steps; k++)
         most = s->steps[k].ws_at + need[k] > most ? s->steps[k].ws_at + need[k] : most;
     rfi_free(need);
     if (st == RF_OK)
