@@ -21,6 +21,7 @@
  * public behaviour.
  */
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "core/core.h"
 #include "test_util.h"
@@ -152,26 +153,47 @@ static rf_tensor *ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, 
 
 /* ---- Scenarios ------------------------------------------------------------------- */
 
+/* An attempt: sets up, runs the action with allocation k failing (from k on
+ * when persistent), checks; returns whether any allocation failed (the sweep
+ * goes on while attempts meet failures). */
+typedef bool (*attempt_fn)(void *ctx, int64_t k, bool persistent);
+
+static void sweep(const char *name, attempt_fn attempt, void *ctx)
+{
+    for (int persistent = 0; persistent <= 1; persistent++) {
+        int attempts = 0;
+        for (int64_t k = first_k; attempt(ctx, k, persistent); k = next_k(k))
+            attempts++;
+        printf("%s (%s): %d attempts met a failure\n", name,
+               persistent ? "that allocation and every later one" : "one allocation", attempts);
+    }
+}
+
+/* Reports an unacceptable failure with the allocation that caused it. */
+static void check_failure(rf_status st, int64_t k, bool failed)
+{
+    CHECK(failed);
+    if (!acceptable_failure(st))
+        fprintf(stderr, "allocation %lld failing: %s: \"%s\"\n", (long long)k, rf_status_str(st),
+                rf_errmsg());
+    CHECK(acceptable_failure(st));
+}
+
 /* Building a model and its optimiser: each attempt gets either everything or
  * an error, and frees what it got. */
-static void scenario_build(bool persistent)
+static bool attempt_build(void *ctx, int64_t k, bool persistent)
 {
-    int attempts = 0;
-    for (int64_t k = first_k;; k = next_k(k), attempts++) {
-        rf_clear_error();
-        fail_from(k, persistent);
-        world w;
-        bool ok = world_make(&w);
-        bool failed = disarm();
-        if (ok)
-            world_free(&w);
-        else
-            CHECK(acceptable_failure(RF_E_NOMEM) && strlen(rf_errmsg()) > 0);
-        CHECK(ok || failed);
-        if (!failed)
-            break;
-    }
-    printf("build (%s): %d attempts\n", persistent ? "persistent" : "one", attempts);
+    (void)ctx;
+    rf_clear_error();
+    fail_from(k, persistent);
+    world w;
+    bool ok = world_make(&w);
+    bool failed = disarm();
+    if (ok)
+        world_free(&w);
+    else
+        check_failure(RF_E_NOMEM, k, failed);
+    return failed;
 }
 
 /* Writes a snapshot back into the arrays it was taken of, in the same order. */
@@ -182,6 +204,15 @@ static void restore_array(const char *path, rf_array *a, bool trainable, void *u
     size_t n = rf_array_nbytes(a);
     if (s->len + n <= s->cap && rf_array_write(a, s->bytes + s->len, n) == RF_OK)
         s->len += n;
+}
+
+static void restore(world *w, snapshot s)
+{
+    snapshot back = s;
+    back.len = 0;
+    rf_model_visit(w->m, restore_array, &back);
+    rf_opt_visit(w->opt, restore_array, &back);
+    CHECK(back.len == s.len);
 }
 
 static rf_status step(world *w, bool with_grads, double *loss, rf_stats *stats)
@@ -202,70 +233,351 @@ static rf_status step(world *w, bool with_grads, double *loss, rf_stats *stats)
 
 /* The first training step of a model (trace, differentiate, compile, run):
  * an attempt that fails changes nothing, and the same step then succeeds
- * with the reference's loss, statistics and updated state. `with_grads`
- * takes the step through rf_trainstep_withgradient. */
-static void scenario_first_step(bool persistent, bool with_grads)
-{
+ * with the reference's loss, statistics and updated state. */
+typedef struct step_ctx {
     world w;
-    if (!world_make(&w)) {
+    bool with_grads;
+    snapshot start, after;
+    double loss;
+    double accuracy;
+} step_ctx;
+
+static bool attempt_first_step(void *ctx, int64_t k, bool persistent)
+{
+    step_ctx *c = ctx;
+    /* back to the start, with an empty step cache so that the step compiles */
+    rf_model_cache_clear(c->w.m);
+    restore(&c->w, c->start);
+    double loss = NAN;
+    rf_stats stats;
+    rf_clear_error();
+    fail_from(k, persistent);
+    rf_status st = step(&c->w, c->with_grads, &loss, &stats);
+    bool failed = disarm();
+    if (st != RF_OK) {
+        check_failure(st, k, failed);
+        snapshot got = take_snapshot(c->w.m, c->w.opt);
+        CHECK(same_snapshot(got, c->start));
+        free(got.bytes);
+        CHECK_OK(step(&c->w, c->with_grads, &loss, &stats)); /* again, with memory */
+    }
+    snapshot got = take_snapshot(c->w.m, c->w.opt);
+    CHECK(loss == c->loss);
+    CHECK(rf_stats_get(&stats, "accuracy") == c->accuracy);
+    CHECK(same_snapshot(got, c->after));
+    free(got.bytes);
+    return failed;
+}
+
+static void scenario_first_step(bool with_grads)
+{
+    step_ctx c = {.with_grads = with_grads};
+    if (!world_make(&c.w)) {
         CHECK(!"world_make");
         return;
     }
-    snapshot start = take_snapshot(w.m, w.opt);
-
-    /* The reference: one step that never fails. */
-    double ref_loss = NAN;
+    c.start = take_snapshot(c.w.m, c.w.opt);
     rf_stats stats;
-    CHECK_OK(step(&w, with_grads, &ref_loss, &stats));
-    double ref_accuracy = rf_stats_get(&stats, "accuracy");
-    snapshot after = take_snapshot(w.m, w.opt);
+    CHECK_OK(step(&c.w, with_grads, &c.loss, &stats)); /* the reference, which never fails */
+    c.accuracy = rf_stats_get(&stats, "accuracy");
+    c.after = take_snapshot(c.w.m, c.w.opt);
+    sweep(with_grads ? "first step with gradients" : "first step", attempt_first_step, &c);
+    free(c.start.bytes);
+    free(c.after.bytes);
+    world_free(&c.w);
+}
 
-    int attempts = 0, failures = 0;
-    for (int64_t k = first_k;; k = next_k(k), attempts++) {
-        /* back to the start, with an empty step cache so that the step compiles */
-        rf_model_cache_clear(w.m);
-        snapshot back = start;
-        back.len = 0;
-        rf_model_visit(w.m, restore_array, &back);
-        rf_opt_visit(w.opt, restore_array, &back);
-        snapshot now = take_snapshot(w.m, w.opt);
-        bool at_start = same_snapshot(now, start);
-        free(now.bytes);
-        CHECK(at_start);
-        if (!at_start)
-            break;
+/* The model's forward pass compiled and run (inference), and a jitted
+ * function called at a second batch size: outputs as without failures, and a
+ * failed compile is not kept. */
+typedef struct infer_ctx {
+    world w;
+    rf_array *x5;        /* a batch of 5 */
+    float ref[BATCH * CLASSES], ref5[5 * CLASSES];
+    rf_jitted *jitted;
+} infer_ctx;
 
-        double loss = NAN;
-        rf_clear_error();
-        fail_from(k, persistent);
-        rf_status st = step(&w, with_grads, &loss, &stats);
-        bool failed = disarm();
-        if (st != RF_OK) {
-            failures++;
-            CHECK(failed);
-            if (!acceptable_failure(st))
-                fprintf(stderr, "allocation %lld failing: %s: %s\n", (long long)k,
-                        rf_status_str(st), rf_errmsg());
-            CHECK(acceptable_failure(st));
-            snapshot got = take_snapshot(w.m, w.opt);
-            CHECK(same_snapshot(got, start));
-            free(got.bytes);
-            /* the same step again, with memory */
-            CHECK_OK(step(&w, with_grads, &loss, &stats));
-        }
-        snapshot got = take_snapshot(w.m, w.opt);
-        CHECK(loss == ref_loss);
-        CHECK(rf_stats_get(&stats, "accuracy") == ref_accuracy);
-        CHECK(same_snapshot(got, after));
-        free(got.bytes);
-        if (!failed)
-            break;
+static void forward(rf_trace *t, void *ctx)
+{
+    rf_return(t, rf_apply(ctx, rf_arg(t, 0)));
+}
+
+static bool same_output(rf_array *y, const float *ref, int64_t n)
+{
+    float got[BATCH * CLASSES];
+    return y && rf_array_numel(y) == n && rf_array_read(y, got, (size_t)n * sizeof *got) == RF_OK &&
+           memcmp(got, ref, (size_t)n * sizeof *got) == 0;
+}
+
+static bool attempt_compile_model(void *ctx, int64_t k, bool persistent)
+{
+    infer_ctx *c = ctx;
+    rf_exec *e = NULL;
+    rf_array *y = NULL;
+    rf_clear_error();
+    fail_from(k, persistent);
+    rf_status st = rf_compile_model(c->w.m, c->w.x, &e);
+    if (st == RF_OK)
+        st = rf_exec_run(e, &c->w.x, 1, &y, 1);
+    bool failed = disarm();
+    if (st != RF_OK) {
+        check_failure(st, k, failed);
+        CHECK(y == NULL);
+        if (!e)
+            CHECK_OK(rf_compile_model(c->w.m, c->w.x, &e));
+        if (e)
+            CHECK_OK(rf_exec_run(e, &c->w.x, 1, &y, 1));
     }
-    printf("first step%s (%s): %d attempts, %d failed\n", with_grads ? " with gradients" : "",
-           persistent ? "persistent" : "one", attempts, failures);
-    free(start.bytes);
-    free(after.bytes);
-    world_free(&w);
+    CHECK(same_output(y, c->ref, BATCH * CLASSES));
+    rf_array_free(y);
+    rf_exec_free(e);
+    return failed;
+}
+
+static bool attempt_jitted(void *ctx, int64_t k, bool persistent)
+{
+    infer_ctx *c = ctx;
+    rf_jitted *f = rf_jitted_new(forward, c->w.m);
+    rf_array *y = NULL, *y5 = NULL;
+    CHECK_OK(f ? rf_jitted_run(f, &c->w.x, 1, &y, 1) : RF_E_NOMEM);
+    rf_clear_error();
+    fail_from(k, persistent);
+    rf_status st = rf_jitted_run(f, &c->x5, 1, &y5, 1);
+    bool failed = disarm();
+    if (st != RF_OK) {
+        check_failure(st, k, failed);
+        CHECK(y5 == NULL); /* the executable stays when only the run failed */
+        CHECK_OK(rf_jitted_run(f, &c->x5, 1, &y5, 1));
+    }
+    CHECK(rf_jitted_n_compiled(f) == 2);
+    CHECK(same_output(y, c->ref, BATCH * CLASSES));
+    CHECK(same_output(y5, c->ref5, 5 * CLASSES));
+    rf_array_free(y);
+    rf_array_free(y5);
+    rf_jitted_free(f);
+    return failed;
+}
+
+static void scenario_inference(void)
+{
+    infer_ctx c = {0};
+    if (!world_make(&c.w)) {
+        CHECK(!"world_make");
+        return;
+    }
+    rf_testmode(c.w.m);
+    c.x5 = rf_array_rows(c.w.x, 0, 5);
+    rf_array *y = NULL, *y5 = NULL;
+    CHECK_OK(rf_jit_model(c.w.m, c.w.x, &y));
+    CHECK_OK(rf_jit_model(c.w.m, c.x5, &y5));
+    CHECK_OK(y ? rf_array_read(y, c.ref, sizeof c.ref) : RF_E_INVALID);
+    CHECK_OK(y5 ? rf_array_read(y5, c.ref5, sizeof c.ref5) : RF_E_INVALID);
+    rf_array_free(y);
+    rf_array_free(y5);
+    sweep("compiled forward pass", attempt_compile_model, &c);
+    sweep("jitted function, second shape", attempt_jitted, &c);
+    rf_array_free(c.x5);
+    world_free(&c.w);
+}
+
+/* Checkpoints: a save that fails leaves the previous file whole and no
+ * temporary behind; a load that fails changes nothing. */
+typedef struct checkpoint_ctx {
+    world w;
+    char dir[64], path[96];
+    snapshot saved;   /* what the file holds */
+    snapshot current; /* what the model and optimiser hold, different */
+} checkpoint_ctx;
+
+static int files_in(const char *dir)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "ls -A %s | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1)
+            n = -1;
+        pclose(p);
+    }
+    return n;
+}
+
+/* Loads the file into the world and compares with `want`; leaves the world
+ * at c->current again. */
+static void check_file_holds(checkpoint_ctx *c, snapshot want)
+{
+    CHECK_OK(rf_checkpoint_load(c->path, c->w.m, c->w.opt));
+    snapshot got = take_snapshot(c->w.m, c->w.opt);
+    CHECK(same_snapshot(got, want));
+    free(got.bytes);
+    restore(&c->w, c->current);
+}
+
+static bool attempt_save(void *ctx, int64_t k, bool persistent)
+{
+    checkpoint_ctx *c = ctx;
+    CHECK_OK(rf_checkpoint_save(c->path, c->w.m, NULL)); /* the file as it was */
+    rf_clear_error();
+    fail_from(k, persistent);
+    rf_status st = rf_checkpoint_save(c->path, c->w.m, c->w.opt);
+    bool failed = disarm();
+    CHECK(files_in(c->dir) == 1);
+    if (st != RF_OK) {
+        check_failure(st, k, failed);
+        /* the old file: the model alone, so loading with the optimiser fails */
+        CHECK_STATUS(rf_checkpoint_load(c->path, c->w.m, c->w.opt), RF_E_CORRUPT);
+        CHECK_OK(rf_checkpoint_load(c->path, c->w.m, NULL));
+    } else {
+        check_file_holds(c, c->current);
+    }
+    return failed;
+}
+
+static bool attempt_load(void *ctx, int64_t k, bool persistent)
+{
+    checkpoint_ctx *c = ctx;
+    rf_clear_error();
+    fail_from(k, persistent);
+    rf_status st = rf_checkpoint_load(c->path, c->w.m, c->w.opt);
+    bool failed = disarm();
+    snapshot got = take_snapshot(c->w.m, c->w.opt);
+    if (st != RF_OK) {
+        check_failure(st, k, failed);
+        CHECK(same_snapshot(got, c->current));
+    } else {
+        CHECK(same_snapshot(got, c->saved));
+    }
+    free(got.bytes);
+    restore(&c->w, c->current);
+    return failed;
+}
+
+static void scenario_checkpoint(void)
+{
+    checkpoint_ctx c = {0};
+    snprintf(c.dir, sizeof c.dir, "/tmp/rf-test-oom-%d", (int)getpid());
+    snprintf(c.path, sizeof c.path, "%s/model.safetensors", c.dir);
+    tu_remove_tree(c.dir);
+    if (mkdir(c.dir, 0700) != 0 || !world_make(&c.w)) {
+        CHECK(!"checkpoint set-up");
+        return;
+    }
+    rf_array *batch[2] = {c.w.x, c.w.y};
+    CHECK_OK(rf_trainstep(ce_loss, NULL, c.w.m, batch, 2, c.w.opt, NULL, NULL));
+    c.saved = take_snapshot(c.w.m, c.w.opt);
+    CHECK_OK(rf_trainstep(ce_loss, NULL, c.w.m, batch, 2, c.w.opt, NULL, NULL));
+    c.current = take_snapshot(c.w.m, c.w.opt);
+    sweep("checkpoint save", attempt_save, &c);
+    restore(&c.w, c.saved);
+    CHECK_OK(rf_checkpoint_save(c.path, c.w.m, c.w.opt));
+    restore(&c.w, c.current);
+    sweep("checkpoint load", attempt_load, &c);
+    free(c.saved.bytes);
+    free(c.current.bytes);
+    world_free(&c.w);
+    tu_remove_tree(c.dir);
+}
+
+/* A shuffling loader moved to the device (its batches made on a background
+ * thread) and rf_train over it: failures are errors, and the next epoch runs. */
+typedef struct loader_ctx {
+    world w;
+    rf_array *xs, *ys; /* host data: 20 observations */
+    double sum_ref;    /* of every batch's first elements over one epoch */
+} loader_ctx;
+
+static rf_loader *make_loader(loader_ctx *c, bool to_device)
+{
+    rf_array *arrays[2] = {c->xs, c->ys};
+    rf_loader_opts o = {.batchsize = 8, .shuffle = true, .seed = 5};
+    rf_loader *l = rf_loader_new(arrays, 2, &o);
+    if (l && to_device && rf_loader_to(l, rf_device_cpu()) != RF_OK) {
+        rf_loader_free(l);
+        return NULL;
+    }
+    return l;
+}
+
+/* One epoch's checksum, or NaN with the status in *st. */
+static double epoch_sum(rf_loader *l, rf_status *st)
+{
+    double sum = 0;
+    rf_array *const *b = NULL;
+    while ((*st = rf_loader_next(l, &b)) == RF_OK && b) {
+        const float *x = rf_array_data(b[0]);
+        const int32_t *y = rf_array_data(b[1]);
+        if (!x || !y)
+            return NAN;
+        sum = sum * 3 + x[0] + y[0];
+    }
+    return *st == RF_OK ? sum : NAN;
+}
+
+static bool attempt_loader(void *ctx, int64_t k, bool persistent)
+{
+    loader_ctx *c = ctx;
+    rf_clear_error();
+    fail_from(k, persistent);
+    rf_loader *l = make_loader(c, true);
+    rf_status st = l ? RF_OK : RF_E_NOMEM;
+    double sum = l ? epoch_sum(l, &st) : NAN;
+    bool failed = disarm();
+    if (!l || st != RF_OK) {
+        check_failure(st, k, failed);
+        if (l) { /* the next epoch, with memory */
+            CHECK_OK(rf_loader_reset(l));
+            CHECK(epoch_sum(l, &st) != 0 && st == RF_OK);
+        }
+    } else {
+        CHECK(sum == c->sum_ref);
+    }
+    rf_loader_free(l);
+    return failed;
+}
+
+static bool attempt_train(void *ctx, int64_t k, bool persistent)
+{
+    loader_ctx *c = ctx;
+    rf_loader *l = make_loader(c, true);
+    rf_model_cache_clear(c->w.m);
+    rf_train_opts o = {.progress = 0};
+    rf_clear_error();
+    fail_from(k, persistent);
+    rf_status st = l ? rf_train(ce_loss, NULL, c->w.m, l, c->w.opt, &o) : RF_E_NOMEM;
+    bool failed = disarm();
+    if (st != RF_OK) {
+        check_failure(st, k, failed);
+        CHECK_OK(l ? rf_loader_reset(l) : RF_E_NOMEM);
+        CHECK_OK(l ? rf_train(ce_loss, NULL, c->w.m, l, c->w.opt, &o) : RF_E_NOMEM);
+    }
+    rf_loader_free(l);
+    return failed;
+}
+
+static void scenario_loader(void)
+{
+    loader_ctx c = {0};
+    if (!world_make(&c.w)) {
+        CHECK(!"world_make");
+        return;
+    }
+    int32_t labels[20];
+    for (int i = 0; i < 20; i++)
+        labels[i] = i % CLASSES;
+    c.xs = rf_randn(RF_F32, RF_SHAPE(20, IN), 11);
+    c.ys = rf_array_from(RF_I32, RF_SHAPE(20), labels);
+    rf_loader *l = c.xs && c.ys ? make_loader(&c, true) : NULL;
+    rf_status st = RF_E_NOMEM;
+    c.sum_ref = l ? epoch_sum(l, &st) : NAN;
+    CHECK_OK(st);
+    CHECK(isfinite(c.sum_ref));
+    rf_loader_free(l);
+    sweep("device loader epoch", attempt_loader, &c);
+    sweep("rf_train epoch", attempt_train, &c);
+    rf_array_free(c.xs);
+    rf_array_free(c.ys);
+    world_free(&c.w);
 }
 
 int main(void)
@@ -274,10 +586,11 @@ int main(void)
     full_sweep = full && strcmp(full, "1") == 0;
     const char *from = getenv("RF_OOM_FROM");
     first_k = from ? atoll(from) : 0;
-    for (int p = 0; p <= 1; p++) {
-        scenario_build(p);
-        scenario_first_step(p, false);
-        scenario_first_step(p, true);
-    }
+    sweep("model and optimiser", attempt_build, NULL);
+    scenario_first_step(false);
+    scenario_first_step(true);
+    scenario_inference();
+    scenario_checkpoint();
+    scenario_loader();
     return tu_finish("test_oom");
 }

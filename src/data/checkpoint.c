@@ -197,14 +197,13 @@ static rf_status write_contents(const char *op, FILE *f, const char *tmp, const 
     return st;
 }
 
-/* fsync of the directory holding `path`, so the rename itself is durable.
- * File systems that cannot sync directories (EINVAL) are not an error. */
-static rf_status sync_parent_dir(const char *op, const char *path)
+/* The directory holding `path` (rfi_malloc'd; NULL when out of memory). */
+static char *parent_dir(const char *path)
 {
     size_t len = strlen(path);
     char *dir = rfi_malloc(len + 2);
     if (!dir)
-        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+        return NULL;
     memcpy(dir, path, len + 1);
     char *slash = strrchr(dir, '/');
     if (!slash)
@@ -213,13 +212,19 @@ static rf_status sync_parent_dir(const char *op, const char *path)
         dir[1] = '\0';
     else
         *slash = '\0';
+    return dir;
+}
+
+/* fsync of directory `dir`, so a rename in it is durable. File systems that
+ * cannot sync directories (EINVAL) are not an error. */
+static rf_status sync_dir(const char *op, const char *dir)
+{
     rf_status st = RF_OK;
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
         st = io_error(op, "cannot sync the directory", dir);
     if (fd >= 0)
         close(fd);
-    rfi_free(dir);
     return st;
 }
 
@@ -241,13 +246,18 @@ static char *temp_name(const char *path)
 static rf_status write_atomically(const char *op, const char *path, const rfi_strbuf *hdr,
                                   const named_list *l)
 {
-    char *tmp = temp_name(path);
-    if (!tmp)
+    /* everything allocated before the rename, so no failure follows it */
+    char *tmp = temp_name(path), *dir = parent_dir(path);
+    if (!tmp || !dir) {
+        rfi_free(tmp);
+        rfi_free(dir);
         return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) {
         rf_status st = io_error(op, "cannot create", tmp);
         rfi_free(tmp);
+        rfi_free(dir);
         return st;
     }
     FILE *f = fdopen(fd, "wb");
@@ -265,8 +275,9 @@ static rf_status write_atomically(const char *op, const char *path, const rfi_st
     if (st != RF_OK)
         unlink(tmp);
     else
-        st = sync_parent_dir(op, path);
+        st = sync_dir(op, dir);
     rfi_free(tmp);
+    rfi_free(dir);
     return st;
 }
 
