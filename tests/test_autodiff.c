@@ -253,6 +253,33 @@ static void test_empty_concatenate(void)
     tp_free_all(out, 2);
 }
 
+/* Pooling a batch of 0 images (and the gradient through it): the batch axis,
+ * which the window does not cover, stays empty, as in PyTorch and XLA. Both
+ * were once refused ("window 1 ... does not fit axis 0"). */
+static void build_empty_batch_pooling(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_tensor *x = rf_reshape(a[0], RF_SHAPE(2, 3, 2, 2));
+    x = rf_pad(x, rf_scalar(t, 0), (const int64_t[]){0, 0, 0, 0}, (const int64_t[]){-2, 0, 0, 0},
+               NULL); /* f32[0,3,2,2] */
+    const int64_t k[2] = {2, 2};
+    rf_tensor *pooled = rf_add(rf_maxpool2d(x, k, NULL, NULL), rf_meanpool2d(x, k, NULL, NULL));
+    rf_tensor *g = NULL;
+    rf_grad(t, rf_sum_all(pooled), &a[0], 1, &g);
+    rf_return(t, pooled);
+    rf_return(t, g);
+}
+
+static void test_empty_batch_pooling(void)
+{
+    rf_array *out[2];
+    run_on_ramp(build_empty_batch_pooling, out);
+    double zeros[24] = {0};
+    tp_expect("pooled empty batch", out[0], RF_F32, RF_SHAPE(0, 3, 1, 1), zeros, 0, 0);
+    tp_expect("gradient through it", out[1], RF_F32, RF_SHAPE(2, 3, 4), zeros, 0, 0);
+    tp_free_all(out, 2);
+}
+
 /* One rf_grad with two wrt vs two rf_grad calls on the same y: same values
  * and the same program (the backward sweep is emitted once). */
 static void build_tanh_two_calls(rf_trace *t, rf_tensor *const *a, int n, void *u)
@@ -738,6 +765,7 @@ int main(void)
     test_stop_gradient();
     test_empty_windows();
     test_empty_concatenate();
+    test_empty_batch_pooling();
     test_two_grad_calls();
     test_aux_and_intermediate();
     test_sgd_update();

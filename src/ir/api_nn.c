@@ -135,8 +135,11 @@ static bool window_attrs(const char *fn, const rfi_node *x, const int64_t *windo
         int64_t k = window[i], s = strides ? strides[i] : 1;
         int64_t lo = pad_lo ? pad_lo[i] : 0, hi = pad_hi ? pad_hi[i] : 0;
         int64_t padded;
+        /* an empty axis that the window does not cover stays empty (XLA's
+         * bound; a batch of 0 through a pooling layer), a non-empty one must
+         * hold a window */
         if (k < 1 || s < 1 || lo < 0 || hi < 0 || !rfi_pad_ok(x->dims[i], lo, hi, &padded) ||
-            padded < k) {
+            (padded < k && x->dims[i] > 0)) {
             rfi_graph_fail(x->g, RF_E_SHAPE, "%s: window %lld (stride %lld, padding %lld/%lld) "
                            "does not fit axis %d of %s", fn, (long long)k, (long long)s,
                            (long long)lo, (long long)hi, i, RFI_TSTR(x));
@@ -146,7 +149,7 @@ static bool window_attrs(const char *fn, const rfi_node *x, const int64_t *windo
         attr->l[1][i] = s;
         attr->l[2][i] = lo;
         attr->l[3][i] = hi;
-        out[i] = (padded - k) / s + 1;
+        out[i] = padded < k ? 0 : (padded - k) / s + 1;
     }
     for (int k = 0; k < 4; k++)
         attr->nl[k] = x->rank;

@@ -650,10 +650,10 @@ static rf_status window_dims(ictx *c, const rfi_node *x, int64_t *out)
         if (!rfi_pad_ok(x->dims[i], lo[i], hi[i], &padded))
             return fail(c, RF_E_SHAPE, "padding %s/%s overflows for %s", LIST(lo, x->rank),
                         LIST(hi, x->rank), TY(x));
-        if (padded < win[i])
+        if (padded < win[i] && x->dims[i] > 0) /* an empty axis stays empty (api_nn.c) */
             return fail(c, RF_E_SHAPE, "window %s does not fit in %s padded by %s/%s at dim %d",
                         LIST(win, x->rank), TY(x), LIST(lo, x->rank), LIST(hi, x->rank), i);
-        out[i] = (padded - win[i]) / stride[i] + 1;
+        out[i] = padded < win[i] ? 0 : (padded - win[i]) / stride[i] + 1;
     }
     return RF_OK;
 }
