@@ -280,6 +280,45 @@ static void test_empty_batch_pooling(void)
     tp_free_all(out, 2);
 }
 
+/* Extreme amounts that still give small results: a crop of INT64_MIN beside
+ * a padding of INT64_MAX (all padding, one row), a slice stride of
+ * INT64_MAX (one element), the same crop and padding around a convolution's
+ * input (all zeros). Each overflowed the backends' index arithmetic (UBSan);
+ * now a crop past an axis is the crop of exactly the axis. */
+static void build_extreme_amounts(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_tensor *x = a[0]; /* f32[2,3,4] */
+    rf_tensor *padded = rf_pad(x, rf_scalar(t, 9), (const int64_t[]){INT64_MIN, 0, 0},
+                               (const int64_t[]){INT64_MAX, 0, 0}, NULL); /* [1,3,4] of 9 */
+    rf_tensor *sliced = rf_slice(x, (const int64_t[]){0, 1, 0}, (const int64_t[]){2, 3, 4},
+                                 (const int64_t[]){1, INT64_MAX, 1}); /* x[:, 1:2, :] */
+    rf_conv_params p = rf_conv_params_default(2);
+    p.pad_lo[0] = INT64_MIN;
+    p.pad_hi[0] = INT64_MAX;
+    rf_tensor *w = rf_full(t, RF_F32, RF_SHAPE(1, 2, 1, 1), 1);
+    rf_tensor *conv = rf_conv(rf_reshape(x, RF_SHAPE(1, 2, 3, 4)), w, &p); /* [1,1,2,4] zeros */
+    rf_tensor *y = rf_add(rf_add(rf_sum_all(padded), rf_sum_all(sliced)), rf_sum_all(conv));
+    rf_tensor *g = NULL;
+    rf_grad(t, y, &a[0], 1, &g);
+    rf_return(t, y);
+    rf_return(t, g);
+}
+
+static void test_extreme_amounts(void)
+{
+    rf_array *out[2];
+    run_on_ramp(build_extreme_amounts, out);
+    /* 12 nines, x[0,1,:] = -1 .. -0.25 and x[1,1,:] = 2 .. 2.75 */
+    tp_expect("sum of the three", out[0], RF_F32, RF_SCALAR_SHAPE, (const double[]){115}, 0, 0);
+    double g[24] = {0};
+    for (int b = 0; b < 2; b++)
+        for (int k = 0; k < 4; k++)
+            g[b * 12 + 4 + k] = 1;
+    tp_expect("gradient: the sliced row", out[1], RF_F32, RF_SHAPE(2, 3, 4), g, 0, 0);
+    tp_free_all(out, 2);
+}
+
 /* One rf_grad with two wrt vs two rf_grad calls on the same y: same values
  * and the same program (the backward sweep is emitted once). */
 static void build_tanh_two_calls(rf_trace *t, rf_tensor *const *a, int n, void *u)
@@ -766,6 +805,7 @@ int main(void)
     test_empty_windows();
     test_empty_concatenate();
     test_empty_batch_pooling();
+    test_extreme_amounts();
     test_two_grad_calls();
     test_aux_and_intermediate();
     test_sgd_update();

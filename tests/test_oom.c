@@ -580,6 +580,111 @@ static void scenario_loader(void)
     world_free(&c.w);
 }
 
+/* A compile that calls the C compiler (a program the disk cache has not
+ * seen: each attempt compiles the forward pass at a new batch size, in a
+ * cache directory of the test's own): lowering, rendering, the compiler
+ * driver and the cache's writes. Each attempt runs the compiler, so only 24
+ * allocations spread over the compile are tried unless RF_OOM_FULL is set. */
+typedef struct cold_ctx {
+    rf_model *m;
+    rf_array *xs;             /* ROWS rows; each attempt takes the first 9 + compiles */
+    float ref[CLASSES];       /* the first row's outputs */
+    int64_t n_allocs, stride; /* of one cold compile and run, and between tries */
+    int64_t tries, compiles;
+} cold_ctx;
+
+enum { ROWS = 8192 };
+
+static bool compile_rows(cold_ctx *c, int64_t rows, int64_t k, bool persistent, bool *failed)
+{
+    rf_array *x = rf_array_rows(c->xs, 0, rows);
+    rf_exec *e = NULL;
+    rf_array *y = NULL;
+    rf_clear_error();
+    if (k >= 0)
+        fail_from(k, persistent);
+    rf_status st = x ? rf_compile_model(c->m, x, &e) : RF_E_NOMEM;
+    if (st == RF_OK)
+        st = rf_exec_run(e, &x, 1, &y, 1);
+    *failed = disarm();
+    if (st != RF_OK) {
+        check_failure(st, k, *failed);
+        CHECK(y == NULL);
+        if (!e)
+            CHECK_OK(rf_compile_model(c->m, x, &e));
+        if (e)
+            CHECK_OK(rf_exec_run(e, &x, 1, &y, 1));
+    }
+    /* the first row as at batch 8 (the products' kernels may differ by size) */
+    const float *got = y ? rf_array_data(y) : NULL;
+    CHECK(got != NULL);
+    for (int i = 0; got && i < CLASSES; i++)
+        CHECK_NEAR(got[i], c->ref[i], 1e-6, 1e-5);
+    rf_array_free(y);
+    rf_exec_free(e);
+    rf_array_free(x);
+    return st == RF_OK;
+}
+
+static bool attempt_cold_compile(void *ctx, int64_t k, bool persistent)
+{
+    cold_ctx *c = ctx;
+    bool failed = false;
+    int64_t at = full_sweep ? k : first_k + c->tries * c->stride;
+    if (!full_sweep && at > c->n_allocs) {
+        c->tries = 0; /* the next sweep starts again */
+        return false;
+    }
+    c->tries++;
+    compile_rows(c, 9 + c->compiles++, at, persistent, &failed);
+    return failed || !full_sweep;
+}
+
+static void scenario_cold_compile(void)
+{
+    const char *backend = getenv("RF_BACKEND");
+    if (backend && strcmp(backend, "interp") == 0)
+        return; /* the interpreter compiles nothing */
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/rf-test-oom-cache-%d", (int)getpid());
+    char *old = getenv("RF_CACHE_DIR") ? strdup(getenv("RF_CACHE_DIR")) : NULL;
+    setenv("RF_CACHE_DIR", dir, 1);
+    world w;
+    cold_ctx c = {0};
+    if (!world_make(&w)) {
+        CHECK(!"world_make");
+        return;
+    }
+    rf_testmode(w.m);
+    c.m = w.m;
+    rf_array *xh = rf_randn(RF_F32, RF_SHAPE(ROWS, IN), 13);
+    c.xs = xh ? rf_array_to(xh, rf_device_cpu()) : NULL;
+    rf_array_free(xh);
+    rf_array *x8 = c.xs ? rf_array_rows(c.xs, 0, 8) : NULL, *y = NULL;
+    CHECK_OK(rf_jit_model(w.m, x8, &y)); /* the reference; also the compiler's memos */
+    const float *ref = y ? rf_array_data(y) : NULL;
+    CHECK(ref != NULL);
+    if (ref)
+        memcpy(c.ref, ref, sizeof c.ref);
+    rf_array_free(y);
+    rf_array_free(x8);
+    uint64_t before = rfi_alloc_count();
+    bool failed;
+    compile_rows(&c, ROWS, -1, false, &failed);
+    c.n_allocs = (int64_t)(rfi_alloc_count() - before);
+    c.stride = c.n_allocs / 24 + 1;
+    printf("a compile that runs the compiler: %lld allocations\n", (long long)c.n_allocs);
+    sweep("compile that runs the compiler", attempt_cold_compile, &c);
+    rf_array_free(c.xs);
+    world_free(&w);
+    tu_remove_tree(dir);
+    if (old)
+        setenv("RF_CACHE_DIR", old, 1);
+    else
+        unsetenv("RF_CACHE_DIR");
+    free(old);
+}
+
 int main(void)
 {
     const char *full = getenv("RF_OOM_FULL");
@@ -592,5 +697,6 @@ int main(void)
     scenario_inference();
     scenario_checkpoint();
     scenario_loader();
+    scenario_cold_compile();
     return tu_finish("test_oom");
 }

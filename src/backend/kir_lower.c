@@ -223,6 +223,8 @@ static int splat_constant(lower *L, const rfi_node *n)
 
 rf_status rfi_lower_unsupported(lower *L, const rfi_node *n, const char *why)
 {
+    if (L->k && rfi_kir_failed(L->k)) /* a failed allocation, not the node, is why */
+        return rfi_error(RF_E_NOMEM, "kir: step %d: out of memory", L->k->step);
     return rfi_error(RF_E_INTERNAL, "kir: step %d: %%%d = %s %s", L->k->step, n->id,
                      rfi_op_table[n->op].name, why);
 }
@@ -1167,7 +1169,9 @@ rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out)
     rfi_free(L.memo);
     if (st != RF_OK) {
         rfi_kir_free(m);
-        return st;
+        /* the functions below return a bare RF_E_NOMEM when an instruction
+         * could not be added: say so here, once */
+        return st == RF_E_NOMEM ? rfi_error(st, "kir: out of memory lowering the program") : st;
     }
     *out = m;
     return RF_OK;

@@ -90,9 +90,10 @@ rf_tensor *rf_conv(rf_tensor *x, rf_tensor *w, const rf_conv_params *p)
         int64_t s = or_one(p->stride[i]), ld = or_one(p->lhs_dilation[i]);
         int64_t rd = or_one(p->rhs_dilation[i]);
         int64_t in_d, k_d, padded;
+        int64_t lo = p->pad_lo[i], hi = p->pad_hi[i];
         if (s < 1 || ld < 1 || rd < 1 || !rfi_dilate_ok(x->dims[2 + i], ld, &in_d) ||
-            !rfi_dilate_ok(w->dims[2 + i], rd, &k_d) ||
-            !rfi_pad_ok(in_d, p->pad_lo[i], p->pad_hi[i], &padded) || padded < k_d) {
+            !rfi_dilate_ok(w->dims[2 + i], rd, &k_d) || !rfi_clip_crop(in_d, &lo, &hi) ||
+            !rfi_pad_ok(in_d, lo, hi, &padded) || padded < k_d) {
             rfi_graph_fail(x->g, RF_E_SHAPE, "%s: x %s and w %s do not fit along spatial axis "
                            "%d (stride %lld, padding %lld/%lld, dilation %lld/%lld)", fn,
                            RFI_TSTR(x), RFI_TSTR(w), i, (long long)s, (long long)p->pad_lo[i],
@@ -100,8 +101,8 @@ rf_tensor *rf_conv(rf_tensor *x, rf_tensor *w, const rf_conv_params *p)
             return NULL;
         }
         attr.l[0][i] = s;
-        attr.l[1][i] = p->pad_lo[i];
-        attr.l[2][i] = p->pad_hi[i];
+        attr.l[1][i] = lo;
+        attr.l[2][i] = hi;
         attr.l[3][i] = ld;
         attr.l[4][i] = rd;
     }

@@ -208,10 +208,17 @@ rf_tensor *rf_slice(rf_tensor *x, const int64_t *start, const int64_t *limit,
                            stride ? DIMS_STR(stride, x->rank) : "1", RFI_TSTR(x));
             return NULL;
         }
+        /* a stride past the slice's one element is stride 1: the same
+         * slice, whose index arithmetic cannot overflow */
+        if (s > 1 && limit[i] - start[i] <= s) {
+            s = 1;
+            attr.l[1][i] = start[i] + (limit[i] > start[i]);
+        } else {
+            attr.l[1][i] = limit[i];
+        }
         attr.l[0][i] = start[i];
-        attr.l[1][i] = limit[i];
         attr.l[2][i] = s;
-        whole = whole && start[i] == 0 && limit[i] == x->dims[i] && s == 1;
+        whole = whole && start[i] == 0 && attr.l[1][i] == x->dims[i] && s == 1;
     }
     if (whole)
         return x;
@@ -280,7 +287,7 @@ rf_tensor *rf_pad(rf_tensor *x, rf_tensor *value, const int64_t *low, const int6
         int64_t lo = low ? low[i] : 0, hi = high ? high[i] : 0, in = interior ? interior[i] : 0;
         int64_t d = x->dims[i], gaps, n;
         if (in < 0 || !rfi_mul_ok(d > 0 ? d - 1 : 0, in, &gaps) || !rfi_add_ok(d, gaps, &n) ||
-            !rfi_pad_ok(n, lo, hi, &n) || n < 0) {
+            !rfi_clip_crop(n, &lo, &hi) || !rfi_pad_ok(n, lo, hi, &n) || n < 0) {
             rfi_graph_fail(x->g, RF_E_SHAPE, "%s: invalid padding of axis %d (low %lld, "
                            "high %lld, interior %lld) of %s", fn, i, (long long)lo,
                            (long long)hi, (long long)in, RFI_TSTR(x));

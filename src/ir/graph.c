@@ -304,6 +304,41 @@ void rfi_node_copy(rfi_node *dst, const rfi_node *src)
     rfi_attrs_copy(&dst->attr, &src->attr);
 }
 
+/* A pad's or convolution's attributes with every crop past its axis made the
+ * crop of exactly the axis (rfi_clip_crop: the same result), into *canon;
+ * then no backend computes offsets from amounts beyond the sizes involved
+ * (a user's INT64_MIN crop beside an INT64_MAX padding overflowed them).
+ * Lists rfi_infer will refuse are returned as they are. */
+static const rfi_attrs *clip_crops(rfi_op op, rfi_node *const *in, int n_in, const rfi_attrs *a,
+                                   rfi_attrs *canon)
+{
+    if (n_in < 1 || (op != RFI_OP_PAD && op != RFI_OP_CONVOLUTION))
+        return a;
+    const rfi_node *x = in[0];
+    rfi_attrs_copy(canon, a); /* a node stores only the lists it uses */
+    if (op == RFI_OP_PAD) {
+        if (a->nl[0] != x->rank || a->nl[1] != x->rank || a->nl[2] != x->rank)
+            return a;
+        for (int i = 0; i < x->rank; i++) {
+            int64_t d = x->dims[i], gaps, n;
+            if (a->l[2][i] < 0 || !rfi_mul_ok(d > 0 ? d - 1 : 0, a->l[2][i], &gaps) ||
+                !rfi_add_ok(d, gaps, &n) || !rfi_clip_crop(n, &canon->l[0][i], &canon->l[1][i]))
+                return a;
+        }
+        return canon;
+    }
+    int ns = x->rank - 2;
+    if (ns < 1 || a->nl[1] != ns || a->nl[2] != ns || a->nl[3] != ns)
+        return a;
+    for (int i = 0; i < ns; i++) {
+        int64_t in_dil;
+        if (a->l[3][i] < 1 || !rfi_dilate_ok(x->dims[2 + i], a->l[3][i], &in_dil) ||
+            !rfi_clip_crop(in_dil, &canon->l[1][i], &canon->l[2][i]))
+            return a;
+    }
+    return canon;
+}
+
 rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
                        const rfi_attrs *attr, rf_dtype dtype, const int64_t *dims, int rank)
 {
@@ -332,7 +367,8 @@ rfi_node *rfi_node_new(rfi_graph *g, rfi_op op, rfi_node *const *in, int n_in,
     }
 
     static const rfi_attrs no_attrs;
-    const rfi_attrs *a = attr ? attr : &no_attrs; /* copied once, into the node */
+    rfi_attrs canon;
+    const rfi_attrs *a = clip_crops(op, in, n_in, attr ? attr : &no_attrs, &canon);
     rf_dtype dt = dtype;
     int r = rank;
     int64_t d[RF_MAX_RANK] = {0};

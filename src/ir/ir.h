@@ -249,6 +249,30 @@ static inline bool rfi_pad_ok(int64_t a, int64_t lo, int64_t hi, int64_t *out)
     return rfi_add_ok(a, lo, out) && rfi_add_ok(*out, hi, out);
 }
 
+/* Padding an axis of n elements by lo before and hi after, where a negative
+ * amount crops: a crop past the axis (lo < -n: nothing of the axis is left,
+ * the result is all padding) becomes the same result as a crop of exactly
+ * the axis, lo = -n, with hi reduced to keep the size lo + n + hi; the same
+ * for hi. Then |lo| and |hi| are at most the axis or the result, and every
+ * offset computed from them fits in int64. false: the size is negative or
+ * overflows. */
+static inline bool rfi_clip_crop(int64_t n, int64_t *lo, int64_t *hi)
+{
+    int64_t size;
+    if (*lo < -n || *hi < -n) {
+        /* lo + hi may overflow although the result fits: add n first */
+        if (*lo < -n ? !rfi_add_ok(n + *lo, *hi, &size) : !rfi_add_ok(n + *hi, *lo, &size))
+            return false;
+        if (size < 0)
+            return false;
+        if (*lo < -n)
+            *lo = -n, *hi = size;
+        else
+            *hi = -n, *lo = size;
+    }
+    return true;
+}
+
 /* ---- Graphs ------------------------------------------------------------------------ */
 /* Of the traces of two operands that differ, the one a mixing error belongs
  * to: the later (traces nest, so it is the one whose function is running). */

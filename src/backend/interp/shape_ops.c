@@ -85,7 +85,9 @@ static void slice(const rfi_node *n, const void *in, void *out)
     rfi_interp_strides(x->dims, x->rank, xs);
     for (int d = 0; d < n->rank; d++) {
         base += n->attr.l[0][d] * xs[d];
-        step[d] = n->attr.l[2][d] * xs[d];
+        /* a stride past the slice's one element is never taken (and the
+         * product might not fit); else stride * xs <= dim * xs fits */
+        step[d] = n->dims[d] > 1 ? n->attr.l[2][d] * xs[d] : 0;
     }
     strided_copy(n, in, out, base, step);
 }
