@@ -144,6 +144,26 @@ static rf_tensor *build_slice_reversed(rf_trace *t)
     return rf_slice(rf_arg(t, 0), start, limit, NULL);
 }
 
+/* Empty results whose other dims overflow a byte size: refused while
+ * tracing, as arrays of that shape are (they once failed at run time). */
+static rf_tensor *build_reshape_empty_huge(rf_trace *t)
+{
+    return rf_reshape(rf_arg(t, 0), RF_SHAPE(0, (int64_t)1 << 62, (int64_t)1 << 62));
+}
+
+static rf_tensor *build_full_empty_huge(rf_trace *t)
+{
+    return rf_full(t, RF_F32, RF_SHAPE(0, INT64_MAX / 2, 16), 1.0);
+}
+
+/* No tensors: the call cannot name the trace, so rf_return quotes it. */
+static void concatenate_none(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *xs[1] = {rf_arg(t, 0)};
+    rf_return(t, rf_concatenate(xs, 0, 0));
+}
+
 static void test_shapes(void)
 {
     rf_array *a = cpu_zeros(RF_F32, RF_SHAPE(16, 8));
@@ -173,6 +193,21 @@ static void test_shapes(void)
 
     a = cpu_zeros(RF_F32, RF_SHAPE(2, 3));
     EXPECT_OP_ERROR(build_reshape, &a, 1, RF_E_SHAPE, "reshape", "f32[2,3]", "[4,2]");
+    rf_exec *e = NULL;
+    rf_clear_error();
+    CHECK_STATUS(rf_compile(concatenate_none, NULL, &a, 1, &e), RF_E_INVALID);
+    CHECK_MSG("rf_return: tensor is NULL (the last error before this call: rf_concatenate: "
+              "no tensors");
+    CHECK(e == NULL);
+    rf_array_free(a);
+
+    a = cpu_zeros(RF_F32, RF_SHAPE(0, 4));
+    EXPECT_OP_ERROR(build_reshape_empty_huge, &a, 1, RF_E_SHAPE, "reshape",
+                    "f32[0,4611686018427387904,4611686018427387904]", "too many elements");
+    EXPECT_OP_ERROR(build_full_empty_huge, &a, 1, RF_E_INVALID, "rf_full", "invalid shape");
+    rf_array_free(a);
+
+    a = cpu_zeros(RF_F32, RF_SHAPE(2, 3));
     EXPECT_OP_ERROR2(build_transpose_dup, &a, 1, RF_E_INVALID, RF_E_SHAPE, "transpose",
                      "f32[2,3]", "[0,0]");
     EXPECT_OP_ERROR2(build_transpose_range, &a, 1, RF_E_INVALID, RF_E_SHAPE, "transpose",

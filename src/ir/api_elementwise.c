@@ -117,13 +117,13 @@ static bool valid_shape(rfi_graph *g, const char *fn, rf_dtype dt, const int64_t
                        RF_MAX_RANK);
         return false;
     }
-    int64_t n = 1;
+    int64_t n = 1; /* of the nonzero dims: an empty shape's others must fit too */
     for (int i = 0; i < rank; i++) {
         if (dims[i] < 0 || (dims[i] > 0 && n > INT64_MAX / 16 / dims[i])) {
             rfi_graph_fail(g, RF_E_INVALID, "%s: invalid shape %s", fn, RFI_SSTR(dt, dims, rank));
             return false;
         }
-        n *= dims[i];
+        n *= dims[i] > 0 ? dims[i] : 1;
     }
     return true;
 }

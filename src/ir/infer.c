@@ -128,7 +128,10 @@ static rf_status need_valid_request(ictx *c)
     return RF_OK;
 }
 
-/* The result of every op must have a byte size that fits in size_t and int64_t. */
+/* The result of every op must have a byte size that fits in size_t and
+ * int64_t, counting the nonzero dims only: an empty result's other dims must
+ * fit too (code computes row sizes and strides from them), as for arrays
+ * (array.c). */
 static rf_status need_sane_size(ictx *c)
 {
     uint64_t limit = (uint64_t)INT64_MAX / 8;
@@ -137,7 +140,9 @@ static rf_status need_sane_size(ictx *c)
         if (c->dims[i] < 0)
             return fail(c, RF_E_SHAPE, "negative dim in result %s",
                         TYD(c->dt, c->dims, c->rank));
-        if (c->dims[i] && n > limit / (uint64_t)c->dims[i])
+        if (c->dims[i] == 0)
+            continue;
+        if (n > limit / (uint64_t)c->dims[i])
             return fail(c, RF_E_SHAPE, "result %s has too many elements",
                         TYD(c->dt, c->dims, c->rank));
         n *= (uint64_t)c->dims[i];

@@ -89,7 +89,15 @@ rf_tensor *rf_capture(rf_trace *t, rf_array *a)
 static bool usable_value(rf_trace *t, const char *op, const rf_tensor *x)
 {
     if (!x) {
-        rfi_graph_fail(t, RF_E_INVALID, "%s: tensor is NULL", op);
+        /* a call that could not name the trace (rf_concatenate of no
+         * tensors) left only its message: quote it, as rf_chain does */
+        char last[RFI_ERRMSG_MAX / 2];
+        snprintf(last, sizeof last, "%s", rf_errmsg());
+        if (last[0])
+            rfi_graph_fail(t, RF_E_INVALID, "%s: tensor is NULL (the last error before this "
+                           "call: %s)", op, last);
+        else
+            rfi_graph_fail(t, RF_E_INVALID, "%s: tensor is NULL", op);
         return false;
     }
     if (x->g != t) {
