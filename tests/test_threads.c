@@ -179,8 +179,14 @@ static void *step_through_gate(void *arg)
     return NULL;
 }
 
-/* A step of a model that another thread is stepping is refused with a
- * message, and changes nothing; the other step completes. */
+static rf_tensor *sum_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n, (void)aux, (void)ctx;
+    return rf_sum_all(rf_apply(m, b[0]));
+}
+
+/* A step of a model that another thread is stepping, or of one of its layers,
+ * is refused with a message, and changes nothing; the other step completes. */
 static void test_overlapping_steps(void)
 {
     trainer tr;
@@ -202,6 +208,21 @@ static void test_overlapping_steps(void)
         CHECK_MSG("rf_trainstep: the model is already in a training step");
         CHECK(isnan(l));
         CHECK(rf_opt_steps(tr.t.opt) == 0);
+        /* nor a step of one of its layers, whose arrays that step updates */
+        rf_model *layer = rf_model_child(tr.t.m, 1); /* Dense(144 => 64) */
+        rf_opt *layer_opt = layer ? rf_setup(rf_descent(0.1), layer) : NULL;
+        rf_array *xh = rf_zeros(RF_F32, RF_SHAPE(BATCH, 144));
+        rf_array *x = xh ? rf_array_to(xh, rf_device_cpu()) : NULL;
+        CHECK(layer_opt && x);
+        if (layer_opt && x) {
+            CHECK_STATUS(rf_trainstep(sum_loss, NULL, layer, &x, 1, layer_opt, &l, NULL),
+                         RF_E_INVALID);
+            CHECK_MSG("the model that owns this one is already in a training step");
+            CHECK(rf_opt_steps(layer_opt) == 0);
+        }
+        rf_array_free(x);
+        rf_array_free(xh);
+        rf_opt_free(layer_opt);
         pthread_mutex_lock(&g.lock);
         g.go = true;
         pthread_cond_broadcast(&g.cond);

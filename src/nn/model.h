@@ -33,12 +33,14 @@ struct rf_model {
     bool sets_precision;      /* rf_apply builds the layer's products with: */
     rf_precision matmul_precision; /* (else with the trace's) */
     uint64_t uid;             /* unique per model object (never reused in a process) */
-    rfi_step_cache *cache;    /* compiled steps and forwards cached for this tree
-                                 (root only); freed with the model */
+    rfi_step_cache *cache;    /* compiled steps and forwards of this model (of the
+                                 root, or of a layer stepped on its own); freed
+                                 with the model */
     struct rf_opt **opts;     /* optimisers set up on this model (borrowed), so
                                  either side can be freed first */
     int n_opts, cap_opts;
-    atomic_bool in_step;      /* a training step of this model is running (trainstep.c) */
+    atomic_bool in_step;      /* root only: a training step of a model of this tree
+                                 is running (trainstep.c) */
 };
 
 /* Implemented by train/step_cache.c: frees every cached executable (NULL ok),

@@ -7,8 +7,8 @@
  * and the batch's count, dtypes and shapes. Hyperparameter values are not in
  * the key: they are device scalars the step reads at run time.
  *
- * The cache lives on the root model (model->cache), is created on first use
- * and is freed with the model; rf_opt_free drops the entries of that
+ * The cache lives on the model stepped (model->cache: the root, or a layer
+ * given its own optimiser), is created on first use and is freed with it; rf_opt_free drops the entries of that
  * optimiser. Lookups scan the entries linearly: a healthy program has a
  * handful (one per batch shape), and past 8 we warn, because that usually
  * means a model or optimiser rebuilt every iteration. A model or optimiser

@@ -310,9 +310,18 @@ static rf_status trainstep_owned(const char *op, rf_loss_fn loss, void *ctx, rf_
     return run_step(op, e, batch, n, loss_out, stats, grads, ngrads);
 }
 
-/* One step of m, refused while another thread runs one: the model's step
- * cache and its arrays serve one step at a time (reflux.h's threading rules),
- * and overlapping steps would corrupt the cache's list. */
+/* The model that owns m's tree. */
+static rf_model *root_of(rf_model *m)
+{
+    while (m->parent)
+        m = m->parent;
+    return m;
+}
+
+/* One step of m, refused while another thread runs one of any model of m's
+ * tree: the step cache and the arrays serve one step at a time (reflux.h's
+ * threading rules), overlapping steps would corrupt the cache's list, and a
+ * step of a layer updates arrays its whole model's step updates too. */
 static rf_status trainstep(const char *op, rf_loss_fn loss, void *ctx, rf_model *m,
                            rf_array *const *batch, int n, rf_opt *opt, double *loss_out,
                            rf_stats *stats, rf_array ***grads, int *ngrads)
@@ -321,13 +330,15 @@ static rf_status trainstep(const char *op, rf_loss_fn loss, void *ctx, rf_model 
         *loss_out = NAN;
     if (stats)
         stats->n = 0;
-    if (m && atomic_exchange(&m->in_step, true))
-        return rfi_error(RF_E_INVALID, "%s: the model is already in a training step (on "
-                         "another thread? a model is trained by one thread at a time)", op);
+    rf_model *root = m ? root_of(m) : NULL;
+    if (root && atomic_exchange(&root->in_step, true))
+        return rfi_error(RF_E_INVALID, "%s: the model%s is already in a training step (on "
+                         "another thread? a model is trained by one thread at a time)", op,
+                         root == m ? "" : " that owns this one");
     rf_status st = trainstep_owned(op, loss, ctx, m, batch, n, opt, loss_out, stats, grads,
                                    ngrads);
-    if (m)
-        atomic_store(&m->in_step, false);
+    if (root)
+        atomic_store(&root->in_step, false);
     return st;
 }
 
