@@ -327,6 +327,32 @@ static void check_errors(void)
                  "rf_onecold: scores f32[4] needs a class axis");
 }
 
+/* Class ids outside [0, C) make a class loss NaN (PyTorch raises for them);
+ * their one-hot rows were zero, which silently gave loss 0 for them. */
+static void check_bad_class_ids(void)
+{
+    const double probs[] = {0.1, 0.2, 0.3, 0.4, 0.25, 0.25, 0.25, 0.25, 0.7, 0.1, 0.1, 0.1};
+    const double good[] = {3, 0, 0}, bad[3][3] = {{3, 4, 0}, {-1, 0, 0}, {3, 0, 200}};
+    const loss_kind kinds[] = {L_CE, L_LOGITCE, L_FOCAL};
+    const rf_dtype id_types[] = {RF_I32, RF_I64, RF_U8};
+    for (int k = 0; k < 3; k++)
+        for (int b = 0; b < 4; b++) {
+            if (b == 2 && id_types[k] == RF_U8)
+                continue; /* no -1 in u8 */
+            err_ctx c = {{"ids", kinds[k], 2.0, NULL, NULL, id_types[k]}, 0};
+            rf_array *in[2] = {tp_host(RF_F32, DIMS(3, 4), 2, probs),
+                               tp_host(id_types[k], DIMS(3), 1, b < 3 ? bad[b] : good)};
+            rf_array *out = NULL;
+            CHECK_OK(tp_run(build_err, &c, in, 2, &out, 1));
+            int64_t n = 0;
+            double *v = tp_read(out, &n);
+            CHECK(v && n == 1 && (b < 3 ? isnan(v[0]) : isfinite(v[0])));
+            free(v);
+            rf_array_free(out);
+            tp_free_all(in, 2);
+        }
+}
+
 int main(void)
 {
     fx_file fx;
@@ -339,6 +365,7 @@ int main(void)
     check_kl_target_grad(&fx);
     check_onecold_accuracy();
     check_errors();
+    check_bad_class_ids();
     fx_free(&fx);
     return tu_finish("test_losses_ref");
 }

@@ -265,7 +265,9 @@ RF_API rf_tensor *rf_mae(rf_tensor *yhat, rf_tensor *y);
 RF_API rf_tensor *rf_msle(rf_tensor *yhat, rf_tensor *y);           /* eps = 1.19e-7 (f32) */
 RF_API rf_tensor *rf_huber(rf_tensor *yhat, rf_tensor *y, double delta); /* Flux default 1 */
 /* Cross-entropies (and rf_focal): y is one-hot [N, C] (yhat's dtype) or class
- * ids [N] (i32, i64 or u8). Sum over classes, mean over the batch. */
+ * ids [N] (i32, i64 or u8). Sum over classes, mean over the batch. A class id
+ * outside [0, C) makes the loss NaN (PyTorch raises), so a training step on
+ * such a batch applies no update and returns RF_E_DOMAIN. */
 RF_API rf_tensor *rf_crossentropy(rf_tensor *yhat, rf_tensor *y);   /* yhat probabilities */
 RF_API rf_tensor *rf_logitcrossentropy(rf_tensor *logits, rf_tensor *y);
 /* Binary cross-entropies: y of yhat's shape (targets in [0, 1]); mean over all elements. */

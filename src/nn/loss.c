@@ -140,6 +140,23 @@ static rf_tensor *onehot_on_axis1(rf_tensor *ids, int64_t nclasses, rf_dtype dt)
     return rf_transpose(hot, perm);
 }
 
+/* The one-hot target `hot` [N, C, ...] of ids [N, ...] with the rows of ids
+ * outside [0, C) NaN: their one-hot rows are zero, which would silently
+ * leave them out of the loss (PyTorch raises for them), so the loss is NaN
+ * instead, and a training step applies no update and says so (RF_E_DOMAIN). */
+static rf_tensor *poison_bad_ids(rf_tensor *hot, rf_tensor *ids)
+{
+    if (!hot)
+        return NULL;
+    rf_trace *t = rf_tensor_trace(ids);
+    rf_dtype dt = rf_tensor_dtype(hot);
+    rf_tensor *valid = rf_and(rf_compare(ids, rf_scalar(t, 0), RF_GE),
+                              rf_compare(ids, rf_scalar(t, (double)rf_tensor_dim(hot, CLASS_AXIS)),
+                                         RF_LT));
+    rf_tensor *poison = rf_select(valid, rf_scalar_typed(t, dt, 0), rf_scalar_typed(t, dt, NAN));
+    return rf_add(hot, rf_unsqueeze(poison, CLASS_AXIS));
+}
+
 /* The float target for a class loss: y itself when it is one-hot (checked
  * like check_pair), else the one-hot of integer class ids. NULL on error. */
 static rf_tensor *class_target(const char *fn, rf_tensor *yhat, rf_tensor *y)
@@ -154,7 +171,8 @@ static rf_tensor *class_target(const char *fn, rf_tensor *yhat, rf_tensor *y)
                       "the class axis 1)", fn, TSTR(y), TSTR(yhat));
         return NULL;
     }
-    return onehot_on_axis1(y, rf_tensor_dim(yhat, CLASS_AXIS), rf_tensor_dtype(yhat));
+    return poison_bad_ids(onehot_on_axis1(y, rf_tensor_dim(yhat, CLASS_AXIS),
+                                          rf_tensor_dtype(yhat)), y);
 }
 
 /* mean over all non-class axes of sum over the class axis: Flux's
