@@ -517,6 +517,36 @@ static void test_jitted(void)
     rf_array_free(w);
 }
 
+/* A traced function that runs its own jitted function: refused (it used to
+ * wait for itself forever on the function's lock). */
+typedef struct self_caller {
+    rf_jitted *f;
+    rf_array *x;
+    rf_status inner;
+    int n_compiled;
+} self_caller;
+
+static void self_calling_fn(rf_trace *t, void *ctx)
+{
+    self_caller *c = ctx;
+    c->n_compiled = rf_jitted_n_compiled(c->f);
+    c->inner = rf_jitted_run(c->f, &c->x, 1, NULL, 0);
+    rf_return(t, rf_sum_all(rf_arg(t, 0)));
+}
+
+static void test_jitted_reentry(void)
+{
+    self_caller c = {NULL, cpu_fill(RF_SHAPE(2, 3), 1.0), RF_OK, -1};
+    c.f = rf_jitted_new(self_calling_fn, &c);
+    rf_array *y = NULL;
+    CHECK_OK(c.f && c.x ? rf_jitted_run(c.f, &c.x, 1, &y, 1) : RF_E_NOMEM);
+    CHECK(c.inner == RF_E_INVALID && c.n_compiled == 0);
+    CHECK(y && rf_to_number(y) == 6.0 && rf_jitted_n_compiled(c.f) == 1);
+    rf_array_free(y);
+    rf_jitted_free(c.f);
+    rf_array_free(c.x);
+}
+
 static void test_run_checks(void)
 {
     model m = {0};
@@ -718,6 +748,7 @@ int main(void)
     test_updates();
     test_argument_is_updated_capture();
     test_jitted();
+    test_jitted_reentry();
     test_run_checks();
     test_compile_checks();
     test_dump();

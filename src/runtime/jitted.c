@@ -51,7 +51,18 @@ rf_jitted *rf_jitted_new(rf_trace_fn fn, void *ctx)
     }
     f->fn = fn;
     f->ctx = ctx;
-    pthread_mutex_init(&f->lock, NULL);
+    /* error-checking: fn calling rf_jitted_run of f while it is traced would
+     * otherwise wait for itself forever */
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ERRORCHECK);
+    int rc = pthread_mutex_init(&f->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+    if (rc != 0) {
+        rfi_free(f);
+        rfi_error(RF_E_NOMEM, "rf_jitted_new: cannot make a lock");
+        return NULL;
+    }
     return f;
 }
 
@@ -129,7 +140,9 @@ rf_status rf_jitted_run(rf_jitted *f, rf_array *const *args, int nargs, rf_array
     for (int k = 0; k < nargs; k++)
         if (!args[k])
             return rfi_error(RF_E_INVALID, "rf_jitted_run: argument %d is NULL", k);
-    pthread_mutex_lock(&f->lock);
+    if (pthread_mutex_lock(&f->lock) != 0) /* EDEADLK: this thread holds it */
+        return rfi_error(RF_E_INVALID, "rf_jitted_run: called while its own function is traced "
+                         "(from inside fn: run it after the call that compiles returns)");
     jit_entry *e = find(f, args, nargs);
     rf_status st = e ? RF_OK : compile_entry(f, args, nargs, &e);
     rf_exec *exec = st == RF_OK ? e->exec : NULL;
@@ -143,9 +156,10 @@ int rf_jitted_n_compiled(rf_jitted *f)
 {
     if (!f)
         return 0;
-    pthread_mutex_lock(&f->lock);
+    bool locked = pthread_mutex_lock(&f->lock) == 0; /* else this thread holds it */
     int n = f->n;
-    pthread_mutex_unlock(&f->lock);
+    if (locked)
+        pthread_mutex_unlock(&f->lock);
     return n;
 }
 
