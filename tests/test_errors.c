@@ -226,6 +226,31 @@ static void test_shapes(void)
 static rf_tensor *build_log(rf_trace *t) { return rf_log(rf_arg(t, 0)); }
 static rf_tensor *build_and(rf_trace *t) { return rf_and(rf_arg(t, 0), rf_arg(t, 0)); }
 
+/* A weak scalar that is not a value of the integer tensor it meets (it was
+ * truncated: x * 0.5 gave 0) */
+static rf_tensor *build_int_times_half(rf_trace *t)
+{
+    return rf_mul(rf_arg(t, 0), rf_scalar(t, 0.5));
+}
+
+static rf_tensor *build_int_plus_huge(rf_trace *t)
+{
+    return rf_add(rf_arg(t, 0), rf_scalar(t, 1e10));
+}
+
+static rf_tensor *build_u8_pad_256(rf_trace *t)
+{
+    return rf_pad(rf_arg(t, 0), rf_scalar(t, 256), (const int64_t[]){1}, NULL, NULL);
+}
+
+/* and ones that are: exact */
+static void int_scalars_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_return(t, rf_add(rf_mul(x, rf_scalar(t, 3)), rf_scalar(t, -2147483648.0)));
+}
+
 static void test_dtypes(void)
 {
     rf_array *f = cpu_zeros(RF_F32, RF_SHAPE(2, 3));
@@ -234,6 +259,19 @@ static void test_dtypes(void)
     EXPECT_OP_ERROR(build_add, args, 2, RF_E_DTYPE, "rf_add", "f32[2,3]", "i32[2,3]");
     EXPECT_OP_ERROR(build_log, &i, 1, RF_E_DTYPE, "log", "i32");
     EXPECT_OP_ERROR(build_and, &f, 1, RF_E_DTYPE, "and", "f32");
+    EXPECT_OP_ERROR(build_int_times_half, &i, 1, RF_E_DTYPE,
+                    "rf_mul: the scalar 0.5 is not a value of i32", "rf_convert");
+    EXPECT_OP_ERROR(build_int_plus_huge, &i, 1, RF_E_DTYPE,
+                    "rf_add: the scalar 10000000000 is not a value of i32");
+    rf_array *u = cpu_zeros(RF_U8, RF_SHAPE(3));
+    EXPECT_OP_ERROR(build_u8_pad_256, &u, 1, RF_E_DTYPE, "rf_pad: the scalar 256", "u8");
+    rf_array *y = NULL;
+    CHECK_OK(rf_jit(int_scalars_fn, NULL, &i, 1, &y, 1));
+    int32_t got[6] = {0};
+    CHECK_OK(y ? rf_array_read(y, got, sizeof got) : RF_E_INVALID);
+    CHECK(got[0] == INT32_MIN && got[5] == INT32_MIN);
+    rf_array_free(y);
+    rf_array_free(u);
     rf_array_free(f);
     rf_array_free(i);
 }

@@ -25,7 +25,9 @@ extern "C" {
 
 /* ---- Constants -------------------------------------------------------------- */
 /* A weakly typed scalar: it adopts the dtype of the tensor it meets in a
- * binary op; alone it is f32. */
+ * binary op; alone it is f32. Meeting an integer or bool tensor it must be one
+ * of that dtype's values exactly (else RF_E_DTYPE: x * 0.5 of an integer x is
+ * refused, not 0). */
 RF_API rf_tensor *rf_scalar(rf_trace *t, double v);
 /* A scalar of a given dtype. */
 RF_API rf_tensor *rf_scalar_typed(rf_trace *t, rf_dtype dt, double v);

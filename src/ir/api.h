@@ -36,8 +36,9 @@ RFI_FUNC bool rfi_api_axes(const char *fn, const rfi_node *x, const int64_t *axe
 RFI_FUNC bool rfi_api_same_graph(const char *fn, const rfi_node *a, const rfi_node *b);
 
 /* A weak scalar (rf_scalar) re-typed as a rank-0 CONSTANT of dt (x itself
- * when it is not weak or already dt). NULL on failure (graph error set). */
-RFI_FUNC rfi_node *rfi_api_weak_as(rfi_node *x, rf_dtype dt);
+ * when it is not weak or already dt). NULL on failure (graph error set, named
+ * fn): also when dt is integer or bool and the value is not one of dt's. */
+RFI_FUNC rfi_node *rfi_api_weak_as(const char *fn, rfi_node *x, rf_dtype dt);
 
 /* Writes v converted to dt (saturating for integers, != 0 for bool) at dst. */
 RFI_FUNC void rfi_api_store(rf_dtype dt, double v, void *dst);

@@ -154,11 +154,32 @@ static double weak_value(const rfi_node *x)
     return v;
 }
 
-rfi_node *rfi_api_weak_as(rfi_node *x, rf_dtype dt)
+/* Whether v is a value of integer or bool dtype dt, exactly. */
+static bool exact_in(double v, rf_dtype dt)
+{
+    double lo, hi; /* hi exclusive */
+    switch (dt) {
+    case RF_BOOL: return v == 0 || v == 1;
+    case RF_U8: lo = 0, hi = 256; break;
+    case RF_I32: lo = -2147483648.0, hi = 2147483648.0; break;
+    default: lo = -9223372036854775808.0, hi = 9223372036854775808.0; break; /* i64 */
+    }
+    return v == trunc(v) && v >= lo && v < hi;
+}
+
+rfi_node *rfi_api_weak_as(const char *fn, rfi_node *x, rf_dtype dt)
 {
     if (!x || !x->weak || x->dtype == dt)
         return x;
-    return scalar_node(x->g, dt, weak_value(x));
+    double v = weak_value(x);
+    if (!rfi_dtype_is_float(dt) && !exact_in(v, dt)) {
+        /* it would be truncated or saturated: x * 0.5 of an integer x gave 0 */
+        rfi_graph_fail(x->g, RF_E_DTYPE, "%s: the scalar %.17g is not a value of %s, the dtype "
+                       "of the tensor it meets (convert that tensor with rf_convert, or give "
+                       "the scalar's dtype with rf_scalar_typed)", fn, v, rf_dtype_name(dt));
+        return NULL;
+    }
+    return scalar_node(x->g, dt, v);
 }
 
 /* ---- Constants ----------------------------------------------------------------------- */
@@ -325,7 +346,7 @@ static bool unify(const char *fn, rfi_node **xs, int n)
     if (strong) {
         rf_dtype dt = strong->dtype;
         for (int k = 0; k < n; k++)
-            if (!(xs[k] = rfi_api_weak_as(xs[k], dt)))
+            if (!(xs[k] = rfi_api_weak_as(fn, xs[k], dt)))
                 return false;
     }
     char types[3 * RFI_TYPE_STR_MAX + 16] = "";

@@ -271,7 +271,7 @@ rf_tensor *rf_pad(rf_tensor *x, rf_tensor *value, const int64_t *low, const int6
     static const char fn[] = "rf_pad";
     if (!x || !value || !rfi_api_same_graph(fn, x, value))
         return NULL;
-    if (!(value = rfi_api_weak_as(value, x->dtype)))
+    if (!(value = rfi_api_weak_as(fn, value, x->dtype)))
         return NULL;
     if (value->rank != 0 || value->dtype != x->dtype) {
         rfi_graph_fail(x->g, value->rank ? RF_E_SHAPE : RF_E_DTYPE,
@@ -515,9 +515,9 @@ static bool same_dtype(const char *fn, rfi_node **a, rfi_node **b)
     if (!rfi_api_same_graph(fn, *a, *b))
         return false;
     if ((*a)->weak && !(*b)->weak)
-        *a = rfi_api_weak_as(*a, (*b)->dtype);
+        *a = rfi_api_weak_as(fn, *a, (*b)->dtype);
     else if ((*b)->weak && !(*a)->weak)
-        *b = rfi_api_weak_as(*b, (*a)->dtype);
+        *b = rfi_api_weak_as(fn, *b, (*a)->dtype);
     if (!*a || !*b)
         return false;
     if ((*a)->dtype != (*b)->dtype) {
