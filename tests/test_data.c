@@ -506,6 +506,12 @@ static void test_idx_errors(void)
     CHECK_STATUS(rf_idx_load(NULL, &a), RF_E_INVALID);
     CHECK_STATUS(rf_idx_load(raw, NULL), RF_E_INVALID);
     CHECK_STATUS(rf_idx_load(tmpdir, &a), RF_E_IO); /* a directory */
+    /* a FIFO: refused, where opening it waited for a writer forever */
+    const char *fifo = tmp_path("fifo.idx");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK_STATUS(rf_idx_load(fifo, &a), RF_E_IO);
+    CHECK_MSG("fifo.idx: not a regular file");
+    unlink(fifo);
 }
 
 /* ---- Fashion-MNIST ----------------------------------------------------------------------- */
@@ -738,6 +744,32 @@ static void test_checkpoint_roundtrip(void)
     CHECK_OK(rf_checkpoint_load(longp, b, NULL));
     CHECK(count_temporaries() == 0);
     unlink(longp);
+
+    /* Saving through a symbolic link writes the file it leads to and leaves
+     * the link; the file keeps its permissions. */
+    char real[512], link[512];
+    snprintf(real, sizeof real, "%s", tmp_path("real.safetensors"));
+    snprintf(link, sizeof link, "%s", tmp_path("latest.safetensors"));
+    CHECK_OK(rf_checkpoint_save(real, b, NULL));
+    CHECK(chmod(real, 0600) == 0 && symlink(real, link) == 0);
+    CHECK_OK(rf_checkpoint_save(link, a, NULL));
+    struct stat ls, rs;
+    CHECK(lstat(link, &ls) == 0 && S_ISLNK(ls.st_mode));
+    CHECK(stat(real, &rs) == 0 && (rs.st_mode & 0777) == 0600);
+    CHECK_OK(rf_checkpoint_load(real, b, NULL));
+    sb = take_snapshot(b, NULL);
+    CHECK(same_snapshot(&sa, &sb));
+    CHECK(count_temporaries() == 0);
+    /* a path that is not a regular file is refused, not replaced */
+    const char *fifo = tmp_path("fifo.safetensors");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK_STATUS(rf_checkpoint_save(fifo, a, NULL), RF_E_IO);
+    CHECK_MSG("fifo.safetensors: not a regular file");
+    struct stat fs;
+    CHECK(lstat(fifo, &fs) == 0 && S_ISFIFO(fs.st_mode));
+    unlink(fifo);
+    unlink(link);
+    unlink(real);
     rf_model_free(a);
     rf_model_free(b);
 }
@@ -858,6 +890,11 @@ static void test_checkpoint_errors(void)
     CHECK(file != NULL);
     if (!file)
         return;
+
+    const char *fifo = tmp_path("fifo.safetensors"); /* it waited for a writer */
+    CHECK(mkfifo(fifo, 0600) == 0);
+    expect_load_fails(fifo, b, RF_E_IO, "fifo.safetensors: not a regular file");
+    unlink(fifo);
 
     write_bytes(bad, file, size - 3); /* truncated data */
     expect_load_fails(bad, b, RF_E_CORRUPT, "truncated");

@@ -56,7 +56,10 @@ RF_API rf_status rf_fashion_mnist(const char *dir, bool train, rf_array **images
 /* ---- Checkpoints (safetensors) ----------------------------------------------------------- */
 /* Saves every array of the model (parameters and state, by path name) and,
  * when opt is not NULL, of the optimiser ("opt." prefix) to `path` in the
- * safetensors format, atomically (temporary file, fsync, rename). */
+ * safetensors format, atomically (temporary file, fsync, rename). Through a
+ * symbolic link it replaces the file the link leads to; a replaced file's
+ * permissions are kept; a path that is not a regular file (a directory, FIFO
+ * or device) is refused (RF_E_IO). */
 RF_API rf_status rf_checkpoint_save(const char *path, rf_model *m, rf_opt *opt);
 /* Loads a checkpoint into an existing model (and optimiser) of the same
  * structure, in place. Nothing is changed unless the whole file is valid:

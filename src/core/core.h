@@ -126,6 +126,10 @@ static inline float rfi_round_bf16(float x)
 /* mkdir -p: creates every missing directory of `path` with mode 0700 and
  * checks the result is a directory. 0, or -1 with errno set. */
 RFI_FUNC int rfi_make_dirs(const char *path);
+/* Opens path for reading if it is a regular file, without waiting on a FIFO
+ * (whose open blocks until a writer comes) or a device: the descriptor, or
+ * -1 with errno set (EINVAL: not a regular file); *size receives its size. */
+RFI_FUNC int rfi_open_regular(const char *path, int64_t *size);
 
 /* ---- Counter-based random numbers (Philox4x32-10) ------------------------------------
  * Element i of a draw uses Philox block counter {i lo, i hi, counter lo32,

@@ -4,9 +4,11 @@
 #include "core.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int rfi_make_dirs(const char *path)
 {
@@ -34,4 +36,22 @@ int rfi_make_dirs(const char *path)
         return -1;
     }
     return 0;
+}
+
+int rfi_open_regular(const char *path, int64_t *size)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat sb;
+    int err = fstat(fd, &sb) != 0 ? errno : !S_ISREG(sb.st_mode) ? EINVAL : 0;
+    if (!err && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        err = errno;
+    if (err) {
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    *size = (int64_t)sb.st_size;
+    return fd;
 }

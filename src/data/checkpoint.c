@@ -9,6 +9,8 @@
  * Saving is atomic: the file is written beside the target under a temporary
  * name, flushed and fsync'ed, renamed over the target, and the directory is
  * fsync'ed, so a crash leaves the old checkpoint or the new one, never a mix.
+ * The target is the file the path's symbolic links lead to; the new file
+ * keeps the old one's permissions (and owner, where allowed).
  * Loading validates the whole file and reads every tensor into staging
  * memory before the first array is written, so a bad file changes nothing.
  *
@@ -243,25 +245,83 @@ static char *temp_name(const char *path)
     return tmp;
 }
 
+/* The file a save replaces: `path`, or the file its symbolic links lead to
+ * (a save writes through them, as opening the path for writing would, and
+ * leaves the links). *target is rfi_malloc'd; *old receives the existing
+ * file's status, or st_nlink 0 when there is none. A path that exists but is
+ * not a regular file (a directory, FIFO or device) is refused: renaming over
+ * it would replace it. */
+static rf_status save_target(const char *op, const char *path, char **target, struct stat *old)
+{
+    memset(old, 0, sizeof *old);
+    *target = NULL;
+    char *resolved = NULL; /* libc's */
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+        resolved = realpath(path, NULL);
+        if (!resolved)
+            return io_error(op, "cannot follow the symbolic link", path);
+    }
+    const char *real = resolved ? resolved : path;
+    if (stat(real, old) != 0) {
+        memset(old, 0, sizeof *old);
+        if (errno != ENOENT) {
+            rf_status st = io_error(op, "cannot reach", real);
+            free(resolved);
+            return st;
+        }
+    } else if (!S_ISREG(old->st_mode)) {
+        rf_status st = rfi_error(RF_E_IO, "%s: %s: not a regular file (a checkpoint replaces "
+                                 "a regular file)", op, real);
+        free(resolved);
+        return st;
+    }
+    *target = rfi_strdup(real);
+    free(resolved);
+    return *target ? RF_OK : rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+}
+
+/* The new file keeps the replaced one's permissions and, where the process
+ * may set them, its owner and group (an 0600 checkpoint stays private). */
+static rf_status keep_attributes(const char *op, int fd, const char *tmp, const struct stat *old)
+{
+    if (old->st_nlink == 0)
+        return RF_OK;
+    if (fchown(fd, old->st_uid, old->st_gid) != 0 && errno != EPERM)
+        return io_error(op, "cannot set the owner of", tmp);
+    if (fchmod(fd, old->st_mode & 07777) != 0)
+        return io_error(op, "cannot set the permissions of", tmp);
+    return RF_OK;
+}
+
 static rf_status write_atomically(const char *op, const char *path, const rfi_strbuf *hdr,
                                   const named_list *l)
 {
+    char *target = NULL;
+    struct stat old;
+    rf_status st = save_target(op, path, &target, &old);
+    if (st != RF_OK)
+        return st;
     /* everything allocated before the rename, so no failure follows it */
-    char *tmp = temp_name(path), *dir = parent_dir(path);
+    char *tmp = temp_name(target), *dir = parent_dir(target);
     if (!tmp || !dir) {
         rfi_free(tmp);
         rfi_free(dir);
+        rfi_free(target);
         return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) {
-        rf_status st = io_error(op, "cannot create", tmp);
+        st = io_error(op, "cannot create a file beside", target);
         rfi_free(tmp);
         rfi_free(dir);
+        rfi_free(target);
         return st;
     }
-    FILE *f = fdopen(fd, "wb");
-    rf_status st = f ? RF_OK : io_error(op, "cannot open", tmp);
+    st = keep_attributes(op, fd, tmp, &old);
+    FILE *f = st == RF_OK ? fdopen(fd, "wb") : NULL;
+    if (st == RF_OK && !f)
+        st = io_error(op, "cannot open", tmp);
     if (st == RF_OK)
         st = write_contents(op, f, tmp, hdr, l);
     if (st == RF_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
@@ -270,14 +330,20 @@ static rf_status write_atomically(const char *op, const char *path, const rfi_st
         close(fd);
     else if (fclose(f) != 0 && st == RF_OK)
         st = io_error(op, "cannot close", tmp);
-    if (st == RF_OK && rename(tmp, path) != 0)
-        st = io_error(op, "cannot rename the temporary file to", path);
+    if (st == RF_OK && rename(tmp, target) != 0)
+        st = io_error(op, "cannot rename the temporary file to", target);
     if (st != RF_OK)
         unlink(tmp);
     else
         st = sync_dir(op, dir);
+    if (st != RF_OK && !strstr(rf_errmsg(), target)) { /* it names the temporary */
+        char why[RFI_ERRMSG_MAX / 2];
+        snprintf(why, sizeof why, "%s", rf_errmsg());
+        st = rfi_error(st, "%s (saving %s)", why, target);
+    }
     rfi_free(tmp);
     rfi_free(dir);
+    rfi_free(target);
     return st;
 }
 
@@ -455,22 +521,18 @@ rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt)
         return rfi_error(RF_E_INVALID, "%s: %s is NULL", op, path ? "model" : "path");
     if (!host_is_little_endian())
         return rfi_error(RF_E_UNSUPPORTED, "%s: big-endian hosts are not supported", op);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int64_t size;
+    int fd = rfi_open_regular(path, &size);
     if (fd < 0)
-        return rfi_error(RF_E_IO, "%s: %s: %s", op, path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        rf_status st = rfi_error(RF_E_IO, "%s: %s: not a readable regular file", op, path);
-        close(fd);
-        return st;
-    }
+        return rfi_error(RF_E_IO, "%s: %s: %s", op, path,
+                         errno == EINVAL ? "not a regular file" : strerror(errno));
     named_list l = {0};
     rfi_st_header h = {0};
     const rfi_st_entry **found = NULL;
     uint64_t data_start = 0;
     rf_status st = collect_arrays(op, m, opt, &l);
     if (st == RF_OK)
-        st = read_header(op, path, fd, (uint64_t)sb.st_size, &h, &data_start);
+        st = read_header(op, path, fd, (uint64_t)size, &h, &data_start);
     if (st == RF_OK) {
         found = rfi_calloc((size_t)(l.n ? l.n : 1), sizeof *found);
         if (!found)

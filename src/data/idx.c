@@ -225,19 +225,11 @@ rf_status rf_idx_load(const char *path, rf_array **out)
         *out = NULL;
     if (!path || !out)
         return rfi_error(RF_E_INVALID, "rf_idx_load: %s is NULL", path ? "out" : "path");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int64_t size;
+    int fd = rfi_open_regular(path, &size);
     if (fd < 0)
-        return rfi_error(RF_E_IO, "rf_idx_load: %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int err = errno;
-        close(fd);
-        return rfi_error(RF_E_IO, "rf_idx_load: %s: %s", path, strerror(err));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return rfi_error(RF_E_IO, "rf_idx_load: %s: not a regular file", path);
-    }
+        return rfi_error(RF_E_IO, "rf_idx_load: %s: %s", path,
+                         errno == EINVAL ? "not a regular file" : strerror(errno));
     gzFile f = gzdopen(fd, "rb");
     if (!f) {
         close(fd);
@@ -249,7 +241,7 @@ rf_status rf_idx_load(const char *path, rf_array **out)
     int rank = 0;
     rf_status st = read_header(f, path, &t, dims, &rank);
     if (st == RF_OK)
-        st = read_data(f, path, t, dims, rank, (int64_t)sb.st_size, out);
+        st = read_data(f, path, t, dims, rank, size, out);
     gzclose(f);
     return st;
 }
