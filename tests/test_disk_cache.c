@@ -785,6 +785,71 @@ static void test_compiler_timeout(void)
     cc_restore(saved_cc);
 }
 
+/* Whether process pid has ended (gone, or a zombie nobody reaped yet). */
+static bool process_ended(pid_t pid)
+{
+    char path[64], stat[256] = "";
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = '\0';
+    const char *paren = strrchr(stat, ')');
+    return paren && paren[1] == ' ' && paren[2] == 'Z';
+}
+
+/* A process killed while its compiler runs takes the compiler with it: the
+ * compiler used to run on and write into the cache. */
+static void test_compiler_dies_with_its_process(void)
+{
+    char *saved_cc = cc_save();
+    char script[600], pidfile[600];
+    snprintf(script, sizeof script, "%s/stuck-cc", root);
+    snprintf(pidfile, sizeof pidfile, "%s/stuck-cc.pid", root);
+    unlink(pidfile);
+    FILE *f = fopen(script, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fprintf(f, "#!/bin/sh\n"
+                   "if [ \"$1\" = --version ]; then echo 'stuck-cc 1.0'; exit 0; fi\n"
+                   "echo $$ > %s.new && mv %s.new %s\n"
+                   "exec sleep 300\n", pidfile, pidfile, pidfile);
+        fclose(f);
+    }
+    chmod(script, 0700);
+    setenv("CC", script, 1);
+    pid_t child = fork();
+    if (child == 0) {
+        rfi_module *m = NULL;
+        rfi_cc_load_module("int stuck;", "stuck", &m);
+        _exit(0);
+    }
+    pid_t compiler = 0;
+    for (int i = 0; i < 400 && compiler <= 0; i++) { /* up to 20 s */
+        FILE *p = fopen(pidfile, "r");
+        if (p) {
+            int v = 0;
+            if (fscanf(p, "%d", &v) == 1)
+                compiler = v;
+            fclose(p);
+        }
+        if (compiler <= 0)
+            usleep(50000);
+    }
+    CHECK(compiler > 0);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    bool ended = false;
+    for (int i = 0; i < 100 && compiler > 0 && !(ended = process_ended(compiler)); i++)
+        usleep(50000);
+    CHECK(ended);
+    if (compiler > 0 && !ended)
+        kill(compiler, SIGKILL);
+    cc_restore(saved_cc);
+}
+
 /* $CC with more words, as make's: a wrapper and the compiler it runs ("ccache
  * gcc"), plus a flag. Every command starts with them: the version probe and the
  * compile (a wrapper that logs its arguments and runs them); the identity names
@@ -1367,6 +1432,53 @@ static void test_size_limit(void)
     setenv("RF_CACHE_DIR", cache_dir, 1);
 }
 
+/* Makes an empty file aged `seconds`. */
+static void aged_file(const char *path, time_t seconds)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    struct timespec t[2] = {{time(NULL) - seconds, 0}, {time(NULL) - seconds, 0}};
+    CHECK(utimensat(AT_FDCWD, path, t, 0) == 0);
+}
+
+/* Temporaries of a writer that died (a process killed mid-compile) are
+ * deleted by the next compile in the directory: over an hour old and their
+ * process gone, or a day old; younger ones, or a live process's, stay. They
+ * used to stay for good, outside the size limit. */
+static void test_stale_temporaries(void)
+{
+    char dir[600], dead_old[700], dead_part[700], dead_new[700], live_old[700], day_old[700];
+    snprintf(dir, sizeof dir, "%s/stale", root);
+    setenv("RF_CACHE_DIR", dir, 1);
+    CHECK(fake_get("entry S") == 1);
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    char ext[64];
+    snprintf(ext, sizeof ext, ".so.tmp.%d.0", (int)dead);
+    fake_file(dead_old, sizeof dead_old, dir, "entry T", ext);
+    aged_file(dead_old, 2 * 3600);
+    snprintf(ext, sizeof ext, ".so.tmp.%d.1.part0.o", (int)dead);
+    fake_file(dead_part, sizeof dead_part, dir, "entry T", ext);
+    aged_file(dead_part, 2 * 3600);
+    snprintf(ext, sizeof ext, ".so.tmp.%d.2", (int)dead);
+    fake_file(dead_new, sizeof dead_new, dir, "entry T", ext);
+    aged_file(dead_new, 60);
+    snprintf(ext, sizeof ext, ".so.tmp.%d.3", (int)getpid());
+    fake_file(live_old, sizeof live_old, dir, "entry T", ext);
+    aged_file(live_old, 2 * 3600);
+    snprintf(ext, sizeof ext, ".so.tmp.%d.4", (int)getpid());
+    fake_file(day_old, sizeof day_old, dir, "entry T", ext);
+    aged_file(day_old, 25 * 3600);
+    CHECK(fake_get("entry U") == 1);
+    CHECK(!exists(dead_old) && !exists(dead_part) && !exists(day_old));
+    CHECK(exists(dead_new) && exists(live_old));
+    setenv("RF_CACHE_DIR", cache_dir, 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) {
@@ -1415,6 +1527,8 @@ int main(int argc, char **argv)
     test_no_index_in_fallback_dir();
     test_build_id();
     test_size_limit();
+    test_stale_temporaries();
+    test_compiler_dies_with_its_process();
     tu_remove_tree(root);
     return tu_finish("test_disk_cache");
 }

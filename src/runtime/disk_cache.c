@@ -8,7 +8,8 @@
  * manifest) and the records (key -> payload, checked byte for byte and by
  * the payload's hash), and writes every file under a temporary name before
  * renaming it into place, and keeps the directory under its size limit by
- * deleting what was used least recently. It does not compile or load
+ * deleting what was used least recently (and the temporaries of writers
+ * that died). It does not compile or load
  * anything itself (the caller's callbacks do).
  */
 #include "disk_cache.h"
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -896,7 +898,8 @@ void rfi_disk_cache_memo_put(const char *name, const char *value)
  * backend's objects count too), K 32 hex digits, trusted (owned by the user,
  * writable by no one else); lock files stay (removing them would race), and
  * so do memo files, temporary files (someone's write in progress) and
- * anything else. An entry goes only under its lock, taken without
+ * anything else. A temporary file whose writer is gone (stale_temporary: a
+ * process killed mid-compile) is deleted after every compile, limit or not. An entry goes only under its lock, taken without
  * waiting: one that another process is building or loading stays, and so
  * does the entry just built. A process that has loaded an object keeps it
  * mapped when its file goes. */
@@ -1031,20 +1034,45 @@ static bool delete_group(const char *dir, const cache_files *files, const cache_
     return true;
 }
 
+/* A temporary file ("<name>.tmp.<pid>.<n>", a compiler's part objects after
+ * it) whose writer is gone: it is over an hour old and its process does not
+ * exist here, or it is a day old. A writer killed mid-write leaves one behind
+ * for good otherwise; the hour spares the live writes of another host's
+ * process on a shared home directory, whose pid means nothing here. */
+#define STALE_TEMPORARY_SECONDS 3600
+static bool stale_temporary(const char *name, const struct stat *st, time_t now)
+{
+    const char *t = strstr(name, ".tmp.");
+    if (!t || !trusted_file(st))
+        return false;
+    double age = difftime(now, st->st_mtime);
+    long pid = strtol(t + 5, NULL, 10);
+    if (age > 24.0 * STALE_TEMPORARY_SECONDS)
+        return true;
+    return age > STALE_TEMPORARY_SECONDS && pid > 0 && kill((pid_t)pid, 0) != 0 &&
+           errno == ESRCH;
+}
+
+/* After a build: deletes stale temporaries, and the least recently used
+ * entries while the directory holds more than the limit. */
 static void trim_dir(const char *dir, const char *keep_key)
 {
     uint64_t limit = max_cache_bytes();
-    DIR *d = limit ? opendir(dir) : NULL;
+    DIR *d = opendir(dir);
     if (!d)
         return;
     int saved = errno;
     cache_files files = {0};
     uint64_t total = 0;
+    time_t now = time(NULL);
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         struct stat st;
-        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            add_file(&files, de->d_name, &st))
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        if (stale_temporary(de->d_name, &st, now))
+            unlinkat(dirfd(d), de->d_name, 0);
+        else if (limit && add_file(&files, de->d_name, &st))
             total += (uint64_t)st.st_size;
     }
     closedir(d);

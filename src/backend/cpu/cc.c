@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -86,7 +87,7 @@ static int fd_above_stdio(int fd)
 
 /* In the child, between fork and exec: async-signal-safe calls only. */
 static void child_exec(const char *path, char *const argv[], int in_fd, int out_fd,
-                       long max_fd, const char *exec_fail_msg)
+                       long max_fd, const char *exec_fail_msg, pid_t parent)
 {
     sigset_t none;
     sigemptyset(&none);
@@ -95,6 +96,10 @@ static void child_exec(const char *path, char *const argv[], int in_fd, int out_
      * SIGCHLD as the compiler expects it (SIG_IGN would survive exec) */
     setpgid(0, 0);
     signal(SIGCHLD, SIG_DFL);
+    /* and it dies with the thread waiting for it: a user's Ctrl-C or kill
+     * of the process left compilers running, writing into the cache */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        _exit(CHILD_EXEC_FAILED);
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(out_fd, 2) < 0)
         _exit(CHILD_EXEC_FAILED);
 #ifdef SYS_close_range
@@ -212,9 +217,9 @@ static int run_program(const char *path, char *const argv[], rfi_strbuf *output,
         errno = e;
         return -1;
     }
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid == 0)
-        child_exec(path, argv, in_fd, p[1], max_fd, fail_msg);
+        child_exec(path, argv, in_fd, p[1], max_fd, fail_msg, parent);
     int e = errno;
     close(in_fd);
     close(p[1]);
