@@ -785,6 +785,32 @@ static void test_compiler_timeout(void)
     cc_restore(saved_cc);
 }
 
+/* A compiler that exits 0 without writing its object: RF_E_COMPILE naming
+ * the command, where the cache said it could not read the object back
+ * (RF_E_IO). */
+static void test_compiler_writes_nothing(void)
+{
+    char *saved_cc = cc_save();
+    char script[600];
+    snprintf(script, sizeof script, "%s/silent-cc", root);
+    FILE *f = fopen(script, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("#!/bin/sh\n"
+              "if [ \"$1\" = --version ]; then echo 'silent-cc 1.0'; exit 0; fi\n"
+              "exit 0\n", f);
+        fclose(f);
+    }
+    chmod(script, 0700);
+    setenv("CC", script, 1);
+    rfi_module *m = NULL;
+    CHECK_STATUS(rfi_cc_load_module("int silent;", "silent", &m), RF_E_COMPILE);
+    CHECK_MSG("the compiler exited 0 but wrote no object");
+    CHECK_MSG("silent-cc");
+    CHECK(m == NULL);
+    cc_restore(saved_cc);
+}
+
 /* Whether process pid has ended (gone, or a zombie nobody reaped yet). */
 static bool process_ended(pid_t pid)
 {
@@ -1529,6 +1555,7 @@ int main(int argc, char **argv)
     test_size_limit();
     test_stale_temporaries();
     test_compiler_dies_with_its_process();
+    test_compiler_writes_nothing();
     tu_remove_tree(root);
     return tu_finish("test_disk_cache");
 }

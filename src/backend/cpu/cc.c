@@ -699,17 +699,23 @@ static rf_status run_failed(const char *name, char *const argv[], const char *sr
     return compile_failed(name, argv, src_path, why, out, truncated);
 }
 
-/* Runs the compiler with argv; an error names the command and quotes its output. */
+/* Runs the compiler with argv to make `output`; an error names the command
+ * and quotes its output, also when the compiler exits 0 without writing
+ * `output` (a broken wrapper: the cache then failed to read it back). */
 static rf_status run_compiler(const compiler_info *ci, char *const argv[], const char *src_path,
-                              const char *name)
+                              const char *name, const char *output)
 {
     rfi_strbuf out = {0};
     bool truncated = false;
     int ws = 0;
     int err = run_program(ci->exec_path, argv, &out, &truncated, &ws) != 0 ? errno : 0;
     rf_status st = RF_OK;
+    struct stat sb;
     if (err || !status_ok(ws))
         st = run_failed(name, argv, src_path, err, ws, &out, truncated);
+    else if (stat(output, &sb) != 0 || sb.st_size == 0)
+        st = compile_failed(name, argv, src_path, "the compiler exited 0 but wrote no object",
+                            &out, truncated);
     rfi_sb_free(&out);
     return st;
 }
@@ -738,7 +744,7 @@ static rf_status compile_with(const compiler_info *ci, const char *src_path,
     argv[a++] = "-lm";
     argv[a] = NULL;
     atomic_fetch_add(&n_compiles, 1);
-    return run_compiler(ci, argv, src_path, name);
+    return run_compiler(ci, argv, src_path, name, out_path);
 }
 
 /* ---- Modules in parts -------------------------------------------------------------------- *
@@ -850,7 +856,7 @@ static rf_status compile_parts(const compiler_info *ci, const char *src_path,
                 argv[a++] = jobs[p].obj;
             argv[a++] = "-lm";
             argv[a] = NULL;
-            st = run_compiler(ci, argv, src_path, name);
+            st = run_compiler(ci, argv, src_path, name, out_path);
             rfi_free(argv);
         }
     }
