@@ -576,6 +576,14 @@ static void test_untrusted_dir_falls_back(void)
         CHECK_MSG("not owned by the current user");
         setenv("RF_CACHE_DIR", cache_dir, 1);
     }
+    /* a path too long for the file system: said so (it said no variable named one) */
+    static char long_path[PATH_MAX + 16];
+    memset(long_path, 'a', sizeof long_path - 1);
+    long_path[0] = '/';
+    setenv("RF_CACHE_DIR", long_path, 1);
+    CHECK_STATUS(rfi_disk_cache_dir(&dir), RF_E_INVALID);
+    CHECK_MSG("the directory's path is too long");
+    setenv("RF_CACHE_DIR", cache_dir, 1);
 }
 
 static void test_dir_from_xdg_and_home(void)

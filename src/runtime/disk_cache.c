@@ -101,19 +101,21 @@ void rfi_disk_cache_key(const char *source, const char *context, char out[RFI_CA
 /* ---- The directory --------------------------------------------------------------------- */
 
 
-/* The configured directory path into buf; false when no variable names one. */
-static bool configured_dir(char *buf, size_t n)
+/* The configured directory path into buf; NULL when it fits, else why not:
+ * no variable names one, or the one named is too long. */
+static const char *configured_dir(char *buf, size_t n)
 {
+    static const char too_long[] = "the directory's path is too long";
     const char *v = getenv("RF_CACHE_DIR");
     if (v && *v)
-        return (size_t)snprintf(buf, n, "%s", v) < n;
+        return (size_t)snprintf(buf, n, "%s", v) < n ? NULL : too_long;
     v = getenv("XDG_CACHE_HOME");
     if (v && v[0] == '/')
-        return (size_t)snprintf(buf, n, "%s/reflux", v) < n;
+        return (size_t)snprintf(buf, n, "%s/reflux", v) < n ? NULL : too_long;
     v = getenv("HOME");
     if (v && *v)
-        return (size_t)snprintf(buf, n, "%s/.cache/reflux", v) < n;
-    return false;
+        return (size_t)snprintf(buf, n, "%s/.cache/reflux", v) < n ? NULL : too_long;
+    return "none of RF_CACHE_DIR, XDG_CACHE_HOME, HOME names a directory";
 }
 
 /* Whether st is a directory this user may trust: owned by it, writable by no one else. */
@@ -132,9 +134,9 @@ rf_status rfi_disk_cache_dir(char **out)
 {
     *out = NULL;
     char path[PATH_MAX];
-    if (!configured_dir(path, sizeof path - 64))
-        return rfi_error(RF_E_INVALID, "module cache: none of RF_CACHE_DIR, XDG_CACHE_HOME, "
-                                       "HOME names a usable directory");
+    const char *unusable = configured_dir(path, sizeof path - 64);
+    if (unusable)
+        return rfi_error(RF_E_INVALID, "module cache: %s", unusable);
     struct stat st;
     if (rfi_make_dirs(path) != 0) {
         int e = errno;
@@ -697,7 +699,7 @@ done:
 static bool existing_private_dir(char *buf, size_t n)
 {
     struct stat st;
-    return configured_dir(buf, n) && stat(buf, &st) == 0 && untrusted_dir_reason(&st) == NULL;
+    return !configured_dir(buf, n) && stat(buf, &st) == 0 && untrusted_dir_reason(&st) == NULL;
 }
 
 /* Loads the entry the index names, under its lock. */
@@ -880,7 +882,7 @@ void rfi_disk_cache_memo_put(const char *name, const char *value)
     int saved = errno;
     /* the compiler's identity is worked out before the first entry makes the directory:
      * without it here a second process would ask the compiler again */
-    if (configured_dir(dir, sizeof dir - 80))
+    if (!configured_dir(dir, sizeof dir - 80))
         (void)rfi_make_dirs(dir);
     if (value && *value && !strchr(value, '\n') && memo_path(name, path, sizeof path))
         (void)write_atomic(path, value, strlen(value));
