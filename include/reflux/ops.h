@@ -158,7 +158,9 @@ RF_API rf_tensor *rf_linear(rf_tensor *x, rf_tensor *w, rf_tensor *b);
 /* ---- Convolution and pooling ------------------------------------------------------------ */
 /* Convolution of x [N, C, spatial...] with w [O, C/groups, kernel...] (cross-
  * correlation, like PyTorch and StableHLO). Arrays have nspatial entries (1..3);
- * NULL means all 1 (strides, dilations) or all 0 (padding). lhs_dilation
+ * a stride, dilation or group count of 0 means 1, so a designated initializer
+ * names only what differs from the defaults (rf_conv_params_default spells
+ * them out); negative padding crops. lhs_dilation
  * spaces the input (transposed convolution); rhs_dilation spaces the kernel.
  * batch_group_count > 1 is the form the weight gradient of grouped convolution uses. */
 typedef struct rf_conv_params {
