@@ -760,6 +760,13 @@ static void test_checkpoint_roundtrip(void)
     sb = take_snapshot(b, NULL);
     CHECK(same_snapshot(&sa, &sb));
     CHECK(count_temporaries() == 0);
+    /* a link to a file not made yet (relative): the save makes it */
+    unlink(link);
+    unlink(real);
+    CHECK(symlink("real.safetensors", link) == 0);
+    CHECK_OK(rf_checkpoint_save(link, a, NULL));
+    CHECK(lstat(link, &ls) == 0 && S_ISLNK(ls.st_mode) && stat(real, &rs) == 0);
+    CHECK_OK(rf_checkpoint_load(real, b, NULL));
     /* a path that is not a regular file is refused, not replaced */
     const char *fifo = tmp_path("fifo.safetensors");
     CHECK(mkfifo(fifo, 0600) == 0);

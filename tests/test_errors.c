@@ -156,6 +156,12 @@ static rf_tensor *build_full_empty_huge(rf_trace *t)
     return rf_full(t, RF_F32, RF_SHAPE(0, INT64_MAX / 2, 16), 1.0);
 }
 
+static void return_null(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_return(t, NULL);
+}
+
 /* No tensors: the call cannot name the trace, so rf_return quotes it. */
 static void concatenate_none(rf_trace *t, void *ctx)
 {
@@ -194,10 +200,15 @@ static void test_shapes(void)
     a = cpu_zeros(RF_F32, RF_SHAPE(2, 3));
     EXPECT_OP_ERROR(build_reshape, &a, 1, RF_E_SHAPE, "reshape", "f32[2,3]", "[4,2]");
     rf_exec *e = NULL;
-    rf_clear_error();
+    CHECK_STATUS(rf_array_read(NULL, NULL, 0), RF_E_INVALID); /* an earlier, handled error */
     CHECK_STATUS(rf_compile(concatenate_none, NULL, &a, 1, &e), RF_E_INVALID);
     CHECK_MSG("rf_return: tensor is NULL (the last error before this call: rf_concatenate: "
               "no tensors");
+    CHECK(e == NULL);
+    /* a NULL of the function's own making quotes nothing from before the trace */
+    CHECK_STATUS(rf_array_read(NULL, NULL, 0), RF_E_INVALID);
+    CHECK_STATUS(rf_compile(return_null, NULL, &a, 1, &e), RF_E_INVALID);
+    CHECK(strcmp(rf_errmsg(), "rf_return: tensor is NULL") == 0);
     CHECK(e == NULL);
     rf_array_free(a);
 

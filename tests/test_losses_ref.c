@@ -336,21 +336,36 @@ static void check_bad_class_ids(void)
     const loss_kind kinds[] = {L_CE, L_LOGITCE, L_FOCAL};
     const rf_dtype id_types[] = {RF_I32, RF_I64, RF_U8};
     for (int k = 0; k < 3; k++)
-        for (int b = 0; b < 4; b++) {
-            if (b == 2 && id_types[k] == RF_U8)
-                continue; /* no -1 in u8 */
-            err_ctx c = {{"ids", kinds[k], 2.0, NULL, NULL, id_types[k]}, 0};
-            rf_array *in[2] = {tp_host(RF_F32, DIMS(3, 4), 2, probs),
-                               tp_host(id_types[k], DIMS(3), 1, b < 3 ? bad[b] : good)};
-            rf_array *out = NULL;
-            CHECK_OK(tp_run(build_err, &c, in, 2, &out, 1));
-            int64_t n = 0;
-            double *v = tp_read(out, &n);
-            CHECK(v && n == 1 && (b < 3 ? isnan(v[0]) : isfinite(v[0])));
-            free(v);
-            rf_array_free(out);
-            tp_free_all(in, 2);
-        }
+        for (int d = 0; d < 3; d++)
+            for (int b = 0; b < 4; b++) {
+                if (b == 1 && id_types[d] == RF_U8)
+                    continue; /* no -1 in u8 */
+                err_ctx c = {{"ids", kinds[k], 2.0, NULL, NULL, id_types[d]}, 0};
+                rf_array *in[2] = {tp_host(RF_F32, DIMS(3, 4), 2, probs),
+                                   tp_host(id_types[d], DIMS(3), 1, b < 3 ? bad[b] : good)};
+                rf_array *out = NULL;
+                CHECK_OK(tp_run(build_err, &c, in, 2, &out, 1));
+                int64_t n = 0;
+                double *v = tp_read(out, &n);
+                CHECK(v && n == 1 && (b < 3 ? isnan(v[0]) : isfinite(v[0])));
+                free(v);
+                rf_array_free(out);
+                tp_free_all(in, 2);
+            }
+    /* u8 ids of more than 256 classes: the range check compares in i32 (it
+     * once compared with a u8 scalar of 300, which the dtype cannot hold) */
+    double wide[3 * 300], wide_ids[3] = {299, 0, 255};
+    for (int i = 0; i < 3 * 300; i++)
+        wide[i] = 1.0 / 300;
+    err_ctx c = {{"ids", L_CE, 0, NULL, NULL, RF_U8}, 0};
+    rf_array *in[2] = {tp_host(RF_F32, DIMS(3, 300), 2, wide),
+                       tp_host(RF_U8, DIMS(3), 1, wide_ids)};
+    rf_array *out = NULL;
+    CHECK_OK(tp_run(build_err, &c, in, 2, &out, 1));
+    tp_expect("crossentropy of 300 classes, u8 ids", out, RF_F32, NULL, 0,
+              (const double[]){log(300.0)}, 0, 1e-5);
+    rf_array_free(out);
+    tp_free_all(in, 2);
 }
 
 int main(void)

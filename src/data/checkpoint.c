@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,6 +246,36 @@ static char *temp_name(const char *path)
     return tmp;
 }
 
+/* Where the symbolic link `path` leads when that file does not exist yet
+ * (malloc'd, as realpath's; NULL with errno set): its target, relative to
+ * the link's directory unless absolute. One level only: a link to another
+ * dangling link is refused. */
+static char *dangling_target(const char *path)
+{
+    char target[PATH_MAX];
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n < 0)
+        return NULL;
+    target[n] = '\0';
+    const char *slash = strrchr(path, '/');
+    int dir_len = target[0] == '/' || !slash ? 0 : (int)(slash - path + 1);
+    size_t len = (size_t)dir_len + (size_t)n + 1;
+    char *full = len <= PATH_MAX ? malloc(len) : NULL;
+    if (!full) {
+        errno = len > PATH_MAX ? ENAMETOOLONG : ENOMEM;
+        return NULL;
+    }
+    memcpy(full, path, (size_t)dir_len);
+    memcpy(full + dir_len, target, (size_t)n + 1);
+    struct stat sb;
+    if (lstat(full, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+        free(full);
+        errno = ELOOP;
+        return NULL;
+    }
+    return full;
+}
+
 /* The file a save replaces: `path`, or the file its symbolic links lead to
  * (a save writes through them, as opening the path for writing would, and
  * leaves the links). *target is rfi_malloc'd; *old receives the existing
@@ -259,6 +290,8 @@ static rf_status save_target(const char *op, const char *path, char **target, st
     struct stat sb;
     if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
         resolved = realpath(path, NULL);
+        if (!resolved && errno == ENOENT)
+            resolved = dangling_target(path); /* a link to a file not made yet */
         if (!resolved)
             return io_error(op, "cannot follow the symbolic link", path);
     }

@@ -10,9 +10,11 @@
  * Class targets are one-hot (yhat's shape and dtype) or integer class ids
  * (yhat's shape without axis 1), which are turned into one-hot with rf_onehot.
  *
- * Deliberately not here: agg= choices other than mean, label smoothing, and
- * checking that ids are in range (values are unknown while tracing: an
- * out-of-range id gives an all-zero one-hot row, i.e. no loss for that row).
+ * Ids are unknown while tracing, so an id outside [0, C) cannot be refused;
+ * its row of the target is NaN instead (poison_bad_ids), so the loss is NaN
+ * and a training step says so, rather than the row silently adding nothing.
+ *
+ * Deliberately not here: agg= choices other than mean, label smoothing.
  */
 #include <float.h>
 #include <math.h>
@@ -150,6 +152,8 @@ static rf_tensor *poison_bad_ids(rf_tensor *hot, rf_tensor *ids)
         return NULL;
     rf_trace *t = rf_tensor_trace(ids);
     rf_dtype dt = rf_tensor_dtype(hot);
+    if (rf_tensor_dtype(ids) == RF_U8) /* C may be past 255: compare in i32, as rf_onehot */
+        ids = rf_convert(ids, RF_I32);
     rf_tensor *valid = rf_and(rf_compare(ids, rf_scalar(t, 0), RF_GE),
                               rf_compare(ids, rf_scalar(t, (double)rf_tensor_dim(hot, CLASS_AXIS)),
                                          RF_LT));

@@ -317,6 +317,7 @@ static rf_status trace_fn(const char *op, rf_trace_fn fn, void *ctx, rf_array *c
         return st;
     }
 
+    rf_clear_error(); /* what rf_return quotes of a NULL tensor is then this trace's */
     fn(g, ctx);
 
     if (g->status != RF_OK) {
