@@ -193,6 +193,10 @@ static void test_overlapping_steps(void)
     CHECK(trainer_init(&tr, false, 41));
     gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
     gated_step s = {&tr, &g, 0, RF_E_INTERNAL};
+    /* a layer's own optimiser, set up before the other thread's step (rf_setup
+     * uses the model too) */
+    rf_model *layer = tr.t.m ? rf_model_child(tr.t.m, 1) : NULL; /* Dense(144 => 64) */
+    rf_opt *layer_opt = layer ? rf_setup(rf_descent(0.1), layer) : NULL;
     pthread_t th;
     bool started = tr.t.m && pthread_create(&th, NULL, step_through_gate, &s) == 0;
     CHECK(started);
@@ -209,8 +213,6 @@ static void test_overlapping_steps(void)
         CHECK(isnan(l));
         CHECK(rf_opt_steps(tr.t.opt) == 0);
         /* nor a step of one of its layers, whose arrays that step updates */
-        rf_model *layer = rf_model_child(tr.t.m, 1); /* Dense(144 => 64) */
-        rf_opt *layer_opt = layer ? rf_setup(rf_descent(0.1), layer) : NULL;
         rf_array *xh = rf_zeros(RF_F32, RF_SHAPE(BATCH, 144));
         rf_array *x = xh ? rf_array_to(xh, rf_device_cpu()) : NULL;
         CHECK(layer_opt && x);
@@ -222,7 +224,6 @@ static void test_overlapping_steps(void)
         }
         rf_array_free(x);
         rf_array_free(xh);
-        rf_opt_free(layer_opt);
         pthread_mutex_lock(&g.lock);
         g.go = true;
         pthread_cond_broadcast(&g.cond);
@@ -233,6 +234,7 @@ static void test_overlapping_steps(void)
         /* and once it is done, the model trains on this thread */
         CHECK_OK(rf_trainstep(tu_ce_loss, NULL, tr.t.m, batch, 2, tr.t.opt, &l, NULL));
     }
+    rf_opt_free(layer_opt);
     tu_trainer_free(&tr.t);
 }
 
