@@ -570,7 +570,9 @@ static void find_no_gather_flag(compiler_info *ci, const char *resolved)
     }
     size_t n = sizeof no_gather_flags / sizeof no_gather_flags[0];
     bool answered = true; /* every probe ran to an answer: remember it */
-    for (size_t i = 0; i < n && !ci->no_gather[0]; i++) {
+    /* a probe that could not run or finish (a hung compiler waits out RF_CC_TIMEOUT)
+     * ends the probing: the next would wait as long, and the compile will say why */
+    for (size_t i = 0; i < n && !ci->no_gather[0] && answered; i++) {
         probe_verdict v = compiler_accepts(ci, no_gather_flags[i]);
         if (v == PROBE_ACCEPTED)
             snprintf(ci->no_gather, sizeof ci->no_gather, "%s", no_gather_flags[i]);
