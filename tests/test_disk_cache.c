@@ -714,6 +714,18 @@ static void cc_restore(char *saved)
     free(saved);
 }
 
+/* Writes an executable script (a fake compiler) to path. */
+static void write_script(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    chmod(path, 0700);
+}
+
 static void test_compiler_override_and_fds(void)
 {
     char *saved_cc = cc_save();
@@ -765,22 +777,18 @@ static void test_compiler_timeout(void)
     snprintf(script, sizeof script, "%s/slow-cc", root);
     snprintf(log, sizeof log, "%s/slow-cc.log", root);
     for (int kind = 0; kind < 2; kind++) {
-        FILE *f = fopen(script, "w");
-        CHECK(f != NULL);
-        if (f) {
-            if (kind == 0) /* every run but --version's leaves a line in the log */
-                fprintf(f, "#!/bin/sh\n"
-                           "if [ \"$1\" = --version ]; then echo 'slow-cc 1.0'; exit 0; fi\n"
-                           "echo run >> %s\n"
-                           "sleep 300\n", log);
-            else
-                fputs("#!/bin/sh\n"
-                      "sleep 30 &\n"
-                      "if [ \"$1\" = --version ]; then echo 'bg-cc 1.0'; exit 0; fi\n"
-                      "exit 4\n", f);
-            fclose(f);
-        }
-        chmod(script, 0700);
+        char text[1000];
+        if (kind == 0) /* every run but --version's leaves a line in the log */
+            snprintf(text, sizeof text, "#!/bin/sh\n"
+                     "if [ \"$1\" = --version ]; then echo 'slow-cc 1.0'; exit 0; fi\n"
+                     "echo run >> %s\n"
+                     "sleep 300\n", log);
+        else
+            snprintf(text, sizeof text, "#!/bin/sh\n"
+                     "sleep 30 &\n"
+                     "if [ \"$1\" = --version ]; then echo 'bg-cc 1.0'; exit 0; fi\n"
+                     "exit 4\n");
+        write_script(script, text);
         setenv("CC", script, 1);
         setenv("RF_CC_TIMEOUT", "1", 1);
         struct timespec t0, t1;
@@ -815,15 +823,9 @@ static void test_compiler_writes_nothing(void)
     char *saved_cc = cc_save();
     char script[600];
     snprintf(script, sizeof script, "%s/silent-cc", root);
-    FILE *f = fopen(script, "w");
-    CHECK(f != NULL);
-    if (f) {
-        fputs("#!/bin/sh\n"
-              "if [ \"$1\" = --version ]; then echo 'silent-cc 1.0'; exit 0; fi\n"
-              "exit 0\n", f);
-        fclose(f);
-    }
-    chmod(script, 0700);
+    write_script(script, "#!/bin/sh\n"
+                         "if [ \"$1\" = --version ]; then echo 'silent-cc 1.0'; exit 0; fi\n"
+                         "exit 0\n");
     setenv("CC", script, 1);
     rfi_module *m = NULL;
     CHECK_STATUS(rfi_cc_load_module("int silent;", "silent", &m), RF_E_COMPILE);
@@ -857,16 +859,12 @@ static void test_compiler_dies_with_its_process(void)
     snprintf(script, sizeof script, "%s/stuck-cc", root);
     snprintf(pidfile, sizeof pidfile, "%s/stuck-cc.pid", root);
     unlink(pidfile);
-    FILE *f = fopen(script, "w");
-    CHECK(f != NULL);
-    if (f) {
-        fprintf(f, "#!/bin/sh\n"
-                   "if [ \"$1\" = --version ]; then echo 'stuck-cc 1.0'; exit 0; fi\n"
-                   "echo $$ > %s.new && mv %s.new %s\n"
-                   "exec sleep 300\n", pidfile, pidfile, pidfile);
-        fclose(f);
-    }
-    chmod(script, 0700);
+    char text[2200];
+    snprintf(text, sizeof text, "#!/bin/sh\n"
+             "if [ \"$1\" = --version ]; then echo 'stuck-cc 1.0'; exit 0; fi\n"
+             "echo $$ > %s.new && mv %s.new %s\n"
+             "exec sleep 300\n", pidfile, pidfile, pidfile);
+    write_script(script, text);
     setenv("CC", script, 1);
     pid_t child = fork();
     if (child == 0) {

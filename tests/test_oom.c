@@ -143,6 +143,14 @@ static bool world_make(world *w)
     return ok;
 }
 
+/* world_make where nothing fails: a failure is the test's. */
+static bool world_made(world *w)
+{
+    bool ok = world_make(w);
+    CHECK(ok);
+    return ok;
+}
+
 static rf_tensor *ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
 {
     (void)n, (void)ctx;
@@ -272,10 +280,8 @@ static bool attempt_first_step(void *ctx, int64_t k, bool persistent)
 static void scenario_first_step(bool with_grads)
 {
     step_ctx c = {.with_grads = with_grads};
-    if (!world_make(&c.w)) {
-        CHECK(!"world_make");
+    if (!world_made(&c.w))
         return;
-    }
     c.start = take_snapshot(c.w.m, c.w.opt);
     rf_stats stats;
     CHECK_OK(step(&c.w, with_grads, &c.loss, &stats)); /* the reference, which never fails */
@@ -361,10 +367,8 @@ static bool attempt_jitted(void *ctx, int64_t k, bool persistent)
 static void scenario_inference(void)
 {
     infer_ctx c = {0};
-    if (!world_make(&c.w)) {
-        CHECK(!"world_make");
+    if (!world_made(&c.w))
         return;
-    }
     rf_testmode(c.w.m);
     c.x5 = rf_array_rows(c.w.x, 0, 5);
     rf_array *y = NULL, *y5 = NULL;
@@ -558,10 +562,8 @@ static bool attempt_train(void *ctx, int64_t k, bool persistent)
 static void scenario_loader(void)
 {
     loader_ctx c = {0};
-    if (!world_make(&c.w)) {
-        CHECK(!"world_make");
+    if (!world_made(&c.w))
         return;
-    }
     int32_t labels[20];
     for (int i = 0; i < 20; i++)
         labels[i] = i % CLASSES;
@@ -651,10 +653,8 @@ static void scenario_cold_compile(void)
     setenv("RF_CACHE_DIR", dir, 1);
     world w;
     cold_ctx c = {0};
-    if (!world_make(&w)) {
-        CHECK(!"world_make");
+    if (!world_made(&w))
         return;
-    }
     rf_testmode(w.m);
     c.m = w.m;
     rf_array *xh = rf_randn(RF_F32, RF_SHAPE(ROWS, IN), 13);
