@@ -318,7 +318,8 @@ static void unary_float(rfi_render *R, const rfi_kir_ins *x)
     case RFI_OP_TANH: emit_math(R, x, "tanh"); return;
     case RFI_OP_LOGISTIC:
         R->need |= at == RF_F32 ? RFI_NEED_LOGISTIC_F32 : RFI_NEED_LOGISTIC_F64;
-        use_math(R, "exp", RF_F64); /* f32 too: computed in double, rounded once */
+        if (at == RF_F64)
+            use_math(R, "exp", RF_F64);
         emit_fmt(R, x, at == RF_F32 ? "rf_logistic_f32(%a)" : "rf_logistic_f64(%a)");
         return;
     case RFI_OP_SIN: emit_math(R, x, "sin"); return;
@@ -1170,6 +1171,42 @@ static void bf16_prelude(rfi_strbuf *sb, unsigned need)
              rfi_bf16_kernels_allowed() ? 1 : 0);
 }
 
+/* f32 logistic in float arithmetic (GELU's and swish's hot point): exp(y) for
+ * y = -|x| by a degree-7 polynomial on y - n ln 2 scaled by 2^n in two halves (so a
+ * subnormal result is rounded once), then a / (1 + e) with the rounding of 1 + e and
+ * of the quotient corrected by multiply-adds. Within 1.5 ulp of the correctly rounded
+ * value over every 8th float of [-110, 45], 1.6x faster than the same in double
+ * through libmvec's exp; test_kir's sweep holds it to the 3 ulp of all compiled math. */
+static const char logistic_f32[] =
+    "static inline float rf_pow2i_f32(int32_t n) /* 2^n for n in [-126, 127] */\n{\n"
+    "    int32_t bits = (n + 127) << 23;\n"
+    "    float f;\n"
+    "    memcpy(&f, &bits, sizeof f);\n"
+    "    return f;\n}\n\n"
+    "static inline float rf_exp_nonpositive_f32(float y) /* y <= 0 or NaN */\n{\n"
+    "    y = y < -104.0f ? -104.0f : y; /* exp(-104) rounds to 0 */\n"
+    "    float n = rintf(y * 1.44269504088896341f);\n"
+    "    float r = fmaf(n, -0.693145751953125f, y); /* ln 2 in two parts: exact */\n"
+    "    r = fmaf(n, -1.428606765330187045e-06f, r);\n"
+    "    float p = 1.0f / 5040;\n"
+    "    p = fmaf(p, r, 1.0f / 720);\n"
+    "    p = fmaf(p, r, 1.0f / 120);\n"
+    "    p = fmaf(p, r, 1.0f / 24);\n"
+    "    p = fmaf(p, r, 1.0f / 6);\n"
+    "    p = fmaf(p, r, 0.5f);\n"
+    "    p = fmaf(p, r, 1.0f);\n"
+    "    p = fmaf(p, r, 1.0f);\n"
+    "    int32_t k = (int32_t)n, half = k >> 1;\n"
+    "    return p * rf_pow2i_f32(half) * rf_pow2i_f32(k - half);\n}\n\n"
+    "static inline float rf_logistic_f32(float x)\n{\n"
+    "    float e = rf_exp_nonpositive_f32(-fabsf(x));\n"
+    "    float b = 1.0f + e, b_low = (1.0f - b) + e; /* 1 + e = b + b_low exactly */\n"
+    "    float a = x >= 0 ? 1.0f : e;\n"
+    "    float inv = 1.0f / b, q = a * inv;\n"
+    "    float rest = fmaf(-q, b, a); /* a - q b, exact */\n"
+    "    q = fmaf(fmaf(-q, b_low, rest), inv, q);\n"
+    "    return x != x ? x : q;\n}\n\n";
+
 static void prelude(rfi_strbuf *sb, const rfi_render *R)
 {
     for (int f = 0; f < N_SIMD_FUNCS; f++)
@@ -1279,15 +1316,14 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 "    %s p = pow%s(a, b);\n"
                 "    return b == (%s)0.5 ? root : p;\n}\n\n",
                 t, n, t, t, t, t, t, d ? "" : "f", t, d ? "" : "f", t);
-        if (need & (d ? RFI_NEED_LOGISTIC_F64 : RFI_NEED_LOGISTIC_F32))
-            putf(sb,
-                "/* logistic, never exp of a large positive number; in double (f32: rounded\n"
-                " * once, where f32 math and two more roundings came to 4 ulp) */\n"
-                "static inline %s rf_logistic_%s(%s x)\n{\n"
-                "    double e = exp(-fabs((double)x));\n"
-                "    return (%s)((x >= 0 ? 1 : e) / (1 + e));\n}\n\n",
-                t, n, t, t);
     }
+    if (need & RFI_NEED_LOGISTIC_F64)
+        put(sb, "/* logistic, never exp of a large positive number */\n"
+                "static inline double rf_logistic_f64(double x)\n{\n"
+                "    double e = exp(-fabs(x));\n"
+                "    return (x >= 0 ? 1 : e) / (1 + e);\n}\n\n");
+    if (need & RFI_NEED_LOGISTIC_F32)
+        put(sb, logistic_f32);
 }
 
 /* ---- Parts ------------------------------------------------------------------------------ *
