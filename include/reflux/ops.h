@@ -72,7 +72,10 @@ RF_API rf_tensor *rf_mul(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_div(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_pow(rf_tensor *a, rf_tensor *b);
 /* NaN propagates; of two equal operands (+0 and -0 included) the second is
- * returned, where IEEE 754's maximum orders -0 below +0. */
+ * returned, where IEEE 754's maximum orders -0 below +0. The gradient of a tie
+ * goes whole to the first operand, a (JAX splits it in halves), except in
+ * rf_max(x, 0) against a constant zero (rf_relu), whose gradient is 0 at x = 0
+ * as in PyTorch. */
 RF_API rf_tensor *rf_max(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_min(rf_tensor *a, rf_tensor *b);
 RF_API rf_tensor *rf_rem(rf_tensor *a, rf_tensor *b); /* C fmod / truncated remainder */
@@ -177,7 +180,11 @@ RF_API rf_conv_params rf_conv_params_default(int nspatial);
 RF_API rf_tensor *rf_conv(rf_tensor *x, rf_tensor *w, const rf_conv_params *p);
 
 /* StableHLO reduce_window over every dim of x (window/stride/padding have
- * rank(x) entries; padding counts as the reduction's identity). */
+ * rank(x) entries; padding counts as the reduction's identity). A window
+ * larger than a non-empty padded axis is refused (RF_E_SHAPE, as PyTorch
+ * refuses it) where StableHLO gives an empty axis; rf_conv likewise for a
+ * dilated kernel larger than its padded, dilated input. An empty axis stays
+ * empty. */
 RF_API rf_tensor *rf_reduce_window(rf_tensor *x, rf_reduce_kind kind, const int64_t *window,
                                    const int64_t *strides, const int64_t *pad_lo,
                                    const int64_t *pad_hi);
