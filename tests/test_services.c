@@ -1102,6 +1102,7 @@ static void test_pool_free_threads_claim_the_rest(void)
     if (rfi_threadpool_size() < 2)
         return;
     claim_job j = {0, 0, false};
+    rfi_threadpool_forget_late_teams(); /* a chunk here waits for the team */
     rfi_parallel_for(4 * (int64_t)rfi_threadpool_size(), 1, claim_body, &j);
     CHECK(!atomic_load(&j.gave_up));
     CHECK(atomic_load(&j.chunks) == 4 * rfi_threadpool_size());
@@ -1150,6 +1151,7 @@ static void test_pool_order(void)
         return;
     for (int backwards = 0; backwards < 2; backwards++) {
         order_job j = {.job = ++jobs, .threads = threads};
+        rfi_threadpool_forget_late_teams();
         rfi_parallel_for_ordered(n, 1, order_body, &j, backwards);
         if (atomic_load(&j.gave_up)) { /* a thread never came: nothing to compare */
             printf("pool order: not every thread took part; skipped\n");
@@ -1167,6 +1169,96 @@ static void test_pool_order(void)
         CHECK(first_in_picks == !backwards);
         CHECK(last_in_picks == (bool)backwards);
     }
+}
+
+/* ---- A late team --------------------------------------------------------------------- */
+
+typedef struct late_job {
+    pthread_t caller;
+    bool late;           /* chunks on other threads than the caller's nap 2 ms */
+    atomic_int chunks;   /* chunks run */
+    atomic_int elsewhere; /* of which on other threads */
+    int64_t lo[64], hi[64];
+} late_job;
+
+/* Not late: the caller's first chunk waits (up to 20 ms, in 0.1 ms naps)
+ * for another thread to run one, so a team always shares the work. */
+static void late_body(void *ctx, int64_t lo, int64_t hi)
+{
+    late_job *j = ctx;
+    int k = atomic_fetch_add(&j->chunks, 1);
+    if (k < 64) {
+        j->lo[k] = lo;
+        j->hi[k] = hi;
+    }
+    struct timespec nap = {0, j->late ? 2000000 : 100000};
+    if (!pthread_equal(pthread_self(), j->caller)) {
+        atomic_fetch_add(&j->elsewhere, 1);
+        if (j->late)
+            nanosleep(&nap, NULL);
+        return;
+    }
+    for (int waited = 0; !j->late && k == 0 && waited < 200 && !atomic_load(&j->elsewhere);
+         waited++)
+        nanosleep(&nap, NULL);
+}
+
+/* Runs a late_job over [0, 1000); false if it ran more than 64 chunks. */
+static bool run_late_job(late_job *j, bool late)
+{
+    *j = (late_job){.caller = pthread_self(), .late = late};
+    rfi_parallel_for(1000, 1, late_body, j);
+    return atomic_load(&j->chunks) <= 64;
+}
+
+/* Whether a and b ran the same chunks (in any order). */
+static bool same_chunks(const late_job *a, const late_job *b)
+{
+    int n = atomic_load(&a->chunks);
+    if (n != atomic_load(&b->chunks))
+        return false;
+    for (int k = 0; k < n; k++) {
+        bool found = false;
+        for (int i = 0; i < n && !found; i++)
+            found = a->lo[k] == b->lo[i] && a->hi[k] == b->hi[i];
+        if (!found)
+            return false;
+    }
+    return true;
+}
+
+/* On OpenMP's threads: two loops in a row whose team kept the caller waiting
+ * (its other thread napping in a chunk) send the next loops to the caller
+ * alone, with the same chunks, and a call from inside one of them runs inline
+ * as a nested call does. A few tries, in case this process is itself kept off
+ * the cores for the 5 ms the caller stays alone. */
+static void test_pool_late_team_goes_alone(void)
+{
+    if (rfi_threadpool_size() < 2 || rfi_dnnl_load() != RF_OK)
+        return;
+    late_job reference, late, probe;
+    rfi_threadpool_forget_late_teams();
+    CHECK(run_late_job(&reference, false));
+    if (atomic_load(&reference.elsewhere) == 0) { /* the team never came */
+        printf("pool: no team to be late; skipped\n");
+        return;
+    }
+    bool alone = false;
+    for (int attempt = 0; attempt < 5 && !alone; attempt++) {
+        CHECK(run_late_job(&late, true) && run_late_job(&late, true));
+        /* a call from a chunk run alone is nested: inline, one chunk */
+        sum_job nest = {NULL, NULL, 0, 0, INT64_MAX};
+        rfi_parallel_for(rfi_threadpool_size(), 1, nested_outer, &nest);
+        CHECK(atomic_load(&nest.sum) >= 1);
+        CHECK(atomic_load(&nest.chunks) == atomic_load(&nest.sum));
+        CHECK(run_late_job(&probe, false));
+        CHECK(same_chunks(&probe, &reference));
+        alone = atomic_load(&probe.elsewhere) == 0;
+    }
+    CHECK(alone);
+    if (alone)
+        printf("pool: after two late teams the caller ran %d chunks alone\n",
+               atomic_load(&probe.chunks));
 }
 
 /* ---- Loading oneDNN in the background ---------------------------------------------- */
@@ -1669,6 +1761,7 @@ int main(void)
     test_pool_inline_and_nested(); /* again, on OpenMP's threads now that oneDNN is loaded */
     test_pool_free_threads_claim_the_rest();
     test_pool_order();
+    test_pool_late_team_goes_alone();
     printf("%d cases against the reference\n", cases_run);
     return tu_finish("test_services");
 }

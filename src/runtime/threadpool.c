@@ -18,7 +18,9 @@
  * threads instead and deals it the chunks (chunk_deal below); the pool's
  * workers are then never started (or, started earlier, sleep for good).
  * OpenMP's idle threads spin briefly between regions (the loader sets
- * GOMP_SPINCOUNT), which plays the role of the spin above.
+ * GOMP_SPINCOUNT), which plays the role of the spin above. While other
+ * processes keep OpenMP's threads off the cores, loops run on their caller
+ * alone for a while ("Late teams" below).
  *
  * A range is cut into up to CHUNKS_PER_THREAD chunks per thread, so that on
  * a machine shared with other jobs a thread that is descheduled, or slowed
@@ -306,13 +308,67 @@ typedef struct openmp_job {
     const rfi_openmp_api *api;
     rfi_range_fn body;
     void *ctx;
+    int64_t caller_done_ns; /* when thread 0 found no chunk left */
     chunk_deal deal;
 } openmp_job;
 
 static void openmp_body(void *arg)
 {
     openmp_job *job = arg;
-    deal_run(&job->deal, job->api->thread_num() % job->deal.blocks, job->body, job->ctx);
+    int self = job->api->thread_num();
+    deal_run(&job->deal, self % job->deal.blocks, job->body, job->ctx);
+    if (self == 0)
+        job->caller_done_ns = now_ns();
+}
+
+/* ---- Late teams ------------------------------------------------------------
+ * An OpenMP region returns only when every thread of its team has arrived, so
+ * while other processes keep the team's threads off the cores, each loop waits
+ * for them a scheduler time slice after the caller has run every chunk itself
+ * (with two busy processes beside it, batch-1 inference of the mlp took 690 us
+ * instead of 21 in most runs; PyTorch's 95). Two regions in a row that kept
+ * their caller waiting past LATE_TEAM_NS after the work was done send the
+ * loops of the next SOLO_NS to the caller alone, the same chunks one after the
+ * other (so the same results); then the team is tried again. One late region
+ * is not enough: a team woken from sleep can be that late once on a quiet
+ * machine (a virtual CPU's wake-up, 100-900 us, a few times a second here),
+ * and going alone then would only let it fall asleep again. */
+#define LATE_TEAM_NS 100000
+#define SOLO_NS 5000000
+static _Atomic int64_t solo_until_ns; /* loops run on their caller until then */
+static atomic_int late_in_a_row;      /* regions that kept their caller waiting */
+
+/* After a region: whether its team kept the caller waiting past LATE_TEAM_NS
+ * once the work was done, and what follows from that. */
+static void note_team_lateness(int64_t caller_done_ns)
+{
+    int64_t end = now_ns();
+    if (end - caller_done_ns <= LATE_TEAM_NS)
+        atomic_store_explicit(&late_in_a_row, 0, memory_order_relaxed);
+    else if (atomic_fetch_add_explicit(&late_in_a_row, 1, memory_order_relaxed) >= 1) {
+        atomic_store_explicit(&late_in_a_row, 0, memory_order_relaxed);
+        atomic_store_explicit(&solo_until_ns, end + SOLO_NS, memory_order_relaxed);
+    }
+}
+
+void rfi_threadpool_forget_late_teams(void)
+{
+    atomic_store(&late_in_a_row, 0);
+    atomic_store(&solo_until_ns, 0);
+}
+
+static _Thread_local bool running_alone; /* in run_chunks_alone: a call is nested */
+
+static void run_chunks_alone(int64_t n, int64_t chunks, rfi_range_fn body, void *ctx,
+                             bool backwards)
+{
+    running_alone = true;
+    for (int64_t k = 0; k < chunks; k++) {
+        int64_t lo, hi;
+        chunk_range(n, chunks, backwards ? chunks - 1 - k : k, &lo, &hi);
+        body(ctx, lo, hi);
+    }
+    running_alone = false;
 }
 
 void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
@@ -336,7 +392,7 @@ void rfi_parallel_for_ordered(int64_t n, int64_t grain, rfi_range_fn body, void 
         return;
     }
     const rfi_openmp_api *api = atomic_load_explicit(&openmp, memory_order_acquire);
-    if (api && api->num_threads() > 1) { /* inside a region: nested, so inline */
+    if ((api && api->num_threads() > 1) || running_alone) { /* nested, so inline */
         body(ctx, 0, n);
         return;
     }
@@ -344,9 +400,14 @@ void rfi_parallel_for_ordered(int64_t n, int64_t grain, rfi_range_fn body, void 
         int team = chunks < threads ? (int)chunks : threads;
         if (team > MAX_DEAL_BLOCKS)
             team = MAX_DEAL_BLOCKS;
+        if (now_ns() < atomic_load_explicit(&solo_until_ns, memory_order_relaxed)) {
+            run_chunks_alone(n, chunks, body, ctx, backwards);
+            return;
+        }
         openmp_job job = {.api = api, .body = body, .ctx = ctx};
         deal_init(&job.deal, n, chunks, team, backwards);
         api->parallel(openmp_body, &job, (unsigned)team, 0);
+        note_team_lateness(job.caller_done_ns);
         return;
     }
     pool *p = get_pool();

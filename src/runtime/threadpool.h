@@ -48,6 +48,11 @@ RFI_FUNC int rfi_threadpool_size(void);
  * primitives, which fix their thread count) must not be used after one. */
 RFI_FUNC unsigned rfi_threadpool_fork_generation(void);
 
+/* While other processes keep OpenMP's threads off the cores, loops run on
+ * their caller alone for a few milliseconds at a time (threadpool.c, "Late
+ * teams"); this sends them to the team again at once (for tests of the team). */
+RFI_FUNC void rfi_threadpool_forget_late_teams(void);
+
 /* Runs body(ctx, lo, hi) over disjoint ranges covering [0, n) and returns when
  * all are done. The range is cut into at most 4 * size() chunks of at least
  * `grain` iterations (grain < 1 counts as 1), as equal as possible, which the
