@@ -384,6 +384,69 @@ static void scenario_inference(void)
     world_free(&c.w);
 }
 
+/* A run that fails part-way changes no captured array. The f64 product
+ * runs on the reference kernel, which allocates while the run is under way,
+ * and the loop that computes the capture's update (w + 1, beside the output
+ * w * 2) may come before it in the compiled program. */
+typedef struct update_ctx {
+    rf_array *w, *x;
+    rf_exec *e;
+} update_ctx;
+
+static void update_and_product(rf_trace *t, void *ctx)
+{
+    update_ctx *c = ctx;
+    rf_tensor *x = rf_arg(t, 0), *w = rf_capture(t, c->w);
+    rf_return(t, rf_mul_s(w, 2.0));
+    rf_return(t, rf_matmul(x, x));
+    rf_assign(t, c->w, rf_add_s(w, 1.0));
+}
+
+static bool attempt_update_run(void *ctx, int64_t k, bool persistent)
+{
+    update_ctx *c = ctx;
+    float before[4] = {0}, after[4] = {0};
+    CHECK_OK(rf_array_read(c->w, before, sizeof before));
+    rf_array *outs[2] = {NULL, NULL};
+    rf_clear_error();
+    fail_from(k, persistent);
+    rf_status st = rf_exec_run(c->e, &c->x, 1, outs, 2);
+    bool failed = disarm();
+    CHECK_OK(rf_array_read(c->w, after, sizeof after));
+    if (st != RF_OK) {
+        check_failure(st, k, failed);
+        CHECK(outs[0] == NULL && outs[1] == NULL);
+        if (memcmp(before, after, sizeof before) != 0)
+            fprintf(stderr, "allocation %lld failing: the run failed (%s) and w went from %g "
+                    "to %g\n", (long long)k, rf_errmsg(), before[0], after[0]);
+        CHECK(memcmp(before, after, sizeof before) == 0);
+    } else {
+        CHECK(after[0] == before[0] + 1);
+    }
+    rf_array_free(outs[0]);
+    rf_array_free(outs[1]);
+    return failed;
+}
+
+static void scenario_failed_run(void)
+{
+    rf_to_opts keep_f64 = {.keep_f64 = true};
+    rf_array *xh = rf_rand(RF_F64, RF_SHAPE(64, 64), 5), *wh = rf_zeros(RF_F32, RF_SHAPE(4));
+    update_ctx c = {NULL, NULL, NULL};
+    c.x = xh ? rf_array_to_opts(xh, rf_device_cpu(), &keep_f64) : NULL;
+    c.w = wh ? rf_array_to(wh, rf_device_cpu()) : NULL;
+    CHECK(c.x && c.w);
+    if (c.x && c.w)
+        CHECK_OK(rf_compile(update_and_product, &c, &c.x, 1, &c.e));
+    if (c.e)
+        sweep("run with an update and a product that allocates", attempt_update_run, &c);
+    rf_exec_free(c.e);
+    rf_array_free(c.x);
+    rf_array_free(c.w);
+    rf_array_free(xh);
+    rf_array_free(wh);
+}
+
 /* Checkpoints: a save that fails leaves the previous file whole and no
  * temporary behind; a load that fails changes nothing. */
 typedef struct checkpoint_ctx {
@@ -695,6 +758,7 @@ int main(void)
     scenario_first_step(false);
     scenario_first_step(true);
     scenario_inference();
+    scenario_failed_run();
     scenario_checkpoint();
     scenario_loader();
     scenario_cold_compile();

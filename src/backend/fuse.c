@@ -86,12 +86,13 @@
  *   result dim (its other dims 1, or a reshape of such a vector: BIAS),
  *   add(v, y) with y of v's shape and certain to have a buffer (a leaf, an
  *   output, an update value, a non-fusible op or a call operand: ADD),
- *   max(v, 0) (RELU), tanh(v), logistic(v), operands in either order. The
+ *   max(v, +0) (RELU; only in that order: max(+0, v) is -0 at v = -0),
+ *   tanh(v), logistic(v); the adds take their operands in either order. The
  *   last op's node becomes the CALL step's root; C and the ops before the
  *   last are inline; b and y are materialised. Because each link must be the
- *   sole user, a pre-activation the backward pass reads (relu's gradient
- *   compares it with 0) stops the chain before the activation, which then
- *   stays a LOOP: training fuses the bias only, inference bias and relu.
+ *   sole user, a pre-activation the backward pass reads stops the chain
+ *   before the activation, which then stays a LOOP; relu's gradient reads
+ *   its result (y > 0), so training fuses bias and relu as inference does.
  *
  * REDUCE epilogues (opts.reduce_epilogues). A REDUCE or loop DOT_GENERAL node
  *   R of rank <= 2 that is materialised only because reductions are, has no
@@ -116,9 +117,14 @@
  *   segmented step also through rank-1 slices and concatenations of the
  *   flat extent, whose offsets must add up to v's own segment offset; (3) no
  *   later step and no final copy reads c; (4) v is not an output, not read by
- *   a later step, and the value of no other update. Otherwise v lives in the
- *   arena (or where it already is) and a COPY step writes it into c at the
- *   end.
+ *   a later step, and the value of no other update; (5) no CALL step comes
+ *   after v's step: a call can fail at run time (a reference kernel out of
+ *   memory, library calls in a forked child), and a failed run must leave
+ *   every capture as it was, while loops and copies cannot fail. Otherwise v
+ *   lives in the arena (or where it already is) and a COPY step writes it
+ *   into c at the end. A training step's update comes after its last
+ *   gradient, so (5) costs it nothing; a BatchNorm's running statistics,
+ *   updated in the forward pass, are copied at the end (a few floats).
  *
  * Final COPY steps, in this order: copies to outputs; copies to captures
  *   whose source is another capture's bytes (they read old values), each
@@ -1197,8 +1203,9 @@ static bool can_update_in_place(const rfi_plan_builder *b, int c, int v, rf_stat
     const rfi_node *cn = g->capture_nodes[c];
     int pos = rfi_plan_step_pos(b, s);
     for (int q = pos + 1; q < b->n_steps; q++) {
-        const rfi_intlist *in = &b->steps[b->order[q]].inputs;
-        if (rfi_intlist_has(in, v) || (cn && rfi_intlist_has(in, cn->id)))
+        const rfi_bstep *later = &b->steps[b->order[q]];
+        if (later->kind == RFI_STEP_CALL || rfi_intlist_has(&later->inputs, v) ||
+            (cn && rfi_intlist_has(&later->inputs, cn->id)))
             return false;
     }
     if (!cn)

@@ -6,8 +6,9 @@
  * function does. Updates are staged and applied here after a successful run,
  * so a failed run leaves every captured array untouched, unless the backend
  * writes them itself (rfi_backend.writes_updates: a compiled module, which
- * cannot fail half way). A run allocates only the output arrays it returns,
- * and a copy of any argument that is also a captured array the run updates in place.
+ * writes them after the last step that can fail). A run allocates only the
+ * output arrays it returns, and a copy of any argument that is also a
+ * captured array the run updates in place.
  */
 #include "runtime.h"
 

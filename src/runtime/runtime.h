@@ -61,8 +61,9 @@ typedef struct rfi_backend {
     void (*release)(void *state);
     /* When true the backend applies the updates itself, in place (io->updates
      * is NULL and io->captures are writable): it must then never fail after
-     * it has started writing a capture. A compiled module cannot fail half
-     * way, so it can; the interpreter stages them instead. */
+     * it has started writing a capture. A compiled module writes captures
+     * only after its last call step (the steps that can fail: fuse.c's
+     * in-place rule 5), so it can; the interpreter stages them instead. */
     bool writes_updates;
     /* Bytes the executable holds for intermediates and workspaces, known
      * before the first run (NULL: unknown, reported as 0). */
