@@ -82,7 +82,9 @@ RF_API rf_rule *rf_chain_rules_n(rf_rule *const *rules, int n);
     rf_chain_rules_n((rf_rule *[]){__VA_ARGS__}, RF_LIST_COUNT_(rf_rule *, __VA_ARGS__))
 #endif
 /* AccumGrad(n): accumulates gradients and passes their mean on every n-th
- * step (zero otherwise), as Optimisers.jl; put it first in a chain. */
+ * step; on the other steps the rules after it are skipped (their state
+ * keeps its value) and the parameters stay, as Optimisers.jl's chain does
+ * after a `nothing`. Put it first in a chain. */
 RF_API rf_rule *rf_accumgrad(int n);
 RF_API const char *rf_rule_name(const rf_rule *r);
 RF_API void rf_rule_free(rf_rule *r);

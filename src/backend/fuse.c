@@ -122,9 +122,10 @@
  *   memory, library calls in a forked child), and a failed run must leave
  *   every capture as it was, while loops and copies cannot fail. Otherwise v
  *   lives in the arena (or where it already is) and a COPY step writes it
- *   into c at the end. A training step's update comes after its last
- *   gradient, so (5) costs it nothing; a BatchNorm's running statistics,
- *   updated in the forward pass, are copied at the end (a few floats).
+ *   into c at the end. A training step's updates (the optimiser's, and
+ *   BatchNorm's running statistics, which nothing reads) are scheduled after
+ *   its last call, so (5) costs it nothing: the mlp, cnn, ffn and ResNet
+ *   steps write every update in place.
  *
  * Final COPY steps, in this order: copies to outputs; copies to captures
  *   whose source is another capture's bytes (they read old values), each

@@ -1,7 +1,7 @@
 /* kir.c: building kernel IR (hash-consed instructions with constant folding of
  * index arithmetic, typed bases, stores), the liveness, aliasing and stride
- * (affine coefficient) facts the renderers need, freeing modules, and the
- * text form for RF_DUMP.
+ * (affine coefficient) facts the renderers need, freeing modules, and a text
+ * form of a module (rfi_kir_print, for tests and debugging).
  *
  * Deliberately no lowering (kir_lower.c) and no C (cpu/render_c.c) here.
  */

@@ -311,7 +311,7 @@ RFI_FUNC bool rfi_kir_direct_conv(const rfi_plan *p, int step, rfi_kir_conv *out
 /* Lowers every step of p (kir_lower.c). *out is NULL on failure. */
 RFI_FUNC rf_status rfi_kir_lower(const rfi_plan *p, rfi_kir_module **out);
 RFI_FUNC void rfi_kir_free(rfi_kir_module *m);
-/* The module as text (for RF_DUMP), owned (rfi_free); NULL on OOM. */
+/* The module as text (for tests and debugging), owned (rfi_free); NULL on OOM. */
 RFI_FUNC char *rfi_kir_print(const rfi_kir_module *m);
 /* The module as one C source file (cpu/render_c.c): the module ABI block of
  * cpu/module_abi.h, one function per kernel and the entry point

@@ -1,5 +1,6 @@
-/* hash.c: rfi_hash, the structural (Merkle) hash of a program, the key of
- * compile caches.
+/* hash.c: rfi_hash, the structural (Merkle) hash of a program: it names the
+ * RF_DUMP files and is rf_exec_hash (the caches key on program descriptions,
+ * program_codec.c, instead).
  *
  * A node's hash covers its op, result type, weak flag, attributes, constant
  * bytes and its operands' hashes in order; ARGUMENT and CAPTURE nodes are

@@ -33,7 +33,7 @@ struct rf_model {
     bool sets_precision;      /* rf_apply builds the layer's products with: */
     rf_precision matmul_precision; /* (else with the trace's) */
     uint64_t uid;             /* unique per model object (never reused in a process) */
-    rfi_step_cache *cache;    /* compiled steps and forwards of this model (of the
+    rfi_step_cache *cache;    /* compiled training steps of this model (of the
                                  root, or of a layer stepped on its own); freed
                                  with the model */
     struct rf_opt **opts;     /* optimisers set up on this model (borrowed), so

@@ -901,10 +901,10 @@ void rfi_disk_cache_memo_put(const char *name, const char *value)
  * writable by no one else); lock files stay (removing them would race), and
  * so do memo files, temporary files (someone's write in progress) and
  * anything else. A temporary file whose writer is gone (stale_temporary: a
- * process killed mid-compile) is deleted after every compile, limit or not. An entry goes only under its lock, taken without
- * waiting: one that another process is building or loading stays, and so
- * does the entry just built. A process that has loaded an object keeps it
- * mapped when its file goes. */
+ * process killed mid-compile) is deleted after every compile, limit or not.
+ * An entry goes only under its lock, taken without waiting: one that another
+ * process is building or loading stays, and so does the entry just built. A
+ * process that has loaded an object keeps it mapped when its file goes. */
 #define DEFAULT_MAX_MB 1024
 #define TRIM_TO_PERCENT 80
 

@@ -5,7 +5,7 @@
  *   prepare -> rf_exec, the stages from autodiff to optimise taken from the lowering
  *   memo on disk when it has them (lower_memo.h).
  *
- * It does not define ops (ops.c), graph storage (graph.c), the passes or the
+ * It does not define ops (ir/api_*.c), graph storage (graph.c), the passes or the
  * backends; running an executable is exec.c.
  */
 #include "lower_memo.h"

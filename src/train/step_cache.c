@@ -8,15 +8,15 @@
  * the key: they are device scalars the step reads at run time.
  *
  * The cache lives on the model stepped (model->cache: the root, or a layer
- * given its own optimiser), is created on first use and is freed with it; rf_opt_free drops the entries of that
- * optimiser. Lookups scan the entries linearly: a healthy program has a
- * handful (one per batch shape), and past 8 we warn, because that usually
- * means a model or optimiser rebuilt every iteration. A model or optimiser
- * rebuilt every iteration whose predecessor was freed leaves no cache growing,
- * so the documented process-wide record below counts, per key without the
- * objects' identities, compiles for new objects after the previous ones were
- * freed, and warns past 8 of one such key. It does
- * not compile or run anything (trainstep.c does).
+ * given its own optimiser), is created on first use and is freed with it;
+ * rf_opt_free drops the entries of that optimiser. Lookups scan the entries
+ * linearly: a healthy program has a handful (one per batch shape), and past 8
+ * we warn, because that usually means a model or optimiser rebuilt every
+ * iteration. A model or optimiser rebuilt every iteration whose predecessor
+ * was freed leaves no cache growing, so the documented process-wide record
+ * below counts, per key without the objects' identities, compiles for new
+ * objects after the previous ones were freed, and warns past 8 of one such
+ * key. It does not compile or run anything (trainstep.c does).
  */
 #include "train_internal.h"
 

@@ -5,7 +5,9 @@
  * For each CALL step prepare records where the node's operands and result
  * live (buffer index + byte offset, from the plan) and how it runs:
  *   MATMUL (f32)   oneDNN matmul (dnnl_matmul.c)
- *   CONV (f32)     im2col + oneDNN matmul (conv.c)
+ *   CONV (f32)     oneDNN's forward, backward-data and backward-weights
+ *                  convolutions, reflux's Winograd kernels, or im2col + a
+ *                  oneDNN matmul (conv.c says which when)
  *   FALLBACK       SELECT_AND_SCATTER and ARGMAX/ARGMIN on f32/f64: native
  *                  kernels (pool.c); anything else:
  *                  the reference kernel (rfi_interp_eval_node) writing straight
