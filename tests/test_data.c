@@ -962,6 +962,25 @@ static void test_checkpoint_errors(void)
     CHECK_OK(rf_checkpoint_load(bad, small, NULL));
     rf_array_read(rf_model_param_array(small, 0), w, sizeof w);
     CHECK(w[0] == 1.0f && w[1] == 2.0f);
+    /* A PyTorch file has no Dropout RNG key: the layer keeps its own */
+    rf_model *dropping = rf_chain(rf_dense(1, 2, RF_ACT_IDENTITY), rf_dropout(0.5, 3));
+    rf_array *key = dropping ? rf_model_state_array(rf_model_child(dropping, 1), 0) : NULL;
+    unsigned char key_before[64] = {0}, key_after[64] = {0};
+    CHECK(key && rf_array_nbytes(key) <= sizeof key_before);
+    if (key) {
+        rf_array_read(key, key_before, rf_array_nbytes(key));
+        const float dense[4] = {0.5f, -1.0f, 2.0f, 3.0f};
+        write_st(bad, "{\"0.weight\":{\"dtype\":\"F32\",\"shape\":[2,1],\"data_offsets\":[0,8]},"
+                      "\"0.bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+                 dense, sizeof dense);
+        CHECK_OK(rf_checkpoint_load(bad, dropping, NULL));
+        float got[2];
+        rf_array_read(rf_model_param_array(rf_model_child(dropping, 0), 1), got, sizeof got);
+        CHECK(got[0] == 2.0f && got[1] == 3.0f);
+        rf_array_read(key, key_after, rf_array_nbytes(key));
+        CHECK(memcmp(key_before, key_after, sizeof key_before) == 0);
+    }
+    rf_model_free(dropping);
     static const struct {
         const char *header;
         rf_status st;

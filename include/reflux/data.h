@@ -66,7 +66,9 @@ RF_API rf_status rf_checkpoint_save(const char *path, rf_model *m, rf_opt *opt);
  * a truncated or corrupted file, a missing tensor or a shape mismatch gives
  * RF_E_CORRUPT / RF_E_SHAPE naming the tensor (RF_E_DTYPE for an element
  * type mismatch, RF_E_IO when the file cannot be read). With opt NULL the
- * file's "opt." tensors are ignored. */
+ * file's "opt." tensors are ignored. So that PyTorch's files load, its
+ * BatchNorm "num_batches_tracked" entries are ignored, and a Dropout layer
+ * whose RNG "key" the file lacks keeps its own. */
 RF_API rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt);
 
 #ifdef __cplusplus

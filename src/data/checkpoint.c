@@ -492,10 +492,25 @@ static bool torch_only(const char *name)
     return n >= k && !strcmp(name + n - k, suffix);
 }
 
+/* Whether a is the RNG key of a Dropout layer in m's tree: reflux's own
+ * state, which a PyTorch state_dict has no counterpart for. */
+static bool is_dropout_key(rf_model *m, const rf_array *a)
+{
+    if (!strcmp(rf_model_type_name(m), "Dropout"))
+        for (int i = 0; i < rf_model_n_state(m); i++)
+            if (rf_model_state_array(m, i) == a)
+                return true;
+    for (int i = 0; i < rf_model_n_children(m); i++)
+        if (is_dropout_key(rf_model_child(m, i), a))
+            return true;
+    return false;
+}
+
 /* Every wanted array has a matching entry, and every entry is wanted (an
  * optimiser's "opt." entries may be skipped when no optimiser is given, and
- * PyTorch's entries reflux has no use for always). */
-static rf_status match_all(const char *op, const char *path, const named_list *l,
+ * PyTorch's entries reflux has no use for always). A Dropout layer's key the
+ * file lacks (a PyTorch model's file) keeps its value: found[i] stays NULL. */
+static rf_status match_all(const char *op, const char *path, rf_model *m, const named_list *l,
                            const rfi_st_header *h, bool with_opt, const rfi_st_entry **found)
 {
     bool *used = rfi_calloc((size_t)(h->n ? h->n : 1), sizeof *used);
@@ -504,6 +519,8 @@ static rf_status match_all(const char *op, const char *path, const named_list *l
     rf_status st = RF_OK;
     for (int i = 0; i < l->n && st == RF_OK; i++) {
         found[i] = rfi_st_find(h, l->v[i].name);
+        if (!found[i] && is_dropout_key(m, l->v[i].a))
+            continue;
         st = check_match(op, path, &l->v[i], found[i]);
         if (st == RF_OK)
             used[found[i] - h->entries] = true;
@@ -525,21 +542,23 @@ static rf_status stage_and_write(const char *op, const char *path, int fd, uint6
 {
     size_t total = 0;
     for (int i = 0; i < l->n; i++)
-        total += l->v[i].a->nbytes;
+        total += found[i] ? l->v[i].a->nbytes : 0;
     char *staging = rfi_malloc(total ? total : 1);
     if (!staging)
         return rfi_error(RF_E_NOMEM, "%s: %s: out of memory staging %zu bytes", op, path, total);
     rf_status st = RF_OK;
     size_t at = 0;
     for (int i = 0; i < l->n && st == RF_OK; i++) {
-        size_t n = l->v[i].a->nbytes;
-        if (!read_at(fd, staging + at, n, data_start + found[i]->begin))
+        size_t n = found[i] ? l->v[i].a->nbytes : 0;
+        if (n && !read_at(fd, staging + at, n, data_start + found[i]->begin))
             st = read_failure(op, path, l->v[i].name);
         at += n;
     }
     /* The file is fully read and valid: only now touch the arrays. */
     at = 0;
     for (int i = 0; i < l->n && st == RF_OK; i++) {
+        if (!found[i])
+            continue;
         st = rf_array_write(l->v[i].a, staging + at, l->v[i].a->nbytes);
         at += l->v[i].a->nbytes;
     }
@@ -572,7 +591,7 @@ rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt)
             st = rfi_error(RF_E_NOMEM, "%s: out of memory", op);
     }
     if (st == RF_OK)
-        st = match_all(op, path, &l, &h, opt != NULL, found);
+        st = match_all(op, path, m, &l, &h, opt != NULL, found);
     if (st == RF_OK)
         st = stage_and_write(op, path, fd, data_start, &l, found);
     close(fd);
