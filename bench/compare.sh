@@ -240,6 +240,15 @@ run_one() {
         echo "# $tool $w round $round failed (see the log)" >&2
 }
 
+# Each tool's compiles must be its own and cold where the table says so: no cache the
+# environment points at (the peers make their own per run), no compiler cache behind $CC.
+unset JAX_COMPILATION_CACHE_DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS \
+      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES TORCHINDUCTOR_CACHE_DIR
+case "${CC:-} ${CCACHE_DISABLE-x}" in
+    *ccache*" x") echo "# warning: CC='$CC' goes through ccache: reflux's cold compiles may" \
+                       "be cache hits (set CCACHE_DISABLE=1 or CC=gcc)" >&2 ;;
+esac
+
 start=$(date +%s)
 echo "# compare.sh: $(nproc) cores, RF_NUM_THREADS=${RF_NUM_THREADS:-unset}," \
      "reflux backend: $label; tools: $tools" >&2

@@ -3,19 +3,25 @@
 (workload=W us_per_step=MEDIAN compile_ms=FIRST peak_rss_mb=M), one line per workload.
 
 Same models, batch sizes, initialisation (Glorot-uniform weights, zero biases; BatchNorm
-scale 1, shift 0), optimiser (Adam, betas 0.9/0.999, eps 1e-8), losses and threads
-(torch.set_num_threads(N), N = RF_NUM_THREADS or every core) as bench/rf_bench.c; random
-but fixed data. A training step is zero_grad + forward + loss + backward + Adam step +
-loss.item() (reflux also returns the loss to the host every step).
+scale 1, shift 0), optimiser (Adam, betas 0.9/0.999, eps 1e-8; eager modes use PyTorch's
+fused CPU implementation, its fastest, and compiled modes the default one, which Inductor
+fuses), losses and threads (torch.set_num_threads(N), N =
+RF_NUM_THREADS or every core) as bench/rf_bench.c; random but fixed data. A training step is
+zero_grad + forward + loss + backward + Adam step + loss.item() (reflux also returns the loss
+to the host every step). Inference runs under torch.inference_mode().
 
 --matmul-precision bf16 runs the forward pass and the loss under torch.autocast("cpu",
-dtype=torch.bfloat16), PyTorch's way to bf16 products and convolutions.
+dtype=torch.bfloat16), PyTorch's way to bf16 products and convolutions (at f32 no autocast
+context is entered at all).
 
 Modes (--mode): eager; compile (torch.compile of the whole step function: Inductor, which
-works offline); script (TorchScript model, eager autograd and optimiser); best (default: runs
-eager and compile, each in its own process, and reports the faster; script replaces compile
-where torch.compile fails in a workload). The chosen mode is written to stderr. compile_* workloads use
-torch.compile with a fresh TORCHINDUCTOR_CACHE_DIR (cold) or the cold run's one (warm).
+works offline); script (TorchScript model, eager autograd and optimiser; frozen for
+inference); eager-cl and compile-cl (the convolutional workloads with model and input in
+torch.channels_last, the layout PyTorch's oneDNN convolutions prefer). best (default) runs
+eager and compile, for cnn and resnet also eager-cl and compile-cl, for inference also
+script, each in its own process, and reports the fastest; script replaces compile where
+torch.compile fails in a workload. The chosen mode is written to stderr. compile_* workloads
+use torch.compile with a fresh TORCHINDUCTOR_CACHE_DIR (cold) or the cold run's one (warm).
 
 Prints "# skip: ..." and exits 0 when PyTorch is not installed. For benchmarking only: reflux
 never depends on it.
@@ -28,7 +34,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-MODES = ["best", "eager", "compile", "script"]
+MODES = ["best", "eager", "compile", "script", "eager-cl", "compile-cl"]
+CONV_WORKLOADS = ("cnn", "resnet")
 
 
 def build_model(nn, name):
@@ -101,6 +108,13 @@ def model_of(workload):
     return "mlp" if workload.startswith("infer") else workload
 
 
+def precision_context(torch, bf16):
+    """autocast to bfloat16, or (f32) no context at all: entering a disabled autocast costs
+    microseconds a call."""
+    import contextlib
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
 def training(torch, workload, mode, bf16):
     """(first_call, step) of a training workload."""
     nn, F = torch.nn, torch.nn.functional
@@ -114,19 +128,26 @@ def training(torch, workload, mode, bf16):
     else:
         shape = (n, 784) if name in ("mlp", "ffn") else (n, 1, 28, 28)
         x, y, loss_fn, lr = torch.randn(*shape), torch.randint(0, 10, (n,)), F.cross_entropy, 1e-3
+    if mode.endswith("-cl"):
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     if mode == "script":
         model = torch.jit.script(model)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    # eager: the fused CPU kernel, PyTorch's fastest; compiled: the default implementation,
+    # which Inductor traces and fuses itself (the fused kernel made tiny's compiled step 10x
+    # slower)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
+                           fused=not mode.startswith("compile"))
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with precision_context(torch, bf16):
             loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return loss
 
-    fn = torch.compile(step) if mode == "compile" else step
+    fn = torch.compile(step) if mode.startswith("compile") else step
 
     def call():
         return fn(x, y).item()
@@ -145,7 +166,7 @@ def inference(torch, workload, mode, bf16):
     fn = torch.compile(model) if mode == "compile" else model
 
     def call():
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.inference_mode(), precision_context(torch, bf16):
             return fn(x)
 
     return call, call
@@ -179,9 +200,19 @@ def main():
     if args.mode != "best":
         return common.drive(__file__, "torch", args, lambda w: [args.mode], cold_always=True)
     # torch.compile needs a C++ compiler, not a network; where it fails, TorchScript.
-    return common.drive(__file__, "torch", args,
-                        lambda w: ["compile"] if w.startswith("compile_") else ["eager", "compile"],
-                        fallback={"compile": "script"}, cold_always=True)
+    return common.drive(__file__, "torch", args, best_modes,
+                        fallback={"compile": "script", "compile-cl": "script"}, cold_always=True)
+
+
+def best_modes(workload):
+    """The modes best mode tries for a workload (the fastest is reported)."""
+    if workload.startswith("compile_"):
+        return ["compile"]
+    if workload.startswith("infer"):
+        return ["eager", "compile", "script"]
+    if workload in CONV_WORKLOADS:
+        return ["eager", "compile", "eager-cl", "compile-cl"]
+    return ["eager", "compile"]
 
 
 if __name__ == "__main__":
