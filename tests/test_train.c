@@ -562,6 +562,69 @@ static void test_many_entries(rf_model *host)
     rf_opt_free(opt);
 }
 
+/* The warning names the key part in which the newest entry differs from its
+ * nearest (fewest differing parts, the newest of equals): 8 entries of batch
+ * sizes 1..8, then steps that repeat batch 8 with one part changed, each
+ * becoming the 9th, 10th, ... entry. */
+static void test_warning_parts(rf_model *host)
+{
+    rf_model *m = rf_model_to(host, cpu); /* in test mode, as models start */
+    rf_opt *opt = rf_setup(rf_descent(0.01), m), *other = rf_setup(rf_descent(0.01), m);
+    rf_array *x = NULL, *y = NULL;
+    int ctx;
+    double l;
+    for (int n = 1; n <= 8; n++) {
+        rf_array_free(x);
+        rf_array_free(y);
+        x = randn_dev(n, 4, 300 + (uint64_t)n), y = randn_dev(n, 2, 400 + (uint64_t)n);
+        rf_array *args[2] = {x, y};
+        CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, opt, &l, NULL));
+    }
+    rf_array *args[2] = {x, y};
+    char *err[4];
+    captured c;
+    capture_start(&c);
+    CHECK_OK(rf_trainstep(mse_loss, &ctx, m, args, 2, opt, &l, NULL));
+    err[0] = capture_end(&c);
+    capture_start(&c);
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, other, &l, NULL));
+    err[1] = capture_end(&c);
+    rf_array **grads = NULL;
+    int ngrads = 0;
+    capture_start(&c);
+    CHECK_OK(rf_trainstep_withgradient(mse_loss, NULL, m, args, 2, opt, &l, NULL, &grads,
+                                       &ngrads));
+    err[2] = capture_end(&c);
+    for (int i = 0; i < ngrads; i++)
+        rf_array_free(grads[i]);
+    free(grads);
+    rf_trainmode(m);
+    capture_start(&c);
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, opt, &l, NULL));
+    err[3] = capture_end(&c);
+    static const char *const want[4] = {
+        "9 compiled train steps cached for model Chain(Dense(4 => 8, tanh), Dense(8 => 2)): the "
+        "new one differs from the nearest in loss ctx pointer (",
+        "10 compiled train steps cached for model Chain(Dense(4 => 8, tanh), Dense(8 => 2)): the "
+        "new one differs from the nearest in optimiser instance (another rf_setup);",
+        "11 compiled train steps cached for model Chain(Dense(4 => 8, tanh), Dense(8 => 2)): the "
+        "new one differs from the nearest in gradient outputs (with vs without);",
+        "12 compiled train steps cached for model Chain(Dense(4 => 8, tanh), Dense(8 => 2)): the "
+        "new one differs from the nearest in train mode (train vs test);",
+    };
+    for (int i = 0; i < 4; i++) {
+        CHECK(strstr(err[i], want[i]) != NULL);
+        fprintf(stderr, "%s", err[i]);
+        free(err[i]);
+    }
+    CHECK(rf_model_cache_stats(m).entries == 12);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_opt_free(opt);
+    rf_opt_free(other);
+    rf_model_free(m);
+}
+
 /* A model or optimiser rebuilt every iteration, the old one freed, leaves no cache
  * growing; the process-wide count of compiles of one step warns once, at the 9th.
  * (Batch sizes no other test uses, so no earlier compile counts.) */
@@ -731,6 +794,7 @@ int main(void)
         test_nan_through_relu();
         test_adjust(host, x, y);
         test_many_entries(host);
+        test_warning_parts(host);
         test_rebuilt_objects(host);
         test_train_loop(host);
     }
