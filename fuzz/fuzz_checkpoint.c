@@ -1,5 +1,5 @@
 /* fuzz_checkpoint.c: libFuzzer target for rf_checkpoint_load into a small
- * model on the CPU device and its Adam state. The input is written to a
+ * model on the CPU device (two Dense layers and a Dropout) and its Adam state. The input is written to a
  * file and loaded; every input must load or be refused with an error status,
  * never crash, and leak nothing; a refused load leaves the model's first
  * weight as it was (checked). */
@@ -31,7 +31,9 @@ static void first_weight(float w[12])
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!model) {
-        rf_model *host = rf_chain(rf_dense(3, 4, RF_ACT_TANH), rf_dense(4, 2, RF_ACT_IDENTITY));
+        /* the Dropout's RNG key ("2.key") may be missing from a file (PyTorch's) */
+        rf_model *host = rf_chain(rf_dense(3, 4, RF_ACT_TANH), rf_dense(4, 2, RF_ACT_IDENTITY),
+                                  rf_dropout(0.5, 1));
         model = host ? rf_model_to(host, rf_device_cpu()) : NULL;
         rf_model_free(host);
         opt = model ? rf_setup(rf_adam(1e-3), model) : NULL;
