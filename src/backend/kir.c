@@ -568,7 +568,6 @@ int rfi_kir_round_bf16(rfi_kir_kernel *k, int a, int node)
     return intern(k, x);
 }
 
-int rfi_kir_acc(rfi_kir_kernel *k) { return rfi_kir_acc_of(k, 0); }
 
 int rfi_kir_acc_of(rfi_kir_kernel *k, int fold)
 {

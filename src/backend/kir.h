@@ -266,7 +266,6 @@ RFI_FUNC int rfi_kir_compare(rfi_kir_kernel *k, rf_cmp cmp, int a, int b, int no
 RFI_FUNC int rfi_kir_select(rfi_kir_kernel *k, int pred, int a, int b, int node);
 RFI_FUNC int rfi_kir_convert(rfi_kir_kernel *k, rf_dtype dt, int a, int node);
 RFI_FUNC int rfi_kir_round_bf16(rfi_kir_kernel *k, int a, int node);
-RFI_FUNC int rfi_kir_acc(rfi_kir_kernel *k); /* fold 0's */
 RFI_FUNC int rfi_kir_acc_of(rfi_kir_kernel *k, int fold);
 /* The value fold j of a REDUCE kernel folds (j < k->n_folds). */
 static inline int rfi_kir_fold_value(const rfi_kir_kernel *k, int j)

@@ -871,22 +871,6 @@ static rf_status compile_parts(const compiler_info *ci, const char *src_path,
     return st;
 }
 
-rf_status rfi_cc_compile(const char *src_path, const char *out_path, const char *name)
-{
-    if (!src_path || !out_path)
-        return rfi_error(RF_E_INVALID, "rfi_cc_compile: NULL path");
-    compiler_info *ci = rfi_malloc(sizeof *ci);
-    char *context = NULL;
-    if (!ci)
-        return rfi_error(RF_E_NOMEM, "rfi_cc_compile: out of memory");
-    rf_status st = compiler_lookup(ci, &context);
-    if (st == RF_OK)
-        st = compile_with(ci, src_path, out_path, name ? name : "module");
-    rfi_free(context);
-    rfi_free(ci);
-    return st;
-}
-
 /* ---- Loading through the disk cache ------------------------------------------------------ */
 
 typedef struct load_ctx {

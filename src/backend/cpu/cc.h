@@ -80,10 +80,6 @@ RFI_FUNC bool rfi_cc_build_id(uintptr_t code_addr, char *out, size_t n);
 RFI_FUNC void rfi_module_free(rfi_module *m);
 RFI_FUNC rf_module_entry rfi_module_entry_fn(const rfi_module *m);
 
-/* Compiles src_path into the shared object out_path with the flags above (no
- * cache). `name` labels messages. */
-RFI_FUNC rf_status rfi_cc_compile(const char *src_path, const char *out_path, const char *name);
-
 /* The cache-key context string described above (rfi_malloc'd into *out). */
 RFI_FUNC rf_status rfi_cc_context(char **out);
 
