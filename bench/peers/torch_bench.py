@@ -128,7 +128,7 @@ def training(torch, workload, mode, bf16):
     else:
         shape = (n, 784) if name in ("mlp", "ffn") else (n, 1, 28, 28)
         x, y, loss_fn, lr = torch.randn(*shape), torch.randint(0, 10, (n,)), F.cross_entropy, 1e-3
-    if mode.endswith("-cl"):
+    if mode.endswith("-cl") and x.dim() == 4:  # the layout is the convolutions' only
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     if mode == "script":
@@ -163,7 +163,7 @@ def inference(torch, workload, mode, bf16):
     x = torch.randn(1 if workload == "infer1" else 1024, 784)
     if mode == "script":
         model = torch.jit.freeze(torch.jit.script(model))
-    fn = torch.compile(model) if mode == "compile" else model
+    fn = torch.compile(model) if mode.startswith("compile") else model
 
     def call():
         with torch.inference_mode(), precision_context(torch, bf16):
