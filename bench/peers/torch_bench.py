@@ -26,6 +26,7 @@ use torch.compile with a fresh TORCHINDUCTOR_CACHE_DIR (cold) or the cold run's 
 Prints "# skip: ..." and exits 0 when PyTorch is not installed. For benchmarking only: reflux
 never depends on it.
 """
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -111,7 +112,6 @@ def model_of(workload):
 def precision_context(torch, bf16):
     """autocast to bfloat16, or (f32) no context at all: entering a disabled autocast costs
     microseconds a call."""
-    import contextlib
     return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 

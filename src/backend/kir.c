@@ -568,7 +568,6 @@ int rfi_kir_round_bf16(rfi_kir_kernel *k, int a, int node)
     return intern(k, x);
 }
 
-
 int rfi_kir_acc_of(rfi_kir_kernel *k, int fold)
 {
     rfi_kir_ins x = blank(RFI_KIR_ACC, k->acc_dtype);
