@@ -8,8 +8,12 @@
  * corrupt ones give errors. Fashion-MNIST: the installed test split, when
  * present. Checkpoints: a round trip is bit-identical, the header is checked
  * by a parser written here, and bad files give the right error and leave the
- * model untouched.
+ * model untouched. Files PyTorch wrote (tests/ref/gen_checkpoint.py: most
+ * layer kinds, a nested Sequential, BatchNorm's counter) load into the same
+ * model built in reflux, which then computes what PyTorch computed, and save
+ * again under the same names.
  */
+#include "fixture.h"
 #include "test_util.h"
 
 #include "runtime/runtime.h" /* a fake device struct for the worker-error test */
@@ -629,6 +633,21 @@ static uint8_t *read_all(const char *path, size_t *n)
     return buf;
 }
 
+static void count_one(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)path;
+    (void)a;
+    (void)trainable;
+    ++*(int *)ud;
+}
+
+static int count_arrays(rf_model *m)
+{
+    int n = 0;
+    rf_model_visit(m, count_one, &n);
+    return n;
+}
+
 /* The format, checked without reflux: the header's length, its text for
  * each tensor, and the bytes its offsets point at. */
 typedef struct format_check {
@@ -663,13 +682,17 @@ static void check_format_one(const char *path, rf_array *a, bool trainable, void
     CHECK(8 + fc->header_len + end <= fc->size);
     if (8 + fc->header_len + end > fc->size)
         return;
-    uint8_t buf[256];
-    rf_array_read(a, buf, sizeof buf);
+    uint8_t *buf = malloc(rf_array_nbytes(a) + 1);
+    rf_array_read(a, buf, rf_array_nbytes(a));
     CHECK(memcmp(fc->file + 8 + fc->header_len + begin, buf, rf_array_nbytes(a)) == 0);
+    free(buf);
     fc->n_checked++;
 }
 
-static void check_format(const char *path, rf_model *m)
+/* Checks that the safetensors file at `path` holds every array of `m` under its
+ * name, with its dtype, shape and bytes (and `extra` tensors more); `writer`:
+ * the format its metadata names, NULL for none. */
+static void check_file_holds(const char *path, rf_model *m, const char *writer, int extra)
 {
     size_t size = 0;
     uint8_t *file = read_all(path, &size);
@@ -683,10 +706,18 @@ static void check_format(const char *path, rf_model *m)
     char *header = malloc(hl + 1);
     memcpy(header, file + 8, hl);
     header[hl] = '\0';
-    CHECK(strstr(header, "\"__metadata__\":{\"format\":\"reflux\"}") != NULL);
+    if (writer) {
+        char meta[128];
+        snprintf(meta, sizeof meta, "\"__metadata__\":{\"format\":\"%s\"}", writer);
+        CHECK(strstr(header, meta) != NULL);
+    }
     format_check fc = {file, size, header, hl, 0};
     rf_model_visit(m, check_format_one, &fc);
-    CHECK(fc.n_checked == 5);
+    CHECK(fc.n_checked == count_arrays(m));
+    int n_tensors = 0;
+    for (const char *at = header; (at = strstr(at, "\"data_offsets\"")); at++)
+        n_tensors++;
+    CHECK(n_tensors == fc.n_checked + extra);
     free(header);
     free(file);
 }
@@ -727,7 +758,8 @@ static void test_checkpoint_roundtrip(void)
     snapshot sa = take_snapshot(a, NULL), sb = take_snapshot(b, NULL);
     CHECK(!same_snapshot(&sa, &sb));
     CHECK_OK(rf_checkpoint_save(path, a, NULL));
-    check_format(path, a);
+    check_file_holds(path, a, "reflux", 0);
+    CHECK(count_arrays(a) == 5);
     CHECK_OK(rf_checkpoint_load(path, b, NULL));
     sb = take_snapshot(b, NULL);
     CHECK(same_snapshot(&sa, &sb)); /* bit-identical */
@@ -1055,6 +1087,101 @@ static void test_checkpoint_errors(void)
  * JSON, numbers, lengths and magic words: each load must return a status
  * (under the sanitizers: without touching memory it should not), and a
  * failed load must leave the model and optimiser exactly as they were. */
+/* ---- Checkpoints PyTorch wrote (tests/ref/gen_checkpoint.py) ---------------------------- */
+
+/* PyTorch's nn.Sequential of the fixture, layer for layer (so the names match):
+ * Conv2d, BatchNorm2d, ReLU, ConvTranspose2d, GroupNorm, a grouped Conv2d
+ * without bias, MaxPool2d, Flatten, Linear, LayerNorm, Sequential(Linear,
+ * Tanh, Linear). */
+static rf_model *torch_cnn(void)
+{
+    return rf_chain(rf_conv2d(3, 3, 2, 4, RF_ACT_IDENTITY, &(rf_conv_opts){.pad = {1, 1}}),
+                    rf_batchnorm(4, RF_ACT_IDENTITY), rf_activation_layer(RF_ACT_RELU),
+                    rf_conv_transpose2d(2, 2, 4, 6, RF_ACT_IDENTITY,
+                                        &(rf_conv_opts){.stride = {2, 2}}),
+                    rf_groupnorm(6, 3),
+                    rf_conv2d(3, 3, 6, 6, RF_ACT_IDENTITY,
+                              &(rf_conv_opts){.pad = {1, 1}, .groups = 2, .no_bias = true}),
+                    rf_maxpool(2, 2, 0, 0), rf_flatten_layer(),
+                    rf_dense(6 * 5 * 5, 8, RF_ACT_IDENTITY), rf_layernorm(8),
+                    rf_chain(rf_dense(8, 8, RF_ACT_IDENTITY), rf_activation_layer(RF_ACT_TANH),
+                             rf_dense(8, 3, RF_ACT_IDENTITY)));
+}
+
+/* Loads tests/ref/<file> into `m` and checks the eval-mode output on the
+ * fixture's input against PyTorch's; `m` holds the weights afterwards. */
+static void check_torch_model(const fx_file *fx, const char *file, rf_model *m,
+                              const char *input, const char *output, bool ids)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/ref/%s", RF_SOURCE_DIR, file);
+    CHECK_OK(rf_checkpoint_load(path, m, NULL));
+    /* every array of the model came from the file, bit for bit; the file's one
+     * more tensor (if any) is BatchNorm's num_batches_tracked */
+    check_file_holds(path, m, NULL, strcmp(file, "torch_cnn.safetensors") ? 0 : 1);
+
+    const fx_entry *in = fx_get(fx, input), *want = fx_get(fx, output);
+    CHECK(in && want);
+    if (!in || !want)
+        return;
+    rf_array *x;
+    if (ids) {
+        int32_t v[64];
+        for (int64_t i = 0; i < in->n && i < 64; i++)
+            v[i] = (int32_t)in->v[i];
+        x = rf_array_from(RF_I32, in->dims, in->rank, v);
+    } else {
+        float *v = fx_f32(in);
+        x = rf_array_from(RF_F32, in->dims, in->rank, v);
+        free(v);
+    }
+    rf_device *cpu = rf_device_cpu();
+    rf_model *dm = rf_model_to(m, cpu); /* loaded on the host, run on the CPU device */
+    rf_testmode(dm);
+    rf_array *dx = rf_array_to(x, cpu);
+    rf_array *y = NULL;
+    CHECK_OK(rf_jit_model(dm, dx, &y));
+    CHECK(y && rf_array_rank(y) == want->rank && rf_array_numel(y) == want->n);
+    if (y && rf_array_numel(y) == want->n) {
+        float *got = malloc((size_t)want->n * sizeof *got);
+        rf_array_read(y, got, (size_t)want->n * sizeof *got);
+        for (int64_t i = 0; i < want->n; i++)
+            CHECK_NEAR(got[i], want->v[i], 2e-5, 2e-5);
+        free(got);
+    }
+    rf_array_free(y);
+    rf_array_free(dx);
+    rf_array_free(x);
+
+    /* saved again from the device, the file holds the same names, shapes and bytes */
+    const char *again = tmp_path("again.safetensors");
+    CHECK_OK(rf_checkpoint_save(again, dm, NULL));
+    check_file_holds(again, m, "reflux", 0);
+    rf_model_free(dm);
+    const char *out = getenv("RF_WRITE_TORCH_CNN"); /* for gen_checkpoint.py --check */
+    if (out && !ids)
+        CHECK_OK(rf_checkpoint_save(out, m, NULL));
+}
+
+static void test_checkpoint_from_pytorch(void)
+{
+    fx_file fx;
+    CHECK(fx_load(&fx, "checkpoint.txt") == 0);
+    if (fx.n == 0)
+        return;
+    rf_model *cnn = torch_cnn();
+    CHECK(cnn != NULL);
+    if (cnn)
+        check_torch_model(&fx, "torch_cnn.safetensors", cnn, "cnn.x", "cnn.y", false);
+    rf_model_free(cnn);
+    rf_model *seq = rf_chain(rf_embedding(10, 4, 1), rf_layernorm(4));
+    CHECK(seq != NULL);
+    if (seq)
+        check_torch_model(&fx, "torch_seq.safetensors", seq, "seq.ids", "seq.y", true);
+    rf_model_free(seq);
+    fx_free(&fx);
+}
+
 static const uint8_t mutations[] = {0x00, 0xff, '"', '9'};
 
 static void test_checkpoint_mutations(void)
@@ -1187,6 +1314,7 @@ int main(void)
     test_checkpoint_optimiser();
     test_checkpoint_errors();
     test_checkpoint_mutations();
+    test_checkpoint_from_pytorch();
     test_idx_mutations();
     remove_tmpdir();
     return tu_finish("test_data");
