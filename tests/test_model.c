@@ -411,6 +411,96 @@ static void apply_fn(rf_trace *t, void *ctx)
         rf_return(t, y);
 }
 
+/* Fraction of the n floats of `a` that are exactly zero. */
+static double zero_fraction(rf_array *a, int n)
+{
+    const float *v = a ? rf_array_data(a) : NULL;
+    int zeros = 0;
+    for (int i = 0; v && i < n; i++)
+        zeros += v[i] == 0.0f;
+    return (double)zeros / n;
+}
+
+/* An executable keeps the train/test mode it was traced in: compiled with
+ * Dropout dropping, a run after rf_testmode is refused (not run with the old
+ * mode), and accepted again after rf_trainmode; a model no layer of which
+ * reads its mode runs in either. rf_jitted compiles one executable per mode. */
+static void test_compiled_modes(void)
+{
+    rf_device *cpu = rf_device_cpu();
+    rf_model *host = rf_chain(rf_dense(4, 64, RF_ACT_RELU), rf_dropout(0.5, 7));
+    rf_model *m = host ? rf_model_to(host, cpu) : NULL;
+    rf_model *plain = rf_chain(rf_dense(4, 8, RF_ACT_TANH));
+    rf_model *pm = plain ? rf_model_to(plain, cpu) : NULL;
+    rf_array *xh = rf_array_from(RF_F32, RF_SHAPE(6, 4), x_data);
+    rf_array *x = xh ? rf_array_to(xh, cpu) : NULL;
+    rf_exec *fwd = NULL, *pfwd = NULL;
+    rf_jitted *jit = NULL;
+    rf_array *y = NULL;
+    CHECK(m && pm && x);
+    if (!m || !pm || !x)
+        goto done;
+
+    rf_trainmode(m);
+    CHECK_OK(rf_compile_model(m, x, &fwd));
+    CHECK_OK(rf_exec_run(fwd, &x, 1, &y, 1));
+    double dropped = zero_fraction(y, 6 * 64);
+    rf_array_free(y);
+    y = NULL;
+    rf_testmode(m);
+    CHECK_STATUS(rf_exec_run(fwd, &x, 1, &y, 1), RF_E_INVALID);
+    CHECK_MSG("Dropout(0.5) (layer \"1\") was in train mode when this executable was traced");
+    CHECK(y == NULL);
+    rf_trainmode(m);
+    CHECK_OK(rf_exec_run(fwd, &x, 1, &y, 1));
+    rf_array_free(y);
+    y = NULL;
+
+    rf_trainmode(pm); /* Dense and Chain do not read the mode */
+    CHECK_OK(rf_compile_model(pm, x, &pfwd));
+    rf_testmode(pm);
+    CHECK_OK(rf_exec_run(pfwd, &x, 1, &y, 1));
+    rf_array_free(y);
+    y = NULL;
+
+    /* rf_jitted: one executable per mode, each found again */
+    jit = rf_jitted_new(apply_fn, m);
+    rf_testmode(m);
+    CHECK_OK(rf_jitted_run(jit, &x, 1, &y, 1));
+    double kept = zero_fraction(y, 6 * 64);
+    rf_array_free(y);
+    y = NULL;
+    rf_trainmode(m);
+    CHECK_OK(rf_jitted_run(jit, &x, 1, &y, 1));
+    CHECK(rf_jitted_n_compiled(jit) == 2);
+    CHECK(zero_fraction(y, 6 * 64) > kept + 0.2); /* Dropout drops about half */
+    CHECK(dropped > kept + 0.2);
+    rf_array_free(y);
+    y = NULL;
+    rf_testmode(m);
+    CHECK_OK(rf_jitted_run(jit, &x, 1, &y, 1));
+    CHECK(rf_jitted_n_compiled(jit) == 2 && zero_fraction(y, 6 * 64) == kept);
+
+    /* the executable outlives the model, and still knows the mode it was traced in
+     * (the last one set: test) */
+    rf_model_free(m);
+    m = NULL;
+    rf_array *y2 = NULL;
+    CHECK_STATUS(rf_exec_run(fwd, &x, 1, &y2, 1), RF_E_INVALID);
+    CHECK(y2 == NULL);
+done:
+    rf_jitted_free(jit);
+    rf_exec_free(fwd);
+    rf_exec_free(pfwd);
+    rf_array_free(y);
+    rf_array_free(x);
+    rf_array_free(xh);
+    rf_model_free(m);
+    rf_model_free(host);
+    rf_model_free(pm);
+    rf_model_free(plain);
+}
+
 static void test_errors(void)
 {
     rf_device *cpu = rf_device_cpu();
@@ -806,6 +896,7 @@ int main(void)
     test_model_to();
     test_modes_and_hash();
     test_compile_model();
+    test_compiled_modes();
     test_errors();
     test_containers_and_custom();
     test_tree_ownership();

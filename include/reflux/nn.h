@@ -42,8 +42,8 @@ typedef enum rf_act {
     RF_ACT_SIGMOID,
     RF_ACT_TANH,
     RF_ACT_SOFTPLUS,
-    RF_ACT_SOFTMAX,    /* over the feature axis (1) */
-    RF_ACT_LOGSOFTMAX, /* over the feature axis (1) */
+    RF_ACT_SOFTMAX,    /* over axis 1, the losses' class axis ([N, C], NCHW); */
+    RF_ACT_LOGSOFTMAX, /* as an act of Dense, over its output features (see rf_dense) */
     RF_ACT_COUNT
 } rf_act;
 #define RF_ACT_SILU RF_ACT_SWISH
@@ -135,6 +135,8 @@ RF_API rf_model *rf_model_to_opts(rf_model *m, rf_device *dev, const rf_to_opts 
  * like Flux's "auto" outside of training; rf_train/rf_trainstep do not change it. */
 RF_API void rf_trainmode(rf_model *m);
 RF_API void rf_testmode(rf_model *m);
+/* The layer's mode. Called by a layer's forward on itself, it also makes the
+ * mode part of what the trace depends on (see rf_exec_run, rf_jitted_run). */
 RF_API bool rf_model_training(const rf_model *m);
 /* The precision of the matrix products and convolutions the layers of the
  * whole tree build (see rf_precision in reflux/trace.h), whatever the
@@ -146,7 +148,11 @@ RF_API void rf_model_free(rf_model *m);
 
 /* Compiles the forward pass with the model as the callee: the executable takes
  * only x (shaped like `x`), reads the parameters by reference, and so sees
- * later training updates (the seed's `forward = @compile model(x)`). Owned. */
+ * later training updates (the seed's `forward = @compile model(x)`). It keeps
+ * the train/test mode it was traced in: after rf_trainmode/rf_testmode changes
+ * the mode of a layer that reads it (Dropout, BatchNorm), a run returns
+ * RF_E_INVALID naming the layer; compile again for the new mode (rf_jitted
+ * keeps one executable per mode). Owned. */
 RF_API rf_status rf_compile_model(rf_model *m, rf_array *x, rf_exec **out);
 /* Compile, run, free: *y receives the output (owned). */
 RF_API rf_status rf_jit_model(rf_model *m, rf_array *x, rf_array **y);
@@ -173,7 +179,10 @@ typedef struct rf_dense_opts {
     rf_init init; /* default RF_INIT_GLOROT_UNIFORM */
     uint64_t seed;
 } rf_dense_opts;
-/* Dense(in => out, act): y = act(x W^T + b), W [out, in], b [out]. */
+/* Dense(in => out, act): y = act(x W^T + b), W [out, in], b [out]. x is [N, in]
+ * or [..., in] (the leading axes kept, as PyTorch's Linear); the act applies to
+ * the result as [rows, out], so a softmax normalises over the out features (the
+ * last axis), where rf_activation_layer and rf_activate normalise over axis 1. */
 RF_API rf_model *rf_dense(int64_t in, int64_t out, rf_act act);
 RF_API rf_model *rf_dense_ex(int64_t in, int64_t out, rf_act act, const rf_dense_opts *o);
 

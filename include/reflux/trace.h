@@ -126,7 +126,9 @@ RF_API rf_status rf_compile_with(rf_trace_fn fn, void *ctx, rf_array *const *arg
  * arrays (owned) for the outputs; nouts may be less than the number of
  * outputs (the rest are dropped) but not more. Updates of captured arrays are
  * applied only when the whole run succeeded; an argument may be one of those
- * arrays (the run reads its old contents, from a copy the run makes). Runs of
+ * arrays (the run reads its old contents, from a copy the run makes). A layer
+ * whose forward read its train/test mode while tracing (rf_model_training) must
+ * be in that mode still, or the run returns RF_E_INVALID naming it. Runs of
  * one executable from several threads take turns. */
 RF_API rf_status rf_exec_run(rf_exec *e, rf_array *const *args, int nargs, rf_array **outs,
                              int nouts);
@@ -140,7 +142,9 @@ RF_API rf_status rf_jit(rf_trace_fn fn, void *ctx, rf_array *const *args, int na
  * compiles fn (as rf_compile), later runs with those types run the executable
  * compiled then. So an evaluation function called on a test set's full batches and
  * its smaller last one compiles twice, whatever the number of calls. fn must trace
- * the same program for the same argument types; arrays it captures are read at run
+ * the same program for the same argument types, but for the train/test modes of the
+ * models it applies: an executable is kept per mode of the layers that read theirs
+ * (rf_model_training), and switching back finds it again; arrays it captures are read at run
  * time (a model's training updates are seen). Past 8 executables each new one
  * prints a warning (arguments whose shapes keep changing). Lookups and compiles from
  * several threads are safe; runs of one executable take turns. Owned:

@@ -150,6 +150,61 @@ char *rfi_strdup(const char *s)
 
 uint64_t rfi_alloc_count(void) { return atomic_load(&n_allocs); }
 
+/* ---- Shared flags and watches ---------------------------------------------------- */
+
+rfi_flag *rfi_flag_new(bool value)
+{
+    rfi_flag *f = rfi_malloc(sizeof *f);
+    if (f) {
+        atomic_init(&f->refs, 1);
+        atomic_init(&f->value, value);
+    }
+    return f;
+}
+
+rfi_flag *rfi_flag_retain(rfi_flag *f)
+{
+    if (f)
+        atomic_fetch_add(&f->refs, 1);
+    return f;
+}
+
+void rfi_flag_release(rfi_flag *f)
+{
+    if (f && atomic_fetch_sub(&f->refs, 1) == 1)
+        rfi_free(f);
+}
+
+bool rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen, const char *what)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->v[i].flag == f)
+            return true;
+    if (!rfi_grow((void **)&l->v, l->n, &l->cap, sizeof *l->v))
+        return false;
+    rfi_watch *w = &l->v[l->n++];
+    w->flag = rfi_flag_retain(f);
+    w->seen = seen;
+    snprintf(w->what, sizeof w->what, "%s", what);
+    return true;
+}
+
+const rfi_watch *rfi_watch_broken(const rfi_watch_list *l)
+{
+    for (int i = 0; i < l->n; i++)
+        if (atomic_load(&l->v[i].flag->value) != l->v[i].seen)
+            return &l->v[i];
+    return NULL;
+}
+
+void rfi_watch_list_free(rfi_watch_list *l)
+{
+    for (int i = 0; i < l->n; i++)
+        rfi_flag_release(l->v[i].flag);
+    rfi_free(l->v);
+    *l = (rfi_watch_list){0};
+}
+
 /* ---- String buffers ----------------------------------------------------------- */
 
 bool rfi_sb_reserve(rfi_strbuf *sb, size_t extra)

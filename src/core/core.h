@@ -8,6 +8,7 @@
 #define RF_CORE_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -80,6 +81,35 @@ RFI_FUNC void rfi_sb_free(rfi_strbuf *sb);
 RFI_FUNC void rfi_sb_type(rfi_strbuf *sb, rf_dtype dt, const int64_t *dims, int rank);
 /* Writes "f32[16,8]" into buf (always NUL-terminated); returns buf. */
 RFI_FUNC const char *rfi_type_str(char *buf, size_t n, rf_dtype dt, const int64_t *dims, int rank);
+
+/* ---- Shared flags and the executables watching them -------------------------------
+ * A flag is a bool shared by reference (a model's train/test mode): its owner
+ * and every executable traced while it was read hold a reference, so a run can
+ * tell whether the value the program was traced with still holds, also after
+ * the owner is gone. */
+typedef struct rfi_flag {
+    atomic_int refs;
+    atomic_bool value;
+} rfi_flag;
+RFI_FUNC rfi_flag *rfi_flag_new(bool value); /* one reference; NULL on out of memory */
+RFI_FUNC rfi_flag *rfi_flag_retain(rfi_flag *f);
+RFI_FUNC void rfi_flag_release(rfi_flag *f); /* NULL ok */
+
+/* The flags a program was traced with: the value read and whose flag it is. */
+typedef struct rfi_watch {
+    rfi_flag *flag; /* one reference */
+    bool seen;
+    char what[112]; /* "Dropout(0.5) (layer \"1\")", for messages */
+} rfi_watch;
+typedef struct rfi_watch_list {
+    rfi_watch *v; /* rfi_malloc */
+    int n, cap;
+} rfi_watch_list;
+/* Adds (f, seen) unless f is listed already; false: out of memory. */
+RFI_FUNC bool rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen, const char *what);
+/* The first watch whose flag no longer has the value seen; NULL when all hold. */
+RFI_FUNC const rfi_watch *rfi_watch_broken(const rfi_watch_list *l);
+RFI_FUNC void rfi_watch_list_free(rfi_watch_list *l); /* empties it */
 
 /* ---- Arena -----------------------------------------------------------------------
  * Chunked bump allocator: objects are never freed one at a time; freeing the

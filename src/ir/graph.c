@@ -55,8 +55,15 @@ void rfi_graph_free(rfi_graph *g)
     rfi_free(g->outputs);
     rfi_free(g->updates);
     rfi_free(g->errmsg);
+    rfi_watch_list_free(&g->watches);
     rfi_arena_free(&g->arena);
     rfi_free(g);
+}
+
+void rfi_trace_watch(rf_trace *t, rfi_flag *f, bool seen, const char *what)
+{
+    if (!rfi_watch_add(&t->watches, f, seen, what))
+        rfi_graph_fail(t, RF_E_NOMEM, "out of memory tracing %s", what);
 }
 
 rf_status rfi_graph_set_args(rfi_graph *g, int n, const rf_dtype *dtypes, const int *ranks,

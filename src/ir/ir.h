@@ -217,6 +217,9 @@ struct rf_trace {
     rf_precision matmul_precision; /* given to the f32 dot_generals built from now on
                                       (rf_trace_set_matmul_precision); tracing only */
 
+    rfi_watch_list watches;  /* flags read while tracing (models' train/test modes), which
+                                the program's executable keeps checking */
+
     rf_status status;        /* sticky: first error */
     char *errmsg;            /* its message (rfi_malloc) */
     uint64_t seq;            /* creation order: of two open traces, the later is the inner */
@@ -281,6 +284,9 @@ RFI_FUNC rfi_graph *rfi_graph_inner(rfi_graph *a, rfi_graph *b);
 RFI_FUNC rfi_graph *rfi_graph_new(rf_device *dev, const char *name);
 /* Frees the graph, its nodes, and releases its capture references. NULL ok. */
 RFI_FUNC void rfi_graph_free(rfi_graph *g);
+/* Records that the traced program depends on flag f having the value `seen`
+ * (`what` names its owner); out of memory fails the trace. */
+RFI_FUNC void rfi_trace_watch(rf_trace *t, rfi_flag *f, bool seen, const char *what);
 /* Declares the n argument types (called once, before tracing). */
 RFI_FUNC rf_status rfi_graph_set_args(rfi_graph *g, int n, const rf_dtype *dtypes,
                                       const int *ranks, const int64_t (*dims)[RF_MAX_RANK]);

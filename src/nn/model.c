@@ -52,6 +52,13 @@ rf_model *rf_model_new(const rf_layer_type *type, const void *config, size_t con
         }
         memcpy(m->config, config, config_size);
     }
+    m->mode = rfi_flag_new(false);
+    if (!m->mode) {
+        rfi_free(m->config);
+        rfi_free(m);
+        rfi_error(RF_E_NOMEM, "rf_model_new(%s): out of memory", type->name);
+        return NULL;
+    }
     m->type = type;
     m->config_size = config_size;
     m->uid = rfi_next_uid();
@@ -439,7 +446,7 @@ static uint64_t hash_tree(uint64_t h, const rf_model *m, rf_precision outer)
     h = rfi_hash_u64(h, (uint64_t)m->config_size);
     if (m->config_size)
         h = rfi_hash_bytes(h, m->config, m->config_size);
-    h = rfi_hash_u64(h, m->training ? 1 : 0);
+    h = rfi_hash_u64(h, atomic_load(&m->mode->value) ? 1 : 0);
     rf_precision precision = m->sets_precision ? m->matmul_precision : outer;
     h = rfi_hash_u64(h, (uint64_t)precision);
     h = hash_arrays(h, m->params, m->n_params);
@@ -618,7 +625,10 @@ rf_tensor *rf_apply(rf_model *m, rf_tensor *x)
     rf_precision outer = RF_PRECISION_F32;
     if (m->sets_precision)
         outer = rf_trace_set_matmul_precision(t, m->matmul_precision);
+    rf_trace *outer_trace = m->applying; /* a layer applied inside its own forward */
+    m->applying = t;
     rf_tensor *y = m->type->forward(m, x);
+    m->applying = outer_trace;
     if (m->sets_precision)
         rf_trace_set_matmul_precision(t, outer);
     if (!y) {
@@ -672,7 +682,7 @@ static rf_model *copy_tree(const rf_model *m, rf_device *dev, const rf_to_opts *
     rf_model *c = rf_model_new(m->type, m->config, m->config_size);
     if (!c)
         return NULL;
-    c->training = m->training;
+    atomic_store(&c->mode->value, atomic_load(&m->mode->value));
     c->sets_precision = m->sets_precision;
     c->matmul_precision = m->matmul_precision;
     rf_status st = copy_arrays(c, m->params, m->n_params, true, dev, opts);
@@ -702,9 +712,23 @@ rf_model *rf_model_to(rf_model *m, rf_device *dev) { return rf_model_to_opts(m, 
 
 /* ---- Train / test mode ------------------------------------------------------------------- */
 
+/* m's path from its root ("0.2", as arrays are named; "" for a root), cut to fit. */
+static void layer_path(const rf_model *m, char *buf, size_t n)
+{
+    if (!m->parent)
+        return;
+    layer_path(m->parent, buf, n);
+    int index = 0;
+    while (index < m->parent->n_children && m->parent->children[index] != m)
+        index++;
+    size_t len = strlen(buf);
+    if (len + 1 < n)
+        snprintf(buf + len, n - len, "%s%d", len ? "." : "", index);
+}
+
 static void set_training(rf_model *m, bool on)
 {
-    m->training = on;
+    atomic_store(&m->mode->value, on);
     for (int i = 0; i < m->n_children; i++)
         set_training(m->children[i], on);
 }
@@ -721,7 +745,25 @@ void rf_testmode(rf_model *m)
         set_training(m, false);
 }
 
-bool rf_model_training(const rf_model *m) { return m && m->training; }
+/* Read inside a layer's forward, the mode becomes part of what the trace
+ * depends on: its executable checks, run after run, that the mode still holds
+ * (rf_exec_run refuses, rf_jitted and the step cache compile for the new one). */
+bool rf_model_training(const rf_model *m)
+{
+    if (!m)
+        return false;
+    bool on = atomic_load(&m->mode->value);
+    if (m->applying) {
+        char what[112], path[64] = "";
+        rfi_model_describe(m, what, sizeof what);
+        layer_path(m, path, sizeof path);
+        size_t n = strlen(what);
+        if (path[0])
+            snprintf(what + n, sizeof what - n, " (layer \"%s\")", path);
+        rfi_trace_watch(m->applying, m->mode, on, what);
+    }
+    return on;
+}
 
 /* ---- Matmul precision -------------------------------------------------------------------- */
 
@@ -823,6 +865,7 @@ void rf_model_free(rf_model *m)
     free_arrays(m->params, m->n_params);
     free_arrays(m->state, m->n_state);
     rfi_free(m->config);
+    rfi_flag_release(m->mode);
     rfi_free(m);
 }
 

@@ -29,7 +29,9 @@ struct rf_model {
     int n_children, cap_children;
     rf_model *parent;         /* the model that owns this one, NULL for a root */
 
-    bool training;
+    rfi_flag *mode;           /* train (true) or test mode, shared with the executables
+                                 traced while a layer read it (rf_model_training) */
+    rf_trace *applying;       /* the trace rf_apply is running this layer's forward in */
     bool sets_precision;      /* rf_apply builds the layer's products with: */
     rf_precision matmul_precision; /* (else with the trace's) */
     uint64_t uid;             /* unique per model object (never reused in a process) */

@@ -71,7 +71,18 @@ static rf_status check_run(const rf_exec *e, rf_array *const *args, int nargs,
         if (st != RF_OK)
             return st;
     }
-    return RF_OK;
+    return rfi_exec_check_modes(e, "rf_exec_run");
+}
+
+rf_status rfi_exec_check_modes(const rf_exec *e, const char *op)
+{
+    const rfi_watch *w = rfi_watch_broken(&e->watches);
+    if (!w)
+        return RF_OK;
+    return rfi_error(RF_E_INVALID, "%s: %s was in %s mode when this executable was traced and "
+                     "is in %s mode now; compile again for this mode (an executable keeps "
+                     "the mode it was traced in; rf_jitted keeps one per mode)", op, w->what,
+                     w->seen ? "train" : "test", w->seen ? "test" : "train");
 }
 
 rf_exec *rfi_exec_new(void)
@@ -360,6 +371,7 @@ void rf_exec_free(rf_exec *e)
         e->backend->release(e->state);
     free_exec_buffers(e);
     rfi_graph_free(e->prog); /* releases the capture references */
+    rfi_watch_list_free(&e->watches);
     rfi_free(e->text);
     pthread_mutex_destroy(&e->run_lock);
     rfi_free(e);

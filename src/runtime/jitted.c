@@ -1,7 +1,8 @@
 /* jitted.c: rf_jitted, a traced function with a cache of executables keyed on its
  * arguments' types (JAX's jax.jit): the first call with arguments of a new count,
  * dtype, shape or device compiles (rf_compile), later calls with the same types run
- * what was compiled.
+ * what was compiled. An executable whose trace read a model's train/test mode
+ * (its watches) is found only while that mode holds, so each mode gets its own.
  *
  * The cache is the jitted function's own (no process-wide state): a list scanned
  * linearly, since a healthy program has a handful of argument types (one per batch
@@ -79,8 +80,8 @@ static jit_entry *find(rf_jitted *f, rf_array *const *args, int nargs)
         bool same = e->nargs == nargs;
         for (int k = 0; same && k < nargs; k++)
             same = same_type(&e->types[k], args[k]);
-        if (same)
-            return e;
+        if (same && rfi_watch_broken(&e->exec->watches) == NULL)
+            return e; /* traced for these types, and the models' modes it read still hold */
     }
     return NULL;
 }

@@ -133,6 +133,10 @@ struct rf_exec {
     /* The address range spanning every updated captured array (empty: lo == hi): an
      * argument outside it overlaps none of them (exec.c checks every run). */
     uintptr_t updated_lo, updated_hi;
+    /* The models' train/test modes the program was traced with: a run in
+     * another mode would compute the other mode's forward with this one's
+     * (Dropout still dropping after rf_testmode), so it is refused. */
+    rfi_watch_list watches;
     pthread_mutex_t run_lock;
 };
 
@@ -145,6 +149,9 @@ RFI_FUNC rf_exec *rfi_exec_new(void);
  * path rf_trainstep takes every step. Same checks and update semantics. */
 RFI_FUNC rf_status rfi_exec_run_into(rf_exec *e, rf_array *const *args, int nargs,
                                      void *const *out);
+/* RF_OK when every mode e was traced with still holds, else RF_E_INVALID naming the
+ * layer (`op`: the calling function's name, for the message). */
+RFI_FUNC rf_status rfi_exec_check_modes(const rf_exec *e, const char *op);
 /* Makes e's pointer table and staging memory (called by rf_compile). */
 RFI_FUNC rf_status rfi_exec_init_buffers(rf_exec *e);
 

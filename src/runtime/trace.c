@@ -331,6 +331,10 @@ static rf_status trace_fn(const char *op, rf_trace_fn fn, void *ctx, rf_array *c
     /* C's argument evaluation order must not shape the program (canonical_order.c). */
     rfi_graph *canonical = NULL;
     st = rfi_canonical_order(g, &canonical);
+    if (st == RF_OK) { /* what the program depends on goes with it */
+        canonical->watches = g->watches;
+        g->watches = (rfi_watch_list){0};
+    }
     rfi_graph_free(g);
     if (st != RF_OK)
         return st;
@@ -505,8 +509,11 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
     rf_status st = trace_fn("rf_compile", fn, ctx, args, nargs, opts, &g);
     if (st != RF_OK)
         return st;
+    rfi_watch_list watches = g->watches; /* the executable's from here on */
+    g->watches = (rfi_watch_list){0};
     if (g->n_outputs == 0 && g->n_updates == 0) {
         rfi_graph_free(g);
+        rfi_watch_list_free(&watches);
         return rfi_error(RF_E_INVALID, "rf_compile: the traced function returned nothing "
                          "(call rf_return or rf_assign)");
     }
@@ -514,6 +521,7 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
     st = pick_backend("rf_compile", g->device, &backend);
     if (st != RF_OK) {
         rfi_graph_free(g);
+        rfi_watch_list_free(&watches);
         return st;
     }
     rfi_lower_memo memo;
@@ -545,8 +553,10 @@ static rf_status compile_traced(rf_trace_fn fn, void *ctx, rf_array *const *args
     if (st != RF_OK) {
         rf_exec_free(e);
         rfi_graph_free(prog);
+        rfi_watch_list_free(&watches);
         return st;
     }
+    e->watches = watches;
     e->prog = prog;
     e->hash = hash;
     e->device = prog->device;
