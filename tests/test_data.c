@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -195,6 +196,108 @@ static void test_loader_shuffle(void)
         CHECK(!same_order(a[e], identity));
     }
     CHECK(!same_order(a[0], a[1]) && !same_order(a[1], a[2])); /* reshuffled per epoch */
+}
+
+/* The first float of the next batch's X (10 * its first row), -1 at the end. */
+static float next_first(rf_loader *l)
+{
+    rf_array *const *b = NULL;
+    CHECK_OK(rf_loader_next(l, &b));
+    float v[NOBS * 3] = {-1};
+    if (b)
+        CHECK_OK(rf_array_read(b[0], v, rf_array_nbytes(b[0])));
+    return v[0];
+}
+
+/* rf_loader_position / rf_loader_seek: a loader built again and put where the first
+ * one was gives the batches the first one gives next, on the host and through a
+ * device (whose prefetched batch is dropped). */
+static void test_loader_seek(rf_device *dev)
+{
+    rf_array *x, *y, *z;
+    make_xyz(&x, &y, &z);
+    rf_array *arrs[3] = {x, y, z};
+    rf_loader_opts o = {.batchsize = 4, .shuffle = true, .seed = 5};
+    rf_loader *a = rf_loader_new(arrs, 3, &o), *b = rf_loader_new(arrs, 3, &o);
+    if (dev) {
+        CHECK_OK(rf_loader_to(a, dev));
+        CHECK_OK(rf_loader_to(b, dev));
+    }
+    CHECK(a && b);
+    if (!a || !b)
+        goto done;
+    uint64_t epoch = 9;
+    int64_t batches = 9;
+    rf_loader_position(a, &epoch, &batches);
+    CHECK(epoch == 0 && batches == 0);
+    CHECK_OK(rf_loader_reset(a));
+    CHECK_OK(rf_loader_reset(a));
+    for (int i = 0; i < 3; i++)
+        next_first(a);
+    rf_loader_position(a, &epoch, &batches);
+    CHECK(epoch == 2 && batches == 3);
+    next_first(b); /* b mid-epoch 0, a batch in flight */
+    CHECK_OK(rf_loader_seek(b, epoch, batches));
+    for (int i = 3; i < 7; i++) { /* 6 batches an epoch, then the end */
+        float fa = next_first(a);
+        CHECK(fa == next_first(b));
+        CHECK((i < 6) == (fa >= 0));
+    }
+    /* at the end of epoch 2, as after two rf_train passes: the next reset gives epoch 3 */
+    CHECK_OK(rf_loader_seek(b, 2, rf_loader_n_batches(b)));
+    CHECK(next_first(b) == -1);
+    CHECK_OK(rf_loader_reset(a));
+    CHECK_OK(rf_loader_reset(b));
+    for (int i = 0; i < 6; i++)
+        CHECK(next_first(a) == next_first(b));
+    CHECK_STATUS(rf_loader_seek(b, 0, 7), RF_E_INVALID);
+    CHECK_MSG("rf_loader_seek: batch 7 is out of range (the loader has 6 batches an epoch)");
+    CHECK_STATUS(rf_loader_seek(b, 0, -1), RF_E_INVALID);
+    CHECK_STATUS(rf_loader_seek(NULL, 0, 0), RF_E_INVALID);
+    rf_loader_position(NULL, &epoch, NULL);
+    CHECK(epoch == 0);
+done:
+    rf_loader_free(a);
+    rf_loader_free(b);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_array_free(z);
+}
+
+/* A child forked after rf_loader_to has no prefetch thread: the loader's calls refuse
+ * there (they waited forever for it) and rf_loader_free frees it; the parent's loader
+ * goes on. */
+static void test_loader_fork(void)
+{
+    rf_array *x, *y, *z;
+    make_xyz(&x, &y, &z);
+    rf_array *arrs[3] = {x, y, z};
+    rf_loader *l = rf_loader_new(arrs, 3, &(rf_loader_opts){.batchsize = 5});
+    CHECK_OK(rf_loader_to(l, rf_device_cpu()));
+    CHECK(next_first(l) == 0.0f); /* batch 1 is in flight now */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20); /* a hang fails the test instead of stopping it */
+        rf_array *const *b = NULL;
+        int bad = rf_loader_next(l, &b) != RF_E_INVALID || b != NULL;
+        bad |= strstr(rf_errmsg(), "rf_loader_next: the loader was wrapped with a device "
+                                   "(rf_loader_to) before this process was forked") == NULL;
+        bad |= rf_loader_reset(l) != RF_E_INVALID;
+        bad |= rf_loader_seek(l, 0, 0) != RF_E_INVALID;
+        bad |= rf_loader_to(l, rf_device_cpu()) != RF_E_INVALID;
+        rf_loader_free(l);
+        _exit(bad);
+    }
+    CHECK(pid > 0);
+    int status = -1;
+    if (pid > 0)
+        CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(next_first(l) == 50.0f); /* row 5 */
+    rf_loader_free(l);
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_array_free(z);
 }
 
 static void test_loader_device(void)
@@ -1305,6 +1408,9 @@ int main(void)
     test_loader_batching();
     test_loader_shuffle();
     test_loader_device();
+    test_loader_seek(NULL);
+    test_loader_seek(rf_device_cpu());
+    test_loader_fork();
     test_loader_errors();
     test_idx_types(false);
     test_idx_types(true);

@@ -40,6 +40,17 @@ RF_API rf_status rf_loader_reset(rf_loader *l);
  * rf_loader_reset starts the next epoch). The arrays stay valid until the
  * next rf_loader_next, rf_loader_reset or rf_loader_free. */
 RF_API rf_status rf_loader_next(rf_loader *l, rf_array *const **batch);
+/* Where the loader is, for a checkpoint: its epoch (0 at creation, +1 per
+ * reset) and how many of that epoch's batches rf_loader_next has handed out.
+ * Either pointer may be NULL. */
+RF_API void rf_loader_position(const rf_loader *l, uint64_t *epoch, int64_t *batches);
+/* Puts a loader built with the same arrays and options where
+ * rf_loader_position said one was, so a resumed run sees the batches an
+ * uninterrupted one would: the next rf_loader_next gives batch `batches` of
+ * epoch `epoch` (batches from 0 to rf_loader_n_batches). rf_train resets before
+ * each pass, so a run resumed after E whole rf_train epochs seeks to
+ * (E, rf_loader_n_batches(l)). RF_E_INVALID for a batch index out of range. */
+RF_API rf_status rf_loader_seek(rf_loader *l, uint64_t epoch, int64_t batches);
 RF_API void rf_loader_free(rf_loader *l);
 
 /* ---- Readers ------------------------------------------------------------------------------ */

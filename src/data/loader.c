@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The background preparation of one batch (device-wrapped loaders only). */
 typedef struct prefetcher {
@@ -32,6 +33,8 @@ typedef struct prefetcher {
     pthread_cond_t wake;   /* caller -> worker: a job or quit */
     pthread_cond_t done;   /* worker -> caller: a result is ready */
     bool started, quit;
+    pid_t owner;           /* the process that started the thread: a child forked
+                              since has no such thread (it was not forked) */
     int64_t job;           /* batch index waiting to be picked up, -1 none */
     int64_t ready_batch;   /* batch index whose result sits in `ready`, -1 none */
     rf_array **ready;      /* n arrays of the finished batch (NULL on error) */
@@ -221,7 +224,24 @@ static rf_status prefetch_start(rf_loader *l)
         return rfi_error(rc == EAGAIN ? RF_E_NOMEM : RF_E_INTERNAL,
                          "rf_loader_to: cannot start the prefetch thread: %s", strerror(rc));
     pf->started = true;
+    pf->owner = getpid();
     return RF_OK;
+}
+
+/* In a child forked after rf_loader_to, the thread the loader waits for does not
+ * exist (and its lock may be held forever): the loader can only be freed there. */
+static bool forked_away(const rf_loader *l)
+{
+    return l->pf.started && l->pf.owner != getpid();
+}
+
+static rf_status check_not_forked(const rf_loader *l, const char *op)
+{
+    if (!forked_away(l))
+        return RF_OK;
+    return rfi_error(RF_E_INVALID, "%s: the loader was wrapped with a device (rf_loader_to) "
+                     "before this process was forked, and its prefetch thread is the "
+                     "parent's; make a new loader in the child (rf_loader_free works)", op);
 }
 
 /* Asks the thread for batch k (nothing else may be pending). */
@@ -394,6 +414,9 @@ rf_status rf_loader_to(rf_loader *l, rf_device *dev)
 {
     if (!l || !dev)
         return rfi_error(RF_E_INVALID, "rf_loader_to: %s is NULL", l ? "device" : "loader");
+    rf_status forked = check_not_forked(l, "rf_loader_to");
+    if (forked != RF_OK)
+        return forked;
     prefetch_discard(l); /* the thread may be preparing for the old device */
     l->dev = dev;
     rf_status st = prefetch_start(l);
@@ -417,18 +440,50 @@ int64_t rf_loader_n_batches(const rf_loader *l)
 int64_t rf_loader_n_obs(const rf_loader *l) { return l ? l->n_obs : 0; }
 int rf_loader_n_arrays(const rf_loader *l) { return l ? l->n : 0; }
 
+/* Makes batch `cursor` of epoch `epoch` the next one. */
+static void go_to(rf_loader *l, uint64_t epoch, int64_t cursor)
+{
+    prefetch_discard(l); /* before touching perm, which the thread reads */
+    release_all(l->current, l->n);
+    if (l->perm && epoch != l->epoch)
+        shuffle_epoch(l->perm, l->n_obs, l->opts.seed, epoch);
+    l->epoch = epoch;
+    l->cursor = cursor;
+    if (l->dev && cursor < rf_loader_n_batches(l))
+        prefetch_request(l, cursor);
+}
+
 rf_status rf_loader_reset(rf_loader *l)
 {
     if (!l)
         return rfi_error(RF_E_INVALID, "rf_loader_reset: loader is NULL");
-    prefetch_discard(l); /* before touching perm, which the thread reads */
-    release_all(l->current, l->n);
-    l->epoch++;
-    if (l->perm)
-        shuffle_epoch(l->perm, l->n_obs, l->opts.seed, l->epoch);
-    l->cursor = 0;
-    if (l->dev && rf_loader_n_batches(l) > 0)
-        prefetch_request(l, 0);
+    rf_status st = check_not_forked(l, "rf_loader_reset");
+    if (st != RF_OK)
+        return st;
+    go_to(l, l->epoch + 1, 0);
+    return RF_OK;
+}
+
+void rf_loader_position(const rf_loader *l, uint64_t *epoch, int64_t *batches)
+{
+    if (epoch)
+        *epoch = l ? l->epoch : 0;
+    if (batches)
+        *batches = l ? l->cursor : 0;
+}
+
+rf_status rf_loader_seek(rf_loader *l, uint64_t epoch, int64_t batches)
+{
+    if (!l)
+        return rfi_error(RF_E_INVALID, "rf_loader_seek: loader is NULL");
+    rf_status st = check_not_forked(l, "rf_loader_seek");
+    if (st != RF_OK)
+        return st;
+    int64_t n = rf_loader_n_batches(l);
+    if (batches < 0 || batches > n)
+        return rfi_error(RF_E_INVALID, "rf_loader_seek: batch %lld is out of range (the "
+                         "loader has %lld batches an epoch)", (long long)batches, (long long)n);
+    go_to(l, epoch, batches);
     return RF_OK;
 }
 
@@ -438,6 +493,9 @@ rf_status rf_loader_next(rf_loader *l, rf_array *const **batch)
         *batch = NULL;
     if (!l || !batch)
         return rfi_error(RF_E_INVALID, "rf_loader_next: %s is NULL", l ? "batch" : "loader");
+    rf_status forked = check_not_forked(l, "rf_loader_next");
+    if (forked != RF_OK)
+        return forked;
     release_all(l->current, l->n);
     int64_t k = l->cursor;
     if (k >= rf_loader_n_batches(l))
@@ -465,13 +523,20 @@ void rf_loader_free(rf_loader *l)
 {
     if (!l)
         return;
-    prefetch_stop(l);
+    bool forked = forked_away(l);
+    if (forked) { /* no thread to stop, and its lock and conditions are left alone */
+        release_all(l->pf.ready, l->n);
+    } else {
+        prefetch_stop(l);
+    }
     release_all(l->current, l->n);
     if (l->arrays)
         release_all(l->arrays, l->n);
-    pthread_cond_destroy(&l->pf.done);
-    pthread_cond_destroy(&l->pf.wake);
-    pthread_mutex_destroy(&l->pf.mu);
+    if (!forked) {
+        pthread_cond_destroy(&l->pf.done);
+        pthread_cond_destroy(&l->pf.wake);
+        pthread_mutex_destroy(&l->pf.mu);
+    }
     rfi_free(l->pf.ready);
     rfi_free(l->current);
     rfi_free(l->arrays);
