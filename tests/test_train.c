@@ -551,7 +551,9 @@ static void test_many_entries(rf_model *host)
     CHECK(strstr(err, "reflux: warning: 9 compiled train steps cached for model Chain(") != NULL);
     CHECK(strstr(err, "reflux: warning: 10 compiled train steps") != NULL);
     CHECK(strstr(err, "differs from the nearest in batch shapes (f32[10,4] f32[10,2] vs "
-                      "f32[9,4] f32[9,2])") != NULL);
+                      "f32[9,4] f32[9,2]); batches whose shapes keep changing compile a step "
+                      "each") != NULL);
+    CHECK(strstr(err, "rebuilding the model") == NULL); /* the advice fits the cause */
     CHECK(strstr(err, "8 compiled") == NULL);
     fprintf(stderr, "%s", err);
     free(err);
@@ -614,6 +616,7 @@ static void test_warning_parts(rf_model *host)
     };
     for (int i = 0; i < 4; i++) {
         CHECK(strstr(err[i], want[i]) != NULL);
+        CHECK(strstr(err[i], "; rebuilding the model or optimiser every iteration") != NULL);
         fprintf(stderr, "%s", err[i]);
         free(err[i]);
     }
@@ -623,6 +626,68 @@ static void test_warning_parts(rf_model *host)
     rf_opt_free(opt);
     rf_opt_free(other);
     rf_model_free(m);
+}
+
+/* A head trained on a frozen trunk that the loss applies (ctx). */
+static rf_tensor *trunk_head_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
+                                  void *ctx)
+{
+    (void)n;
+    (void)aux;
+    return rf_mse(rf_apply(m, rf_apply(ctx, b[0])), b[1]);
+}
+
+/* The train mode of a layer outside the stepped model, which the loss applies, is part of
+ * the step's key: switching it compiles the other mode's step (Dropout then drops), switching
+ * back finds the first again, and the too-many-entries warning names the layer. */
+static void test_other_model_mode(void)
+{
+    rf_model *trunk_host = rf_chain(rf_dense(4, 8, RF_ACT_RELU), rf_dropout(0.5, 9));
+    rf_model *head_host = rf_dense(8, 2, RF_ACT_IDENTITY);
+    rf_model *trunk = trunk_host ? rf_model_to(trunk_host, cpu) : NULL;
+    rf_model *head = head_host ? rf_model_to(head_host, cpu) : NULL;
+    rf_opt *opt = head ? rf_setup(rf_descent(0.0), head) : NULL; /* lr 0: same loss each step */
+    rf_array *x = randn_dev(16, 4, 21), *y = randn_dev(16, 2, 22);
+    CHECK(trunk && head && opt && x && y);
+    if (!trunk || !head || !opt || !x || !y)
+        goto done;
+    rf_array *args[2] = {x, y};
+    double kept, dropped, again;
+    CHECK_OK(rf_trainstep(trunk_head_loss, trunk, head, args, 2, opt, &kept, NULL));
+    rf_trainmode(trunk);
+    CHECK_OK(rf_trainstep(trunk_head_loss, trunk, head, args, 2, opt, &dropped, NULL));
+    CHECK(rf_model_cache_stats(head).entries == 2 && dropped != kept);
+    rf_testmode(trunk);
+    CHECK_OK(rf_trainstep(trunk_head_loss, trunk, head, args, 2, opt, &again, NULL));
+    CHECK(rf_model_cache_stats(head).entries == 2 && again == kept);
+
+    for (int n = 1; n <= 7; n++) { /* 9 entries with the next */
+        rf_array *xs = randn_dev(n, 4, 30), *ys = randn_dev(n, 2, 31);
+        rf_array *small[2] = {xs, ys};
+        CHECK_OK(rf_trainstep(trunk_head_loss, trunk, head, small, 2, opt, &again, NULL));
+        rf_array_free(xs);
+        rf_array_free(ys);
+    }
+    rf_trainmode(trunk);
+    rf_array *xs = randn_dev(3, 4, 30), *ys = randn_dev(3, 2, 31);
+    rf_array *small[2] = {xs, ys};
+    captured c;
+    capture_start(&c);
+    CHECK_OK(rf_trainstep(trunk_head_loss, trunk, head, small, 2, opt, &again, NULL));
+    char *err = capture_end(&c);
+    CHECK(err && strstr(err, "the new one differs from the nearest in train mode of Dropout(0.5) "
+                             "(layer \"1\"), which the loss applies (train vs test)"));
+    free(err);
+    rf_array_free(xs);
+    rf_array_free(ys);
+done:
+    rf_array_free(x);
+    rf_array_free(y);
+    rf_opt_free(opt);
+    rf_model_free(trunk);
+    rf_model_free(head);
+    rf_model_free(trunk_host);
+    rf_model_free(head_host);
 }
 
 /* A model or optimiser rebuilt every iteration, the old one freed, leaves no cache
@@ -776,6 +841,33 @@ static void test_train_loop(rf_model *host)
     CHECK_MSG("rf_loader_to");
     CHECK(rf_opt_steps(opt) == 18);
     rf_loader_free(data);
+
+    /* A smaller last batch counts for its samples only: with nothing learned (lr 0),
+     * batches of 20, 20, 20, 4 give the mean over all 64 rows, one batch of 64's loss. */
+    xs[20 * 4 + 1] = 0.5f; /* the NaN above gone */
+    rf_opt *still = rf_setup(rf_descent(0.0), m);
+    rf_array *hx64 = rf_array_from(RF_F32, RF_SHAPE(64, 4), xs);
+    rf_array *hy64 = rf_array_from(RF_F32, RF_SHAPE(64, 2), ys);
+    rf_array *all_x = rf_array_to(hx64, cpu), *all_y = rf_array_to(hy64, cpu);
+    rf_loader *uneven = rf_loader_new((rf_array *[]){hx64, hy64}, 2,
+                                      &(rf_loader_opts){.batchsize = 20});
+    CHECK_OK(rf_loader_to(uneven, cpu));
+    double whole = NAN, weighted = NAN;
+    rf_stats whole_stats, weighted_stats;
+    CHECK_OK(rf_trainstep(mse_aux_loss, NULL, m, (rf_array *[]){all_x, all_y}, 2, still, &whole,
+                          &whole_stats));
+    CHECK_OK(rf_train(mse_aux_loss, NULL, m, uneven, still,
+                      &(rf_train_opts){.mean_loss = &weighted, .mean_stats = &weighted_stats}));
+    CHECK_NEAR(weighted, whole, 1e-6, 1e-5);
+    CHECK_NEAR(rf_stats_get(&weighted_stats, "acc"), rf_stats_get(&whole_stats, "acc"), 1e-6,
+               1e-5);
+    rf_loader_free(uneven);
+    rf_array_free(hx64);
+    rf_array_free(hy64);
+    rf_array_free(all_x);
+    rf_array_free(all_y);
+    rf_opt_free(still);
+
     rf_opt_free(opt);
     rf_model_free(m);
 }
@@ -795,6 +887,7 @@ int main(void)
         test_adjust(host, x, y);
         test_many_entries(host);
         test_warning_parts(host);
+        test_other_model_mode();
         test_rebuilt_objects(host);
         test_train_loop(host);
     }

@@ -57,8 +57,9 @@ RF_API void rf_update(rf_trace *t, rf_opt *opt, rf_model *m, const rf_grads *g);
  * One step: differentiate, update m and opt in place, return the loss to the
  * host. The fused step (forward, backward, update) is compiled on the first
  * call for each (model structure, train/test mode and matmul precision,
- * optimiser instance, loss fn and ctx, with or without gradients, device,
- * batch dtypes and shapes) and cached on the model. The loss function
+ * optimiser instance, loss fn and ctx, the train mode of any other layer the
+ * loss applies, with or without gradients, device, batch dtypes and shapes)
+ * and cached on the model. The loss function
  * returns the loss and must not call rf_return (RF_E_INVALID). A non-finite
  * loss applies no update (model and optimiser state stay bit-identical) and
  * returns RF_E_DOMAIN. A step of a model that another thread is stepping
@@ -77,8 +78,10 @@ typedef struct rf_loader rf_loader;
 typedef struct rf_train_opts {
     int progress;        /* -1 auto (only when stderr is a terminal), 0 off, 1 on */
     const char *label;   /* shown before the bar, e.g. "epoch 3" */
-    double *mean_loss;   /* if set, receives the mean loss over the pass */
-    rf_stats *mean_stats;/* if set, receives the mean of each aux value */
+    double *mean_loss;   /* if set, receives the mean loss over the pass: each
+                            batch weighted by its size (its first array's first
+                            dim), so a batch-mean loss gives the per-sample mean */
+    rf_stats *mean_stats;/* if set, receives the mean of each aux value, weighted alike */
 } rf_train_opts;
 /* One pass over `data` (a device-wrapped loader), a single trainstep per
  * batch, with a progress bar (batch i/n, the mean loss so far, samples/s and

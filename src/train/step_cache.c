@@ -3,8 +3,9 @@
  * A step is keyed on everything that shapes its program: the model's
  * structure and train mode, the optimiser (its rule's structure and the
  * optimiser object itself, whose state arrays the step captures), the loss
- * function and its ctx pointer, whether gradients are outputs, the device,
- * and the batch's count, dtypes and shapes. Hyperparameter values are not in
+ * function and its ctx pointer, the train mode of any other layer the loss
+ * applied (the executable's watches), whether gradients are outputs, the
+ * device, and the batch's count, dtypes and shapes. Hyperparameter values are not in
  * the key: they are device scalars the step reads at run time.
  *
  * The cache lives on the model stepped (model->cache: the root, or a layer
@@ -94,8 +95,8 @@ static bool same_batch(const rfi_step_entry *e, const rfi_step_probe *p)
 
 /* The parts of a key, in the order a miss is explained. */
 enum key_part {
-    PART_TRAIN_MODE, PART_MODEL, PART_RULE, PART_OPT, PART_LOSS, PART_CTX, PART_GRADS,
-    PART_DEVICE, PART_BATCH, PART_COUNT
+    PART_TRAIN_MODE, PART_MODEL, PART_RULE, PART_OPT, PART_LOSS, PART_CTX, PART_OTHER_MODE,
+    PART_GRADS, PART_DEVICE, PART_BATCH, PART_COUNT
 };
 
 /* Bit k set when key part k of e and p differ. */
@@ -112,6 +113,8 @@ static unsigned key_diff(const rfi_step_entry *e, const rfi_step_probe *p)
         d |= 1u << PART_LOSS;
     if (e->ctx != p->ctx)
         d |= 1u << PART_CTX;
+    if (rfi_watch_broken(&e->exec->watches)) /* a layer outside the model, the loss read */
+        d |= 1u << PART_OTHER_MODE;
     if (e->with_grads != p->with_grads)
         d |= 1u << PART_GRADS;
     if (e->device != p->device)
@@ -178,6 +181,13 @@ static void describe_part(rfi_strbuf *sb, int part, const rfi_step_probe *p,
     case PART_OPT: rfi_sb_printf(sb, "optimiser instance (another rf_setup)"); break;
     case PART_LOSS: rfi_sb_printf(sb, "loss function"); break;
     case PART_CTX: rfi_sb_printf(sb, "loss ctx pointer (%p vs %p)", p->ctx, e->ctx); break;
+    case PART_OTHER_MODE: {
+        const rfi_watch *w = rfi_watch_broken(&e->exec->watches);
+        rfi_sb_printf(sb, "train mode of %s, which the loss applies (%s vs %s)",
+                      w ? w->what : "a layer", w && w->seen ? "test" : "train",
+                      w && w->seen ? "train" : "test");
+        break;
+    }
     case PART_GRADS:
         rfi_sb_printf(sb, "gradient outputs (%s vs %s)", p->with_grads ? "with" : "without",
                       e->with_grads ? "with" : "without");
@@ -227,10 +237,14 @@ static void warn_many(const rf_model *m, const rfi_step_cache *c, const rfi_step
     }
     char model[160];
     describe_for_warning(m, model);
+    bool shapes_only = diff == 1u << PART_BATCH;
     fprintf(stderr, "reflux: warning: %d compiled train steps cached for model %s: the new one "
-            "differs from the nearest in %s; rebuilding the model or optimiser every "
-            "iteration compiles a new step each time\n", c->n, model,
-            sb.data && !sb.failed ? sb.data : "its key");
+            "differs from the nearest in %s; %s\n", c->n, model,
+            sb.data && !sb.failed ? sb.data : "its key",
+            shapes_only ? "batches whose shapes keep changing compile a step each (pad them to "
+                          "a few sizes, or drop a ragged last batch with drop_last)"
+                        : "rebuilding the model or optimiser every iteration compiles a new "
+                          "step each time");
     rfi_sb_free(&sb);
 }
 

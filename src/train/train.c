@@ -99,32 +99,38 @@ static void finish(progress *p)
 
 /* ---- Means --------------------------------------------------------------------------- */
 
+/* Means over the pass with each batch weighted by its size, so that a smaller last
+ * batch counts for its samples only: a batch-mean loss becomes the mean over every
+ * sample of the pass, as one batch of all of them would give. */
 typedef struct means {
     double loss;
-    rf_stats stats; /* sums, named after the first batch's aux values */
-    int64_t n;
+    rf_stats stats; /* weighted sums, named after the first batch's aux values */
+    double weight;  /* samples so far */
 } means;
 
-static void accumulate(means *a, double loss, const rf_stats *s)
+static void accumulate(means *a, double loss, const rf_stats *s, double samples)
 {
-    if (a->n == 0)
+    if (a->weight == 0) {
         a->stats = *s;
-    else
         for (int i = 0; i < a->stats.n; i++)
-            a->stats.values[i] += rf_stats_get(s, a->stats.names[i]);
-    a->loss += loss;
-    a->n++;
+            a->stats.values[i] *= samples;
+    } else {
+        for (int i = 0; i < a->stats.n; i++)
+            a->stats.values[i] += samples * rf_stats_get(s, a->stats.names[i]);
+    }
+    a->loss += samples * loss;
+    a->weight += samples;
 }
 
 static void report_means(const means *a, const rf_train_opts *o)
 {
     if (o->mean_loss)
-        *o->mean_loss = a->n ? a->loss / (double)a->n : NAN;
+        *o->mean_loss = a->weight > 0 ? a->loss / a->weight : NAN;
     if (o->mean_stats) {
         *o->mean_stats = a->stats;
         for (int i = 0; i < a->stats.n; i++)
-            o->mean_stats->values[i] = a->n ? a->stats.values[i] / (double)a->n : NAN;
-        if (!a->n)
+            o->mean_stats->values[i] = a->weight > 0 ? a->stats.values[i] / a->weight : NAN;
+        if (a->weight == 0)
             o->mean_stats->n = 0;
     }
 }
@@ -188,9 +194,10 @@ rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_
         st = train_batch(loss, ctx, m, batch, n, opt, number, &l, &s);
         if (st != RF_OK)
             break;
-        p.samples += batch[0] && batch[0]->rank > 0 ? batch[0]->dims[0] : 1;
-        accumulate(&acc, l, &s);
-        draw(&p, number, acc.loss / (double)acc.n, false);
+        int64_t samples = batch[0] && batch[0]->rank > 0 ? batch[0]->dims[0] : 1;
+        p.samples += samples;
+        accumulate(&acc, l, &s, (double)samples);
+        draw(&p, number, acc.loss / acc.weight, false);
     }
     finish(&p);
     report_means(&acc, o);
