@@ -249,7 +249,9 @@ static void describe_status(char *buf, size_t n, int ws)
         snprintf(buf, n, "its exit status is lost: this process ignores SIGCHLD (SIG_IGN); "
                  "set it to SIG_DFL while reflux compiles");
     else if (ws == WS_LOST)
-        snprintf(buf, n, "lost track of the process");
+        snprintf(buf, n, "lost track of the process: something else in this process reaped "
+                 "it (a SIGCHLD handler or thread calling wait() or waitpid(-1)); reap only "
+                 "your own children's pids while reflux compiles");
     else if (WIFEXITED(ws))
         snprintf(buf, n, "exit status %d", WEXITSTATUS(ws));
     else if (WIFSIGNALED(ws))
@@ -354,7 +356,7 @@ static rf_status compiler_version(const compiler_info *ci, char *buf, size_t n)
     }
     const char *text = out.data ? out.data : "";
     if (!status_ok(ws)) {
-        char why[160];
+        char why[256];
         describe_status(why, sizeof why, ws);
         rf_status st = rfi_error(RF_E_COMPILE, "C compiler %s --version failed (%s): %.500s",
                                  ci->exec_path, why, text);
@@ -693,7 +695,7 @@ static rf_status compile_failed(const char *name, char *const argv[], const char
 static rf_status run_failed(const char *name, char *const argv[], const char *src_path, int err,
                             int ws, const rfi_strbuf *out, bool truncated)
 {
-    char why[160];
+    char why[256];
     if (err)
         snprintf(why, sizeof why, "cannot start the compiler: %s", strerror(err));
     else
