@@ -299,6 +299,102 @@ done:
     rf_model_free(host);
 }
 
+static rf_tensor *mse_of(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)aux;
+    (void)ctx;
+    return rf_mse(rf_apply(m, b[0]), b[1]);
+}
+
+/* The mse of m's output on x against t, computed on the host from a jitted forward. */
+static double f64_loss(rf_model *m, rf_array *x, const double *t, int n)
+{
+    rf_array *y = NULL;
+    CHECK_OK(rf_jit_model(m, x, &y));
+    double s = 0;
+    const double *v = y ? rf_array_data(y) : NULL;
+    for (int i = 0; v && i < n; i++)
+        s += (v[i] - t[i]) * (v[i] - t[i]);
+    rf_array_free(y);
+    return s / n;
+}
+
+/* rf_to_opts.to_f64 (Flux's f64(m)): every float array of a model (BatchNorm's
+ * statistics too) becomes f64, Dropout's key keeps its dtype, the forward matches the
+ * f32 model's, and a training step's gradients pass a float64 finite-difference check. */
+static void test_model_to_f64(void)
+{
+    rf_device *cpu = rf_device_cpu();
+    rf_nn_seed(11);
+    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 2, RF_ACT_IDENTITY, NULL),
+                              rf_batchnorm(2, RF_ACT_RELU), rf_dropout(0.5, 4),
+                              rf_flatten_layer(), rf_dense(18, 3, RF_ACT_TANH));
+    rf_model *m32 = host ? rf_model_to(host, cpu) : NULL;
+    rf_model *m64 = host ? rf_model_to_opts(host, cpu, &(rf_to_opts){.to_f64 = true}) : NULL;
+    rf_array *xh = rf_randn(RF_F32, RF_SHAPE(2, 1, 5, 5), 12);
+    rf_array *x32 = xh ? rf_array_to(xh, cpu) : NULL;
+    rf_array *x64 = xh ? rf_array_to_opts(xh, cpu, &(rf_to_opts){.to_f64 = true}) : NULL;
+    rf_array *y32 = NULL, *y64 = NULL, *th = NULL, *t = NULL;
+    rf_opt *opt = NULL;
+    CHECK(m32 && m64 && x32 && x64 && rf_array_dtype(x64) == RF_F64);
+    if (!m32 || !m64 || !x32 || !x64)
+        goto done;
+    rf_array *key32 = rf_model_state_array(rf_model_child(m32, 2), 0);
+    rf_array *key64 = rf_model_state_array(rf_model_child(m64, 2), 0);
+    CHECK(rf_array_dtype(key64) == rf_array_dtype(key32)); /* not a float: kept */
+    for (int c = 0; c < 5; c++) {
+        rf_model *l = rf_model_child(m64, c);
+        for (int i = 0; i < rf_model_n_params(l); i++)
+            CHECK(rf_array_dtype(rf_model_param_array(l, i)) == RF_F64);
+    }
+    CHECK(rf_array_dtype(rf_model_state_array(rf_model_child(m64, 1), 0)) == RF_F64);
+
+    CHECK_OK(rf_jit_model(m32, x32, &y32));
+    CHECK_OK(rf_jit_model(m64, x64, &y64));
+    CHECK(y64 && rf_array_dtype(y64) == RF_F64);
+    for (int i = 0; y32 && y64 && i < 6; i++)
+        CHECK_NEAR(((double *)rf_array_data(y64))[i], ((float *)rf_array_data(y32))[i], 1e-5,
+                   1e-5);
+
+    double tv[6] = {0.1, -0.4, 0.3, 0.7, -0.2, 0.05};
+    th = rf_array_from(RF_F64, RF_SHAPE(2, 3), tv);
+    t = rf_array_to_opts(th, cpu, &(rf_to_opts){.keep_f64 = true});
+    opt = rf_setup(rf_descent(0.0), m64);
+    double l = 0;
+    rf_array **grads = NULL;
+    int ngrads = 0;
+    CHECK_OK(rf_trainstep_withgradient(mse_of, NULL, m64, (rf_array *[]){x64, t}, 2, opt, &l,
+                                       NULL, &grads, &ngrads));
+    CHECK(ngrads == 6 && rf_array_dtype(grads[0]) == RF_F64); /* conv w, b; bn scale, bias; .. */
+    rf_array *w = rf_model_param_array(rf_model_child(m64, 0), 0); /* conv weight [2,1,3,3] */
+    double *wv = rf_array_data(w);
+    for (int k = 0; ngrads == 6 && k < 18; k += 5) {
+        double keep = wv[k], h = 1e-6;
+        wv[k] = keep + h;
+        double up = f64_loss(m64, x64, tv, 6);
+        wv[k] = keep - h;
+        double down = f64_loss(m64, x64, tv, 6);
+        wv[k] = keep;
+        CHECK_NEAR(((double *)rf_array_data(grads[0]))[k], (up - down) / (2 * h), 1e-9, 1e-6);
+    }
+    for (int i = 0; i < ngrads; i++)
+        rf_array_free(grads[i]);
+    free(grads);
+done:
+    rf_opt_free(opt);
+    rf_array_free(t);
+    rf_array_free(th);
+    rf_array_free(y32);
+    rf_array_free(y64);
+    rf_array_free(x32);
+    rf_array_free(x64);
+    rf_array_free(xh);
+    rf_model_free(m32);
+    rf_model_free(m64);
+    rf_model_free(host);
+}
+
 static void test_modes_and_hash(void)
 {
     rf_model *a = rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_chain(rf_dense(8, 2, RF_ACT_IDENTITY)));
@@ -897,6 +993,7 @@ int main(void)
     test_modes_and_hash();
     test_compile_model();
     test_compiled_modes();
+    test_model_to_f64();
     test_errors();
     test_containers_and_custom();
     test_tree_ownership();

@@ -36,6 +36,8 @@ RF_API rf_array *rf_rand(rf_dtype dtype, const int64_t *dims, int rank, uint64_t
 /* Options for moving arrays between devices. */
 typedef struct rf_to_opts {
     bool keep_f64; /* false (default): f64 becomes f32 on a compute device, as Flux does */
+    bool to_f64;   /* f32 becomes f64 (and f64 stays): Flux's f64(m), PyTorch's .double(),
+                      for float64 gradient checks */
 } rf_to_opts;
 
 /* A copy of `a` on `dev` (f64 becomes f32 when `dev` is a compute device).

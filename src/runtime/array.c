@@ -250,20 +250,27 @@ static rf_array *array_to(const char *op, const rf_array *a, rf_device *dev,
         rfi_error(RF_E_INVALID, "%s: %s is NULL", op, a ? "device" : "array");
         return NULL;
     }
-    bool keep_f64 = opts && opts->keep_f64;
+    bool to_f64 = opts && opts->to_f64, keep_f64 = to_f64 || (opts && opts->keep_f64);
     rf_dtype dt = a->dtype;
     if (dt == RF_F64 && !keep_f64 && rfi_device_is_compute(dev))
         dt = RF_F32; /* Flux's rule: compute devices work in f32 */
+    else if (dt == RF_F32 && to_f64)
+        dt = RF_F64;
     rf_array *b = alloc_checked(op, dev, dt, a->dims, a->rank);
     if (!b)
         return NULL;
     if (dt == a->dtype) {
         memcpy(b->data, a->data, a->nbytes);
-    } else {
+    } else if (dt == RF_F32) {
         const double *src = a->data;
         float *dst = b->data;
         for (int64_t i = 0; i < a->numel; i++)
             dst[i] = (float)src[i];
+    } else {
+        const float *src = a->data;
+        double *dst = b->data;
+        for (int64_t i = 0; i < a->numel; i++)
+            dst[i] = src[i];
     }
     return b;
 }
