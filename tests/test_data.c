@@ -1190,6 +1190,95 @@ static void test_checkpoint_errors(void)
  * JSON, numbers, lengths and magic words: each load must return a status
  * (under the sanitizers: without touching memory it should not), and a
  * failed load must leave the model and optimiser exactly as they were. */
+/* ---- Loading part of a checkpoint ---------------------------------------------------------- */
+
+static rf_model *trunk_of(uint64_t seed)
+{
+    return rf_chain(rf_dense_ex(4, 8, RF_ACT_RELU, &(rf_dense_opts){.seed = seed}),
+                    rf_dense_ex(8, 8, RF_ACT_RELU, &(rf_dense_opts){.seed = seed + 1}));
+}
+
+static bool same_array(rf_array *a, rf_array *b)
+{
+    size_t n = rf_array_nbytes(a);
+    if (n != rf_array_nbytes(b) || n > 4096)
+        return false;
+    unsigned char x[4096], y[4096];
+    rf_array_read(a, x, n);
+    rf_array_read(b, y, n);
+    return memcmp(x, y, n) == 0;
+}
+
+/* rf_checkpoint_load_opts: a whole model's file loads into its trunk alone (prefix), into a
+ * model with one more layer (partial: that layer keeps its weights), and a partial load
+ * that matches nothing, or names of other shapes, is refused with nothing changed. */
+static void test_checkpoint_partial(void)
+{
+    const char *path = tmp_path("whole.safetensors");
+    rf_model *whole = rf_chain(trunk_of(1), rf_dense_ex(8, 3, RF_ACT_IDENTITY,
+                                                         &(rf_dense_opts){.seed = 3}));
+    rf_model *trunk = trunk_of(10);
+    rf_model *longer = rf_chain(trunk_of(20), rf_dense_ex(8, 3, RF_ACT_IDENTITY,
+                                                          &(rf_dense_opts){.seed = 22}),
+                                rf_dense_ex(3, 2, RF_ACT_IDENTITY, &(rf_dense_opts){.seed = 23}));
+    rf_model *wider = rf_chain(trunk_of(30), rf_dense_ex(8, 5, RF_ACT_IDENTITY,
+                                                         &(rf_dense_opts){.seed = 32}));
+    CHECK(whole && trunk && longer && wider);
+    if (!whole || !trunk || !longer || !wider)
+        goto done;
+    CHECK_OK(rf_checkpoint_save(path, whole, NULL));
+
+    int loaded = -1;
+    CHECK_OK(rf_checkpoint_load_opts(path, trunk, NULL,
+                                     &(rf_load_opts){.prefix = "0.", .loaded = &loaded}));
+    CHECK(loaded == 4);
+    for (int c = 0; c < 2; c++)
+        for (int i = 0; i < 2; i++)
+            CHECK(same_array(rf_model_param_array(rf_model_child(trunk, c), i),
+                             rf_model_param_array(rf_model_child(rf_model_child(whole, 0), c),
+                                                  i)));
+    /* without the prefix the names are the whole model's */
+    CHECK_STATUS(rf_checkpoint_load(path, trunk, NULL), RF_E_CORRUPT);
+    CHECK_MSG("tensor \"0.weight\" is missing");
+
+    rf_array *extra_w = rf_model_param_array(rf_model_child(longer, 2), 0);
+    rf_array *before = rf_array_to(extra_w, rf_device_host());
+    CHECK_OK(rf_checkpoint_load_opts(path, longer, NULL,
+                                     &(rf_load_opts){.partial = true, .loaded = &loaded}));
+    CHECK(loaded == 6);
+    CHECK(same_array(rf_model_param_array(rf_model_child(longer, 1), 0),
+                     rf_model_param_array(rf_model_child(whole, 1), 0)));
+    CHECK(same_array(extra_w, before)); /* the file has no "2.weight": kept */
+    rf_array_free(before);
+    CHECK_STATUS(rf_checkpoint_load(path, longer, NULL), RF_E_CORRUPT); /* strict */
+
+    /* matching names of other shapes are still an error, and change nothing */
+    rf_array *trunk_w = rf_array_to(rf_model_param_array(rf_model_child(rf_model_child(wider,
+                                                                                        0), 0),
+                                                         0), rf_device_host());
+    CHECK_STATUS(rf_checkpoint_load_opts(path, wider, NULL, &(rf_load_opts){.partial = true}),
+                 RF_E_SHAPE);
+    CHECK_MSG("\"1.weight\": expected f32[5,8], found f32[3,8]");
+    CHECK(same_array(rf_model_param_array(rf_model_child(rf_model_child(wider, 0), 0), 0),
+                     trunk_w));
+    rf_array_free(trunk_w);
+    /* the new head's model takes the trunk by prefix */
+    CHECK_OK(rf_checkpoint_load_opts(path, rf_model_child(wider, 0), NULL,
+                                     &(rf_load_opts){.prefix = "0."}));
+
+    CHECK_STATUS(rf_checkpoint_load_opts(path, trunk, NULL,
+                                         &(rf_load_opts){.prefix = "7.", .partial = true,
+                                                         .loaded = &loaded}),
+                 RF_E_INVALID);
+    CHECK_MSG("none of the file's tensors under \"7.\" is one of the model's");
+    CHECK(loaded == 0);
+done:
+    rf_model_free(whole);
+    rf_model_free(trunk);
+    rf_model_free(longer);
+    rf_model_free(wider);
+}
+
 /* ---- Checkpoints PyTorch wrote (tests/ref/gen_checkpoint.py) ---------------------------- */
 
 /* PyTorch's nn.Sequential of the fixture, layer for layer (so the names match):
@@ -1421,6 +1510,7 @@ int main(void)
     test_checkpoint_errors();
     test_checkpoint_mutations();
     test_checkpoint_from_pytorch();
+    test_checkpoint_partial();
     test_idx_mutations();
     remove_tmpdir();
     return tu_finish("test_data");

@@ -81,6 +81,22 @@ RF_API rf_status rf_checkpoint_save(const char *path, rf_model *m, rf_opt *opt);
  * BatchNorm "num_batches_tracked" entries are ignored, and a Dropout layer
  * whose RNG "key" the file lacks keeps its own. */
 RF_API rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt);
+/* Options for loading part of a file or into part of a model (fine-tuning). */
+typedef struct rf_load_opts {
+    /* The model's arrays are the file's under this prefix ("0." loads a whole
+     * model's file into its first layer, a trunk); the file's other model
+     * tensors are passed over. NULL or "": the file's names as they are. */
+    const char *prefix;
+    /* PyTorch's strict=False: load the tensors whose names both have (their
+     * dtypes and shapes must still match); the model's others keep their
+     * values and the file's others are passed over. At least one must load
+     * (RF_E_INVALID: a wrong prefix or model loads nothing). */
+    bool partial;
+    int *loaded; /* if set, receives the number of tensors loaded */
+} rf_load_opts;
+/* rf_checkpoint_load with options (NULL: the same). */
+RF_API rf_status rf_checkpoint_load_opts(const char *path, rf_model *m, rf_opt *opt,
+                                         const rf_load_opts *o);
 
 #ifdef __cplusplus
 }

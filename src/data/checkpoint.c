@@ -13,9 +13,12 @@
  * keeps the old one's permissions (and owner, where allowed).
  * Loading validates the whole file and reads every tensor into staging
  * memory before the first array is written, so a bad file changes nothing.
+ * rf_checkpoint_load_opts loads a part: the model's names under a prefix of
+ * the file's (a trunk out of a whole model's file), and with `partial` only
+ * the names both have (PyTorch's strict=False).
  *
- * Deliberately not here: converting dtypes or shapes on load, partial
- * loads, memory mapping, big-endian hosts (rejected).
+ * Deliberately not here: converting dtypes or shapes on load, memory
+ * mapping, big-endian hosts (rejected).
  */
 #include "../nn/model.h"
 #include "safetensors.h"
@@ -506,32 +509,71 @@ static bool is_dropout_key(rf_model *m, const rf_array *a)
     return false;
 }
 
-/* Every wanted array has a matching entry, and every entry is wanted (an
- * optimiser's "opt." entries may be skipped when no optimiser is given, and
- * PyTorch's entries reflux has no use for always). A Dropout layer's key the
- * file lacks (a PyTorch model's file) keeps its value: found[i] stays NULL. */
+/* The file's entry for wanted array w: the model's under the prefix, the
+ * optimiser's ("opt.") as they are. NULL when the file has none. */
+static const rfi_st_entry *find_entry(const rfi_st_header *h, const named *w,
+                                      const char *prefix, bool *oom)
+{
+    if (!prefix[0] || !strncmp(w->name, "opt.", 4))
+        return rfi_st_find(h, w->name);
+    size_t n = strlen(prefix) + strlen(w->name) + 1;
+    char *name = rfi_malloc(n);
+    if (!name) {
+        *oom = true;
+        return NULL;
+    }
+    snprintf(name, n, "%s%s", prefix, w->name);
+    const rfi_st_entry *e = rfi_st_find(h, name);
+    rfi_free(name);
+    return e;
+}
+
+/* Whether the file's tensor `name` is one this load is about: the optimiser's
+ * when one is given, the model's under the prefix. */
+static bool in_scope(const char *name, const char *prefix, bool with_opt)
+{
+    if (!strncmp(name, "opt.", 4))
+        return with_opt;
+    return !strncmp(name, prefix, strlen(prefix));
+}
+
+/* Every wanted array has a matching entry, and every entry in scope is wanted
+ * (PyTorch's entries reflux has no use for never need to be); `partial` drops
+ * both rules, leaving arrays the file lacks as they are. A Dropout layer's key
+ * the file lacks (a PyTorch model's file) keeps its value: found[i] stays NULL. */
 static rf_status match_all(const char *op, const char *path, rf_model *m, const named_list *l,
-                           const rfi_st_header *h, bool with_opt, const rfi_st_entry **found)
+                           const rfi_st_header *h, bool with_opt, const rf_load_opts *o,
+                           const rfi_st_entry **found, int *loaded)
 {
     bool *used = rfi_calloc((size_t)(h->n ? h->n : 1), sizeof *used);
     if (!used)
         return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    const char *prefix = o->prefix ? o->prefix : "";
     rf_status st = RF_OK;
+    bool oom = false;
+    *loaded = 0;
     for (int i = 0; i < l->n && st == RF_OK; i++) {
-        found[i] = rfi_st_find(h, l->v[i].name);
-        if (!found[i] && is_dropout_key(m, l->v[i].a))
-            continue;
-        st = check_match(op, path, &l->v[i], found[i]);
-        if (st == RF_OK)
+        found[i] = find_entry(h, &l->v[i], prefix, &oom);
+        if (oom)
+            st = rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+        else if (found[i] || (!o->partial && !is_dropout_key(m, l->v[i].a)))
+            st = check_match(op, path, &l->v[i], found[i]);
+        if (st == RF_OK && found[i]) {
             used[found[i] - h->entries] = true;
+            ++*loaded;
+        }
     }
-    for (int i = 0; i < h->n && st == RF_OK; i++) {
+    for (int i = 0; i < h->n && st == RF_OK && !o->partial; i++) {
         const char *name = h->entries[i].name;
-        if (!used[i] && !torch_only(name) && (with_opt || strncmp(name, "opt.", 4) != 0))
+        if (!used[i] && !torch_only(name) && in_scope(name, prefix, with_opt))
             st = rfi_error(RF_E_CORRUPT, "%s: %s: the file has tensor \"%s\", which the %s "
                            "lacks", op, path, name,
                            strncmp(name, "opt.", 4) == 0 ? "optimiser" : "model");
     }
+    if (st == RF_OK && o->partial && *loaded == 0 && l->n > 0)
+        st = rfi_error(RF_E_INVALID, "%s: %s: none of the file's tensors%s%s%s is one of the "
+                       "model's (its first: \"%s\")", op, path, prefix[0] ? " under \"" : "",
+                       prefix, prefix[0] ? "\"" : "", l->v[0].name);
     rfi_free(used);
     return st;
 }
@@ -568,7 +610,18 @@ static rf_status stage_and_write(const char *op, const char *path, int fd, uint6
 
 rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt)
 {
+    return rf_checkpoint_load_opts(path, m, opt, NULL);
+}
+
+rf_status rf_checkpoint_load_opts(const char *path, rf_model *m, rf_opt *opt,
+                                  const rf_load_opts *o)
+{
     static const char op[] = "rf_checkpoint_load";
+    rf_load_opts defaults = {0};
+    if (!o)
+        o = &defaults;
+    if (o->loaded)
+        *o->loaded = 0;
     if (!path || !m)
         return rfi_error(RF_E_INVALID, "%s: %s is NULL", op, path ? "model" : "path");
     if (!host_is_little_endian())
@@ -590,10 +643,13 @@ rf_status rf_checkpoint_load(const char *path, rf_model *m, rf_opt *opt)
         if (!found)
             st = rfi_error(RF_E_NOMEM, "%s: out of memory", op);
     }
+    int loaded = 0;
     if (st == RF_OK)
-        st = match_all(op, path, m, &l, &h, opt != NULL, found);
+        st = match_all(op, path, m, &l, &h, opt != NULL, o, found, &loaded);
     if (st == RF_OK)
         st = stage_and_write(op, path, fd, data_start, &l, found);
+    if (st == RF_OK && o->loaded)
+        *o->loaded = loaded;
     close(fd);
     rfi_free(found);
     rfi_st_header_free(&h);
