@@ -113,7 +113,8 @@ static unsigned key_diff(const rfi_step_entry *e, const rfi_step_probe *p)
         d |= 1u << PART_LOSS;
     if (e->ctx != p->ctx)
         d |= 1u << PART_CTX;
-    if (rfi_watch_broken(&e->exec->watches)) /* a layer outside the model, the loss read */
+    /* with the model's own modes unchanged, a broken watch is a layer outside it */
+    if (e->model_hash == p->model_hash && rfi_watch_broken(&e->exec->watches))
         d |= 1u << PART_OTHER_MODE;
     if (e->with_grads != p->with_grads)
         d |= 1u << PART_GRADS;
