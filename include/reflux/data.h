@@ -38,7 +38,7 @@ RF_API rf_status rf_loader_reset(rf_loader *l);
 /* The next batch: *batch points at rf_loader_n_arrays() borrowed arrays, or
  * NULL at the end of the epoch (status RF_OK; it stays NULL until
  * rf_loader_reset starts the next epoch). The arrays stay valid until the
- * next rf_loader_next, rf_loader_reset or rf_loader_free. */
+ * next rf_loader_next, rf_loader_reset, rf_loader_seek or rf_loader_free. */
 RF_API rf_status rf_loader_next(rf_loader *l, rf_array *const **batch);
 /* Where the loader is, for a checkpoint: its epoch (0 at creation, +1 per
  * reset) and how many of that epoch's batches rf_loader_next has handed out.

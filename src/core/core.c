@@ -152,14 +152,34 @@ uint64_t rfi_alloc_count(void) { return atomic_load(&n_allocs); }
 
 /* ---- Shared flags and watches ---------------------------------------------------- */
 
+static atomic_uint_least64_t flag_clock; /* documented in core.h */
+
 rfi_flag *rfi_flag_new(bool value)
 {
     rfi_flag *f = rfi_malloc(sizeof *f);
     if (f) {
         atomic_init(&f->refs, 1);
         atomic_init(&f->value, value);
+        atomic_init(&f->orphaned, false);
+        atomic_init(&f->set_at, 0);
     }
     return f;
+}
+
+void rfi_flag_set(rfi_flag *f, bool value)
+{
+    atomic_store(&f->value, value);
+    atomic_store(&f->set_at, atomic_fetch_add(&flag_clock, 1) + 1);
+}
+
+uint64_t rfi_flag_clock(void) { return atomic_load(&flag_clock); }
+
+void rfi_flag_orphan(rfi_flag *f)
+{
+    if (f) {
+        atomic_store(&f->orphaned, true);
+        rfi_flag_release(f);
+    }
 }
 
 rfi_flag *rfi_flag_retain(rfi_flag *f)
@@ -175,25 +195,39 @@ void rfi_flag_release(rfi_flag *f)
         rfi_free(f);
 }
 
-bool rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen, const char *what)
+int rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen)
 {
     for (int i = 0; i < l->n; i++)
         if (l->v[i].flag == f)
-            return true;
+            return -1;
     if (!rfi_grow((void **)&l->v, l->n, &l->cap, sizeof *l->v))
-        return false;
-    rfi_watch *w = &l->v[l->n++];
+        return -2;
+    rfi_watch *w = &l->v[l->n];
     w->flag = rfi_flag_retain(f);
     w->seen = seen;
-    snprintf(w->what, sizeof w->what, "%s", what);
-    return true;
+    w->what[0] = '\0';
+    return l->n++;
+}
+
+void rfi_watch_drop_set_since(rfi_watch_list *l, uint64_t clock)
+{
+    int kept = 0;
+    for (int i = 0; i < l->n; i++) {
+        if (atomic_load(&l->v[i].flag->set_at) > clock)
+            rfi_flag_release(l->v[i].flag);
+        else
+            l->v[kept++] = l->v[i];
+    }
+    l->n = kept;
 }
 
 const rfi_watch *rfi_watch_broken(const rfi_watch_list *l)
 {
-    for (int i = 0; i < l->n; i++)
-        if (atomic_load(&l->v[i].flag->value) != l->v[i].seen)
+    for (int i = 0; i < l->n; i++) {
+        const rfi_flag *f = l->v[i].flag;
+        if (!atomic_load(&f->orphaned) && atomic_load(&f->value) != l->v[i].seen)
             return &l->v[i];
+    }
     return NULL;
 }
 

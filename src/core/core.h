@@ -85,15 +85,24 @@ RFI_FUNC const char *rfi_type_str(char *buf, size_t n, rf_dtype dt, const int64_
 /* ---- Shared flags and the executables watching them -------------------------------
  * A flag is a bool shared by reference (a model's train/test mode): its owner
  * and every executable traced while it was read hold a reference, so a run can
- * tell whether the value the program was traced with still holds, also after
- * the owner is gone. */
+ * tell whether the value the program was traced with still holds. Every set
+ * is stamped from one process-wide clock (atomic), so a trace can tell a flag
+ * its own function set (then the program does not depend on the caller's
+ * value) from one the caller chose. Once the owner is gone (rfi_flag_orphan)
+ * nobody can set it again, and a watch on it always holds. */
 typedef struct rfi_flag {
     atomic_int refs;
     atomic_bool value;
+    atomic_bool orphaned;      /* the owner released it */
+    atomic_uint_least64_t set_at; /* the clock when last set; 0: never */
 } rfi_flag;
 RFI_FUNC rfi_flag *rfi_flag_new(bool value); /* one reference; NULL on out of memory */
 RFI_FUNC rfi_flag *rfi_flag_retain(rfi_flag *f);
 RFI_FUNC void rfi_flag_release(rfi_flag *f); /* NULL ok */
+RFI_FUNC void rfi_flag_orphan(rfi_flag *f);  /* the owner's release (NULL ok) */
+RFI_FUNC void rfi_flag_set(rfi_flag *f, bool value); /* stamps set_at */
+/* The clock now: a flag with set_at above it was set later. */
+RFI_FUNC uint64_t rfi_flag_clock(void);
 
 /* The flags a program was traced with: the value read and whose flag it is. */
 typedef struct rfi_watch {
@@ -105,9 +114,13 @@ typedef struct rfi_watch_list {
     rfi_watch *v; /* rfi_malloc */
     int n, cap;
 } rfi_watch_list;
-/* Adds (f, seen) unless f is listed already; false: out of memory. */
-RFI_FUNC bool rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen, const char *what);
-/* The first watch whose flag no longer has the value seen; NULL when all hold. */
+/* Adds (f, seen) unless f is listed already: its index, -1 when listed, -2 when
+ * out of memory. `what` is left empty for the caller. */
+RFI_FUNC int rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen);
+/* Drops the watches of flags set after `clock` (by the traced function itself). */
+RFI_FUNC void rfi_watch_drop_set_since(rfi_watch_list *l, uint64_t clock);
+/* The first watch whose flag no longer has the value seen (an orphaned flag's
+ * always holds); NULL when all hold. */
 RFI_FUNC const rfi_watch *rfi_watch_broken(const rfi_watch_list *l);
 RFI_FUNC void rfi_watch_list_free(rfi_watch_list *l); /* empties it */
 

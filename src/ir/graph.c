@@ -28,6 +28,7 @@ rfi_graph *rfi_graph_new(rf_device *dev, const char *name)
         return NULL;
     }
     g->seq = atomic_fetch_add(&graph_seq, 1);
+    g->flag_clock = rfi_flag_clock();
     g->device = dev;
     if (!name)
         name = "program";
@@ -60,10 +61,14 @@ void rfi_graph_free(rfi_graph *g)
     rfi_free(g);
 }
 
-void rfi_trace_watch(rf_trace *t, rfi_flag *f, bool seen, const char *what)
+int rfi_trace_watch(rf_trace *t, rfi_flag *f, bool seen)
 {
-    if (!rfi_watch_add(&t->watches, f, seen, what))
-        rfi_graph_fail(t, RF_E_NOMEM, "out of memory tracing %s", what);
+    if (atomic_load(&f->set_at) > t->flag_clock)
+        return -1; /* the traced function chose it: the program does not depend on it */
+    int i = rfi_watch_add(&t->watches, f, seen);
+    if (i == -2)
+        rfi_graph_fail(t, RF_E_NOMEM, "out of memory recording a layer's train/test mode");
+    return i < 0 ? -1 : i;
 }
 
 rf_status rfi_graph_set_args(rfi_graph *g, int n, const rf_dtype *dtypes, const int *ranks,

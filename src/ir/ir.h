@@ -219,6 +219,8 @@ struct rf_trace {
 
     rfi_watch_list watches;  /* flags read while tracing (models' train/test modes), which
                                 the program's executable keeps checking */
+    uint64_t flag_clock;     /* rfi_flag_clock() when the trace began: a flag set since was
+                                set by the traced function, and is not watched */
 
     rf_status status;        /* sticky: first error */
     char *errmsg;            /* its message (rfi_malloc) */
@@ -284,9 +286,11 @@ RFI_FUNC rfi_graph *rfi_graph_inner(rfi_graph *a, rfi_graph *b);
 RFI_FUNC rfi_graph *rfi_graph_new(rf_device *dev, const char *name);
 /* Frees the graph, its nodes, and releases its capture references. NULL ok. */
 RFI_FUNC void rfi_graph_free(rfi_graph *g);
-/* Records that the traced program depends on flag f having the value `seen`
- * (`what` names its owner); out of memory fails the trace. */
-RFI_FUNC void rfi_trace_watch(rf_trace *t, rfi_flag *f, bool seen, const char *what);
+/* Records that the traced program depends on flag f having the value `seen`,
+ * unless the flag was set since the trace began; returns the new watch's index
+ * (the caller names its owner in t->watches.v[i].what), -1 when there is none
+ * (already watched, set inside the trace, or out of memory: the trace fails). */
+RFI_FUNC int rfi_trace_watch(rf_trace *t, rfi_flag *f, bool seen);
 /* Declares the n argument types (called once, before tracing). */
 RFI_FUNC rf_status rfi_graph_set_args(rfi_graph *g, int n, const rf_dtype *dtypes,
                                       const int *ranks, const int64_t (*dims)[RF_MAX_RANK]);

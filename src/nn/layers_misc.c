@@ -34,7 +34,7 @@ static void dropout_describe(const rf_model *m, char *buf, size_t n)
 static rf_tensor *dropout_forward(rf_model *m, rf_tensor *x)
 {
     const dropout_config *c = rf_model_config(m);
-    if (!rf_model_training(m) || c->p == 0.0)
+    if (c->p == 0.0 || !rf_model_training(m)) /* p 0: the same program in both modes */
         return x;
     rf_dtype dt = rf_tensor_dtype(x);
     if (dt != RF_F32 && dt != RF_F64)

@@ -728,7 +728,7 @@ static void layer_path(const rf_model *m, char *buf, size_t n)
 
 static void set_training(rf_model *m, bool on)
 {
-    atomic_store(&m->mode->value, on);
+    rfi_flag_set(m->mode, on);
     for (int i = 0; i < m->n_children; i++)
         set_training(m->children[i], on);
 }
@@ -747,20 +747,24 @@ void rf_testmode(rf_model *m)
 
 /* Read inside a layer's forward, the mode becomes part of what the trace
  * depends on: its executable checks, run after run, that the mode still holds
- * (rf_exec_run refuses, rf_jitted and the step cache compile for the new one). */
+ * (rf_exec_run refuses, rf_jitted and the step cache compile for the new one),
+ * unless the traced function set the mode itself (MC dropout, an evaluation
+ * function calling rf_testmode): then the program is the function's choice. */
 bool rf_model_training(const rf_model *m)
 {
     if (!m)
         return false;
     bool on = atomic_load(&m->mode->value);
-    if (m->applying) {
+    rf_trace *t = m->applying;
+    int i = t ? rfi_trace_watch(t, m->mode, on) : -1;
+    if (i >= 0) { /* named after it is listed: a describe that reads the mode finds it */
         char what[112], path[64] = "";
         rfi_model_describe(m, what, sizeof what);
         layer_path(m, path, sizeof path);
         size_t n = strlen(what);
         if (path[0])
             snprintf(what + n, sizeof what - n, " (layer \"%s\")", path);
-        rfi_trace_watch(m->applying, m->mode, on, what);
+        snprintf(t->watches.v[i].what, sizeof t->watches.v[i].what, "%s", what);
     }
     return on;
 }
@@ -865,7 +869,7 @@ void rf_model_free(rf_model *m)
     free_arrays(m->params, m->n_params);
     free_arrays(m->state, m->n_state);
     rfi_free(m->config);
-    rfi_flag_release(m->mode);
+    rfi_flag_orphan(m->mode); /* executables watching it keep running as traced */
     rfi_free(m);
 }
 
