@@ -637,6 +637,18 @@ static rf_tensor *trunk_head_loss(rf_model *m, rf_tensor *const *b, int n, rf_au
     return rf_mse(rf_apply(m, rf_apply(ctx, b[0])), b[1]);
 }
 
+/* A loss that puts the trunk in train mode for its apply and back (its own choice). */
+static rf_tensor *switching_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
+                                 void *ctx)
+{
+    (void)n;
+    (void)aux;
+    rf_trainmode(ctx);
+    rf_tensor *h = rf_apply(ctx, b[0]);
+    rf_testmode(ctx);
+    return rf_mse(rf_apply(m, h), b[1]);
+}
+
 /* The train mode of a layer outside the stepped model, which the loss applies, is part of
  * the step's key: switching it compiles the other mode's step (Dropout then drops), switching
  * back finds the first again, and the too-many-entries warning names the layer. */
@@ -680,6 +692,14 @@ static void test_other_model_mode(void)
     free(err);
     rf_array_free(xs);
     rf_array_free(ys);
+
+    /* a mode the loss sets itself is not part of the key: one entry, every step runs */
+    rf_opt *other = rf_setup(rf_descent(0.0), head);
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(rf_trainstep(switching_loss, trunk, head, args, 2, other, &again, NULL));
+    CHECK(again != kept); /* Dropout dropped: not the test-mode loss */
+    CHECK(rf_model_cache_stats(head).entries == 11); /* 10 for opt, 1 for other */
+    rf_opt_free(other);
 done:
     rf_array_free(x);
     rf_array_free(y);
