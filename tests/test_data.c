@@ -1240,6 +1240,13 @@ static void test_checkpoint_partial(void)
     /* without the prefix the names are the whole model's */
     CHECK_STATUS(rf_checkpoint_load(path, trunk, NULL), RF_E_CORRUPT);
     CHECK_MSG("tensor \"0.weight\" is missing");
+    /* a message names the file's tensor, prefix and all */
+    rf_model *deeper = rf_chain(rf_dense(4, 8, RF_ACT_RELU), rf_dense(8, 8, RF_ACT_RELU),
+                                rf_dense(8, 8, RF_ACT_RELU));
+    CHECK_STATUS(rf_checkpoint_load_opts(path, deeper, NULL, &(rf_load_opts){.prefix = "0."}),
+                 RF_E_CORRUPT);
+    CHECK_MSG("tensor \"0.2.weight\" is missing");
+    rf_model_free(deeper);
 
     rf_array *extra_w = rf_model_param_array(rf_model_child(longer, 2), 0);
     rf_array *before = rf_array_to(extra_w, rf_device_host());

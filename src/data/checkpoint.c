@@ -464,24 +464,28 @@ static rf_status read_header(const char *op, const char *path, int fd, uint64_t 
     return st;
 }
 
+/* e must match w; messages name the file's tensor (the prefix, when w's name
+ * is the model's, then w's name). */
 static rf_status check_match(const char *op, const char *path, const named *w,
-                             const rfi_st_entry *e)
+                             const rfi_st_entry *e, const char *prefix)
 {
     const rf_array *a = w->a;
+    const char *pre = strncmp(w->name, "opt.", 4) ? prefix : "";
     if (!e)
-        return rfi_error(RF_E_CORRUPT, "%s: %s: tensor \"%s\" is missing", op, path, w->name);
+        return rfi_error(RF_E_CORRUPT, "%s: %s: tensor \"%s%s\" is missing", op, path, pre,
+                         w->name);
     char want[128], found[128];
     rfi_type_str(want, sizeof want, a->dtype, a->dims, a->rank);
     rfi_type_str(found, sizeof found, e->dtype, e->dims, e->rank);
     if (e->dtype != a->dtype)
-        return rfi_error(RF_E_DTYPE, "%s: %s: tensor \"%s\": expected %s, found %s", op, path,
-                         w->name, want, found);
+        return rfi_error(RF_E_DTYPE, "%s: %s: tensor \"%s%s\": expected %s, found %s", op,
+                         path, pre, w->name, want, found);
     bool same = e->rank == a->rank;
     for (int d = 0; same && d < a->rank; d++)
         same = e->dims[d] == a->dims[d];
     if (!same)
-        return rfi_error(RF_E_SHAPE, "%s: %s: tensor \"%s\": expected %s, found %s", op, path,
-                         w->name, want, found);
+        return rfi_error(RF_E_SHAPE, "%s: %s: tensor \"%s%s\": expected %s, found %s", op,
+                         path, pre, w->name, want, found);
     return RF_OK;
 }
 
@@ -557,7 +561,7 @@ static rf_status match_all(const char *op, const char *path, rf_model *m, const 
         if (oom)
             st = rfi_error(RF_E_NOMEM, "%s: out of memory", op);
         else if (found[i] || (!o->partial && !is_dropout_key(m, l->v[i].a)))
-            st = check_match(op, path, &l->v[i], found[i]);
+            st = check_match(op, path, &l->v[i], found[i], prefix);
         if (st == RF_OK && found[i]) {
             used[found[i] - h->entries] = true;
             ++*loaded;
@@ -572,8 +576,9 @@ static rf_status match_all(const char *op, const char *path, rf_model *m, const 
     }
     if (st == RF_OK && o->partial && *loaded == 0 && l->n > 0)
         st = rfi_error(RF_E_INVALID, "%s: %s: none of the file's tensors%s%s%s is one of the "
-                       "model's (its first: \"%s\")", op, path, prefix[0] ? " under \"" : "",
-                       prefix, prefix[0] ? "\"" : "", l->v[0].name);
+                       "model's (the model's first is \"%s\")", op, path,
+                       prefix[0] ? " under \"" : "", prefix, prefix[0] ? "\"" : "",
+                       l->v[0].name);
     rfi_free(used);
     return st;
 }
