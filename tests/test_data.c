@@ -1279,6 +1279,25 @@ static void test_checkpoint_partial(void)
                  RF_E_INVALID);
     CHECK_MSG("none of the file's tensors under \"7.\" is one of the model's");
     CHECK(loaded == 0);
+    /* an optimiser's tensors (whose learning rate and step count would fit any model) do not
+     * make such a load count: nothing changes */
+    const char *with_opt = tmp_path("with_opt.safetensors");
+    rf_model *dev_whole = rf_model_to(whole, rf_device_cpu());
+    rf_model *dev_trunk = rf_model_to(trunk, rf_device_cpu());
+    rf_opt *wopt = dev_whole ? rf_setup(rf_descent(0.5), dev_whole) : NULL;
+    rf_opt *topt = dev_trunk ? rf_setup(rf_descent(0.01), dev_trunk) : NULL;
+    CHECK(wopt && topt);
+    if (wopt && topt) {
+        CHECK_OK(rf_checkpoint_save(with_opt, dev_whole, wopt));
+        CHECK_STATUS(rf_checkpoint_load_opts(with_opt, dev_trunk, topt,
+                                             &(rf_load_opts){.prefix = "typo.", .partial = true}),
+                     RF_E_INVALID);
+        CHECK_NEAR(rf_opt_lr(topt), 0.01, 1e-9, 1e-6);
+    }
+    rf_opt_free(wopt);
+    rf_opt_free(topt);
+    rf_model_free(dev_whole);
+    rf_model_free(dev_trunk);
 done:
     rf_model_free(whole);
     rf_model_free(trunk);

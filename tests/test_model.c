@@ -621,6 +621,16 @@ static void mc_fn(rf_trace *t, void *ctx)
         rf_return(t, y);
 }
 
+/* Applies in the caller's mode, then leaves the model in test mode: the program
+ * depends on the caller's mode, which stays watched. */
+static void apply_then_test_fn(rf_trace *t, void *ctx)
+{
+    rf_tensor *y = rf_apply(ctx, rf_arg(t, 0));
+    rf_testmode(ctx);
+    if (y)
+        rf_return(t, y);
+}
+
 /* An evaluation function that puts the model in test mode itself. */
 static void eval_fn(rf_trace *t, void *ctx)
 {
@@ -665,6 +675,16 @@ static void test_modes_set_inside(void)
         y = NULL;
     }
     CHECK(rf_jitted_n_compiled(mc) == 1 && rf_jitted_n_compiled(eval) == 1);
+    rf_trainmode(m);
+    CHECK_OK(rf_compile(apply_then_test_fn, m, &x, 1, &e)); /* traced dropping */
+    CHECK(!rf_model_training(m));
+    CHECK_STATUS(rf_exec_run(e, &x, 1, &y, 1), RF_E_INVALID);
+    rf_trainmode(m);
+    CHECK_OK(rf_exec_run(e, &x, 1, &y, 1));
+    rf_array_free(y);
+    y = NULL;
+    rf_exec_free(e);
+    e = NULL;
 
     rf_trainmode(noisy);
     CHECK_OK(rf_compile_model(noisy, x, &e));

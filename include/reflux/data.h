@@ -89,8 +89,9 @@ typedef struct rf_load_opts {
     const char *prefix;
     /* PyTorch's strict=False: load the tensors whose names both have (their
      * dtypes and shapes must still match); the model's others keep their
-     * values and the file's others are passed over. At least one must load
-     * (RF_E_INVALID: a wrong prefix or model loads nothing). */
+     * values and the file's others are passed over. At least one of the
+     * model's arrays must load, if it has any (RF_E_INVALID: a wrong prefix
+     * or model loads nothing; the optimiser's arrays do not count). */
     bool partial;
     int *loaded; /* if set, receives the number of tensors loaded */
 } rf_load_opts;

@@ -209,18 +209,6 @@ int rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen)
     return l->n++;
 }
 
-void rfi_watch_drop_set_since(rfi_watch_list *l, uint64_t clock)
-{
-    int kept = 0;
-    for (int i = 0; i < l->n; i++) {
-        if (atomic_load(&l->v[i].flag->set_at) > clock)
-            rfi_flag_release(l->v[i].flag);
-        else
-            l->v[kept++] = l->v[i];
-    }
-    l->n = kept;
-}
-
 const rfi_watch *rfi_watch_broken(const rfi_watch_list *l)
 {
     for (int i = 0; i < l->n; i++) {

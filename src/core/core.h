@@ -117,8 +117,6 @@ typedef struct rfi_watch_list {
 /* Adds (f, seen) unless f is listed already: its index, -1 when listed, -2 when
  * out of memory. `what` is left empty for the caller. */
 RFI_FUNC int rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen);
-/* Drops the watches of flags set after `clock` (by the traced function itself). */
-RFI_FUNC void rfi_watch_drop_set_since(rfi_watch_list *l, uint64_t clock);
 /* The first watch whose flag no longer has the value seen (an orphaned flag's
  * always holds); NULL when all hold. */
 RFI_FUNC const rfi_watch *rfi_watch_broken(const rfi_watch_list *l);

@@ -555,6 +555,7 @@ static rf_status match_all(const char *op, const char *path, rf_model *m, const 
     const char *prefix = o->prefix ? o->prefix : "";
     rf_status st = RF_OK;
     bool oom = false;
+    int model_arrays = 0, model_loaded = 0; /* the optimiser's do not count for `partial` */
     *loaded = 0;
     for (int i = 0; i < l->n && st == RF_OK; i++) {
         found[i] = find_entry(h, &l->v[i], prefix, &oom);
@@ -562,9 +563,12 @@ static rf_status match_all(const char *op, const char *path, rf_model *m, const 
             st = rfi_error(RF_E_NOMEM, "%s: out of memory", op);
         else if (found[i] || (!o->partial && !is_dropout_key(m, l->v[i].a)))
             st = check_match(op, path, &l->v[i], found[i], prefix);
+        bool model_array = strncmp(l->v[i].name, "opt.", 4) != 0;
+        model_arrays += model_array;
         if (st == RF_OK && found[i]) {
             used[found[i] - h->entries] = true;
             ++*loaded;
+            model_loaded += model_array;
         }
     }
     for (int i = 0; i < h->n && st == RF_OK && !o->partial; i++) {
@@ -574,7 +578,7 @@ static rf_status match_all(const char *op, const char *path, rf_model *m, const 
                            "lacks", op, path, name,
                            strncmp(name, "opt.", 4) == 0 ? "optimiser" : "model");
     }
-    if (st == RF_OK && o->partial && *loaded == 0 && l->n > 0)
+    if (st == RF_OK && o->partial && model_loaded == 0 && model_arrays > 0)
         st = rfi_error(RF_E_INVALID, "%s: %s: none of the file's tensors%s%s%s is one of the "
                        "model's (the model's first is \"%s\")", op, path,
                        prefix[0] ? " under \"" : "", prefix, prefix[0] ? "\"" : "",

@@ -748,8 +748,9 @@ void rf_testmode(rf_model *m)
 /* Read inside a layer's forward, the mode becomes part of what the trace
  * depends on: its executable checks, run after run, that the mode still holds
  * (rf_exec_run refuses, rf_jitted and the step cache compile for the new one),
- * unless the traced function set the mode itself (MC dropout, an evaluation
- * function calling rf_testmode): then the program is the function's choice. */
+ * unless the traced function set the mode itself before this read (MC dropout,
+ * an evaluation function calling rf_testmode first): then the program is the
+ * function's choice. */
 bool rf_model_training(const rf_model *m)
 {
     if (!m)

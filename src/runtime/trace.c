@@ -319,9 +319,6 @@ static rf_status trace_fn(const char *op, rf_trace_fn fn, void *ctx, rf_array *c
 
     rf_clear_error(); /* what rf_return quotes of a NULL tensor is then this trace's */
     fn(g, ctx);
-    /* a mode fn read and then set itself (rf_trainmode ... rf_testmode around an
-     * apply) is fn's choice, not the caller's */
-    rfi_watch_drop_set_since(&g->watches, g->flag_clock);
 
     if (g->status != RF_OK) {
         /* The first failing op wrote the message into the graph; make it this
