@@ -42,8 +42,8 @@ typedef enum rf_act {
     RF_ACT_SIGMOID,
     RF_ACT_TANH,
     RF_ACT_SOFTPLUS,
-    RF_ACT_SOFTMAX,    /* over axis 1, the losses' class axis ([N, C], NCHW); */
-    RF_ACT_LOGSOFTMAX, /* as an act of Dense, over its output features (see rf_dense) */
+    RF_ACT_SOFTMAX,    /* over axis 1 (the losses' class axis); Dense's: its out features */
+    RF_ACT_LOGSOFTMAX, /* over the same axis as softmax */
     RF_ACT_COUNT
 } rf_act;
 #define RF_ACT_SILU RF_ACT_SWISH
