@@ -50,6 +50,19 @@ static rf_status check_arg(const rf_exec *e, int i, const rf_array *a)
     return RF_OK;
 }
 
+/* RF_OK when every mode e was traced with still holds, else RF_E_INVALID naming the
+ * layer. */
+static rf_status check_modes(const rf_exec *e)
+{
+    const rfi_watch *w = rfi_watch_broken(&e->watches);
+    if (!w)
+        return RF_OK;
+    return rfi_error(RF_E_INVALID, "rf_exec_run: %s was in %s mode when this executable was "
+                     "traced and is in %s mode now; compile again for this mode (an executable "
+                     "keeps the mode it was traced in; rf_jitted keeps one per mode)", w->what,
+                     w->seen ? "train" : "test", w->seen ? "test" : "train");
+}
+
 static rf_status check_run(const rf_exec *e, rf_array *const *args, int nargs,
                            rf_array **outs, int nouts)
 {
@@ -71,18 +84,7 @@ static rf_status check_run(const rf_exec *e, rf_array *const *args, int nargs,
         if (st != RF_OK)
             return st;
     }
-    return rfi_exec_check_modes(e, "rf_exec_run");
-}
-
-rf_status rfi_exec_check_modes(const rf_exec *e, const char *op)
-{
-    const rfi_watch *w = rfi_watch_broken(&e->watches);
-    if (!w)
-        return RF_OK;
-    return rfi_error(RF_E_INVALID, "%s: %s was in %s mode when this executable was traced and "
-                     "is in %s mode now; compile again for this mode (an executable keeps "
-                     "the mode it was traced in; rf_jitted keeps one per mode)", op, w->what,
-                     w->seen ? "train" : "test", w->seen ? "test" : "train");
+    return RF_OK;
 }
 
 rf_exec *rfi_exec_new(void)
@@ -243,6 +245,8 @@ rf_status rf_exec_run(rf_exec *e, rf_array *const *args, int nargs, rf_array **o
     if (!e)
         return rfi_error(RF_E_INVALID, "rf_exec_run: executable is NULL");
     rf_status st = check_run(e, args, nargs, outs, nouts);
+    if (st == RF_OK)
+        st = check_modes(e);
     if (st != RF_OK)
         return st;
 

@@ -146,12 +146,11 @@ RFI_FUNC rf_exec *rfi_exec_new(void);
 
 /* Runs e like rf_exec_run but writes the outputs into caller memory
  * (out[i] holds rfi_node_nbytes(output i) bytes) and allocates nothing: the
- * path rf_trainstep takes every step. Same checks and update semantics. */
+ * path rf_trainstep takes every step. The same argument checks and update
+ * semantics; the watched modes are the caller's to check (the step cache
+ * finds an entry only while they hold), not checked again every step. */
 RFI_FUNC rf_status rfi_exec_run_into(rf_exec *e, rf_array *const *args, int nargs,
                                      void *const *out);
-/* RF_OK when every mode e was traced with still holds, else RF_E_INVALID naming the
- * layer (`op`: the calling function's name, for the message). */
-RFI_FUNC rf_status rfi_exec_check_modes(const rf_exec *e, const char *op);
 /* Makes e's pointer table and staging memory (called by rf_compile). */
 RFI_FUNC rf_status rfi_exec_init_buffers(rf_exec *e);
 
