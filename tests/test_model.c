@@ -611,6 +611,15 @@ static void noise_describe(const rf_model *m, char *buf, size_t n)
 
 static const rf_layer_type noise_layer = {"Noise", noise_forward, noise_describe};
 
+/* A layer branching on its first child's mode instead of applying the child. */
+static rf_tensor *peek_forward(rf_model *m, rf_tensor *x)
+{
+    return rf_model_training(rf_model_child(m, 0)) ? rf_mul(x, rf_scalar(rf_tensor_trace(x), 3.0))
+                                                   : x;
+}
+
+static const rf_layer_type peek_layer = {"Peek", peek_forward, NULL};
+
 /* Monte Carlo dropout: the function sets train mode around the apply itself. */
 static void mc_fn(rf_trace *t, void *ctx)
 {
@@ -648,6 +657,12 @@ static void test_modes_set_inside(void)
     rf_model *host = rf_chain(rf_dense(4, 64, RF_ACT_RELU), rf_dropout(0.5, 7));
     rf_model *m = host ? rf_model_to(host, cpu) : NULL;
     rf_model *noisy = rf_chain(rf_model_new(&noise_layer, NULL, 0));
+    rf_model *peek = rf_model_new(&peek_layer, NULL, 0);
+    if (peek && rf_model_add_child(peek, rf_model_new(&noise_layer, NULL, 0)) != RF_OK) {
+        rf_model_free(peek);
+        peek = NULL;
+    }
+    rf_model *peeking = rf_chain(peek);
     rf_model *still_host = rf_chain(rf_dense(4, 8, RF_ACT_RELU), rf_dropout(0.0, 7));
     rf_model *still = still_host ? rf_model_to(still_host, cpu) : NULL;
     rf_array *xh = rf_array_from(RF_F32, RF_SHAPE(6, 4), x_data);
@@ -655,8 +670,8 @@ static void test_modes_set_inside(void)
     rf_jitted *mc = NULL, *eval = NULL;
     rf_exec *e = NULL;
     rf_array *y = NULL;
-    CHECK(m && noisy && still && x);
-    if (!m || !noisy || !still || !x)
+    CHECK(m && noisy && peeking && still && x);
+    if (!m || !noisy || !peeking || !still || !x)
         goto done;
     mc = rf_jitted_new(mc_fn, m);
     eval = rf_jitted_new(eval_fn, m);
@@ -694,6 +709,14 @@ static void test_modes_set_inside(void)
     rf_exec_free(e);
     e = NULL;
 
+    rf_trainmode(peeking); /* a child's mode read in its parent's forward is watched */
+    CHECK_OK(rf_compile_model(peeking, x, &e));
+    rf_testmode(peeking);
+    CHECK_STATUS(rf_exec_run(e, &x, 1, &y, 1), RF_E_INVALID);
+    CHECK_MSG("Noise(train) (layer \"0.0\") was in train mode");
+    rf_exec_free(e);
+    e = NULL;
+
     rf_trainmode(still); /* Dropout(0) is the identity in both modes */
     CHECK_OK(rf_compile_model(still, x, &e));
     rf_testmode(still);
@@ -708,6 +731,7 @@ done:
     rf_model_free(m);
     rf_model_free(host);
     rf_model_free(noisy);
+    rf_model_free(peeking);
     rf_model_free(still);
     rf_model_free(still_host);
 }

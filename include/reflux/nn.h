@@ -135,8 +135,9 @@ RF_API rf_model *rf_model_to_opts(rf_model *m, rf_device *dev, const rf_to_opts 
  * like Flux's "auto" outside of training; rf_train/rf_trainstep do not change it. */
 RF_API void rf_trainmode(rf_model *m);
 RF_API void rf_testmode(rf_model *m);
-/* The layer's mode. Called by a layer's forward on itself, it also makes the
- * mode part of what the trace depends on (see rf_exec_run, rf_jitted_run). */
+/* The layer's mode. Called by a layer's forward on itself or on one of its
+ * descendants, it also makes the mode part of what the trace depends on (see
+ * rf_exec_run, rf_jitted_run). */
 RF_API bool rf_model_training(const rf_model *m);
 /* The precision of the matrix products and convolutions the layers of the
  * whole tree build (see rf_precision in reflux/trace.h), whatever the

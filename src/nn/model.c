@@ -745,18 +745,20 @@ void rf_testmode(rf_model *m)
         set_training(m, false);
 }
 
-/* Read inside a layer's forward, the mode becomes part of what the trace
- * depends on: its executable checks, run after run, that the mode still holds
- * (rf_exec_run refuses, rf_jitted and the step cache compile for the new one),
- * unless the traced function set the mode itself before this read (MC dropout,
- * an evaluation function calling rf_testmode first): then the program is the
- * function's choice. */
+/* Read inside the forward of the layer or of one of its ancestors, the mode
+ * becomes part of what the trace depends on: its executable checks, run after
+ * run, that the mode still holds (rf_exec_run refuses, rf_jitted and the step
+ * cache compile for the new one), unless the traced function set the mode
+ * itself before this read (MC dropout, an evaluation function calling
+ * rf_testmode first): then the program is the function's choice. */
 bool rf_model_training(const rf_model *m)
 {
     if (!m)
         return false;
     bool on = atomic_load(&m->mode->value);
     rf_trace *t = m->applying;
+    for (const rf_model *p = m->parent; !t && p; p = p->parent)
+        t = p->applying; /* a custom forward branching on a child's mode */
     int i = t ? rfi_trace_watch(t, m->mode, on) : -1;
     if (i >= 0) { /* named after it is listed: a describe that reads the mode finds it */
         char what[112], path[64] = "";
