@@ -389,6 +389,43 @@ done:
     rf_model_free(z);
 }
 
+/* ---- Embedding ---------------------------------------------------------------------------- */
+
+/* Byte ids (a byte-level model's text) pick the same rows as i32 ids. */
+static void test_embedding_byte_ids(void)
+{
+    const uint8_t bytes[6] = {0, 255, 7, 128, 7, 1};
+    int32_t wide[6];
+    for (int i = 0; i < 6; i++)
+        wide[i] = bytes[i];
+    rf_model *host = rf_embedding(256, 5, 3);
+    rf_model *m = host ? rf_model_to(host, dev) : NULL;
+    rf_array *hb = rf_array_from(RF_U8, RF_SHAPE(2, 3), bytes);
+    rf_array *hw = rf_array_from(RF_I32, RF_SHAPE(2, 3), wide);
+    rf_array *xb = hb ? rf_array_to(hb, dev) : NULL, *xw = hw ? rf_array_to(hw, dev) : NULL;
+    rf_exec *eb = NULL, *ew = NULL;
+    CHECK(m && xb && xw);
+    if (m && xb && xw) {
+        CHECK_OK(rf_compile(trace_apply, m, &xb, 1, &eb));
+        CHECK_OK(rf_compile(trace_apply, m, &xw, 1, &ew));
+    }
+    if (eb && ew) {
+        float *yb = run_once(eb, xb, 30), *yw = run_once(ew, xw, 30);
+        CHECK(yb && yw && memcmp(yb, yw, 30 * sizeof *yb) == 0);
+        CHECK(yb && yb[5] != yb[0]); /* row 255, not row 0 */
+        free(yb);
+        free(yw);
+    }
+    rf_exec_free(eb);
+    rf_exec_free(ew);
+    rf_array_free(xb);
+    rf_array_free(xw);
+    rf_array_free(hb);
+    rf_array_free(hw);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
 /* ---- Errors and descriptions ---------------------------------------------------------------- */
 
 /* Compiles rf_apply(m, x) for an x of the given shape/dtype and expects `st`
@@ -540,6 +577,7 @@ int main(void)
     test_reference_cases();
     test_batchnorm_updates();
     test_dropout();
+    test_embedding_byte_ids();
     test_errors();
     test_same_pad_shapes();
     fx_free(&fx);

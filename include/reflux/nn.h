@@ -227,7 +227,8 @@ RF_API rf_model *rf_groupnorm(int64_t channels, int64_t groups);
  * scales the rest by 1/(1-p); the mask comes from the model's RNG key, which
  * advances every step. Identity in test mode. */
 RF_API rf_model *rf_dropout(double p, uint64_t seed);
-/* Embedding(vocab => dim): integer ids [...] -> [..., dim]; weight [vocab, dim] ~ N(0,1).
+/* Embedding(vocab => dim): integer ids (i32, i64 or u8) [...] -> [..., dim];
+ * weight [vocab, dim] ~ N(0,1).
  * Ids count from 0; one outside [0, vocab) is clamped into it (a compiled step
  * cannot stop on data), where Flux throws. */
 RF_API rf_model *rf_embedding(int64_t vocab, int64_t dim, uint64_t seed);

@@ -87,8 +87,11 @@ static void embedding_describe(const rf_model *m, char *buf, size_t n)
 static rf_tensor *embedding_forward(rf_model *m, rf_tensor *ids)
 {
     rf_dtype dt = rf_tensor_dtype(ids);
-    if (dt != RF_I32 && dt != RF_I64)
-        return rfi_layer_input_error(m, ids, RF_E_DTYPE, "must be integer ids (i32 or i64)");
+    if (dt != RF_I32 && dt != RF_I64 && dt != RF_U8)
+        return rfi_layer_input_error(m, ids, RF_E_DTYPE,
+                                     "must be integer ids (i32, i64 or u8)");
+    if (dt == RF_U8) /* bytes as tokens; gather indexes with i32 or i64 */
+        ids = rf_convert(ids, RF_I32);
     return rf_gather(rf_model_param(m, rf_tensor_trace(ids), 0), ids, 0);
 }
 
