@@ -740,13 +740,23 @@ static void test_numbers_and_dims(void)
     rf_array *a = rf_array_from(RF_F32, RF_SHAPE(2), two);
     CHECK(a != NULL);
     rf_clear_error();
+    CHECK(rf_errstatus() == RF_OK);
     CHECK(isnan(rf_to_number(a)));
+    CHECK(rf_errstatus() == RF_E_SHAPE); /* what the NaN failed with */
     CHECK_MSG("rf_to_number");
     CHECK_MSG("f32[2]");
+    rf_array *rows = rf_array_rows(a, 1, 3);
+    CHECK(!rows && rf_errstatus() == RF_E_SHAPE);
     rf_array_free(a);
     a = rf_array_from(RF_F32, RF_SHAPE(1, 1), two);
     CHECK(rf_to_number(a) == 1.0);
+    CHECK(rf_errstatus() == RF_E_SHAPE); /* a success leaves it, like the message */
+    rf_clear_error();
+    CHECK(rf_errstatus() == RF_OK && rf_errmsg()[0] == '\0');
     rf_array_free(a);
+    CHECK(!rf_device_cuda(0) && rf_errstatus() == RF_E_DEVICE);
+    a = rf_randn(RF_I32, RF_SHAPE(2), 1);
+    CHECK(!a && rf_errstatus() == RF_E_DTYPE);
 
     rf_clear_error();
     a = rf_array_from(RF_F32, RF_SHAPE(2, -1), NULL);

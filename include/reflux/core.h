@@ -29,9 +29,11 @@ extern "C" {
 RF_API const char *rf_version(void);
 
 /* ---- Errors --------------------------------------------------------------
- * Every fallible call returns an rf_status (or NULL) and leaves a message
- * that names the operation and the offending shapes/values in a thread-local
- * buffer read with rf_errmsg(). No call aborts or exits on user error. */
+ * Every fallible call returns an rf_status (or NULL, or NaN) and leaves a
+ * message that names the operation and the offending shapes/values in a
+ * thread-local buffer read with rf_errmsg(), and its status, read with
+ * rf_errstatus() (what a call that returns NULL or NaN failed with). No call
+ * aborts or exits on user error. */
 typedef enum rf_status {
     RF_OK = 0,
     RF_E_INVALID,     /* bad argument: NULL, out of range, wrong count        */
@@ -51,9 +53,13 @@ typedef enum rf_status {
 /* The message of the last failure on this thread ("" if none). Borrowed: valid
  * until the next reflux call on this thread. */
 RF_API const char *rf_errmsg(void);
+/* The status of the last failure on this thread (RF_OK if none since
+ * rf_clear_error). A successful call leaves it as it was, like the message:
+ * read it right after a call that returned NULL or NaN. */
+RF_API rf_status rf_errstatus(void);
 /* A short name for a status ("RF_E_SHAPE"). Static string. */
 RF_API const char *rf_status_str(rf_status st);
-/* Clears this thread's message. */
+/* Clears this thread's message and status. */
 RF_API void rf_clear_error(void);
 
 /* ---- Element types ------------------------------------------------------- */

@@ -12,12 +12,14 @@
 /* ---- Errors ------------------------------------------------------------------ */
 
 /* Per-thread state, one of two pieces (the other: failed_here below): the
- * last failure's message. */
+ * last failure's message and status. */
 static _Thread_local char errmsg[RFI_ERRMSG_MAX];
+static _Thread_local rf_status errstatus;
 
 rf_status rfi_verror(rf_status st, const char *fmt, va_list ap)
 {
     vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+    errstatus = st;
     return st;
 }
 
@@ -31,7 +33,13 @@ rf_status rfi_error(rf_status st, const char *fmt, ...)
 }
 
 const char *rf_errmsg(void) { return errmsg; }
-void rf_clear_error(void) { errmsg[0] = '\0'; }
+rf_status rf_errstatus(void) { return errstatus; }
+
+void rf_clear_error(void)
+{
+    errmsg[0] = '\0';
+    errstatus = RF_OK;
+}
 
 const char *rf_status_str(rf_status st)
 {

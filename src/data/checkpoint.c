@@ -86,14 +86,14 @@ static rf_status collect_arrays(const char *op, rf_model *m, rf_opt *opt, named_
     if (opt && !rfi_model_has_opt(m, opt)) /* its state would not be this model's */
         return rfi_error(RF_E_INVALID, "%s: the optimiser (%s) was not set up for this model; "
                          "pass the one rf_setup made for it", op, rf_rule_name(rf_opt_rule(opt)));
-    rf_clear_error(); /* the visitors report running out of memory only by message */
+    rf_clear_error(); /* the visitors report running out of memory only by status */
     out->prefix = "";
     rf_model_visit(m, collect_one, out);
     if (opt && !out->oom) {
         out->prefix = "opt.";
         rf_opt_visit(opt, collect_one, out);
     }
-    if (out->oom || strstr(rf_errmsg(), "out of memory"))
+    if (out->oom || rf_errstatus() == RF_E_NOMEM)
         return rfi_error(RF_E_NOMEM, "%s: out of memory listing the arrays", op);
     return RF_OK;
 }

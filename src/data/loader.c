@@ -149,12 +149,11 @@ static bool gathers_directly(const rf_array *src, rf_device *dev, bool unwrapped
     return unwrapped || !(src->dtype == RF_F64 && rfi_device_is_compute(dev));
 }
 
-/* The status of a failed array allocation or move. The array functions return
- * NULL with only a message; in this build they fail for lack of memory or
- * because the device cannot hold arrays (the sources' shapes are valid). */
+/* The status of a failed array allocation or move (they return NULL). */
 static rf_status failed_array_status(void)
 {
-    return strstr(rf_errmsg(), "out of memory") ? RF_E_NOMEM : RF_E_DEVICE;
+    rf_status st = rf_errstatus();
+    return st != RF_OK ? st : RF_E_DEVICE;
 }
 
 /* Builds batch k into out[0..n) (new arrays on dev, or on the sources'
