@@ -281,7 +281,7 @@ int main(int argc, char **argv)
         snprintf(label, sizeof label, "epoch %d", e + 1);
         rf_trainmode(model);
         rf_status st = rf_train(loss, NULL, model, train, opt,
-                                &(rf_train_opts){.progress = -1, .label = label,
+                                &(rf_train_opts){.label = label,
                                                  .mean_loss = &losses[e]});
         if (st != RF_OK)
             return fail("training");

@@ -156,7 +156,7 @@ int main(void)
         snprintf(label, sizeof label, "epoch %d", epoch);
         /* progress: 1 always, 0 never, -1 only when stderr is a terminal */
         TRY(rf_train(loss, NULL, model, loader, opt,
-                     &(rf_train_opts){.progress = -1, .label = label, .mean_loss = &l}));
+                     &(rf_train_opts){.label = label, .mean_loss = &l}));
         printf("rf_train        epoch %3d mean loss=%.5f\n", epoch, l);
     }
 
@@ -171,7 +171,8 @@ int main(void)
             rf_loader_new((rf_array *[]){X120, Y120}, 2, &(rf_loader_opts){.batchsize = 16}));
     TRY(rf_loader_to(ragged, dev));
     for (int epoch = 1; epoch <= 2; epoch++)
-        TRY(rf_train(loss, NULL, model, ragged, opt, &(rf_train_opts){.progress = 0}));
+        TRY(rf_train(loss, NULL, model, ragged, opt,
+                     &(rf_train_opts){.progress = RF_PROGRESS_OFF}));
     print_cache("with a final batch of 8", model);
     /* Rebuilding the model or the optimiser every iteration would compile every time: past 8
      * entries the cache warns. Its entries are freed with the model (rf_model_free). */

@@ -180,7 +180,7 @@ int main(int argc, char **argv)
         double train_loss = 0, acc = 0;
         rf_trainmode(model);
         if (rf_train(loss, NULL, model, train, opt,
-                     &(rf_train_opts){.progress = -1, .label = "train", .mean_loss = &train_loss}))
+                     &(rf_train_opts){.label = "train", .mean_loss = &train_loss}))
             return fail("training");
         rf_testmode(model);
         if (evaluate(count, test, &acc))

@@ -608,7 +608,7 @@ static bool attempt_train(void *ctx, int64_t k, bool persistent)
     loader_ctx *c = ctx;
     rf_loader *l = make_loader(c, true);
     rf_model_cache_clear(c->w.m);
-    rf_train_opts o = {.progress = 0};
+    rf_train_opts o = {.progress = RF_PROGRESS_OFF};
     rf_clear_error();
     fail_from(k, persistent);
     rf_status st = l ? rf_train(ce_loss, NULL, c->w.m, l, c->w.opt, &o) : RF_E_NOMEM;

@@ -819,7 +819,8 @@ static void test_train_loop(rf_model *host)
     CHECK(data != NULL);
     double mean = NAN;
     rf_stats ms;
-    rf_train_opts o = {.progress = 1, .label = "epoch 1", .mean_loss = &mean, .mean_stats = &ms};
+    rf_train_opts o = {.progress = RF_PROGRESS_ON, .label = "epoch 1", .mean_loss = &mean,
+                       .mean_stats = &ms};
     captured c;
     capture_start(&c);
     rf_status st = rf_train(mse_aux_loss, NULL, m, data, opt, &o);
@@ -841,25 +842,37 @@ static void test_train_loop(rf_model *host)
     fprintf(stderr, "progress bar: %s", err);
     free(err);
     /* a second epoch reuses the compiled step */
-    CHECK_OK(rf_train(mse_aux_loss, NULL, m, data, opt, &(rf_train_opts){.progress = 0}));
+    CHECK_OK(rf_train(mse_aux_loss, NULL, m, data, opt,
+                      &(rf_train_opts){.progress = RF_PROGRESS_OFF}));
     CHECK(rf_opt_steps(opt) == 16);
     CHECK(rf_model_cache_stats(m).compiles == 1);
+    /* zeroed options are the defaults: AUTO draws no bar on a stderr that is a file */
+    capture_start(&c);
+    st = rf_train(mse_aux_loss, NULL, m, data, opt, &(rf_train_opts){.mean_loss = &mean});
+    err = capture_end(&c);
+    CHECK_OK(st);
+    CHECK(err && strstr(err, "[==") == NULL && isfinite(mean));
+    free(err);
+    CHECK_STATUS(rf_train(mse_aux_loss, NULL, m, data, opt,
+                          &(rf_train_opts){.progress = (rf_progress)7}), RF_E_INVALID);
+    CHECK_MSG("rf_train: progress is 7");
+    CHECK(rf_opt_steps(opt) == 24);
     rf_loader_free(data);
 
     /* a NaN in row 20 (batch 3) stops the pass there, nothing applied for it */
     xs[20 * 4 + 1] = NAN;
     data = loader_of(xs, ys, true);
-    CHECK_STATUS(rf_train(mse_loss, NULL, m, data, opt, &(rf_train_opts){.progress = 0}),
-                 RF_E_DOMAIN);
+    CHECK_STATUS(rf_train(mse_loss, NULL, m, data, opt,
+                          &(rf_train_opts){.progress = RF_PROGRESS_OFF}), RF_E_DOMAIN);
     CHECK_MSG("rf_train: loss is NaN on batch 3, stopping training");
-    CHECK(rf_opt_steps(opt) == 18);
+    CHECK(rf_opt_steps(opt) == 26);
     rf_loader_free(data);
 
     /* a loader that was never moved to the device */
     data = loader_of(xs, ys, false);
     CHECK_STATUS(rf_train(mse_loss, NULL, m, data, opt, NULL), RF_E_DEVICE);
     CHECK_MSG("rf_loader_to");
-    CHECK(rf_opt_steps(opt) == 18);
+    CHECK(rf_opt_steps(opt) == 26);
     rf_loader_free(data);
 
     /* A smaller last batch counts for its samples only: with nothing learned (lr 0),

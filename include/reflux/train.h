@@ -20,8 +20,9 @@ extern "C" {
  * differentiated. */
 #define RF_MAX_AUX 8
 typedef struct rf_aux rf_aux;
-/* Records the scalar `value` under `name` (copied, at most 31 characters; at
- * most RF_MAX_AUX names). A non-scalar value is a trace error (RF_E_SHAPE). */
+/* Records the scalar `value` under `name` (copied; 1 to 31 characters and at
+ * most RF_MAX_AUX names, else a trace error, RF_E_INVALID, not a truncation).
+ * A non-scalar value is a trace error (RF_E_SHAPE). */
 RF_API void rf_aux_set(rf_aux *aux, const char *name, rf_tensor *value);
 
 /* A loss: the scalar loss of model m on one batch (batch[0..n), e.g. x and y). */
@@ -75,8 +76,15 @@ RF_API rf_status rf_trainstep_withgradient(rf_loss_fn loss, void *ctx, rf_model 
 
 /* ---- train --------------------------------------------------------------------------- */
 typedef struct rf_loader rf_loader;
+/* Whether rf_train draws its progress bar. Zero, the default, is AUTO. */
+typedef enum rf_progress {
+    RF_PROGRESS_AUTO = 0, /* only when stderr is a terminal */
+    RF_PROGRESS_OFF,
+    RF_PROGRESS_ON,
+} rf_progress;
+/* Options of rf_train; NULL or a zeroed struct gives the defaults. */
 typedef struct rf_train_opts {
-    int progress;        /* -1 auto (only when stderr is a terminal), 0 off, 1 on */
+    rf_progress progress;
     const char *label;   /* shown before the bar, e.g. "epoch 3" */
     double *mean_loss;   /* if set, receives the mean loss over the pass: each
                             batch weighted by its size (its first array's first

@@ -170,9 +170,12 @@ static rf_status train_batch(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *
 rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_opt *opt,
                    const rf_train_opts *o)
 {
-    rf_train_opts defaults = {-1, NULL, NULL, NULL};
+    rf_train_opts defaults = {RF_PROGRESS_AUTO, NULL, NULL, NULL};
     if (!o)
         o = &defaults;
+    if ((unsigned)o->progress > RF_PROGRESS_ON)
+        return rfi_error(RF_E_INVALID, "rf_train: progress is %d, not an rf_progress",
+                         (int)o->progress);
     if (!loss || !m || !data || !opt)
         return rfi_error(RF_E_INVALID, "rf_train: %s is NULL",
                          !loss ? "loss" : !m ? "model" : !data ? "data" : "opt");
@@ -180,7 +183,9 @@ rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_
     if (st != RF_OK)
         return st;
     int n = rf_loader_n_arrays(data);
-    progress p = {o->progress > 0 || (o->progress < 0 && isatty(fileno(stderr))), o->label,
+    bool bar = o->progress == RF_PROGRESS_ON ||
+               (o->progress == RF_PROGRESS_AUTO && isatty(fileno(stderr)));
+    progress p = {bar, o->label,
                   rf_loader_n_batches(data), now_seconds(), 0, 0, 0, 0, 0, NAN};
     means acc;
     memset(&acc, 0, sizeof acc);
