@@ -741,6 +741,15 @@ static void build_slice_etc(rf_trace *t, rf_tensor *const *a, int n, void *u)
     rf_return(t, rf_reverse(x, DIMS(1), 1));
     rf_return(t, rf_reverse(x, DIMS(0, 1), 2));
     rf_return(t, rf_reverse(x, DIMS(-2), 1));
+    /* a flat concatenation of vectors in an elementwise loop (an optimiser's
+     * gradient vector): the compiled loop runs one piece per operand */
+    rf_tensor *flat = rf_reshape(x, DIMS(20), 1);
+    rf_tensor *pieces[4] = {rf_slice(flat, DIMS(15), DIMS(20), NULL),
+                            rf_slice(flat, DIMS(0), DIMS(7), NULL),
+                            rf_slice(flat, DIMS(7), DIMS(8), NULL),
+                            rf_slice(flat, DIMS(8), DIMS(15), NULL)};
+    rf_tensor *joined = rf_concatenate(pieces, 4, 0);
+    rf_return(t, rf_add(rf_mul(joined, joined), flat));
 }
 
 static void test_slice_concat_reverse(void)
@@ -749,15 +758,19 @@ static void test_slice_concat_reverse(void)
     for (int i = 0; i < 20; i++)
         x[i] = i;
     rf_array *in = tp_host(RF_F32, DIMS(4, 5), 2, x);
-    rf_array *o[9] = {0};
-    double rev1[20], rev01[20], rev0[20];
+    rf_array *o[10] = {0};
+    double rev1[20], rev01[20], rev0[20], joined[20];
+    for (int i = 0; i < 20; i++) {
+        double v = i < 5 ? x[15 + i] : x[i - 5];
+        joined[i] = v * v + x[i];
+    }
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 5; j++) {
             rev1[i * 5 + j] = x[i * 5 + (4 - j)];
             rev01[i * 5 + j] = x[(3 - i) * 5 + (4 - j)];
             rev0[i * 5 + j] = x[(3 - i) * 5 + j];
         }
-    if (run_prog("slice/concat/reverse", build_slice_etc, NULL, &in, 1, o, 9)) {
+    if (run_prog("slice/concat/reverse", build_slice_etc, NULL, &in, 1, o, 10)) {
         tp_expect("slice strided", o[0], RF_F32, DIMS(2, 3), 2,
                   (const double[]){5, 7, 9, 15, 17, 19}, 0, 0);
         tp_expect("slice", o[1], RF_F32, DIMS(2, 3), 2, (const double[]){1, 2, 3, 6, 7, 8}, 0, 0);
@@ -771,8 +784,9 @@ static void test_slice_concat_reverse(void)
         tp_expect("reverse axis 1", o[6], RF_F32, DIMS(4, 5), 2, rev1, 0, 0);
         tp_expect("reverse axes 0,1", o[7], RF_F32, DIMS(4, 5), 2, rev01, 0, 0);
         tp_expect("reverse axis -2", o[8], RF_F32, DIMS(4, 5), 2, rev0, 0, 0);
+        tp_expect("flat concatenate", o[9], RF_F32, DIMS(20), 1, joined, 0, 0);
     }
-    tp_free_all(o, 9);
+    tp_free_all(o, 10);
     rf_array_free(in);
 }
 

@@ -68,7 +68,17 @@ static int resolve(const rfi_plan *p, int x)
     return x;
 }
 
-/* Marks read[x] = 1 for every non-inline node step q reads (aliases resolved). */
+/* Whether x is a root of step s. */
+static bool is_root_of(const rfi_step *s, int x)
+{
+    for (int r = 0; r < s->n_roots; r++)
+        if (s->roots[r] == x)
+            return true;
+    return false;
+}
+
+/* Marks read[x] = 1 for every non-inline node step q reads (aliases resolved);
+ * a LOOP step computes its own roots where one reads another, not reads them. */
 static void step_reads(const rfi_plan *p, int q, char *read, char *seen)
 {
     const rfi_graph *g = p->g;
@@ -79,7 +89,7 @@ static void step_reads(const rfi_plan *p, int q, char *read, char *seen)
         read[resolve(p, s->roots[0])] = 1;
         return;
     }
-    int *stack = malloc((size_t)g->n_nodes * sizeof *stack);
+    int *stack = malloc(2 * (size_t)g->n_nodes * sizeof *stack); /* roots twice at most */
     int n = 0;
     for (int r = 0; r < s->n_roots; r++)
         stack[n++] = s->roots[r];
@@ -90,7 +100,8 @@ static void step_reads(const rfi_plan *p, int q, char *read, char *seen)
             if (seen[y])
                 continue;
             seen[y] = 1;
-            if (p->loc[y].kind == RFI_LOC_INLINE)
+            if (p->loc[y].kind == RFI_LOC_INLINE ||
+                (s->kind == RFI_STEP_LOOP && is_root_of(s, resolve(p, y))))
                 stack[n++] = y;
             else
                 read[resolve(p, y)] = 1;
@@ -546,6 +557,7 @@ typedef struct train_ctx {
     rf_model *m;
     rf_opt *opt;
     bool xent;
+    bool unguarded; /* the step a user traces: no finite-loss guard */
 } train_ctx;
 
 static rf_tensor *mse_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
@@ -575,7 +587,7 @@ static void train_fn(rf_trace *t, void *vctx)
                                       NULL, &gr);
     rf_update(t, c->opt, c->m, gr);
     rf_tensor *ok = rf_is_finite(loss);
-    for (int i = 0; i < t->n_updates; i++) {
+    for (int i = 0; i < t->n_updates && !c->unguarded; i++) {
         rfi_update *u = &t->updates[i];
         u->value = rf_select(ok, u->value, t->capture_nodes[u->capture]);
     }
@@ -590,7 +602,7 @@ static void test_tiny_train_step(void)
     rf_opt *opt = rf_setup(rf_adam(1e-2), m);
     rf_array *x = dev_zeros(RF_SHAPE(16, 4)), *y = dev_zeros(RF_SHAPE(16, 2));
     rf_array *args[2] = {x, y};
-    train_ctx c = {m, opt, false};
+    train_ctx c = {m, opt, false, false};
     rfi_graph *g = trace_program(train_fn, &c, args, 2);
     rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
     if (p) {
@@ -650,6 +662,21 @@ static void test_tiny_train_step(void)
             for (int k = 0; k < r->n_in; k++)
                 CHECK(p->loc[r->in[k]->id].kind != RFI_LOC_INLINE);
         }
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    /* The step a user traces (withgradient + update, no guard): the new parameters
+     * read the new moments, which are update values, and still join their loop,
+     * reading them where that loop computes them: the same one flat segmented loop,
+     * every update in place, no COPY (it was a second loop and two copies). */
+    c.unguarded = true;
+    g = trace_program(train_fn, &c, args, 2);
+    p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        CHECK(rfi_plan_count(p, RFI_STEP_COPY) == 0);
+        CHECK(count_loc(p, RFI_LOC_IN_PLACE) == g->n_updates);
+        check_flat_update(p, 58, 4);
         check_invariants(p);
     }
     rfi_plan_free(p);
@@ -745,7 +772,7 @@ static train_case train_case_trace(rf_model *host, rf_array *x, int64_t batch)
     k.opt = rf_setup(rf_adam(1e-3), k.m);
     k.y = dev_zeros(RF_SHAPE(batch, 10));
     rf_array *args[2] = {k.x, k.y};
-    train_ctx c = {k.m, k.opt, true};
+    train_ctx c = {k.m, k.opt, true, false};
     k.g = trace_program(train_fn, &c, args, 2);
     return k;
 }
@@ -1274,6 +1301,41 @@ static char *plan_and_render(const rfi_graph *g, const rfi_plan_opts *o, rfi_pla
     if (*km)
         CHECK_OK(rfi_render_c(*km, &source));
     return source;
+}
+
+/* A loop over a flat concatenation of vectors (no segment roots: nothing slices
+ * it back) is segmented at the operands' ends, so each piece reads one operand
+ * directly instead of picking it per element through a chain of selects. */
+static void flat_concat_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *parts[3] = {rf_arg(t, 0), rf_arg(t, 1), rf_arg(t, 2)};
+    rf_tensor *g = rf_concatenate(parts, 3, 0);
+    rf_return(t, rf_mul(rf_arg(t, 3), rf_mul(g, g)));
+}
+
+static void test_flat_concat_segmented(void)
+{
+    rf_array *args[4] = {dev_zeros(RF_SHAPE(100)), dev_zeros(RF_SHAPE(7)),
+                         dev_zeros(RF_SHAPE(50)), dev_zeros(RF_SHAPE(157))};
+    rfi_graph *g = trace_program(flat_concat_fn, NULL, args, 4);
+    rfi_plan *p = NULL;
+    rfi_kir_module *km = NULL;
+    rfi_plan_opts o = rfi_plan_opts_default();
+    char *source = g ? plan_and_render(g, &o, &p, &km) : NULL;
+    if (p && km) {
+        CHECK(p->n_steps == 1 && p->steps[0].kind == RFI_STEP_LOOP);
+        CHECK(p->seg_extent && p->seg_extent[0] == 157);
+        CHECK(km->n_steps == 3); /* one piece per operand */
+        check_invariants(p);
+    }
+    CHECK(source != NULL);
+    rfi_free(source);
+    rfi_kir_free(km);
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    for (int i = 0; i < 4; i++)
+        rf_array_free(args[i]);
 }
 
 #define MOST_DIRECT 32
@@ -1842,6 +1904,7 @@ int main(void)
     test_capture_copies_run();
     test_tiny_train_step();
     test_matvec();
+    test_flat_concat_segmented();
     test_mlp_train_step();
     test_cnn_train_step();
     test_blocked_layouts();

@@ -62,11 +62,14 @@
  *   REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a REDUCE step (whose
  *   loads round the operands of one of RF_PRECISION_BF16); everything else
  *   -> LOOP. A new LOOP root joins an existing LOOP step of identical dims
- *   that reads at least one of the same inputs
+ *   that reads at least one of the same inputs or one of whose roots it reads
  *   (the latest such step among the last JOIN_WINDOW steps) when it can run
  *   there: the step comes after every step producing the root's inputs, or
  *   else the step can be moved to the end (no later step reads its roots and
- *   the new root reads none of them).
+ *   the new root reads none of them), or the step's own roots are the only
+ *   inputs it does not follow and the root reads each of them at the point
+ *   the step computes it (reads_roots_in_place; the lowering then computes
+ *   it there rather than loading it back).
  *   A segment root compares by its flat vector's shape. This puts the flat
  *   optimiser update of all parameters and moments (one shape, [total]) into
  *   one loop, parameters included.
@@ -979,24 +982,41 @@ static bool step_takes(const rfi_plan_builder *b, const rfi_bstep *st, int x)
            sibling_reductions(first, b->g->nodes[x]);
 }
 
-/* The step root x (reading `inputs`, of kind `kind`) joins, or -1; *move says
- * the step must first move to the end of the order. */
-static int find_step_to_join(const rfi_plan_builder *b, int x, rfi_step_kind kind,
-                             const rfi_intlist *inputs, bool *move)
+/* The last position of a step other than `except` that produces one of
+ * `inputs` (-1: none). */
+static int ready_pos(const rfi_plan_builder *b, const rfi_intlist *inputs, int except)
 {
     int ready = -1;
     for (int i = 0; i < inputs->n; i++) {
         int s = b->step_of[inputs->v[i]];
-        int pos = s >= 0 ? rfi_plan_step_pos(b, s) : -1;
+        int pos = s >= 0 && s != except ? rfi_plan_step_pos(b, s) : -1;
         ready = pos > ready ? pos : ready;
     }
+    return ready;
+}
+
+static bool reads_roots_in_place(const rfi_plan_builder *b, int s, int x);
+
+/* The step root x (reading `inputs`, of kind `kind`) joins, or -1; *move says
+ * the step must first move to the end of the order. A LOOP root may join the
+ * LOOP step whose roots it reads where they are computed (reads_roots_in_place):
+ * the kernel computes a root of its own step where another reads it rather than
+ * loading it (kir_lower.c), so the parameter update an unguarded optimiser step
+ * derives from the new moments runs in the moments' loop, and they go in place. */
+static int find_step_to_join(const rfi_plan_builder *b, int x, rfi_step_kind kind,
+                             const rfi_intlist *inputs, bool *move)
+{
+    int ready = ready_pos(b, inputs, -1);
     int stop = b->n_steps > JOIN_WINDOW ? b->n_steps - JOIN_WINDOW : 0;
     for (int pos = b->n_steps - 1; pos >= stop; pos--) {
         int s = b->order[pos];
         const rfi_bstep *st = &b->steps[s];
-        if (st->kind != kind || !step_takes(b, st, x) || !lists_meet(inputs, &st->inputs))
+        bool reads_roots = kind == RFI_STEP_LOOP && lists_meet(inputs, &st->roots);
+        if (st->kind != kind || !step_takes(b, st, x) ||
+            (!lists_meet(inputs, &st->inputs) && !reads_roots))
             continue;
-        if (pos > ready) {
+        if (pos > ready ||
+            (reads_roots && pos > ready_pos(b, inputs, s) && reads_roots_in_place(b, s, x))) {
             *move = false;
             return s;
         }
@@ -1017,11 +1037,13 @@ static void move_to_end(rfi_plan_builder *b, int s)
         b->pos_of[b->order[q]] = q;
 }
 
+/* Adds root x to step s; of x's inputs, the step's own roots are computed in
+ * it, not read. */
 static bool join_step(rfi_plan_builder *b, int s, int x, const rfi_intlist *inputs)
 {
     rfi_bstep *st = &b->steps[s];
     for (int i = 0; i < inputs->n; i++)
-        if (!rfi_intlist_has(&st->inputs, inputs->v[i]) &&
+        if (b->step_of[inputs->v[i]] != s && !rfi_intlist_has(&st->inputs, inputs->v[i]) &&
             !rfi_intlist_push(&st->inputs, inputs->v[i]))
             return false;
     b->step_of[x] = s;
@@ -1137,6 +1159,48 @@ static bool push_pos(read_pos **stack, int *n, int *cap, read_pos x)
     return true;
 }
 
+/* The root of step s that node y is, or whose bytes it aliases; else -1. */
+static int root_in_step(const rfi_plan_builder *b, int s, int y)
+{
+    const rfi_loc *loc = &b->p->loc[y];
+    if (b->mat[y] && b->step_of[y] == s)
+        return y;
+    return b->mat[y] && loc->kind == RFI_LOC_ALIAS && b->step_of[loc->alias] == s ? loc->alias
+                                                                                  : -1;
+}
+
+/* Whether LOOP root x, were it to join LOOP step s, would read each root of s
+ * it reaches only where that root is computed in the same iteration (so the
+ * kernel computes it once for both, hash-consed; elsewhere it would compute it
+ * again), through inline nodes and within the walk's budget. */
+static bool reads_roots_in_place(const rfi_plan_builder *b, int s, int x)
+{
+    const rfi_bstep *st = &b->steps[s];
+    int64_t extent = b->seg_flat[x] >= 0 ? b->g->nodes[b->seg_flat[x]]->dims[0] : 0;
+    for (int r = 0; extent == 0 && r < st->roots.n; r++)
+        if (b->seg_flat[st->roots.v[r]] >= 0)
+            extent = b->g->nodes[b->seg_flat[st->roots.v[r]]]->dims[0];
+    read_pos *stack = NULL;
+    int n = 0, cap = 0, visits = 0;
+    read_pos start = {x, b->seg_flat[x] >= 0 ? b->seg_off[x] : 0, true};
+    bool ok = push_pos(&stack, &n, &cap, start);
+    while (ok && n > 0) {
+        read_pos at = stack[--n];
+        const rfi_node *u = b->g->nodes[at.node];
+        ok = ++visits <= SEGMENT_WALK_BUDGET;
+        for (int k = 0; ok && k < u->n_in; k++) {
+            read_pos y = operand_pos(u, k, at, extent);
+            int r = root_in_step(b, s, y.node);
+            if (r >= 0)
+                ok = y.lin && y.t == (b->seg_flat[r] >= 0 ? b->seg_off[r] : 0);
+            else if (!b->mat[y.node])
+                ok = push_pos(&stack, &n, &cap, y);
+        }
+    }
+    rfi_free(stack);
+    return ok;
+}
+
 /* Rule (2): in step s, every read of capture node cnode (directly or through an
  * alias) that reaches a root is at the position update value v writes: the
  * same linear index (for a segment root, the same flat position). seen:
@@ -1167,7 +1231,8 @@ static bool reads_capture_at_identity(const rfi_plan_builder *b, int s, int cnod
             if (y.node == cnode || (b->mat[y.node] && loc->kind == RFI_LOC_ALIAS &&
                                     loc->alias == cnode)) {
                 safe = y.lin && y.t == target;
-            } else if (!b->mat[y.node]) {
+            } else if (!b->mat[y.node] || root_in_step(b, s, y.node) >= 0) {
+                /* inline, or a root of this step (or its alias): computed here at y too */
                 unsigned char mark = !y.lin ? 2 : y.t == 0 ? 1 : 0;
                 if (!mark || !(seen[y.node] & mark)) {
                     seen[y.node] |= mark;

@@ -388,13 +388,17 @@ static rf_status emit_concatenate(lower *L, const rfi_node *n, kidx *ix, int *ou
 {
     int axis = (int)n->attr.i[0];
     const int *m = idx_multi(L, ix);
+    const rfi_kir_ins *at = &L->k->ins[m[axis]]; /* its range: [lo, hi], or unknown */
     int64_t end = n->dims[axis]; /* where operand k ends along the axis */
     int v = -1;
     for (int k = n->n_in - 1; k >= 0; k--) {
         const rfi_node *x = n->in[k];
         int64_t start = end - x->dims[axis];
-        if (x->dims[axis] == 0)
+        bool outside = at->hi < start || at->lo >= end; /* a piece of a segmented loop */
+        if (x->dims[axis] == 0 || (outside && (v >= 0 || k > 0))) {
+            end = start; /* not read here: not loaded (400 loads per piece, all dead) */
             continue;
+        }
         int xm[RF_MAX_RANK];
         memcpy(xm, m, sizeof(int) * (size_t)n->rank);
         int shifted = iop(L, RFI_KIR_IADD, m[axis], cst(L, -start));
@@ -462,6 +466,15 @@ static rf_status emit_op(lower *L, const rfi_node *n, kidx *ix, int *out)
     }
 }
 
+/* Whether n is another root of this step or an alias of one (a reshape of its
+ * bytes): computed where it is read, since loads see the values before the
+ * kernel's stores. */
+static bool computed_here(const lower *L, const rfi_node *n)
+{
+    const rfi_loc *loc = &L->p->loc[n->id];
+    return L->is_root[n->id] || (loc->kind == RFI_LOC_ALIAS && L->is_root[loc->alias]);
+}
+
 /* n's value at ix: a load if n is materialised (unless `compute`: a root being
  * computed, or another root of this step, computed rather than read back). */
 static rf_status emit(lower *L, const rfi_node *n, kidx *ix, bool compute, int *out)
@@ -482,7 +495,7 @@ static rf_status emit(lower *L, const rfi_node *n, kidx *ix, bool compute, int *
     rfi_loc_kind loc = L->p->loc[n->id].kind;
     if (n->op == RFI_OP_CONSTANT && (*out = splat_constant(L, n)) >= 0)
         st = RF_OK;
-    else if (loc != RFI_LOC_INLINE && !compute && !L->is_root[n->id])
+    else if (loc != RFI_LOC_INLINE && !compute && !computed_here(L, n))
         *out = load_node(L, n, ix);
     else if (n->op == RFI_OP_CONSTANT || n->op == RFI_OP_ARGUMENT || n->op == RFI_OP_CAPTURE)
         st = rfi_lower_unsupported(L, n, "is inline but its elements are data: it must be "
@@ -497,11 +510,15 @@ static rf_status emit(lower *L, const rfi_node *n, kidx *ix, bool compute, int *
 }
 
 /* ---- Comments -------------------------------------------------------------------- */
+#define MAX_OPERANDS_LISTED 8
+
 static void describe_node(rfi_strbuf *sb, const rfi_node *n)
 {
     rfi_sb_printf(sb, "%%%d = %s(", n->id, rfi_op_table[n->op].name);
-    for (int k = 0; k < n->n_in; k++)
+    for (int k = 0; k < n->n_in && k < MAX_OPERANDS_LISTED; k++)
         rfi_sb_printf(sb, k ? ", %%%d" : "%%%d", n->in[k]->id);
+    if (n->n_in > MAX_OPERANDS_LISTED) /* an optimiser's concatenation of every gradient */
+        rfi_sb_printf(sb, ", ... %d operands", n->n_in);
     rfi_sb_printf(sb, ") ");
     rfi_sb_type(sb, n->dtype, n->dims, n->rank);
 }
@@ -513,10 +530,12 @@ static char *describe_step(const rfi_plan *p, int s, const char *what)
     const rfi_step *st = &p->steps[s];
     rfi_strbuf sb = {0};
     rfi_sb_printf(&sb, "step %d: %s", s, what);
-    for (int r = 0; r < st->n_roots; r++) {
+    for (int r = 0; r < st->n_roots && r < MAX_FUSED_LISTED; r++) {
         rfi_sb_printf(&sb, "\n  ");
         describe_node(&sb, p->g->nodes[st->roots[r]]);
     }
+    if (st->n_roots > MAX_FUSED_LISTED) /* each piece of a segmented loop repeats this */
+        rfi_sb_printf(&sb, "\n  ... and %d more roots", st->n_roots - MAX_FUSED_LISTED);
     for (int f = 0; f < st->n_fused && f < MAX_FUSED_LISTED; f++) {
         rfi_sb_printf(&sb, f ? "\n    " : "\n  fused:\n    ");
         describe_node(&sb, p->g->nodes[st->fused[f]]);

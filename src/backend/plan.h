@@ -184,7 +184,9 @@ typedef struct rfi_plan {
      * is a SEGMENT root: x's elements, in row-major order, are the flat elements
      * [seg_offset[x], + numel(x)), computed and stored there (the parameter
      * updates of a flat optimiser vector); the other roots have shape
-     * [seg_extent[q]]. seg_offset is per node (-1: no segment root). */
+     * [seg_extent[q]]. A step whose roots all have that shape is segmented
+     * too when it fuses a concatenation into it (each piece then reads one
+     * operand). seg_offset is per node (-1: no segment root). */
     int64_t *seg_extent;
     int64_t *seg_offset;
     /* Per node: its buffer's rfi_layout (NULL: every buffer is plain). */
