@@ -33,7 +33,12 @@
  * thread; executables compiled before the fork that call oneDNN refuse to run
  * there (RF_E_INVALID: compile them again in the child, rf_model_cache_clear
  * for cached steps), since oneDNN's primitives would wait for threads the
- * child does not have.
+ * child does not have. Any thread may fork at any time, even while others
+ * compile: the child compiles on its own, waiting for none of their work.
+ * What another thread was using at the fork, though (an executable it was
+ * running, an rf_jitted it was calling, a model it was stepping), may not be
+ * used in the child: the child does not have that thread, and a call there
+ * may wait for it for ever (or be refused).
  */
 #ifndef REFLUX_H
 #define REFLUX_H

@@ -11,7 +11,8 @@
  * - A training step of a model that another thread is stepping is refused
  *   with a message and changes nothing.
  * - A failing call on one thread leaves another thread's message alone.
- * - A child forked after the threads started does not wait for them.
+ * - A child forked after the threads started does not wait for them, nor for
+ *   a thread that was working out the compiler's identity at the fork.
  *
  * Checks are made on the main thread from what the threads recorded (the
  * CHECK counters are not atomic). Runs on both backends, like every test of
@@ -19,7 +20,9 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -419,6 +422,119 @@ static void test_messages_per_thread(void)
     rf_model_free(m);
 }
 
+/* ---- A child forked while another thread asks the compiler ------------------------ */
+
+static void square_tanh(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_return(t, rf_tanh(rf_mul(x, x)));
+}
+
+typedef struct compile_job {
+    rf_array *x;
+    rf_status status;
+} compile_job;
+
+static void *compile_square_tanh(void *arg)
+{
+    compile_job *job = arg;
+    rf_exec *e = NULL;
+    job->status = rf_compile(square_tanh, NULL, &job->x, 1, &e);
+    rf_exec_free(e);
+    return NULL;
+}
+
+/* In the child: the same program compiles (a hang is ended by the alarm) and runs. */
+static int compile_in_child(rf_array *x)
+{
+    alarm(20);
+    rf_exec *e = NULL;
+    rf_array *y = NULL;
+    int bad = rf_compile(square_tanh, NULL, &x, 1, &e) != RF_OK ? 2
+              : rf_exec_run(e, &x, 1, &y, 1) != RF_OK ? 3 : 0;
+    rf_array_free(y);
+    rf_exec_free(e);
+    return bad;
+}
+
+/* A child forked while another thread is working out the compiler's identity
+ * (running $CC --version, the first compile under a new $CC) compiles on its
+ * own: it does not wait for that thread, which it does not have. $CC is a
+ * wrapper of the compiler whose first --version makes the directory `started`
+ * and sleeps, so the fork lands inside it; the cache directory is fresh, so the
+ * version line is not memoised. */
+static void test_fork_while_identity_built(void)
+{
+    const char *backend = getenv("RF_BACKEND");
+    if (backend && strcmp(backend, "interp") == 0)
+        return; /* the interpreter runs no compiler */
+    const char *tmp = getenv("TMPDIR");
+    char dir[256], script[300], started[300], text[1024];
+    snprintf(dir, sizeof dir, "%s/rf-threads-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(script, sizeof script, "%s/cc", dir);
+    snprintf(started, sizeof started, "%s/started", dir);
+    const char *cc = getenv("CC");
+    char *saved_cc = cc ? strdup(cc) : NULL, *saved_cache = NULL;
+    if (getenv("RF_CACHE_DIR"))
+        saved_cache = strdup(getenv("RF_CACHE_DIR"));
+    snprintf(text, sizeof text,
+             "#!/bin/sh\n"
+             "if [ \"$1\" = --version ] && mkdir '%s' 2>/dev/null; then sleep 1; fi\n"
+             "exec %s \"$@\"\n",
+             started, cc && *cc ? cc : "cc");
+    FILE *f = fopen(script, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    chmod(script, 0700);
+    setenv("CC", script, 1);
+    setenv("RF_CACHE_DIR", dir, 1);
+    rf_array *xh = rf_randn(RF_F32, RF_SHAPE(8, 8), 5);
+    compile_job job = {xh ? rf_array_to(xh, rf_device_cpu()) : NULL, RF_E_INVALID};
+    pthread_t th;
+    bool running = job.x && pthread_create(&th, NULL, compile_square_tanh, &job) == 0;
+    CHECK(running);
+    struct stat st;
+    struct timespec ms = {0, 1000 * 1000};
+    for (int waited = 0; running && stat(started, &st) != 0 && waited < 20000; waited++)
+        nanosleep(&ms, NULL);
+    bool asked = running && stat(started, &st) == 0;
+    CHECK(asked);
+    if (asked) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(compile_in_child(job.x));
+        int ws = 0;
+        CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid);
+        CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+        if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+            fprintf(stderr, "child forked during the identity's build: %s %d\n",
+                    WIFEXITED(ws) ? "exit status" : "signal",
+                    WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws));
+    }
+    if (running)
+        pthread_join(th, NULL);
+    CHECK_OK(job.status);
+    if (saved_cc)
+        setenv("CC", saved_cc, 1);
+    else
+        unsetenv("CC");
+    if (saved_cache)
+        setenv("RF_CACHE_DIR", saved_cache, 1);
+    else
+        unsetenv("RF_CACHE_DIR");
+    free(saved_cc);
+    free(saved_cache);
+    rf_array_free(job.x);
+    rf_array_free(xh);
+    tu_remove_tree(dir);
+}
+
 int main(void)
 {
     test_two_trainers();
@@ -426,5 +542,6 @@ int main(void)
     test_shared_executable();
     test_messages_per_thread();
     test_fork();
+    test_fork_while_identity_built();
     return tu_finish("test_threads");
 }

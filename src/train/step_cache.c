@@ -270,6 +270,25 @@ typedef struct rebuild_record {
 static pthread_mutex_t rebuild_lock = PTHREAD_MUTEX_INITIALIZER;
 static rebuild_record rebuilds[REBUILD_SLOTS];
 static uint64_t rebuild_clock;
+static pthread_once_t rebuild_fork_once = PTHREAD_ONCE_INIT;
+
+/* The lock is taken around every fork: a child forked while another thread
+ * held it would otherwise keep it held by a thread it does not have, and its
+ * next compile or free of a model would wait for ever. It is held only for a
+ * scan of the slots, so a fork waits no longer than that. */
+static void rebuild_before_fork(void) { pthread_mutex_lock(&rebuild_lock); }
+static void rebuild_after_fork(void) { pthread_mutex_unlock(&rebuild_lock); }
+
+static void watch_forks(void)
+{
+    pthread_atfork(rebuild_before_fork, rebuild_after_fork, rebuild_after_fork);
+}
+
+static void lock_rebuilds(void)
+{
+    pthread_once(&rebuild_fork_once, watch_forks);
+    pthread_mutex_lock(&rebuild_lock);
+}
 
 static uint64_t structural_key(const rfi_step_probe *p)
 {
@@ -291,7 +310,7 @@ static uint64_t structural_key(const rfi_step_probe *p)
 static bool compiled_again(const rfi_step_cache *c, const rfi_step_probe *p)
 {
     uint64_t key = structural_key(p);
-    pthread_mutex_lock(&rebuild_lock);
+    lock_rebuilds();
     rebuild_record *r = NULL, *oldest = &rebuilds[0];
     for (int i = 0; i < REBUILD_SLOTS && !r; i++) {
         if (rebuilds[i].compiles > 0 && rebuilds[i].key == key)
@@ -318,7 +337,7 @@ static bool compiled_again(const rfi_step_cache *c, const rfi_step_probe *p)
 /* The model whose cache is c (c non-NULL), or the optimiser opt_uid, is being freed. */
 static void objects_freed(const rfi_step_cache *c, uint64_t opt_uid)
 {
-    pthread_mutex_lock(&rebuild_lock);
+    lock_rebuilds();
     for (int i = 0; i < REBUILD_SLOTS; i++)
         if (rebuilds[i].compiles > 0 &&
             (c ? rebuilds[i].last_cache == c : rebuilds[i].last_opt_uid == opt_uid))

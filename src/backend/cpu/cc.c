@@ -9,8 +9,9 @@
  * It does not generate source (the renderer does, through the backend's
  * callback), decide where objects live or when they are reused (disk_cache.c
  * does), or call the module (the CPU backend does). Process-wide state: the
- * compiler-identity cache (one entry, under a mutex) and four statistics
- * counters.
+ * compiler-identity cache (one entry, under a mutex that no thread holds while
+ * it runs the compiler, so a forked child never inherits it held) and four
+ * statistics counters.
  */
 #include "cc.h"
 
@@ -411,8 +412,22 @@ static void cpu_features(rfi_strbuf *sb)
 #endif
 }
 
-/* The identity cache: the compiler and context for one ($CC, $PATH). */
+/* The identity cache: the compiler and context for one ($CC, $PATH).
+ * Building it runs the compiler (tens of milliseconds), so it is built outside
+ * ident_lock by one thread at a time (ident_building) while the others wait on
+ * ident_built: a lock held across the build would be copied, held, into a
+ * child another thread forks meanwhile, and the child's first compile would
+ * wait for ever for a builder it does not have. The lock itself is held only
+ * to read or publish the state, and is taken around every fork (watch_forks)
+ * so a child gets that state whole; in the child nobody is building (the
+ * builder was not forked: the child builds again if it needs to) and the
+ * condition variable is made afresh (its waiters were not forked either). The
+ * builder itself forks (the compiler runs through fork), which is why it must
+ * not hold the lock. */
 static pthread_mutex_t ident_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ident_built = PTHREAD_COND_INITIALIZER;
+static bool ident_building;
+static pthread_once_t ident_fork_once = PTHREAD_ONCE_INIT;
 static uint64_t ident_env_hash;
 static bool ident_valid;
 static compiler_info ident_info;
@@ -626,6 +641,21 @@ static rf_status build_identity(const char *cc, compiler_info *ci, char **contex
     return RF_OK;
 }
 
+static void ident_before_fork(void) { pthread_mutex_lock(&ident_lock); }
+static void ident_after_fork_in_parent(void) { pthread_mutex_unlock(&ident_lock); }
+
+static void ident_after_fork_in_child(void)
+{
+    ident_building = false;
+    pthread_cond_init(&ident_built, NULL);
+    pthread_mutex_unlock(&ident_lock);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(ident_before_fork, ident_after_fork_in_parent, ident_after_fork_in_child);
+}
+
 /* The compiler for the current $CC and a copy of its context (caller frees). */
 static rf_status compiler_lookup(compiler_info *ci, char **context)
 {
@@ -633,17 +663,28 @@ static rf_status compiler_lookup(compiler_info *ci, char **context)
     if (!cc || !*cc)
         cc = "cc";
     uint64_t h = compiler_env_hash(cc);
+    pthread_once(&ident_fork_once, watch_forks);
     rf_status st = RF_OK;
     pthread_mutex_lock(&ident_lock);
-    if (!ident_valid || ident_env_hash != h) {
-        char *ctx = NULL;
-        st = build_identity(cc, &ident_info, &ctx);
-        if (st == RF_OK) {
-            rfi_free(ident_context);
-            ident_context = ctx;
-            ident_env_hash = h;
+    while (!ident_valid || ident_env_hash != h) {
+        if (ident_building) { /* another thread's build: it may be this identity */
+            pthread_cond_wait(&ident_built, &ident_lock);
+            continue;
         }
-        ident_valid = st == RF_OK;
+        ident_building = true;
+        pthread_mutex_unlock(&ident_lock);
+        char *ctx = NULL;
+        st = build_identity(cc, ci, &ctx);
+        pthread_mutex_lock(&ident_lock);
+        ident_building = false;
+        pthread_cond_broadcast(&ident_built);
+        if (st != RF_OK)
+            break; /* a waiter for the same $CC tries again, as this call did */
+        rfi_free(ident_context);
+        ident_info = *ci;
+        ident_context = ctx;
+        ident_env_hash = h;
+        ident_valid = true;
     }
     if (st == RF_OK) {
         *ci = ident_info;

@@ -187,10 +187,34 @@ static void warm_up_primitives(void)
     rfi_dnnl.engine_destroy(engine);
 }
 
-/* The preload thread, until someone has joined it. */
+/* The preload thread, until someone has joined it. rfi_dnnl_settle holds the
+ * lock while it joins the thread (milliseconds), so the lock is taken around
+ * every fork (watch_forks): a child forked meanwhile would otherwise inherit
+ * it held by a thread it does not have and wait for ever at its first
+ * compile. The child has no preload thread either (only the forking thread
+ * is forked): joining the parent's would never return, so there is none to
+ * join. The joining thread takes no other lock of ours while it holds this
+ * one, and the preload thread none at all, so a fork waits at most for the
+ * join. */
 static pthread_mutex_t preload_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t preload_tid;
 static bool preload_joinable;
+static pthread_once_t preload_fork_once = PTHREAD_ONCE_INIT;
+
+static void preload_before_fork(void) { pthread_mutex_lock(&preload_lock); }
+static void preload_after_fork_in_parent(void) { pthread_mutex_unlock(&preload_lock); }
+
+static void preload_after_fork_in_child(void)
+{
+    preload_joinable = false;
+    pthread_mutex_unlock(&preload_lock);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(preload_before_fork, preload_after_fork_in_parent,
+                   preload_after_fork_in_child);
+}
 /* The CPUs the process may use, when the thread starts kept off the caller's. */
 static cpu_set_t preload_allowed;
 static bool preload_confined;
@@ -259,6 +283,7 @@ static void start_preload(void)
  * lock of ours, so joining under the lock is safe. */
 void rfi_dnnl_settle(void)
 {
+    pthread_once(&preload_fork_once, watch_forks);
     pthread_mutex_lock(&preload_lock);
     if (preload_joinable) {
         pthread_join(preload_tid, NULL);
@@ -271,6 +296,7 @@ void rfi_dnnl_preload(void)
 {
     static pthread_once_t started = PTHREAD_ONCE_INIT;
     pthread_once(&env_once, set_spin_default); /* before the thread exists */
+    pthread_once(&preload_fork_once, watch_forks);
     pthread_once(&started, start_preload);
 }
 
