@@ -34,7 +34,8 @@
  * there (RF_E_INVALID: compile them again in the child, rf_model_cache_clear
  * for cached steps), since oneDNN's primitives would wait for threads the
  * child does not have. Any thread may fork at any time, even while others
- * compile: the child compiles on its own, waiting for none of their work.
+ * compile: the child compiles on its own, waiting for none of their work,
+ * and keeps none of the module cache's locks (no process waits for it).
  * What another thread was using at the fork, though (an executable it was
  * running, an rf_jitted it was calling, a model it was stepping), may not be
  * used in the child: the child does not have that thread, and a call there

@@ -18,7 +18,9 @@
  * writable by others. The size limit (RF_CACHE_MAX_MB) deletes the entries
  * used least recently (another backend's with all their files), never one
  * whose lock another holder has, nor the entry just built, nor temporary
- * files or files that are not the cache's; 0 means no limit.
+ * files or files that are not the cache's; 0 means no limit. A child forked
+ * while the parent holds an entry's lock (from inside its compile) neither
+ * waits for ever on that entry nor keeps the parent or anyone else waiting.
  *
  * The program index (rfi_cc_load_program): a second load of a described
  * program, and a second process, generate no source; a truncated, garbled,
@@ -1525,6 +1527,83 @@ static void test_stale_temporaries(void)
     setenv("RF_CACHE_DIR", cache_dir, 1);
 }
 
+/* ---- A child forked while an entry's lock is held --------------------------------------- */
+
+/* What forking_compile's child does with the entry its parent is building. */
+typedef struct fork_plan {
+    const char *source;
+    bool use_entry; /* get the same entry (else wait for the parent's word) */
+    int pipe_fds[2]; /* the parent closes the write end when the waiting child may end */
+    pid_t child;
+} fork_plan;
+
+/* A child that gets the entry its parent is building: once the parent is done
+ * it finds the entry built (exit 0); one that waits for ever (on a lock it
+ * inherited, which is its own) is ended by the alarm. */
+static void child_gets_entry(const char *source)
+{
+    alarm(3);
+    rfi_disk_cache_result res;
+    rf_status st = rfi_disk_cache_get(source, "fork-context", &fake_ops, &res);
+    _exit(st == RF_OK && !res.compiled ? 0 : 1);
+}
+
+/* fake_compile, forking first, as a fork from another thread may while this
+ * one holds the entry's lock; the child never returns here. */
+static rf_status forking_compile(void *ctx, const char *src_path, const char *out_path)
+{
+    fork_plan *plan = ctx;
+    fflush(NULL);
+    plan->child = fork();
+    if (plan->child == 0) {
+        if (plan->use_entry)
+            child_gets_entry(plan->source);
+        char c;
+        close(plan->pipe_fds[1]);
+        while (read(plan->pipe_fds[0], &c, 1) > 0) { /* no reflux call: waits for the parent */
+        }
+        _exit(0);
+    }
+    return fake_compile(NULL, src_path, out_path);
+}
+
+/* A child forked while the parent holds an entry's lock keeps no part of that
+ * lock: the child's own use of the entry waits for the parent only, and when
+ * the child makes no call the entry is free as soon as the parent is done. */
+static void test_fork_while_locked(void)
+{
+    for (int use_entry = 1; use_entry >= 0; use_entry--) {
+        fork_plan plan = {use_entry ? "fork entry A" : "fork entry B", use_entry, {-1, -1}, -1};
+        CHECK(pipe(plan.pipe_fds) == 0);
+        rfi_disk_cache_ops ops = {forking_compile, fake_load, &plan, ".so", ".c"};
+        rfi_disk_cache_result res;
+        CHECK_OK(rfi_disk_cache_get(plan.source, "fork-context", &ops, &res));
+        CHECK(res.compiled);
+        char lock[700];
+        snprintf(lock, sizeof lock, "%s/%s.lock", cache_dir, res.key);
+        rfi_disk_cache_result_free(&res);
+        if (!use_entry) { /* free now, though the child still runs */
+            int fd = open(lock, O_RDWR | O_CLOEXEC);
+            bool free_now = fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0;
+            CHECK(free_now);
+            if (fd >= 0)
+                close(fd);
+            if (free_now) { /* (else it would wait for the child, which waits for us) */
+                CHECK_OK(rfi_disk_cache_get(plan.source, "fork-context", &fake_ops, &res));
+                CHECK(!res.compiled);
+                rfi_disk_cache_result_free(&res);
+            }
+        }
+        close(plan.pipe_fds[0]);
+        close(plan.pipe_fds[1]); /* the waiting child's end of file */
+        int ws = 0;
+        CHECK(plan.child > 0 && waitpid(plan.child, &ws, 0) == plan.child);
+        CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+        if (!WIFEXITED(ws))
+            fprintf(stderr, "forked child (%s): signal %d\n", plan.source, WTERMSIG(ws));
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "child") == 0) {
@@ -1576,6 +1655,7 @@ int main(int argc, char **argv)
     test_stale_temporaries();
     test_compiler_dies_with_its_process();
     test_compiler_writes_nothing();
+    test_fork_while_locked();
     tu_remove_tree(root);
     return tu_finish("test_disk_cache");
 }

@@ -3,7 +3,8 @@
  *
  * This file finds the cache directory, computes keys, validates entries
  * (ownership, permissions, manifest, source and object hashes), serialises
- * builds of one key across processes with flock, keeps the program index
+ * builds of one key across processes with flock (and closes a forked child's
+ * copies of the locks it holds), keeps the program index
  * (description -> entry, checked byte for byte and pinned to the entry's
  * manifest) and the records (key -> payload, checked byte for byte and by
  * the payload's hash), and writes every file under a temporary name before
@@ -18,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -418,24 +420,91 @@ static rf_status build_entry(const entry_paths *p, const char *source, const cha
     return RF_OK;
 }
 
+/* ---- Held locks and fork ------------------------------------------------------------- *
+ * A flock belongs to the open file description, which a forked child shares:
+ * a child forked while a thread of this process holds an entry's lock keeps
+ * that lock held until it too has closed its copy. A child that then uses the
+ * same entry would wait for ever on its own copy, and the parent's (and every
+ * other process's) next use of the entry would wait until the child exits;
+ * O_CLOEXEC only helps a child that execs. So every lock file descriptor is
+ * listed here from its open to its close, and the child of a fork closes its
+ * copies of them (the parent's lock stays the parent's). The open and the
+ * close happen under held_lock, which every fork takes, so no descriptor is
+ * open but not yet listed, or closed (its number free for reuse) but still
+ * listed, when a fork copies the list; the flock itself, which may wait for
+ * another process, is taken outside it. Only the forking thread exists in the
+ * child, so no code of the child uses the closed copies: a fork from inside a
+ * compile callback (cc.c's, to run the compiler) execs or exits. */
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static int *held_fds;
+static int n_held, cap_held;
+static pthread_once_t held_fork_once = PTHREAD_ONCE_INIT;
+
+static void held_before_fork(void) { pthread_mutex_lock(&held_lock); }
+static void held_after_fork_in_parent(void) { pthread_mutex_unlock(&held_lock); }
+
+static void held_after_fork_in_child(void)
+{
+    for (int i = 0; i < n_held; i++)
+        close(held_fds[i]);
+    n_held = 0;
+    pthread_mutex_unlock(&held_lock);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(held_before_fork, held_after_fork_in_parent, held_after_fork_in_child);
+}
+
+/* Opens a lock file and lists its descriptor; -1 with errno on failure. */
+static int open_listed(const char *path)
+{
+    pthread_once(&held_fork_once, watch_forks);
+    pthread_mutex_lock(&held_lock);
+    int fd = -1;
+    if (!rfi_grow((void **)&held_fds, n_held, &cap_held, sizeof *held_fds))
+        errno = ENOMEM;
+    else if ((fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600)) >= 0)
+        held_fds[n_held++] = fd;
+    int e = errno;
+    pthread_mutex_unlock(&held_lock);
+    errno = e;
+    return fd;
+}
+
+/* Closes a descriptor from lock_path, which releases its lock; errno is preserved. */
+static void unlock_path(int fd)
+{
+    int e = errno;
+    pthread_mutex_lock(&held_lock);
+    for (int i = 0; i < n_held; i++) {
+        if (held_fds[i] == fd) {
+            held_fds[i] = held_fds[--n_held];
+            break;
+        }
+    }
+    close(fd);
+    pthread_mutex_unlock(&held_lock);
+    errno = e;
+}
+
 /* Opens and locks (LOCK_EX) a lock file, waiting for it or not; returns the
- * fd or -1 (errno EWOULDBLOCK: held by someone else, when not waiting). */
+ * fd (release it with unlock_path) or -1 (errno EWOULDBLOCK: held by someone
+ * else, when not waiting). */
 static int lock_path(const char *path, bool wait)
 {
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+    int fd = open_listed(path);
     if (fd < 0 && (errno == EISDIR || errno == ELOOP)) {
         /* a directory or a symlink someone made there would fail every compile of
          * the entry: removed, and the lock file made again */
         remove_path(path);
-        fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0600);
+        fd = open_listed(path);
     }
     if (fd < 0)
         return -1;
     while (flock(fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
         if (errno != EINTR) {
-            int e = errno;
-            close(fd);
-            errno = e;
+            unlock_path(fd);
             return -1;
         }
     }
@@ -487,12 +556,13 @@ static rf_status get_in_dir(const char *dir, const char *source, const char *con
     rf_status st;
     int fd = set_paths(p, dir, res->key, ops) ? lock_entry(p) : (errno = ENAMETOOLONG, -1);
     if (fd < 0) {
-        st = rfi_error(RF_E_IO, "module cache: cannot lock %s: %s", p->lock, strerror(errno));
+        st = rfi_error(errno == ENOMEM ? RF_E_NOMEM : RF_E_IO, "module cache: cannot lock %s: %s",
+                       p->lock, strerror(errno));
     } else {
         st = get_locked(p, source, context, ops, &res->compiled);
         if (st == RF_OK && index)
             index_record(p, res->key, context, index);
-        close(fd); /* releases the lock */
+        unlock_path(fd);
     }
     if (st == RF_OK) {
         res->object_path = rfi_strdup(p->obj);
@@ -715,7 +785,7 @@ static bool load_pinned(const char *dir, const index_entry *e, const char *conte
         ok = pinned_entry_valid(p, e, context) && ops->load(ops->ctx, p->obj) == RF_OK;
         if (ok)
             mark_used(p->ok);
-        close(fd);
+        unlock_path(fd);
     }
     if (ok) {
         memcpy(res->key, e->key, sizeof res->key);
@@ -1032,7 +1102,7 @@ static bool delete_group(const char *dir, const cache_files *files, const cache_
                 (size_t)snprintf(path, sizeof path, "%s/%s", dir, files->v[k].name) < sizeof path)
                 unlink(path);
     if (fd >= 0)
-        close(fd);
+        unlock_path(fd);
     return true;
 }
 

@@ -24,6 +24,8 @@
  *   K.lock  the per-key lock file (flock LOCK_EX around check-compile-rename,
  *           so concurrent processes compile once; a waiter then finds the
  *           entry). Lock files are left in place: removing them would race.
+ *           A child forked while the lock is held closes its copy of the
+ *           descriptor at the fork, so the lock stays the parent's alone.
  *   I.idx   an index entry (see "The program index" below)
  *   R.rec   a record (see "Records" below)
  * Every file is written under a temporary name and renamed into place.
@@ -68,7 +70,8 @@
  *
  * This file does not compile anything, does not know what a description
  * means, and keeps no global state beyond the once-per-process fallback
- * warning and a counter that makes temporary names unique.
+ * warning, a counter that makes temporary names unique and the list of the
+ * lock descriptors open (which a forked child closes, disk_cache.c says why).
  */
 #ifndef RF_RUNTIME_DISK_CACHE_H
 #define RF_RUNTIME_DISK_CACHE_H
