@@ -388,13 +388,14 @@ static rf_status emit_concatenate(lower *L, const rfi_node *n, kidx *ix, int *ou
 {
     int axis = (int)n->attr.i[0];
     const int *m = idx_multi(L, ix);
-    const rfi_kir_ins *at = &L->k->ins[m[axis]]; /* its range: [lo, hi], or unknown */
+    /* the index's range (copied: emitting operands grows the instruction array) */
+    const int64_t at_lo = L->k->ins[m[axis]].lo, at_hi = L->k->ins[m[axis]].hi;
     int64_t end = n->dims[axis]; /* where operand k ends along the axis */
     int v = -1;
     for (int k = n->n_in - 1; k >= 0; k--) {
         const rfi_node *x = n->in[k];
         int64_t start = end - x->dims[axis];
-        bool outside = at->hi < start || at->lo >= end; /* a piece of a segmented loop */
+        bool outside = at_hi < start || at_lo >= end; /* a piece of a segmented loop */
         if (x->dims[axis] == 0 || (outside && (v >= 0 || k > 0))) {
             end = start; /* not read here: not loaded (400 loads per piece, all dead) */
             continue;
