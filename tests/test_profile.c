@@ -28,6 +28,26 @@ static void paired_program(rf_trace *t, void *ctx)
     rf_return(t, rf_add(rf_sum_all(rf_matmul(x, xt)), rf_sum_all(rf_matmul(xt, x))));
 }
 
+/* The weight gradient of a depthwise 3x3 convolution (16 channels, x read as
+ * 4 images of 6x8, the kernel cut from its first rows): the autodiff's
+ * batch-grouped form, which the services run as oneDNN's grouped
+ * backward-weights (conv.c), so the profile names that path for it. */
+static void depthwise_grad_program(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *img = rf_reshape(x, (const int64_t[]){4, 16, 6, 8}, 4);
+    rf_tensor *rows = rf_slice(x, (const int64_t[]){0, 0}, (const int64_t[]){3, 48}, NULL);
+    rf_tensor *w = rf_reshape(rows, (const int64_t[]){16, 1, 3, 3}, 4);
+    rf_conv_params p = rf_conv_params_default(2);
+    p.pad_lo[0] = p.pad_lo[1] = p.pad_hi[0] = p.pad_hi[1] = 1;
+    p.feature_group_count = 16;
+    rf_tensor *y = rf_conv(img, w, &p);
+    rf_tensor *g = NULL;
+    CHECK_OK(rf_grad(t, rf_sum_all(rf_mul(y, y)), &w, 1, &g));
+    rf_return(t, g);
+}
+
 /* Compiles and runs `fn` `runs` times with RF_PROFILE as given, frees it, and
  * returns what was written on stderr meanwhile (malloc'd). */
 static char *profiled_run(rf_trace_fn fn, const char *profile, int runs)
@@ -121,6 +141,14 @@ int main(void)
     CHECK(count_of(text, "  #") == 3);
     CHECK(count_of(text, "REDUCE: reduce +add f32[]") == 1);
     CHECK(count_of(text, "% (2, 2 paired)") == 1); /* by kind: CALL MATMUL's two steps */
+    if (text && getenv("RF_TEST_VERBOSE"))
+        fputs(text, stdout);
+    free(text);
+
+    /* The grouped weight gradient is a oneDNN call, not im2col's products. */
+    text = profiled_run(depthwise_grad_program, "100", 2);
+    CHECK(count_of(text, "CALL CONV bwd-weights: convolution f32[1,16,3,3]") == 1);
+    CHECK(count_of(text, "CALL CONV im2col") == 0);
     if (text && getenv("RF_TEST_VERBOSE"))
         fputs(text, stdout);
     free(text);

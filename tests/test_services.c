@@ -549,6 +549,24 @@ static const conv_case conv_cases[] = {
      {2, 2}, {0}, 1, 1},
     {"kernel grad of 1x1 stride 2", 4, {8, 2, 8, 8}, {16, 2, 4, 4}, {1, 1}, {0, 0},
      {-1, -1}, {0}, {2, 2}, 1, 1},
+    /* the weight-gradient form of grouped convolutions (batch groups): a
+     * depthwise 3x3 over 16 channels, 2 groups of 8 -> 16 channels with
+     * padding 1, and a depthwise 3x3 of stride 2 (rhs dilation 2) */
+    {"depthwise kernel grad", 4, {16, 4, 10, 10}, {16, 4, 8, 8}, {1, 1}, {0}, {0}, {0}, {0},
+     1, 16},
+    {"grouped kernel grad", 4, {16, 3, 9, 9}, {32, 3, 7, 7}, {1, 1}, {1, 1}, {1, 1}, {0},
+     {0}, 1, 2},
+    {"depthwise kernel grad of stride 2", 4, {8, 4, 9, 9}, {8, 4, 4, 4}, {1, 1}, {1, 1},
+     {0, 0}, {0}, {2, 2}, 1, 8},
+    /* the input-gradient form of grouped convolutions (feature groups):
+     * stride 2 with 2 groups and depthwise, and the widely padded one of an
+     * unpadded depthwise 3x3 */
+    {"grouped input grad of stride 2", 4, {2, 8, 5, 5}, {16, 4, 3, 3}, {1, 1}, {2, 2},
+     {2, 1}, {2, 2}, {0}, 2, 1},
+    {"depthwise input grad of stride 2", 4, {2, 16, 5, 5}, {16, 1, 3, 3}, {1, 1}, {2, 2},
+     {2, 1}, {2, 2}, {0}, 16, 1},
+    {"depthwise input grad", 4, {2, 16, 6, 6}, {16, 1, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0},
+     {0}, 16, 1},
 };
 #define N_CONV_CASES ((int)(sizeof conv_cases / sizeof conv_cases[0]))
 
@@ -675,6 +693,34 @@ static void test_conv_rule_paths(void)
     CHECK(!strcmp(f.path, "forward"));
     CHECK(!strcmp(k.path, "bwd-weights"));
     CHECK(!strcmp(t.path, "bwd-data"));
+}
+
+/* Grouped convolutions' gradients under the rule: the weight gradient (the
+ * batch-grouped form the autodiff emits) runs oneDNN's grouped
+ * backward-weights, and a strided or widely padded input gradient (feature
+ * groups, lhs dilation) its grouped backward-data, not im2col; each within
+ * run_case's contraction bound. */
+static void test_conv_grouped_paths(void)
+{
+    static const char *const want[][2] = {
+        {"depthwise kernel grad", "bwd-weights"},
+        {"grouped kernel grad", "bwd-weights"},
+        {"depthwise kernel grad of stride 2", "bwd-weights"},
+        {"grouped input grad of stride 2", "bwd-data"},
+        {"depthwise input grad of stride 2", "bwd-data"},
+        {"depthwise input grad", "bwd-data"},
+    };
+    int n = (int)(sizeof want / sizeof want[0]), found = 0;
+    for (int k = 0; k < N_CONV_CASES; k++)
+        for (int i = 0; i < n; i++) {
+            if (strcmp(conv_cases[k].name, want[i][0]) != 0)
+                continue;
+            case_result r = run_conv(&conv_cases[k], RF_F32, k % 2 == 1);
+            printf("conv grouped: %s -> %s (%.3g)\n", want[i][0], r.path, r.worst);
+            CHECK(r.kind == RFI_CALL_CONV && !strcmp(r.path, want[i][1]));
+            found++;
+        }
+    CHECK(found == n);
 }
 
 /* RF_CONV_WINOGRAD=1: Winograd wherever oneDNN takes it (AVX-512), else
@@ -1750,6 +1796,7 @@ int main(void)
     test_conv_own_winograd();
     test_conv_bf16();
     test_conv_rule_paths();
+    test_conv_grouped_paths();
     test_conv_winograd_everywhere();
     test_conv_shared_inputs();
     test_conv_views();

@@ -10,11 +10,12 @@
  *   IOTA is inline unless it must be materialised (then a LOOP root).
  *
  * Always materialised: program outputs and update values; the operands of
- *   CALL steps (with opts.conv_transposed_views, an f32 ungrouped CONV call's
- *   operand that transposes dims 0 and 1 stays inline and its own operand is
- *   materialised instead: the call reads it as a view; a MATMUL or FALLBACK
- *   call's operand that reshapes a fusible non-leaf value, a flatten, has
- *   that value materialised instead and becomes its alias); every op that is not
+ *   CALL steps (with opts.conv_transposed_views, the operand of an f32 CONV
+ *   call without feature groups that transposes dims 0 and 1 stays inline
+ *   and its own operand is materialised instead: the call reads it as a
+ *   view; a MATMUL or FALLBACK call's operand that reshapes a fusible
+ *   non-leaf value, a flatten, has that value materialised instead and
+ *   becomes its alias); every op that is not
  *   fusible (REDUCE, REDUCE_WINDOW, ARGMAX, ARGMIN, DOT_GENERAL, CONVOLUTION,
  *   GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG).
  *
@@ -266,13 +267,16 @@ static int user_sites(const rfi_plan_builder *b, const int *sites, const rfi_nod
 }
 
 /* Operand k of CONV call x is read as a view (opts.conv_transposed_views): a
- * TRANSPOSE swapping dims 0 and 1 of an f32 value, in an ungrouped
- * convolution. */
+ * TRANSPOSE swapping dims 0 and 1 of an f32 value, in a convolution without
+ * feature groups. Batch groups are allowed: the weight gradient of a grouped
+ * convolution has them, and reads x and the cotangent transposed just as an
+ * ungrouped one's does (the services transpose a view back where the path
+ * does not read it in place). */
 static bool conv_view(const rfi_plan_builder *b, const rfi_node *x, int k)
 {
     const rfi_node *t = x->in[k];
     if (!b->opts.conv_transposed_views || x->op != RFI_OP_CONVOLUTION ||
-        x->dtype != RF_F32 || x->attr.i[0] != 1 || x->attr.i[1] != 1 ||
+        x->dtype != RF_F32 || x->attr.i[0] > 1 ||
         t->op != RFI_OP_TRANSPOSE || t->rank < 2 || t->attr.l[0][0] != 1 ||
         t->attr.l[0][1] != 0)
         return false;

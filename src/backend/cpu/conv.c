@@ -20,13 +20,18 @@
  *
  * When one of oneDNN's convolutions computes the form exactly, it runs
  * instead (choose_dnnl_path): its backward-weights for the weight-gradient
- * form the autodiff emits (image-sized kernel), its forward for small
- * kernels, its backward-data for lhs-dilated forms (the input gradient of a
- * strided convolution), each in its preferred blocked layouts with reorders
- * from and to the plain buffers. 3x3 forms with enough channels (and, for
- * backward-data, whole 4x4 tiles) use oneDNN's Winograd algorithm instead of
- * its direct one (winograd_wanted: measured faster there, and its rounding
- * error stays within the tests' 1e-5 bound relative to sum |x||w|). Where
+ * form the autodiff emits (image-sized kernel; with B batch groups, the
+ * weight gradient of a grouped or depthwise convolution, its grouped
+ * backward-weights), its forward for small kernels (grouped too), its
+ * backward-data for lhs-dilated forms (the input gradient of a strided
+ * convolution, grouped too), each in its preferred blocked layouts with
+ * reorders from and to the plain buffers. (im2col ran the depthwise weight
+ * gradient of 64 channels, 32 images of 32x32, as one product per group with
+ * a 1024-position kernel: 100-190 ms; oneDNN's depthwise kernel 1.2-1.7 ms.)
+ * 3x3 forms with enough channels (and, for backward-data, whole 4x4 tiles)
+ * use oneDNN's Winograd algorithm instead of its direct one (winograd_wanted:
+ * measured faster there, and its rounding error stays within the tests' 1e-5
+ * bound relative to sum |x||w|). Where
  * oneDNN has no Winograd kernels (below AVX-512), 3x3 stride-1 forms and 3x3
  * weight gradients with enough channels run winograd.c's own instead
  * (own_winograd_wanted). RF_CONV_PATH (im2col, forward, bwd-weights,
@@ -433,12 +438,47 @@ static bool spec_forward(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
  * oneDNN's backward-weights of a forward convolution with src x = lhs with
  * dims 0, 1 swapped, diff_dst = rhs swapped, diff_weights = res swapped,
  * stride r, dilation s, pad_l lo, and pad_r just wide enough for the
- * positions the sum reads (all of them inside the IR's padded extent). */
+ * positions the sum reads (all of them inside the IR's padded extent).
+ *
+ * The weight gradient of a grouped convolution (G groups) is the same form
+ * with B = G batch groups (StableHLO's): lhs [C, N, in...], rhs [O, N,
+ * out...], res [C/B, O, k...] with
+ *   res[c, o, q] = sum_{n, p} lhs[b*(C/B) + c, n, q*s + p*r - lo] * rhs[o, n, p]
+ * for o in output block b = o / (O/B). That is oneDNN's grouped
+ * backward-weights with B groups over the same src and diff_dst (group b
+ * reads src channels b*(C/B).. and diff_dst channels b*(O/B)..), whose
+ * diff_weights [B, O/B, C/B, k...] is res seen through strides: element
+ * (b, o', c, q) at res[c, b*(O/B) + o', q] (grouped_result). */
+static tensor_spec grouped_result(const rfi_cpu_conv *c)
+{
+    const rfi_node *n = c->node;
+    int64_t b = c->bgc, o = n->dims[1], k = c->p_count; /* the result's spatial positions */
+    tensor_spec t;
+    memset(&t, 0, sizeof t);
+    t.ndims = n->rank + 1;
+    t.dims[0] = b;
+    t.dims[1] = o / b;
+    t.dims[2] = n->dims[0];
+    t.strides[0] = o / b * k;
+    t.strides[1] = k;
+    t.strides[2] = o * k;
+    int64_t step = 1;
+    for (int d = c->nsp - 1; d >= 0; d--) {
+        t.dims[3 + d] = n->dims[2 + d];
+        t.strides[3 + d] = step;
+        step *= n->dims[2 + d];
+    }
+    return t; /* (a dim more than the result's buffer: arg_tag leaves it row-major) */
+}
+
 static bool spec_bwd_weights(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
 {
     const rfi_node *n = c->node, *x = n->in[0], *w = n->in[1];
     const rfi_attrs *at = &n->attr;
-    if (c->fgc > 1 || c->bgc > 1 || !all_nonnegative(at->l[1], c->nsp))
+    /* (with feature groups, lhs channels would be split among groups: the
+     * weight gradient of a batch-grouped convolution, which oneDNN's
+     * grouped convolutions do not compute) */
+    if (c->fgc > 1 || !all_nonnegative(at->l[1], c->nsp) || n->rank + 1 > DNNL_MAX_NDIMS)
         return false;
     for (int d = 0; d < c->nsp; d++)
         if (c->lhs_dil[d] != 1)
@@ -453,7 +493,7 @@ static bool spec_bwd_weights(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
     rd[0] = n->dims[1], rd[1] = n->dims[0];
     sp->t[0] = make_tensor(x->rank, xd, !c->views[0]); /* a view holds [N, C, ...] itself */
     sp->t[1] = make_tensor(w->rank, wd, !c->views[1]);
-    sp->t[2] = make_tensor(n->rank, rd, true);
+    sp->t[2] = c->bgc > 1 ? grouped_result(c) : make_tensor(n->rank, rd, true);
     sp->arg[0] = DNNL_ARG_SRC;
     sp->arg[1] = DNNL_ARG_DIFF_DST;
     sp->arg[2] = DNNL_ARG_DIFF_WEIGHTS;
@@ -500,12 +540,18 @@ static bool wide_padding(const rfi_cpu_conv *c)
  * over the terms where S divides i + q*r - lo. With w[o, c, q'] =
  * rhs[c, o, K-1-q'] (packed per call) that is oneDNN's backward-data of a
  * forward convolution with diff_dst = lhs, weights w, diff_src = res, stride
- * S, dilation r, pad_l = (K-1)*r - lo, pad_r = (K-1)*r - hi. */
+ * S, dilation r, pad_l = (K-1)*r - lo, pad_r = (K-1)*r - hi.
+ *
+ * The input gradient of a grouped convolution is this form with G feature
+ * groups: rhs [C, O/G, k...], and result channel block g (C/G channels)
+ * sums over lhs channel block g (O/G channels). That is oneDNN's grouped
+ * backward-data, weights [G, O/G, C/G, k...] packed as w[g, o, c, q'] =
+ * rhs[g*(C/G) + c, o, K-1-q'] (pack_flipped_kernel). */
 static bool spec_bwd_data(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
 {
     const rfi_node *n = c->node, *x = n->in[0], *w = n->in[1];
     const rfi_attrs *at = &n->attr;
-    if (c->fgc > 1 || c->bgc > 1)
+    if (c->bgc > 1 || w->rank + 1 > DNNL_MAX_NDIMS)
         return false;
     bool dilated = false;
     for (int d = 0; d < c->nsp; d++) {
@@ -516,11 +562,19 @@ static bool spec_bwd_data(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
     if (!dilated && !wide_padding(c))
         return false;
     sp->kind = PATH_BWD_DATA;
-    int64_t wd[RF_MAX_RANK];
-    memcpy(wd, w->dims, sizeof wd);
-    wd[0] = w->dims[1], wd[1] = w->dims[0];
+    int64_t wd[RF_MAX_RANK + 1], g = c->fgc;
+    int wr = w->rank, at_sp = 2;
+    if (g > 1) {
+        wd[0] = g;
+        at_sp = 3;
+        wr++;
+    }
+    wd[at_sp - 2] = w->dims[1];
+    wd[at_sp - 1] = w->dims[0] / g;
+    for (int d = 0; d < c->nsp; d++)
+        wd[at_sp + d] = w->dims[2 + d];
     sp->t[0] = make_tensor(x->rank, x->dims, false);
-    sp->t[1] = make_tensor(w->rank, wd, false); /* the packed, flipped kernel */
+    sp->t[1] = make_tensor(wr, wd, false); /* the packed, flipped kernel */
     sp->t[2] = make_tensor(n->rank, n->dims, false);
     sp->arg[0] = DNNL_ARG_DIFF_DST;
     sp->arg[1] = DNNL_ARG_WEIGHTS;
@@ -715,7 +769,10 @@ static dnnl_format_tag_t arg_tag(const rfi_cpu_conv *c, const dnnl_conv_spec *sp
 {
     const tensor_spec *t = &sp->t[k];
     rfi_layout layout = c->layouts[k];
-    if (layout == RFI_LAYOUT_PLAIN || t->ndims != 4 || (sp->kind == PATH_BWD_DATA && k == 1) ||
+    const rfi_node *buf = k < 2 ? c->node->in[k] : c->node;
+    /* (a tensor with a dim more than its buffer's node, a grouped kernel, is
+     * that buffer seen through strides: only row-major buffers are) */
+    if (layout == RFI_LAYOUT_PLAIN || t->ndims != 4 || t->ndims != buf->rank || (sp->kind == PATH_BWD_DATA && k == 1) ||
         (k < 2 && c->views[k] && sp->kind != PATH_BWD_WEIGHTS) ||
         (k == 2 && bias_from(c, epi_ops)) ||
         (rfi_layout_blocked(layout) && t->dims[t->swapped ? 0 : 1] % rfi_layout_block(layout)))
@@ -855,18 +912,20 @@ static bool make_dnnl_conv(rfi_cpu_conv *c, const dnnl_conv_spec *sp, dnnl_engin
     return true;
 }
 
-/* rhs [C, O, k...] -> [O, C, k...] with every spatial dim reversed. */
+/* rhs [C, O, k...] -> [O, C, k...] with every spatial dim reversed; with G
+ * feature groups, rhs [C, O/G, k...] -> [G, O/G, C/G, k...] (spec_bwd_data). */
 static void pack_flipped_kernel(const rfi_cpu_conv *c, const float *rhs, float *dst)
 {
     const rfi_node *w = c->node->in[1];
-    int64_t cn = w->dims[0], on = w->dims[1], kc = c->k_count;
-    for (int64_t o = 0; o < on; o++)
-        for (int64_t ci = 0; ci < cn; ci++) {
-            const float *s = rhs + (ci * on + o) * kc;
-            float *d = dst + (o * cn + ci) * kc;
-            for (int64_t q = 0; q < kc; q++)
-                d[q] = s[kc - 1 - q]; /* reversing every dim = reversing the flat kernel */
-        }
+    int64_t g = c->fgc, cn = w->dims[0] / g, on = w->dims[1], kc = c->k_count;
+    for (int64_t gi = 0; gi < g; gi++)
+        for (int64_t o = 0; o < on; o++)
+            for (int64_t ci = 0; ci < cn; ci++) {
+                const float *s = rhs + ((gi * cn + ci) * on + o) * kc;
+                float *d = dst + ((gi * on + o) * cn + ci) * kc;
+                for (int64_t q = 0; q < kc; q++)
+                    d[q] = s[kc - 1 - q]; /* reversing every dim = reversing the flat kernel */
+            }
 }
 
 static rf_status run_dnnl_conv(rfi_cpu_conv *c, dnnl_stream_t s, const void *in0,
@@ -957,7 +1016,8 @@ static bool winograd_wanted(const dnnl_conv_spec *sp)
     if (env && *env == '1')
         return true;
     const tensor_spec *w = &sp->t[sp->wei], *x = &sp->t[sp->src];
-    if (w->ndims != 4 || w->dims[2] != 3 || w->dims[3] != 3)
+    /* (grouped weights have a dim more than x: oneDNN has no grouped Winograd) */
+    if (w->ndims != 4 || x->ndims != 4 || w->dims[2] != 3 || w->dims[3] != 3)
         return false;
     for (int d = 0; d < 2; d++)
         if (sp->strides[d] != 1 || sp->dilates[d] != 0 ||
@@ -1028,8 +1088,10 @@ static bool try_path(rfi_cpu_conv *c, int path, dnnl_engine_t eng)
 /* The path for this form: RF_CONV_PATH (im2col, forward, bwd-weights,
  * bwd-data) when set, for tests and benches; else bwd-weights for image-sized
  * kernels (more kernel positions than output positions: the weight-gradient
- * form), forward for small kernels, bwd-data for lhs-dilated forms, and
- * im2col for the rest and whatever oneDNN refuses. */
+ * form) and for batch groups (the weight gradient of a grouped convolution,
+ * whatever its sizes: no other oneDNN path computes that form), forward for
+ * small kernels, bwd-data for lhs-dilated forms, and im2col for the rest and
+ * whatever oneDNN refuses. */
 static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
 {
     const char *forced = getenv("RF_CONV_PATH");
@@ -1042,7 +1104,7 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
             try_path(c, path, eng);
         return;
     }
-    if (c->k_count > c->p_count && try_path(c, PATH_BWD_WEIGHTS, eng))
+    if ((c->k_count > c->p_count || c->bgc > 1) && try_path(c, PATH_BWD_WEIGHTS, eng))
         return;
     if (wide_padding(c) && try_path(c, PATH_BWD_DATA, eng))
         return;
