@@ -783,7 +783,8 @@ static dnnl_format_tag_t arg_tag(const rfi_cpu_conv *c, const dnnl_conv_spec *sp
     const rfi_node *buf = k < 2 ? c->node->in[k] : c->node;
     /* (a tensor with a dim more than its buffer's node, a grouped kernel, is
      * that buffer seen through strides: only row-major buffers are) */
-    if (layout == RFI_LAYOUT_PLAIN || t->ndims != 4 || t->ndims != buf->rank || (sp->kind == PATH_BWD_DATA && k == 1) ||
+    if (layout == RFI_LAYOUT_PLAIN || t->ndims != 4 || t->ndims != buf->rank ||
+        (sp->kind == PATH_BWD_DATA && k == 1) ||
         (k < 2 && c->views[k] && sp->kind != PATH_BWD_WEIGHTS) ||
         (k == 2 && bias_from(c, epi_ops)) ||
         (rfi_layout_blocked(layout) && t->dims[t->swapped ? 0 : 1] % rfi_layout_block(layout)))
