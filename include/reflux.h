@@ -23,11 +23,11 @@
  * compile cache), data (loaders, dataset readers, checkpoints).
  *
  * Threads: any call may be made from any thread (shared caches are locked,
- * error messages are per thread). Runs of one executable take turns; a
- * model, its optimiser state and a loader are used by one thread at a time,
- * which includes rf_setup and rf_opt_free on it and running executables that
- * capture it (a training step of a model another thread is stepping, or of
- * one of its layers, is refused: RF_E_INVALID).
+ * error messages and statuses are per thread). Runs of one executable take
+ * turns; a model, its optimiser state and a loader are used by one thread at
+ * a time, which includes rf_setup and rf_opt_free on it and running
+ * executables that capture it (a training step of a model another thread is
+ * stepping, or of one of its layers, is refused: RF_E_INVALID).
  *
  * fork: a child process forked after reflux started threads runs on one
  * thread; executables compiled before the fork that call oneDNN refuse to run
