@@ -716,18 +716,6 @@ static void cc_restore(char *saved)
     free(saved);
 }
 
-/* Writes an executable script (a fake compiler) to path. */
-static void write_script(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    CHECK(f != NULL);
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-    chmod(path, 0700);
-}
-
 static void test_compiler_override_and_fds(void)
 {
     char *saved_cc = cc_save();
@@ -790,7 +778,7 @@ static void test_compiler_timeout(void)
                      "sleep 30 &\n"
                      "if [ \"$1\" = --version ]; then echo 'bg-cc 1.0'; exit 0; fi\n"
                      "exit 4\n");
-        write_script(script, text);
+        tu_write_script(script, text);
         setenv("CC", script, 1);
         setenv("RF_CC_TIMEOUT", "1", 1);
         struct timespec t0, t1;
@@ -825,7 +813,7 @@ static void test_compiler_writes_nothing(void)
     char *saved_cc = cc_save();
     char script[600];
     snprintf(script, sizeof script, "%s/silent-cc", root);
-    write_script(script, "#!/bin/sh\n"
+    tu_write_script(script, "#!/bin/sh\n"
                          "if [ \"$1\" = --version ]; then echo 'silent-cc 1.0'; exit 0; fi\n"
                          "exit 0\n");
     setenv("CC", script, 1);
@@ -866,7 +854,7 @@ static void test_compiler_dies_with_its_process(void)
              "if [ \"$1\" = --version ]; then echo 'stuck-cc 1.0'; exit 0; fi\n"
              "echo $$ > %s.new && mv %s.new %s\n"
              "exec sleep 300\n", pidfile, pidfile, pidfile);
-    write_script(script, text);
+    tu_write_script(script, text);
     setenv("CC", script, 1);
     pid_t child = fork();
     if (child == 0) {

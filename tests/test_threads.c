@@ -484,13 +484,7 @@ static void test_fork_while_identity_built(void)
              "if [ \"$1\" = --version ] && mkdir '%s' 2>/dev/null; then sleep 1; fi\n"
              "exec %s \"$@\"\n",
              started, cc && *cc ? cc : "cc");
-    FILE *f = fopen(script, "w");
-    CHECK(f != NULL);
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-    chmod(script, 0700);
+    tu_write_script(script, text);
     setenv("CC", script, 1);
     setenv("RF_CACHE_DIR", dir, 1);
     rf_array *xh = rf_randn(RF_F32, RF_SHAPE(8, 8), 5);

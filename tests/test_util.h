@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -144,6 +145,18 @@ static inline void tu_set_env(const char *name, const char *value)
         setenv(name, value, 1);
     else
         unsetenv(name);
+}
+
+/* Writes an executable script (a fake or wrapping compiler) to path. */
+static inline void tu_write_script(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    chmod(path, 0700);
 }
 
 /* `steps` trainsteps (at most 8) of a fresh model (host, consumed) on one
