@@ -826,7 +826,10 @@ static int source_parts(const char *src_path)
 typedef struct part_job {
     const compiler_info *ci;
     char *argv[CC_MAX_ARGS + N_COMPILE_FLAGS + 9];
-    char define[32], obj[PATH_MAX];
+    /* out_path (the disk cache's temporary name) is at most PATH_MAX + 63 characters and
+     * ".part<p>.o" adds at most 9 (p < PARTS_MAX): no two parts' names truncate to one
+     * file. A name past PATH_MAX then fails at the compiler, naming it. */
+    char define[32], obj[PATH_MAX + 80];
     rfi_strbuf out;
     bool truncated, started;
     int ws;
