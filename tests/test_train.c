@@ -529,6 +529,60 @@ static void test_adjust(rf_model *host, rf_array *x, rf_array *y)
     rf_model_free(m2);
 }
 
+/* An optimiser set up for a part of the model stepped, or for the model a
+ * stepped layer belongs to: the message says which layer it was set up for. */
+static rf_tensor *whole_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)m, (void)n, (void)aux;
+    return rf_mse(rf_apply((rf_model *)ctx, b[0]), b[1]);
+}
+
+typedef struct part_step {
+    rf_model *whole, *m;
+    rf_opt *opt;
+} part_step;
+
+static void part_step_fn(rf_trace *t, void *ctx)
+{
+    part_step *s = ctx;
+    rf_tensor *batch[2] = {rf_arg(t, 0), rf_arg(t, 1)};
+    rf_grads *g = NULL;
+    rf_tensor *l = rf_withgradient(t, whole_loss, s->whole, s->m, batch, 2, NULL, &g);
+    rf_update(t, s->opt, s->m, g);
+    rf_return(t, l);
+}
+
+static void test_opt_of_part(rf_model *host, rf_array *x, rf_array *y)
+{
+    rf_array *args[2] = {x, y};
+    rf_model *m = rf_model_to(host, cpu);
+    rf_model *head = rf_model_child(m, 1);
+    rf_opt *whole = rf_setup(rf_descent(0.01), m), *part = rf_setup(rf_descent(0.01), head);
+    CHECK(m && whole && part);
+    double l;
+    CHECK_STATUS(rf_trainstep(whole_loss, m, m, args, 2, part, &l, NULL), RF_E_INVALID);
+    CHECK_MSG("it was set up for layer \"1\" of this model");
+    CHECK_STATUS(rf_trainstep(whole_loss, m, head, args, 2, whole, &l, NULL), RF_E_INVALID);
+    CHECK_MSG("it was set up for the model this layer is \"1\" of");
+    rf_exec *e = NULL;
+    part_step s = {m, m, part};
+    CHECK_STATUS(rf_compile(part_step_fn, &s, args, 2, &e), RF_E_INVALID);
+    CHECK_MSG("rf_update: the optimiser was set up for another model; it was set up for layer "
+              "\"1\" of this model");
+    s = (part_step){m, head, whole};
+    CHECK_STATUS(rf_compile(part_step_fn, &s, args, 2, &e), RF_E_INVALID);
+    CHECK_MSG("it was set up for the model this layer is \"1\" of");
+    CHECK(e == NULL);
+    /* the right pairs step: the head alone, the rest read as constants */
+    CHECK_OK(rf_trainstep(whole_loss, m, head, args, 2, part, &l, NULL));
+    s = (part_step){m, head, part};
+    CHECK_OK(rf_compile(part_step_fn, &s, args, 2, &e));
+    rf_exec_free(e);
+    rf_opt_free(whole);
+    rf_opt_free(part);
+    rf_model_free(m);
+}
+
 /* ---- (9) many cache entries ---------------------------------------------------------------- */
 
 static void test_many_entries(rf_model *host)
@@ -918,6 +972,7 @@ int main(void)
         test_batchnorm_and_guard(x, y);
         test_nan_through_relu();
         test_adjust(host, x, y);
+        test_opt_of_part(host, x, y);
         test_many_entries(host);
         test_warning_parts(host);
         test_other_model_mode();

@@ -39,6 +39,11 @@ RFI_FUNC uint64_t rfi_rule_hash(const rf_rule *r);
 RFI_FUNC rf_status rfi_opt_emit_update(rf_trace *t, rf_opt *opt, rf_model *m,
                                        rf_tensor *const *grads, int n_grads);
 RFI_FUNC uint64_t rfi_opt_uid(const rf_opt *opt);
+/* For the message of a step given an optimiser set up for another model:
+ * writes into buf (capacity n, always NUL-terminated) how m relates to the
+ * optimiser's model when one contains the other ("; it was set up for layer
+ * \"2\" of this model, ..."), else "". */
+RFI_FUNC void rfi_opt_relation(const rf_opt *opt, const rf_model *m, char *buf, size_t n);
 /* rf_opt_visit with every path "" (none is formatted): for per-step checks. */
 RFI_FUNC void rfi_opt_each_array(rf_opt *opt, rf_array_visitor fn, void *ud);
 /* Called by rf_model_free: the optimiser forgets its model. */

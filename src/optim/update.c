@@ -554,6 +554,39 @@ static rf_status check_inputs(rf_trace *t, rf_opt *o, rf_array *const *ps,
     return RF_OK;
 }
 
+/* Writes the path of `inner` below `outer` ("2.0"; "" when they are one)
+ * into buf (capacity n); false when `outer` does not contain `inner`. */
+static bool path_below(const rf_model *inner, const rf_model *outer, char *buf, size_t n)
+{
+    if (inner == outer) {
+        buf[0] = '\0';
+        return true;
+    }
+    if (!inner->parent || !path_below(inner->parent, outer, buf, n))
+        return false;
+    int index = 0;
+    while (index < inner->parent->n_children && inner->parent->children[index] != inner)
+        index++;
+    size_t len = strlen(buf);
+    if (len + 1 < n)
+        snprintf(buf + len, n - len, "%s%d", len ? "." : "", index);
+    return true;
+}
+
+void rfi_opt_relation(const rf_opt *opt, const rf_model *m, char *buf, size_t n)
+{
+    char path[128];
+    buf[0] = '\0';
+    if (!opt->model || !m || opt->model == m)
+        return;
+    if (path_below(opt->model, m, path, sizeof path))
+        snprintf(buf, n, "; it was set up for layer \"%s\" of this model: give that layer, "
+                 "or set an optimiser up for this one", path);
+    else if (path_below(m, opt->model, path, sizeof path))
+        snprintf(buf, n, "; it was set up for the model this layer is \"%s\" of: give that "
+                 "model, or set an optimiser up for this layer", path);
+}
+
 rf_status rfi_opt_emit_update(rf_trace *t, rf_opt *opt, rf_model *m, rf_tensor *const *grads,
                               int n_grads)
 {
@@ -563,9 +596,15 @@ rf_status rfi_opt_emit_update(rf_trace *t, rf_opt *opt, rf_model *m, rf_tensor *
         return fail(t, RF_E_INVALID, "rf_update: %s is NULL", opt ? "model" : "optimiser");
     if (!opt->model)
         return fail(t, RF_E_INVALID, "rf_update: the optimiser's model was freed");
-    if (opt->model != m)
+    if (opt->model != m) {
+        char rel[256];
+        rfi_opt_relation(opt, m, rel, sizeof rel);
+        if (rel[0])
+            return fail(t, RF_E_INVALID, "rf_update: the optimiser was set up for another "
+                        "model%s", rel);
         return fail(t, RF_E_INVALID, "rf_update: the optimiser was set up for another model "
                     "(rf_model_to makes a new model: set up the optimiser on the moved copy)");
+    }
     if (rf_trace_status(t) != RF_OK)
         return rf_trace_status(t);
     if (n_grads > 0 && !grads)

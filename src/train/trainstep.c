@@ -160,10 +160,16 @@ static rf_status check_step(const char *op, rf_loss_fn loss, rf_model *m,
             return rfi_error(RF_E_DEVICE, "%s: batch[%d] lives on %s but the model lives on %s",
                              op, i, rf_device_name(batch[i]->device), rf_device_name(*dev));
     }
-    if (!rfi_model_has_opt(m, opt))
+    if (!rfi_model_has_opt(m, opt)) {
+        char rel[256];
+        rfi_opt_relation(opt, m, rel, sizeof rel);
+        if (rel[0])
+            return rfi_error(RF_E_INVALID, "%s: the optimiser (%s) was not set up for this "
+                             "model%s", op, rf_rule_name(rf_opt_rule(opt)), rel);
         return rfi_error(RF_E_INVALID, "%s: the optimiser (%s) was not set up for this model; "
                          "call rf_setup(rule, model) with the model you train", op,
                          rf_rule_name(rf_opt_rule(opt)));
+    }
     device_scan od = {0};
     rfi_opt_each_array(opt, scan_array, &od);
     if (od.host || od.mixed || (od.device && od.device != *dev))
