@@ -583,6 +583,28 @@ static void test_opt_of_part(rf_model *host, rf_array *x, rf_array *y)
     rf_model_free(m);
 }
 
+/* rf_opt_steps counts AccumGrad's accumulating steps, and not a step whose
+ * loss is not finite. */
+static void test_steps_count(rf_model *host, rf_array *x, rf_array *y)
+{
+    rf_array *args[2] = {x, y};
+    rf_model *m = rf_model_to(host, cpu);
+    rf_opt *opt = rf_setup(rf_chain_rules(rf_accumgrad(2), rf_descent(0.1)), m);
+    rf_array *h = rf_fill(RF_F32, RF_SHAPE(16, 2), NAN), *bad = rf_array_to(h, cpu);
+    CHECK(m && opt && bad);
+    double l;
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(rf_trainstep(mse_loss, NULL, m, args, 2, opt, &l, NULL));
+    CHECK(rf_opt_steps(opt) == 4);
+    CHECK_STATUS(rf_trainstep(mse_loss, NULL, m, (rf_array *[]){x, bad}, 2, opt, &l, NULL),
+                 RF_E_DOMAIN);
+    CHECK(rf_opt_steps(opt) == 4);
+    rf_array_free(h);
+    rf_array_free(bad);
+    rf_opt_free(opt);
+    rf_model_free(m);
+}
+
 /* ---- (9) many cache entries ---------------------------------------------------------------- */
 
 static void test_many_entries(rf_model *host)
@@ -973,6 +995,7 @@ int main(void)
         test_nan_through_relu();
         test_adjust(host, x, y);
         test_opt_of_part(host, x, y);
+        test_steps_count(host, x, y);
         test_many_entries(host);
         test_warning_parts(host);
         test_other_model_mode();

@@ -97,7 +97,10 @@ RF_API rf_opt *rf_setup(rf_rule *rule, rf_model *model);
 RF_API rf_status rf_adjust(rf_opt *opt, double lr);
 /* Reads the current learning rate (of the first rule that has one). */
 RF_API double rf_opt_lr(const rf_opt *opt);
-/* Number of steps applied so far. */
+/* Number of steps so far: every rf_update that ran (a trainstep whose loss
+ * was not finite is not counted), AccumGrad's accumulating steps included,
+ * so with rf_accumgrad(n) first in the chain rf_opt_steps(opt) / n updates
+ * changed the parameters. A schedule of the parameter updates counts those. */
 RF_API int64_t rf_opt_steps(const rf_opt *opt);
 /* Visits every state array with a path name, for checkpoints: per leaf rule
  * (numbered depth first through chains) its hyperparameters ("0.adam.eta")
