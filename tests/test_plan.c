@@ -1894,6 +1894,59 @@ static void test_concurrent_calls(void)
     train_case_free(&mk);
 }
 
+/* ---- A recurrence's backward pass: shared subexpressions stay bounded ------------------ */
+
+enum { RECUR_STEPS = 24 };
+
+/* h_t = 0.5 h_(t-1) + tanh(h_(t-1) W), the gradient of sum(h_T) with respect to W. Its
+ * backward pass is dh_(t-1) = 0.5 dh_t + (dh_t (1 - a_t^2)) W^T: each dh_t, an elementwise
+ * node of one shape, feeds the next link and the product's operand, as a GRU's or an LSTM's
+ * state does. Inlining every such node re-evaluated the whole chain before each link in
+ * each step: O(T^2) work and kernel code. */
+static void recurrence_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *h = rf_arg(t, 0), *w = rf_arg(t, 1);
+    for (int i = 0; i < RECUR_STEPS; i++)
+        h = rf_add(rf_mul_s(h, 0.5), rf_tanh(rf_matmul(h, w)));
+    rf_tensor *dw = NULL;
+    CHECK_OK(rf_grad(t, rf_sum_all(h), &w, 1, &dw));
+    rf_return(t, dw);
+}
+
+static void test_recurrence_backward(void)
+{
+    rf_array *h = dev_zeros(RF_SHAPE(32, 64)), *w = dev_zeros(RF_SHAPE(64, 64));
+    rf_array *args[2] = {h, w};
+    rfi_graph *g = trace_program(recurrence_fn, NULL, args, 2);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        /* no inline node is computed in more than a few steps, and the steps' inline
+         * expressions together grow linearly with the number of links */
+        int *in_steps = calloc((size_t)g->n_nodes, sizeof *in_steps);
+        int most = 0;
+        long total = 0;
+        for (int q = 0; q < p->n_steps; q++) {
+            total += p->steps[q].n_fused;
+            for (int i = 0; i < p->steps[q].n_fused; i++) {
+                int x = p->steps[q].fused[i];
+                if (++in_steps[x] > most)
+                    most = in_steps[x];
+            }
+        }
+        if (getenv("PLAN_SHOW"))
+            printf("recurrence: %d steps, inline nodes in at most %d steps, %ld in all\n", p->n_steps, most, total);
+        CHECK(most <= 12);
+        CHECK(total <= 32L * RECUR_STEPS);
+        free(in_steps);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(h);
+    rf_array_free(w);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -1919,5 +1972,6 @@ int main(void)
     test_pooled_forward();
     test_pooled_forward_untiled();
     test_concurrent_calls();
+    test_recurrence_backward();
     return tu_finish("test_plan");
 }

@@ -642,17 +642,41 @@ static bool find_reduce_epilogues(rfi_plan_builder *b)
     return ok;
 }
 
-/* Decides an unforced fusible non-leaf node (users already decided). */
-static void decide_fusible(rfi_plan_builder *b, int *sites, int x)
+/* Roots of x seen through user u: 1 for a materialised user, else u's own
+ * count (capped at FAN_CAP). */
+static int user_fan(const rfi_plan_builder *b, const int *fan, int u)
+{
+    return b->mat[u] ? 1 : fan[u];
+}
+
+/* Decides an unforced fusible non-leaf node (users already decided). fan[x]
+ * bounds the number of materialised roots whose inline expression contains x
+ * (the sum over its users, so a diamond counts twice): a node inline under
+ * several roots is evaluated once per root when they fall in different steps,
+ * and along a chain of shared subexpressions (the backward pass of a
+ * recurrence unrolled over T steps, where each dh_t feeds dh_(t-1) and that
+ * step's gate gradients) that count grows by one per link, which made every
+ * root re-evaluate the whole chain before it: O(T^2) work and generated code.
+ * A non-cheap node whose fan would exceed MAX_INLINE_FAN is materialised. */
+enum { MAX_INLINE_FAN = 8, FAN_CAP = 1 << 20 };
+
+static void decide_fusible(rfi_plan_builder *b, int *sites, int *fan, int x)
 {
     const rfi_node *node = b->g->nodes[x];
     int n_users = b->user_start[x + 1] - b->user_start[x];
     const int *us = b->users + b->user_start[x];
+    int f = 0;
+    for (int k = 0; k < n_users; k++) {
+        f += user_fan(b, fan, us[k]);
+        if (f > FAN_CAP)
+            f = FAN_CAP;
+    }
     if (is_cheap(node->op) || node->rank == 0) {
         int total = 0;
         for (int k = 0; k < n_users; k++)
             total += user_sites(b, sites, node, us[k]);
         sites[x] = total > 2 ? 2 : total;
+        fan[x] = f;
         return;
     }
     bool all_single = true, all_elementwise = true;
@@ -663,10 +687,12 @@ static void decide_fusible(rfi_plan_builder *b, int *sites, int x)
         if (!is_elementwise(u->op) || !same_dims(u, node))
             all_elementwise = false;
     }
-    if (all_single && (n_users <= 1 || all_elementwise))
+    if (all_single && (n_users <= 1 || (all_elementwise && f <= MAX_INLINE_FAN))) {
         sites[x] = 1;
-    else
+        fan[x] = f;
+    } else {
         b->mat[x] = true;
+    }
 }
 
 static void decide_leaf(rfi_plan_builder *b, const bool *forced, int x)
@@ -825,8 +851,9 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
 {
     bool *forced = rfi_calloc((size_t)b->n + 1, sizeof *forced);
     int *sites = rfi_calloc((size_t)b->n + 1, sizeof *sites);
+    int *fan = rfi_calloc((size_t)b->n + 1, sizeof *fan);
     rf_status st = RF_OK;
-    if (!forced || !sites)
+    if (!forced || !sites || !fan)
         st = rfi_error(RF_E_NOMEM, "plan: out of memory");
     for (int x = 0; st == RF_OK && x < b->n; x++)
         if (b->g->nodes[x]->op == RFI_OP_GRAD)
@@ -838,17 +865,17 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
         for (int x = b->n - 1; st == RF_OK && x >= 0; x--) {
             const rfi_node *node = b->g->nodes[x];
             if (b->epi_inline[x])
-                sites[x] = 1; /* computed inside its CALL step */
+                sites[x] = fan[x] = 1; /* computed inside its CALL step */
             else if (is_leaf(node))
                 decide_leaf(b, forced, x);
             else if (forced[x])
                 b->mat[x] = true;
             else
-                decide_fusible(b, sites, x);
+                decide_fusible(b, sites, fan, x);
             if (!forced[x] && !b->epi_inline[x] && b->mat[x] && !is_leaf(node) &&
                 make_segment_source(b, x)) {
                 b->mat[x] = false;
-                sites[x] = 1;
+                sites[x] = fan[x] = 1;
             }
         }
     }
@@ -860,6 +887,7 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
     }
     rfi_free(forced);
     rfi_free(sites);
+    rfi_free(fan);
     return st;
 }
 
