@@ -102,6 +102,21 @@ RF_API double rf_opt_lr(const rf_opt *opt);
  * so with rf_accumgrad(n) first in the chain rf_opt_steps(opt) / n updates
  * changed the parameters. A schedule of the parameter updates counts those. */
 RF_API int64_t rf_opt_steps(const rf_opt *opt);
+/* Freezes the trainable parameters at `path` (Optimisers.jl's freeze!; PyTorch's
+ * requires_grad_(False) for training): steps leave them and their optimiser state
+ * exactly as they are, and compute no gradient only they need. `path` is rf_model_visit's:
+ * "0.weight" is one array, "1" every array of layer 1 (not of layer 10), "" all of them.
+ * rf_opt_thaw trains them again, with the state they had (Optimisers.jl's thaw!). The
+ * scalar state of a rule, such as Adam's bias-correction powers beta^t, is the
+ * optimiser's, not an array's: a thawed array goes on from the optimiser's count, where
+ * Optimisers.jl's and PyTorch's would go on from its own. A step traced before a change
+ * is not run after it: rf_trainstep and rf_jitted compile again (once for each frozen
+ * set), rf_exec_run refuses (RF_E_INVALID). Checkpoints do not hold which are frozen.
+ * RF_E_INVALID when nothing is at `path`. */
+RF_API rf_status rf_opt_freeze(rf_opt *opt, const char *path);
+RF_API rf_status rf_opt_thaw(rf_opt *opt, const char *path);
+/* How many parameter arrays are frozen now. */
+RF_API int rf_opt_n_frozen(const rf_opt *opt);
 /* Visits every state array with a path name, for checkpoints: per leaf rule
  * (numbered depth first through chains) its hyperparameters ("0.adam.eta")
  * and its state per parameter dtype ("0.adam.m.f32"), then the step counter "t". */

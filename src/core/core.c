@@ -213,8 +213,16 @@ int rfi_watch_add(rfi_watch_list *l, rfi_flag *f, bool seen)
     rfi_watch *w = &l->v[l->n];
     w->flag = rfi_flag_retain(f);
     w->seen = seen;
+    w->kind = RFI_WATCH_MODE;
     w->what[0] = '\0';
     return l->n++;
+}
+
+const char *rfi_watch_state(const rfi_watch *w, bool value)
+{
+    if (w->kind == RFI_WATCH_FROZEN)
+        return value ? "frozen" : "trained";
+    return value ? "in train mode" : "in test mode";
 }
 
 const rfi_watch *rfi_watch_broken(const rfi_watch_list *l)

@@ -105,11 +105,18 @@ RFI_FUNC void rfi_flag_set(rfi_flag *f, bool value); /* stamps set_at */
 RFI_FUNC uint64_t rfi_flag_clock(void);
 
 /* The flags a program was traced with: the value read and whose flag it is. */
+typedef enum rfi_watch_kind {
+    RFI_WATCH_MODE,  /* a layer's train (true) or test mode */
+    RFI_WATCH_FROZEN /* an optimiser's parameter frozen (true) or trained */
+} rfi_watch_kind;
 typedef struct rfi_watch {
     rfi_flag *flag; /* one reference */
     bool seen;
+    rfi_watch_kind kind; /* RFI_WATCH_MODE unless the caller says otherwise */
     char what[112]; /* "Dropout(0.5) (layer \"1\")", for messages */
 } rfi_watch;
+/* The words for a watched value in messages: "in train mode", "frozen", ... */
+RFI_FUNC const char *rfi_watch_state(const rfi_watch *w, bool value);
 typedef struct rfi_watch_list {
     rfi_watch *v; /* rfi_malloc */
     int n, cap;

@@ -102,6 +102,10 @@ struct rf_opt {
     rfi_opt_group groups[RF_DTYPE_COUNT];
     int n_groups;
     rf_array *steps;    /* i64 scalar: updates applied */
+    /* Per parameter, whether it is frozen (rf_opt_freeze): the update a trace emits
+     * depends on it, so every trace watches each flag (core.h) and a program traced
+     * with other values is not run. */
+    rfi_flag **frozen;
 };
 
 #endif

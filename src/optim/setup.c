@@ -1,6 +1,6 @@
 /* setup.c: optimiser state (Optimisers.setup) and the functions that read or
  * change it from the host: rf_setup, rf_adjust, rf_opt_lr, rf_opt_steps,
- * rf_opt_visit, rf_opt_free.
+ * rf_opt_freeze, rf_opt_thaw, rf_opt_visit, rf_opt_free.
  *
  * Everything the update reads lives on the model's device: the flat state
  * arrays (one per role per parameter dtype), the hyperparameters as f32
@@ -186,6 +186,15 @@ static rf_status make_group_state(rf_opt *o, rfi_opt_group *g)
     return RF_OK;
 }
 
+static rf_status make_frozen_flags(rf_opt *o)
+{
+    o->frozen = rfi_calloc(o->n_params ? (size_t)o->n_params : 1, sizeof *o->frozen);
+    for (int i = 0; o->frozen && i < o->n_params; i++)
+        if (!(o->frozen[i] = rfi_flag_new(false)))
+            return rfi_error(RF_E_NOMEM, "rf_setup: out of memory");
+    return o->frozen ? RF_OK : rfi_error(RF_E_NOMEM, "rf_setup: out of memory");
+}
+
 static void opt_release(rf_opt *o)
 {
     for (int k = 0; k < o->n_groups; k++) {
@@ -202,6 +211,9 @@ static void opt_release(rf_opt *o)
     rfi_free(o->param_dtype);
     rfi_free(o->param_numel);
     rf_array_free(o->steps);
+    for (int i = 0; o->frozen && i < o->n_params; i++)
+        rfi_flag_orphan(o->frozen[i]); /* executables watching them keep running */
+    rfi_free(o->frozen);
     rfi_rule_destroy(o->rule);
     rfi_free(o);
 }
@@ -240,6 +252,8 @@ rf_opt *rf_setup(rf_rule *rule, rf_model *model)
             st = RF_E_NOMEM;
     }
     if (st == RF_OK)
+        st = make_frozen_flags(o);
+    if (st == RF_OK)
         st = rfi_model_attach_opt(model, o);
     if (st != RF_OK) {
         opt_release(o);
@@ -272,6 +286,92 @@ uint64_t rfi_opt_uid(const rf_opt *opt) { return opt ? opt->uid : 0; }
 const rf_rule *rf_opt_rule(const rf_opt *opt) { return opt ? opt->rule : NULL; }
 
 /* ---- Host-side reads and writes -------------------------------------------------------------- */
+
+/* ---- Frozen parameters ----------------------------------------------------------------------- */
+
+typedef struct freeze_walk {
+    const char *at; /* the path asked for */
+    size_t len;
+    bool *hit;      /* per parameter: at or below `at` */
+    int index, n, n_hit;
+    char first[64]; /* the first trainable path, for the message of a miss */
+} freeze_walk;
+
+/* Whether `path` is `at` or below it: "1" holds "1.weight" and "1.0.bias", not
+ * "10.weight"; "" holds every path. */
+static bool path_at(const char *path, const char *at, size_t len)
+{
+    return len == 0 || (!strncmp(path, at, len) && (path[len] == '\0' || path[len] == '.'));
+}
+
+static void mark_at(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)a;
+    freeze_walk *w = ud;
+    if (!trainable)
+        return;
+    if (w->index == 0)
+        snprintf(w->first, sizeof w->first, "%s", path);
+    if (w->index < w->n && path_at(path, w->at, w->len)) {
+        w->hit[w->index] = true;
+        w->n_hit++;
+    }
+    w->index++;
+}
+
+static rf_status set_frozen(const char *op, rf_opt *opt, const char *path, bool value)
+{
+    if (!opt || !path)
+        return rfi_error(RF_E_INVALID, "%s: %s is NULL", op, opt ? "path" : "opt");
+    if (!opt->model)
+        return rfi_error(RF_E_INVALID, "%s: the optimiser's model was freed", op);
+    freeze_walk w = {.at = path, .len = strlen(path), .n = opt->n_params};
+    w.hit = rfi_calloc(opt->n_params ? (size_t)opt->n_params : 1, sizeof *w.hit);
+    if (!w.hit)
+        return rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    rf_array **ps = NULL;
+    int n_ps = rfi_model_collect_params(opt->model, &ps);
+    rfi_free(ps);
+    rf_status st = RF_OK;
+    if (n_ps < 0)
+        st = rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    else if (n_ps != opt->n_params)
+        st = rfi_error(RF_E_SHAPE, "%s: the model has %d trainable parameters, but the "
+                       "optimiser was set up for %d (set it up again after changing the "
+                       "model)", op, n_ps, opt->n_params);
+    if (st == RF_OK)
+        rf_model_visit(opt->model, mark_at, &w);
+    if (st == RF_OK && w.index != n_ps) /* the walk could not build a path */
+        st = rfi_error(RF_E_NOMEM, "%s: out of memory", op);
+    else if (st == RF_OK && w.n_hit == 0)
+        st = rfi_error(RF_E_INVALID, "%s: the model has no trainable parameter at \"%s\" "
+                       "(paths are rf_model_visit's: \"%s\" names one array, its layer's "
+                       "path all of that layer's, \"\" every one)", op, path,
+                       w.first[0] ? w.first : "0.weight");
+    for (int i = 0; st == RF_OK && i < opt->n_params; i++)
+        if (w.hit[i] && atomic_load(&opt->frozen[i]->value) != value)
+            rfi_flag_set(opt->frozen[i], value);
+    rfi_free(w.hit);
+    return st;
+}
+
+rf_status rf_opt_freeze(rf_opt *opt, const char *path)
+{
+    return set_frozen("rf_opt_freeze", opt, path, true);
+}
+
+rf_status rf_opt_thaw(rf_opt *opt, const char *path)
+{
+    return set_frozen("rf_opt_thaw", opt, path, false);
+}
+
+int rf_opt_n_frozen(const rf_opt *opt)
+{
+    int n = 0;
+    for (int i = 0; opt && i < opt->n_params; i++)
+        n += atomic_load(&opt->frozen[i]->value);
+    return n;
+}
 
 rf_status rf_adjust(rf_opt *opt, double lr)
 {

@@ -34,8 +34,9 @@ typedef struct emitter {
     rf_tensor *x;       /* flat parameters before the step */
     rf_tensor *active;  /* NULL: every rule runs; else a bool scalar: false while
                            an AccumGrad is still accumulating (later rules skip) */
-    const int64_t *seg; /* element count of each member, for per-array norms */
+    const int64_t *seg; /* element count of each trained member, for per-array norms */
     int n_seg;
+    const bool *frozen; /* per member of g (NULL: none): its flat state keeps its value */
 } emitter;
 
 /* ---- Small helpers --------------------------------------------------------------------------- */
@@ -68,18 +69,83 @@ static rf_array *state_array(emitter *e, int l, int role)
     return e->g->state[l * RFI_OPT_MAX_ROLES + role];
 }
 
+/* The pieces of a flat group vector (member order) that belong to trained members,
+ * concatenated: what the rule sees when some members are frozen. */
+static rf_tensor *trained_part(emitter *e, rf_tensor *flat)
+{
+    if (!e->frozen)
+        return flat;
+    rf_tensor **parts = rfi_calloc((size_t)e->g->n_members, sizeof *parts);
+    if (!parts) {
+        fail(e->t, RF_E_NOMEM, "rf_update: out of memory");
+        return NULL;
+    }
+    int n = 0;
+    int64_t off = 0;
+    for (int i = 0; i < e->g->n_members; i++) {
+        int64_t len = e->o->param_numel[e->g->members[i]];
+        int64_t lo[1] = {off}, hi[1] = {off + len};
+        if (!e->frozen[i])
+            parts[n++] = rf_slice(flat, lo, hi, NULL);
+        off += len;
+    }
+    rf_tensor *out = n == 1 ? parts[0] : rf_concatenate(parts, n, 0);
+    rfi_free(parts);
+    return out;
+}
+
+/* The flat group vector with the trained members' pieces from `trained` (as
+ * trained_part lays them out) and the frozen members' from `old`. */
+static rf_tensor *merge_trained(emitter *e, rf_tensor *old, rf_tensor *trained)
+{
+    if (!e->frozen)
+        return trained;
+    rf_tensor **parts = rfi_calloc((size_t)e->g->n_members, sizeof *parts);
+    if (!parts) {
+        fail(e->t, RF_E_NOMEM, "rf_update: out of memory");
+        return NULL;
+    }
+    int64_t off = 0, trained_off = 0;
+    for (int i = 0; i < e->g->n_members; i++) {
+        int64_t len = e->o->param_numel[e->g->members[i]];
+        int64_t lo[1] = {off}, hi[1] = {off + len};
+        int64_t tlo[1] = {trained_off}, thi[1] = {trained_off + len};
+        if (e->frozen[i]) {
+            parts[i] = rf_slice(old, lo, hi, NULL);
+        } else {
+            parts[i] = rf_slice(trained, tlo, thi, NULL);
+            trained_off += len;
+        }
+        off += len;
+    }
+    rf_tensor *out = rf_concatenate(parts, e->g->n_members, 0);
+    rfi_free(parts);
+    return out;
+}
+
+/* Flat state (one element per parameter element) is rank 1; a scalar's is rank 0. */
+static bool flat_role(emitter *e, int l, int role)
+{
+    return rf_array_rank(state_array(e, l, role)) == 1;
+}
+
+/* State `role` of leaf l as the rule sees it: a flat state's trained members only. */
 static rf_tensor *state(emitter *e, int l, int role)
 {
-    return rf_capture(e->t, state_array(e, l, role));
+    rf_tensor *s = rf_capture(e->t, state_array(e, l, role));
+    return flat_role(e, l, role) ? trained_part(e, s) : s;
 }
 
 /* Records state' for role; while an AccumGrad upstream is accumulating, the
- * state keeps its value (Optimisers.jl's chain skips rules after a `nothing`). */
+ * state keeps its value (Optimisers.jl's chain skips rules after a `nothing`).
+ * A frozen member's piece of a flat state keeps its value too. */
 static void put(emitter *e, int l, int role, rf_tensor *value)
 {
     rf_array *a = state_array(e, l, role);
     if (e->active)
-        value = rf_select(e->active, value, rf_capture(e->t, a));
+        value = rf_select(e->active, value, state(e, l, role));
+    if (flat_role(e, l, role))
+        value = merge_trained(e, rf_capture(e->t, a), value);
     rf_assign(e->t, a, value);
 }
 
@@ -454,56 +520,73 @@ static rf_tensor *apply_rule(emitter *e, const rf_rule *r, rf_tensor *dx)
 
 /* ---- One dtype group ------------------------------------------------------------------------- */
 
-/* The flat concatenation of xs[members] (each reshaped to [-1]); xs is
- * indexed by parameter, scratch has room for the members. */
-static rf_tensor *flatten_all(rf_tensor **scratch, const rfi_opt_group *g, rf_tensor *const *xs)
+/* The flat concatenation of xs[idx[0..n)] (each reshaped to [-1]); xs is indexed by
+ * parameter, scratch has room for n. */
+static rf_tensor *flatten_all(rf_tensor **scratch, const int *idx, int n, rf_tensor *const *xs)
 {
     const int64_t minus1[1] = {-1};
-    for (int i = 0; i < g->n_members; i++)
-        scratch[i] = rf_reshape(xs[g->members[i]], minus1, 1);
-    return g->n_members == 1 ? scratch[0] : rf_concatenate(scratch, g->n_members, 0);
+    for (int i = 0; i < n; i++)
+        scratch[i] = rf_reshape(xs[idx[i]], minus1, 1);
+    return n == 1 ? scratch[0] : rf_concatenate(scratch, n, 0);
 }
 
-/* x' = x - rule(flat grads), sliced back into every member of the group. */
+/* x' = x - rule(flat grads) over the group's trained members, sliced back into each of
+ * them; frozen members (frozen[p] by parameter, NULL: none) and their state are left as
+ * they are. A group with no trained member emits nothing. */
 static rf_status emit_group(rf_trace *t, rf_opt *o, rfi_opt_group *g, rf_array *const *params,
-                            rf_tensor *const *grads)
+                            rf_tensor *const *grads, const bool *frozen)
 {
     int n = g->n_members;
     rf_tensor **scratch = rfi_calloc((size_t)n, sizeof *scratch);
     rf_tensor **px = rfi_calloc((size_t)o->n_params, sizeof *px); /* by parameter index */
     int64_t *seg = rfi_calloc((size_t)n, sizeof *seg);
-    if (!scratch || !px || !seg) {
+    int *trained = rfi_calloc((size_t)n, sizeof *trained); /* parameter indices */
+    bool *member_frozen = rfi_calloc((size_t)n, sizeof *member_frozen);
+    if (!scratch || !px || !seg || !trained || !member_frozen) {
         rfi_free(scratch);
         rfi_free(px);
         rfi_free(seg);
+        rfi_free(trained);
+        rfi_free(member_frozen);
         return fail(t, RF_E_NOMEM, "rf_update: out of memory");
     }
+    int n_trained = 0;
     for (int i = 0; i < n; i++) {
-        seg[i] = o->param_numel[g->members[i]];
-        px[g->members[i]] = rf_capture(t, params[g->members[i]]);
+        int p = g->members[i];
+        member_frozen[i] = frozen && frozen[p];
+        if (member_frozen[i])
+            continue;
+        seg[n_trained] = o->param_numel[p];
+        trained[n_trained++] = p;
+        px[p] = rf_capture(t, params[p]);
     }
 
-    emitter e = {.t = t, .o = o, .g = g, .leaf = 0, .active = NULL, .seg = seg, .n_seg = n};
-    e.x = flatten_all(scratch, g, px);
-    rf_tensor *dx = apply_rule(&e, o->rule, flatten_all(scratch, g, grads));
-    rf_tensor *xn = rf_sub(e.x, dx);
-    if (e.active) /* an AccumGrad still accumulating: parameters stay as they are */
-        xn = rf_select(e.active, xn, e.x);
+    if (n_trained > 0) {
+        emitter e = {.t = t, .o = o, .g = g, .leaf = 0, .active = NULL, .seg = seg,
+                     .n_seg = n_trained, .frozen = n_trained < n ? member_frozen : NULL};
+        e.x = flatten_all(scratch, trained, n_trained, px);
+        rf_tensor *dx = apply_rule(&e, o->rule, flatten_all(scratch, trained, n_trained, grads));
+        rf_tensor *xn = rf_sub(e.x, dx);
+        if (e.active) /* an AccumGrad still accumulating: parameters stay as they are */
+            xn = rf_select(e.active, xn, e.x);
 
-    int64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        rf_array *p = params[g->members[i]];
-        rf_tensor *piece = xn;
-        if (n > 1) {
-            int64_t lo[1] = {off}, hi[1] = {off + seg[i]};
-            piece = rf_slice(xn, lo, hi, NULL);
+        int64_t off = 0;
+        for (int i = 0; i < n_trained; i++) {
+            rf_array *p = params[trained[i]];
+            rf_tensor *piece = xn;
+            if (n_trained > 1) {
+                int64_t lo[1] = {off}, hi[1] = {off + seg[i]};
+                piece = rf_slice(xn, lo, hi, NULL);
+            }
+            off += seg[i];
+            rf_assign(t, p, rf_reshape(piece, rf_array_dims(p), rf_array_rank(p)));
         }
-        off += seg[i];
-        rf_assign(t, p, rf_reshape(piece, rf_array_dims(p), rf_array_rank(p)));
     }
     rfi_free(scratch);
     rfi_free(px);
     rfi_free(seg);
+    rfi_free(trained);
+    rfi_free(member_frozen);
     return rf_trace_status(t);
 }
 
@@ -552,6 +635,88 @@ static rf_status check_inputs(rf_trace *t, rf_opt *o, rf_array *const *ps,
         }
     }
     return RF_OK;
+}
+
+/* ---- Frozen parameters and updates already recorded ---------------------------------------- */
+
+typedef struct path_job {
+    int index;      /* of the next trainable array */
+    int want;       /* -1: name every watched one */
+    char *buf;      /* want >= 0: its path goes here */
+    size_t n;
+    rf_trace *t;
+    const int *watch; /* want < 0: per parameter, its watch index or -1 */
+} path_job;
+
+static void name_param(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)a;
+    path_job *j = ud;
+    if (!trainable)
+        return;
+    int i = j->index++;
+    if (j->want == i)
+        snprintf(j->buf, j->n, "%s", path);
+    else if (j->want < 0 && j->watch[i] >= 0)
+        snprintf(j->t->watches.v[j->watch[i]].what, sizeof j->t->watches.v[0].what,
+                 "parameter \"%s\"", path);
+}
+
+/* Reads which parameters are frozen (rf_opt_freeze), watching each flag: a program
+ * traced now updates exactly the others and must not run once one changes. *frozen is
+ * per parameter (rfi_malloc'd). */
+static rf_status read_frozen(rf_trace *t, rf_opt *o, bool **frozen)
+{
+    bool *v = rfi_calloc(o->n_params ? (size_t)o->n_params : 1, sizeof *v);
+    int *watch = rfi_calloc(o->n_params ? (size_t)o->n_params : 1, sizeof *watch);
+    if (!v || !watch) {
+        rfi_free(v);
+        rfi_free(watch);
+        return fail(t, RF_E_NOMEM, "rf_update: out of memory");
+    }
+    bool named = false;
+    for (int i = 0; i < o->n_params; i++) {
+        v[i] = atomic_load(&o->frozen[i]->value);
+        watch[i] = rfi_trace_watch(t, o->frozen[i], v[i]);
+        if (watch[i] >= 0) {
+            t->watches.v[watch[i]].kind = RFI_WATCH_FROZEN;
+            snprintf(t->watches.v[watch[i]].what, sizeof t->watches.v[0].what,
+                     "parameter %d", i);
+            named = true;
+        }
+    }
+    if (named) { /* the paths, where the model's walk can build them */
+        path_job j = {.want = -1, .t = t, .watch = watch};
+        rf_model_visit(o->model, name_param, &j);
+    }
+    rfi_free(watch);
+    *frozen = v;
+    return rf_trace_status(t);
+}
+
+/* The first trained parameter this trace already updates (another rf_update, an
+ * rf_assign), or -1: of two updates of one array only the last would count. */
+static int updated_already(const rf_trace *t, rf_array *const *ps, int n, const bool *frozen)
+{
+    for (int k = 0; k < t->n_updates; k++) {
+        const rf_array *a = t->captures[t->updates[k].capture];
+        for (int i = 0; i < n; i++)
+            if (ps[i] == a && !frozen[i])
+                return i;
+    }
+    return -1;
+}
+
+static rf_status refuse_updated(rf_trace *t, rf_opt *o, int i)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%d", i);
+    path_job j = {.want = i, .buf = path, .n = sizeof path};
+    rf_model_visit(o->model, name_param, &j);
+    return fail(t, RF_E_INVALID, "rf_update: parameter \"%s\" is already updated in this "
+                "trace (by another optimiser's rf_update or an rf_assign), and only the last "
+                "update of an array would count; freeze it in one optimiser (rf_opt_freeze) "
+                "or set each optimiser up for its own layers", path);
 }
 
 /* Writes the path of `inner` below `outer` ("2.0"; "" when they are one)
@@ -615,10 +780,17 @@ rf_status rfi_opt_emit_update(rf_trace *t, rf_opt *opt, rf_model *m, rf_tensor *
     if (n_ps < 0)
         return fail(t, RF_E_NOMEM, "rf_update: out of memory");
     rf_status st = check_inputs(t, opt, ps, n_ps, grads, n_grads);
+    bool *frozen = NULL;
+    if (st == RF_OK)
+        st = read_frozen(t, opt, &frozen);
+    int twice = st == RF_OK ? updated_already(t, ps, n_ps, frozen) : -1;
+    if (twice >= 0)
+        st = refuse_updated(t, opt, twice);
     for (int k = 0; st == RF_OK && k < opt->n_groups; k++)
-        st = emit_group(t, opt, &opt->groups[k], ps, grads);
+        st = emit_group(t, opt, &opt->groups[k], ps, grads, frozen);
     if (st == RF_OK)
         rf_assign(t, opt->steps, rf_add(rf_capture(t, opt->steps), rf_scalar(t, 1.0)));
+    rfi_free(frozen);
     rfi_free(ps);
     st = rf_trace_status(t);
     if (st != RF_OK && rf_errmsg()[0] == '\0')

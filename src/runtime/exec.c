@@ -50,13 +50,19 @@ static rf_status check_arg(const rf_exec *e, int i, const rf_array *a)
     return RF_OK;
 }
 
-/* RF_OK when every mode e was traced with still holds, else RF_E_INVALID naming the
- * layer. */
+/* RF_OK when every watched flag e was traced with (layers' modes, an optimiser's frozen
+ * parameters) still holds, else RF_E_INVALID naming the layer or parameter. */
 static rf_status check_modes(const rf_exec *e)
 {
     const rfi_watch *w = rfi_watch_broken(&e->watches);
     if (!w)
         return RF_OK;
+    if (w->kind == RFI_WATCH_FROZEN)
+        return rfi_error(RF_E_INVALID, "rf_exec_run: %s was %s when this executable was "
+                         "traced and is %s now; compile again (an executable keeps the "
+                         "parameters it updates; rf_trainstep and rf_jitted compile again "
+                         "themselves)", w->what, rfi_watch_state(w, w->seen),
+                         rfi_watch_state(w, !w->seen));
     return rfi_error(RF_E_INVALID, "rf_exec_run: %s was in %s mode when this executable was "
                      "traced and is in %s mode now; compile again for this mode (an executable "
                      "keeps the mode it was traced in; rf_jitted keeps one per mode)", w->what,

@@ -4,7 +4,8 @@
  * structure and train mode, the optimiser (its rule's structure and the
  * optimiser object itself, whose state arrays the step captures), the loss
  * function and its ctx pointer, the train mode of any other layer the loss
- * applied (the executable's watches), whether gradients are outputs, the
+ * applied and the optimiser's frozen parameters (the executable's watches),
+ * whether gradients are outputs, the
  * device, and the batch's count, dtypes and shapes. Hyperparameter values are not in
  * the key: they are device scalars the step reads at run time.
  *
@@ -95,8 +96,8 @@ static bool same_batch(const rfi_step_entry *e, const rfi_step_probe *p)
 
 /* The parts of a key, in the order a miss is explained. */
 enum key_part {
-    PART_TRAIN_MODE, PART_MODEL, PART_RULE, PART_OPT, PART_LOSS, PART_CTX, PART_OTHER_MODE,
-    PART_GRADS, PART_DEVICE, PART_BATCH, PART_COUNT
+    PART_TRAIN_MODE, PART_MODEL, PART_RULE, PART_OPT, PART_FROZEN, PART_LOSS, PART_CTX,
+    PART_OTHER_MODE, PART_GRADS, PART_DEVICE, PART_BATCH, PART_COUNT
 };
 
 /* Bit k set when key part k of e and p differ. */
@@ -113,8 +114,11 @@ static unsigned key_diff(const rfi_step_entry *e, const rfi_step_probe *p)
         d |= 1u << PART_LOSS;
     if (e->ctx != p->ctx)
         d |= 1u << PART_CTX;
-    /* with the model's own modes unchanged, a broken watch is a layer outside it */
-    if (e->model_hash == p->model_hash && rfi_watch_broken(&e->exec->watches))
+    /* with the model's own modes unchanged, a broken mode watch is a layer outside it */
+    const rfi_watch *w = rfi_watch_broken(&e->exec->watches);
+    if (w && w->kind == RFI_WATCH_FROZEN)
+        d |= 1u << PART_FROZEN;
+    else if (w && e->model_hash == p->model_hash)
         d |= 1u << PART_OTHER_MODE;
     if (e->with_grads != p->with_grads)
         d |= 1u << PART_GRADS;
@@ -180,6 +184,13 @@ static void describe_part(rfi_strbuf *sb, int part, const rfi_step_probe *p,
         rfi_sb_printf(sb, "optimiser rule (%s vs %s)", p->rule_name, e->rule_name);
         break;
     case PART_OPT: rfi_sb_printf(sb, "optimiser instance (another rf_setup)"); break;
+    case PART_FROZEN: {
+        const rfi_watch *w = rfi_watch_broken(&e->exec->watches);
+        rfi_sb_printf(sb, "frozen parameters (%s: %s vs %s)", w ? w->what : "a parameter",
+                      w ? rfi_watch_state(w, !w->seen) : "?", w ? rfi_watch_state(w, w->seen)
+                      : "?");
+        break;
+    }
     case PART_LOSS: rfi_sb_printf(sb, "loss function"); break;
     case PART_CTX: rfi_sb_printf(sb, "loss ctx pointer (%p vs %p)", p->ctx, e->ctx); break;
     case PART_OTHER_MODE: {
