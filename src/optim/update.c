@@ -34,7 +34,7 @@ typedef struct emitter {
     rf_tensor *x;       /* flat parameters before the step */
     rf_tensor *active;  /* NULL: every rule runs; else a bool scalar: false while
                            an AccumGrad is still accumulating (later rules skip) */
-    const int64_t *seg; /* element count of each trained member, for per-array norms */
+    const int64_t *seg; /* element count of each member, for per-array norms */
     int n_seg;
     const bool *frozen; /* per member of g (NULL: none): its flat state keeps its value */
 } emitter;
@@ -69,53 +69,23 @@ static rf_array *state_array(emitter *e, int l, int role)
     return e->g->state[l * RFI_OPT_MAX_ROLES + role];
 }
 
-/* The pieces of a flat group vector (member order) that belong to trained members,
- * concatenated: what the rule sees when some members are frozen. */
-static rf_tensor *trained_part(emitter *e, rf_tensor *flat)
+/* The flat group vector `value` with each frozen member's piece taken from `old`
+ * instead: concatenated per member, so a segmented loop computes each piece by itself
+ * (a frozen one is its own array's bytes at their own offset). */
+static rf_tensor *keep_frozen(emitter *e, rf_tensor *old, rf_tensor *value)
 {
     if (!e->frozen)
-        return flat;
+        return value;
     rf_tensor **parts = rfi_calloc((size_t)e->g->n_members, sizeof *parts);
     if (!parts) {
         fail(e->t, RF_E_NOMEM, "rf_update: out of memory");
         return NULL;
     }
-    int n = 0;
     int64_t off = 0;
     for (int i = 0; i < e->g->n_members; i++) {
         int64_t len = e->o->param_numel[e->g->members[i]];
         int64_t lo[1] = {off}, hi[1] = {off + len};
-        if (!e->frozen[i])
-            parts[n++] = rf_slice(flat, lo, hi, NULL);
-        off += len;
-    }
-    rf_tensor *out = n == 1 ? parts[0] : rf_concatenate(parts, n, 0);
-    rfi_free(parts);
-    return out;
-}
-
-/* The flat group vector with the trained members' pieces from `trained` (as
- * trained_part lays them out) and the frozen members' from `old`. */
-static rf_tensor *merge_trained(emitter *e, rf_tensor *old, rf_tensor *trained)
-{
-    if (!e->frozen)
-        return trained;
-    rf_tensor **parts = rfi_calloc((size_t)e->g->n_members, sizeof *parts);
-    if (!parts) {
-        fail(e->t, RF_E_NOMEM, "rf_update: out of memory");
-        return NULL;
-    }
-    int64_t off = 0, trained_off = 0;
-    for (int i = 0; i < e->g->n_members; i++) {
-        int64_t len = e->o->param_numel[e->g->members[i]];
-        int64_t lo[1] = {off}, hi[1] = {off + len};
-        int64_t tlo[1] = {trained_off}, thi[1] = {trained_off + len};
-        if (e->frozen[i]) {
-            parts[i] = rf_slice(old, lo, hi, NULL);
-        } else {
-            parts[i] = rf_slice(trained, tlo, thi, NULL);
-            trained_off += len;
-        }
+        parts[i] = rf_slice(e->frozen[i] ? old : value, lo, hi, NULL);
         off += len;
     }
     rf_tensor *out = rf_concatenate(parts, e->g->n_members, 0);
@@ -129,11 +99,9 @@ static bool flat_role(emitter *e, int l, int role)
     return rf_array_rank(state_array(e, l, role)) == 1;
 }
 
-/* State `role` of leaf l as the rule sees it: a flat state's trained members only. */
 static rf_tensor *state(emitter *e, int l, int role)
 {
-    rf_tensor *s = rf_capture(e->t, state_array(e, l, role));
-    return flat_role(e, l, role) ? trained_part(e, s) : s;
+    return rf_capture(e->t, state_array(e, l, role));
 }
 
 /* Records state' for role; while an AccumGrad upstream is accumulating, the
@@ -145,7 +113,7 @@ static void put(emitter *e, int l, int role, rf_tensor *value)
     if (e->active)
         value = rf_select(e->active, value, state(e, l, role));
     if (flat_role(e, l, role))
-        value = merge_trained(e, rf_capture(e->t, a), value);
+        value = keep_frozen(e, state(e, l, role), value);
     rf_assign(e->t, a, value);
 }
 
@@ -520,19 +488,27 @@ static rf_tensor *apply_rule(emitter *e, const rf_rule *r, rf_tensor *dx)
 
 /* ---- One dtype group ------------------------------------------------------------------------- */
 
-/* The flat concatenation of xs[idx[0..n)] (each reshaped to [-1]); xs is indexed by
- * parameter, scratch has room for n. */
-static rf_tensor *flatten_all(rf_tensor **scratch, const int *idx, int n, rf_tensor *const *xs)
+/* The flat concatenation of the members' xs (each reshaped to [-1]), zeros for a
+ * frozen member's (frozen NULL: none); xs is indexed by parameter, scratch has room for
+ * the members. */
+static rf_tensor *flatten_all(rf_trace *t, rf_tensor **scratch, const rfi_opt_group *g,
+                              rf_tensor *const *xs, const bool *frozen)
 {
     const int64_t minus1[1] = {-1};
-    for (int i = 0; i < n; i++)
-        scratch[i] = rf_reshape(xs[idx[i]], minus1, 1);
-    return n == 1 ? scratch[0] : rf_concatenate(scratch, n, 0);
+    for (int i = 0; i < g->n_members; i++) {
+        const rf_tensor *x = xs[g->members[i]];
+        int64_t len[1] = {rf_tensor_numel(x)};
+        scratch[i] = frozen && frozen[i]
+                         ? rf_broadcast_to(rf_convert(rf_scalar(t, 0.0), g->dtype), len, 1)
+                         : rf_reshape(xs[g->members[i]], minus1, 1);
+    }
+    return g->n_members == 1 ? scratch[0] : rf_concatenate(scratch, g->n_members, 0);
 }
 
-/* x' = x - rule(flat grads) over the group's trained members, sliced back into each of
- * them; frozen members (frozen[p] by parameter, NULL: none) and their state are left as
- * they are. A group with no trained member emits nothing. */
+/* x' = x - rule(flat grads), sliced back into every trained member of the group. The
+ * rule runs over every member, as without freezing, so the update stays one segmented
+ * in-place loop: a frozen member's gradient is zeros (its own is never computed), its
+ * pieces of the flat state are its old values (keep_frozen), and it is not assigned. */
 static rf_status emit_group(rf_trace *t, rf_opt *o, rfi_opt_group *g, rf_array *const *params,
                             rf_tensor *const *grads, const bool *frozen)
 {
@@ -540,52 +516,49 @@ static rf_status emit_group(rf_trace *t, rf_opt *o, rfi_opt_group *g, rf_array *
     rf_tensor **scratch = rfi_calloc((size_t)n, sizeof *scratch);
     rf_tensor **px = rfi_calloc((size_t)o->n_params, sizeof *px); /* by parameter index */
     int64_t *seg = rfi_calloc((size_t)n, sizeof *seg);
-    int *trained = rfi_calloc((size_t)n, sizeof *trained); /* parameter indices */
     bool *member_frozen = rfi_calloc((size_t)n, sizeof *member_frozen);
-    if (!scratch || !px || !seg || !trained || !member_frozen) {
+    if (!scratch || !px || !seg || !member_frozen) {
         rfi_free(scratch);
         rfi_free(px);
         rfi_free(seg);
-        rfi_free(trained);
         rfi_free(member_frozen);
         return fail(t, RF_E_NOMEM, "rf_update: out of memory");
     }
     int n_trained = 0;
     for (int i = 0; i < n; i++) {
         int p = g->members[i];
-        member_frozen[i] = frozen && frozen[p];
-        if (member_frozen[i])
-            continue;
-        seg[n_trained] = o->param_numel[p];
-        trained[n_trained++] = p;
+        seg[i] = o->param_numel[p];
         px[p] = rf_capture(t, params[p]);
+        member_frozen[i] = frozen && frozen[p];
+        n_trained += !member_frozen[i];
     }
+    const bool *fz = n_trained < n ? member_frozen : NULL;
 
-    if (n_trained > 0) {
+    if (n_trained > 0) { /* a group with nothing to train keeps all it has */
         emitter e = {.t = t, .o = o, .g = g, .leaf = 0, .active = NULL, .seg = seg,
-                     .n_seg = n_trained, .frozen = n_trained < n ? member_frozen : NULL};
-        e.x = flatten_all(scratch, trained, n_trained, px);
-        rf_tensor *dx = apply_rule(&e, o->rule, flatten_all(scratch, trained, n_trained, grads));
+                     .n_seg = n, .frozen = fz};
+        e.x = flatten_all(t, scratch, g, px, NULL);
+        rf_tensor *dx = apply_rule(&e, o->rule, flatten_all(t, scratch, g, grads, fz));
         rf_tensor *xn = rf_sub(e.x, dx);
         if (e.active) /* an AccumGrad still accumulating: parameters stay as they are */
             xn = rf_select(e.active, xn, e.x);
 
         int64_t off = 0;
-        for (int i = 0; i < n_trained; i++) {
-            rf_array *p = params[trained[i]];
+        for (int i = 0; i < n; i++) {
+            rf_array *p = params[g->members[i]];
             rf_tensor *piece = xn;
-            if (n_trained > 1) {
+            if (n > 1) {
                 int64_t lo[1] = {off}, hi[1] = {off + seg[i]};
                 piece = rf_slice(xn, lo, hi, NULL);
             }
             off += seg[i];
-            rf_assign(t, p, rf_reshape(piece, rf_array_dims(p), rf_array_rank(p)));
+            if (!member_frozen[i])
+                rf_assign(t, p, rf_reshape(piece, rf_array_dims(p), rf_array_rank(p)));
         }
     }
     rfi_free(scratch);
     rfi_free(px);
     rfi_free(seg);
-    rfi_free(trained);
     rfi_free(member_frozen);
     return rf_trace_status(t);
 }
