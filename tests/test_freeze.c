@@ -333,6 +333,46 @@ static void test_chained_rules(rf_model *host, rf_array **batch)
     rf_model_free(ref);
 }
 
+/* A global norm counts only trained arrays, also when a decay upstream gives a frozen
+ * one's update a value: one Descent step clipped to omega moves the trained arrays by
+ * exactly lr * omega in all (layer 0's weights are made large, so counting its decay
+ * would shrink the step). */
+static void test_global_norm(rf_model *host, rf_array **batch)
+{
+    enum { W0 = IN * HID };
+    rf_model *m = rf_model_to(host, cpu);
+    float big[W0];
+    for (int i = 0; i < W0; i++)
+        big[i] = 50.0f * (i % 2 ? 1 : -1);
+    rf_array *w0 = param(m, "0.weight");
+    CHECK(w0 && rf_array_write(w0, big, sizeof big) == RF_OK);
+    const double lr = 0.1, omega = 0.01;
+    rf_opt *o = rf_setup(rf_chain_rules(rf_weightdecay(0.5), rf_clipnorm_global(omega, 2),
+                                        rf_descent(lr)), m);
+    CHECK(o && rf_opt_freeze(o, "0") == RF_OK);
+    static const char *trained[] = {"1.weight", "1.bias", "2.weight", "2.bias"};
+    float *before[4];
+    for (int i = 0; i < 4; i++)
+        before[i] = read_all(param(m, trained[i]));
+    double l;
+    CHECK_OK(rf_trainstep(mse_loss, NULL, m, batch, 2, o, &l, NULL));
+    double sq = 0;
+    for (int i = 0; i < 4; i++) {
+        rf_array *a = param(m, trained[i]);
+        float *after = read_all(a);
+        for (int64_t k = 0; k < rf_array_numel(a); k++)
+            sq += ((double)after[k] - before[i][k]) * ((double)after[k] - before[i][k]);
+        free(after);
+        free(before[i]);
+    }
+    CHECK_NEAR(sqrt(sq), lr * omega, 0, 1e-3);
+    float *w0_after = read_all(w0);
+    CHECK(memcmp(w0_after, big, sizeof big) == 0);
+    free(w0_after);
+    rf_opt_free(o);
+    rf_model_free(m);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -346,6 +386,7 @@ int main(void)
         test_compiled_step(host, batch);
         test_two_optimisers(host, batch);
         test_chained_rules(host, batch);
+        test_global_norm(host, batch);
     }
     rf_array_free(x);
     rf_array_free(y);

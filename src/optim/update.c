@@ -394,7 +394,15 @@ static rf_tensor *norm_finish(rf_tensor *part, double p)
 static rf_tensor *emit_clipnorm_global(emitter *e, int l, rf_tensor *dx)
 {
     double p = e->o->leaves[l].rule->hp[1];
-    rf_tensor *norm = norm_finish(norm_part(dx, p), p);
+    /* a frozen member's dx is zero unless a decay upstream added its parameters: the
+     * norm is over what is trained */
+    rf_tensor *counted = dx;
+    if (e->frozen) {
+        const int64_t len[1] = {e->g->numel};
+        rf_tensor *zero = rf_convert(num(e, 0.0), e->g->dtype);
+        counted = keep_frozen(e, rf_broadcast_to(zero, len, 1), dx);
+    }
+    rf_tensor *norm = norm_finish(norm_part(counted, p), p);
     return rf_mul(dx, rf_min(rf_div(hp(e, l, 0), norm), num(e, 1.0)));
 }
 
