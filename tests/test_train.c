@@ -210,6 +210,9 @@ static void test_manual_vs_trainstep(rf_model *host, rf_array *x, rf_array *y)
     CHECK(rf_opt_steps(ob) == STEPS);
     rf_cache_stats cs = rf_model_cache_stats(mb);
     CHECK(cs.compiles == 1 && cs.hits == STEPS - 1 && cs.misses == 1 && cs.entries == 1);
+    /* the step's planned memory (the interpreter plans none) */
+    const char *backend = getenv("RF_BACKEND");
+    CHECK(backend && !strcmp(backend, "interp") ? cs.memory == 0 : cs.memory > 0);
 
     /* (3) a smaller final batch compiles exactly one more step, then reuses both */
     rf_array *xs = randn_dev(8, 4, 11), *ys = randn_dev(8, 2, 12);

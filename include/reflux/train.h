@@ -103,6 +103,7 @@ RF_API rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *da
 typedef struct rf_cache_stats {
     uint64_t hits, misses, compiles;
     int entries;
+    size_t memory; /* the entries' rf_exec_memory summed: bytes planned for intermediates */
 } rf_cache_stats;
 RF_API rf_cache_stats rf_model_cache_stats(const rf_model *m);
 /* Frees every cached executable of m now. */

@@ -458,13 +458,15 @@ void rfi_step_cache_free(rfi_step_cache *c)
 
 rf_cache_stats rf_model_cache_stats(const rf_model *m)
 {
-    rf_cache_stats s = {0, 0, 0, 0};
+    rf_cache_stats s = {0, 0, 0, 0, 0};
     const rfi_step_cache *c = m ? m->cache : NULL;
     if (c) {
         s.hits = c->hits;
         s.misses = c->misses;
         s.compiles = c->compiles;
         s.entries = c->n;
+        for (int i = 0; i < c->n; i++)
+            s.memory += rf_exec_memory(c->entries[i]->exec);
     }
     return s;
 }
