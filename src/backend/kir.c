@@ -865,6 +865,7 @@ static rfi_kir_kernel *merge_loops(const rfi_kir_kernel *k, int d)
         w++;
     }
     n->is_reduce = k->is_reduce;
+    n->no_simd = k->no_simd;
     n->red_kind = k->red_kind;
     n->acc_dtype = k->acc_dtype;
     n->red_identity_f = k->red_identity_f;

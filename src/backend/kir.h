@@ -126,6 +126,9 @@ typedef struct rfi_kir_kernel {
     int red_rank;      /* inner loops: variables rank..rank+red_rank-1 over red_dims */
     int64_t red_dims[RF_MAX_RANK];
     bool is_reduce;
+    /* LOOP: no `omp simd` on the innermost loop, whose index strides through memory
+     * (a padded window's edge piece one column wide: kir_lower_reduce.c) */
+    bool no_simd;
     rf_reduce_kind red_kind;
     rf_dtype acc_dtype; /* RF_F64, RF_I64, or RF_F32 (f32 dots, f32 max/min) */
     double red_identity_f;

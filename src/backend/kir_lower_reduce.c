@@ -285,6 +285,16 @@ rf_status rfi_lower_reduce(lower *L, const rfi_step *st, const box *part)
     rf_status s;
     if (n->op == RFI_OP_REDUCE_WINDOW && window_unrolls(n)) {
         k->is_reduce = false;
+        /* An edge piece one column wide (the left or right column of a padded
+         * max-pool) has no loop over the last dim: its innermost loop walks
+         * rows, whole rows apart. Forced vectorisation (omp simd) turns that
+         * into strided loads with 64-bit index vectors that gcc 12 -O2 took
+         * 3-12 s to compile for one kernel (a 3x3 stride-2 max-pool padded by
+         * 1 to 16x16 or 32x32 on blocked channels), a part's whole compile;
+         * left to gcc's cost model it compiles in 0.1 s. */
+        int last = n->rank - 1;
+        k->no_simd = !whole && last >= 0 && n->dims[last] > 1 &&
+                     part->hi[last] - part->lo[last] == 1;
         s = window_unrolled(L, n, m, &v);
         kidx ix = n->rank ? idx_multi_of(n, m) : idx_scalar(L);
         if (s != RF_OK)

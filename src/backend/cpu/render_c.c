@@ -768,7 +768,7 @@ static void plain_body(rfi_render *R, const bool *live)
     const rfi_kir_kernel *k = R->k;
     if (k->rank == 0)
         put(R->sb, "    (void)lo;\n    (void)hi;\n");
-    rfi_render_open_outer_loops(R, k->rank, !k->is_reduce);
+    rfi_render_open_outer_loops(R, k->rank, !k->is_reduce && !k->no_simd);
     int depth = 1 + k->rank;
     rfi_render_statements(R, live, 1, depth);
     if (k->is_reduce)
