@@ -685,6 +685,19 @@ static void test_conv_rule_paths(void)
            kernel_grad16.name, k.path, k.worst);
     CHECK(avx512 ? !strstr(f.path, "winograd") : !strcmp(f.path, "winograd 4x4"));
     CHECK(!strcmp(k.path, "bwd-weights"));
+    /* winograd.c's first form only where its tiles fill: a ResNet's last stage at batch 1
+     * (a 2x2 result, one tile), or batch 8 of 4x4 (8 tiles in all), runs direct; batch 4
+     * of 9x9 (36 tiles, 56% filled) above stays on Winograd */
+    static const conv_case tiny = {"batch 1 of 2x2, 64 channels", 4, {1, 64, 2, 2},
+                                   {64, 64, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1};
+    static const conv_case few = {"batch 8 of 4x4, 64 channels", 4, {8, 64, 4, 4},
+                                  {64, 64, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1};
+    case_result ty = run_conv(&tiny, RF_F32, false), fw = run_conv(&few, RF_F32, false);
+    printf("conv rule: %s -> %s, %s -> %s\n", tiny.name, ty.path, few.name, fw.path);
+    CHECK(!strstr(ty.path, "winograd") && !strstr(fw.path, "winograd"));
+    setenv("RF_CONV_WINOGRAD", "1", 1); /* the forced rule takes any */
+    ty = run_conv(&tiny, RF_F32, false);
+    CHECK(avx512 || !strcmp(ty.path, "winograd 4x4"));
     setenv("RF_CONV_WINOGRAD", "0", 1);
     f = run_conv(&forward, RF_F32, false);
     k = run_conv(&kernel_grad, RF_F32, false);

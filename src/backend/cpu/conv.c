@@ -87,6 +87,10 @@
 #define WINOGRAD_MIN_CHANNELS 32
 /* winograd.c's forward and input-gradient form takes fewer (own_winograd_wanted). */
 #define OWN_WINOGRAD_MIN_CHANNELS 16
+/* ... where its result has enough 4x4 tiles (over the batch), mostly filled
+ * (rfi_winograd_rule: a ResNet's last stages at batch 1 are one tile an image). */
+#define OWN_WINOGRAD_MIN_TILES 32
+#define OWN_WINOGRAD_MIN_FILL 0.5
 
 enum { PATH_IM2COL, PATH_FORWARD, PATH_BWD_WEIGHTS, PATH_BWD_DATA, PATH_OWN_WINOGRAD };
 
@@ -1137,17 +1141,19 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
  * 14x14 (128 images): forward 0.84-0.89 against 0.94 ms, input and weight
  * gradient 1.40-1.44 against 1.77 ms with the weight gradient oneDNN's, but
  * 1.68-1.78 ms with both winograd.c's; the step 15.2-15.3 against 16.3 ms. */
-static bool own_winograd_wanted(int64_t min_channels[2])
+static bool own_winograd_wanted(rfi_winograd_rule *rule)
 {
     const char *forced = getenv("RF_CONV_PATH"), *env = getenv("RF_CONV_WINOGRAD");
-    min_channels[0] = min_channels[1] = 1;
+    *rule = (rfi_winograd_rule){{1, 1}, 0, 0.0};
     if (forced && *forced)
         return !strcmp(forced, "winograd");
     if (env && *env == '0')
         return false;
     if (!env || *env != '1') {
-        min_channels[0] = OWN_WINOGRAD_MIN_CHANNELS;
-        min_channels[1] = WINOGRAD_MIN_CHANNELS;
+        rule->min_channels[0] = OWN_WINOGRAD_MIN_CHANNELS;
+        rule->min_channels[1] = WINOGRAD_MIN_CHANNELS;
+        rule->min_rows = OWN_WINOGRAD_MIN_TILES;
+        rule->min_fill = OWN_WINOGRAD_MIN_FILL;
     }
     return rfi_dnnl_channel_block() == 8;
 }
@@ -1163,10 +1169,10 @@ static size_t choose_path(rfi_cpu_conv *c, dnnl_engine_t eng)
             return c->dnnl_workspace;
     }
     c->rounds = c->bf16;
-    int64_t min_channels[2];
+    rfi_winograd_rule rule;
     size_t bytes = 0;
-    if (own_winograd_wanted(min_channels) &&
-        rfi_winograd_prepare(c->node, c->views, c->layouts, c->epi, c->n_epi, min_channels, eng,
+    if (own_winograd_wanted(&rule) &&
+        rfi_winograd_prepare(c->node, c->views, c->layouts, c->epi, c->n_epi, &rule, eng,
                              &c->own, &bytes) == RF_OK) {
         c->path = PATH_OWN_WINOGRAD;
         return bytes;

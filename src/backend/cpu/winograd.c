@@ -660,7 +660,7 @@ static bool bias_left(const rfi_epi_op *epi, int n_epi, int taken)
 
 rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
                                const rfi_layout layouts[3], const rfi_epi_op *epi, int n_epi,
-                               const int64_t min_channels[2], dnnl_engine_t eng,
+                               const rfi_winograd_rule *rule, dnnl_engine_t eng,
                                rfi_winograd **out, size_t *workspace_bytes)
 {
     *out = NULL;
@@ -669,8 +669,12 @@ rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
     if (n->op != RFI_OP_CONVOLUTION || n->n_in != 2 || !read_form(&probe, n))
         return RF_E_UNSUPPORTED;
     int64_t in_channels = probe.form == RESULT_TILES ? probe.n1 : probe.n0;
-    int64_t fewest = min_channels[probe.form == RESULT_TILES ? 0 : 1];
+    int64_t fewest = rule->min_channels[probe.form == RESULT_TILES ? 0 : 1];
     if (in_channels < fewest || probe.o0 < fewest)
+        return RF_E_UNSUPPORTED;
+    if (probe.form == RESULT_TILES &&
+        (probe.n0 * probe.tiles < rule->min_rows ||
+         (double)(probe.oh * probe.ow) < rule->min_fill * (double)(16 * probe.tiles)))
         return RF_E_UNSUPPORTED;
     if (probe.form == KERNEL_TILES)
         choose_k_lanes(&probe);

@@ -27,12 +27,22 @@ typedef struct rfi_winograd rfi_winograd;
  * a view's: its buffer's), read and written as they are where oneDNN can
  * describe them (rfi_winograd_laid_out). epi: the step's epilogue, whose
  * leading per-channel BIAS and RELU ops the result transform applies
- * (rfi_winograd_epilogue_ops). min_channels[f]: the fewest channels (C and
- * O) taken in form f (0: a 3x3 kernel, 1: a 3x3 result). Keeps pointers to
- * nothing of the caller's; freed with rfi_winograd_free. */
+ * (rfi_winograd_epilogue_ops). rule: which forms are taken (below). Keeps
+ * pointers to nothing of the caller's; freed with rfi_winograd_free. */
+typedef struct rfi_winograd_rule {
+    int64_t min_channels[2]; /* the fewest channels (C and O) in form f (0: a 3x3 kernel,
+                                1: a 3x3 result) */
+    /* The first form only where its products fill: at least min_rows tiles in all
+     * (fewer, and transforming the kernel, a pass over a 36x larger copy of it, costs
+     * as much as the products), and results filling at least min_fill of the tiles'
+     * outputs (a 2x2 result in one 4x4 tile computes 4 times the outputs it keeps,
+     * which is what Winograd saves over a direct convolution). 0: any. */
+    int64_t min_rows;
+    double min_fill;
+} rfi_winograd_rule;
 RFI_FUNC rf_status rfi_winograd_prepare(const rfi_node *n, const bool views[2],
                                         const rfi_layout layouts[3], const rfi_epi_op *epi,
-                                        int n_epi, const int64_t min_channels[2],
+                                        int n_epi, const rfi_winograd_rule *rule,
                                         dnnl_engine_t eng, rfi_winograd **out,
                                         size_t *workspace_bytes);
 /* epi_src: the operand of each epilogue op (conv.c's convention). */
