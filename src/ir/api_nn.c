@@ -495,19 +495,22 @@ rf_tensor *rf_softplus(rf_tensor *x)
     return rf_add(rf_relu(x), tail);
 }
 
-/* Checks a softmax-family call and returns max(x, axis) (keepdims);
- * *axis_out receives the normalised axis. */
+/* Checks a softmax-family call and returns max(x, axis) (keepdims) as a
+ * stop_gradient; *axis_out receives the normalised axis. The shift cancels
+ * mathematically, so its gradient is zero: differentiated, the max's VJP
+ * cost two row sums (the cotangent's, and a count of ties at the max), a
+ * loop, and kept the shifted scores alive for the backward pass, to add
+ * what is only rounding noise (as rf_var's mean, and JAX's softmax). */
 static rfi_node *row_max(const char *fn, rfi_node *x, int axis, int64_t *axis_out)
 {
     int a;
     if (!x || !need_float(fn, x) || !rfi_api_axis(fn, x, axis, x->rank, &a))
         return NULL;
     *axis_out = a;
-    return rf_reduce_max(x, axis_out, 1, true);
+    return rf_stop_gradient(rf_reduce_max(x, axis_out, 1, true));
 }
 
-/* x - max(x, axis) (keepdims). The max is not stop-gradient'ed: it cancels
- * mathematically, so gradients are exact either way. */
+/* x - max(x, axis) (keepdims). */
 static rfi_node *shifted(const char *fn, rfi_node *x, int axis, int64_t *axis_out)
 {
     rfi_node *m = row_max(fn, x, axis, axis_out);
