@@ -133,6 +133,19 @@ GF(f_softmax0, rf_softmax(x[0], 0))
 GF(f_logsoftmax, rf_logsoftmax(x[0], -1))
 GF(f_logsumexp, rf_logsumexp(x[0], 1, false))
 GF(f_logsumexp_k, rf_logsumexp(x[0], 0, true))
+/* Attention's softmax: scaled scores [B, H, T, T] plus a causal additive mask over the
+ * last axis. The backend recomputes the masked scores in the row max and in the exp. */
+static rf_tensor *f_attn_softmax(rf_tensor *const *x, const gcase *c)
+{
+    (void)c;
+    rf_trace *t = rf_tensor_trace(x[0]);
+    int64_t n = rf_tensor_dim(x[0], 3);
+    rf_tensor *ri = rf_iota(t, RF_I32, DIMS(n, n), 2, 0);
+    rf_tensor *ci = rf_iota(t, RF_I32, DIMS(n, n), 2, 1);
+    rf_tensor *neg = rf_full(t, RF_F64, DIMS(n, n), 2, -1e9);
+    rf_tensor *mask = rf_select(rf_compare(ci, ri, RF_LE), rf_zeros_like(neg), neg);
+    return rf_softmax(rf_add(rf_mul_s(x[0], 0.5), mask), -1);
+}
 GF(f_gelu, rf_gelu(x[0]))
 GF(f_softplus, rf_softplus(x[0]))
 GF(f_elu, rf_elu(x[0], 0.7))
@@ -306,6 +319,7 @@ static const gcase CASES[] = {
     {"softmax axis 1", f_softmax1, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"softmax axis 0", f_softmax0, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"logsoftmax", f_logsoftmax, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
+    {"attention softmax, causal mask", f_attn_softmax, 1, {F64_IN(4, -3, 3, 2, 2, 4, 4)}, {0}},
     {"logsumexp", f_logsumexp, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"logsumexp keepdims axis 0", f_logsumexp_k, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"gelu", f_gelu, 1, {F64_IN(2, -3, 3, 3, 4)}, {0}},

@@ -369,6 +369,90 @@ static void test_softmax(void)
     rf_array_free(x);
 }
 
+/* ---- (c) attention's softmax over [B, H, T, T] scores, forward and backward ------------- */
+
+enum { ATT_B = 2, ATT_H = 3, ATT_T = 16 };
+
+/* softmax(s / 4 + mask) over the last axis, the mask additive and causal as a
+ * transformer's; with ctx set, the gradient of sum(softmax(...) * w) with
+ * respect to s instead. */
+static void attention_fn(rf_trace *t, void *ctx)
+{
+    rf_tensor *s = rf_arg(t, 0);
+    int64_t n = ATT_T;
+    rf_tensor *ri = rf_iota(t, RF_I32, RF_SHAPE(n, n), 0);
+    rf_tensor *ci = rf_iota(t, RF_I32, RF_SHAPE(n, n), 1);
+    rf_tensor *neg = rf_full(t, RF_F32, RF_SHAPE(n, n), -1e9);
+    rf_tensor *mask = rf_select(rf_compare(ci, ri, RF_LE), rf_zeros_like(neg), neg);
+    rf_tensor *p = rf_softmax(rf_add(rf_mul_s(s, 0.25), mask), -1);
+    if (!ctx) {
+        rf_return(t, p);
+        return;
+    }
+    rf_tensor *ds = NULL;
+    CHECK_OK(rf_grad(t, rf_sum_all(rf_mul(p, rf_arg(t, 1))), &s, 1, &ds));
+    rf_return(t, ds);
+}
+
+/* Arena values of the scores' shape. */
+static int score_buffers(const rfi_plan *p)
+{
+    int n = 0;
+    for (int x = 0; x < p->g->n_nodes; x++)
+        n += p->loc[x].kind == RFI_LOC_ARENA &&
+             rfi_node_numel(p->g->nodes[x]) == (int64_t)ATT_B * ATT_H * ATT_T * ATT_T;
+    return n;
+}
+
+static int steps_over_scores(const rfi_plan *p, rfi_step_kind kind)
+{
+    int n = 0;
+    for (int q = 0; q < p->n_steps; q++)
+        n += p->steps[q].kind == kind && p->steps[q].n_roots > 0 &&
+             rfi_node_numel(p->g->nodes[p->steps[q].roots[0]]) ==
+                 (int64_t)ATT_B * ATT_H * ATT_T * ATT_T;
+    return n;
+}
+
+static void test_attention_softmax(void)
+{
+    rf_array *s = dev_zeros(RF_SHAPE(ATT_B, ATT_H, ATT_T, ATT_T));
+    rf_array *w = dev_zeros(RF_SHAPE(ATT_B, ATT_H, ATT_T, ATT_T));
+    rf_array *args[2] = {s, w};
+    rfi_graph *g = trace_program(attention_fn, NULL, args, 1);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        /* The scaled and masked scores are recomputed by the row max and by the exp:
+         * LOOP mask [T,T]; REDUCE max; LOOP e; REDUCE sum; LOOP e / sum (the output).
+         * Only e is stored; the scores used to be too, for the max to read. */
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 2);
+        CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 3);
+        CHECK(steps_over_scores(p, RFI_STEP_LOOP) == 2);
+        CHECK(score_buffers(p) == 1);
+        CHECK(p->loc[g->outputs[0]->id].kind == RFI_LOC_OUTPUT);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    g = trace_program(attention_fn, &s, args, 2);
+    p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        /* Forward as above, then one row sum and one loop: the max is a stop_gradient,
+         * so its VJP (the cotangent's row sum, a count of ties at the max, their
+         * quotient) is gone, and the backward pass needs no scores. e / sum is
+         * recomputed by the loss's sum and the backward row sum: e alone is stored. */
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 3);
+        CHECK(steps_over_scores(p, RFI_STEP_LOOP) == 2);
+        CHECK(score_buffers(p) == 1);
+        CHECK(p->loc[g->outputs[0]->id].kind == RFI_LOC_OUTPUT);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(s);
+    rf_array_free(w);
+}
+
 /* ---- Outputs, copies, constants, aliases, unsafe updates ------------------------------- */
 
 typedef struct results_ctx {
@@ -1954,6 +2038,7 @@ int main(void)
     cpu = rf_device_cpu();
     test_elementwise_chain();
     test_softmax();
+    test_attention_softmax();
     test_results();
     test_alias_and_swap();
     test_capture_copies_run();

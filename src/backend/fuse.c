@@ -37,7 +37,15 @@
  *     most 1 AND (it has one user, or all its users are elementwise ops of
  *     its own shape, i.e. they read it at the index they compute: a shared
  *     subexpression of loops over one shape, computed once per element when
- *     those roots share a LOOP step and recomputed otherwise). Else it is
+ *     those roots share a LOOP step and recomputed otherwise, or REDUCEs of
+ *     it, which read each element once: a softmax's scaled and masked scores
+ *     are recomputed by its row max and by the exp that reads that max,
+ *     where storing them cost a write and two reads of a [B,H,T,T] value).
+ *     A node that calls a math function (exp, tanh, ...) or reads more than
+ *     one operand of its size (not a scalar or a broadcast of a smaller
+ *     value) is not recomputed that way: such a node, or one under it, is
+ *     materialised, so each step reads at most the one stream the stored
+ *     value would cost it (opts.inline_reduce_operands). Else it is
  *     materialised. Its sites are then 1.
  *
  * Segment sources. A rank-1 node F that these rules materialise becomes
@@ -660,16 +668,43 @@ static int user_fan(const rfi_plan_builder *b, const int *fan, int u)
  * A non-cheap node whose fan would exceed MAX_INLINE_FAN is materialised. */
 enum { MAX_INLINE_FAN = 8, FAN_CAP = 1 << 20 };
 
-static void decide_fusible(rfi_plan_builder *b, int *sites, int *fan, int x)
+static bool reduces_operand(const rfi_node *u, const rfi_node *x)
+{
+    return u->op == RFI_OP_REDUCE && u->n_in >= 1 && u->in[0] == x;
+}
+
+/* Operands of x that a loop over x reads as a stream of x's size: not
+ * scalars, nor broadcasts of smaller values (a mask, a row's max), which
+ * stay in cache. */
+static int full_operands(const rfi_node *x)
+{
+    int n = 0;
+    for (int k = 0; k < x->n_in; k++) {
+        const rfi_node *y = x->in[k];
+        bool small = y->rank == 0 || rfi_node_numel(y) < rfi_node_numel(x) ||
+                     (y->op == RFI_OP_BROADCAST_IN_DIM &&
+                      rfi_node_numel(y->in[0]) < rfi_node_numel(y));
+        n += !small;
+    }
+    return n;
+}
+
+/* shared[x]: x is inline in the operand of a REDUCE and also in another step
+ * (the REDUCE rule of decide_fusible), or under such a node: each of those
+ * steps evaluates it. */
+static void decide_fusible(rfi_plan_builder *b, int *sites, int *fan, bool *shared, int x)
 {
     const rfi_node *node = b->g->nodes[x];
     int n_users = b->user_start[x + 1] - b->user_start[x];
     const int *us = b->users + b->user_start[x];
     int f = 0;
+    bool under_shared = false;
     for (int k = 0; k < n_users; k++) {
         f += user_fan(b, fan, us[k]);
         if (f > FAN_CAP)
             f = FAN_CAP;
+        if (!b->mat[us[k]] && shared[us[k]])
+            under_shared = true;
     }
     if (is_cheap(node->op) || node->rank == 0) {
         int total = 0;
@@ -677,19 +712,35 @@ static void decide_fusible(rfi_plan_builder *b, int *sites, int *fan, int x)
             total += user_sites(b, sites, node, us[k]);
         sites[x] = total > 2 ? 2 : total;
         fan[x] = f;
+        shared[x] = under_shared;
         return;
     }
-    bool all_single = true, all_elementwise = true;
+    bool all_single = true, all_elementwise = true, all_read_once = true;
     for (int k = 0; k < n_users; k++) {
         const rfi_node *u = b->g->nodes[us[k]];
         if (user_sites(b, sites, node, us[k]) > 1)
             all_single = false;
-        if (!is_elementwise(u->op) || !same_dims(u, node))
+        if (!is_elementwise(u->op) || !same_dims(u, node)) {
             all_elementwise = false;
+            if (!reduces_operand(u, node))
+                all_read_once = false;
+        }
     }
-    if (all_single && (n_users <= 1 || (all_elementwise && f <= MAX_INLINE_FAN))) {
+    /* A math function evaluated once per step that reads it costs more than
+     * the memory traffic its buffer saves, and so does an expression that
+     * reads more than one stream of its size (a residual add). */
+    bool costly = rfi_op_calls_math(node->op) || full_operands(node) > 1;
+    if (costly && under_shared) {
+        b->mat[x] = true;
+    } else if (all_single && (n_users <= 1 || (all_elementwise && f <= MAX_INLINE_FAN))) {
         sites[x] = 1;
         fan[x] = f;
+        shared[x] = under_shared;
+    } else if (all_single && all_read_once && !costly && f <= MAX_INLINE_FAN &&
+               b->opts.inline_reduce_operands) {
+        sites[x] = 1;
+        fan[x] = f;
+        shared[x] = true;
     } else {
         b->mat[x] = true;
     }
@@ -852,8 +903,9 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
     bool *forced = rfi_calloc((size_t)b->n + 1, sizeof *forced);
     int *sites = rfi_calloc((size_t)b->n + 1, sizeof *sites);
     int *fan = rfi_calloc((size_t)b->n + 1, sizeof *fan);
+    bool *shared = rfi_calloc((size_t)b->n + 1, sizeof *shared);
     rf_status st = RF_OK;
-    if (!forced || !sites || !fan)
+    if (!forced || !sites || !fan || !shared)
         st = rfi_error(RF_E_NOMEM, "plan: out of memory");
     for (int x = 0; st == RF_OK && x < b->n; x++)
         if (b->g->nodes[x]->op == RFI_OP_GRAD)
@@ -871,7 +923,7 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
             else if (forced[x])
                 b->mat[x] = true;
             else
-                decide_fusible(b, sites, fan, x);
+                decide_fusible(b, sites, fan, shared, x);
             if (!forced[x] && !b->epi_inline[x] && b->mat[x] && !is_leaf(node) &&
                 make_segment_source(b, x)) {
                 b->mat[x] = false;
@@ -888,6 +940,7 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
     rfi_free(forced);
     rfi_free(sites);
     rfi_free(fan);
+    rfi_free(shared);
     return st;
 }
 

@@ -66,6 +66,8 @@ rfi_plan_opts rfi_plan_opts_default(void)
     o.sibling_reductions = !(sib && strcmp(sib, "0") == 0);
     const char *red = getenv("RF_REDUCE_EPILOGUES");
     o.reduce_epilogues = !(red && strcmp(red, "0") == 0);
+    const char *iro = getenv("RF_INLINE_REDUCE_OPERANDS");
+    o.inline_reduce_operands = !(iro && strcmp(iro, "0") == 0);
     return o;
 }
 

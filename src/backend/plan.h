@@ -252,6 +252,11 @@ typedef struct rfi_plan_opts {
      * inner loops: the reduction stays inline (rfi_step.core). Default on;
      * RF_REDUCE_EPILOGUES=0 in the environment: off. */
     bool reduce_epilogues;
+    /* A fusible node without math functions whose users are elementwise ops
+     * of its shape and REDUCEs of it stays inline, recomputed by each (fuse.c
+     * decide_fusible): a softmax's scores are not stored for its row max.
+     * Default on; RF_INLINE_REDUCE_OPERANDS=0 in the environment: off. */
+    bool inline_reduce_operands;
     /* Two library calls (matmuls, convolutions) that do not depend on each
      * other, a few steps apart (a layer's input and weight gradients),
      * become neighbours that may run at the same time (rfi_step

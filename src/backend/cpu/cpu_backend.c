@@ -174,6 +174,7 @@ static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
     rfi_codec_put_int(b, o->sibling_reductions);
     rfi_codec_put_int(b, o->concurrent_calls);
     rfi_codec_put_int(b, o->reduce_epilogues);
+    rfi_codec_put_int(b, o->inline_reduce_operands);
 }
 
 /* The description of (program, options) into b; false (b empty) when there is
