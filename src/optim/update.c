@@ -70,8 +70,8 @@ static rf_array *state_array(emitter *e, int l, int role)
 }
 
 /* The flat group vector `value` with each frozen member's piece taken from `old`
- * instead: concatenated per member, so a segmented loop computes each piece by itself
- * (a frozen one is its own array's bytes at their own offset). */
+ * instead: select(mask, old, value), the mask one constant per member concatenated.
+ * (Concatenating slices of `value` made the planner materialise it whole first.) */
 static rf_tensor *keep_frozen(emitter *e, rf_tensor *old, rf_tensor *value)
 {
     if (!e->frozen)
@@ -81,16 +81,16 @@ static rf_tensor *keep_frozen(emitter *e, rf_tensor *old, rf_tensor *value)
         fail(e->t, RF_E_NOMEM, "rf_update: out of memory");
         return NULL;
     }
-    int64_t off = 0;
+    /* true for a frozen member: a segmented loop computes each piece as a constant, and
+     * the select reads old and value at the same element, so value stays fused into the
+     * loop that writes the state in place */
     for (int i = 0; i < e->g->n_members; i++) {
-        int64_t len = e->o->param_numel[e->g->members[i]];
-        int64_t lo[1] = {off}, hi[1] = {off + len};
-        parts[i] = rf_slice(e->frozen[i] ? old : value, lo, hi, NULL);
-        off += len;
+        int64_t len[1] = {e->o->param_numel[e->g->members[i]]};
+        parts[i] = rf_full(e->t, RF_BOOL, len, 1, e->frozen[i] ? 1.0 : 0.0);
     }
-    rf_tensor *out = rf_concatenate(parts, e->g->n_members, 0);
+    rf_tensor *mask = e->g->n_members == 1 ? parts[0] : rf_concatenate(parts, e->g->n_members, 0);
     rfi_free(parts);
-    return out;
+    return rf_select(mask, old, value);
 }
 
 /* Flat state (one element per parameter element) is rank 1; a scalar's is rank 0. */
