@@ -405,6 +405,78 @@ static void test_frozen_memory(rf_array **batch)
     rf_model_free(host);
 }
 
+/* ---- A dtype group with every member frozen keeps the optimiser's scalar state in step ---- */
+
+/* y = x * d, d an f64 vector: the model's only f64 parameter, a dtype group of its own. */
+static rf_tensor *scale64_forward(rf_model *m, rf_tensor *x)
+{
+    return rf_mul(x, rf_convert(rf_model_param(m, rf_tensor_trace(x), 0), RF_F32));
+}
+
+static const rf_layer_type scale64_type = {"Scale64", scale64_forward, NULL};
+
+static bool changed(rf_array *a, const void *before)
+{
+    void *now = read_all(a);
+    bool c = memcmp(now, before, rf_array_nbytes(a)) != 0;
+    free(now);
+    return c;
+}
+
+/* With the f64 group all frozen for one step, its AccumGrad count used to stay while the f32
+ * group's advanced: thawed, the groups fired on alternate steps for good (and Adam's beta^t of
+ * a wholly frozen group stayed behind the optimiser's count, unlike a partly frozen one's). */
+static void test_frozen_group(rf_array **batch)
+{
+    int config = 0;
+    rf_model *s = rf_model_new(&scale64_type, &config, sizeof config);
+    CHECK(s && rf_model_add_param(s, "d", rf_rand(RF_F64, RF_SHAPE(OUT), 3)) == RF_OK);
+    rf_nn_seed(8);
+    rf_model *host = rf_chain(rf_dense(IN, OUT, RF_ACT_TANH), s);
+    rf_model *m = host ? rf_model_to_opts(host, cpu, &(rf_to_opts){.keep_f64 = true}) : NULL;
+    rf_opt *o = m ? rf_setup(rf_chain_rules(rf_accumgrad(2), rf_descent(0.1)), m) : NULL;
+    CHECK(o != NULL);
+    if (!o)
+        goto out;
+    rf_array *w = param(m, "0.weight"), *d = param(m, "1.d");
+    CHECK(w && d && rf_array_dtype(d) == RF_F64);
+    CHECK_OK(rf_opt_freeze(o, "1"));
+    double l;
+    for (int step = 1; step <= 5; step++) {
+        if (step == 2)
+            CHECK_OK(rf_opt_thaw(o, "1"));
+        void *w0 = read_all(w), *d0 = read_all(d);
+        CHECK_OK(rf_trainstep(mse_loss, NULL, m, batch, 2, o, &l, NULL));
+        bool fires = step % 2 == 0; /* the optimiser's count: every second step */
+        CHECK(changed(w, w0) == fires);
+        CHECK(changed(d, d0) == fires);
+        free(w0);
+        free(d0);
+    }
+    rf_opt_free(o);
+
+    /* Adam's beta1^t of the wholly frozen group advances with the other group's */
+    o = rf_setup(rf_adam(1e-2), m);
+    CHECK(o && rf_opt_freeze(o, "1") == RF_OK);
+    for (int step = 0; step < 3 && o; step++)
+        CHECK_OK(rf_trainstep(mse_loss, NULL, m, batch, 2, o, &l, NULL));
+    rf_array *b32 = o ? opt_state(o, "0.adam.beta1t.f32") : NULL;
+    rf_array *b64 = o ? opt_state(o, "0.adam.beta1t.f64") : NULL;
+    CHECK(b32 && b64);
+    if (b32 && b64) {
+        float v32;
+        double v64;
+        rf_array_read(b32, &v32, sizeof v32);
+        rf_array_read(b64, &v64, sizeof v64);
+        CHECK_NEAR(v64, v32, 0, 1e-6);
+        CHECK_NEAR(v64, pow(0.9, 4), 0, 1e-12);
+    }
+out:
+    rf_opt_free(o);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -420,6 +492,7 @@ int main(void)
         test_chained_rules(host, batch);
         test_global_norm(host, batch);
         test_frozen_memory(batch);
+        test_frozen_group(batch);
     }
     rf_array_free(x);
     rf_array_free(y);

@@ -37,6 +37,7 @@ typedef struct emitter {
     const int64_t *seg; /* element count of each member, for per-array norms */
     int n_seg;
     const bool *frozen; /* per member of g (NULL: none): its flat state keeps its value */
+    bool none_trained;  /* every member frozen: only the scalar state is assigned */
 } emitter;
 
 /* ---- Small helpers --------------------------------------------------------------------------- */
@@ -110,6 +111,8 @@ static rf_tensor *state(emitter *e, int l, int role)
 static void put(emitter *e, int l, int role, rf_tensor *value)
 {
     rf_array *a = state_array(e, l, role);
+    if (e->none_trained && flat_role(e, l, role))
+        return; /* all of it keeps its value: no loop over it */
     if (e->active)
         value = rf_select(e->active, value, state(e, l, role));
     if (flat_role(e, l, role))
@@ -542,9 +545,10 @@ static rf_status emit_group(rf_trace *t, rf_opt *o, rfi_opt_group *g, rf_array *
     }
     const bool *fz = n_trained < n ? member_frozen : NULL;
 
-    if (n_trained > 0) { /* a group with nothing to train keeps all it has */
+    { /* a group with nothing to train keeps its parameters and flat state, but its
+       * scalar state (beta^t, AccumGrad's count) advances with the other groups' */
         emitter e = {.t = t, .o = o, .g = g, .leaf = 0, .active = NULL, .seg = seg,
-                     .n_seg = n, .frozen = fz};
+                     .n_seg = n, .frozen = fz, .none_trained = n_trained == 0};
         e.x = flatten_all(t, scratch, g, px, NULL);
         rf_tensor *dx = apply_rule(&e, o->rule, flatten_all(t, scratch, g, grads, fz));
         rf_tensor *xn = rf_sub(e.x, dx);
