@@ -104,7 +104,8 @@ RF_API double rf_opt_lr(const rf_opt *opt);
 RF_API int64_t rf_opt_steps(const rf_opt *opt);
 /* Freezes the trainable parameters at `path` (Optimisers.jl's freeze!; PyTorch's
  * requires_grad_(False) for training): steps leave them and their optimiser state
- * exactly as they are, and compute no gradient only they need. `path` is rf_model_visit's:
+ * exactly as they are, and compute no gradient only they need (rf_trainstep_withgradient
+ * still returns, so computes, every gradient). `path` is rf_model_visit's:
  * "0.weight" is one array, "1" every array of layer 1 (not of layer 10), "" all of them.
  * rf_opt_thaw trains them again, with the state they had (Optimisers.jl's thaw!). The
  * scalar state of a rule, such as Adam's bias-correction powers beta^t, is the
