@@ -48,6 +48,30 @@ static void depthwise_grad_program(rf_trace *t, void *ctx)
     rf_return(t, g);
 }
 
+/* The weight gradient of a ConvTranspose(4x4, stride 2, pad 1) layer from 16
+ * to 4 channels (x read as 2 images of 8x12, the kernel cut from its first
+ * elements): the convolution of x dilated by 2 with the kernel, whose
+ * weight gradient the services run as oneDNN's backward-weights with the
+ * operands' roles swapped (conv.c), not as the input gradient it looks like. */
+static void transposed_grad_program(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *img = rf_reshape(x, (const int64_t[]){2, 16, 8, 12}, 4);
+    rf_tensor *flat = rf_reshape(x, (const int64_t[]){64 * 48}, 1);
+    rf_tensor *first = rf_slice(flat, (const int64_t[]){0}, (const int64_t[]){1024}, NULL);
+    rf_tensor *w = rf_reshape(first, (const int64_t[]){4, 16, 4, 4}, 4);
+    rf_conv_params p = rf_conv_params_default(2);
+    for (int d = 0; d < 2; d++) {
+        p.lhs_dilation[d] = 2;
+        p.pad_lo[d] = p.pad_hi[d] = 2;
+    }
+    rf_tensor *y = rf_conv(img, w, &p);
+    rf_tensor *g = NULL;
+    CHECK_OK(rf_grad(t, rf_sum_all(rf_mul(y, y)), &w, 1, &g));
+    rf_return(t, g);
+}
+
 /* Compiles and runs `fn` `runs` times with RF_PROFILE as given, frees it, and
  * returns what was written on stderr meanwhile (malloc'd). */
 static char *profiled_run(rf_trace_fn fn, const char *profile, int runs)
@@ -148,6 +172,14 @@ int main(void)
     /* The grouped weight gradient is a oneDNN call, not im2col's products. */
     text = profiled_run(depthwise_grad_program, "100", 2);
     CHECK(count_of(text, "CALL CONV bwd-weights: convolution f32[1,16,3,3]") == 1);
+    CHECK(count_of(text, "CALL CONV im2col") == 0);
+    if (text && getenv("RF_TEST_VERBOSE"))
+        fputs(text, stdout);
+    free(text);
+
+    /* So is a ConvTranspose layer's: [16, 4, 4, 4] before its transpose. */
+    text = profiled_run(transposed_grad_program, "100", 2);
+    CHECK(count_of(text, "CALL CONV bwd-weights: convolution f32[16,4,4,4]") == 1);
     CHECK(count_of(text, "CALL CONV im2col") == 0);
     if (text && getenv("RF_TEST_VERBOSE"))
         fputs(text, stdout);

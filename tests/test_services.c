@@ -567,6 +567,33 @@ static const conv_case conv_cases[] = {
      {2, 1}, {2, 2}, {0}, 16, 1},
     {"depthwise input grad", 4, {2, 16, 6, 6}, {16, 1, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0},
      {0}, 16, 1},
+    /* the weight-gradient form of ConvTranspose layers (lhs dilation: the
+     * layer's stride; stride: its dilation; padding k - 1 - the layer's):
+     * 4x4 stride 2 pad 1 with few channels and with 16 -> 8, the conv
+     * autoencoder's 16 -> 1 at 16x16, 5x5 stride 3 with asymmetric padding
+     * (1, 2) and (2, 1), 4x4 stride (2, 1), 3x3 stride 2 dilation 2, 2
+     * groups of 8 channels, 1x1 stride 2 whose high padding of -1 (SamePad)
+     * leaves the cotangent's last row unread, 1-D stride 3, 3-D stride 2 */
+    {"convT kernel grad of stride 2", 4, {3, 2, 5, 5}, {4, 2, 10, 10}, {1, 1}, {2, 2}, {2, 2},
+     {2, 2}, {0}, 1, 1},
+    {"wide convT kernel grad of stride 2", 4, {16, 4, 6, 6}, {8, 4, 12, 12}, {1, 1}, {2, 2},
+     {2, 2}, {2, 2}, {0}, 1, 1},
+    {"convT kernel grad to 1 channel", 4, {16, 8, 16, 16}, {1, 8, 32, 32}, {1, 1}, {2, 2},
+     {2, 2}, {2, 2}, {0}, 1, 1},
+    {"convT kernel grad of stride 3 asymmetric pad", 4, {3, 2, 4, 4}, {2, 2, 11, 11}, {1, 1},
+     {3, 2}, {2, 3}, {3, 3}, {0}, 1, 1},
+    {"convT kernel grad of stride 2x1", 4, {4, 2, 5, 6}, {3, 2, 10, 8}, {1, 1}, {2, 2}, {2, 2},
+     {2, 1}, {0}, 1, 1},
+    {"convT kernel grad of dilation 2", 4, {3, 2, 4, 4}, {4, 2, 9, 9}, {2, 2}, {3, 3}, {3, 3},
+     {2, 2}, {0}, 1, 1},
+    {"grouped convT kernel grad", 4, {16, 2, 5, 5}, {16, 2, 10, 10}, {1, 1}, {2, 2}, {2, 2},
+     {2, 2}, {0}, 1, 2},
+    {"convT kernel grad of 1x1 stride 2", 4, {3, 2, 4, 4}, {4, 2, 8, 8}, {1, 1}, {0, 0},
+     {1, 1}, {2, 2}, {0}, 1, 1},
+    {"1-D convT kernel grad of stride 3", 3, {3, 2, 6}, {2, 2, 18}, {1}, {2}, {2}, {3}, {0}, 1,
+     1},
+    {"3-D convT kernel grad", 5, {2, 2, 3, 3, 3}, {3, 2, 6, 6, 6}, {1, 1, 1}, {2, 2, 2},
+     {2, 2, 2}, {2, 2, 2}, {0}, 1, 1},
 };
 #define N_CONV_CASES ((int)(sizeof conv_cases / sizeof conv_cases[0]))
 
@@ -736,6 +763,31 @@ static void test_conv_grouped_paths(void)
             found++;
         }
     CHECK(found == n);
+}
+
+/* ConvTranspose layers' weight gradients (an lhs-dilated form with an
+ * image-sized kernel, the cotangent) under the rule: oneDNN's
+ * backward-weights with the roles of the operands swapped and the result
+ * reversed after the call (conv.c's spec_bwd_weights_swapped), grouped too,
+ * at bf16 as well (its bf16 kernel or over rounded copies), each within
+ * run_case's contraction bound. Backward-data had taken them, as the
+ * input gradient the form resembles, at up to 15 ms for the autoencoder's. */
+static void test_conv_transposed_paths(void)
+{
+    int found = 0;
+    for (int k = 0; k < N_CONV_CASES; k++) {
+        const conv_case *c = &conv_cases[k];
+        if (!strstr(c->name, "convT kernel grad"))
+            continue;
+        case_result r = run_conv(c, RF_F32, k % 2 == 1);
+        case_result b = run_conv_at(c, RF_F32, k % 2 == 0, RF_PRECISION_BF16);
+        printf("conv transposed: %s -> %s (%.3g), bf16 %s (%.3g)\n", c->name, r.path, r.worst,
+               b.path, b.worst);
+        CHECK(r.kind == RFI_CALL_CONV && !strcmp(r.path, "bwd-weights"));
+        CHECK(b.kind == RFI_CALL_CONV && !strncmp(b.path, "bwd-weights bf16", 16));
+        found++;
+    }
+    CHECK(found == 10);
 }
 
 /* RF_CONV_WINOGRAD=1: Winograd wherever oneDNN takes it (AVX-512), else
@@ -1713,14 +1765,20 @@ static void test_epilogues(void)
 /* ---- Transposed operand views (plan.h conv_transposed_views) ------------------------- */
 
 /* d/dx and d/dw of sum(conv(x, w) * c): the weight gradient's convolution
- * reads x and the output cotangent through swap01 transposes. */
+ * reads x and the output cotangent through swap01 transposes. *u: the
+ * stride, or 0 for a ConvTranspose's convolution (4x4 stride 2 pad 1: x
+ * dilated by 2, padded by 2), whose weight gradient backward-weights reads
+ * with the operands' roles swapped. */
 static void conv_grads_fn(rf_trace *t, rf_tensor *const *a, int n, void *u)
 {
     (void)n;
     const int64_t *stride = u;
     rf_conv_params cp = rf_conv_params_default(2);
-    cp.stride[0] = cp.stride[1] = *stride;
-    cp.pad_lo[0] = cp.pad_lo[1] = cp.pad_hi[0] = cp.pad_hi[1] = *stride == 1 ? 1 : 0;
+    for (int d = 0; d < 2; d++) {
+        cp.stride[d] = *stride ? *stride : 1;
+        cp.lhs_dilation[d] = *stride ? 1 : 2;
+        cp.pad_lo[d] = cp.pad_hi[d] = *stride == 1 ? 1 : *stride ? 0 : 2;
+    }
     rf_tensor *y = rf_mul(rf_conv(a[0], a[1], &cp), a[2]);
     rf_tensor *g[2];
     rf_grad(t, rf_sum_all(y), a, 2, g);
@@ -1731,18 +1789,19 @@ static void conv_grads_fn(rf_trace *t, rf_tensor *const *a, int n, void *u)
 /* Compiled with RF_CHECK=1 (each run is compared with the interpreter), on
  * the default path (backward-weights reads the views), with im2col forced
  * (the services transpose them back first) and with winograd.c's forced
- * (which reads them; the stride-2 forms fall back to the default). */
+ * (which reads them; the stride-2 and transposed forms fall back to the
+ * default). */
 static void test_conv_views(void)
 {
-    static const int64_t strides[2] = {1, 2};
+    static const int64_t strides[3] = {1, 2, 0};
     uint64_t seed = 7;
     setenv("RF_CHECK", "1", 1);
     for (int forced = 0; forced < 3; forced++) {
         if (forced)
             setenv("RF_CONV_PATH", forced == 1 ? "im2col" : "winograd", 1);
-        for (int k = 0; k < 2; k++) {
-            int64_t o = strides[k] == 1 ? 8 : 4;
-            double xv[4 * 16 * 8 * 8], wv[16 * 16 * 9], cv[4 * 16 * 8 * 8];
+        for (int k = 0; k < 3; k++) {
+            int64_t x = strides[k] ? 8 : 4, o = strides[k] == 1 ? 8 : strides[k] ? 4 : 8;
+            double xv[4 * 16 * 8 * 8], wv[16 * 16 * 16], cv[4 * 16 * 8 * 8];
             /* positive data: each gradient element sums 64-256 products,
              * and with mixed signs their cancellation leaves f32 rounding
              * above the check's relative tolerance */
@@ -1750,8 +1809,8 @@ static void test_conv_views(void)
                 xv[i] = tp_rand(&seed, 0, 1), cv[i] = tp_rand(&seed, 0.5, 1);
             for (size_t i = 0; i < sizeof wv / sizeof wv[0]; i++)
                 wv[i] = tp_rand(&seed, 0, 1);
-            int64_t kw = strides[k] == 1 ? 3 : 1;
-            rf_array *in[3] = {tp_host(RF_F32, RF_SHAPE(4, 16, 8, 8), xv),
+            int64_t kw = strides[k] == 1 ? 3 : strides[k] ? 1 : 4;
+            rf_array *in[3] = {tp_host(RF_F32, RF_SHAPE(4, 16, x, x), xv),
                                tp_host(RF_F32, RF_SHAPE(16, 16, kw, kw), wv),
                                tp_host(RF_F32, RF_SHAPE(4, 16, o, o), cv)};
             rf_array *out[2] = {NULL, NULL};
@@ -1812,6 +1871,7 @@ int main(void)
     test_conv_bf16();
     test_conv_rule_paths();
     test_conv_grouped_paths();
+    test_conv_transposed_paths();
     test_conv_winograd_everywhere();
     test_conv_shared_inputs();
     test_conv_views();
