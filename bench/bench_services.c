@@ -154,8 +154,10 @@ static void bench_matmul(const char *name, int64_t a0, int64_t a1, int64_t b0, i
     rfi_graph_free(g);
 }
 
-/* 2-D convolution x [N,C,H,W] * w [O,I,kh,kw], stride 1, padding p. */
-static void bench_conv(const char *name, const int64_t *x, const int64_t *w, int64_t pad)
+/* 2-D convolution x [N,C,H,W] * w [O,I,kh,kw], stride 1, padding p, x
+ * dilated by lhs_dil (flops: the products of x's elements, not of its holes). */
+static void bench_conv(const char *name, const int64_t *x, const int64_t *w, int64_t pad,
+                       int64_t lhs_dil)
 {
     rfi_node *a, *b;
     rfi_graph *g = two_args(x, 4, w, 4, &a, &b);
@@ -163,13 +165,16 @@ static void bench_conv(const char *name, const int64_t *x, const int64_t *w, int
     for (int k = 0; k < 5; k++)
         at.nl[k] = 2;
     for (int d = 0; d < 2; d++) {
-        at.l[0][d] = at.l[3][d] = at.l[4][d] = 1;
+        at.l[0][d] = at.l[4][d] = 1;
         at.l[1][d] = at.l[2][d] = pad;
+        at.l[3][d] = lhs_dil;
     }
     at.i[0] = at.i[1] = 1;
     rfi_node *in[2] = {a, b};
     rfi_node *y = rfi_node_new(g, RFI_OP_CONVOLUTION, in, 2, &at, RF_F32, NULL, 0);
-    double flops = y ? 2.0 * (double)rfi_node_numel(y) * (double)(w[1] * w[2] * w[3]) : 0;
+    double flops = y ? 2.0 * (double)rfi_node_numel(y) * (double)(w[1] * w[2] * w[3]) /
+                           (double)(lhs_dil * lhs_dil)
+                     : 0;
     bench_node(name, g, y, flops, "gflops");
     rfi_graph_free(g);
 }
@@ -215,13 +220,20 @@ int main(int argc, char **argv)
     bench_matmul("ffn dx' 128x256 @ 256x1024", 128, 256, 1024, 256, 1, 1);
     bench_matmul("ffn dW' 256x128 @ 128x1024", 128, 256, 128, 1024, 0, 0);
     /* cnn, batch 64 */
-    bench_conv("cnn conv1 fwd", (int64_t[]){64, 1, 28, 28}, (int64_t[]){32, 1, 3, 3}, 0);
-    bench_conv("cnn conv2 fwd", (int64_t[]){64, 32, 13, 13}, (int64_t[]){64, 32, 3, 3}, 0);
-    bench_conv("cnn conv2 bwd-data", (int64_t[]){64, 64, 11, 11}, (int64_t[]){32, 64, 3, 3}, 2);
+    bench_conv("cnn conv1 fwd", (int64_t[]){64, 1, 28, 28}, (int64_t[]){32, 1, 3, 3}, 0, 1);
+    bench_conv("cnn conv2 fwd", (int64_t[]){64, 32, 13, 13}, (int64_t[]){64, 32, 3, 3}, 0, 1);
+    bench_conv("cnn conv2 bwd-data", (int64_t[]){64, 64, 11, 11}, (int64_t[]){32, 64, 3, 3}, 2,
+               1);
     bench_conv("cnn conv1 bwd-weights", (int64_t[]){1, 64, 28, 28}, (int64_t[]){32, 64, 26, 26},
-               0);
+               0, 1);
     bench_conv("cnn conv2 bwd-weights", (int64_t[]){32, 64, 13, 13},
-               (int64_t[]){64, 64, 11, 11}, 0);
+               (int64_t[]){64, 64, 11, 11}, 0, 1);
+    /* a conv autoencoder's ConvTranspose(4x4, stride 2, pad 1) weight
+     * gradients, batch 64: 32 -> 16 channels at 8x8 and 16 -> 1 at 16x16 */
+    bench_conv("ae convT1 bwd-weights", (int64_t[]){32, 64, 8, 8}, (int64_t[]){16, 64, 16, 16},
+               2, 2);
+    bench_conv("ae convT2 bwd-weights", (int64_t[]){16, 64, 16, 16}, (int64_t[]){1, 64, 32, 32},
+               2, 2);
     bench_maxpool_grad("cnn pool1 grad 2x2", (int64_t[]){64, 32, 26, 26}, 2, 2, false);
     bench_maxpool_grad("cnn pool1 grad 2x2 blocked", (int64_t[]){64, 32, 26, 26}, 2, 2, true);
     bench_maxpool_grad("cnn pool2 grad 2x2", (int64_t[]){64, 64, 11, 11}, 2, 2, false);
