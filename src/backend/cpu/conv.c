@@ -500,7 +500,7 @@ static tensor_spec grouped_result(const rfi_cpu_conv *c, bool swapped_roles)
  * being reversed.) The rule takes it where it takes the form above: the
  * autoencoder of bench_services (64 images of 32x32, ConvTranspose 4x4
  * stride 2 from 16 channels to 1) had run its weight gradient as
- * backward-data with a 32x32 kernel in 15 ms, im2col 49 ms; this 1.3-2 ms.
+ * backward-data with a 32x32 kernel in 13.5-16 ms, im2col 49 ms; this 1.3-2.1.
  *
  * With B batch groups (the weight gradient of a grouped ConvTranspose),
  * group b pairs lhs channels b*(C/B).. with rhs channels b*(O/B)..: oneDNN's
