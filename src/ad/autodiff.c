@@ -6,14 +6,30 @@
  * cotangents, summed when an operand has several users. Every GRAD node of y
  * then becomes the cotangent of its wrt (zeros when none reaches it).
  *
+ * The cotangent of a slice is the slice's cotangent padded with zeros, so a
+ * tensor split into pieces that are each used (the gates of a GRU cell cut
+ * from one matrix product, attention heads, a chunk) would get a sum of pads
+ * that each hold one piece, and a fused loop evaluates every pad at every
+ * element. Such contributions (zero padding along one axis only) are held
+ * back until the node's cotangent is read; when several of them along one
+ * axis are disjoint, they become one concatenation of their pieces with
+ * zeros between, which the backends lower piece by piece.
+ *
  * Deliberately not here: the rules themselves (vjp*.c), removing what the
  * gradient does not need (dce.c), and nested gradients (a GRAD inside a
  * differentiated region is rejected with RF_E_UNSUPPORTED).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ad/vjp.h"
 #include "passes/passes.h"
+
+/* The zero-padded contributions to one node's cotangent not yet summed. */
+typedef struct pad_list {
+    rfi_node **v;
+    int n, cap;
+} pad_list;
 
 typedef struct ad_ctx {
     const rfi_graph *g;  /* the program */
@@ -23,6 +39,7 @@ typedef struct ad_ctx {
     /* per-sweep scratch, sized g->n_nodes */
     bool *from_wrt, *to_y;
     rfi_node **adj;      /* g node id -> cotangent in ng */
+    pad_list *pads;      /* g node id -> contributions held back (pad_axis) */
     /* per-node scratch, sized max_in */
     rfi_node **ins, **grads;
     bool *want;
@@ -81,6 +98,103 @@ static bool through_grad(const ad_ctx *c, const rfi_node *x)
     return false;
 }
 
+/* The one axis along which d, a pad with zeros and no interior padding, pads;
+ * -1 when d is anything else. */
+static int pad_axis(const rfi_node *d)
+{
+    if (d->op != RFI_OP_PAD || d->in[1]->op != RFI_OP_CONSTANT || !d->in[1]->attr.data)
+        return -1;
+    const unsigned char *v = d->in[1]->attr.data;
+    for (size_t i = 0; i < d->in[1]->attr.nbytes; i++)
+        if (v[i] != 0) /* not +0 (a -0 pad would change the sign of a zero sum) */
+            return -1;
+    int axis = -1;
+    for (int i = 0; i < d->rank; i++) {
+        const int64_t lo = d->attr.l[0][i], hi = d->attr.l[1][i];
+        if (d->attr.l[2][i] != 0 || lo < 0 || hi < 0)
+            return -1;
+        if (lo == 0 && hi == 0)
+            continue;
+        if (axis >= 0)
+            return -1;
+        axis = i;
+    }
+    return axis;
+}
+
+/* By axis, then by where the piece starts, then by node (deterministic). */
+static int cmp_pad(const void *pa, const void *pb)
+{
+    const rfi_node *a = *(rfi_node *const *)pa, *b = *(rfi_node *const *)pb;
+    int xa = pad_axis(a), xb = pad_axis(b);
+    if (xa != xb)
+        return (xa > xb) - (xa < xb);
+    int64_t la = a->attr.l[0][xa], lb = b->attr.l[0][xb];
+    if (la != lb)
+        return (la > lb) - (la < lb);
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+static rf_status add_to(ad_ctx *c, const rfi_node *x, rfi_node *d)
+{
+    rfi_node **slot = &c->adj[x->id];
+    *slot = *slot ? rfi_ad_binary(c->ng, RFI_OP_ADD, *slot, d) : d;
+    return *slot ? RF_OK : build_failure(c, x, "accumulating the gradient of");
+}
+
+/* The pads p[0..n) along one axis as one concatenation of their pieces with
+ * zeros in the ranges none covers, or NULL when two of them overlap. */
+static rfi_node *join_pads(ad_ctx *c, rfi_node *const *p, int n, rfi_node **ops)
+{
+    const rfi_node *p0 = p[0];
+    int axis = pad_axis(p0), k = 0;
+    int64_t at = 0, dims[RF_MAX_RANK];
+    memcpy(dims, p0->dims, sizeof(int64_t) * (size_t)p0->rank);
+    for (int i = 0; i < n; i++) {
+        const int64_t lo = p[i]->attr.l[0][axis];
+        if (lo < at)
+            return NULL;
+        if (lo > at) {
+            dims[axis] = lo - at;
+            ops[k++] = rfi_ad_full(c->ng, p0->dtype, dims, p0->rank, 0.0);
+        }
+        ops[k++] = p[i]->in[0];
+        at = lo + p[i]->in[0]->dims[axis];
+    }
+    if (at < p0->dims[axis]) {
+        dims[axis] = p0->dims[axis] - at;
+        ops[k++] = rfi_ad_full(c->ng, p0->dtype, dims, p0->rank, 0.0);
+    }
+    return rfi_ad_concat(c->ng, ops, k, axis);
+}
+
+/* Sums the contributions to node x's cotangent held back by accumulate. */
+static rf_status settle(ad_ctx *c, const rfi_node *x)
+{
+    pad_list *l = &c->pads[x->id];
+    int n = l->n;
+    l->n = 0;
+    if (n > 1)
+        qsort(l->v, (size_t)n, sizeof *l->v, cmp_pad);
+    rfi_node **ops = n > 1 ? rfi_malloc((size_t)(2 * n + 1) * sizeof *ops) : NULL;
+    if (n > 1 && !ops)
+        return rfi_error(RF_E_NOMEM, "grad: out of memory");
+    rf_status st = RF_OK;
+    for (int i = 0, j; st == RF_OK && i < n; i = j) {
+        for (j = i + 1; j < n && pad_axis(l->v[j]) == pad_axis(l->v[i]);)
+            j++;
+        rfi_node *joined = j - i >= 2 ? join_pads(c, l->v + i, j - i, ops) : NULL;
+        if (j - i >= 2 && !joined && c->ng->status != RF_OK)
+            st = build_failure(c, x, "joining the gradient pieces of");
+        else if (joined)
+            st = add_to(c, x, joined);
+        for (int q = i; st == RF_OK && !joined && q < j; q++)
+            st = add_to(c, x, l->v[q]);
+    }
+    rfi_free(ops);
+    return st;
+}
+
 /* Adds cotangent contribution `d` to node x's cotangent. */
 static rf_status accumulate(ad_ctx *c, const rfi_node *user, int k, rfi_node *d)
 {
@@ -93,9 +207,19 @@ static rf_status accumulate(ad_ctx *c, const rfi_node *user, int k, rfi_node *d)
                          rfi_type_str(got, sizeof got, d->dtype, d->dims, d->rank),
                          rfi_type_str(want, sizeof want, x->dtype, x->dims, x->rank));
     }
-    rfi_node **slot = &c->adj[x->id];
-    *slot = *slot ? rfi_ad_binary(c->ng, RFI_OP_ADD, *slot, d) : d;
-    return *slot ? RF_OK : build_failure(c, user, "accumulating the gradient of");
+    if (pad_axis(d) < 0)
+        return add_to(c, x, d);
+    pad_list *l = &c->pads[x->id];
+    if (l->n == l->cap) {
+        int ncap = l->cap ? 2 * l->cap : 4;
+        rfi_node **v = rfi_realloc(l->v, (size_t)ncap * sizeof *v);
+        if (!v)
+            return rfi_error(RF_E_NOMEM, "grad: out of memory");
+        l->v = v;
+        l->cap = ncap;
+    }
+    l->v[l->n++] = d;
+    return RF_OK;
 }
 
 /* Applies the rule of node x to its cotangent. */
@@ -156,15 +280,20 @@ static rf_status sweep(ad_ctx *c, const rfi_node *y)
                              id, y->id);
     }
     memset(c->adj, 0, (size_t)g->n_nodes * sizeof *c->adj);
+    for (int id = 0; id < g->n_nodes; id++)
+        c->pads[id].n = 0;
     c->adj[y->id] = rfi_ad_scalar(c->ng, y->dtype, 1.0);
     if (!c->adj[y->id])
         return build_failure(c, y, "seeding the gradient of");
     for (int id = y->id; id >= 0; id--) {
         const rfi_node *x = g->nodes[id];
+        rf_status st = c->pads[id].n > 0 ? settle(c, x) : RF_OK;
+        if (st != RF_OK)
+            return st;
         if (!c->adj[id] || !needed(c, id) || !rfi_dtype_is_float(x->dtype) ||
             (rfi_op_table[x->op].flags & (RFI_NOGRAD | RFI_LEAF)))
             continue;
-        rf_status st = propagate(c, x);
+        st = propagate(c, x);
         if (st != RF_OK)
             return st;
     }
@@ -226,12 +355,13 @@ rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out)
         .from_wrt = rfi_calloc(n, sizeof(bool)),
         .to_y = rfi_calloc(n, sizeof(bool)),
         .adj = rfi_calloc(n, sizeof(rfi_node *)),
+        .pads = rfi_calloc(n, sizeof(pad_list)),
         .ins = rfi_calloc(max_in, sizeof(rfi_node *)),
         .grads = rfi_calloc(max_in, sizeof(rfi_node *)),
         .want = rfi_calloc(max_in, sizeof(bool)),
     };
     rf_status st;
-    if (!c.map || !c.grad_of || !c.from_wrt || !c.to_y || !c.adj || !c.ins || !c.grads ||
+    if (!c.map || !c.grad_of || !c.from_wrt || !c.to_y || !c.adj || !c.pads || !c.ins || !c.grads ||
         !c.want)
         st = rfi_error(RF_E_NOMEM, "autodiff: out of memory");
     else
@@ -241,6 +371,9 @@ rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out)
     rfi_free(c.from_wrt);
     rfi_free(c.to_y);
     rfi_free(c.adj);
+    for (int id = 0; c.pads && id < g->n_nodes; id++)
+        rfi_free(c.pads[id].v);
+    rfi_free(c.pads);
     rfi_free(c.ins);
     rfi_free(c.grads);
     rfi_free(c.want);

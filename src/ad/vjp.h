@@ -94,6 +94,8 @@ RFI_FUNC rfi_node *rfi_ad_slice(rfi_graph *g, rfi_node *x, const int64_t *start,
 RFI_FUNC rfi_node *rfi_ad_pad(rfi_graph *g, rfi_node *x, rfi_node *v, const int64_t *lo,
                               const int64_t *hi, const int64_t *interior);
 RFI_FUNC rfi_node *rfi_ad_reverse(rfi_graph *g, rfi_node *x, const int64_t *axes, int naxes);
+/* The n >= 2 nodes xs, of one dtype and rank, joined along axis. */
+RFI_FUNC rfi_node *rfi_ad_concat(rfi_graph *g, rfi_node *const *xs, int n, int axis);
 /* A dot_general of the given precision (attr i[0], rf_precision). */
 RFI_FUNC rfi_node *rfi_ad_dot(rfi_graph *g, rfi_node *a, rfi_node *b, const int64_t *lb,
                               const int64_t *rb, int nb, const int64_t *lc, const int64_t *rc,

@@ -227,6 +227,16 @@ rfi_node *rfi_ad_pad(rfi_graph *g, rfi_node *x, rfi_node *v, const int64_t *lo,
     return node(g, RFI_OP_PAD, in, 2, &at);
 }
 
+rfi_node *rfi_ad_concat(rfi_graph *g, rfi_node *const *xs, int n, int axis)
+{
+    if (any_null(xs, n))
+        return NULL;
+    rfi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.i[0] = axis;
+    return rfi_node_new(g, RFI_OP_CONCATENATE, xs, n, &at, xs[0]->dtype, NULL, 0);
+}
+
 rfi_node *rfi_ad_reverse(rfi_graph *g, rfi_node *x, const int64_t *axes, int naxes)
 {
     if (!x)
