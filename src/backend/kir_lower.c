@@ -787,8 +787,84 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
     return RF_OK;
 }
 
-static rf_status lower_loop(lower *L, const rfi_step *st)
+/* The concatenation whose operands a LOOP step is split along (a root, else
+ * a fused node, of the roots' shape joining 2..MAX_PIECES operands), or NULL.
+ * In one loop over the whole shape every element would evaluate every operand
+ * and select one: the gradient of a GRU cell's gates, cut from one [B, 3H]
+ * product, computed all three gates' logistic and tanh per element. */
+static const rfi_node *splitting_concat(const lower *L, const rfi_step *st)
 {
+    const rfi_node *r0 = L->g->nodes[st->roots[0]];
+    if (r0->rank < 1 || rfi_node_numel(r0) == 0 || walks_blocked_input(L, st, r0))
+        return NULL;
+    for (int r = 0; r < st->n_roots; r++)
+        if (rfi_plan_layout(L->p, st->roots[r]) != RFI_LAYOUT_PLAIN)
+            return NULL;
+    for (int i = 0; i < st->n_roots + st->n_fused; i++) {
+        int id = i < st->n_roots ? st->roots[i] : st->fused[i - st->n_roots];
+        const rfi_node *x = L->g->nodes[id];
+        if (x->op == RFI_OP_CONCATENATE && x->n_in >= 2 && x->n_in <= MAX_PIECES &&
+            x->rank == r0->rank &&
+            memcmp(x->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) == 0)
+            return x;
+    }
+    return NULL;
+}
+
+/* The boxes of the roots' shape that the operands of concatenation c cover. */
+static int concat_boxes(const rfi_node *c, box *boxes, char (*names)[24])
+{
+    int axis = (int)c->attr.i[0], n = 0;
+    int64_t at = 0;
+    for (int k = 0; k < c->n_in; k++) {
+        int64_t len = c->in[k]->dims[axis];
+        if (len == 0)
+            continue;
+        for (int d = 0; d < c->rank; d++) {
+            boxes[n].lo[d] = d == axis ? at : 0;
+            boxes[n].hi[d] = d == axis ? at + len : c->dims[d];
+        }
+        snprintf(names[n++], 24, "part%d", k);
+        at += len;
+    }
+    return n;
+}
+
+/* One box of a LOOP step split by splitting_concat: row-major loops over the
+ * box, so that the index along the axis lies inside one operand and the
+ * concatenation reads that operand alone (emit_concatenate). */
+static rf_status lower_loop_box(lower *L, const rfi_step *st, const box *part)
+{
+    const rfi_node *r0 = L->g->nodes[st->roots[0]];
+    rfi_lower_kernel_name(L->k, r0);
+    L->flat = false;
+    int vars[RF_MAX_RANK];
+    for (int d = 0; d < r0->rank; d++) {
+        int offset = cst(L, part->lo[d]);
+        vars[d] = iop(L, RFI_KIR_IADD, rfi_lower_loop_var(L, part->hi[d] - part->lo[d], false),
+                      offset);
+    }
+    for (int r = 0; r < st->n_roots; r++) {
+        const rfi_node *root = L->g->nodes[st->roots[r]];
+        if (root->rank != r0->rank ||
+            memcmp(root->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) != 0)
+            return rfi_error(RF_E_INTERNAL, "kir: step %d: roots %%%d and %%%d differ in shape",
+                             L->k->step, r0->id, root->id);
+        kidx ix = idx_multi_of(root, vars);
+        int v = -1;
+        rf_status s = emit(L, root, &ix, true, &v);
+        if (s == RF_OK)
+            s = rfi_lower_store_root(L, root, &ix, v);
+        if (s != RF_OK)
+            return s;
+    }
+    return RF_OK;
+}
+
+static rf_status lower_loop(lower *L, const rfi_step *st, const box *part)
+{
+    if (part)
+        return lower_loop_box(L, st, part);
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
     rfi_lower_kernel_name(L->k, r0);
     bool flat = r0->rank >= 2 &&
@@ -1014,7 +1090,7 @@ static rf_status lower_one_kernel(lower *L, rfi_kir_module *m, int s, const box 
     const rfi_step *st = &L->p->steps[s];
     reset_kernel(L, s);
     rf_status rc = !L->k ? RF_E_NOMEM
-                   : st->kind == RFI_STEP_LOOP ? lower_loop(L, st)
+                   : st->kind == RFI_STEP_LOOP ? lower_loop(L, st, piece ? part : NULL)
                                                : rfi_lower_reduce(L, st, part);
     if (rc == RF_OK && L->status != RF_OK)
         rc = L->status;
@@ -1026,7 +1102,8 @@ static rf_status lower_one_kernel(lower *L, rfi_kir_module *m, int s, const box 
         size_t len = strlen(L->k->name);
         snprintf(L->k->name + len, sizeof L->k->name - len, "_%s", piece);
     }
-    return add_kernel(L, m, s, st->kind == RFI_STEP_LOOP ? "loop"
+    return add_kernel(L, m, s, st->kind == RFI_STEP_LOOP
+                                   ? (piece ? "loop (one operand of a concatenation)" : "loop")
                                : piece ? "reduce (a piece of a padded window)" : "reduce");
 }
 
@@ -1047,7 +1124,11 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     char names[MAX_PIECES][24];
     int n_pieces = 0;
     rf_status rc = RF_OK;
-    if (st->kind == RFI_STEP_REDUCE && rfi_lower_window_pieces(root, boxes, names, &n_pieces)) {
+    const rfi_node *cat = st->kind == RFI_STEP_LOOP ? splitting_concat(L, st) : NULL;
+    if (cat)
+        n_pieces = concat_boxes(cat, boxes, names);
+    if (n_pieces > 1 || (st->kind == RFI_STEP_REDUCE &&
+                         rfi_lower_window_pieces(root, boxes, names, &n_pieces))) {
         for (int i = 0; i < n_pieces && rc == RF_OK; i++)
             rc = lower_one_kernel(L, m, s, &boxes[i], names[i]);
     } else {
