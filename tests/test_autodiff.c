@@ -795,6 +795,78 @@ static void test_dce(void)
     rf_array_free(cap);
 }
 
+/* The gradient of x [2, L] through slices of columns cols[i][0]..cols[i][1]
+ * (stride cols[i][2]), each used: y = sum of sum(tanh(piece)). Returns the
+ * printed program after autodiff (free it), or NULL. */
+static char *sliced_gradient_ir(int64_t len, const int64_t (*cols)[3], int n)
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "pieces");
+    rf_dtype dt = RF_F32;
+    int rank = 2;
+    int64_t dims[1][RF_MAX_RANK] = {{2, len}};
+    CHECK_OK(rfi_graph_set_args(g, 1, &dt, &rank, (const int64_t(*)[RF_MAX_RANK])dims));
+    rfi_attrs a0 = {.i = {0}};
+    rfi_node *x = rfi_node_new(g, RFI_OP_ARGUMENT, NULL, 0, &a0, RF_F32, dims[0], 2);
+    rfi_node *y = NULL;
+    for (int i = 0; i < n; i++) {
+        rfi_node *piece = rfi_ad_slice(g, x, (int64_t[]){0, cols[i][0]},
+                                       (int64_t[]){2, cols[i][1]}, (int64_t[]){1, cols[i][2]});
+        rfi_node *term = rfi_ad_sum_all(g, rfi_ad_unary(g, RFI_OP_TANH, piece));
+        y = y ? rfi_ad_binary(g, RFI_OP_ADD, y, term) : term;
+    }
+    rfi_node *in[2] = {y, x};
+    rfi_node *gr = rfi_node_new(g, RFI_OP_GRAD, in, 2, NULL, RF_F32, dims[0], 2);
+    CHECK(gr != NULL);
+    char *text = NULL;
+    rfi_graph *ad = NULL;
+    if (gr && rfi_graph_add_output(g, gr) == RF_OK && rfi_autodiff(g, &ad) == RF_OK) {
+        rfi_graph *d = NULL;
+        CHECK_OK(rfi_dce(ad, &d));
+        text = d ? rfi_print(d) : NULL;
+        rfi_graph_free(d);
+    }
+    CHECK(text != NULL);
+    rfi_graph_free(ad);
+    rfi_graph_free(g);
+    return text;
+}
+
+static int count_of(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *p = text; p && (p = strstr(p, what)) != NULL; p++)
+        n++;
+    return n;
+}
+
+/* Disjoint slices along one axis (a GRU's gates cut from one matrix product)
+ * get one concatenation of their cotangents, with zeros only where no slice
+ * reads; overlapping and strided slices keep a sum of pads. */
+static void test_slice_pieces_concatenate(void)
+{
+    static const int64_t tiles[3][3] = {{6, 9, 1}, {0, 3, 1}, {3, 6, 1}};
+    char *t = sliced_gradient_ir(9, tiles, 3);
+    CHECK(t && count_of(t, "concatenate(") == 1 && count_of(t, "pad(") == 0);
+    CHECK(t && count_of(t, " add(") == 0);
+    if (t && (count_of(t, "concatenate(") != 1 || count_of(t, "pad(") != 0))
+        fprintf(stderr, "%s\n", t);
+    free(t);
+    static const int64_t gaps[2][3] = {{5, 7, 1}, {1, 3, 1}};
+    t = sliced_gradient_ir(8, gaps, 2);
+    /* [0,1) [1,3) [3,5) [5,7) [7,8): three zero fillers between the two pieces */
+    CHECK(t && count_of(t, "concatenate(") == 1 && count_of(t, "pad(") == 0);
+    CHECK(t && strstr(t, "} : f32[2,8]") != NULL);
+    free(t);
+    static const int64_t overlap[2][3] = {{0, 4, 1}, {3, 6, 1}};
+    t = sliced_gradient_ir(6, overlap, 2);
+    CHECK(t && count_of(t, "concatenate(") == 0 && count_of(t, "pad(") == 2);
+    free(t);
+    static const int64_t strided[2][3] = {{0, 6, 2}, {1, 6, 2}};
+    t = sliced_gradient_ir(6, strided, 2);
+    CHECK(t && count_of(t, "concatenate(") == 0 && count_of(t, "pad(") == 2);
+    free(t);
+}
+
 int main(void)
 {
     test_square();
@@ -814,5 +886,6 @@ int main(void)
     test_finite_differences();
     test_every_op_has_a_rule();
     test_dce();
+    test_slice_pieces_concatenate();
     return tu_finish("test_autodiff");
 }

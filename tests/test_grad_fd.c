@@ -158,6 +158,21 @@ GF(f_linear, rf_linear(x[0], x[1], x[2]))
 GF(f_linear_nob, rf_linear(x[0], x[1], NULL))
 GF(f_chain, rf_mul(rf_tanh(rf_matmul(x[0], x[1])), rf_exp(rf_neg(rf_matmul(x[0], x[1])))))
 GF(f_reuse, rf_add(rf_mul(x[0], x[0]), rf_sin(x[0])))
+/* Split-and-use: slices that tile (or partly tile) their operand, whose
+ * cotangents autodiff joins into one concatenation. COLS(x, a, b): columns
+ * [a, b) of a rank-2 x with 2 rows. */
+#define COLS(x, a, b) rf_slice(x, DIMS(0, a), DIMS(2, b), NULL)
+GF(f_split_gates, rf_add(rf_mul(rf_sigmoid(COLS(x[0], 0, 3)), rf_tanh(COLS(x[0], 3, 6))),
+                         rf_mul(COLS(x[0], 6, 9), COLS(x[0], 6, 9))))
+GF(f_split_gaps, rf_mul(rf_exp(COLS(x[0], 5, 7)), COLS(x[0], 1, 3)))
+GF(f_split_overlap, rf_mul(COLS(x[0], 0, 3), rf_sin(COLS(x[0], 2, 5))))
+/* thirds along the middle axis of [2, 6, 3] */
+#define MID(x, a) rf_slice(x, DIMS(0, a, 0), DIMS(2, (a) + 2, 3), NULL)
+GF(f_split_mid, rf_add(rf_mul(rf_tanh(MID(x[0], 0)), MID(x[0], 2)), rf_sigmoid(MID(x[0], 4))))
+/* halves of [4, 3] along axis 0, and x itself through a reshape */
+GF(f_split_rows, rf_add(rf_mul(rf_slice(x[0], DIMS(0, 0), DIMS(2, 3), NULL),
+                               rf_slice(x[0], DIMS(2, 0), DIMS(4, 3), NULL)),
+                        rf_slice(rf_reshape(x[0], RF_SHAPE(2, 6)), DIMS(0, 1), DIMS(2, 4), NULL)))
 
 /* ---- Inputs ---------------------------------------------------------------------- */
 
@@ -342,6 +357,11 @@ static const gcase CASES[] = {
     {"chain tanh(xw)*exp(-xw)", f_chain, 2, {F64_IN(2, -1, 1, 2, 3), F64_IN(2, -1, 1, 3, 2)},
      {0}},
     {"reused input x*x+sin(x)", f_reuse, 1, {U23(-2, 2)}, {0}},
+    {"split into gates [2,9] -> 3 x [2,3]", f_split_gates, 1, {F64_IN(2, -2, 2, 2, 9)}, {0}},
+    {"split with gaps [2,8]", f_split_gaps, 1, {F64_IN(2, -2, 2, 2, 8)}, {0}},
+    {"split overlapping [2,5]", f_split_overlap, 1, {F64_IN(2, -2, 2, 2, 5)}, {0}},
+    {"split middle axis [2,6,3]", f_split_mid, 1, {F64_IN(3, -2, 2, 2, 6, 3)}, {0}},
+    {"split rows and reshape [4,3]", f_split_rows, 1, {F64_IN(2, -2, 2, 4, 3)}, {0}},
 };
 
 /* ---- The harness ------------------------------------------------------------------- */
