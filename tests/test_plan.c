@@ -1424,6 +1424,69 @@ static void test_flat_concat_segmented(void)
         rf_array_free(args[i]);
 }
 
+/* A loop computing a concatenation along any axis of a rank-2 result (the
+ * gradient of a GRU cell's gates cut from one product) runs one loop per
+ * operand, each evaluating its own operand only: no kernel selects, and no
+ * kernel evaluates another operand's tanh. mode 0: the concatenation along
+ * axis 1 is the root; 1: along axis 0; 2: fused into a product. */
+static void concat2d_fn(rf_trace *t, void *ctx)
+{
+    int mode = *(const int *)ctx;
+    rf_tensor *a = rf_arg(t, 0), *b = rf_arg(t, 1);
+    if (mode == 1) {
+        a = rf_transpose(a, (const int64_t[]){1, 0});
+        b = rf_transpose(b, (const int64_t[]){1, 0});
+    }
+    rf_tensor *parts[3] = {rf_tanh(a), rf_logistic(b), rf_exp(a)};
+    rf_tensor *c = rf_concatenate(parts, 3, mode == 1 ? 0 : 1);
+    rf_return(t, mode == 2 ? rf_mul(c, c) : c);
+}
+
+static int live_ops(const rfi_kir_kernel *k, rfi_kir_op op)
+{
+    bool *live = rfi_calloc((size_t)k->n_ins + 1, sizeof *live);
+    if (!live)
+        return -1;
+    rfi_kir_liveness(k, live);
+    int n = 0;
+    for (int i = 0; i < k->n_ins; i++)
+        n += live[i] && k->ins[i].op == op;
+    rfi_free(live);
+    return n;
+}
+
+static void test_concat_per_operand(void)
+{
+    for (int mode = 0; mode < 3; mode++) {
+        rf_array *args[2] = {dev_zeros(RF_SHAPE(6, 5)), dev_zeros(RF_SHAPE(6, 5))};
+        rfi_graph *g = trace_program(concat2d_fn, &mode, args, 2);
+        rfi_plan *p = NULL;
+        rfi_kir_module *km = NULL;
+        rfi_plan_opts o = rfi_plan_opts_default();
+        char *source = g ? plan_and_render(g, &o, &p, &km) : NULL;
+        int parts = 0;
+        for (int s = 0; km && s < km->n_steps; s++) {
+            const rfi_kir_kernel *kk = km->steps[s].kernel;
+            if (!kk || !strstr(kk->name, "_part"))
+                continue;
+            parts++;
+            CHECK(live_ops(kk, RFI_KIR_SELECT) == 0);
+        }
+        if (parts != 3)
+            fprintf(stderr, "concat mode %d: %d kernels per operand\n", mode, parts);
+        CHECK(parts == 3);
+        if (p)
+            check_invariants(p);
+        CHECK(source != NULL);
+        rfi_free(source);
+        rfi_kir_free(km);
+        rfi_plan_free(p);
+        rfi_graph_free(g);
+        for (int i = 0; i < 2; i++)
+            rf_array_free(args[i]);
+    }
+}
+
 #define MOST_DIRECT 32
 
 /* The direct convolutions of g's plan under o, in step order, into d (at
@@ -2045,6 +2108,7 @@ int main(void)
     test_tiny_train_step();
     test_matvec();
     test_flat_concat_segmented();
+    test_concat_per_operand();
     test_mlp_train_step();
     test_cnn_train_step();
     test_blocked_layouts();
