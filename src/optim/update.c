@@ -545,28 +545,27 @@ static rf_status emit_group(rf_trace *t, rf_opt *o, rfi_opt_group *g, rf_array *
     }
     const bool *fz = n_trained < n ? member_frozen : NULL;
 
-    { /* a group with nothing to train keeps its parameters and flat state, but its
-       * scalar state (beta^t, AccumGrad's count) advances with the other groups' */
-        emitter e = {.t = t, .o = o, .g = g, .leaf = 0, .active = NULL, .seg = seg,
-                     .n_seg = n, .frozen = fz, .none_trained = n_trained == 0};
-        e.x = flatten_all(t, scratch, g, px, NULL);
-        rf_tensor *dx = apply_rule(&e, o->rule, flatten_all(t, scratch, g, grads, fz));
-        rf_tensor *xn = rf_sub(e.x, dx);
-        if (e.active) /* an AccumGrad still accumulating: parameters stay as they are */
-            xn = rf_select(e.active, xn, e.x);
+    /* A group with nothing to train keeps its parameters and flat state, but its
+     * scalar state (beta^t, AccumGrad's count) advances with the other groups'. */
+    emitter e = {.t = t, .o = o, .g = g, .leaf = 0, .active = NULL, .seg = seg,
+                 .n_seg = n, .frozen = fz, .none_trained = n_trained == 0};
+    e.x = flatten_all(t, scratch, g, px, NULL);
+    rf_tensor *dx = apply_rule(&e, o->rule, flatten_all(t, scratch, g, grads, fz));
+    rf_tensor *xn = rf_sub(e.x, dx);
+    if (e.active) /* an AccumGrad still accumulating: parameters stay as they are */
+        xn = rf_select(e.active, xn, e.x);
 
-        int64_t off = 0;
-        for (int i = 0; i < n; i++) {
-            rf_array *p = params[g->members[i]];
-            rf_tensor *piece = xn;
-            if (n > 1) {
-                int64_t lo[1] = {off}, hi[1] = {off + seg[i]};
-                piece = rf_slice(xn, lo, hi, NULL);
-            }
-            off += seg[i];
-            if (!member_frozen[i])
-                rf_assign(t, p, rf_reshape(piece, rf_array_dims(p), rf_array_rank(p)));
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        rf_array *p = params[g->members[i]];
+        rf_tensor *piece = xn;
+        if (n > 1) {
+            int64_t lo[1] = {off}, hi[1] = {off + seg[i]};
+            piece = rf_slice(xn, lo, hi, NULL);
         }
+        off += seg[i];
+        if (!member_frozen[i])
+            rf_assign(t, p, rf_reshape(piece, rf_array_dims(p), rf_array_rank(p)));
     }
     rfi_free(scratch);
     rfi_free(px);
