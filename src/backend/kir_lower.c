@@ -746,11 +746,34 @@ static const rfi_node *finer_shape(const lower *L, const rfi_step *st)
     return d == x->rank ? x : NULL;
 }
 
+/* Emits and stores every root of LOOP step st at the loop variables vars (one
+ * linear index when flat), the roots all of r0's shape. */
+static rf_status store_roots(lower *L, const rfi_step *st, const rfi_node *r0, const int *vars,
+                             bool flat)
+{
+    for (int r = 0; r < st->n_roots; r++) {
+        const rfi_node *root = L->g->nodes[st->roots[r]];
+        if (root->rank != r0->rank || rfi_node_numel(root) != rfi_node_numel(r0) ||
+            memcmp(root->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) != 0)
+            return rfi_error(RF_E_INTERNAL, "kir: step %d: roots %%%d and %%%d differ in shape",
+                             L->k->step, r0->id, root->id);
+        kidx ix = flat ? idx_lin_of(L, root, vars[0]) : idx_multi_of(root, vars);
+        if (root->rank == 0)
+            ix = idx_scalar(L);
+        int v = -1;
+        rf_status s = emit(L, root, &ix, true, &v);
+        if (s == RF_OK)
+            s = rfi_lower_store_root(L, root, &ix, v);
+        if (s != RF_OK)
+            return s;
+    }
+    return RF_OK;
+}
+
 /* One attempt at a LOOP kernel: flat (one loop over all elements) or over the shape. */
 static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
 {
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
-    rfi_kir_kernel *k = L->k;
     L->flat = flat;
     int vars[RF_MAX_RANK];
     const rfi_node *finer = flat ? NULL : finer_shape(L, st);
@@ -768,23 +791,7 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
         blocked_loops(L, r0, rfi_layout_block(L->p->channel_blocks), vars);
     else
         root_loops(L, ordering_root(L, st), vars);
-    for (int r = 0; r < st->n_roots; r++) {
-        const rfi_node *root = L->g->nodes[st->roots[r]];
-        if (root->rank != r0->rank || rfi_node_numel(root) != rfi_node_numel(r0) ||
-            memcmp(root->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) != 0)
-            return rfi_error(RF_E_INTERNAL, "kir: step %d: roots %%%d and %%%d differ in shape",
-                             k->step, r0->id, root->id);
-        kidx ix = flat ? idx_lin_of(L, root, vars[0]) : idx_multi_of(root, vars);
-        if (root->rank == 0)
-            ix = idx_scalar(L);
-        int v = -1;
-        rf_status s = emit(L, root, &ix, true, &v);
-        if (s == RF_OK)
-            s = rfi_lower_store_root(L, root, &ix, v);
-        if (s != RF_OK)
-            return s;
-    }
-    return RF_OK;
+    return store_roots(L, st, r0, vars, flat);
 }
 
 /* The concatenation whose operands a LOOP step is split along (a root, else
@@ -844,21 +851,7 @@ static rf_status lower_loop_box(lower *L, const rfi_step *st, const box *part)
         vars[d] = iop(L, RFI_KIR_IADD, rfi_lower_loop_var(L, part->hi[d] - part->lo[d], false),
                       offset);
     }
-    for (int r = 0; r < st->n_roots; r++) {
-        const rfi_node *root = L->g->nodes[st->roots[r]];
-        if (root->rank != r0->rank ||
-            memcmp(root->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) != 0)
-            return rfi_error(RF_E_INTERNAL, "kir: step %d: roots %%%d and %%%d differ in shape",
-                             L->k->step, r0->id, root->id);
-        kidx ix = idx_multi_of(root, vars);
-        int v = -1;
-        rf_status s = emit(L, root, &ix, true, &v);
-        if (s == RF_OK)
-            s = rfi_lower_store_root(L, root, &ix, v);
-        if (s != RF_OK)
-            return s;
-    }
-    return RF_OK;
+    return store_roots(L, st, r0, vars, false);
 }
 
 static rf_status lower_loop(lower *L, const rfi_step *st, const box *part)
