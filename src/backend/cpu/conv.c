@@ -483,6 +483,21 @@ static tensor_spec grouped_result(const rfi_cpu_conv *c, bool swapped_roles)
     return t; /* (a dim more than the result's buffer: arg_tag leaves it row-major) */
 }
 
+/* Both operands of a weight-gradient form ([C, N, ...] in the IR) as oneDNN's
+ * [N, C, ...] tensors, transposed views of their buffers (a view holds [N, C, ...]
+ * itself). */
+static void batch_major_operands(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
+{
+    const rfi_node *x = c->node->in[0], *w = c->node->in[1];
+    int64_t xd[RF_MAX_RANK], wd[RF_MAX_RANK];
+    memcpy(xd, x->dims, sizeof xd);
+    memcpy(wd, w->dims, sizeof wd);
+    xd[0] = x->dims[1], xd[1] = x->dims[0];
+    wd[0] = w->dims[1], wd[1] = w->dims[0];
+    sp->t[0] = make_tensor(x->rank, xd, !c->views[0]);
+    sp->t[1] = make_tensor(w->rank, wd, !c->views[1]);
+}
+
 /* Weight gradient of a transposed convolution: the IR conv(lhs [C, N,
  * in...], rhs [O, N, out...]) = [C, O, k...] with lhs dilation S > 1 in
  * some dim (G = 1, rhs dilation 1, stride s) is
@@ -518,13 +533,7 @@ static bool spec_bwd_weights_swapped(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
             return false;
     sp->kind = PATH_BWD_WEIGHTS;
     sp->flipped = true;
-    int64_t xd[RF_MAX_RANK], wd[RF_MAX_RANK];
-    memcpy(xd, x->dims, sizeof xd);
-    memcpy(wd, w->dims, sizeof wd);
-    xd[0] = x->dims[1], xd[1] = x->dims[0];
-    wd[0] = w->dims[1], wd[1] = w->dims[0];
-    sp->t[0] = make_tensor(x->rank, xd, !c->views[0]); /* a view holds [N, C, ...] itself */
-    sp->t[1] = make_tensor(w->rank, wd, !c->views[1]);
+    batch_major_operands(c, sp);
     sp->t[2] = c->bgc > 1 ? grouped_result(c, true) : make_tensor(n->rank, n->dims, false);
     sp->arg[0] = DNNL_ARG_DIFF_DST;
     sp->arg[1] = DNNL_ARG_SRC;
@@ -559,15 +568,10 @@ static bool spec_bwd_weights(const rfi_cpu_conv *c, dnnl_conv_spec *sp)
     if (c->fgc > 1 || !all_nonnegative(at->l[1], c->nsp) || n->rank + 1 > DNNL_MAX_NDIMS)
         return false;
     sp->kind = PATH_BWD_WEIGHTS;
-    int64_t xd[RF_MAX_RANK], wd[RF_MAX_RANK], rd[RF_MAX_RANK];
-    memcpy(xd, x->dims, sizeof xd);
-    memcpy(wd, w->dims, sizeof wd);
+    int64_t rd[RF_MAX_RANK];
     memcpy(rd, n->dims, sizeof rd);
-    xd[0] = x->dims[1], xd[1] = x->dims[0];
-    wd[0] = w->dims[1], wd[1] = w->dims[0];
     rd[0] = n->dims[1], rd[1] = n->dims[0];
-    sp->t[0] = make_tensor(x->rank, xd, !c->views[0]); /* a view holds [N, C, ...] itself */
-    sp->t[1] = make_tensor(w->rank, wd, !c->views[1]);
+    batch_major_operands(c, sp);
     sp->t[2] = c->bgc > 1 ? grouped_result(c, false) : make_tensor(n->rank, rd, true);
     sp->arg[0] = DNNL_ARG_SRC;
     sp->arg[1] = DNNL_ARG_DIFF_DST;
