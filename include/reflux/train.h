@@ -82,6 +82,28 @@ typedef enum rf_progress {
     RF_PROGRESS_OFF,
     RF_PROGRESS_ON,
 } rf_progress;
+/* What rf_train tells its on_step callback after each successful step
+ * (borrowed: valid during the call only). */
+typedef struct rf_step_info {
+    int64_t batch;      /* 1-based number of the batch in this pass */
+    int64_t n_batches;  /* batches in the pass (rf_loader_n_batches) */
+    int64_t step;       /* rf_opt_steps(opt) after this step: the global count, which
+                           goes on across passes (and from a loaded checkpoint) */
+    int64_t batch_size; /* samples in this batch (its first array's first dim) */
+    int64_t samples;    /* samples stepped in this pass so far, this batch's included */
+    double loss;        /* this batch's loss (finite: a non-finite one stops the pass
+                           before any callback) */
+    double mean_loss;   /* the pass's mean loss so far, weighted as mean_loss below */
+    rf_stats stats;     /* this batch's aux values */
+    double elapsed;     /* seconds since the pass began (its first step compiles) */
+    rf_model *model;    /* rf_train's model and optimiser, for rf_adjust, */
+    rf_opt *opt;        /* rf_opt_freeze or rf_checkpoint_save in the callback */
+} rf_step_info;
+/* What on_step returns: RF_TRAIN_CONTINUE (0) to go on; RF_TRAIN_STOP to end
+ * the pass after this step, which is not an error; or an error status
+ * (RF_E_INVALID .. RF_E_INTERNAL) to end it with that error. */
+#define RF_TRAIN_CONTINUE 0
+#define RF_TRAIN_STOP (-1)
 /* Options of rf_train; NULL or a zeroed struct gives the defaults. */
 typedef struct rf_train_opts {
     rf_progress progress;
@@ -90,12 +112,35 @@ typedef struct rf_train_opts {
                             batch weighted by its size (its first array's first
                             dim), so a batch-mean loss gives the per-sample mean */
     rf_stats *mean_stats;/* if set, receives the mean of each aux value, weighted alike */
+    /* If set, called after each successful step (the model and optimiser are
+     * updated, the step's run is over), with `user`: a learning-rate schedule
+     * (rf_adjust: no recompilation), logging, checkpoints every N steps,
+     * early stopping. It may call rf_adjust, rf_opt_freeze / rf_opt_thaw (the
+     * next step compiles once for the new frozen set), rf_checkpoint_save and
+     * any other call on the model (a forward pass, an evaluation), but must not
+     * free the model, the optimiser or the loader, nor move the loader
+     * (rf_loader_next, _reset, _seek: refused with RF_E_INVALID after the
+     * callback returns). Its return value: RF_TRAIN_CONTINUE, RF_TRAIN_STOP or
+     * an error status, see above; any other value ends the pass with
+     * RF_E_INVALID naming it. An error status is rf_train's, with a message
+     * "rf_train: on_step returned RF_E_IO after batch 17: <message>", the
+     * message that of the last failure recorded during the callback (a reflux
+     * call's or rf_set_error's). */
+    int (*on_step)(const rf_step_info *info, void *user);
+    void *user;
+    int64_t *batches_done; /* if set, receives the number of batches stepped in the
+                              pass, also when it ends early or fails */
+    bool *stopped;         /* if set, receives whether on_step stopped the pass */
 } rf_train_opts;
 /* One pass over `data` (a device-wrapped loader), a single trainstep per
  * batch, with a progress bar (batch i/n, the mean loss so far, samples/s and
  * ETA after the first batch, which compiles). Stops with
  * RF_E_DOMAIN ("loss is NaN on batch 17, stopping training") on a non-finite
- * loss; RF_E_DEVICE if the loader yields host arrays. */
+ * loss; RF_E_DEVICE if the loader yields host arrays. A pass that on_step
+ * stops returns RF_OK; its bar ends at the last batch stepped, with
+ * " (stopped)" after it. mean_loss and mean_stats are always the means over
+ * the batches stepped: the stopping one included, also when the pass fails
+ * (NaN and no stats when none was). */
 RF_API rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_opt *opt,
                           const rf_train_opts *o);
 

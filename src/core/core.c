@@ -15,13 +15,17 @@
  * last failure's message and status. */
 static _Thread_local char errmsg[RFI_ERRMSG_MAX];
 static _Thread_local rf_status errstatus;
+static _Thread_local uint64_t errcount; /* failures recorded so far */
 
 rf_status rfi_verror(rf_status st, const char *fmt, va_list ap)
 {
     vsnprintf(errmsg, sizeof errmsg, fmt, ap);
     errstatus = st;
+    errcount++;
     return st;
 }
+
+uint64_t rfi_error_count(void) { return errcount; }
 
 rf_status rfi_error(rf_status st, const char *fmt, ...)
 {
@@ -39,6 +43,20 @@ void rf_clear_error(void)
 {
     errmsg[0] = '\0';
     errstatus = RF_OK;
+}
+
+rf_status rf_set_error(rf_status st, const char *fmt, ...)
+{
+    if (st == RF_OK || (unsigned)st >= RF_STATUS_COUNT)
+        return rfi_error(RF_E_INVALID, "rf_set_error: status %d is not an error status "
+                         "(RF_E_INVALID .. RF_E_INTERNAL)", (int)st);
+    if (!fmt)
+        return rfi_error(st, "%s", rf_status_str(st));
+    va_list ap;
+    va_start(ap, fmt);
+    rfi_verror(st, fmt, ap);
+    va_end(ap);
+    return st;
 }
 
 const char *rf_status_str(rf_status st)

@@ -26,6 +26,9 @@
 RFI_FUNC rf_status rfi_error(rf_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 RFI_FUNC rf_status rfi_verror(rf_status st, const char *fmt, va_list ap);
+/* How many failures this thread has recorded (it only grows): a call that
+ * records none leaves it, so comparing it tells whether a message is new. */
+RFI_FUNC uint64_t rfi_error_count(void);
 
 /* ---- Allocation ----------------------------------------------------------------
  * Every host allocation of the library goes through these (one hook, so tests

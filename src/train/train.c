@@ -4,7 +4,9 @@
  * It is deliberately thin: compiling, caching and the non-finite guard are
  * the trainstep's; batching and moving data are the loader's. It only adds
  * the loop, the host-array check, the stop on a non-finite loss (naming the
- * batch) and the bar.
+ * batch), the bar, and the on_step callback after each step (when the step's
+ * run is over and the model is free to use: its answer continues, stops or
+ * fails the pass).
  */
 #include "train_internal.h"
 
@@ -88,10 +90,12 @@ static void draw(progress *p, int64_t done, double mean_loss, bool force)
 }
 
 /* Shows the final state (a throttled last batch included) and ends the line. */
-static void finish(progress *p)
+static void finish(progress *p, bool stopped)
 {
     if (p->on && p->done > 0) {
         draw(p, p->done, p->loss, true);
+        if (stopped)
+            fputs(" (stopped)", stderr);
         fputc('\n', stderr);
         fflush(stderr);
     }
@@ -167,12 +171,55 @@ static rf_status train_batch(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *
     return st;
 }
 
+/* ---- The callback ------------------------------------------------------------------- */
+
+/* Calls o->on_step after batch `number`; RF_OK to go on, *stopped set when
+ * it asked to stop. Its other answers become rf_train's error. */
+static rf_status call_on_step(const rf_train_opts *o, const rf_step_info *info,
+                              rf_loader *data, bool *stopped)
+{
+    uint64_t epoch0, epoch1;
+    int64_t pos0, pos1;
+    rf_loader_position(data, &epoch0, &pos0);
+    uint64_t errors = rfi_error_count();
+    int r = o->on_step(info, o->user);
+    rf_loader_position(data, &epoch1, &pos1);
+    long long number = (long long)info->batch;
+    if (r != RF_TRAIN_CONTINUE && r != RF_TRAIN_STOP && (r <= RF_OK || r >= RF_STATUS_COUNT))
+        return rfi_error(RF_E_INVALID, "rf_train: on_step returned %d after batch %lld; it "
+                         "returns RF_TRAIN_CONTINUE (0), RF_TRAIN_STOP (-1) or an error status",
+                         r, number);
+    if (epoch1 != epoch0 || pos1 != pos0)
+        return rfi_error(RF_E_INVALID, "rf_train: on_step moved the loader after batch %lld "
+                         "(from batch %lld of epoch %llu to batch %lld of epoch %llu); the "
+                         "loader is rf_train's during the pass", number, (long long)pos0,
+                         (unsigned long long)epoch0, (long long)pos1,
+                         (unsigned long long)epoch1);
+    if (r == RF_TRAIN_STOP)
+        *stopped = true;
+    if (r == RF_TRAIN_CONTINUE || r == RF_TRAIN_STOP)
+        return RF_OK;
+    if (rfi_error_count() != errors) {
+        char msg[RFI_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", rf_errmsg());
+        return rfi_error((rf_status)r, "rf_train: on_step returned %s after batch %lld: %s",
+                         rf_status_str((rf_status)r), number, msg);
+    }
+    return rfi_error((rf_status)r, "rf_train: on_step returned %s after batch %lld (with no "
+                     "message: rf_set_error records one)", rf_status_str((rf_status)r), number);
+}
+
 rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_opt *opt,
                    const rf_train_opts *o)
 {
-    rf_train_opts defaults = {RF_PROGRESS_AUTO, NULL, NULL, NULL};
+    rf_train_opts defaults;
+    memset(&defaults, 0, sizeof defaults);
     if (!o)
         o = &defaults;
+    if (o->batches_done)
+        *o->batches_done = 0;
+    if (o->stopped)
+        *o->stopped = false;
     if ((unsigned)o->progress > RF_PROGRESS_ON)
         return rfi_error(RF_E_INVALID, "rf_train: progress is %d, not an rf_progress",
                          (int)o->progress);
@@ -189,7 +236,9 @@ rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_
                   rf_loader_n_batches(data), now_seconds(), 0, 0, 0, 0, 0, NAN};
     means acc;
     memset(&acc, 0, sizeof acc);
-    for (int64_t number = 1;; number++) {
+    bool stopped = false;
+    int64_t done = 0;
+    for (int64_t number = 1; !stopped; number++) {
         rf_array *const *batch = NULL;
         st = rf_loader_next(data, &batch);
         if (st != RF_OK || !batch)
@@ -199,12 +248,35 @@ rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_
         st = train_batch(loss, ctx, m, batch, n, opt, number, &l, &s);
         if (st != RF_OK)
             break;
+        done = number;
         int64_t samples = batch[0] && batch[0]->rank > 0 ? batch[0]->dims[0] : 1;
         p.samples += samples;
         accumulate(&acc, l, &s, (double)samples);
         draw(&p, number, acc.loss / acc.weight, false);
+        if (o->on_step) {
+            rf_step_info info = {
+                .batch = number,
+                .n_batches = p.total,
+                .step = rf_opt_steps(opt),
+                .batch_size = samples,
+                .samples = p.samples,
+                .loss = l,
+                .mean_loss = acc.loss / acc.weight,
+                .stats = s,
+                .elapsed = now_seconds() - p.start,
+                .model = m,
+                .opt = opt,
+            };
+            st = call_on_step(o, &info, data, &stopped);
+            if (st != RF_OK)
+                break;
+        }
     }
-    finish(&p);
+    finish(&p, stopped);
     report_means(&acc, o);
+    if (o->batches_done)
+        *o->batches_done = done;
+    if (o->stopped)
+        *o->stopped = stopped;
     return st;
 }

@@ -1,0 +1,502 @@
+/* test_train_hook.c: rf_train's on_step callback: what it is told, stopping a
+ * pass early (not an error: status, batches_done, stopped, the bar and the
+ * means), a per-step learning-rate schedule with rf_adjust (no recompile),
+ * rf_opt_freeze and rf_checkpoint_save called from it, the errors it reports
+ * (rf_set_error, a failed reflux call's message, no message), and bad
+ * answers (a value that is neither, a moved loader), on the seed's model
+ * Chain(Dense(4 => 8, tanh), Dense(8 => 2)) over 8 batches of 8.
+ *
+ * Oracle: the same steps taken by hand with rf_trainstep on a second copy of
+ * the model, over the same batches, with the same rf_adjust / rf_opt_freeze
+ * calls between them; their losses, parameters and optimiser state must be
+ * bitwise those of the hooked pass.
+ */
+#include "test_util.h"
+
+#define ROWS 64
+#define BATCH 8
+#define NB (ROWS / BATCH)
+
+static rf_device *cpu;
+static float xs[ROWS * 4], ys[ROWS * 2];
+
+static rf_model *host_model(void)
+{
+    rf_nn_seed(42);
+    return rf_chain(rf_dense(4, 8, RF_ACT_TANH), rf_dense(8, 2, RF_ACT_IDENTITY));
+}
+
+static rf_tensor *aux_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
+{
+    (void)n;
+    (void)ctx;
+    rf_tensor *yhat = rf_apply(m, b[0]);
+    rf_aux_set(aux, "acc", rf_accuracy(yhat, b[1]));
+    return rf_mse(yhat, b[1]);
+}
+
+static rf_loader *make_loader(void)
+{
+    rf_array *X = rf_array_from(RF_F32, RF_SHAPE(ROWS, 4), xs);
+    rf_array *Y = rf_array_from(RF_F32, RF_SHAPE(ROWS, 2), ys);
+    rf_loader *l = rf_loader_new((rf_array *[]){X, Y}, 2, &(rf_loader_opts){.batchsize = BATCH});
+    rf_array_free(X);
+    rf_array_free(Y);
+    if (l && rf_loader_to(l, cpu) != RF_OK) {
+        rf_loader_free(l);
+        return NULL;
+    }
+    return l;
+}
+
+/* Batch b (0-based) of the loader above, as device arrays (x, y). */
+static void batch_of(int b, rf_array *out[2])
+{
+    rf_array *hx = rf_array_from(RF_F32, RF_SHAPE(BATCH, 4), xs + b * BATCH * 4);
+    rf_array *hy = rf_array_from(RF_F32, RF_SHAPE(BATCH, 2), ys + b * BATCH * 2);
+    out[0] = rf_array_to(hx, cpu);
+    out[1] = rf_array_to(hy, cpu);
+    rf_array_free(hx);
+    rf_array_free(hy);
+}
+
+/* A model on the CPU with its optimiser, from the seed's host model. */
+typedef struct run {
+    rf_model *m;
+    rf_opt *opt;
+} run;
+
+static run run_new(rf_rule *rule)
+{
+    rf_model *host = host_model();
+    run r = {rf_model_to(host, cpu), NULL};
+    rf_model_free(host);
+    r.opt = rf_setup(rule, r.m);
+    return r;
+}
+
+static void run_free(run *r)
+{
+    rf_opt_free(r->opt);
+    rf_model_free(r->m);
+}
+
+/* Every byte of a model's and an optimiser's arrays, in visit order. */
+typedef struct image {
+    unsigned char *bytes;
+    size_t n;
+} image;
+
+static void image_one(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)path;
+    (void)trainable;
+    image *im = ud;
+    size_t nb = rf_array_nbytes(a);
+    im->bytes = realloc(im->bytes, im->n + nb);
+    rf_array_read(a, im->bytes + im->n, nb);
+    im->n += nb;
+}
+
+static image image_of(rf_model *m, rf_opt *opt)
+{
+    image im = {NULL, 0};
+    rf_model_visit(m, image_one, &im);
+    if (opt)
+        rf_opt_visit(opt, image_one, &im);
+    return im;
+}
+
+static bool same_state(rf_model *m1, rf_opt *o1, rf_model *m2, rf_opt *o2)
+{
+    image a = image_of(m1, o1), b = image_of(m2, o2);
+    bool same = a.n == b.n && a.n > 0 && memcmp(a.bytes, b.bytes, a.n) == 0;
+    free(a.bytes);
+    free(b.bytes);
+    return same;
+}
+
+/* The bytes of one parameter (by path). */
+typedef struct find {
+    const char *path;
+    float v[64];
+} find;
+
+static void find_one(const char *path, rf_array *a, bool trainable, void *ud)
+{
+    (void)trainable;
+    find *f = ud;
+    if (strcmp(path, f->path) == 0 && rf_array_nbytes(a) <= sizeof f->v)
+        rf_array_read(a, f->v, rf_array_nbytes(a));
+}
+
+static find param_of(rf_model *m, const char *path)
+{
+    find f;
+    memset(&f, 0, sizeof f);
+    f.path = path;
+    rf_model_visit(m, find_one, &f);
+    return f;
+}
+
+/* One hand step on batch b (0-based) of the pass. */
+static double hand_step(run *r, int b, rf_stats *s)
+{
+    rf_array *batch[2];
+    batch_of(b, batch);
+    double l = NAN;
+    CHECK_OK(rf_trainstep(aux_loss, NULL, r->m, batch, 2, r->opt, &l, s));
+    rf_array_free(batch[0]);
+    rf_array_free(batch[1]);
+    return l;
+}
+
+/* ---- What the callback records and does ----------------------------------------------------------- */
+
+typedef struct hooklog {
+    int calls;
+    rf_step_info info[4 * NB];
+    int stop_after; /* RF_TRAIN_STOP after this batch (0: never) */
+    /* what the callback does */
+    double lr0;         /* > 0: rf_adjust(opt, lr0 / step) */
+    int freeze_after;   /* > 0: rf_opt_freeze(opt, "0") after this batch */
+    find frozen_at;     /* layer 0's weight when it was frozen */
+    int save_every;     /* > 0: a checkpoint every this many steps */
+    const char *dir;
+    rf_status saved;
+    int answer_after;   /* > 0: return `answer` after this batch */
+    int answer;
+    const char *how;    /* "set": rf_set_error, "fail": a failed reflux call, else nothing */
+    rf_loader *loader;  /* set: rf_loader_next on it (not allowed) */
+} hooklog;
+
+static int on_step(const rf_step_info *info, void *user)
+{
+    hooklog *g = user;
+    if (g->calls < 4 * NB)
+        g->info[g->calls] = *info;
+    g->calls++;
+    if (g->lr0 > 0)
+        CHECK_OK(rf_adjust(info->opt, g->lr0 / (double)(info->step + 1)));
+    if (g->freeze_after == info->batch) {
+        CHECK_OK(rf_opt_freeze(info->opt, "0"));
+        g->frozen_at = param_of(info->model, "0.weight");
+    }
+    if (g->save_every > 0 && info->step % g->save_every == 0) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/step-%lld.safetensors", g->dir, (long long)info->step);
+        g->saved = rf_checkpoint_save(path, info->model, info->opt);
+        CHECK_OK(g->saved);
+    }
+    if (g->loader && info->batch == 2) {
+        rf_array *const *b;
+        CHECK_OK(rf_loader_next(g->loader, &b));
+    }
+    if (g->answer_after == info->batch) {
+        if (g->how && strcmp(g->how, "set") == 0)
+            return rf_set_error((rf_status)g->answer, "validation loss %.1f diverged", 12.5);
+        if (g->how && strcmp(g->how, "fail") == 0) /* a directory is not a checkpoint file */
+            CHECK_STATUS(rf_checkpoint_save(g->dir, info->model, info->opt), RF_E_IO);
+        return g->answer;
+    }
+    return g->stop_after == info->batch ? RF_TRAIN_STOP : RF_TRAIN_CONTINUE;
+}
+
+/* ---- Stopping early, and what the callback is told ------------------------------------- */
+
+static void test_stop_and_info(void)
+{
+    run r = run_new(rf_adam(1e-2)), hand = run_new(rf_adam(1e-2));
+    rf_loader *data = make_loader();
+    CHECK(r.m && r.opt && hand.m && hand.opt && data);
+    hooklog g;
+    memset(&g, 0, sizeof g);
+    g.stop_after = 3;
+    double mean = NAN;
+    rf_stats ms;
+    int64_t done = -1;
+    bool stopped = false;
+    captured c;
+    capture_start(&c);
+    rf_status st = rf_train(aux_loss, NULL, r.m, data, r.opt,
+                            &(rf_train_opts){.progress = RF_PROGRESS_ON, .label = "e1",
+                                             .mean_loss = &mean, .mean_stats = &ms,
+                                             .on_step = on_step, .user = &g,
+                                             .batches_done = &done, .stopped = &stopped});
+    char *err = capture_end(&c);
+    CHECK_OK(st);
+    CHECK(g.calls == 3 && done == 3 && stopped);
+    CHECK(rf_opt_steps(r.opt) == 3);
+    /* the bar ends at the last batch stepped and says why */
+    CHECK(err && strstr(err, "3/8 loss=") != NULL && strstr(err, " (stopped)\n") != NULL);
+    CHECK(err && strstr(err, "4/8") == NULL);
+    fprintf(stderr, "stopped bar: %s", err ? err : "");
+    free(err);
+
+    /* the hand loop's losses, stats and state are the hooked pass's, bitwise */
+    double sum = 0, acc = 0;
+    for (int b = 0; b < 3; b++) {
+        rf_stats s;
+        double l = hand_step(&hand, b, &s);
+        const rf_step_info *in = &g.info[b];
+        CHECK(in->batch == b + 1 && in->n_batches == NB && in->step == b + 1);
+        CHECK(in->batch_size == BATCH && in->samples == (int64_t)(b + 1) * BATCH);
+        CHECK(in->model == r.m && in->opt == r.opt);
+        CHECK(in->loss == l);
+        CHECK(in->stats.n == 1 && rf_stats_get(&in->stats, "acc") == rf_stats_get(&s, "acc"));
+        sum += l;
+        acc += rf_stats_get(&s, "acc");
+        CHECK_NEAR(in->mean_loss, sum / (b + 1), 1e-15, 1e-12);
+        CHECK(in->elapsed > 0 && (b == 0 || in->elapsed >= g.info[b - 1].elapsed));
+    }
+    CHECK(same_state(r.m, r.opt, hand.m, hand.opt));
+    /* the means are over the batches stepped, the stopping one included */
+    CHECK_NEAR(mean, sum / 3, 1e-15, 1e-12);
+    CHECK(ms.n == 1);
+    CHECK_NEAR(rf_stats_get(&ms, "acc"), acc / 3, 1e-15, 1e-12);
+
+    /* the next pass starts over at batch 1; the global step goes on */
+    memset(&g, 0, sizeof g);
+    CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                      &(rf_train_opts){.on_step = on_step, .user = &g, .batches_done = &done,
+                                       .stopped = &stopped}));
+    CHECK(g.calls == NB && done == NB && !stopped);
+    CHECK(g.info[0].batch == 1 && g.info[0].step == 4);
+    CHECK(g.info[NB - 1].batch == NB && g.info[NB - 1].step == 3 + NB);
+    CHECK(g.info[NB - 1].samples == ROWS);
+    for (int b = 0; b < NB; b++)
+        CHECK(g.info[b].loss == hand_step(&hand, b, NULL));
+    CHECK(same_state(r.m, r.opt, hand.m, hand.opt));
+
+    /* stopping after the first batch: the pass's means are that batch's */
+    memset(&g, 0, sizeof g);
+    g.stop_after = 1;
+    CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                      &(rf_train_opts){.mean_loss = &mean, .on_step = on_step, .user = &g,
+                                       .batches_done = &done, .stopped = &stopped}));
+    CHECK(g.calls == 1 && done == 1 && stopped && mean == g.info[0].loss);
+    CHECK(rf_opt_steps(r.opt) == 4 + NB);
+    rf_loader_free(data);
+    run_free(&r);
+    run_free(&hand);
+}
+
+/* ---- A learning-rate schedule, freezing, checkpoints --------------------------------- */
+
+static void test_schedule(void)
+{
+    run r = run_new(rf_adam(1e-2)), hand = run_new(rf_adam(1e-2)), flat = run_new(rf_adam(1e-2));
+    rf_loader *data = make_loader();
+    hooklog g;
+    memset(&g, 0, sizeof g);
+    g.lr0 = 0.05;
+    for (int pass = 0; pass < 2; pass++)
+        CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                          &(rf_train_opts){.on_step = on_step, .user = &g}));
+    CHECK(g.calls == 2 * NB);
+    /* one compiled step for every rate */
+    rf_cache_stats cs = rf_model_cache_stats(r.m);
+    CHECK(cs.compiles == 1 && cs.entries == 1 && cs.hits == 2 * NB - 1);
+    CHECK_NEAR(rf_opt_lr(r.opt), 0.05 / (2 * NB + 1), 1e-9, 1e-6);
+    /* the hand loop sets each rate between the same steps */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int b = 0; b < NB; b++) {
+            hand_step(&hand, b, NULL);
+            hand_step(&flat, b, NULL);
+            CHECK_OK(rf_adjust(hand.opt, 0.05 / (double)(rf_opt_steps(hand.opt) + 1)));
+        }
+    }
+    CHECK(same_state(r.m, r.opt, hand.m, hand.opt));
+    CHECK(!same_state(r.m, NULL, flat.m, NULL)); /* the schedule changed the steps */
+    rf_loader_free(data);
+    run_free(&r);
+    run_free(&hand);
+    run_free(&flat);
+}
+
+static void test_freeze(void)
+{
+    run r = run_new(rf_adam(1e-2)), hand = run_new(rf_adam(1e-2));
+    rf_loader *data = make_loader();
+    hooklog g;
+    memset(&g, 0, sizeof g);
+    g.freeze_after = 2;
+    CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                      &(rf_train_opts){.on_step = on_step, .user = &g}));
+    CHECK(g.calls == NB && rf_opt_n_frozen(r.opt) == 2);
+    /* layer 0 kept the values it had when frozen; one more compile, for the frozen set */
+    find now = param_of(r.m, "0.weight");
+    CHECK(memcmp(now.v, g.frozen_at.v, sizeof now.v) == 0);
+    CHECK(rf_model_cache_stats(r.m).compiles == 2);
+    for (int b = 0; b < NB; b++) {
+        hand_step(&hand, b, NULL);
+        if (b == 1)
+            CHECK_OK(rf_opt_freeze(hand.opt, "0"));
+    }
+    CHECK(same_state(r.m, r.opt, hand.m, hand.opt));
+    rf_loader_free(data);
+    run_free(&r);
+    run_free(&hand);
+}
+
+static void test_checkpoints(void)
+{
+    char dir[] = "/tmp/rf_hook_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    run r = run_new(rf_adam(1e-2)), hand = run_new(rf_adam(1e-2)), back = run_new(rf_adam(1e-2));
+    rf_loader *data = make_loader();
+    hooklog g;
+    memset(&g, 0, sizeof g);
+    g.save_every = 3;
+    g.dir = dir;
+    CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                      &(rf_train_opts){.on_step = on_step, .user = &g}));
+    CHECK(g.calls == NB && g.saved == RF_OK);
+    /* the file of step 3 holds what 3 hand steps make, optimiser state included */
+    for (int b = 0; b < 3; b++)
+        hand_step(&hand, b, NULL);
+    char path[512];
+    snprintf(path, sizeof path, "%s/step-3.safetensors", dir);
+    CHECK_OK(rf_checkpoint_load(path, back.m, back.opt));
+    CHECK(rf_opt_steps(back.opt) == 3);
+    CHECK(same_state(back.m, back.opt, hand.m, hand.opt));
+    /* step 6's holds 3 more; the pass went on after both saves */
+    for (int b = 3; b < 6; b++)
+        hand_step(&hand, b, NULL);
+    snprintf(path, sizeof path, "%s/step-6.safetensors", dir);
+    CHECK_OK(rf_checkpoint_load(path, back.m, back.opt));
+    CHECK(same_state(back.m, back.opt, hand.m, hand.opt));
+    for (int b = 6; b < NB; b++)
+        hand_step(&hand, b, NULL);
+    CHECK(same_state(r.m, r.opt, hand.m, hand.opt));
+    rf_loader_free(data);
+    run_free(&r);
+    run_free(&hand);
+    run_free(&back);
+    tu_remove_tree(dir);
+}
+
+/* ---- Errors ----------------------------------------------------------------------------- */
+
+/* A pass whose callback answers `answer` after batch `after`, `how` as in hooklog. */
+static rf_status answering(run *r, rf_loader *data, int after, int answer, const char *how,
+                           int64_t *done)
+{
+    hooklog g;
+    memset(&g, 0, sizeof g);
+    g.answer_after = after;
+    g.answer = answer;
+    g.how = how;
+    g.dir = "/tmp";
+    bool stopped = true;
+    rf_status st = rf_train(aux_loss, NULL, r->m, data, r->opt,
+                            &(rf_train_opts){.on_step = on_step, .user = &g,
+                                             .batches_done = done, .stopped = &stopped});
+    CHECK(!stopped);
+    CHECK(g.calls == (after > 0 ? after : NB));
+    return st;
+}
+
+static void test_errors(void)
+{
+    run r = run_new(rf_adam(1e-2));
+    rf_loader *data = make_loader();
+    int64_t done = -1;
+    int64_t steps = 0;
+
+    /* an error of a reflux call in the callback, passed on with its message */
+    CHECK_STATUS(answering(&r, data, 2, RF_E_IO, "fail", &done), RF_E_IO);
+    CHECK_MSG("rf_train: on_step returned RF_E_IO after batch 2: rf_checkpoint_save");
+    CHECK(done == 2 && rf_opt_steps(r.opt) == (steps += 2));
+    /* the callback's own, with rf_set_error */
+    CHECK_STATUS(answering(&r, data, 1, RF_E_DOMAIN, "set", &done), RF_E_DOMAIN);
+    CHECK_MSG("rf_train: on_step returned RF_E_DOMAIN after batch 1: validation loss 12.5 "
+              "diverged");
+    CHECK(rf_errstatus() == RF_E_DOMAIN);
+    CHECK(done == 1 && rf_opt_steps(r.opt) == (steps += 1));
+    /* none: an older message is not quoted as the callback's */
+    rf_set_error(RF_E_CORRUPT, "an older failure");
+    CHECK_STATUS(answering(&r, data, 3, RF_E_INTERNAL, NULL, &done), RF_E_INTERNAL);
+    CHECK_MSG("rf_train: on_step returned RF_E_INTERNAL after batch 3 (with no message");
+    CHECK(strstr(rf_errmsg(), "older") == NULL);
+    CHECK(done == 3 && rf_opt_steps(r.opt) == (steps += 3));
+    /* neither an answer nor a status */
+    int bad[] = {42, -2, RF_STATUS_COUNT, -1000000};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_STATUS(answering(&r, data, 1, bad[i], NULL, &done), RF_E_INVALID);
+        char want[64];
+        snprintf(want, sizeof want, "on_step returned %d after batch 1;", bad[i]);
+        CHECK_MSG(want);
+        CHECK(done == 1 && rf_opt_steps(r.opt) == (steps += 1));
+    }
+    /* RF_TRAIN_CONTINUE by its value is a whole pass */
+    CHECK_OK(answering(&r, data, 0, 0, NULL, &done));
+    CHECK(done == NB && rf_opt_steps(r.opt) == (steps += NB));
+
+    /* moving rf_train's loader */
+    hooklog g;
+    memset(&g, 0, sizeof g);
+    g.loader = data;
+    CHECK_STATUS(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                          &(rf_train_opts){.on_step = on_step, .user = &g,
+                                           .batches_done = &done}), RF_E_INVALID);
+    CHECK_MSG("rf_train: on_step moved the loader after batch 2");
+    CHECK(g.calls == 2 && done == 2 && rf_opt_steps(r.opt) == (steps += 2));
+
+    /* a NaN batch stops the pass before the callback hears of it */
+    float saved = xs[3 * BATCH * 4];
+    xs[3 * BATCH * 4] = NAN; /* batch 4 */
+    rf_loader *nan_data = make_loader();
+    xs[3 * BATCH * 4] = saved;
+    memset(&g, 0, sizeof g);
+    double mean = NAN;
+    bool stopped = true;
+    CHECK_STATUS(rf_train(aux_loss, NULL, r.m, nan_data, r.opt,
+                          &(rf_train_opts){.on_step = on_step, .user = &g, .mean_loss = &mean,
+                                           .batches_done = &done, .stopped = &stopped}),
+                 RF_E_DOMAIN);
+    CHECK_MSG("loss is NaN on batch 4");
+    CHECK(g.calls == 3 && done == 3 && !stopped && rf_opt_steps(r.opt) == (steps += 3));
+    CHECK_NEAR(mean, (g.info[0].loss + g.info[1].loss + g.info[2].loss) / 3, 1e-15, 1e-12);
+    rf_loader_free(nan_data);
+
+    /* bad arguments still set the out fields */
+    done = -1;
+    stopped = true;
+    CHECK_STATUS(rf_train(NULL, NULL, r.m, data, r.opt,
+                          &(rf_train_opts){.batches_done = &done, .stopped = &stopped}),
+                 RF_E_INVALID);
+    CHECK(done == 0 && !stopped);
+    CHECK(rf_opt_steps(r.opt) == steps);
+
+    /* rf_set_error: only error statuses */
+    CHECK(rf_set_error(RF_E_IO, "disk %s", "full") == RF_E_IO);
+    CHECK(rf_errstatus() == RF_E_IO && strcmp(rf_errmsg(), "disk full") == 0);
+    CHECK(rf_set_error(RF_OK, "fine") == RF_E_INVALID);
+    CHECK_MSG("rf_set_error: status 0 is not an error status");
+    CHECK(rf_set_error((rf_status)99, "x") == RF_E_INVALID);
+    CHECK_MSG("status 99");
+    rf_status (*set)(rf_status, const char *, ...) = rf_set_error; /* a NULL format */
+    CHECK(set(RF_E_SHAPE, NULL) == RF_E_SHAPE);
+    CHECK(strcmp(rf_errmsg(), "RF_E_SHAPE") == 0);
+    rf_clear_error();
+    rf_loader_free(data);
+    run_free(&r);
+}
+
+int main(void)
+{
+    cpu = rf_device_cpu();
+    rf_array *hx = rf_randn(RF_F32, RF_SHAPE(ROWS, 4), 31);
+    rf_array *hy = rf_randn(RF_F32, RF_SHAPE(ROWS, 2), 32);
+    rf_array_read(hx, xs, sizeof xs);
+    rf_array_read(hy, ys, sizeof ys);
+    rf_array_free(hx);
+    rf_array_free(hy);
+    test_stop_and_info();
+    test_schedule();
+    test_freeze();
+    test_checkpoints();
+    test_errors();
+    return tu_finish("test_train_hook");
+}
