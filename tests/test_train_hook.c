@@ -3,13 +3,15 @@
  * means), a per-step learning-rate schedule with rf_adjust (no recompile),
  * rf_opt_freeze and rf_checkpoint_save called from it, the errors it reports
  * (rf_set_error, a failed reflux call's message, no message), and bad
- * answers (a value that is neither, a moved loader), on the seed's model
- * Chain(Dense(4 => 8, tanh), Dense(8 => 2)) over 8 batches of 8.
+ * answers (a value that is neither, a moved loader); and the global gradient
+ * norm an optimiser may track (rf_opt_track_grad_norm) in the step's stats; on
+ * the seed's model Chain(Dense(4 => 8, tanh), Dense(8 => 2)) over 8 batches of 8.
  *
  * Oracle: the same steps taken by hand with rf_trainstep on a second copy of
  * the model, over the same batches, with the same rf_adjust / rf_opt_freeze
  * calls between them; their losses, parameters and optimiser state must be
- * bitwise those of the hooked pass.
+ * bitwise those of the hooked pass. The gradient norm's: the norm of the
+ * gradients of an f64 copy of the model, summed in double on the host.
  */
 #include "test_util.h"
 
@@ -49,13 +51,14 @@ static rf_loader *make_loader(void)
     return l;
 }
 
-/* Batch b (0-based) of the loader above, as device arrays (x, y). */
-static void batch_of(int b, rf_array *out[2])
+/* Batch b (0-based) of the loader above, as device arrays (x, y), made f64 if asked. */
+static void batch_of(int b, rf_array *out[2], bool f64)
 {
     rf_array *hx = rf_array_from(RF_F32, RF_SHAPE(BATCH, 4), xs + b * BATCH * 4);
     rf_array *hy = rf_array_from(RF_F32, RF_SHAPE(BATCH, 2), ys + b * BATCH * 2);
-    out[0] = rf_array_to(hx, cpu);
-    out[1] = rf_array_to(hy, cpu);
+    rf_to_opts to = {.to_f64 = f64};
+    out[0] = rf_array_to_opts(hx, cpu, &to);
+    out[1] = rf_array_to_opts(hy, cpu, &to);
     rf_array_free(hx);
     rf_array_free(hy);
 }
@@ -64,12 +67,13 @@ static void batch_of(int b, rf_array *out[2])
 typedef struct run {
     rf_model *m;
     rf_opt *opt;
+    bool f64; /* the model's (and so its batches') floats are f64 */
 } run;
 
 static run run_new(rf_rule *rule)
 {
     rf_model *host = host_model();
-    run r = {rf_model_to(host, cpu), NULL};
+    run r = {rf_model_to(host, cpu), NULL, false};
     rf_model_free(host);
     r.opt = rf_setup(rule, r.m);
     return r;
@@ -143,7 +147,7 @@ static find param_of(rf_model *m, const char *path)
 static double hand_step(run *r, int b, rf_stats *s)
 {
     rf_array *batch[2];
-    batch_of(b, batch);
+    batch_of(b, batch, r->f64);
     double l = NAN;
     CHECK_OK(rf_trainstep(aux_loss, NULL, r->m, batch, 2, r->opt, &l, s));
     rf_array_free(batch[0]);
@@ -484,6 +488,179 @@ static void test_errors(void)
     run_free(&r);
 }
 
+/* ---- The global gradient norm --------------------------------------------------------- */
+
+static rf_tensor *named_norm_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
+                                  void *ctx)
+{
+    (void)n;
+    (void)ctx;
+    rf_tensor *yhat = rf_apply(m, b[0]);
+    rf_aux_set(aux, "grad_norm", rf_mean_all(yhat));
+    return rf_mse(yhat, b[1]);
+}
+
+static rf_tensor *eight_aux_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
+                                 void *ctx)
+{
+    (void)n;
+    (void)ctx;
+    rf_tensor *yhat = rf_apply(m, b[0]);
+    for (int i = 0; i < RF_MAX_AUX; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "a%d", i);
+        rf_aux_set(aux, name, rf_mean_all(yhat));
+    }
+    return rf_mse(yhat, b[1]);
+}
+
+/* sqrt(sum of squares) over grads[from..n), in double on the host. */
+static double host_norm(rf_array **g, int from, int n)
+{
+    double sum = 0;
+    for (int i = from; i < n; i++) {
+        rf_array *h = rf_array_to(g[i], rf_device_host());
+        int64_t k = rf_array_numel(h);
+        for (int64_t j = 0; j < k; j++) {
+            double v = rf_array_dtype(h) == RF_F64 ? ((const double *)rf_array_data(h))[j]
+                                                   : ((const float *)rf_array_data(h))[j];
+            sum += v * v;
+        }
+        rf_array_free(h);
+    }
+    return sqrt(sum);
+}
+
+static void free_grads(rf_array **g, int n)
+{
+    for (int i = 0; i < n; i++)
+        rf_array_free(g[i]);
+    free(g);
+}
+
+/* One step with gradients on batch b: *ng gradients (owned), *s the step's stats. */
+static rf_array **step_grads(run *r, int b, rf_loss_fn loss, int *ng, rf_stats *s)
+{
+    rf_array *batch[2];
+    batch_of(b, batch, r->f64);
+    rf_array **g = NULL;
+    double l;
+    *ng = 0;
+    CHECK_OK(rf_trainstep_withgradient(loss, NULL, r->m, batch, 2, r->opt, &l, s, &g, ng));
+    rf_array_free(batch[0]);
+    rf_array_free(batch[1]);
+    return g;
+}
+
+static void test_grad_norm(void)
+{
+    CHECK_STATUS(rf_opt_track_grad_norm(NULL, true), RF_E_INVALID);
+    CHECK_MSG("rf_opt_track_grad_norm: opt is NULL");
+    CHECK(!rf_opt_tracks_grad_norm(NULL));
+
+    /* f32 and f64 copies of one model, stepped with lr 0 so both stay where they are */
+    rf_model *host = host_model();
+    run r = run_new(rf_descent(0.0));
+    run r64 = {rf_model_to_opts(host, cpu, &(rf_to_opts){.to_f64 = true}), NULL, true};
+    r64.opt = rf_setup(rf_descent(0.0), r64.m);
+    rf_model_free(host);
+    CHECK(r.m && r.opt && r64.m && r64.opt);
+
+    /* off by default: no norm in the stats */
+    rf_stats s;
+    CHECK(!rf_opt_tracks_grad_norm(r.opt));
+    hand_step(&r, 0, &s);
+    CHECK(s.n == 1 && isnan(rf_stats_get(&s, RF_STATS_GRAD_NORM)));
+    CHECK(rf_model_cache_stats(r.m).compiles == 1);
+
+    CHECK_OK(rf_opt_track_grad_norm(r.opt, true));
+    CHECK_OK(rf_opt_track_grad_norm(r64.opt, true));
+    CHECK(rf_opt_tracks_grad_norm(r.opt));
+    for (int b = 0; b < 3; b++) {
+        int n32, n64;
+        rf_stats s32, s64;
+        rf_array **g32 = step_grads(&r, b, aux_loss, &n32, &s32);
+        rf_array **g64 = step_grads(&r64, b, aux_loss, &n64, &s64);
+        CHECK(n32 == 4 && n64 == 4);
+        double norm32 = rf_stats_get(&s32, RF_STATS_GRAD_NORM);
+        double norm64 = rf_stats_get(&s64, RF_STATS_GRAD_NORM);
+        double ref = host_norm(g64, 0, n64); /* the float64 reference */
+        CHECK(s32.n == 2 && strcmp(s32.names[1], RF_STATS_GRAD_NORM) == 0);
+        CHECK(ref > 0);
+        CHECK_NEAR(norm64, ref, 0, 1e-12);
+        CHECK_NEAR(norm32, ref, 0, 2e-6);
+        CHECK_NEAR(norm32, host_norm(g32, 0, n32), 0, 1e-6);
+        /* the step without gradient outputs reports it too */
+        hand_step(&r, b, &s);
+        CHECK_NEAR(rf_stats_get(&s, RF_STATS_GRAD_NORM), ref, 0, 2e-6);
+        if (b == 0)
+            fprintf(stderr, "grad norm: %.9g (f32), %.17g (f64 reference)\n", norm32, ref);
+        free_grads(g32, n32);
+        free_grads(g64, n64);
+    }
+    /* a frozen layer's gradient does not count */
+    CHECK_OK(rf_opt_freeze(r.opt, "0"));
+    CHECK_OK(rf_opt_freeze(r64.opt, "0"));
+    {
+        int n32, n64;
+        rf_stats s32, s64;
+        rf_array **g32 = step_grads(&r, 0, aux_loss, &n32, &s32);
+        rf_array **g64 = step_grads(&r64, 0, aux_loss, &n64, &s64);
+        double ref = host_norm(g64, 2, n64); /* 1.weight, 1.bias */
+        CHECK(ref > 0 && ref < host_norm(g64, 0, n64));
+        CHECK_NEAR(rf_stats_get(&s32, RF_STATS_GRAD_NORM), ref, 0, 2e-6);
+        CHECK_NEAR(rf_stats_get(&s64, RF_STATS_GRAD_NORM), ref, 0, 1e-12);
+        free_grads(g32, n32);
+        free_grads(g64, n64);
+    }
+    CHECK_OK(rf_opt_thaw(r.opt, "0"));
+    /* one compiled step per setting: switching back compiles nothing */
+    uint64_t compiles = rf_model_cache_stats(r.m).compiles;
+    CHECK_OK(rf_opt_track_grad_norm(r.opt, false));
+    hand_step(&r, 0, &s);
+    CHECK(s.n == 1 && isnan(rf_stats_get(&s, RF_STATS_GRAD_NORM)));
+    CHECK_OK(rf_opt_track_grad_norm(r.opt, true));
+    hand_step(&r, 0, &s);
+    CHECK(s.n == 2 && rf_stats_get(&s, RF_STATS_GRAD_NORM) > 0);
+    CHECK(rf_model_cache_stats(r.m).compiles == compiles);
+
+    /* the name is reserved, and takes one of the RF_MAX_AUX places */
+    rf_array *batch[2];
+    batch_of(0, batch, false);
+    double l;
+    CHECK_STATUS(rf_trainstep(named_norm_loss, NULL, r.m, batch, 2, r.opt, &l, &s),
+                 RF_E_INVALID);
+    CHECK_MSG("named \"grad_norm\"");
+    CHECK_STATUS(rf_trainstep(eight_aux_loss, NULL, r.m, batch, 2, r.opt, &l, &s),
+                 RF_E_INVALID);
+    CHECK_MSG("it may record at most 7");
+    CHECK_OK(rf_opt_track_grad_norm(r.opt, false));
+    CHECK_OK(rf_trainstep(named_norm_loss, NULL, r.m, batch, 2, r.opt, &l, &s));
+    CHECK_OK(rf_trainstep(eight_aux_loss, NULL, r.m, batch, 2, r.opt, &l, &s));
+    CHECK(s.n == RF_MAX_AUX);
+    rf_array_free(batch[0]);
+    rf_array_free(batch[1]);
+
+    /* rf_train: each step's norm reaches on_step, and their mean mean_stats */
+    CHECK_OK(rf_opt_track_grad_norm(r.opt, true));
+    rf_loader *data = make_loader();
+    hooklog g;
+    memset(&g, 0, sizeof g);
+    rf_stats ms;
+    CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                      &(rf_train_opts){.on_step = on_step, .user = &g, .mean_stats = &ms}));
+    double sum = 0;
+    for (int b = 0; b < NB; b++) {
+        double v = rf_stats_get(&g.info[b].stats, RF_STATS_GRAD_NORM);
+        CHECK(isfinite(v) && v > 0);
+        sum += v;
+    }
+    CHECK_NEAR(rf_stats_get(&ms, RF_STATS_GRAD_NORM), sum / NB, 1e-15, 1e-12);
+    rf_loader_free(data);
+    run_free(&r);
+    run_free(&r64);
+}
+
 int main(void)
 {
     cpu = rf_device_cpu();
@@ -498,5 +675,6 @@ int main(void)
     test_freeze();
     test_checkpoints();
     test_errors();
+    test_grad_norm();
     return tu_finish("test_train_hook");
 }

@@ -118,6 +118,23 @@ RF_API rf_status rf_opt_freeze(rf_opt *opt, const char *path);
 RF_API rf_status rf_opt_thaw(rf_opt *opt, const char *path);
 /* How many parameter arrays are frozen now. */
 RF_API int rf_opt_n_frozen(const rf_opt *opt);
+/* Makes every rf_trainstep (and rf_train) step of opt also report the global
+ * L2 norm of the gradients it receives, sqrt of the sum of their squared
+ * elements over every trained parameter (frozen ones have none): the norm
+ * PyTorch's clip_grad_norm_ returns, before any rule of the chain (ClipNorm,
+ * AccumGrad) sees the gradients. It is computed inside the fused step, each
+ * parameter's sum of squares in its dtype and their total in f64, and
+ * returned in the step's rf_stats under the name RF_STATS_GRAD_NORM
+ * ("grad_norm"), after the loss's own aux values: a loss then records at most
+ * RF_MAX_AUX - 1 of them, none named "grad_norm" (else the step's trace error,
+ * RF_E_INVALID). Off by default, when a step computes nothing for it; a
+ * change compiles the next step once for each setting (both stay cached),
+ * as rf_opt_freeze does. Checkpoints do not hold it. RF_E_INVALID for a NULL
+ * opt. */
+#define RF_STATS_GRAD_NORM "grad_norm"
+RF_API rf_status rf_opt_track_grad_norm(rf_opt *opt, bool on);
+/* Whether opt's steps report the gradient norm (false for NULL). */
+RF_API bool rf_opt_tracks_grad_norm(const rf_opt *opt);
 /* Visits every state array with a path name, for checkpoints: per leaf rule
  * (numbered depth first through chains) its hyperparameters ("0.adam.eta")
  * and its state per parameter dtype ("0.adam.m.f32"), then the step counter "t". */

@@ -106,6 +106,7 @@ struct rf_opt {
      * depends on it, so every trace watches each flag (core.h) and a program traced
      * with other values is not run. */
     rfi_flag **frozen;
+    bool grad_norm;     /* rf_opt_track_grad_norm: steps return the gradients' norm */
 };
 
 #endif

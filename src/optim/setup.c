@@ -1,6 +1,6 @@
 /* setup.c: optimiser state (Optimisers.setup) and the functions that read or
  * change it from the host: rf_setup, rf_adjust, rf_opt_lr, rf_opt_steps,
- * rf_opt_freeze, rf_opt_thaw, rf_opt_visit, rf_opt_free.
+ * rf_opt_freeze, rf_opt_thaw, rf_opt_track_grad_norm, rf_opt_visit, rf_opt_free.
  *
  * Everything the update reads lives on the model's device: the flat state
  * arrays (one per role per parameter dtype), the hyperparameters as f32
@@ -415,6 +415,16 @@ double rf_opt_lr(const rf_opt *opt)
                   rf_rule_name(opt->rule));
     return NAN;
 }
+
+rf_status rf_opt_track_grad_norm(rf_opt *opt, bool on)
+{
+    if (!opt)
+        return rfi_error(RF_E_INVALID, "rf_opt_track_grad_norm: opt is NULL");
+    opt->grad_norm = on;
+    return RF_OK;
+}
+
+bool rf_opt_tracks_grad_norm(const rf_opt *opt) { return opt && opt->grad_norm; }
 
 int64_t rf_opt_steps(const rf_opt *opt)
 {

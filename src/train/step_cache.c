@@ -5,7 +5,7 @@
  * optimiser object itself, whose state arrays the step captures), the loss
  * function and its ctx pointer, the train mode of any other layer the loss
  * applied and the optimiser's frozen parameters (the executable's watches),
- * whether gradients are outputs, the
+ * whether gradients and their norm are outputs, the
  * device, and the batch's count, dtypes and shapes. Hyperparameter values are not in
  * the key: they are device scalars the step reads at run time.
  *
@@ -43,6 +43,7 @@ struct rfi_step_entry {
     rf_loss_fn loss;
     void *ctx;
     bool with_grads;
+    bool grad_norm;
     rf_device *device;
     int n_batch;
     batch_type *batch; /* rfi_malloc'd, n_batch entries */
@@ -97,7 +98,7 @@ static bool same_batch(const rfi_step_entry *e, const rfi_step_probe *p)
 /* The parts of a key, in the order a miss is explained. */
 enum key_part {
     PART_TRAIN_MODE, PART_MODEL, PART_RULE, PART_OPT, PART_FROZEN, PART_LOSS, PART_CTX,
-    PART_OTHER_MODE, PART_GRADS, PART_DEVICE, PART_BATCH, PART_COUNT
+    PART_OTHER_MODE, PART_GRADS, PART_GRAD_NORM, PART_DEVICE, PART_BATCH, PART_COUNT
 };
 
 /* Bit k set when key part k of e and p differ. */
@@ -122,6 +123,8 @@ static unsigned key_diff(const rfi_step_entry *e, const rfi_step_probe *p)
         d |= 1u << PART_OTHER_MODE;
     if (e->with_grads != p->with_grads)
         d |= 1u << PART_GRADS;
+    if (e->grad_norm != p->grad_norm)
+        d |= 1u << PART_GRAD_NORM;
     if (e->device != p->device)
         d |= 1u << PART_DEVICE;
     if (!same_batch(e, p))
@@ -203,6 +206,10 @@ static void describe_part(rfi_strbuf *sb, int part, const rfi_step_probe *p,
     case PART_GRADS:
         rfi_sb_printf(sb, "gradient outputs (%s vs %s)", p->with_grads ? "with" : "without",
                       e->with_grads ? "with" : "without");
+        break;
+    case PART_GRAD_NORM:
+        rfi_sb_printf(sb, "gradient norm (%s vs %s)", p->grad_norm ? "tracked" : "not tracked",
+                      e->grad_norm ? "tracked" : "not tracked");
         break;
     case PART_DEVICE:
         rfi_sb_printf(sb, "device (%s vs %s)", rf_device_name(p->device),
@@ -307,6 +314,7 @@ static uint64_t structural_key(const rfi_step_probe *p)
     h = rfi_hash_u64(h, p->rule_hash);
     h = rfi_hash_bytes(h, &p->loss, sizeof p->loss);
     h = rfi_hash_u64(h, p->with_grads);
+    h = rfi_hash_u64(h, p->grad_norm);
     h = rfi_hash_bytes(h, &p->device, sizeof p->device);
     for (int i = 0; i < p->n_batch; i++) {
         const rf_array *a = p->batch[i];
@@ -386,6 +394,7 @@ static rfi_step_entry *entry_new(const rfi_step_probe *p, rf_exec *exec,
     e->loss = p->loss;
     e->ctx = p->ctx;
     e->with_grads = p->with_grads;
+    e->grad_norm = p->grad_norm;
     e->device = p->device;
     e->n_batch = p->n_batch;
     for (int i = 0; i < p->n_batch; i++) {

@@ -39,6 +39,7 @@ typedef struct rfi_step_probe {
     rf_loss_fn loss;
     void *ctx;
     bool with_grads;
+    bool grad_norm;        /* the gradients' norm is an output (rf_opt_track_grad_norm) */
     rf_device *device;
     int n_batch;
     rf_array *const *batch;
@@ -46,7 +47,7 @@ typedef struct rfi_step_probe {
 
 /* What a compiled step returns besides the loss. */
 typedef struct rfi_step_outputs {
-    int n_aux;
+    int n_aux; /* the loss's aux values, then the gradient norm if it is tracked */
     char aux_names[RF_MAX_AUX][32];
     int n_grads; /* gradient outputs (0 unless with_grads) */
 } rfi_step_outputs;

@@ -3,8 +3,9 @@
  *
  * The step program is: batch arguments -> rf_withgradient -> the optimiser's
  * update (rfi_opt_emit_update) -> every recorded update guarded by the
- * loss being finite -> outputs: the loss, the aux values, then (with
- * gradients) one gradient per trainable parameter. The guard makes a step
+ * loss being finite -> outputs: the loss, the aux values, the gradients'
+ * global norm when the optimiser tracks it, then (with gradients) one
+ * gradient per trainable parameter. The guard makes a step
  * with a NaN/Inf loss a no-op for every captured array (parameters,
  * optimiser state, BatchNorm statistics, RNG keys), so the host only has to
  * report it.
@@ -26,6 +27,7 @@ typedef struct step_ctx {
     rf_opt *opt;
     int n_batch;
     bool with_grads;
+    bool grad_norm;        /* return the gradients' global L2 norm after the aux values */
     rfi_step_outputs outs; /* filled while tracing */
 } step_ctx;
 
@@ -45,10 +47,46 @@ static void guard_updates(rfi_graph *g, rfi_node *loss)
     }
 }
 
-/* Declares the step's outputs (loss, aux values, gradients) and records
- * their layout in s->outs. */
+/* The global L2 norm of the gradients of the parameters opt trains (a frozen
+ * one's is not computed): each one's sum of squares in its dtype, their total
+ * and the root in f64, so that parameters of several dtypes add up. NULL with
+ * the trace's error. */
+static rf_tensor *grad_norm(rf_trace *t, const step_ctx *s, const rf_aux *aux,
+                            const rf_grads *g)
+{
+    int n_aux = rf_aux_count(aux);
+    for (int i = 0; i < n_aux; i++) {
+        const char *name;
+        rf_aux_get(aux, i, &name);
+        if (strcmp(name, RF_STATS_GRAD_NORM) == 0) {
+            rfi_graph_fail(t, RF_E_INVALID, "rf_trainstep: the loss records an aux value "
+                           "named \"" RF_STATS_GRAD_NORM "\", the name of the gradient norm "
+                           "this optimiser tracks (rf_opt_track_grad_norm); rename it");
+            return NULL;
+        }
+    }
+    if (n_aux >= RF_MAX_AUX) {
+        rfi_graph_fail(t, RF_E_INVALID, "rf_trainstep: the loss records %d aux values; with "
+                       "the gradient norm tracked (rf_opt_track_grad_norm) it may record at "
+                       "most %d", n_aux, RF_MAX_AUX - 1);
+        return NULL;
+    }
+    rf_tensor *total = NULL;
+    for (int i = 0; i < g->n && i < s->opt->n_params; i++) {
+        if (atomic_load(&s->opt->frozen[i]->value)) /* watched by the update already */
+            continue;
+        rf_tensor *sq = rf_convert(rf_sum_all(rf_mul(g->g[i], g->g[i])), RF_F64);
+        total = total ? rf_add(total, sq) : sq;
+    }
+    if (!total) /* nothing trained */
+        total = rf_convert(rf_scalar(t, 0.0), RF_F64);
+    return rf_sqrt(total);
+}
+
+/* Declares the step's outputs (loss, aux values, the gradient norm when
+ * tracked, gradients) and records their layout in s->outs. */
 static void return_outputs(rf_trace *t, step_ctx *s, rf_tensor *loss, const rf_aux *aux,
-                           const rf_grads *g)
+                           rf_tensor *norm, const rf_grads *g)
 {
     rf_return(t, loss);
     s->outs.n_aux = rf_aux_count(aux);
@@ -56,6 +94,12 @@ static void return_outputs(rf_trace *t, step_ctx *s, rf_tensor *loss, const rf_a
         const char *name;
         rf_return(t, rf_aux_get(aux, i, &name));
         snprintf(s->outs.aux_names[i], sizeof s->outs.aux_names[i], "%s", name);
+    }
+    if (norm) {
+        rf_return(t, norm);
+        snprintf(s->outs.aux_names[s->outs.n_aux], sizeof s->outs.aux_names[0], "%s",
+                 RF_STATS_GRAD_NORM);
+        s->outs.n_aux++;
     }
     s->outs.n_grads = 0;
     if (s->with_grads) {
@@ -92,8 +136,11 @@ static void step_trace(rf_trace *t, void *vctx)
                        "rf_aux_set", t->n_outputs, t->n_outputs == 1 ? "" : "s");
         return;
     }
+    rf_tensor *norm = s->grad_norm ? grad_norm(t, s, aux, g) : NULL;
+    if (t->status != RF_OK)
+        return;
     guard_updates(t, loss);
-    return_outputs(t, s, loss, aux, g);
+    return_outputs(t, s, loss, aux, norm, g);
 }
 
 /* ---- Validation ------------------------------------------------------------------------ */
@@ -305,11 +352,12 @@ static rf_status trainstep_owned(const char *op, rf_loss_fn loss, void *ctx, rf_
         .loss = loss,
         .ctx = ctx,
         .with_grads = grads != NULL,
+        .grad_norm = opt->grad_norm,
         .device = dev,
         .n_batch = n,
         .batch = batch,
     };
-    step_ctx s = {loss, ctx, m, opt, n, grads != NULL, {0}};
+    step_ctx s = {loss, ctx, m, opt, n, grads != NULL, opt->grad_norm, {0}};
     rfi_step_entry *e = find_or_compile(&s, &p, batch, &st);
     if (!e)
         return st;
