@@ -6,7 +6,9 @@
  * run for 100 epochs; the same with rf_trainstep, its gradient-returning
  * form and an auxiliary output; and rf_train over a device-wrapped loader,
  * with the compile cache's statistics showing that it is keyed on the batch
- * shape. The guide's tips are the comments marked "Tip".
+ * shape; then rf_train with an on_step callback (a learning-rate schedule,
+ * a log line every few steps with the gradient norm, early stopping). The
+ * guide's tips are the comments marked "Tip".
  *
  * Every call is checked: on failure the example prints rf_errmsg() and exits
  * 1 after freeing what it made.
@@ -65,6 +67,29 @@ static void my_step(rf_trace *t, void *ctx)
     rf_tensor *l = rf_withgradient(t, loss, NULL, s->model, batch, 2, NULL, &grads);
     rf_update(t, s->opt, s->model, grads); /* Optimisers.update!(opt_state, model, grads) */
     rf_return(t, l);
+}
+
+/* Acting between steps: rf_train calls this after every step, when the model and optimiser
+ * are updated and free to use. A warm-up then 1/t decay of the learning rate (rf_adjust sets a
+ * device scalar: no recompilation), a log line every `every` steps, and a budget of
+ * `max_steps` steps that may end a pass early (Lightning's max_steps; an early stop on a
+ * validation metric is the same return): RF_TRAIN_STOP ends the pass and is not an error. An
+ * error status returned here (a failed rf_checkpoint_save's, say) would be rf_train's. */
+struct schedule { double peak; int64_t warmup, every, max_steps, seen; };
+static int on_step(const rf_step_info *s, void *user)
+{
+    struct schedule *c = user;
+    int64_t t = ++c->seen;
+    double lr = t <= c->warmup ? c->peak * (double)t / (double)c->warmup
+                               : c->peak * (double)c->warmup / (double)t;
+    rf_status st = rf_adjust(s->opt, lr); /* the next step's rate */
+    if (st != RF_OK)
+        return st;
+    if (t % c->every == 0)
+        printf("on_step   step %3lld (batch %lld/%lld) loss=%.5f grad_norm=%.4f next lr=%.5f\n",
+               (long long)s->step, (long long)s->batch, (long long)s->n_batches, s->loss,
+               rf_stats_get(&s->stats, RF_STATS_GRAD_NORM), lr);
+    return t >= c->max_steps ? RF_TRAIN_STOP : RF_TRAIN_CONTINUE;
 }
 
 static void print_cache(const char *when, rf_model *m)
@@ -176,6 +201,25 @@ int main(void)
     print_cache("with a final batch of 8", model);
     /* Rebuilding the model or the optimiser every iteration would compile every time: past 8
      * entries the cache warns. Its entries are freed with the model (rf_model_free). */
+
+    /* ---- Acting between steps: a schedule, logging and early stopping (on_step) ----------- */
+    /* The optimiser also reports the global gradient norm ("grad_norm" in the step's stats):
+     * computed in the fused step only when asked, so one more compile, then none per rate. */
+    TRY(rf_opt_track_grad_norm(opt, true));
+    struct schedule sched = {.peak = 1e-2, .warmup = 8, .every = 4, .max_steps = 20};
+    for (int epoch = 1; epoch <= 4; epoch++) {
+        int64_t done = 0;
+        bool stopped = false;
+        TRY(rf_train(loss, NULL, model, loader, opt,
+                     &(rf_train_opts){.progress = RF_PROGRESS_OFF, .mean_loss = &l,
+                                      .on_step = on_step, .user = &sched,
+                                      .batches_done = &done, .stopped = &stopped}));
+        printf("rf_train        epoch %3d mean loss=%.5f over %lld batches%s\n", epoch, l,
+               (long long)done, stopped ? ", stopped early" : "");
+        if (stopped)
+            break;
+    }
+    print_cache("after the schedule", model);
 
     /* forward captured the parameters by reference: it sees the trained model. */
     rf_array_free(yhat);
