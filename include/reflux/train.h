@@ -94,7 +94,8 @@ typedef struct rf_step_info {
     double loss;        /* this batch's loss (finite: a non-finite one stops the pass
                            before any callback) */
     double mean_loss;   /* the pass's mean loss so far, weighted as mean_loss below */
-    rf_stats stats;     /* this batch's aux values */
+    rf_stats stats;     /* this batch's aux values (and "grad_norm" when the optimiser
+                           tracks it: rf_opt_track_grad_norm) */
     double elapsed;     /* seconds since the pass began (its first step compiles) */
     rf_model *model;    /* rf_train's model and optimiser, for rf_adjust, */
     rf_opt *opt;        /* rf_opt_freeze or rf_checkpoint_save in the callback */
@@ -138,9 +139,10 @@ typedef struct rf_train_opts {
  * RF_E_DOMAIN ("loss is NaN on batch 17, stopping training") on a non-finite
  * loss; RF_E_DEVICE if the loader yields host arrays. A pass that on_step
  * stops returns RF_OK; its bar ends at the last batch stepped, with
- * " (stopped)" after it. mean_loss and mean_stats are always the means over
- * the batches stepped: the stopping one included, also when the pass fails
- * (NaN and no stats when none was). */
+ * " (stopped)" after it. Once the pass has begun (the arguments are valid and
+ * the loader reset), mean_loss and mean_stats receive the means over the
+ * batches stepped: the stopping one included, also when the pass fails (NaN
+ * and no stats when none was). */
 RF_API rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_opt *opt,
                           const rf_train_opts *o);
 

@@ -12,7 +12,7 @@
 /* ---- Errors ------------------------------------------------------------------ */
 
 /* Per-thread state, one of two pieces (the other: failed_here below): the
- * last failure's message and status. */
+ * last failure's message and status, and how many failures were recorded. */
 static _Thread_local char errmsg[RFI_ERRMSG_MAX];
 static _Thread_local rf_status errstatus;
 static _Thread_local uint64_t errcount; /* failures recorded so far */
