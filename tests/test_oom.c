@@ -245,9 +245,10 @@ static rf_status step(world *w, bool with_grads, double *loss, rf_stats *stats)
 typedef struct step_ctx {
     world w;
     bool with_grads;
+    bool grad_norm; /* the optimiser tracks the gradient norm */
     snapshot start, after;
     double loss;
-    double accuracy;
+    double accuracy, norm;
 } step_ctx;
 
 static bool attempt_first_step(void *ctx, int64_t k, bool persistent)
@@ -272,22 +273,30 @@ static bool attempt_first_step(void *ctx, int64_t k, bool persistent)
     snapshot got = take_snapshot(c->w.m, c->w.opt);
     CHECK(loss == c->loss);
     CHECK(rf_stats_get(&stats, "accuracy") == c->accuracy);
+    CHECK(c->grad_norm ? rf_stats_get(&stats, RF_STATS_GRAD_NORM) == c->norm
+                       : stats.n == 1);
     CHECK(same_snapshot(got, c->after));
     free(got.bytes);
     return failed;
 }
 
-static void scenario_first_step(bool with_grads)
+static void scenario_first_step(bool with_grads, bool grad_norm)
 {
-    step_ctx c = {.with_grads = with_grads};
+    step_ctx c = {.with_grads = with_grads, .grad_norm = grad_norm};
     if (!world_made(&c.w))
         return;
+    CHECK_OK(rf_opt_track_grad_norm(c.w.opt, grad_norm));
     c.start = take_snapshot(c.w.m, c.w.opt);
     rf_stats stats;
     CHECK_OK(step(&c.w, with_grads, &c.loss, &stats)); /* the reference, which never fails */
     c.accuracy = rf_stats_get(&stats, "accuracy");
+    c.norm = rf_stats_get(&stats, RF_STATS_GRAD_NORM);
+    CHECK(grad_norm ? c.norm > 0 : isnan(c.norm));
     c.after = take_snapshot(c.w.m, c.w.opt);
-    sweep(with_grads ? "first step with gradients" : "first step", attempt_first_step, &c);
+    sweep(grad_norm    ? "first step with the gradient norm"
+          : with_grads ? "first step with gradients"
+                       : "first step",
+          attempt_first_step, &c);
     free(c.start.bytes);
     free(c.after.bytes);
     world_free(&c.w);
@@ -755,8 +764,9 @@ int main(void)
     const char *from = getenv("RF_OOM_FROM");
     first_k = from ? atoll(from) : 0;
     sweep("model and optimiser", attempt_build, NULL);
-    scenario_first_step(false);
-    scenario_first_step(true);
+    scenario_first_step(false, false);
+    scenario_first_step(true, false);
+    scenario_first_step(false, true);
     scenario_inference();
     scenario_failed_run();
     scenario_checkpoint();
