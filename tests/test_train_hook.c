@@ -380,6 +380,61 @@ static void test_checkpoints(void)
     tu_remove_tree(dir);
 }
 
+/* The model is free to use in the callback: the step's run is over and the model's in-step
+ * flag released, so an evaluation and even another step of it run there. */
+typedef struct busy {
+    int calls;
+    int64_t steps[2];
+    float yhat[BATCH * 2];
+} busy;
+
+static int busy_step(const rf_step_info *info, void *user)
+{
+    busy *b = user;
+    if (b->calls < 2)
+        b->steps[b->calls] = info->step;
+    if (b->calls++ == 0) {
+        rf_array *batch[2], *y = NULL;
+        batch_of(0, batch, false);
+        CHECK_OK(rf_jit_model(info->model, batch[0], &y));
+        CHECK(y && rf_array_read(y, b->yhat, sizeof b->yhat) == RF_OK);
+        double l;
+        CHECK_OK(rf_trainstep(aux_loss, NULL, info->model, batch, 2, info->opt, &l, NULL));
+        rf_array_free(y);
+        rf_array_free(batch[0]);
+        rf_array_free(batch[1]);
+    }
+    return b->calls == 2 ? RF_TRAIN_STOP : RF_TRAIN_CONTINUE;
+}
+
+static void test_model_in_callback(void)
+{
+    run r = run_new(rf_adam(1e-2)), hand = run_new(rf_adam(1e-2));
+    rf_loader *data = make_loader();
+    busy b;
+    memset(&b, 0, sizeof b);
+    CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                      &(rf_train_opts){.on_step = busy_step, .user = &b}));
+    CHECK(b.calls == 2 && b.steps[0] == 1 && b.steps[1] == 3);
+    /* by hand: batch 0, the forward pass, batch 0 again, batch 1 */
+    hand_step(&hand, 0, NULL);
+    rf_array *batch[2], *y = NULL;
+    batch_of(0, batch, false);
+    CHECK_OK(rf_jit_model(hand.m, batch[0], &y));
+    float want[BATCH * 2];
+    CHECK(y && rf_array_read(y, want, sizeof want) == RF_OK);
+    CHECK(memcmp(want, b.yhat, sizeof want) == 0);
+    rf_array_free(y);
+    rf_array_free(batch[0]);
+    rf_array_free(batch[1]);
+    hand_step(&hand, 0, NULL);
+    hand_step(&hand, 1, NULL);
+    CHECK(same_state(r.m, r.opt, hand.m, hand.opt));
+    rf_loader_free(data);
+    run_free(&r);
+    run_free(&hand);
+}
+
 /* ---- Errors ----------------------------------------------------------------------------- */
 
 /* A pass whose callback answers `answer` after batch `after`, `how` as in hooklog. */
@@ -674,6 +729,7 @@ int main(void)
     test_schedule();
     test_freeze();
     test_checkpoints();
+    test_model_in_callback();
     test_errors();
     test_grad_norm();
     return tu_finish("test_train_hook");
