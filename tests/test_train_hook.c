@@ -172,6 +172,8 @@ typedef struct hooklog {
     int answer;
     const char *how;    /* "set": rf_set_error, "fail": a failed reflux call, else nothing */
     rf_loader *loader;  /* set: rf_loader_next on it (not allowed) */
+    rf_loader *where;   /* set: its position read at each save (allowed) */
+    int64_t saved_at[NB];
 } hooklog;
 
 static int on_step(const rf_step_info *info, void *user)
@@ -191,6 +193,11 @@ static int on_step(const rf_step_info *info, void *user)
         snprintf(path, sizeof path, "%s/step-%lld.safetensors", g->dir, (long long)info->step);
         g->saved = rf_checkpoint_save(path, info->model, info->opt);
         CHECK_OK(g->saved);
+        if (g->where && info->step < NB) { /* what a resumed run seeks to */
+            uint64_t epoch = 99;
+            rf_loader_position(g->where, &epoch, &g->saved_at[info->step]);
+            CHECK(epoch == 1); /* rf_train reset it once */
+        }
     }
     if (g->loader && info->batch == 2) {
         rf_array *const *b;
@@ -353,9 +360,11 @@ static void test_checkpoints(void)
     memset(&g, 0, sizeof g);
     g.save_every = 3;
     g.dir = dir;
+    g.where = data;
     CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
                       &(rf_train_opts){.on_step = on_step, .user = &g}));
     CHECK(g.calls == NB && g.saved == RF_OK);
+    CHECK(g.saved_at[3] == 3 && g.saved_at[6] == 6);
     /* the file of step 3 holds what 3 hand steps make, optimiser state included */
     for (int b = 0; b < 3; b++)
         hand_step(&hand, b, NULL);
