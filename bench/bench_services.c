@@ -179,19 +179,21 @@ static void bench_conv(const char *name, const int64_t *x, const int64_t *w, int
     rfi_graph_free(g);
 }
 
-/* The max-pool gradient of x [N,C,H,W] under kh x kw windows, stride = window,
- * no padding: select_and_scatter(x, source) as the autodiff emits it; with
- * `blocked`, every tensor channel-blocked. */
-static void bench_maxpool_grad(const char *name, const int64_t *x, int64_t kh, int64_t kw,
-                               bool blocked)
+/* The max-pool gradient of x [N,C,H,W] under k x k windows with stride s and
+ * padding pad on both sides: select_and_scatter(x, source) as the autodiff
+ * emits it; with `blocked`, every tensor channel-blocked. */
+static void bench_maxpool_grad(const char *name, const int64_t *x, int64_t k, int64_t s,
+                               int64_t pad, bool blocked)
 {
-    int64_t src[4] = {x[0], x[1], x[2] / kh, x[3] / kw};
+    int64_t src[4] = {x[0], x[1], (x[2] + 2 * pad - k) / s + 1, (x[3] + 2 * pad - k) / s + 1};
     rfi_node *a, *b;
     rfi_graph *g = two_args(x, 4, src, 4, &a, &b);
     rfi_attrs at = {0};
     for (int d = 0; d < 4; d++) {
         at.nl[d] = 4;
-        at.l[0][d] = at.l[1][d] = d < 2 ? 1 : d == 2 ? kh : kw;
+        at.l[0][d] = d < 2 ? 1 : k;
+        at.l[1][d] = d < 2 ? 1 : s;
+        at.l[2][d] = at.l[3][d] = d < 2 ? 0 : pad;
     }
     rfi_node *in[2] = {a, b};
     rfi_node *y = rfi_node_new(g, RFI_OP_SELECT_AND_SCATTER, in, 2, &at, RF_F32, NULL, 0);
@@ -234,9 +236,13 @@ int main(int argc, char **argv)
                2, 2);
     bench_conv("ae convT2 bwd-weights", (int64_t[]){16, 64, 16, 16}, (int64_t[]){1, 64, 32, 32},
                2, 2);
-    bench_maxpool_grad("cnn pool1 grad 2x2", (int64_t[]){64, 32, 26, 26}, 2, 2, false);
-    bench_maxpool_grad("cnn pool1 grad 2x2 blocked", (int64_t[]){64, 32, 26, 26}, 2, 2, true);
-    bench_maxpool_grad("cnn pool2 grad 2x2", (int64_t[]){64, 64, 11, 11}, 2, 2, false);
-    bench_maxpool_grad("cnn pool2 grad 2x2 blocked", (int64_t[]){64, 64, 11, 11}, 2, 2, true);
+    bench_maxpool_grad("cnn pool1 grad 2x2", (int64_t[]){64, 32, 26, 26}, 2, 2, 0, false);
+    bench_maxpool_grad("cnn pool1 grad 2x2 blocked", (int64_t[]){64, 32, 26, 26}, 2, 2, 0, true);
+    bench_maxpool_grad("cnn pool2 grad 2x2", (int64_t[]){64, 64, 11, 11}, 2, 2, 0, false);
+    bench_maxpool_grad("cnn pool2 grad 2x2 blocked", (int64_t[]){64, 64, 11, 11}, 2, 2, 0, true);
+    /* ResNet-18's stem pool at 112x112 inputs, batch 8: 3x3 windows, stride 2, pad 1 */
+    bench_maxpool_grad("stem pool grad 3x3/2 pad 1", (int64_t[]){8, 64, 56, 56}, 3, 2, 1, false);
+    bench_maxpool_grad("stem pool grad 3x3/2 pad 1 blocked", (int64_t[]){8, 64, 56, 56}, 3, 2, 1,
+                       true);
     return 0;
 }
