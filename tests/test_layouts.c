@@ -9,7 +9,9 @@
  * (src/passes/pools.c) and, with RF_UNROLL_POOLS=0, the native kernel's 2x2
  * and general (3x3 windows) blocked paths, a pool whose result is row-major (it
  * feeds the dense layer), and windows that leave a row and a column
- * uncovered (5x5 pooled by 2); and a narrow ResNet, whose blocked,
+ * uncovered (5x5 pooled by 2); overlapping, padded pools (3x3 stride 2
+ * pad 1 and stride 1 pad 1: the native kernel's gather path, blocked and
+ * row-major); and a narrow ResNet, whose blocked,
  * channels-last and row-major values meet at BatchNorm, strided
  * convolutions and residual adds.
  *
@@ -42,6 +44,19 @@ static rf_model *pooled_cnn(void)
     return rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_maxpool(3, 3, 0, 0),
                     rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
                     rf_flatten_layer(), rf_dense(16 * 2 * 2, 10, RF_ACT_IDENTITY));
+}
+
+/* 24x24 -> conv 22x22 (16) -> pool 3x3 stride 2 pad 1 (ImageNet's stem
+ * pool) -> 11x11 -> conv 9x9 (16) -> pool 3x3 stride 1 pad 1 -> 9x9 -> pool
+ * 3x3 -> 3x3 -> dense: overlapping, padded windows (the native kernel's
+ * gather path, blocked where the convolutions' values are). */
+static rf_model *overlapping_cnn(void)
+{
+    rf_nn_seed(11);
+    return rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_maxpool(3, 3, 2, 1),
+                    rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL), rf_maxpool(3, 3, 1, 1),
+                    rf_maxpool(3, 3, 0, 0), rf_flatten_layer(),
+                    rf_dense(16 * 3 * 3, 10, RF_ACT_IDENTITY));
 }
 
 /* The ResNet at width 8 on 24x24 images: its 16- and 32-channel activations
@@ -112,6 +127,11 @@ int main(void)
         CHECK_NEAR(native[s], plain[s], 0, 1e-5);
         CHECK_NEAR(wino[s], plain[s], 0, 1e-5);
     }
+    double overlap_blocked[STEPS], overlap_plain[STEPS];
+    run_variant(overlapping_cnn, "overlapping pools: blocked", NULL, NULL, NULL, overlap_blocked);
+    run_variant(overlapping_cnn, "overlapping pools: row-major", "0", NULL, NULL, overlap_plain);
+    for (int s = 0; s < STEPS; s++)
+        CHECK_NEAR(overlap_blocked[s], overlap_plain[s], 0, 1e-5);
     float logits_blocked[80] = {0}, logits_plain[80] = {0};
     forward_variant("cnn forward: row-major", "0", logits_plain);
     forward_variant("cnn forward: blocked", NULL, logits_blocked);

@@ -1,6 +1,7 @@
 /* test_pool_native.c: the native select_and_scatter fast paths (windows
- * that do not overlap, no padding; src/backend/cpu/pool.c) against the
- * reference interpreter, bitwise. Most cases are 2x2 windows over the last
+ * that do not overlap, no padding; and the gather path for windows that
+ * overlap or are padded; src/backend/cpu/pool.c) against the reference
+ * interpreter, bitwise. Most cases are 2x2 windows over the last
  * two dims, which run by bands in vectorised groups of windows: bands of 1 to
  * 3 windows (no full group), of exactly one group, of a group and a few
  * (the last group overlaps), wide bands; an uncovered row and column; one
@@ -10,7 +11,11 @@
  * random data and on data that stresses the selection: ties, -0 next to +0,
  * NaNs of either sign and payload (the first NaN wins), infinities; the
  * source holds -0 (the result must be +0) and
- * NaNs. The result buffer starts as garbage, so every element must be
+ * NaNs (where two windows add NaNs into one element, any NaN matches: see
+ * same_or_nans). The gather path's forms: windows 2 to 5, strides 1 to 3,
+ * padding on either side, windows of padding only, 1-D windows, and the
+ * channel-blocked forms with every mix of blocked and plain tensors, 8 and
+ * 16 lanes. The result buffer starts as garbage, so every element must be
  * written; a run allocates nothing.
  *
  * The kernels are driven directly (rfi_cpu_native_prepare / run), not
@@ -96,17 +101,36 @@ typedef struct pool_case {
     int64_t x[RF_MAX_RANK], win[RF_MAX_RANK];
 } pool_case;
 
-/* select_and_scatter(x, source) with stride == window, no padding. */
-static rfi_graph *scatter_graph(const pool_case *c, rf_dtype dt, rfi_node **y)
+/* A case with strides (0: the window) and padding: the gather path's. */
+typedef struct gather_form {
+    const char *name;
+    int rank;
+    int64_t x[RF_MAX_RANK], win[RF_MAX_RANK], stride[RF_MAX_RANK], lo[RF_MAX_RANK],
+        hi[RF_MAX_RANK];
+} gather_form;
+
+static const int64_t no_pads[RF_MAX_RANK] = {0};
+
+/* select_and_scatter(x, source) with strides f->stride and padding f->lo,
+ * f->hi (f NULL: stride == window, no padding) and the source shape the
+ * window rule gives. */
+static rfi_graph *scatter_graph(const pool_case *c, const gather_form *f, rf_dtype dt,
+                                rfi_node **y)
 {
+    const int64_t *strides = f ? f->stride : no_pads, *lo = f ? f->lo : no_pads;
+    const int64_t *hi = f ? f->hi : no_pads;
     int64_t dims[2][RF_MAX_RANK] = {{0}};
     rfi_attrs at = {0};
     for (int k = 0; k < 4; k++)
         at.nl[k] = c->rank;
     for (int d = 0; d < c->rank; d++) {
+        int64_t stride = strides[d] ? strides[d] : c->win[d];
         dims[0][d] = c->x[d];
-        dims[1][d] = c->x[d] / c->win[d];
-        at.l[0][d] = at.l[1][d] = c->win[d];
+        dims[1][d] = (c->x[d] + lo[d] + hi[d] - c->win[d]) / stride + 1;
+        at.l[0][d] = c->win[d];
+        at.l[1][d] = stride;
+        at.l[2][d] = lo[d];
+        at.l[3][d] = hi[d];
     }
     rfi_graph *g = rfi_graph_new(rf_device_cpu(), "test_pool_native");
     rf_dtype dts[2] = {dt, dt};
@@ -125,12 +149,50 @@ static rfi_graph *scatter_graph(const pool_case *c, rf_dtype dt, rfi_node **y)
     return g;
 }
 
+/* Bitwise equal, but for NaNs, which match any NaN: where the source holds
+ * NaNs of several payloads and signs, and two windows choose one element,
+ * which payload a sum of two NaNs keeps follows the order in which the
+ * compiler puts the operands of an addition (the first, on x86), which C
+ * leaves open, for the reference's sums as for the kernel's. */
+static bool same_or_nans(const void *got, const void *ref, int64_t n, bool f64)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double a = f64 ? ((const double *)got)[i] : ((const float *)got)[i];
+        double b = f64 ? ((const double *)ref)[i] : ((const float *)ref)[i];
+        size_t size = f64 ? 8 : 4;
+        if (memcmp((const char *)got + i * (int64_t)size, (const char *)ref + i * (int64_t)size,
+                   size) != 0 &&
+            !(a != a && b != b))
+            return false;
+    }
+    return true;
+}
+
+/* [N, C, H, W] f32 data to (to_blocked) or from [N, C/B, H, W, B]. */
+static void reblock(const float *from, float *to, const int64_t *d, int64_t b, bool to_blocked)
+{
+    int64_t plane = d[2] * d[3];
+    for (int64_t n = 0; n < d[0]; n++)
+        for (int64_t c = 0; c < d[1]; c++)
+            for (int64_t i = 0; i < plane; i++) {
+                int64_t plain = (n * d[1] + c) * plane + i;
+                int64_t blocked = ((n * (d[1] / b) + c / b) * plane + i) * b + c % b;
+                if (to_blocked)
+                    to[blocked] = from[plain];
+                else
+                    to[plain] = from[blocked];
+            }
+}
+
 /* One case, one dtype, one kind of data: the kernel's result against the
- * reference's, bitwise; returns whether they matched. */
-static bool run_case(const pool_case *c, rf_dtype dt, data_kind kind)
+ * reference's, bitwise; returns whether they matched. With block (8 or 16;
+ * f32 [N, C, H, W]) the tensors whose bit is set in `blocked` (1: x, 2: the
+ * source, 4: the result) are channel-blocked. */
+static bool run_case_in(const pool_case *c, const gather_form *f, rf_dtype dt, data_kind kind,
+                        int block, int blocked)
 {
     rfi_node *y = NULL;
-    rfi_graph *g = scatter_graph(c, dt, &y);
+    rfi_graph *g = scatter_graph(c, f, dt, &y);
     bool same = false;
     if (!y) {
         rfi_graph_free(g);
@@ -149,24 +211,48 @@ static bool run_case(const pool_case *c, rf_dtype dt, data_kind kind)
     rfi_cpu_native *k = NULL;
     size_t ws_bytes = 0;
     CHECK_OK(rfi_cpu_native_prepare(y, &k, &ws_bytes));
+    rfi_layout lay[3] = {RFI_LAYOUT_PLAIN, RFI_LAYOUT_PLAIN, RFI_LAYOUT_PLAIN};
+    for (int t = 0; t < 3 && block; t++)
+        if (blocked >> t & 1)
+            lay[t] = block == 8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+    if (k && block)
+        CHECK(rfi_cpu_native_take_layouts(k, lay));
+    const char *path = f ? "native-scatter-gather" : "native-scatter-fast";
+    if (k && block)
+        path = f ? "native-scatter-gather-blocked" : "native-scatter-blocked";
+    void *args[2] = {in[0], in[1]}, *staged[3] = {NULL, NULL, NULL};
+    for (int t = 0; t < 3 && block; t++)
+        if (lay[t] != RFI_LAYOUT_PLAIN) {
+            staged[t] = malloc(t == 1 ? (size_t)ns * 4 : nbytes + 1);
+            if (t < 2) {
+                reblock(in[t], staged[t], y->in[t]->dims, block, true);
+                args[t] = staged[t];
+            }
+        }
     if (k) {
-        CHECK(!strcmp(rfi_cpu_native_path(k), "native-scatter-fast"));
+        CHECK(!strcmp(rfi_cpu_native_path(k), path));
         void *ws = ws_bytes ? malloc(ws_bytes) : NULL;
+        void *dst = staged[2] ? staged[2] : got;
         for (int run = 0; run < 2; run++) { /* the second from other garbage */
-            memset(got, run ? 0xcd : 0x7f, nbytes + 1);
+            memset(dst, run ? 0xcd : 0x7f, nbytes + 1);
             uint64_t allocs = rfi_alloc_count();
-            CHECK_OK(rfi_cpu_native_run(k, (const void *const *)in, got, ws));
+            CHECK_OK(rfi_cpu_native_run(k, (const void *const *)args, dst, ws));
             if (run) /* the first may start the thread pool */
                 CHECK(rfi_alloc_count() == allocs);
-            CHECK(((unsigned char *)got)[nbytes] == (run ? 0xcd : 0x7f));
-            same = memcmp(got, ref, nbytes) == 0;
+            CHECK(((unsigned char *)dst)[nbytes] == (run ? 0xcd : 0x7f));
+            if (staged[2])
+                reblock(staged[2], got, y->dims, block, false);
+            same = f ? same_or_nans(got, ref, nx, f64) : memcmp(got, ref, nbytes) == 0;
             CHECK(same);
         }
         if (!same)
-            fprintf(stderr, "  case %s (%s, %s data): not bitwise equal to the reference\n",
-                    c->name, f64 ? "f64" : "f32", data_name[kind]);
+            fprintf(stderr, "  case %s (%s, %s data, block %d of %d): not bitwise equal to "
+                    "the reference\n", c->name, f64 ? "f64" : "f32", data_name[kind], block,
+                    blocked);
         free(ws);
     }
+    for (int t = 0; t < 3; t++)
+        free(staged[t]);
     rfi_cpu_native_free(k);
     free(in[0]);
     free(in[1]);
@@ -174,6 +260,11 @@ static bool run_case(const pool_case *c, rf_dtype dt, data_kind kind)
     free(got);
     rfi_graph_free(g);
     return same;
+}
+
+static bool run_case(const pool_case *c, rf_dtype dt, data_kind kind)
+{
+    return run_case_in(c, NULL, dt, kind, 0, 0);
 }
 
 static void test_band_forms(void)
@@ -216,13 +307,90 @@ static void test_band_forms(void)
            matched, runs);
 }
 
+/* Overlapping and padded windows (the gather path): windows 2 to 5, strides
+ * 1 to 3, padding low, high or both (wider than a stride, and windows of
+ * padding only), odd sizes, 1-D windows, planes split between chunks; then
+ * the f32 [N, C, H, W] forms with every tensor channel-blocked (8 and 16
+ * lanes) and with only some. */
+static bool run_form(const gather_form *f, rf_dtype dt, data_kind kind, int block, int blocked)
+{
+    pool_case c = {f->name, f->rank, {0}, {0}};
+    memcpy(c.x, f->x, sizeof c.x);
+    memcpy(c.win, f->win, sizeof c.win);
+    return run_case_in(&c, f, dt, kind, block, blocked);
+}
+
+static void test_gather_forms(void)
+{
+    static const gather_form cases[] = {
+        {"3x3 stride 2 pad 1 (ImageNet stem)", 4, {2, 3, 12, 12}, {1, 1, 3, 3}, {1, 1, 2, 2},
+         {0, 0, 1, 1}, {0, 0, 1, 1}},
+        {"3x3 stride 2 pad 1 odd sizes", 4, {2, 2, 11, 13}, {1, 1, 3, 3}, {1, 1, 2, 2},
+         {0, 0, 1, 1}, {0, 0, 1, 1}},
+        {"3x3 stride 1 pad 1", 4, {2, 3, 7, 9}, {1, 1, 3, 3}, {1, 1, 1, 1}, {0, 0, 1, 1},
+         {0, 0, 1, 1}},
+        {"3x3 stride 1 no padding", 4, {1, 2, 8, 7}, {1, 1, 3, 3}, {1, 1, 1, 1}, {0}, {0}},
+        {"2x2 stride 1", 4, {2, 2, 5, 6}, {1, 1, 2, 2}, {1, 1, 1, 1}, {0}, {0}},
+        {"4x4 stride 3 pad 2", 4, {2, 2, 13, 10}, {1, 1, 4, 4}, {1, 1, 3, 3}, {0, 0, 2, 2},
+         {0, 0, 2, 1}},
+        {"5x5 stride 2 pad 2", 4, {1, 3, 9, 12}, {1, 1, 5, 5}, {1, 1, 2, 2}, {0, 0, 2, 2},
+         {0, 0, 2, 2}},
+        {"5x3 stride 3x1", 4, {2, 1, 14, 9}, {1, 1, 5, 3}, {1, 1, 3, 1}, {0}, {0}},
+        {"2x2 stride 2 pad 1 (no overlap, padded)", 4, {2, 2, 7, 8}, {1, 1, 2, 2},
+         {1, 1, 2, 2}, {0, 0, 1, 1}, {0, 0, 1, 1}},
+        {"3x3 stride 3 pad hi only", 4, {2, 2, 7, 8}, {1, 1, 3, 3}, {1, 1, 3, 3}, {0},
+         {0, 0, 2, 1}},
+        {"padding only windows", 4, {1, 2, 3, 4}, {1, 1, 2, 2}, {1, 1, 2, 2}, {0, 0, 3, 2},
+         {0, 0, 2, 3}},
+        {"window wider than the plane", 4, {2, 2, 3, 2}, {1, 1, 5, 4}, {1, 1, 1, 1},
+         {0, 0, 2, 1}, {0, 0, 2, 1}},
+        {"stride 3 wider than the padded window", 4, {1, 2, 10, 11}, {1, 1, 2, 2},
+         {1, 1, 3, 3}, {0, 0, 1, 1}, {0, 0, 1, 1}},
+        {"1-D windows 3 stride 2 pad 1", 3, {2, 3, 17}, {1, 1, 3}, {1, 1, 2}, {0, 0, 1},
+         {0, 0, 1}},
+        {"rank 2, one plane", 2, {9, 10}, {3, 3}, {2, 2}, {1, 1}, {1, 1}},
+        {"wide rows (vector groups and a tail)", 4, {1, 2, 5, 83}, {1, 1, 3, 3}, {1, 1, 2, 2},
+         {0, 0, 1, 1}, {0, 0, 1, 1}},
+        {"planes split between chunks", 4, {3, 37, 20, 20}, {1, 1, 3, 3}, {1, 1, 2, 2},
+         {0, 0, 1, 1}, {0, 0, 1, 1}},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]), runs = 0, matched = 0;
+    for (int k = 0; k < n; k++)
+        for (int kind = 0; kind < DATA_KINDS; kind++)
+            for (int f64 = 0; f64 < 2; f64++) {
+                runs++;
+                matched += run_form(&cases[k], f64 ? RF_F64 : RF_F32, (data_kind)kind, 0, 0);
+            }
+    static const gather_form blocked[] = {
+        {"blocked 3x3 stride 2 pad 1", 4, {2, 16, 12, 11}, {1, 1, 3, 3}, {1, 1, 2, 2},
+         {0, 0, 1, 1}, {0, 0, 1, 1}},
+        {"blocked 3x3 stride 1 pad 1", 4, {1, 32, 6, 7}, {1, 1, 3, 3}, {1, 1, 1, 1},
+         {0, 0, 1, 1}, {0, 0, 1, 1}},
+        {"blocked 4x4 stride 3 pad 2", 4, {3, 16, 9, 10}, {1, 1, 4, 4}, {1, 1, 3, 3},
+         {0, 0, 2, 2}, {0, 0, 2, 1}},
+        {"blocked, windows of padding only", 4, {1, 16, 3, 4}, {1, 1, 2, 2}, {1, 1, 2, 2},
+         {0, 0, 3, 2}, {0, 0, 2, 3}},
+    };
+    int nb = (int)(sizeof blocked / sizeof blocked[0]);
+    for (int k = 0; k < nb; k++)
+        for (int kind = 0; kind < DATA_KINDS; kind++)
+            for (int block = 8; block <= 16; block += 8)
+                for (int which = 1; which < 8; which++) { /* x, source, result: any blocked */
+                    runs++;
+                    matched += run_form(&blocked[k], RF_F32, (data_kind)kind, block, which);
+                }
+    printf("gather: %d forms x %d kinds of data x f32/f64, %d blocked forms x 8/16 lanes x 7 "
+           "layout mixes: %d of %d bitwise (NaNs: any NaN)\n",
+           n, DATA_KINDS, nb, matched, runs);
+}
+
 /* The cases the selection order decides, written out: the expected result
  * by hand, not only the reference's. */
 static void test_selection_rules(void)
 {
     static const pool_case c = {"2x2 rules", 2, {2, 8}, {2, 2}};
     rfi_node *y = NULL;
-    rfi_graph *g = scatter_graph(&c, RF_F32, &y);
+    rfi_graph *g = scatter_graph(&c, NULL, RF_F32, &y);
     if (y) {
         float nan = (float)NAN;
         /* windows (row-major): ties -> first; NaN beats inf; first NaN of two;
@@ -252,5 +420,6 @@ int main(void)
 {
     test_selection_rules();
     test_band_forms();
+    test_gather_forms();
     return tu_finish("test_pool_native");
 }

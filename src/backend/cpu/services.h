@@ -241,7 +241,8 @@ RFI_FUNC void rfi_cpu_native_free(rfi_cpu_native *k);
  * lay[1] and lay[2] (plan.h): true if the kernel takes them (then it reads
  * and writes them directly), false (nothing changed) if not. */
 RFI_FUNC bool rfi_cpu_native_take_layouts(rfi_cpu_native *k, const rfi_layout lay[3]);
-/* "native-scatter-fast", "native-scatter" or "native-arg". */
+/* "native-scatter-fast", "native-scatter-blocked", "native-scatter-gather",
+ * "native-scatter-gather-blocked", "native-scatter" or "native-arg". */
 RFI_FUNC const char *rfi_cpu_native_path(const rfi_cpu_native *k);
 
 #endif
