@@ -118,6 +118,7 @@ GF(f_rw_max_overlap, rf_reduce_window(x[0], RF_REDUCE_MAX, DIMS(2, 3), DIMS(1, 1
 GF(f_rw_min, rf_reduce_window(x[0], RF_REDUCE_MIN, DIMS(3), DIMS(2), DIMS(1), DIMS(1)))
 GF(f_maxpool, rf_maxpool2d(x[0], DIMS(2, 2), DIMS(2, 2), NULL))
 GF(f_maxpool_pad, rf_maxpool2d(x[0], DIMS(3, 3), DIMS(2, 2), DIMS(1, 1)))
+GF(f_maxpool_s1, rf_maxpool2d(x[0], DIMS(3, 3), DIMS(1, 1), DIMS(1, 1)))
 GF(f_meanpool, rf_meanpool2d(x[0], DIMS(2, 2), DIMS(1, 2), NULL))
 GF(f_sel_scatter, rf_select_and_scatter(x[0], x[1], DIMS(1, 1, 2, 2), DIMS(1, 1, 1, 2),
                                         DIMS(0, 0, 1, 0), DIMS(0, 0, 0, 1)))
@@ -302,6 +303,7 @@ static const gcase CASES[] = {
     {"reduce_window min 1-D", f_rw_min, 1, {F64_IN(1, -2, 2, 7)}, {0}},
     {"maxpool2d", f_maxpool, 1, {F64_IN(4, -2, 2, 2, 2, 4, 5)}, {0}},
     {"maxpool2d pad", f_maxpool_pad, 1, {F64_IN(4, -2, 2, 1, 2, 5, 5)}, {0}},
+    {"maxpool2d 3x3 stride 1 pad 1", f_maxpool_s1, 1, {F64_IN(4, -2, 2, 2, 3, 6, 7)}, {0}},
     {"meanpool2d", f_meanpool, 1, {F64_IN(4, -2, 2, 1, 2, 4, 5)}, {0}},
     {"select_and_scatter (x and source)", f_sel_scatter, 2,
      {F64_IN(4, -2, 2, 1, 2, 4, 5), F64_IN(4, -2, 2, 1, 2, 4, 3)}, {0}},
