@@ -2,9 +2,10 @@
  * on the shapes of the mlp and cnn workloads: the mlp's matmuls (forward,
  * weight and input gradients at batch 128), the cnn's convolutions
  * (forward, and the backward-data and backward-weights convolutions the
- * autodiff emits, at batch 64) and its max-pool gradients (the
+ * autodiff emits, at batch 64) and its max-pool gradients, and ResNet-18's
+ * stem pool gradient (3x3 stride 2 pad 1 at 112x112 inputs, batch 8): the
  * select_and_scatter FALLBACK calls, native in pool.c; these report GB/s of
- * x and source read plus the result written). One line per shape:
+ * x and source read plus the result written. One line per shape:
  *   name path us_per_call=MEDIAN gflops=G   (or gbytes=G)
  * Each shape is one hand-built plan with one CALL step; inputs are random.
  * An argument runs only the shapes whose name contains it ("pool", "conv2").
