@@ -468,6 +468,57 @@ static void test_wrt_a_gradient(void)
     rf_array_free(x);
 }
 
+/* A softmax over the rows of a [2,3] x written by hand, as rf_softmax builds it: its
+ * result's VJP goes straight to x (vjp_softmax.c), unless a node inside is itself a wrt,
+ * as e here: d sum(p * w) / de = (w - sum(p * w)) / sum(e) by row, which the result's
+ * contribution must reach. With u set, only x is a wrt. */
+static const double W6[6] = {0.3, -0.7, 1.1, 0.4, 0.9, -0.2};
+
+static void build_softmax_parts(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n;
+    int64_t axis = 1;
+    rf_tensor *m = rf_stop_gradient(rf_reduce_max(a[0], &axis, 1, true));
+    rf_tensor *e = rf_exp(rf_sub(a[0], m));
+    rf_tensor *p = rf_div(e, rf_sum(e, &axis, 1, true));
+    rf_tensor *y = rf_sum_all(rf_mul(p, a[1]));
+    rf_tensor *wrt[2] = {a[0], e}, *g[2] = {NULL, NULL};
+    rf_grad(t, y, wrt, u ? 1 : 2, g);
+    rf_return(t, g[0]);
+    if (!u)
+        rf_return(t, g[1]);
+}
+
+static void test_softmax_inner_wrt(void)
+{
+    rf_array *in[2] = {tp_host(RF_F64, RF_SHAPE(2, 3), X6), tp_host(RF_F64, RF_SHAPE(2, 3), W6)};
+    double dx[6], de[6];
+    for (int r = 0; r < 2; r++) {
+        const double *x = X6 + 3 * r, *w = W6 + 3 * r;
+        double mx = fmax(x[0], fmax(x[1], x[2])), s = 0, pw = 0;
+        for (int i = 0; i < 3; i++)
+            s += exp(x[i] - mx);
+        for (int i = 0; i < 3; i++)
+            pw += exp(x[i] - mx) / s * w[i];
+        for (int i = 0; i < 3; i++) {
+            dx[3 * r + i] = exp(x[i] - mx) / s * (w[i] - pw);
+            de[3 * r + i] = (w[i] - pw) / s;
+        }
+    }
+    for (int both = 0; both < 2; both++) {
+        rf_array *out[2] = {0};
+        int nout = both ? 2 : 1;
+        CHECK_OK(tp_run(build_softmax_parts, both ? NULL : &nout, in, 2, out, nout));
+        tp_expect("d/dx of a softmax written by hand", out[0], RF_F64, RF_SHAPE(2, 3), dx,
+                  1e-12, 1e-12);
+        if (both)
+            tp_expect("d/de inside it", out[1], RF_F64, RF_SHAPE(2, 3), de, 1e-12, 1e-12);
+        tp_free_all(out, nout);
+    }
+    rf_array_free(in[0]);
+    rf_array_free(in[1]);
+}
+
 /* ---- Part 2: finite differences for the intricate rules ------------------------------ */
 
 typedef rf_tensor *(*fd_fn)(rf_trace *t, rf_tensor *const *a);
@@ -883,6 +934,7 @@ int main(void)
     test_sgd_update();
     test_nested_is_rejected();
     test_wrt_a_gradient();
+    test_softmax_inner_wrt();
     test_finite_differences();
     test_every_op_has_a_rule();
     test_dce();

@@ -15,6 +15,10 @@
  * axis are disjoint, they become one concatenation of their pieces with
  * zeros between, which the backends lower piece by piece.
  *
+ * A softmax or logsoftmax, recognised from its primitives, is differentiated
+ * as one node: its cotangent goes straight to the normalised operand by a
+ * rule that reads only the result (vjp_softmax.c).
+ *
  * Deliberately not here: the rules themselves (vjp*.c), removing what the
  * gradient does not need (dce.c), and nested gradients (a GRAD inside a
  * differentiated region is rejected with RF_E_UNSUPPORTED).
@@ -37,7 +41,7 @@ typedef struct ad_ctx {
     rfi_node **map;      /* g node id -> copy in ng */
     rfi_node **grad_of;  /* GRAD node id -> its gradient in ng, once y is swept */
     /* per-sweep scratch, sized g->n_nodes */
-    bool *from_wrt, *to_y;
+    bool *from_wrt, *to_y, *is_wrt;
     rfi_node **adj;      /* g node id -> cotangent in ng */
     pad_list *pads;      /* g node id -> contributions held back (pad_axis) */
     /* per-node scratch, sized max_in */
@@ -62,10 +66,11 @@ static void mark_region(const ad_ctx *c, const rfi_node *y)
     const rfi_graph *g = c->g;
     memset(c->from_wrt, 0, (size_t)g->n_nodes * sizeof *c->from_wrt);
     memset(c->to_y, 0, (size_t)g->n_nodes * sizeof *c->to_y);
+    memset(c->is_wrt, 0, (size_t)g->n_nodes * sizeof *c->is_wrt);
     for (int id = 0; id < g->n_nodes; id++) {
         const rfi_node *x = g->nodes[id];
         if (x->op == RFI_OP_GRAD && x->in[0] == y)
-            c->from_wrt[x->in[1]->id] = true;
+            c->from_wrt[x->in[1]->id] = c->is_wrt[x->in[1]->id] = true;
     }
     for (int id = 0; id <= y->id; id++) {
         const rfi_node *x = g->nodes[id];
@@ -222,9 +227,33 @@ static rf_status accumulate(ad_ctx *c, const rfi_node *user, int k, rfi_node *d)
     return RF_OK;
 }
 
+/* When x is the result of a softmax or a logsoftmax (vjp_softmax.c), sends
+ * its cotangent straight to the normalised operand, read from x alone, and
+ * returns true with *st set. False when x is none, or when a node inside it
+ * is a wrt of this sweep (its gradient must include x's contribution): then
+ * the op-by-op rules apply. */
+static bool propagate_softmax(ad_ctx *c, const rfi_node *x, rf_status *st)
+{
+    rfi_softmax_match m;
+    if (!rfi_vjp_match_softmax(x, &m))
+        return false;
+    for (int i = 0; i < m.n_inner; i++)
+        if (c->is_wrt[m.inner[i]->id])
+            return false;
+    *st = RF_OK;
+    if (!needed(c, m.z->id))
+        return true; /* nothing inside depends on a wrt but through z */
+    rfi_node *d = rfi_vjp_softmax(c->ng, &m, c->map[x->id], c->adj[x->id]);
+    *st = d ? add_to(c, m.z, d) : build_failure(c, x, "building the gradient of");
+    return true;
+}
+
 /* Applies the rule of node x to its cotangent. */
 static rf_status propagate(ad_ctx *c, const rfi_node *x)
 {
+    rf_status st;
+    if (propagate_softmax(c, x, &st))
+        return st;
     bool any = false;
     for (int k = 0; k < x->n_in; k++) {
         const rfi_node *in = x->in[k];
@@ -246,7 +275,7 @@ static rf_status propagate(ad_ctx *c, const rfi_node *x)
         .g = c->ng, .node = x, .in = c->ins, .out = c->map[x->id], .ct = c->adj[x->id],
         .want = c->want,
     };
-    rf_status st = rule(&args, c->grads);
+    st = rule(&args, c->grads);
     if (st != RF_OK)
         return st;
     if (c->ng->status != RF_OK)
@@ -354,6 +383,7 @@ rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out)
         .grad_of = rfi_calloc(n, sizeof(rfi_node *)),
         .from_wrt = rfi_calloc(n, sizeof(bool)),
         .to_y = rfi_calloc(n, sizeof(bool)),
+        .is_wrt = rfi_calloc(n, sizeof(bool)),
         .adj = rfi_calloc(n, sizeof(rfi_node *)),
         .pads = rfi_calloc(n, sizeof(pad_list)),
         .ins = rfi_calloc(max_in, sizeof(rfi_node *)),
@@ -361,8 +391,8 @@ rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out)
         .want = rfi_calloc(max_in, sizeof(bool)),
     };
     rf_status st;
-    if (!c.map || !c.grad_of || !c.from_wrt || !c.to_y || !c.adj || !c.pads || !c.ins || !c.grads ||
-        !c.want)
+    if (!c.map || !c.grad_of || !c.from_wrt || !c.to_y || !c.is_wrt || !c.adj || !c.pads ||
+        !c.ins || !c.grads || !c.want)
         st = rfi_error(RF_E_NOMEM, "autodiff: out of memory");
     else
         st = run(&c);
@@ -370,6 +400,7 @@ rf_status rfi_autodiff(const rfi_graph *g, rfi_graph **out)
     rfi_free(c.grad_of);
     rfi_free(c.from_wrt);
     rfi_free(c.to_y);
+    rfi_free(c.is_wrt);
     rfi_free(c.adj);
     for (int id = 0; c.pads && id < g->n_nodes; id++)
         rfi_free(c.pads[id].v);

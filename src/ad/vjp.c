@@ -57,6 +57,8 @@
  *   not, and, or,
  *   argmax, argmin, rng no gradient (RFI_NOGRAD: bool/int results or random)
  *   grad                replaced by the pass; nested use is an error
+ *   softmax, logsoftmax recognised as a whole from their primitives: one rule
+ *                       on the result (not an op)                          (vjp_softmax.c)
  *
  * Non-float operands never receive a cotangent (the pass does not ask).
  * Deliberately not here: deciding what to differentiate (autodiff.c).

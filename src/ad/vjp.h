@@ -56,6 +56,33 @@ RFI_FUNC rf_status rfi_vjp_convolution(const rfi_vjp_args *a, rfi_node **grads);
 RFI_FUNC rf_status rfi_vjp_reduce_window(const rfi_vjp_args *a, rfi_node **grads);
 RFI_FUNC rf_status rfi_vjp_select_and_scatter(const rfi_vjp_args *a, rfi_node **grads);
 
+/* ---- Composite rules (vjp_softmax.c) -------------------------------------------------- */
+
+#define RFI_SOFTMAX_INNER 16
+
+/* A softmax or logsoftmax found in the program: its operand z, the nodes
+ * between z and the result, and the axes it normalises over. */
+typedef struct rfi_softmax_match {
+    bool log;                                     /* logsoftmax */
+    const rfi_node *z;
+    const rfi_node *inner[RFI_SOFTMAX_INNER];     /* strictly between z and the result */
+    int n_inner;
+    bool reduced[RF_MAX_RANK];                    /* reduced[d]: d is normalised over */
+    const int64_t *axes;                          /* the same, sorted (the sum's list) */
+    int naxes;
+} rfi_softmax_match;
+
+/* Whether y (a node of the program being differentiated) is the result of
+ * exp(z) / B(sum(exp(z))) or z - B(log(sum(exp(z)))), B the broadcast back
+ * along the summed axes, as rf_softmax and rf_logsoftmax build them; fills
+ * *m when it is. */
+RFI_FUNC bool rfi_vjp_match_softmax(const rfi_node *y, rfi_softmax_match *m);
+/* The cotangent of m->z, from the result y and its cotangent ct (both in g):
+ * y * (ct - B(sum(ct * y))), or ct - exp(y) * B(sum(ct)) for a logsoftmax.
+ * NULL with g's error set when a node cannot be built. */
+RFI_FUNC rfi_node *rfi_vjp_softmax(rfi_graph *g, const rfi_softmax_match *m, rfi_node *y,
+                                   rfi_node *ct);
+
 /* ---- IR builders (vjp_build.c) -------------------------------------------------------
  * Thin wrappers over rfi_node_new with exact IR semantics (no broadcasting,
  * no weak scalars, axes already normalised). Every builder returns NULL when

@@ -1347,7 +1347,7 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
  * in 4 parts in 320-345 ms instead of whole in 413-438 ms (3 runs each of
  * `rf_bench --workload cnn`); the ResNet's did not move (at most MAX_PARTS).
  * The count is rounded up, so a module of 20 to 40 KB of functions is two
- * parts, not one: the mlp's training step (two parts now) compiled cold in
+ * parts, not one: the mlp's training step (two parts then) compiled cold in
  * 481-498 ms against 547-648 whole (4 interleaved pairs of
  * `rf_bench --workload compile_mlp_cold`).
  * In a module of parts the entry point calls kernels of other parts, which
