@@ -147,6 +147,23 @@ static rf_tensor *f_attn_softmax(rf_tensor *const *x, const gcase *c)
     rf_tensor *mask = rf_select(rf_compare(ci, ri, RF_LE), rf_zeros_like(neg), neg);
     return rf_softmax(rf_add(rf_mul_s(x[0], 0.5), mask), -1);
 }
+/* Softmaxes written by hand: over two axes at once (autodiff differentiates it as one, from
+ * its result), and a square x's exp over the sums of its columns' indices' rows, e[i,j] /
+ * sum_k e[j,k]: no softmax, though every shape matches one (the op-by-op rules apply). */
+static rf_tensor *f_softmax_2axes(rf_tensor *const *x, const gcase *c)
+{
+    (void)c;
+    rf_tensor *e = rf_exp(x[0]);
+    return rf_div(e, rf_sum(e, DIMS(1, 2), 2, true));
+}
+static rf_tensor *f_not_softmax(rf_tensor *const *x, const gcase *c)
+{
+    (void)c;
+    rf_tensor *e = rf_exp(x[0]);
+    int64_t n = rf_tensor_dim(x[0], 0);
+    return rf_div(e, rf_reshape(rf_sum(e, DIMS(1), 1, false), DIMS(1, n), 2));
+}
+GF(f_logsoftmax_mid, rf_logsoftmax(x[0], 1))
 GF(f_gelu, rf_gelu(x[0]))
 GF(f_softplus, rf_softplus(x[0]))
 GF(f_elu, rf_elu(x[0], 0.7))
@@ -337,6 +354,9 @@ static const gcase CASES[] = {
     {"softmax axis 0", f_softmax0, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"logsoftmax", f_logsoftmax, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"attention softmax, causal mask", f_attn_softmax, 1, {F64_IN(4, -3, 3, 2, 2, 4, 4)}, {0}},
+    {"softmax over two axes, by hand", f_softmax_2axes, 1, {F64_IN(3, -2, 2, 2, 3, 4)}, {0}},
+    {"exp over transposed row sums", f_not_softmax, 1, {F64_IN(2, -2, 2, 3, 3)}, {0}},
+    {"logsoftmax, middle axis", f_logsoftmax_mid, 1, {F64_IN(3, -2, 2, 2, 3, 4)}, {0}},
     {"logsumexp", f_logsumexp, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"logsumexp keepdims axis 0", f_logsumexp_k, 1, {F64_IN(2, -2, 2, 3, 4)}, {0}},
     {"gelu", f_gelu, 1, {F64_IN(2, -3, 3, 3, 4)}, {0}},

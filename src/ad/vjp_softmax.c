@@ -55,10 +55,8 @@ static const rfi_node *under_reshapes(rfi_softmax_match *m, const rfi_node *x)
 /* Whether b (of z's dims) is a row quantity broadcast back along the axes
  * `reduced`: at most one BROADCAST_IN_DIM, of a value whose dims are z's
  * with those axes removed or set to 1 (so the value holds the row quantity
- * in row-major order, whatever reshapes lead to it). *u receives that
- * value: b's operand, or b itself when there is no broadcast. */
-static bool is_unreduced(const rfi_node *b, const rfi_node *z, const bool *reduced,
-                         const rfi_node **u)
+ * in row-major order, whatever reshapes lead to it). */
+static bool is_unreduced(const rfi_node *b, const rfi_node *z, const bool *reduced)
 {
     if (b->rank != z->rank || memcmp(b->dims, z->dims, sizeof(int64_t) * (size_t)z->rank) != 0)
         return false;
@@ -66,7 +64,6 @@ static bool is_unreduced(const rfi_node *b, const rfi_node *z, const bool *reduc
         for (int j = 0; j < z->rank; j++)
             if (reduced[j] && z->dims[j] != 1)
                 return false;
-        *u = b;
         return true;
     }
     const rfi_node *x = b->in[0];
@@ -85,7 +82,6 @@ static bool is_unreduced(const rfi_node *b, const rfi_node *z, const bool *reduc
     for (int j = 0; j < z->rank; j++)
         if (!covered[j] && !reduced[j])
             return false;
-    *u = x;
     return true;
 }
 
@@ -104,8 +100,7 @@ bool rfi_vjp_match_softmax(const rfi_node *y, rfi_softmax_match *m)
     if (!note(m, b))
         return false;
     /* softmax: b = B(sum(e)), e = exp(z); logsoftmax: b = B(log(sum(exp(z)))) */
-    const rfi_node *top = under_reshapes(m, b->op == RFI_OP_BROADCAST_IN_DIM ? b->in[0] : b);
-    const rfi_node *r = top;
+    const rfi_node *r = under_reshapes(m, b->op == RFI_OP_BROADCAST_IN_DIM ? b->in[0] : b);
     if (r && m->log)
         r = r->op == RFI_OP_LOG && note(m, r) ? under_reshapes(m, r->in[0]) : NULL;
     if (!r || r->op != RFI_OP_REDUCE || r->attr.i[0] != RF_REDUCE_SUM || r->attr.nl[0] == 0)
@@ -118,13 +113,8 @@ bool rfi_vjp_match_softmax(const rfi_node *y, rfi_softmax_match *m)
     m->naxes = r->attr.nl[0];
     for (int k = 0; k < m->naxes; k++)
         m->reduced[m->axes[k]] = true;
-    const rfi_node *u = NULL;
-    if (!is_unreduced(b, m->z, m->reduced, &u))
-        return false;
-    /* the value b broadcasts must lead to r (softmax) or to its log (logsoftmax) */
-    while (u->op == RFI_OP_RESHAPE)
-        u = u->in[0];
-    if (u != top)
+    /* the reshapes between b's operand and r (or its log) keep the row-major order */
+    if (!is_unreduced(b, m->z, m->reduced))
         return false;
     return note(m, r) && note(m, e);
 }
