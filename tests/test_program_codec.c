@@ -14,7 +14,9 @@
  *   - a program capturing an array outside the list is not encoded;
  *   - every truncation of an encoding, and every byte replaced by 0x00, 0xff,
  *     0x80 or itself + 1, decodes to RF_E_CORRUPT or to a program that
- *     verifies: never a crash (the sanitizer build runs this too).
+ *     verifies: never a crash (the sanitizer build runs this too);
+ *   - a count larger than the bytes left could hold is refused before
+ *     anything is allocated for it.
  */
 #include "backend/cpu/cc.h"
 #include "runtime/program_codec.h"
@@ -264,6 +266,48 @@ static void test_corrupted_encodings(void)
     tu_trainer_free(&s);
 }
 
+/* A count is not trusted beyond the bytes that could hold its items: four
+ * bytes claiming 2^24 arguments once made the decoder allocate 1.2 GB for
+ * their types before it found the bytes ended. */
+static void test_counts_beyond_the_bytes(void)
+{
+    rfi_graph *g = NULL;
+    size_t used = 0;
+    /* name "", then 2^24 arguments (zigzag varint) and nothing after */
+    static const unsigned char args[] = {0x00, 0x80, 0x80, 0x80, 0x10};
+    CHECK_STATUS(rfi_program_decode(args, sizeof args, rf_device_cpu(), NULL, 0, &g, &used),
+                 RF_E_CORRUPT);
+    CHECK_MSG("decoding a program: 16777216 arguments, more than the 0 bytes left can hold");
+    CHECK(g == NULL);
+    /* one f32 argument, no captures, no streams, one node: ARGUMENT with
+     * 2^24 operands claimed where two bytes remain */
+    rfi_strbuf b = {0};
+    rfi_codec_put_int(&b, 0);                /* name */
+    rfi_codec_put_int(&b, 1);                /* one argument: f32[] */
+    rfi_codec_put_int(&b, RF_F32);
+    rfi_codec_put_int(&b, 0);
+    rfi_codec_put_int(&b, 0);                /* captures */
+    rfi_codec_put_int(&b, 0);                /* random streams */
+    rfi_codec_put_int(&b, 1);                /* nodes */
+    rfi_codec_put_int(&b, RFI_OP_ARGUMENT);  /* op, type, weak */
+    rfi_codec_put_int(&b, RF_F32);
+    rfi_codec_put_int(&b, 0);
+    rfi_codec_put_int(&b, 0);
+    for (int k = 0; k < RFI_N_INTS; k++)
+        rfi_codec_put_int(&b, 0);
+    for (int k = 0; k < RFI_N_LISTS; k++)
+        rfi_codec_put_int(&b, 0);
+    rfi_codec_put_int(&b, 1 << 24);          /* operands */
+    rfi_codec_put_int(&b, 0);
+    rfi_codec_put_int(&b, 0);
+    CHECK(!b.failed);
+    CHECK_STATUS(rfi_program_decode(b.data, b.len, rf_device_cpu(), NULL, 0, &g, &used),
+                 RF_E_CORRUPT);
+    CHECK_MSG("16777216 operands, more than the 2 bytes left can hold");
+    CHECK(g == NULL);
+    rfi_sb_free(&b);
+}
+
 int main(void)
 {
     setenv("RF_BACKEND", "interp", 1); /* rf_compile only to get lowered programs */
@@ -271,5 +315,6 @@ int main(void)
     test_large_constants();
     test_capture_outside_the_list();
     test_corrupted_encodings();
+    test_counts_beyond_the_bytes();
     return tu_finish("test_program_codec");
 }
