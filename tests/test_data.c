@@ -20,6 +20,7 @@
 
 #include <dirent.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -619,6 +620,72 @@ static void test_idx_errors(void)
     CHECK_STATUS(rf_idx_load(fifo, &a), RF_E_IO);
     CHECK_MSG("fifo.idx: not a regular file");
     unlink(fifo);
+}
+
+/* Whether this build runs under AddressSanitizer, which reserves terabytes of
+ * address space and so cannot run under an address-space limit. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TD_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TD_ASAN 1
+#endif
+#endif
+#ifndef TD_ASAN
+#define TD_ASAN 0
+#endif
+
+/* A compressed IDX file whose header claims far more than its data: 1 MB of
+ * incompressible i8 data claiming 10^9 elements, which the ~1100:1 bound on
+ * deflate lets through and which widen to a 4 GB i32 array. The claim must
+ * not size an allocation: in a child limited to 1 GB of address space above
+ * what it has, the load reports the data it found, where allocating the
+ * claim first made it "out of memory allocating i32[1000000000]". */
+static void test_idx_claim_beyond_the_data(void)
+{
+    if (TD_ASAN) {
+        printf("  (address-space limit skipped under AddressSanitizer)\n");
+        return;
+    }
+    const size_t n = (size_t)1 << 20;
+    uint8_t *file = malloc(n + 8);
+    CHECK(file != NULL);
+    if (!file)
+        return;
+    size_t k = idx_bytes(file, 0x09, 1, (const uint32_t[]){1000000000u}, file, 0);
+    uint64_t x = 88172645463325252ull; /* xorshift: bytes deflate cannot shrink */
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        file[k + i] = (uint8_t)(x >> 32);
+    }
+    const char *gzp = tmp_path("claim.idx.gz");
+    write_file(gzp, file, k + n, true);
+    free(file);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        long pages = 0;
+        FILE *statm = fopen("/proc/self/statm", "r");
+        if (!statm || fscanf(statm, "%ld", &pages) != 1)
+            _exit(3);
+        fclose(statm);
+        rlim_t have = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE);
+        struct rlimit lim = {have + ((rlim_t)1 << 30), have + ((rlim_t)1 << 30)};
+        if (setrlimit(RLIMIT_AS, &lim) != 0)
+            _exit(3);
+        rf_array *a = NULL;
+        rf_status st = rf_idx_load(gzp, &a);
+        if (st != RF_E_CORRUPT || a ||
+            !strstr(rf_errmsg(), "expected 1000000000 bytes of data, found 1048576")) {
+            fprintf(stderr, "  claim beyond the data: status %d: %s\n", (int)st, rf_errmsg());
+            _exit(1);
+        }
+        _exit(0);
+    }
+    int ws = 0;
+    CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid);
+    CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    unlink(gzp);
 }
 
 /* ---- Fashion-MNIST ----------------------------------------------------------------------- */
@@ -1544,6 +1611,7 @@ int main(void)
     test_checkpoint_from_pytorch();
     test_checkpoint_partial();
     test_idx_mutations();
+    test_idx_claim_beyond_the_data();
     remove_tmpdir();
     return tu_finish("test_data");
 }
