@@ -17,6 +17,7 @@
  */
 #include "profile.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,16 @@ static bool runs_with_previous(const rfi_cpu_profile *prof, int q)
     return q > 0 && prof->plan->steps[q - 1].runs_with_next;
 }
 
+/* How many steps the report lists: RF_PROFILE's number when it is above 1,
+ * else TOP_STEPS. A number past int's range lists them all (atoi's result
+ * there is undefined: "4294967298" came out as 2). */
+static int steps_listed(void)
+{
+    const char *v = getenv("RF_PROFILE");
+    long n = v ? strtol(v, NULL, 10) : 0;
+    return n > INT_MAX ? INT_MAX : n > 1 ? (int)n : TOP_STEPS;
+}
+
 /* A step's line; the first call of a pair also names the second and how the
  * two ran. */
 static void describe(const rfi_cpu_profile *prof, int q, char *buf, size_t size)
@@ -163,8 +174,7 @@ static void report(const rfi_cpu_profile *prof)
             (long long)runs, prof->runs > 1 ? " (the first left out)" : "",
             1e-3 * (double)total / (double)runs);
     fprintf(stderr, "   share     us/run  step\n");
-    int listed = atoi(getenv("RF_PROFILE") ? getenv("RF_PROFILE") : "");
-    listed = listed > 1 ? listed : TOP_STEPS;
+    int listed = steps_listed();
     for (int i = 0, shown = 0; i < n && shown < listed; i++) {
         if (runs_with_previous(prof, order[i].step))
             continue;
