@@ -15,7 +15,8 @@
  * compiles without them (objdump);
  * records (rfi_disk_cache_record_get/put) round-trip any bytes and read as
  * missing for another key or context, with any byte altered, cut short, or
- * writable by others. The size limit (RF_CACHE_MAX_MB) deletes the entries
+ * writable by others, and a directory made at a record's name is replaced by
+ * the next write. The size limit (RF_CACHE_MAX_MB) deletes the entries
  * used least recently (another backend's with all their files), never one
  * whose lock another holder has, nor the entry just built, nor temporary
  * files or files that are not the cache's; 0 means no limit. A child forked
@@ -520,6 +521,14 @@ static void test_records(void)
     rfi_disk_cache_record_put(key, strlen(key), ctx, "", 0); /* an empty payload is a payload */
     CHECK(record_is(key, ctx, "", 0));
     CHECK(record_file(path, sizeof path) && unlink(path) == 0);
+    /* a directory made at the record's name is replaced (renaming over it failed
+     * for good, so the record was never kept again) */
+    CHECK(mkdir(path, 0700) == 0);
+    CHECK(!record_is(key, ctx, payload, sizeof payload));
+    rfi_disk_cache_record_put(key, strlen(key), ctx, payload, sizeof payload);
+    CHECK(record_is(key, ctx, payload, sizeof payload));
+    CHECK(stat(path, &st) == 0 && S_ISREG(st.st_mode));
+    CHECK(unlink(path) == 0 || rmdir(path) == 0);
 }
 
 /* Loads variant 0 with RF_CACHE_DIR=dir, which must be refused. */

@@ -247,6 +247,21 @@ static void tmp_name(char *buf, size_t n, const char *path)
     snprintf(buf, n, "%s.tmp.%ld.%u", path, (long)getpid(), atomic_fetch_add(&tmp_counter, 1));
 }
 
+static void remove_path(const char *path);
+
+/* rename(tmp, path), where an empty directory someone made at path is
+ * removed first: renaming a file over a directory fails, so it would refuse
+ * every later write of that index file, record or memo for good. */
+static int rename_over(const char *tmp, const char *path)
+{
+    if (rename(tmp, path) == 0)
+        return 0;
+    if (errno != EISDIR)
+        return -1;
+    remove_path(path);
+    return rename(tmp, path);
+}
+
 /* Writes data to path atomically (temporary file, mode 0600, then rename). */
 static int write_atomic(const char *path, const void *data, size_t len)
 {
@@ -266,7 +281,7 @@ static int write_atomic(const char *path, const void *data, size_t len)
         done += (size_t)w;
     }
     int saved = errno;
-    if (close(fd) != 0 || done != len || rename(tmp, path) != 0) {
+    if (close(fd) != 0 || done != len || rename_over(tmp, path) != 0) {
         saved = errno ? errno : saved;
         unlink(tmp);
         errno = saved;
