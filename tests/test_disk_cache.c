@@ -14,8 +14,9 @@
  * accepts, asked once per compiler binary, and a loop gcc would gather
  * compiles without them (objdump);
  * records (rfi_disk_cache_record_get/put) round-trip any bytes and read as
- * missing for another key or context, with any byte altered, cut short, or
- * writable by others, and a directory made at a record's name is replaced by
+ * missing for another key or context, with any byte altered, cut short,
+ * writable by others, or a header number written with a sign, a blank or
+ * more than 19 digits, and a directory made at a record's name is replaced by
  * the next write. The size limit (RF_CACHE_MAX_MB) deletes the entries
  * used least recently (another backend's with all their files), never one
  * whose lock another holder has, nor the entry just built, nor temporary
@@ -509,6 +510,29 @@ static void test_records(void)
     }
     CHECK(misses == tried && tried > 10);
     CHECK(record_is(key, ctx, payload, sizeof payload)); /* restored */
+    /* the header's numbers are exactly what the writer prints: no sign, no
+     * blank, no number past 19 digits (sscanf took the first two, and the
+     * third is undefined behaviour there) */
+    static const char *const fields[] = {"key=+", "key= ", "key=0000000000000000000000"};
+    for (size_t i = 0; fd >= 0 && i < sizeof fields / sizeof fields[0]; i++) {
+        size_t size = (size_t)st.st_size, extra = strlen(fields[i]) - 4;
+        char *file = malloc(size), *edited = malloc(size + extra);
+        CHECK(file && edited && pread(fd, file, size, 0) == (ssize_t)size);
+        char *at = file ? memmem(file, size, "key=", 4) : NULL;
+        CHECK(at != NULL);
+        if (at && edited) {
+            size_t before = (size_t)(at - file);
+            memcpy(edited, file, before);
+            memcpy(edited + before, fields[i], extra + 4);
+            memcpy(edited + before + extra + 4, at + 4, size - before - 4);
+            CHECK(pwrite(fd, edited, size + extra, 0) == (ssize_t)(size + extra));
+            CHECK(!record_is(key, ctx, payload, sizeof payload));
+            CHECK(ftruncate(fd, st.st_size) == 0 && pwrite(fd, file, size, 0) == (ssize_t)size);
+            CHECK(record_is(key, ctx, payload, sizeof payload));
+        }
+        free(file);
+        free(edited);
+    }
     CHECK(fd >= 0 && ftruncate(fd, st.st_size - 1) == 0); /* cut short */
     CHECK(!record_is(key, ctx, payload, sizeof payload));
     if (fd >= 0)

@@ -852,6 +852,30 @@ static bool record_path(const void *key, size_t key_len, const char *context, ch
            keyed_path(dir, RECORD_MAGIC, key, key_len, context, ".rec", buf, n);
 }
 
+/* `name` then a decimal number of 1 to 19 digits at *p (before end), past
+ * which *p moves; false for anything else: sscanf's %llu, used before, also
+ * took a sign and blanks, and a number past its type's range is undefined
+ * behaviour there. */
+static bool header_number(const char **p, const char *end, const char *name,
+                          unsigned long long *out)
+{
+    size_t name_len = strlen(name);
+    const char *s = *p;
+    if ((size_t)(end - s) <= name_len || memcmp(s, name, name_len) != 0)
+        return false;
+    s += name_len;
+    unsigned long long v = 0;
+    int digits = 0;
+    for (; s < end && *s >= '0' && *s <= '9'; s++) {
+        if (++digits > 19)
+            return false;
+        v = v * 10 + (unsigned long long)(*s - '0');
+    }
+    *p = s;
+    *out = v;
+    return digits > 0;
+}
+
 /* Parses "<magic>key=K context=C payload=P digest=D\n" and the three parts
  * after it; true when the file is exactly that, for this key and context, and
  * the payload matches its digest. *at: the payload's offset. */
@@ -864,11 +888,14 @@ static bool parse_record(const char *data, size_t len, const void *key, size_t k
     const char *head = data + magic;
     const char *nl = memchr(head, '\n', len - magic);
     unsigned long long k, c, n;
-    char digest[RFI_CACHE_KEY_HEX];
-    int used = 0;
-    if (!nl || sscanf(head, "key=%llu context=%llu payload=%llu digest=%32[0-9a-f]%n", &k, &c,
-                      &n, digest, &used) != 4 || head + used != nl || strlen(digest) != 32)
+    static const char digest_field[] = " digest=";
+    const size_t field = sizeof digest_field - 1;
+    const char *p = head;
+    if (!nl || !header_number(&p, nl, "key=", &k) || !header_number(&p, nl, " context=", &c) ||
+        !header_number(&p, nl, " payload=", &n) || (size_t)(nl - p) != field + 32 ||
+        memcmp(p, digest_field, field) != 0 || strspn(p + field, "0123456789abcdef") != 32)
         return false;
+    const char *digest = p + field;
     size_t start = (size_t)(nl + 1 - data);
     if (k != key_len || c != context_len || n > len || len - start != k + c + n ||
         memcmp(data + start, key, key_len) != 0 ||
