@@ -870,7 +870,9 @@ rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const void *lhs
         return RF_OK;
     }
     const float *a = lhs, *b = rhs;
-    void *ca = (char *)workspace + m->lhs_at, *cb = (char *)workspace + m->rhs_at;
+    /* a matmul that packs, pads and converts nothing may have no workspace */
+    void *ca = workspace ? (char *)workspace + m->lhs_at : NULL;
+    void *cb = workspace ? (char *)workspace + m->rhs_at : NULL;
     if (m->pack) {
         pack_view(ca, a, &m->lhs, m->format, m->mm.bf16_isa);
         pack_view(cb, b, &m->rhs, m->format, m->mm.bf16_isa);
