@@ -540,6 +540,9 @@ static void test_errors(void)
     /* rf_set_error: only error statuses */
     CHECK(rf_set_error(RF_E_IO, "disk %s", "full") == RF_E_IO);
     CHECK(rf_errstatus() == RF_E_IO && strcmp(rf_errmsg(), "disk full") == 0);
+    /* quoting the failure it wraps: the arguments may be the message itself */
+    CHECK(rf_set_error(RF_E_IO, "checkpoint at step %d: %s", 17, rf_errmsg()) == RF_E_IO);
+    CHECK(strcmp(rf_errmsg(), "checkpoint at step 17: disk full") == 0);
     CHECK(rf_set_error(RF_OK, "fine") == RF_E_INVALID);
     CHECK_MSG("rf_set_error: status 0 is not an error status");
     CHECK(rf_set_error((rf_status)99, "x") == RF_E_INVALID);

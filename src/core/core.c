@@ -17,9 +17,14 @@ static _Thread_local char errmsg[RFI_ERRMSG_MAX];
 static _Thread_local rf_status errstatus;
 static _Thread_local uint64_t errcount; /* failures recorded so far */
 
+/* The message is formatted aside and then copied, because its arguments may
+ * be the message itself: rf_set_error(st, "saving: %s", rf_errmsg()) quotes
+ * the failure it wraps, and vsnprintf's output must not overlap its input. */
 rf_status rfi_verror(rf_status st, const char *fmt, va_list ap)
 {
-    vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+    char msg[RFI_ERRMSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    memcpy(errmsg, msg, strlen(msg) + 1);
     errstatus = st;
     errcount++;
     return st;
