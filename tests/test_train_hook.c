@@ -164,6 +164,7 @@ typedef struct hooklog {
     /* what the callback does */
     double lr0;         /* > 0: rf_adjust(opt, lr0 / step) */
     int freeze_after;   /* > 0: rf_opt_freeze(opt, "0") after this batch */
+    int switch_after;   /* > 0: switch the gradient norm's tracking after this batch */
     find frozen_at;     /* layer 0's weight when it was frozen */
     int save_every;     /* > 0: a checkpoint every this many steps */
     const char *dir;
@@ -184,6 +185,8 @@ static int on_step(const rf_step_info *info, void *user)
     g->calls++;
     if (g->lr0 > 0)
         CHECK_OK(rf_adjust(info->opt, g->lr0 / (double)(info->step + 1)));
+    if (g->switch_after == info->batch)
+        CHECK_OK(rf_opt_track_grad_norm(info->opt, !rf_opt_tracks_grad_norm(info->opt)));
     if (g->freeze_after == info->batch) {
         CHECK_OK(rf_opt_freeze(info->opt, "0"));
         g->frozen_at = param_of(info->model, "0.weight");
@@ -723,6 +726,32 @@ static void test_grad_norm(void)
         sum += v;
     }
     CHECK_NEAR(rf_stats_get(&ms, RF_STATS_GRAD_NORM), sum / NB, 1e-15, 1e-12);
+
+    /* switched off, then on, by the callback mid-pass: each aux value's mean is over the
+     * batches that reported it (the norm's not NaN, nor missing) */
+    for (int on = 0; on < 2; on++) {
+        CHECK_OK(rf_opt_track_grad_norm(r.opt, !on));
+        memset(&g, 0, sizeof g);
+        g.switch_after = 3;
+        CHECK_OK(rf_train(aux_loss, NULL, r.m, data, r.opt,
+                          &(rf_train_opts){.on_step = on_step, .user = &g,
+                                           .mean_stats = &ms}));
+        double norms = 0, accs = 0;
+        int tracked = 0;
+        for (int b = 0; b < NB; b++) {
+            double v = rf_stats_get(&g.info[b].stats, RF_STATS_GRAD_NORM);
+            CHECK(isnan(v) == (on ? b < 3 : b >= 3));
+            if (!isnan(v)) {
+                norms += v;
+                tracked++;
+            }
+            accs += rf_stats_get(&g.info[b].stats, "acc");
+        }
+        CHECK(tracked == (on ? NB - 3 : 3));
+        CHECK(ms.n == 2 && strcmp(ms.names[0], "acc") == 0);
+        CHECK_NEAR(rf_stats_get(&ms, RF_STATS_GRAD_NORM), norms / tracked, 1e-15, 1e-12);
+        CHECK_NEAR(rf_stats_get(&ms, "acc"), accs / NB, 1e-15, 1e-12);
+    }
     rf_loader_free(data);
     run_free(&r);
     run_free(&r64);

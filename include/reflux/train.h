@@ -112,7 +112,9 @@ typedef struct rf_train_opts {
     double *mean_loss;   /* if set, receives the mean loss over the pass: each
                             batch weighted by its size (its first array's first
                             dim), so a batch-mean loss gives the per-sample mean */
-    rf_stats *mean_stats;/* if set, receives the mean of each aux value, weighted alike */
+    rf_stats *mean_stats;/* if set, receives the mean of each aux value, weighted alike,
+                            over the batches that reported it (grad_norm: those stepped
+                            while the optimiser tracked it, which on_step may switch) */
     /* If set, called after each successful step (the model and optimiser are
      * updated, the step's run is over), with `user`: a learning-rate schedule
      * (rf_adjust: no recompilation), logging, checkpoints every N steps,

@@ -105,22 +105,33 @@ static void finish(progress *p, bool stopped)
 
 /* Means over the pass with each batch weighted by its size, so that a smaller last
  * batch counts for its samples only: a batch-mean loss becomes the mean over every
- * sample of the pass, as one batch of all of them would give. */
+ * sample of the pass, as one batch of all of them would give. Each aux value has its
+ * own weight, the samples of the batches that reported it: the callback may switch the
+ * gradient norm's tracking on or off mid-pass, and then its mean is over the batches
+ * that had it (not NaN, nor missing). Names are kept in the order first seen. */
 typedef struct means {
     double loss;
-    rf_stats stats; /* weighted sums, named after the first batch's aux values */
-    double weight;  /* samples so far */
+    rf_stats stats;                /* weighted sums */
+    double stat_weight[RF_MAX_AUX]; /* samples of the batches that reported each */
+    double weight;                 /* samples so far */
 } means;
 
 static void accumulate(means *a, double loss, const rf_stats *s, double samples)
 {
-    if (a->weight == 0) {
-        a->stats = *s;
-        for (int i = 0; i < a->stats.n; i++)
-            a->stats.values[i] *= samples;
-    } else {
-        for (int i = 0; i < a->stats.n; i++)
-            a->stats.values[i] += samples * rf_stats_get(s, a->stats.names[i]);
+    for (int j = 0; j < s->n; j++) {
+        int i = 0;
+        while (i < a->stats.n && strcmp(a->stats.names[i], s->names[j]) != 0)
+            i++;
+        if (i == a->stats.n) {
+            if (i == RF_MAX_AUX)
+                continue;
+            memcpy(a->stats.names[i], s->names[j], sizeof a->stats.names[i]);
+            a->stats.values[i] = 0;
+            a->stat_weight[i] = 0;
+            a->stats.n++;
+        }
+        a->stats.values[i] += samples * s->values[j];
+        a->stat_weight[i] += samples;
     }
     a->loss += samples * loss;
     a->weight += samples;
@@ -133,9 +144,7 @@ static void report_means(const means *a, const rf_train_opts *o)
     if (o->mean_stats) {
         *o->mean_stats = a->stats;
         for (int i = 0; i < a->stats.n; i++)
-            o->mean_stats->values[i] = a->weight > 0 ? a->stats.values[i] / a->weight : NAN;
-        if (a->weight == 0)
-            o->mean_stats->n = 0;
+            o->mean_stats->values[i] = a->stats.values[i] / a->stat_weight[i];
     }
 }
 
