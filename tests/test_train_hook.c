@@ -560,6 +560,17 @@ static void test_errors(void)
 
 /* ---- The global gradient norm --------------------------------------------------------- */
 
+/* A finite loss (that of aux_loss) whose gradients are NaN: sqrt's at 0 is Inf, times 0. */
+static rf_tensor *nan_grad_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
+                                void *ctx)
+{
+    (void)n;
+    (void)ctx;
+    (void)aux;
+    rf_tensor *yhat = rf_apply(m, b[0]);
+    return rf_add(rf_mse(yhat, b[1]), rf_sum_all(rf_sqrt(rf_sub(yhat, yhat))));
+}
+
 static rf_tensor *named_norm_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux,
                                   void *ctx)
 {
@@ -726,6 +737,36 @@ static void test_grad_norm(void)
         sum += v;
     }
     CHECK_NEAR(rf_stats_get(&ms, RF_STATS_GRAD_NORM), sum / NB, 1e-15, 1e-12);
+
+    /* a non-finite gradient under a finite loss: with the norm tracked, no update */
+    {
+        image before = image_of(r.m, r.opt);
+        int64_t steps = rf_opt_steps(r.opt);
+        rf_array *nb[2];
+        batch_of(0, nb, false);
+        rf_array **ng = NULL;
+        int nng = -1;
+        CHECK_STATUS(rf_trainstep_withgradient(nan_grad_loss, NULL, r.m, nb, 2, r.opt, &l, &s,
+                                               &ng, &nng),
+                     RF_E_DOMAIN);
+        CHECK_MSG("the gradient norm is NaN");
+        CHECK(isfinite(l) && isnan(rf_stats_get(&s, RF_STATS_GRAD_NORM)));
+        CHECK(ng == NULL && nng == 0);
+        CHECK_STATUS(rf_trainstep(nan_grad_loss, NULL, r.m, nb, 2, r.opt, &l, &s), RF_E_DOMAIN);
+        CHECK(rf_opt_steps(r.opt) == steps);
+        image after = image_of(r.m, r.opt);
+        CHECK(before.n == after.n && memcmp(before.bytes, after.bytes, before.n) == 0);
+        free(before.bytes);
+        free(after.bytes);
+        int64_t done = -1;
+        CHECK_STATUS(rf_train(nan_grad_loss, NULL, r.m, data, r.opt,
+                              &(rf_train_opts){.batches_done = &done}),
+                     RF_E_DOMAIN);
+        CHECK_MSG("rf_train: the gradient norm is NaN on batch 1");
+        CHECK(done == 0 && rf_opt_steps(r.opt) == steps);
+        rf_array_free(nb[0]);
+        rf_array_free(nb[1]);
+    }
 
     /* switched off, then on, by the callback mid-pass: each aux value's mean is over the
      * batches that reported it (the norm's not NaN, nor missing) */

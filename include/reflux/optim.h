@@ -98,8 +98,8 @@ RF_API rf_status rf_adjust(rf_opt *opt, double lr);
 /* Reads the current learning rate (of the first rule that has one). */
 RF_API double rf_opt_lr(const rf_opt *opt);
 /* Number of steps so far: every rf_update that ran (a trainstep whose loss
- * was not finite is not counted), AccumGrad's accumulating steps included,
- * so with rf_accumgrad(n) first in the chain rf_opt_steps(opt) / n updates
+ * or tracked gradient norm was not finite is not counted), AccumGrad's
+ * accumulating steps included, so with rf_accumgrad(n) first in the chain rf_opt_steps(opt) / n updates
  * changed the parameters. A schedule of the parameter updates counts those. */
 RF_API int64_t rf_opt_steps(const rf_opt *opt);
 /* Freezes the trainable parameters at `path` (Optimisers.jl's freeze!; PyTorch's
@@ -127,10 +127,12 @@ RF_API int rf_opt_n_frozen(const rf_opt *opt);
  * returned in the step's rf_stats under the name RF_STATS_GRAD_NORM
  * ("grad_norm"), after the loss's own aux values: a loss then records at most
  * RF_MAX_AUX - 1 of them, none named "grad_norm" (else the step's trace error,
- * RF_E_INVALID). Off by default, when a step computes nothing for it; a
- * change compiles the next step once for each setting (both stay cached),
- * as rf_opt_freeze does. Checkpoints do not hold it. RF_E_INVALID for a NULL
- * opt. */
+ * RF_E_INVALID). A step whose norm is not finite (a NaN or Inf gradient,
+ * the loss finite) applies no update and returns RF_E_DOMAIN, as one with a
+ * non-finite loss does; untracked, such a step is applied. Off by default,
+ * when a step computes nothing for it; a change compiles the next step once
+ * for each setting (both stay cached), as rf_opt_freeze does. Checkpoints do
+ * not hold it. RF_E_INVALID for a NULL opt. */
 #define RF_STATS_GRAD_NORM "grad_norm"
 RF_API rf_status rf_opt_track_grad_norm(rf_opt *opt, bool on);
 /* Whether opt's steps report the gradient norm (false for NULL). */

@@ -63,7 +63,9 @@ RF_API void rf_update(rf_trace *t, rf_opt *opt, rf_model *m, const rf_grads *g);
  * and cached on the model. The loss function
  * returns the loss and must not call rf_return (RF_E_INVALID). A non-finite
  * loss applies no update (model and optimiser state stay bit-identical) and
- * returns RF_E_DOMAIN. A step of a model that another thread is stepping
+ * returns RF_E_DOMAIN; so does, when the optimiser tracks the gradient norm
+ * (rf_opt_track_grad_norm), a non-finite norm under a finite loss (a NaN or
+ * Inf gradient). A step of a model that another thread is stepping
  * returns RF_E_INVALID and changes nothing. stats may be NULL. */
 RF_API rf_status rf_trainstep(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *const *batch,
                               int n, rf_opt *opt, double *loss_out, rf_stats *stats);
@@ -139,7 +141,7 @@ typedef struct rf_train_opts {
  * batch, with a progress bar (batch i/n, the mean loss so far, samples/s and
  * ETA after the first batch, which compiles). Stops with
  * RF_E_DOMAIN ("loss is NaN on batch 17, stopping training") on a non-finite
- * loss; RF_E_DEVICE if the loader yields host arrays. A pass that on_step
+ * loss (or tracked gradient norm); RF_E_DEVICE if the loader yields host arrays. A pass that on_step
  * stops returns RF_OK; its bar ends at the last batch stepped, with
  * " (stopped)" after it. Once the pass has begun (the arguments are valid and
  * the loader reset), mean_loss and mean_stats receive the means over the

@@ -177,6 +177,11 @@ static rf_status train_batch(rf_loss_fn loss, void *ctx, rf_model *m, rf_array *
     if (st == RF_E_DOMAIN && !isfinite(*l))
         return rfi_error(RF_E_DOMAIN, "rf_train: loss is %s on batch %lld, stopping training",
                          isnan(*l) ? "NaN" : *l > 0 ? "Inf" : "-Inf", (long long)number);
+    double norm = rf_stats_get(s, RF_STATS_GRAD_NORM);
+    if (st == RF_E_DOMAIN && rf_opt_tracks_grad_norm(opt) && !isfinite(norm))
+        return rfi_error(RF_E_DOMAIN, "rf_train: the gradient norm is %s on batch %lld (the "
+                         "loss %g is finite), stopping training",
+                         isnan(norm) ? "NaN" : "Inf", (long long)number, *l);
     return st;
 }
 

@@ -50,6 +50,7 @@ typedef struct rfi_step_outputs {
     int n_aux; /* the loss's aux values, then the gradient norm if it is tracked */
     char aux_names[RF_MAX_AUX][32];
     int n_grads; /* gradient outputs (0 unless with_grads) */
+    bool grad_norm; /* the last aux value is the gradients' norm */
 } rfi_step_outputs;
 
 /* A cached step: owned by the cache; valid until the cache changes. */

@@ -33,10 +33,16 @@ typedef struct step_ctx {
 
 /* Rewrites every recorded update of g as select(is_finite(loss), new, old),
  * so that a step whose loss is not finite leaves every captured array as it
- * was. Runs after all updates are recorded. */
-static void guard_updates(rfi_graph *g, rfi_node *loss)
+ * was; with the gradient norm tracked, also one whose norm is not finite (a
+ * NaN or Inf gradient under a finite loss would poison every parameter it
+ * reaches, and the norm is at hand). Runs after all updates are recorded. */
+static void guard_updates(rfi_graph *g, rfi_node *loss, rfi_node *norm)
 {
     rfi_node *ok = rf_is_finite(loss); /* a bool scalar: rf_select broadcasts it */
+    if (norm) {
+        rfi_node *norm_ok = rf_is_finite(norm);
+        ok = rf_select(norm_ok, ok, norm_ok); /* both finite */
+    }
     for (int i = 0; ok && i < g->n_updates; i++) {
         rfi_update *u = &g->updates[i];
         rfi_node *old = g->capture_nodes[u->capture];
@@ -95,6 +101,7 @@ static void return_outputs(rf_trace *t, step_ctx *s, rf_tensor *loss, const rf_a
         rf_return(t, rf_aux_get(aux, i, &name));
         snprintf(s->outs.aux_names[i], sizeof s->outs.aux_names[i], "%s", name);
     }
+    s->outs.grad_norm = norm != NULL;
     if (norm) {
         rf_return(t, norm);
         snprintf(s->outs.aux_names[s->outs.n_aux], sizeof s->outs.aux_names[0], "%s",
@@ -139,7 +146,7 @@ static void step_trace(rf_trace *t, void *vctx)
     rf_tensor *norm = s->grad_norm ? grad_norm(t, s, aux, g) : NULL;
     if (t->status != RF_OK)
         return;
-    guard_updates(t, loss);
+    guard_updates(t, loss, norm);
     return_outputs(t, s, loss, aux, norm, g);
 }
 
@@ -319,9 +326,14 @@ static rf_status run_step(const char *op, const rfi_step_entry *e, rf_array *con
         }
         if (loss_out)
             *loss_out = loss;
+        double norm = o->grad_norm ? values[o->n_aux] : 0;
         if (!isfinite(loss))
             st = rfi_error(RF_E_DOMAIN, "%s: loss is %s; no update was applied", op,
                            isnan(loss) ? "NaN" : loss > 0 ? "Inf" : "-Inf");
+        else if (!isfinite(norm))
+            st = rfi_error(RF_E_DOMAIN, "%s: the gradient norm is %s (a gradient is not "
+                           "finite, the loss %g is); no update was applied", op,
+                           isnan(norm) ? "NaN" : "Inf", loss);
         else if (grads) {
             give_grads(outs + n_host, o->n_grads, given, grads, ngrads);
             given = NULL;
