@@ -53,10 +53,14 @@ enum {
     RFI_NEED_BF16_DOT = 1u << 11, /* RF_BF16_DOT and rf_bf16x32 */
     RFI_NEED_POW_F32 = 1u << 12,
     RFI_NEED_POW_F64 = 1u << 13,
+    RFI_NEED_EXP_F32 = 1u << 14, /* rf_exp_f32 */
+    RFI_NEED_EXP_F64 = 1u << 15,
+    RFI_NEED_EXPM1_F32 = 1u << 16, /* rf_expm1_f32 */
+    RFI_NEED_EXPM1_F64 = 1u << 17,
 };
 
 /* The libm functions with vector variants (render_c.c's simd_funcs). */
-#define RFI_RENDER_SIMD_FUNCS 8
+#define RFI_RENDER_SIMD_FUNCS 7
 
 /* The state of one rendering: where the text goes, what the prelude must
  * hold, and the kernel being rendered with its names. */
