@@ -1194,7 +1194,7 @@ static const char exp_f32[] =
     "    float f;\n"
     "    memcpy(&f, &bits, sizeof f);\n"
     "    return f;\n}\n\n"
-    "static inline float rf_exp_f32(float x)\n{\n"
+    "RF_INLINE float rf_exp_f32(float x)\n{\n"
     "    float y = x > -150.0f ? x : -150.0f; /* NaN -> -150 */\n"
     "    y = y < 89.0f ? y : 89.0f;\n"
     "    float n = rintf(y * 1.44269504088896341f);\n"
@@ -1225,7 +1225,7 @@ static const char exp_f64[] =
     "    bits = (bits - magic + 1023) << 52;\n"
     "    memcpy(&f, &bits, sizeof f);\n"
     "    return f;\n}\n\n"
-    "static inline double rf_exp_f64(double x)\n{\n"
+    "RF_INLINE double rf_exp_f64(double x)\n{\n"
     "    double y = x > -800.0 ? x : -800.0; /* NaN -> -800 */\n"
     "    y = y < 710.0 ? y : 710.0;\n"
     "    double n = rint(y * 1.4426950408889634074);\n"
@@ -1256,7 +1256,7 @@ static const char exp_f64[] =
  * every float (NaN kept), 1.6x faster than the same in double through libmvec's exp;
  * test_kir's sweep holds it to the 3 ulp of all compiled math. */
 static const char logistic_f32[] =
-    "static inline float rf_logistic_f32(float x)\n{\n"
+    "RF_INLINE float rf_logistic_f32(float x)\n{\n"
     "    float e = rf_exp_f32(-fabsf(x));\n"
     "    float b = 1.0f + e, b_low = (1.0f - b) + e; /* 1 + e = b + b_low exactly */\n"
     "    float a = x >= 0 ? 1.0f : e;\n"
@@ -1375,6 +1375,15 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 "    return b == (%s)0.5 ? root : p;\n}\n\n",
                 t, n, t, t, t, t, t, d ? "" : "f", t, d ? "" : "f", t);
     }
+    if (need & (RFI_NEED_EXP_F32 | RFI_NEED_EXP_F64 | RFI_NEED_LOGISTIC_F32 |
+                RFI_NEED_LOGISTIC_F64))
+        put(sb, "/* always inlined: gcc stops inlining a function of this size once a file\n"
+                " * calls it in a few places, and the loops calling it then run scalar */\n"
+                "#if defined(__GNUC__)\n"
+                "#define RF_INLINE static inline __attribute__((always_inline))\n"
+                "#else\n"
+                "#define RF_INLINE static inline\n"
+                "#endif\n");
     if (need & (RFI_NEED_EXP_F32 | RFI_NEED_LOGISTIC_F32))
         put(sb, exp_f32);
     if (need & (RFI_NEED_EXP_F64 | RFI_NEED_LOGISTIC_F64))
@@ -1401,7 +1410,7 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 d ? "double" : "float", d ? "double" : "float", d ? "" : "f");
     if (need & RFI_NEED_LOGISTIC_F64)
         put(sb, "/* logistic, never exp of a large positive number */\n"
-                "static inline double rf_logistic_f64(double x)\n{\n"
+                "RF_INLINE double rf_logistic_f64(double x)\n{\n"
                 "    double e = rf_exp_f64(-fabs(x));\n"
                 "    return (x >= 0 ? 1 : e) / (1 + e);\n}\n\n");
     if (need & RFI_NEED_LOGISTIC_F32)
