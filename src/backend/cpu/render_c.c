@@ -1388,10 +1388,12 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
         if (need & (d ? RFI_NEED_EXPM1_F64 : RFI_NEED_EXPM1_F32))
             putf(sb,
                 "/* expm1: libmvec's takes its scalar path below -88 (-708 in double), so\n"
-                " * x is clamped to -%s, where expm1 rounds to -1. As the bits' unsigned\n"
-                " * minimum (negative floats above -%s, positive ones, NaN of either sign\n"
-                " * below): gcc moves a call of a select (`x < c ? c : x`) into its arms,\n"
-                " * which calls expm1(x) again. A NaN is kept by the last select. */\n"
+                " * x is clamped to -%s, where expm1 rounds to -1, as an unsigned minimum\n"
+                " * of bits: a negative number's grow with its magnitude and lie above\n"
+                " * every positive number's, so x below -%s (-inf, a NaN with its sign bit\n"
+                " * too) becomes -%s and the rest stays. A select (`x < c ? c : x`) would\n"
+                " * not do: gcc moves the call into the select's arms, where it gets x\n"
+                " * itself again. The last select keeps a NaN. */\n"
                 "static inline %s rf_expm1_%s(%s x)\n{\n"
                 "    %s u, c = %s; /* the bits of -%s */\n"
                 "    %s y;\n"
@@ -1400,8 +1402,8 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 "    memcpy(&y, &u, sizeof y);\n"
                 "    %s e = expm1%s(y);\n"
                 "    return x != x ? x : e;\n}\n\n",
-                d ? "40" : "20", d ? "40" : "20", d ? "double" : "float", d ? "f64" : "f32",
-                d ? "double" : "float", d ? "uint64_t" : "uint32_t",
+                d ? "40" : "20", d ? "40" : "20", d ? "40" : "20", d ? "double" : "float",
+                d ? "f64" : "f32", d ? "double" : "float", d ? "uint64_t" : "uint32_t",
                 d ? "0xc044000000000000u" : "0xc1a00000u", d ? "40" : "20",
                 d ? "double" : "float", d ? "double" : "float", d ? "" : "f");
     if (need & RFI_NEED_LOGISTIC_F64)
