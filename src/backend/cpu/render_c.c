@@ -1199,9 +1199,9 @@ static const char exp_f32[] =
     "    float f;\n"
     "    memcpy(&f, &bits, sizeof f);\n"
     "    return f;\n}\n\n"
-    "RF_INLINE float rf_exp_f32(float x)\n{\n"
-    "    float y = x > -150.0f ? x : -150.0f; /* NaN -> -150 */\n"
-    "    y = y < 89.0f ? y : 89.0f;\n"
+    "/* exp(y) for y <= 89 (NaN: a number) */\n"
+    "RF_INLINE float rf_exp_core_f32(float y)\n{\n"
+    "    y = y > -150.0f ? y : -150.0f; /* NaN -> -150 */\n"
     "    float n = rintf(y * 1.44269504088896341f);\n"
     "    float r = fmaf(n, -0.693145751953125f, y); /* ln 2 in two parts: exact */\n"
     "    r = fmaf(n, -1.428606765330187045e-06f, r);\n"
@@ -1212,7 +1212,9 @@ static const char exp_f32[] =
     "    float p = fmaf(fmaf(q, r, 1.000000038f), r, 1.0f);\n"
     "    int32_t k = (int32_t)n, half = k >> 1;\n"
     "    float lo = k < -150 ? 0.0f : rf_pow2i_f32(half); /* below 2^-150.5: 0 */\n"
-    "    float e = p * lo * rf_pow2i_f32(k - half);\n"
+    "    return p * lo * rf_pow2i_f32(k - half);\n}\n\n"
+    "RF_INLINE float rf_exp_f32(float x)\n{\n"
+    "    float e = rf_exp_core_f32(x < 89.0f ? x : 89.0f);\n"
     "    return x != x ? x : e;\n}\n\n";
 
 /* The double one takes n's bits from n + 1.5 2^52 rather than converting: AVX2 has no
@@ -1253,7 +1255,7 @@ static const char exp_f64[] =
  * to the 3 ulp of all compiled math. */
 static const char logistic_f32[] =
     "RF_INLINE float rf_logistic_f32(float x)\n{\n"
-    "    float e = rf_exp_f32(-fabsf(x));\n"
+    "    float e = rf_exp_core_f32(-fabsf(x)); /* NaN: kept below */\n"
     "    float b = 1.0f + e, b_low = (1.0f - b) + e; /* 1 + e = b + b_low exactly */\n"
     "    float a = x >= 0 ? 1.0f : e;\n"
     "    float inv = 1.0f / b, q = a * inv;\n"
