@@ -1,19 +1,16 @@
 /* test_math_range.c: exp and the functions built on it (expm1, sigmoid, softplus, elu,
- * softmax) over
- * their whole range, f32 and f64: results that overflow, that are subnormal or round to
- * zero, infinities and NaN, and, on the compiling backend, their cost there: a masked
- * score of -1e9 must cost about what a score of -1 costs. glibc's vector exp took a
- * scalar path for such lanes, 20-30 times slower than its vector one.
+ * softmax) over their whole range, f32 and f64: results that overflow, that are
+ * subnormal or round to zero, infinities and NaN. (What they cost there is measured by
+ * bench/bench_math.c.)
  *
  * Oracle: the C library's scalar functions in long double (expl, expm1l), rounded to
  * the dtype; the values must agree to a few ulp, subnormal results to a few of the
- * smallest subnormal. Timings compare the same compiled program on two inputs.
+ * smallest subnormal.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "test_prog.h"
 
@@ -108,96 +105,6 @@ static void test_masked_softmax(rf_dtype dt)
     rf_array_free(in);
 }
 
-/* ---- Cost ----------------------------------------------------------------------------- */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A CPU array of n copies of v. */
-static rf_array *filled(rf_dtype dt, int64_t n, double v)
-{
-    double *vals = malloc(sizeof *vals * (size_t)n);
-    for (int64_t i = 0; vals && i < n; i++)
-        vals[i] = v;
-    rf_array *a = vals ? tp_dev(dt, RF_SHAPE(n), vals) : NULL;
-    free(vals);
-    return a;
-}
-
-/* Seconds of one run of e on in. */
-static double run_time(rf_exec *e, rf_array *in)
-{
-    rf_array *out = NULL;
-    double t0 = now();
-    CHECK_OK(rf_exec_run(e, &in, 1, &out, 1));
-    double t = now() - t0;
-    rf_array_free(out);
-    return t;
-}
-
-/* Compiled, each function on inputs whose results underflow or overflow costs at most 3
- * times what it costs at -1 (measured on an AVX2 core: at most 1.1 times, against 6-30
- * times through glibc's vector functions). Only the compiling backend is timed, and
- * without RF_CHECK, which runs the interpreter beside it. */
-static void test_cost(rf_dtype dt, fn f)
-{
-    const char *backend = getenv("RF_BACKEND"), *check = getenv("RF_CHECK");
-    if (backend && strcmp(backend, "cpu") != 0)
-        return;
-    char *saved = check ? strdup(check) : NULL;
-    unsetenv("RF_CHECK");
-    enum { N = 1 << 20 };
-    rf_array *shape = tp_dev(dt, RF_SHAPE(N), NULL);
-    rf_exec *e = NULL;
-    CHECK_OK(tp_compile(build_fn, &f, &shape, 1, &e));
-    const double xs[] = {-1, -1e9, -200, 1e9};
-    bool up = f != FN_EXPM1 && f != FN_ELU; /* expm1 overflowing: not fixed */
-    int nx = up ? 4 : 3;
-    rf_array *in[4] = {0};
-    double best[4];
-    for (int i = 0; i < nx; i++)
-        in[i] = filled(dt, N, xs[i]);
-    /* interleaved, so that a busy moment slows every input alike; measured again (up
-     * to 3 times) while an input looks slow, as another process may have taken the
-     * core: a cliff is slow every time */
-    for (int round = 0; round < 3; round++) {
-        for (int i = 0; i < nx; i++)
-            best[i] = INFINITY;
-        for (int rep = 0; e && rep < 15; rep++)
-            for (int i = 0; i < nx; i++)
-                if (in[i])
-                    best[i] = fmin(best[i], run_time(e, in[i]));
-        bool slow = false;
-        for (int i = 1; i < nx; i++)
-            slow |= !(best[i] <= 3 * best[0]);
-        if (!slow)
-            break;
-    }
-    printf("%s %s, ns per element: %.2f at -1", fn_names[f], rf_dtype_name(dt),
-           best[0] / N * 1e9);
-    for (int i = 1; i < nx; i++) {
-        printf(", %.2f at %g", best[i] / N * 1e9, xs[i]);
-        tu_checks++;
-        if (!(best[i] <= 3 * best[0])) {
-            tu_failures++;
-            fprintf(stderr, "%s %s: %.2f ns per element at %g, %.2f at -1\n", fn_names[f],
-                    rf_dtype_name(dt), best[i] / N * 1e9, xs[i], best[0] / N * 1e9);
-        }
-    }
-    printf("\n");
-    for (int i = 0; i < nx; i++)
-        rf_array_free(in[i]);
-    rf_exec_free(e);
-    rf_array_free(shape);
-    if (saved)
-        setenv("RF_CHECK", saved, 1);
-    free(saved);
-}
-
 int main(void)
 {
     for (int d = 0; d < 2; d++) {
@@ -205,8 +112,6 @@ int main(void)
         for (int f = 0; f < N_FN; f++)
             test_values(dt, (fn)f);
         test_masked_softmax(dt);
-        for (int f = 0; f < N_FN; f++)
-            test_cost(dt, (fn)f);
     }
     printf("test_math_range: %d checks, %d failed\n", tu_checks, tu_failures);
     return tu_failures ? 1 : 0;
