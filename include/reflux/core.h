@@ -64,9 +64,9 @@ RF_API void rf_clear_error(void);
 /* Records a failure of your own as this thread's message and status (the
  * message printf-style, cut at 2047 bytes) and returns st, for code that
  * reflux calls back (rf_train's on_step) to report why it failed; its
- * arguments may quote rf_errmsg(), the failure it wraps. st must be
- * an error status: RF_OK or a value outside rf_status records RF_E_INVALID
- * saying so, and is what is returned. */
+ * arguments may quote rf_errmsg(), the failure it wraps; a NULL fmt records
+ * rf_status_str(st). st must be an error status: RF_OK or a value outside
+ * rf_status records RF_E_INVALID saying so, and is what is returned. */
 RF_API rf_status rf_set_error(rf_status st, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
