@@ -99,8 +99,9 @@ RF_API rf_status rf_adjust(rf_opt *opt, double lr);
 RF_API double rf_opt_lr(const rf_opt *opt);
 /* Number of steps so far: every rf_update that ran (a trainstep whose loss
  * or tracked gradient norm was not finite is not counted), AccumGrad's
- * accumulating steps included, so with rf_accumgrad(n) first in the chain rf_opt_steps(opt) / n updates
- * changed the parameters. A schedule of the parameter updates counts those. */
+ * accumulating steps included, so with rf_accumgrad(n) first in the chain
+ * rf_opt_steps(opt) / n updates changed the parameters. A schedule of the
+ * parameter updates counts those. */
 RF_API int64_t rf_opt_steps(const rf_opt *opt);
 /* Freezes the trainable parameters at `path` (Optimisers.jl's freeze!; PyTorch's
  * requires_grad_(False) for training): steps leave them and their optimiser state

@@ -141,12 +141,12 @@ typedef struct rf_train_opts {
  * batch, with a progress bar (batch i/n, the mean loss so far, samples/s and
  * ETA after the first batch, which compiles). Stops with
  * RF_E_DOMAIN ("loss is NaN on batch 17, stopping training") on a non-finite
- * loss (or tracked gradient norm); RF_E_DEVICE if the loader yields host arrays. A pass that on_step
- * stops returns RF_OK; its bar ends at the last batch stepped, with
- * " (stopped)" after it. Once the pass has begun (the arguments are valid and
- * the loader reset), mean_loss and mean_stats receive the means over the
- * batches stepped: the stopping one included, also when the pass fails (NaN
- * and no stats when none was). */
+ * loss (or tracked gradient norm); RF_E_DEVICE if the loader yields host
+ * arrays. A pass that on_step stops returns RF_OK; its bar ends at the last
+ * batch stepped, with " (stopped)" after it. Once the pass has begun (the
+ * arguments are valid and the loader reset), mean_loss and mean_stats
+ * receive the means over the batches stepped: the stopping one included,
+ * also when the pass fails (NaN and no stats when none was). */
 RF_API rf_status rf_train(rf_loss_fn loss, void *ctx, rf_model *m, rf_loader *data, rf_opt *opt,
                           const rf_train_opts *o);
 
