@@ -1,11 +1,12 @@
 /* bench_math.c: what the compiled exp and the functions built on it (expm1,
  * sigmoid, softplus, elu) cost per element across their input range, f32 and
  * f64. A vector exp that takes a scalar path for lanes whose result
- * underflows or overflows (glibc's did: 6-30 times its vector cost) makes
+ * underflows or overflows (glibc's did: 10-30 times its vector cost) makes
  * masked attention scores of -1e9 far slower than ordinary ones; here every
- * input should cost about what -1 costs. One line per function and dtype:
- *   name dtype ns_per_element at -1=T, at -1e9=T, ...
- * and the worst ratio to the cost at -1. Times are the best of interleaved
+ * input should cost about what -1 costs, but for f32 exp's subnormal results
+ * (at -90: 2-2.5 times). One line per function and dtype:
+ *   name dtype ns_per_element at -1=T at -90=T ... worst/at-1=R
+ * R being the worst ratio to the cost at -1. Times are the best of interleaved
  * runs over 1M elements, so a busy moment slows every input alike.
  * Set RF_NUM_THREADS=1 for per-core numbers.
  */
