@@ -1249,10 +1249,11 @@ static const char exp_f64[] =
     "    return x != x ? x : e;\n}\n\n";
 
 /* f32 logistic in float arithmetic (GELU's and swish's hot point): exp(-|x|) by
- * rf_exp_f32, then a / (1 + e) with the rounding of 1 + e and of the quotient
- * corrected by multiply-adds (NaN kept). 1.6x faster than the same in double through
- * libmvec's exp; test_kir's sweeps find it within 1 ulp of the interpreter and hold it
- * to the 3 ulp of all compiled math. */
+ * rf_exp_core_f32 (rf_exp_f32 without its clamp and NaN select), then a / (1 + e)
+ * with the rounding of 1 + e and of the quotient corrected by multiply-adds (NaN
+ * kept). 1.6x faster than the same in double through libmvec's exp; test_kir's
+ * sweeps find it within 1 ulp of the interpreter and hold it to the 3 ulp of all
+ * compiled math. */
 static const char logistic_f32[] =
     "RF_INLINE float rf_logistic_f32(float x)\n{\n"
     "    float e = rf_exp_core_f32(-fabsf(x)); /* NaN: kept below */\n"
