@@ -123,8 +123,8 @@ RF_API int rf_opt_n_frozen(const rf_opt *opt);
  * L2 norm of the gradients it receives, sqrt of the sum of their squared
  * elements over every trained parameter (frozen ones have none): the norm
  * PyTorch's clip_grad_norm_ returns, before any rule of the chain (ClipNorm,
- * AccumGrad) sees the gradients. It is computed inside the fused step, each
- * parameter's sum of squares in its dtype and their total in f64, and
+ * AccumGrad) sees the gradients. It is computed inside the fused step, in f64
+ * (an f32 gradient near 1e20 has a finite norm), and
  * returned in the step's rf_stats under the name RF_STATS_GRAD_NORM
  * ("grad_norm"), after the loss's own aux values: a loss then records at most
  * RF_MAX_AUX - 1 of them, none named "grad_norm" (else the step's trace error,

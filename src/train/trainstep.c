@@ -54,8 +54,8 @@ static void guard_updates(rfi_graph *g, rfi_node *loss, rfi_node *norm)
 }
 
 /* The global L2 norm of the gradients of the parameters opt trains (a frozen
- * one's is not computed): each one's sum of squares in its dtype, their total
- * and the root in f64, so that parameters of several dtypes add up. NULL with
+ * one's is not computed), in f64: an f32 gradient's elements beyond 1.8e19 have
+ * squares no f32 holds, and parameters of several dtypes add up. NULL with
  * the trace's error. */
 static rf_tensor *grad_norm(rf_trace *t, const step_ctx *s, const rf_aux *aux,
                             const rf_grads *g)
@@ -81,7 +81,8 @@ static rf_tensor *grad_norm(rf_trace *t, const step_ctx *s, const rf_aux *aux,
     for (int i = 0; i < g->n && i < s->opt->n_params; i++) {
         if (atomic_load(&s->opt->frozen[i]->value)) /* watched by the update already */
             continue;
-        rf_tensor *sq = rf_convert(rf_sum_all(rf_mul(g->g[i], g->g[i])), RF_F64);
+        rf_tensor *g64 = rf_convert(g->g[i], RF_F64); /* an f32 square may overflow */
+        rf_tensor *sq = rf_sum_all(rf_mul(g64, g64));
         total = total ? rf_add(total, sq) : sq;
     }
     if (!total) /* nothing trained */

@@ -15,7 +15,7 @@
  *   -fPIC -shared     a shared object for dlopen
  *   -fopenmp-simd     honours `#pragma omp simd` and `declare simd` (libmvec
  *                     vector math) without linking an OpenMP runtime
- *   -fno-math-errno   lets expf/logf/sqrtf vectorise and inline (errno is unused)
+ *   -fno-math-errno   lets libm calls (log, tanh, sqrt) vectorise and inline (errno is unused)
  *   -fno-trapping-math lets if-converted loops vectorise (no FP traps are enabled)
  *   -march=native     the CPU's vector units (the CPU features are in the cache key)
  *   -lm               libm/libmvec: the module's only undefined symbols
