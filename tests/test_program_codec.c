@@ -279,6 +279,13 @@ static void test_counts_beyond_the_bytes(void)
                  RF_E_CORRUPT);
     CHECK_MSG("decoding a program: 16777216 arguments, more than the 0 bytes left can hold");
     CHECK(g == NULL);
+    /* a negative count is out of range, whatever bytes follow */
+    static const unsigned char negative[] = {0x00, 0x03, 0x00, 0x00, 0x00, 0x00};
+    CHECK_STATUS(rfi_program_decode(negative, sizeof negative, rf_device_cpu(), NULL, 0, &g,
+                                    &used),
+                 RF_E_CORRUPT);
+    CHECK_MSG("decoding a program: -2 arguments, outside [0, ");
+    CHECK(g == NULL);
     /* one f32 argument, no captures, no streams, one node: ARGUMENT with
      * 2^24 operands claimed where two bytes remain */
     rfi_strbuf b = {0};

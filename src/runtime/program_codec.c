@@ -202,7 +202,13 @@ static int get_items(reader *r, int64_t max, size_t min_bytes, const char *what)
     size_t left = (size_t)(r->end - r->p);
     if (r->bad)
         return 0;
-    if (v < 0 || v > max || (uint64_t)v > left / min_bytes) {
+    if (v < 0 || v > max) {
+        snprintf(r->why, sizeof r->why, "%lld %s, outside [0, %lld]", (long long)v, what,
+                 (long long)max);
+        r->bad = r->why;
+        return 0;
+    }
+    if ((uint64_t)v > left / min_bytes) {
         snprintf(r->why, sizeof r->why, "%lld %s, more than the %zu bytes left can hold",
                  (long long)v, what, left);
         r->bad = r->why;
