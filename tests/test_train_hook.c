@@ -211,6 +211,10 @@ static int on_step(const rf_step_info *info, void *user)
             return rf_set_error((rf_status)g->answer, "validation loss %.1f diverged", 12.5);
         if (g->how && strcmp(g->how, "fail") == 0) /* a directory is not a checkpoint file */
             CHECK_STATUS(rf_checkpoint_save(g->dir, info->model, info->opt), RF_E_IO);
+        if (g->how && strcmp(g->how, "cleared") == 0) { /* a failure handled, then cleared */
+            CHECK_STATUS(rf_checkpoint_save(g->dir, info->model, info->opt), RF_E_IO);
+            rf_clear_error();
+        }
         return g->answer;
     }
     return g->stop_after == info->batch ? RF_TRAIN_STOP : RF_TRAIN_CONTINUE;
@@ -491,6 +495,10 @@ static void test_errors(void)
     CHECK_MSG("rf_train: on_step returned RF_E_INTERNAL after batch 3 (with no message");
     CHECK(strstr(rf_errmsg(), "older") == NULL);
     CHECK(done == 3 && rf_opt_steps(r.opt) == (steps += 3));
+    /* a failure the callback cleared is no message either */
+    CHECK_STATUS(answering(&r, data, 1, RF_E_IO, "cleared", &done), RF_E_IO);
+    CHECK_MSG("rf_train: on_step returned RF_E_IO after batch 1 (with no message");
+    CHECK(done == 1 && rf_opt_steps(r.opt) == (steps += 1));
     /* neither an answer nor a status */
     int bad[] = {42, -2, RF_STATUS_COUNT, -1000000};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -130,7 +130,7 @@ typedef struct rf_train_opts {
      * RF_E_INVALID naming it. An error status is rf_train's, with a message
      * "rf_train: on_step returned RF_E_IO after batch 17: <message>", the
      * message that of the last failure recorded during the callback (a reflux
-     * call's or rf_set_error's). */
+     * call's or rf_set_error's) unless it cleared it (rf_clear_error). */
     int (*on_step)(const rf_step_info *info, void *user);
     void *user;
     int64_t *batches_done; /* if set, receives the number of batches stepped in the

@@ -213,7 +213,7 @@ static rf_status call_on_step(const rf_train_opts *o, const rf_step_info *info,
         *stopped = true;
     if (r == RF_TRAIN_CONTINUE || r == RF_TRAIN_STOP)
         return RF_OK;
-    if (rfi_error_count() != errors) {
+    if (rfi_error_count() != errors && rf_errmsg()[0]) { /* not one it cleared */
         char msg[RFI_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", rf_errmsg());
         return rfi_error((rf_status)r, "rf_train: on_step returned %s after batch %lld: %s",
