@@ -580,6 +580,14 @@ rf_status rfi_lower_store_root(lower *L, const rfi_node *r, kidx *ix, int value)
     return rfi_kir_add_store(L->k, base, index, value, r->id);
 }
 
+/* Computes root r at ix and stores it: the body of every loop over roots. */
+static rf_status compute_and_store(lower *L, const rfi_node *r, kidx *ix)
+{
+    int v = -1;
+    rf_status s = emit(L, r, ix, true, &v);
+    return s == RF_OK ? rfi_lower_store_root(L, r, ix, v) : s;
+}
+
 static void reset_kernel(lower *L, int step)
 {
     rfi_kir_kernel_free(L->k);
@@ -760,10 +768,7 @@ static rf_status store_roots(lower *L, const rfi_step *st, const rfi_node *r0, c
         kidx ix = flat ? idx_lin_of(L, root, vars[0]) : idx_multi_of(root, vars);
         if (root->rank == 0)
             ix = idx_scalar(L);
-        int v = -1;
-        rf_status s = emit(L, root, &ix, true, &v);
-        if (s == RF_OK)
-            s = rfi_lower_store_root(L, root, &ix, v);
+        rf_status s = compute_and_store(L, root, &ix);
         if (s != RF_OK)
             return s;
     }
@@ -781,9 +786,7 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
         shape_loops(L, finer, vars);
         kidx fine = idx_multi_of(finer, vars);
         kidx ix = idx_lin_of(L, r0, idx_lin(L, &fine));
-        int v = -1;
-        rf_status s = emit(L, r0, &ix, true, &v);
-        return s == RF_OK ? rfi_lower_store_root(L, r0, &ix, v) : s;
+        return compute_and_store(L, r0, &ix);
     }
     if (flat)
         vars[0] = rfi_lower_loop_var(L, rfi_node_numel(r0), false);
@@ -968,10 +971,7 @@ static rf_status lower_segment_as(lower *L, const rfi_step *st, int64_t ext, int
         kidx ix = root == shape      ? shaped
                   : root->rank == 0 ? idx_scalar(L)
                                     : idx_lin_of(L, root, iop(L, RFI_KIR_IADD, flat, cst(L, -off)));
-        int v = -1;
-        rf_status s = emit(L, root, &ix, true, &v);
-        if (s == RF_OK)
-            s = rfi_lower_store_root(L, root, &ix, v);
+        rf_status s = compute_and_store(L, root, &ix);
         if (s != RF_OK)
             return s;
     }
