@@ -2,7 +2,8 @@
  * on the shapes of the mlp and cnn workloads: the mlp's matmuls (forward,
  * weight and input gradients at batch 128), the cnn's convolutions
  * (forward, and the backward-data and backward-weights convolutions the
- * autodiff emits, at batch 64) and its max-pool gradients, and ResNet-18's
+ * autodiff emits, at batch 64) and its max-pool gradients, the ResNet
+ * example's 3x3 weight gradients at batch 128, and ResNet-18's
  * stem pool gradient (3x3 stride 2 pad 1 at 112x112 inputs, batch 8): the
  * select_and_scatter FALLBACK calls, native in pool.c; these report GB/s of
  * x and source read plus the result written. One line per shape:
@@ -231,6 +232,14 @@ int main(int argc, char **argv)
                0, 1);
     bench_conv("cnn conv2 bwd-weights", (int64_t[]){32, 64, 13, 13},
                (int64_t[]){64, 64, 11, 11}, 0, 1);
+    /* the ResNet example's 3x3 weight gradients (batch 128, padding 1) at
+     * 16 channels (28x28 and, for the threshold, 14x14) and 32 (14x14) */
+    bench_conv("resnet 16ch 28x28 bwd-weights", (int64_t[]){16, 128, 28, 28},
+               (int64_t[]){16, 128, 28, 28}, 1, 1);
+    bench_conv("resnet 16ch 14x14 bwd-weights", (int64_t[]){16, 128, 14, 14},
+               (int64_t[]){16, 128, 14, 14}, 1, 1);
+    bench_conv("resnet 32ch 14x14 bwd-weights", (int64_t[]){32, 128, 14, 14},
+               (int64_t[]){32, 128, 14, 14}, 1, 1);
     /* a conv autoencoder's ConvTranspose(4x4, stride 2, pad 1) weight
      * gradients, batch 64: 32 -> 16 channels at 8x8 and 16 -> 1 at 16x16 */
     bench_conv("ae convT1 bwd-weights", (int64_t[]){32, 64, 8, 8}, (int64_t[]){16, 64, 16, 16},

@@ -676,9 +676,8 @@ static bool has_avx512_core(void)
  * kernels (AVX-512 CPUs), its Winograd for 3x3 stride-1 forward and
  * weight-gradient forms with >= 32 channels, backward-data for the widely
  * padded input gradient of an unpadded 3x3, Winograd's where that gradient
- * is whole 4x4 tiles (12x12); elsewhere winograd.c's for all four, and at
- * 16 channels for a 3x3 kernel but not a 3x3 result; the direct kernels
- * once RF_CONV_WINOGRAD=0. Each result is within the contraction bound of
+ * is whole 4x4 tiles (12x12); elsewhere winograd.c's for all four, at 16
+ * channels too (but not at 8); the direct kernels once RF_CONV_WINOGRAD=0. Each result is within the contraction bound of
  * run_case (1e-5 of sum |x||w|). */
 static void test_conv_rule_paths(void)
 {
@@ -711,7 +710,16 @@ static void test_conv_rule_paths(void)
     printf("conv rule: %s -> %s (%.3g), %s -> %s (%.3g)\n", forward16.name, f.path, f.worst,
            kernel_grad16.name, k.path, k.worst);
     CHECK(avx512 ? !strstr(f.path, "winograd") : !strcmp(f.path, "winograd 4x4"));
-    CHECK(!strcmp(k.path, "bwd-weights"));
+    CHECK(!strcmp(k.path, avx512 ? "bwd-weights" : "winograd 3x3"));
+    static const conv_case forward8 = {"8 channels 3x3", 4, {4, 8, 9, 9}, {8, 8, 3, 3},
+                                       {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1};
+    static const conv_case kernel_grad8 = {"8 channels kernel grad", 4, {8, 4, 11, 11},
+                                           {8, 4, 9, 9}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1};
+    f = run_conv(&forward8, RF_F32, false);
+    k = run_conv(&kernel_grad8, RF_F32, true);
+    printf("conv rule: %s -> %s (%.3g), %s -> %s (%.3g)\n", forward8.name, f.path, f.worst,
+           kernel_grad8.name, k.path, k.worst);
+    CHECK(!strstr(f.path, "winograd") && !strstr(k.path, "winograd"));
     /* winograd.c's first form only where its tiles fill: a ResNet's last stage at batch 1
      * (a 2x2 result, one tile), or batch 8 of 4x4 (8 tiles in all), runs direct; batch 4
      * of 9x9 (36 tiles, 56% filled) above stays on Winograd */

@@ -1229,13 +1229,14 @@ static void choose_dnnl_path(rfi_cpu_conv *c, dnnl_engine_t eng)
  * RF_CONV_PATH=winograd forces it where the form fits (any channels);
  * another RF_CONV_PATH, or RF_CONV_WINOGRAD=0, never; else only where oneDNN
  * has no Winograd kernels (below AVX-512, where its channel block is 8), with
- * OWN_WINOGRAD_MIN_CHANNELS and WINOGRAD_MIN_CHANNELS, or any channels with
+ * OWN_WINOGRAD_MIN_CHANNELS in both forms, or any channels with
  * RF_CONV_WINOGRAD=1. Measured on two AVX2 cores: the cnn's 32 -> 64
  * channels (64 images, 13x13) forward 1.0 against 1.92 ms direct, its
  * gradients 2.0-2.1 against 3.4 ms. The ResNet example's 16 channels at
- * 14x14 (128 images): forward 0.84-0.89 against 0.94 ms, input and weight
- * gradient 1.40-1.44 against 1.77 ms with the weight gradient oneDNN's, but
- * 1.68-1.78 ms with both winograd.c's; the step 15.2-15.3 against 16.3 ms. */
+ * 14x14 (128 images): forward 0.84-0.89 against 0.94 ms. Its 16-channel
+ * weight gradients at 28x28 (build/bench_services 16ch, fastest of 6
+ * interleaved runs): 2.6-3.2 against 4.0-4.2 ms oneDNN's direct kernel,
+ * and at 14x14 0.83-0.89 against 0.99-1.03 ms. */
 static bool own_winograd_wanted(rfi_winograd_rule *rule)
 {
     const char *forced = getenv("RF_CONV_PATH"), *env = getenv("RF_CONV_WINOGRAD");
@@ -1246,7 +1247,7 @@ static bool own_winograd_wanted(rfi_winograd_rule *rule)
         return false;
     if (!env || *env != '1') {
         rule->min_channels[0] = OWN_WINOGRAD_MIN_CHANNELS;
-        rule->min_channels[1] = WINOGRAD_MIN_CHANNELS;
+        rule->min_channels[1] = OWN_WINOGRAD_MIN_CHANNELS;
         rule->min_rows = OWN_WINOGRAD_MIN_TILES;
         rule->min_fill = OWN_WINOGRAD_MIN_FILL;
     }
