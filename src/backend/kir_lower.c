@@ -798,10 +798,12 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
 }
 
 /* The concatenation whose operands a LOOP step is split along (a root, else
- * a fused node, of the roots' shape joining 2..MAX_PIECES operands), or NULL.
- * In one loop over the whole shape every element would evaluate every operand
- * and select one: the gradient of a GRU cell's gates, cut from one [B, 3H]
- * product, computed all three gates' logistic and tanh per element. */
+ * a fused node, of the roots' shape joining 2..MAX_CONCAT_PIECES operands), or
+ * NULL. In one loop over the whole shape every element would evaluate every
+ * operand and select one: the gradient of a GRU cell's gates, cut from one
+ * [B, 3H] product, computed all three gates' logistic and tanh per element,
+ * and a recurrent cell's 64 time steps concatenated for one weight-gradient
+ * product (merge_dots.c) loaded all 64 per element (1 GB/s). */
 static const rfi_node *splitting_concat(const lower *L, const rfi_step *st)
 {
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
@@ -813,7 +815,7 @@ static const rfi_node *splitting_concat(const lower *L, const rfi_step *st)
     for (int i = 0; i < st->n_roots + st->n_fused; i++) {
         int id = i < st->n_roots ? st->roots[i] : st->fused[i - st->n_roots];
         const rfi_node *x = L->g->nodes[id];
-        if (x->op == RFI_OP_CONCATENATE && x->n_in >= 2 && x->n_in <= MAX_PIECES &&
+        if (x->op == RFI_OP_CONCATENATE && x->n_in >= 2 && x->n_in <= MAX_CONCAT_PIECES &&
             x->rank == r0->rank &&
             memcmp(x->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) == 0)
             return x;
@@ -1110,16 +1112,20 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     const rfi_node *root = L->g->nodes[st->roots[0]];
     if (rfi_node_numel(root) == 0)
         return RF_OK; /* nothing to compute */
+    const rfi_node *cat = st->kind == RFI_STEP_LOOP ? splitting_concat(L, st) : NULL;
+    size_t max_pieces = cat && cat->n_in > MAX_PIECES ? (size_t)cat->n_in : MAX_PIECES;
+    box *boxes = rfi_malloc(max_pieces * sizeof *boxes);
+    char(*names)[24] = rfi_malloc(max_pieces * sizeof *names);
+    if (!boxes || !names) {
+        rfi_free(boxes);
+        rfi_free(names);
+        return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
+    }
     bool *is_root = (bool *)L->is_root;
     for (int r = 0; r < st->n_roots; r++)
         is_root[st->roots[r]] = true;
-    box boxes[MAX_PIECES];
-    char names[MAX_PIECES][24];
-    int n_pieces = 0;
+    int n_pieces = cat ? concat_boxes(cat, boxes, names) : 0;
     rf_status rc = RF_OK;
-    const rfi_node *cat = st->kind == RFI_STEP_LOOP ? splitting_concat(L, st) : NULL;
-    if (cat)
-        n_pieces = concat_boxes(cat, boxes, names);
     if (n_pieces > 1 || (st->kind == RFI_STEP_REDUCE &&
                          rfi_lower_window_pieces(root, boxes, names, &n_pieces))) {
         for (int i = 0; i < n_pieces && rc == RF_OK; i++)
@@ -1133,6 +1139,8 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     }
     for (int r = 0; r < st->n_roots; r++)
         is_root[st->roots[r]] = false;
+    rfi_free(boxes);
+    rfi_free(names);
     return rc;
 }
 

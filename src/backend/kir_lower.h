@@ -76,6 +76,9 @@ typedef struct box {
 
 /* The most pieces a padded window runs as: two edges per dim and an interior. */
 #define MAX_PIECES (2 * RF_MAX_RANK + 1)
+/* The most operands of a concatenation a LOOP step is split along, a kernel each
+ * (kir_lower.c splitting_concat); one with more selects among them per element. */
+#define MAX_CONCAT_PIECES 1024
 
 /* ---- kir_lower.c ------------------------------------------------------------------ */
 /* RF_E_INTERNAL naming step, node and op: n has no form the lowering knows. */
