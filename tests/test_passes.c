@@ -1,5 +1,5 @@
-/* test_passes.c: the optimisation passes rfi_simplify, rfi_cse and
- * rfi_unroll_pools.
+/* test_passes.c: the optimisation passes rfi_simplify, rfi_cse,
+ * rfi_merge_dots and rfi_unroll_pools.
  *
  * Each rewrite is checked on the printed IR (rfi_print) of a small graph
  * built with the internal API, and semantically: the original and the
@@ -593,6 +593,85 @@ static void test_pooled_gradient_mask(void)
     CHECK(pooled_mask_moved(w22, s11, 0, RF_F32));  /* overlapping windows */
     CHECK(!pooled_mask_moved(w22, w22, 1, RF_F32)); /* padded: left alone */
     CHECK(pooled_mask_moved(w22, w22, 0, RF_F64));  /* x f64, the cotangent f32 */
+}
+
+/* ---- Merged products (merge_dots.c) ------------------------------------------------ */
+
+/* Small integers: every product and sum is exact, so the merged program's
+ * other summation order gives bitwise the same results. */
+static float merge_in[4][8];
+static void *const merge_args[4] = {merge_in[0], merge_in[1], merge_in[2], merge_in[3]};
+
+/* A graph of four f32[2,4] arguments. */
+static rfi_graph *merge_graph(rfi_node **x)
+{
+    static const rf_dtype f32x4[4] = {RF_F32, RF_F32, RF_F32, RF_F32};
+    static const int64_t d24[2] = {2, 4};
+    rfi_graph *g = graph_with_args(4, f32x4, d24, 2);
+    for (int i = 0; i < 4; i++)
+        x[i] = arg(g, i);
+    return g;
+}
+
+static void test_merged_dots(void)
+{
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 8; k++)
+            merge_in[i][k] = (float)((i * 8 + k) % 7) - 3.0f;
+    const int64_t swap[2] = {1, 0};
+    rfi_node *x[4];
+    /* a weight's gradient over three steps, transposed, plus other terms (t0
+     * is used twice): the tree's terms are t1, t2, t0 * t0 and t0, and the
+     * first two become one product of the concatenated operands (K 2 -> 4) */
+    rfi_graph *g = merge_graph(x);
+    rfi_node *t0 = transpose(g, dot(g, x[0], x[1], 0, 0), swap);
+    rfi_node *t1 = transpose(g, dot(g, x[2], x[3], 0, 0), swap);
+    rfi_node *t2 = transpose(g, dot(g, x[1], x[2], 0, 0), swap);
+    rfi_node *other = bin(g, RFI_OP_MUL, t0, t0);
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, bin(g, RFI_OP_ADD, t1, t2),
+                                bin(g, RFI_OP_ADD, other, t0)));
+    expect("merge: a sum of three transposed products", rfi_merge_dots, g,
+           "%0 = argument {index=0} : f32[2,4]\n"
+           "%1 = argument {index=1} : f32[2,4]\n"
+           "%2 = argument {index=2} : f32[2,4]\n"
+           "%3 = argument {index=3} : f32[2,4]\n"
+           "%4 = dot_general(%0, %1) {lhs_batch=[], rhs_batch=[], lhs_contract=[0], "
+           "rhs_contract=[0]} : f32[4,4]\n"
+           "%5 = transpose(%4) {perm=[1, 0]} : f32[4,4]\n"
+           "%6 = mul(%5, %5) : f32[4,4]\n"
+           "%7 = concatenate(%2, %1) {axis=0} : f32[4,4]\n"
+           "%8 = concatenate(%3, %2) {axis=0} : f32[4,4]\n"
+           "%9 = dot_general(%7, %8) {lhs_batch=[], rhs_batch=[], lhs_contract=[0], "
+           "rhs_contract=[0]} : f32[4,4]\n"
+           "%10 = transpose(%9) {perm=[1, 0]} : f32[4,4]\n"
+           "%11 = add(%10, %6) : f32[4,4]\n"
+           "%12 = add(%11, %5) : f32[4,4]\n"
+           "outputs: %12\n",
+           merge_args);
+    /* products of another form (contracting dim 1: operands 16 elements, results
+     * 4) are left alone, as are a bare and a transposed product, and all with
+     * RF_MERGE_DOTS=0 */
+    const struct {
+        const char *what;
+        int form;
+        const char *env;
+    } kept[] = {{"merge: operands larger than the results", 1, NULL},
+                {"merge: a bare and a transposed product", 2, NULL},
+                {"merge: RF_MERGE_DOTS=0", 0, "0"}};
+    for (int c = 0; c < 3; c++) {
+        g = merge_graph(x);
+        int ca = kept[c].form == 1;
+        rfi_node *d0 = dot(g, x[0], x[1], ca, ca), *d1 = dot(g, x[2], x[3], ca, ca);
+        if (kept[c].form == 2)
+            d1 = transpose(g, d1, swap);
+        rfi_graph_add_output(g, bin(g, RFI_OP_ADD, d0, d1));
+        char *want = body(g);
+        if (kept[c].env)
+            setenv("RF_MERGE_DOTS", kept[c].env, 1);
+        expect(kept[c].what, rfi_merge_dots, g, want, merge_args);
+        unsetenv("RF_MERGE_DOTS");
+        free(want);
+    }
 }
 
 /* ---- Unrolled pools (pools.c) ------------------------------------------------------ */
@@ -1296,6 +1375,106 @@ static void test_gradient_programs(void)
         rf_array_free(args[i]);
 }
 
+/* ---- A recurrence's weight gradients, merged ------------------------------------------- */
+
+enum { MERGE_STEPS = 12, MERGE_BATCH = 4, MERGE_IN = 8, MERGE_HIDDEN = 32 };
+
+/* h_t = tanh(x_t W + h_(t-1) U) over MERGE_STEPS steps, x_t the t-th MERGE_IN columns
+ * of x; returns the gradients of sum(h_T) with respect to W and U, each a sum of one
+ * product per step. */
+static void recurrence_program(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0), *w = rf_arg(t, 1), *u = rf_arg(t, 2), *h = NULL;
+    for (int s = 0; s < MERGE_STEPS; s++) {
+        const int64_t lo[2] = {0, MERGE_IN * s}, hi[2] = {MERGE_BATCH, MERGE_IN * (s + 1)};
+        rf_tensor *z = rf_matmul(rf_slice(x, lo, hi, NULL), w);
+        h = rf_tanh(h ? rf_add(z, rf_matmul(h, u)) : z);
+    }
+    rf_tensor *wrt[2] = {w, u}, *grads[2] = {0};
+    CHECK_OK(rf_grad(t, rf_sum_all(h), wrt, 2, grads));
+    rf_return(t, grads[0]);
+    rf_return(t, grads[1]);
+}
+
+/* A CPU f32 matrix of normal values times `scale`. */
+static rf_array *scaled_cpu_array(const int64_t *dims, uint64_t seed, double scale)
+{
+    rf_array *h = rf_randn(RF_F32, dims, 2, seed);
+    float *v = h ? rf_array_data(h) : NULL;
+    for (int64_t i = 0; v && i < dims[0] * dims[1]; i++)
+        v[i] = (float)(v[i] * scale);
+    rf_array *d = rf_array_to(h, rf_device_cpu());
+    rf_array_free(h);
+    return d;
+}
+
+static int count_dots(const rfi_graph *g)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        n += g->nodes[i]->op == RFI_OP_DOT_GENERAL;
+    return n;
+}
+
+/* The largest |a - b| over |b|'s largest element, of two f32 results. */
+static double relative_gap(const float *a, const float *b, int64_t n)
+{
+    double gap = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        gap = fmax(gap, fabs((double)a[i] - (double)b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return scale > 0 ? gap / scale : gap;
+}
+
+/* merge_dots on a traced recurrence: each weight's gradient becomes one product
+ * (2 * MERGE_STEPS - 3 products fewer), the merged program agrees with the traced one
+ * on the interpreter, and the compiled executable (the cpu backend runs the pass)
+ * with the interpreter, to rounding (1e-5 of the gradient's largest element). */
+static void test_merged_recurrence(void)
+{
+    /* weights of a usual initialisation's scale: tanh stays off saturation, whose
+     * gradients magnify rounding through the steps */
+    rf_array *args[3] = {cpu_array((const int64_t[]){MERGE_BATCH, MERGE_IN * MERGE_STEPS}, 2, 7),
+                         scaled_cpu_array((const int64_t[]){MERGE_IN, MERGE_HIDDEN}, 8, 0.3),
+                         scaled_cpu_array((const int64_t[]){MERGE_HIDDEN, MERGE_HIDDEN}, 9, 0.15)};
+    rf_compile_opts o = {.device = rf_device_cpu(), .name = "recurrence"};
+    rf_exec *e = NULL;
+    CHECK_OK(rf_compile_with(recurrence_program, NULL, args, 3, &o, &e));
+    rfi_graph *opt = e ? optimise(e->prog) : NULL;
+    rfi_graph *merged = opt ? apply(rfi_merge_dots, opt) : NULL;
+    if (merged) {
+        int before = count_dots(opt), after = count_dots(merged);
+        printf("recurrence of %d steps: %d products -> %d merged\n", MERGE_STEPS, before, after);
+        CHECK(after == before - (2 * MERGE_STEPS - 3));
+        void *in[3] = {rf_array_data(args[0]), rf_array_data(args[1]), rf_array_data(args[2])};
+        results want = {0}, got = {0};
+        CHECK_OK(run_graph(opt, in, &want));
+        CHECK_OK(run_graph(merged, in, &got));
+        rf_array *out[2] = {NULL, NULL};
+        CHECK_OK(rf_exec_run(e, args, 3, out, 2));
+        for (int i = 0; i < 2 && want.n == 2 && got.n == 2; i++) {
+            int64_t n = (int64_t)(want.nbytes[i] / sizeof(float));
+            double merged_gap = relative_gap(got.buf[i], want.buf[i], n);
+            double compiled_gap = out[i] ? relative_gap(rf_array_data(out[i]), want.buf[i], n) : 1;
+            if (merged_gap > 1e-5 || compiled_gap > 1e-5)
+                fprintf(stderr, "  gradient %d: merged %.3g, compiled %.3g off\n", i, merged_gap,
+                        compiled_gap);
+            CHECK(merged_gap <= 1e-5 && compiled_gap <= 1e-5);
+        }
+        results_free(&want);
+        results_free(&got);
+        rf_array_free(out[0]);
+        rf_array_free(out[1]);
+    }
+    rfi_graph_free(merged);
+    rfi_graph_free(opt);
+    rf_exec_free(e);
+    for (int i = 0; i < 3; i++)
+        rf_array_free(args[i]);
+}
+
 static rf_tensor *ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
 {
     (void)n;
@@ -1358,6 +1537,7 @@ int main(void)
     test_shape_chains();
     test_transposed_dot_operands();
     test_pooled_gradient_mask();
+    test_merged_dots();
     test_unrolled_pools();
     test_conv_over_pool_border();
     test_kernel_over_pool_border();
@@ -1369,6 +1549,7 @@ int main(void)
     test_bad_input();
     test_random_chains();
     test_gradient_programs();
+    test_merged_recurrence();
     test_training_step();
     return tu_finish("test_passes");
 }

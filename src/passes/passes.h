@@ -1,6 +1,7 @@
 /* passes.h: helpers shared by the graph-to-graph passes (autodiff, DCE, ...):
  * starting a copy of a graph that keeps its arguments and captures in place,
- * and the optimisation passes of the compiling backends (simplify, CSE).
+ * and the optimisation passes of the compiling backends (simplify, CSE,
+ * merge_dots, unroll_pools).
  *
  * Deliberately not here: the pipeline passes autodiff and DCE (declared in
  * runtime.h).
@@ -50,5 +51,17 @@ RFI_FUNC rf_status rfi_cse(const rfi_graph *g, rfi_graph **out);
 RFI_FUNC rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out);
 /* Whether rfi_unroll_pools unrolls (RF_UNROLL_POOLS is not "0"). */
 RFI_FUNC bool rfi_unroll_pools_enabled(void);
+
+/* A sum of matrix products of one form (no batch dims, one contracted dim,
+ * the same dims but that one, each used only by the sum, bare or under one
+ * transpose) becomes one product of the operands concatenated along the
+ * contracted dim, where those hold no more elements than the products'
+ * results (merge_dots.c): a weight's gradient over the time steps of a
+ * recurrent cell is one product instead of one per step. Exact in real
+ * arithmetic only (the products' terms are summed in another order).
+ * RF_MERGE_DOTS=0 in the environment: a plain copy (then DCE). */
+RFI_FUNC rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out);
+/* Whether rfi_merge_dots merges (RF_MERGE_DOTS is not "0"). */
+RFI_FUNC bool rfi_merge_dots_enabled(void);
 
 #endif

@@ -94,6 +94,8 @@ static rf_status optimise(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = apply_pass(rfi_cse, &cur, g);
     if (st == RF_OK)
+        st = apply_pass(rfi_merge_dots, &cur, g); /* ends with DCE */
+    if (st == RF_OK)
         st = apply_pass(rfi_unroll_pools, &cur, g); /* ends with DCE */
     if (st != RF_OK) {
         if (cur != g)
@@ -300,6 +302,7 @@ static bool concurrent_calls_wanted(void)
 static void cpu_optimise_context(rfi_strbuf *b)
 {
     rfi_sb_printf(b, "unroll_pools=%d\n", (int)rfi_unroll_pools_enabled());
+    rfi_sb_printf(b, "merge_dots=%d\n", (int)rfi_merge_dots_enabled());
 }
 
 /* The plan. Its layouts depend on oneDNN (blocked_wanted, channel_blocks_wanted),
