@@ -335,6 +335,12 @@ static void decide_direct_convs(rfi_plan *p)
 
 /* How far past a library call (in steps) its partner may be. */
 #define PAIR_WINDOW 4
+/* The most times the larger of two matrix products may outweigh the smaller
+ * for them to pair: side by side, the larger runs on one thread while the
+ * smaller ends early. A recurrent cell's weight gradient over 64 steps (one
+ * product, merge_dots.c) beside one step's input gradient, 66 times smaller,
+ * took 1.07 ms, where alone on both threads it takes about half. */
+#define PAIR_MAX_IMBALANCE 4
 
 static bool roots_in_arena(const rfi_plan *p, int q)
 {
@@ -354,6 +360,18 @@ static bool library_call(const rfi_plan *p, int q)
            (st->call == RFI_CALL_MATMUL || st->call == RFI_CALL_CONV) &&
            p->g->nodes[st->core]->dtype == RF_F32 && !st->direct &&
            roots_in_arena(p, q);
+}
+
+/* Whether library calls a and b are of like size, where both are matrix
+ * products (PAIR_MAX_IMBALANCE); convolutions pair as they come. */
+static bool balanced_pair(const rfi_plan *p, int a, int b)
+{
+    const rfi_node *x = p->g->nodes[p->steps[a].core], *y = p->g->nodes[p->steps[b].core];
+    if (x->op != RFI_OP_DOT_GENERAL || y->op != RFI_OP_DOT_GENERAL)
+        return true;
+    int64_t mx = rfi_dot_macs(x), my = rfi_dot_macs(y);
+    int64_t big = mx > my ? mx : my, small = mx > my ? my : mx;
+    return small >= big / PAIR_MAX_IMBALANCE;
 }
 
 /* Whether the step at position q reads a node marked in `mark`. */
@@ -429,7 +447,7 @@ static rf_status pair_library_calls(rfi_plan_builder *b)
         }
         for (int q = a; q < p->n_steps && q <= a + PAIR_WINDOW; q++)
             mark_roots(p, q, mark, false);
-        if (partner < 0 || !movable)
+        if (partner < 0 || !movable || !balanced_pair(p, a, partner))
             continue;
         int pos[PAIR_WINDOW + 1], n = 0;
         for (int i = 0; i < n_before; i++)
