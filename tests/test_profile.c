@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/cpu/dnnl_loader.h"
 #include "test_util.h"
 
 static void program(rf_trace *t, void *ctx)
@@ -17,6 +18,17 @@ static void program(rf_trace *t, void *ctx)
     rf_tensor *gram = rf_matmul(x, rf_transpose(x, (const int64_t[]){1, 0}));
     rf_return(t, rf_sum_all(rf_tanh(gram)));
     rf_return(t, rf_mean_all(rf_exp(gram)));
+}
+
+/* tanh(x x^T + b) with b a vector along the result's columns: a bias and tanh
+ * after a matmul, its epilogue where the backend gives matmuls one. */
+static void dense_tanh_program(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    rf_tensor *gram = rf_matmul(x, rf_transpose(x, (const int64_t[]){1, 0}));
+    rf_tensor *b = rf_sum(x, (const int64_t[]){1}, 1, false);
+    rf_return(t, rf_sum_all(rf_tanh(rf_add(gram, b))));
 }
 
 /* Two products that read only x: the plan pairs their calls (runs_with_next). */
@@ -186,6 +198,23 @@ int main(void)
     if (text && getenv("RF_TEST_VERBOSE"))
         fputs(text, stdout);
     free(text);
+
+    /* A matmul's bias and tanh are its epilogue only where oneDNN's matmul
+     * applies post-ops in its kernels (AVX-512: 16-channel blocks, or forced),
+     * else a loop of the step's own; RF_MATMUL_EPILOGUES says. */
+    const char *const settings[] = {"1", "0", NULL};
+    for (int i = 0; i < 3; i++) {
+        if (settings[i])
+            setenv("RF_MATMUL_EPILOGUES", settings[i], 1);
+        bool wanted = settings[i] ? *settings[i] == '1' : rfi_dnnl_channel_block() == 16;
+        text = profiled_run(dense_tanh_program, "100", 2);
+        unsetenv("RF_MATMUL_EPILOGUES");
+        CHECK(count_of(text, "CALL MATMUL matmul: dot_general +2 epilogue ops") == wanted);
+        CHECK(count_of(text, "CALL MATMUL matmul: dot_general f32[64,64]") == !wanted);
+        if (text && getenv("RF_TEST_VERBOSE"))
+            fputs(text, stdout);
+        free(text);
+    }
 
     text = profiled_output(NULL, 3);
     CHECK(text && strstr(text, "reflux profile") == NULL);

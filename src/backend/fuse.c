@@ -90,10 +90,11 @@
  *   (kir.h). BatchNorm's backward makes four such sums over its output
  *   gradient and its input.
  *
- * CALL epilogues (opts.call_epilogues). An f32 MATMUL or CONV call node C
- *   takes the chain of its elementwise users into the call while each link
- *   is the sole user of the previous value (which is neither an output nor
- *   an update value), up to RFI_EPI_MAX ops, each of one of the forms:
+ * CALL epilogues (opts.call_epilogues; MATMULs only with opts.matmul_epilogues).
+ *   An f32 MATMUL or CONV call node C takes the chain of its elementwise
+ *   users into the call while each link is the sole user of the previous
+ *   value (which is neither an output nor an update value), up to
+ *   RFI_EPI_MAX ops, each of one of the forms:
  *   add(v, broadcast_in_dim(b)) with b one vector of length > 1 along one
  *   result dim (its other dims 1, or a reshape of such a vector: BIAS),
  *   add(v, y) with y of v's shape and certain to have a buffer (a leaf, an
@@ -462,8 +463,8 @@ static bool find_epilogues(rfi_plan_builder *b, bool *forced)
     for (int x = 0; x < b->n; x++) {
         const rfi_node *n = b->g->nodes[x];
         rfi_call_kind k = call_kind(b, n);
-        if ((k == RFI_CALL_MATMUL || k == RFI_CALL_CONV) && n->dtype == RF_F32 &&
-            !b->epi_inline[x] && !find_epilogue(b, forced, x))
+        bool takes = k == RFI_CALL_CONV || (k == RFI_CALL_MATMUL && b->opts.matmul_epilogues);
+        if (takes && n->dtype == RF_F32 && !b->epi_inline[x] && !find_epilogue(b, forced, x))
             return false;
     }
     return true;

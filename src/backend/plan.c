@@ -57,6 +57,7 @@ rfi_plan_opts rfi_plan_opts_default(void)
     /* RF_CALL_EPILOGUES=0 in the environment turns epilogues off (benches). */
     const char *epi = getenv("RF_CALL_EPILOGUES");
     o.call_epilogues = !(epi && strcmp(epi, "0") == 0);
+    o.matmul_epilogues = true;
     o.conv_transposed_views = false;
     o.blocked_activations = false;
     o.channel_blocks = RFI_LAYOUT_C16;

@@ -214,6 +214,8 @@ typedef struct rfi_plan_opts {
     bool in_place_updates; /* plan update values into their captures when safe */
     bool call_epilogues;   /* fuse bias/residual/activation users into CALL steps
                             * (default on; RF_CALL_EPILOGUES=0 in the environment: off) */
+    bool matmul_epilogues; /* ... into MATMUL calls too (default on; the cpu backend
+                            * chooses by its library's kernels) */
     /* CONV calls may read an operand that is a TRANSPOSE swapping dims 0 and 1
      * (what the autodiff's weight-gradient convolution reads) straight from
      * the transpose's operand: the transpose stays inline, its operand is

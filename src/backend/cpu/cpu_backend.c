@@ -160,7 +160,7 @@ static rf_status make_arena(cpu_state *s)
 #define DESC_MAGIC "reflux cpu program description v3"
 
 /* Every field of rfi_plan_opts (see above for what the assertion catches). */
-_Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 16,
+_Static_assert(sizeof(rfi_plan_opts) == 2 * sizeof(int64_t) + 24,
                "rfi_plan_opts changed: describe the new option in desc_plan_opts");
 
 static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
@@ -169,6 +169,7 @@ static void desc_plan_opts(rfi_strbuf *b, const rfi_plan_opts *o)
     rfi_codec_put_int(b, o->dot_loop_max_rows);
     rfi_codec_put_int(b, o->in_place_updates);
     rfi_codec_put_int(b, o->call_epilogues);
+    rfi_codec_put_int(b, o->matmul_epilogues);
     rfi_codec_put_int(b, o->conv_transposed_views);
     rfi_codec_put_int(b, o->blocked_activations);
     rfi_codec_put_int(b, o->channel_blocks);
@@ -281,6 +282,26 @@ static rfi_layout channel_blocks_wanted(bool loaded)
     return block == 8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
 }
 
+/* Bias, residual and activation users of a matmul as the call's epilogue
+ * (plan.h matmul_epilogues) where oneDNN applies post-ops inside its matmul
+ * kernels: its AVX-512 ones, which run convolutions on 16-channel blocks (so
+ * RF_LAYOUT_BLOCK=16 plans as for AVX-512 here too, and the tests that force
+ * it cover these epilogues on any machine). Its AVX2 matmul (gemm:jit)
+ * applies them in a pass after the product, slower than the step's own loop:
+ * on two AVX2 cores a 32x64 by 64x128 product took 5.3 us, 7.5 with a bias
+ * post-op and 16-20 with tanh; the mlp's first layer 746 us and its bias and
+ * relu loop 23-36 against 850-940 as one call; the mlp step faster in 5 of 6
+ * interleaved pairs (median 2.60 against 2.88 ms) and an RNN of 64 steps
+ * 4.6-4.9 against 5.8-6.0 ms. RF_MATMUL_EPILOGUES=0 or 1 in the environment
+ * says. */
+static bool matmul_epilogues_wanted(rfi_layout blocks)
+{
+    const char *v = getenv("RF_MATMUL_EPILOGUES");
+    if (v && (!strcmp(v, "0") || !strcmp(v, "1")))
+        return *v == '1';
+    return blocks == RFI_LAYOUT_C16;
+}
+
 /* Few-channel convolutions as generated loops (kir_conv.c); RF_DIRECT_CONV=0
  * in the environment leaves them to the library (benches, tests). */
 static bool direct_convs_wanted(void)
@@ -305,7 +326,8 @@ static void cpu_optimise_context(rfi_strbuf *b)
     rfi_sb_printf(b, "merge_dots=%d\n", (int)rfi_merge_dots_enabled());
 }
 
-/* The plan. Its layouts depend on oneDNN (blocked_wanted, channel_blocks_wanted),
+/* The plan. Its layouts and epilogues depend on oneDNN (blocked_wanted,
+ * channel_blocks_wanted, matmul_epilogues_wanted),
  * which the preload thread may still be loading when a compile gets here
  * (dnnl_loader.c); waiting for it left the main thread idle for 1-2 ms of a warm
  * compile. So the plan is made on a guess, checked against the loaded library
@@ -316,12 +338,15 @@ static rf_status plan_on_guess(cpu_state *s, rfi_plan_opts *opts)
     for (int loaded = 0; loaded < 2; loaded++) {
         bool blocked = blocked_wanted(loaded);
         rfi_layout blocks = channel_blocks_wanted(loaded);
-        if (loaded && blocked == opts->blocked_activations && blocks == opts->channel_blocks)
+        bool epilogues = matmul_epilogues_wanted(blocks);
+        if (loaded && blocked == opts->blocked_activations && blocks == opts->channel_blocks &&
+            epilogues == opts->matmul_epilogues)
             return RF_OK; /* the guess held */
         rfi_plan_free(s->plan);
         s->plan = NULL;
         opts->blocked_activations = blocked;
         opts->channel_blocks = blocks;
+        opts->matmul_epilogues = epilogues;
         rf_status st = rfi_plan_build(s->opt, opts, &s->plan);
         if (st != RF_OK)
             return st;
