@@ -51,6 +51,8 @@ typedef struct merger {
     int *uses;             /* rfi_use_counts(g) */
     int *user;             /* the node using a node once, or -1 */
     const rfi_node **terms; /* scratch: a tree's terms (n_nodes) */
+    const rfi_node **stack; /* scratch: collect_terms's (n_nodes + 1) */
+    bool *expand;           /* scratch: whether a stacked node is an add of the tree */
     dot_term *dots;        /* scratch: its product terms (n_nodes) */
     rfi_node **operands;   /* scratch: concatenation operands (n_nodes) */
 } merger;
@@ -62,16 +64,27 @@ static bool inner_add(const merger *m, const rfi_node *x, const rfi_node *tree_a
            m->user[x->id] == tree_add->id;
 }
 
-/* Appends the terms of the add tree under `add` (g's nodes), left to right. */
-static void collect_terms(merger *m, const rfi_node *add, int *n)
+/* The terms of the add tree under `root` (g's nodes) into m->terms, left to
+ * right; returns their count. Iterative (a sum of many terms is one long
+ * chain of adds): an add's operands go on the stack right first, so the left
+ * one comes off first, each marked whether it is an add of the tree. */
+static int collect_terms(merger *m, const rfi_node *root)
 {
-    for (int k = 0; k < 2; k++) {
-        const rfi_node *x = add->in[k];
-        if (inner_add(m, x, add))
-            collect_terms(m, x, n);
-        else
-            m->terms[(*n)++] = x;
+    int n = 0, depth = 0;
+    m->stack[depth] = root;
+    m->expand[depth++] = true;
+    while (depth > 0) {
+        const rfi_node *x = m->stack[--depth];
+        if (!m->expand[depth]) {
+            m->terms[n++] = x;
+            continue;
+        }
+        for (int k = 1; k >= 0; k--) {
+            m->stack[depth] = x->in[k];
+            m->expand[depth++] = inner_add(m, x->in[k], x);
+        }
     }
+    return n;
 }
 
 /* The product a term is, if it may merge: one contracted dim a side, no batch dims. */
@@ -164,8 +177,7 @@ static rfi_node *add(merger *m, rfi_node *sum, rfi_node *term)
  * in c; NULL when no group merges (the caller clones the add) or on error. */
 static rfi_node *merge_tree(merger *m, const rfi_node *root)
 {
-    int n_terms = 0, n_dots = 0;
-    collect_terms(m, root, &n_terms);
+    int n_terms = collect_terms(m, root), n_dots = 0;
     for (int i = 0; i < n_terms; i++) {
         dot_term t;
         if (!as_dot_term(m, m->terms[i], &t))
@@ -232,11 +244,19 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
         return rfi_error(RF_E_INVALID, "merge_dots: NULL %s", g ? "output pointer" : "graph");
     *out = NULL;
     size_t n = g->n_nodes > 0 ? (size_t)g->n_nodes : 1;
-    merger m = {g, NULL, rfi_calloc(n, sizeof *m.map), rfi_use_counts(g),
-                rfi_calloc(n, sizeof *m.user), rfi_calloc(n, sizeof *m.terms),
-                rfi_calloc(n, sizeof *m.dots), rfi_calloc(n, sizeof *m.operands)};
+    merger m = {g,
+                NULL,
+                rfi_calloc(n, sizeof *m.map),
+                rfi_use_counts(g),
+                rfi_calloc(n, sizeof *m.user),
+                rfi_calloc(n, sizeof *m.terms),
+                rfi_calloc(n + 1, sizeof *m.stack),
+                rfi_calloc(n + 1, sizeof *m.expand),
+                rfi_calloc(n, sizeof *m.dots),
+                rfi_calloc(n, sizeof *m.operands)};
     rfi_node **ins = rfi_calloc((size_t)rfi_max_operands(g), sizeof *ins);
-    rf_status st = m.map && m.uses && m.user && m.terms && m.dots && m.operands && ins
+    rf_status st = m.map && m.uses && m.user && m.terms && m.stack && m.expand && m.dots &&
+                           m.operands && ins
                        ? rfi_graph_new_like(g, &m.c)
                        : rfi_error(RF_E_NOMEM, "merge_dots: out of memory");
     bool wanted = rfi_merge_dots_enabled();
@@ -274,6 +294,8 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
     rfi_free(m.uses);
     rfi_free(m.user);
     rfi_free(m.terms);
+    rfi_free(m.stack);
+    rfi_free(m.expand);
     rfi_free(m.dots);
     rfi_free(m.operands);
     rfi_free(ins);
