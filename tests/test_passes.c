@@ -648,6 +648,28 @@ static void test_merged_dots(void)
            "%12 = add(%11, %5) : f32[4,4]\n"
            "outputs: %12\n",
            merge_args);
+    /* a sum of 1030 products merges in groups of at most 1024: two products */
+    {
+        static const rf_dtype f32x2[2] = {RF_F32, RF_F32};
+        static const int64_t d12[2] = {1, 2};
+        g = graph_with_args(2, f32x2, d12, 2);
+        rfi_node *a = arg(g, 0), *b = arg(g, 1), *sum = NULL;
+        for (int i = 0; i < 1030; i++) {
+            rfi_node *p = dot(g, i % 2 ? a : b, i % 3 ? b : a, 0, 0);
+            sum = sum ? bin(g, RFI_OP_ADD, sum, p) : p;
+        }
+        rfi_graph_add_output(g, sum);
+        rfi_graph *out = apply(rfi_merge_dots, g);
+        int dots = 0, cats = 0;
+        for (int i = 0; out && i < out->n_nodes; i++) {
+            dots += out->nodes[i]->op == RFI_OP_DOT_GENERAL;
+            cats += out->nodes[i]->op == RFI_OP_CONCATENATE && out->nodes[i]->n_in <= 1024;
+        }
+        CHECK(out && dots == 2 && cats == 4);
+        CHECK(out && same_results(g, out, merge_args));
+        rfi_graph_free(out);
+        rfi_graph_free(g);
+    }
     /* products of another form (contracting dim 1: operands 16 elements, results
      * 4) are left alone, as are a bare and a transposed product, and all with
      * RF_MERGE_DOTS=0 */

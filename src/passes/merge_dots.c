@@ -22,7 +22,8 @@
  * after, in the tree's order. A group is merged only when its concatenated
  * operands hold no more elements than its n results do (which the plan
  * keeps alive for the sum): a forward pass's x W + h U at a small batch
- * would copy both weights every step to save one add.
+ * would copy both weights every step to save one add. A group merges at
+ * most MAX_MERGED products (a longer sum makes several).
  *
  * Exact in real arithmetic only: the products' terms are summed in another
  * order (as a library's blocking already sums them). Run by the compiling
@@ -36,6 +37,12 @@
 
 #include "passes/passes.h"
 #include "runtime/runtime.h"
+
+/* The most products merged into one: a longer sum merges in groups of this
+ * many. The compiled loops copy a concatenation of up to as many operands a
+ * loop per operand (kir_lower.h MAX_CONCAT_PIECES); past that, each element
+ * would pick its operand among all of them. */
+#define MAX_MERGED 1024
 
 /* A term of an add tree that is a product, perhaps under a transpose. */
 typedef struct dot_term {
@@ -54,6 +61,7 @@ typedef struct merger {
     const rfi_node **stack; /* scratch: collect_terms's (n_nodes + 1) */
     bool *expand;           /* scratch: whether a stacked node is an add of the tree */
     dot_term *dots;        /* scratch: its product terms (n_nodes) */
+    int *members;          /* scratch: the terms of the group each first term leads */
     rfi_node **operands;   /* scratch: concatenation operands (n_nodes) */
 } merger;
 
@@ -183,11 +191,14 @@ static rfi_node *merge_tree(merger *m, const rfi_node *root)
         if (!as_dot_term(m, m->terms[i], &t))
             continue;
         t.group = n_dots;
+        m->members[n_dots] = 0;
         for (int j = 0; j < n_dots; j++)
-            if (m->dots[j].group == j && same_form(&m->dots[j], &t)) {
+            if (m->dots[j].group == j && m->members[j] < MAX_MERGED &&
+                same_form(&m->dots[j], &t)) {
                 t.group = j;
                 break;
             }
+        m->members[t.group]++;
         m->dots[n_dots++] = t;
     }
     bool any = false;
@@ -253,10 +264,11 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
                 rfi_calloc(n + 1, sizeof *m.stack),
                 rfi_calloc(n + 1, sizeof *m.expand),
                 rfi_calloc(n, sizeof *m.dots),
+                rfi_calloc(n, sizeof *m.members),
                 rfi_calloc(n, sizeof *m.operands)};
     rfi_node **ins = rfi_calloc((size_t)rfi_max_operands(g), sizeof *ins);
     rf_status st = m.map && m.uses && m.user && m.terms && m.stack && m.expand && m.dots &&
-                           m.operands && ins
+                           m.members && m.operands && ins
                        ? rfi_graph_new_like(g, &m.c)
                        : rfi_error(RF_E_NOMEM, "merge_dots: out of memory");
     bool wanted = rfi_merge_dots_enabled();
@@ -297,6 +309,7 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
     rfi_free(m.stack);
     rfi_free(m.expand);
     rfi_free(m.dots);
+    rfi_free(m.members);
     rfi_free(m.operands);
     rfi_free(ins);
     rfi_graph_free(m.c);
