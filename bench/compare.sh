@@ -26,7 +26,7 @@ root="$(dirname "$here")"
 rounds=3 compile_rounds=1 seconds=1 workloads="" backend="" torch_mode=best out="" from=""
 precision=f32
 bench="${RF_BENCH:-}"
-all="tiny mlp cnn ffn resnet infer1 infer1024 compile_mlp_cold compile_mlp_warm compile_resnet_cold compile_resnet_warm"
+all="tiny mlp cnn ffn resnet rnn infer1 infer1024 compile_mlp_cold compile_mlp_warm compile_resnet_cold compile_resnet_warm"
 
 usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do

@@ -197,6 +197,70 @@ enum { RESNET_WIDTH = 16 }; /* examples/resnet.c's default --width (issue 4: "th
 
 static rf_model *resnet_bench_model(void) { return resnet_model(RESNET_WIDTH); }
 
+/* A plain tanh RNN over RNN_STEPS time steps of RNN_IN features, as a user's layer: x is
+ * [N, RNN_STEPS * RNN_IN], step t reads columns [t * RNN_IN, (t + 1) * RNN_IN); h = tanh(x_t W
+ * + b), plus h U from the second step on; the layer returns the last h. W and U are shared by
+ * every step, so each one's gradient is a sum of RNN_STEPS products. */
+enum { RNN_BATCH = 32, RNN_STEPS = 64, RNN_IN = 64, RNN_HIDDEN = 128 };
+
+struct rnn_config {
+    int64_t steps, in, hidden;
+};
+
+static rf_tensor *rnn_forward(rf_model *m, rf_tensor *x)
+{
+    const struct rnn_config *c = rf_model_config(m);
+    rf_trace *t = rf_tensor_trace(x);
+    if (rf_tensor_rank(x) != 2 || rf_tensor_dim(x, 1) != c->steps * c->in) {
+        rf_trace_fail(t, RF_E_SHAPE, "RNN: input is not [N, %lld]",
+                      (long long)(c->steps * c->in));
+        return NULL;
+    }
+    rf_tensor *w = rf_model_param(m, t, 0), *u = rf_model_param(m, t, 1);
+    rf_tensor *b = rf_model_param(m, t, 2), *h = NULL;
+    int64_t n = rf_tensor_dim(x, 0);
+    for (int64_t s = 0; s < c->steps; s++) {
+        rf_tensor *xs = rf_slice(x, (int64_t[]){0, s * c->in}, (int64_t[]){n, (s + 1) * c->in},
+                                 NULL);
+        rf_tensor *z = rf_add(rf_matmul(xs, w), b);
+        h = rf_tanh(h ? rf_add(z, rf_matmul(h, u)) : z);
+    }
+    return h;
+}
+
+static void rnn_describe(const rf_model *m, char *buf, size_t n)
+{
+    const struct rnn_config *c = rf_model_config(m);
+    snprintf(buf, n, "%lld => %lld, %lld steps, tanh", (long long)c->in, (long long)c->hidden,
+             (long long)c->steps);
+}
+
+static const rf_layer_type rnn_type = {"RNN", rnn_forward, rnn_describe};
+
+/* W [in, hidden] and U [hidden, hidden] Glorot-uniform, b [hidden] zeros. */
+static rf_model *rnn_layer(int64_t steps, int64_t in, int64_t hidden)
+{
+    struct rnn_config c = {steps, in, hidden};
+    rf_model *m = rf_model_new(&rnn_type, &c, sizeof c);
+    if (!m)
+        return NULL;
+    if (rf_model_add_param(m, "W", rf_init_array(RF_INIT_GLOROT_UNIFORM,
+                                                 (int64_t[]){in, hidden}, 2, 61)) != RF_OK ||
+        rf_model_add_param(m, "U", rf_init_array(RF_INIT_GLOROT_UNIFORM,
+                                                 (int64_t[]){hidden, hidden}, 2, 62)) != RF_OK ||
+        rf_model_add_param(m, "b", rf_zeros(RF_F32, (int64_t[]){hidden}, 1)) != RF_OK) {
+        rf_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static rf_model *rnn_model(void)
+{
+    return rf_chain(rnn_layer(RNN_STEPS, RNN_IN, RNN_HIDDEN),
+                    rf_dense(RNN_HIDDEN, 10, RF_ACT_IDENTITY));
+}
+
 /* A host-built model moved to the device, seeded so every run has the same weights. */
 static rf_model *device_model(rf_model *(*build)(void))
 {
@@ -238,7 +302,7 @@ static void train_case_free(train_case *c)
     rf_array_free(c->batch[1]);
 }
 
-/* Builds the training case `name` (tiny, mlp, cnn, ffn, resnet) with the products at
+/* Builds the training case `name` (tiny, mlp, cnn, ffn, resnet, rnn) with the products at
  * `precision`: 0 on success. */
 static int train_case_new(const char *name, rf_precision precision, train_case *c)
 {
@@ -269,6 +333,10 @@ static int train_case_new(const char *name, rf_precision precision, train_case *
         c->batch[1] = random_labels(128, 42);
         if (c->model)
             rf_trainmode(c->model); /* BatchNorm on batch statistics, as in training */
+    } else if (!strcmp(name, "rnn")) {
+        c->model = device_model(rnn_model);
+        c->batch[0] = random_input((int64_t[]){RNN_BATCH, RNN_STEPS * RNN_IN}, 2, 61);
+        c->batch[1] = random_labels(RNN_BATCH, 62);
     }
     if (c->model && rf_model_set_matmul_precision(c->model, precision) == RF_OK)
         c->opt = rf_setup(rf_adam(lr), c->model);
@@ -403,6 +471,7 @@ static const workload WORKLOADS[] = {
     {"cnn", WL_TRAIN, "cnn", 0},
     {"ffn", WL_TRAIN, "ffn", 0},
     {"resnet", WL_TRAIN, "resnet", 0},
+    {"rnn", WL_TRAIN, "rnn", 0},
     {"infer1", WL_INFER, NULL, 1},
     {"infer1024", WL_INFER, NULL, 1024},
     {"compile_mlp_cold", WL_COMPILE_COLD, "mlp", 0},

@@ -24,7 +24,7 @@ import tempfile
 import time
 
 WORKLOADS = [
-    "tiny", "mlp", "cnn", "ffn", "resnet", "infer1", "infer1024",
+    "tiny", "mlp", "cnn", "ffn", "resnet", "rnn", "infer1", "infer1024",
     "compile_mlp_cold", "compile_mlp_warm", "compile_resnet_cold", "compile_resnet_warm",
 ]
 MIN_TIMED_STEPS = 3
@@ -32,6 +32,7 @@ COMPILE_SETTLE_STEPS = 3
 STEADY_STEPS = 10  # steps after a first call that compiled, the fastest taken as its run
 RESNET_WIDTH = 16  # examples/resnet.c's default --width, as bench/rf_bench.c
 FFN_WIDTH, FFN_BLOCKS = 256, 4  # bench/rf_bench.c's ffn model
+RNN_STEPS, RNN_IN, RNN_HIDDEN = 64, 64, 128  # bench/rf_bench.c's rnn model (batch 32)
 
 
 def num_threads():

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 MODES = ["jit"]
-BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "ffn": 128, "resnet": 128}
+BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "ffn": 128, "resnet": 128, "rnn": 32}
 
 
 def model_of(workload):
@@ -58,6 +58,12 @@ class Builder:
         self.params[name + ".w"] = init(self._next_key(), (fin, fout), self.jnp.float32)
         self.params[name + ".b"] = self.jnp.zeros((fout,), self.jnp.float32)
 
+    def rnn(self, name, fin, hidden):
+        init = self.jax.nn.initializers.glorot_uniform()
+        self.params[name + ".W"] = init(self._next_key(), (fin, hidden), self.jnp.float32)
+        self.params[name + ".U"] = init(self._next_key(), (hidden, hidden), self.jnp.float32)
+        self.params[name + ".b"] = self.jnp.zeros((hidden,), self.jnp.float32)
+
     def conv(self, name, cin, cout, k, bias=True):
         init = self.jax.nn.initializers.glorot_uniform(in_axis=1, out_axis=0)  # OIHW
         self.params[name + ".w"] = init(self._next_key(), (cout, cin, k, k), self.jnp.float32)
@@ -77,12 +83,14 @@ class Builder:
 def layers(jax, bf16):
     jnp, lax = jax.numpy, jax.lax
 
-    def dense(p, name, x):
-        w = p[name + ".w"]
+    def matmul(x, w):
         if bf16:
             return jnp.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
-                              preferred_element_type=jnp.float32) + p[name + ".b"]
-        return x @ w + p[name + ".b"]
+                              preferred_element_type=jnp.float32)
+        return x @ w
+
+    def dense(p, name, x):
+        return matmul(x, p[name + ".w"]) + p[name + ".b"]
 
     def conv(p, name, x, stride=1, pad=0):
         w = p[name + ".w"]
@@ -107,7 +115,7 @@ def layers(jax, bf16):
         xh = (x - mean[None, :, None, None]) * lax.rsqrt(var + eps)[None, :, None, None]
         return xh * p[name + ".g"][None, :, None, None] + p[name + ".b"][None, :, None, None]
 
-    return dense, conv, maxpool2, bn
+    return dense, conv, maxpool2, bn, matmul
 
 
 def layernorm(jax, p, name, x, eps=1e-5):
@@ -119,7 +127,7 @@ def layernorm(jax, p, name, x, eps=1e-5):
 def build(jax, name, bf16):
     """(params, state, apply(params, state, x) -> (y, new_state))."""
     jnp = jax.numpy
-    dense, conv, maxpool2, bn = layers(jax, bf16)
+    dense, conv, maxpool2, bn, matmul = layers(jax, bf16)
     b = Builder(jax)
     relu = jax.nn.relu
     if name == "tiny":
@@ -145,6 +153,16 @@ def build(jax, name, bf16):
                 u = jax.nn.gelu(dense(p, "up%d" % i, layernorm(jax, p, "ln%d" % i, h)),
                                 approximate=True)
                 h = h + dense(p, "down%d" % i, u)
+            return dense(p, "out", h), s
+    elif name == "rnn":
+        steps, d, hidden = common.RNN_STEPS, common.RNN_IN, common.RNN_HIDDEN
+        b.rnn("rnn", d, hidden), b.dense("out", hidden, 10)
+
+        def apply(p, s, x):  # the time steps unrolled in Python, traced once by jax.jit
+            w, u, bias = p["rnn.W"], p["rnn.U"], p["rnn.b"]
+            h = jnp.tanh(matmul(x[:, 0:d], w) + bias)
+            for t in range(1, steps):
+                h = jnp.tanh(matmul(x[:, t * d:(t + 1) * d], w) + bias + matmul(h, u))
             return dense(p, "out", h), s
     elif name == "cnn":
         b.conv("c1", 1, 32, 3), b.conv("c2", 32, 64, 3)
@@ -184,7 +202,8 @@ def data(jax, name, n):
     k1, k2 = jax.random.split(jax.random.PRNGKey(1))
     if name == "tiny":
         return jax.random.normal(k1, (n, 4)), jax.random.normal(k2, (n, 2))
-    shape = (n, 784) if name in ("mlp", "ffn") else (n, 1, 28, 28)
+    shape = {"mlp": (n, 784), "ffn": (n, 784),
+             "rnn": (n, common.RNN_STEPS * common.RNN_IN)}.get(name, (n, 1, 28, 28))
     return jax.random.normal(k1, shape), jax.random.randint(k2, (n,), 0, 10, jax.numpy.int32)
 
 

@@ -51,6 +51,9 @@ def build_model(nn, name):
                              nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10))
     if name == "ffn":
         return ffn(nn, common.FFN_WIDTH, common.FFN_BLOCKS)
+    if name == "rnn":
+        return nn.Sequential(rnn(nn, common.RNN_STEPS, common.RNN_IN, common.RNN_HIDDEN),
+                             nn.Linear(common.RNN_HIDDEN, 10))
     return resnet(nn, common.RESNET_WIDTH)
 
 
@@ -67,6 +70,30 @@ def ffn(nn, width, blocks):
 
     return nn.Sequential(nn.Linear(784, width), nn.ReLU(), *[Block() for _ in range(blocks)],
                          nn.Linear(width, 10))
+
+
+def rnn(nn, steps, fin, hidden):
+    """rf_bench.c's rnn layer: x [N, steps * fin], step t reads columns [t * fin, (t + 1) * fin);
+    h = tanh(x_t W + b (+ h U from the second step on)); returns the last h. W [fin, hidden] and
+    U [hidden, hidden] Glorot-uniform, b zeros."""
+    import torch
+
+    class RNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.steps, self.fin = steps, fin
+            self.W = nn.Parameter(nn.init.xavier_uniform_(torch.empty(fin, hidden)))
+            self.U = nn.Parameter(nn.init.xavier_uniform_(torch.empty(hidden, hidden)))
+            self.b = nn.Parameter(torch.zeros(hidden))
+
+        def forward(self, x):
+            d = self.fin
+            h = torch.tanh(x[:, 0:d] @ self.W + self.b)
+            for t in range(1, self.steps):
+                h = torch.tanh(x[:, t * d:(t + 1) * d] @ self.W + self.b + h @ self.U)
+            return h
+
+    return RNN()
 
 
 def resnet(nn, c):
@@ -100,7 +127,7 @@ def glorot(nn, model):
                 nn.init.zeros_(m.bias)
 
 
-BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "ffn": 128, "resnet": 128}
+BATCH = {"tiny": 16, "mlp": 128, "cnn": 64, "ffn": 128, "resnet": 128, "rnn": 32}
 
 
 def model_of(workload):
@@ -126,7 +153,8 @@ def training(torch, workload, mode, bf16):
     if name == "tiny":
         x, y, loss_fn, lr = torch.randn(n, 4), torch.randn(n, 2), F.mse_loss, 1e-2
     else:
-        shape = (n, 784) if name in ("mlp", "ffn") else (n, 1, 28, 28)
+        shape = {"mlp": (n, 784), "ffn": (n, 784),
+                 "rnn": (n, common.RNN_STEPS * common.RNN_IN)}.get(name, (n, 1, 28, 28))
         x, y, loss_fn, lr = torch.randn(*shape), torch.randint(0, 10, (n,)), F.cross_entropy, 1e-3
     if mode.endswith("-cl") and x.dim() == 4:  # the layout is the convolutions' only
         model = model.to(memory_format=torch.channels_last)
