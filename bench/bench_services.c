@@ -6,7 +6,10 @@
  * example's 3x3 weight gradients at batch 128, and ResNet-18's
  * stem pool gradient (3x3 stride 2 pad 1 at 112x112 inputs, batch 8): the
  * select_and_scatter FALLBACK calls, native in pool.c; these report GB/s of
- * x and source read plus the result written. One line per shape:
+ * x and source read plus the result written. An embedding's lookup (gather of
+ * 128x32 i32 ids from a 20000x64 f32 table) and its gradient (scatter_add of
+ * those rows into the table), native in index_native.c, report GB/s of rows
+ * read and written. One line per shape:
  *   name path us_per_call=MEDIAN gflops=G   (or gbytes=G)
  * Each shape is one hand-built plan with one CALL step; inputs are random.
  * An argument runs only the shapes whose name contains it ("pool", "conv2").
@@ -46,8 +49,12 @@ static rfi_call_kind call_kind(const rfi_node *y)
     }
 }
 
-/* Times step 0 of a one-node plan computing y from two f32 arguments; work is
- * in flops (unit "gflops") or bytes moved (unit "gbytes"), per call. */
+/* Integer arguments hold indices in [0, index_bound). */
+static int64_t index_bound = 1;
+
+/* Times step 0 of a one-node plan computing y from its arguments (f32, or
+ * i32 indices); work is in flops (unit "gflops") or bytes moved (unit
+ * "gbytes"), per call. */
 static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
                        const char *unit)
 {
@@ -76,20 +83,25 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
     for (int k = 0; all_blocked && k < g->n_nodes; k++)
         layout[k] = RFI_LAYOUT_C16;
     plan.layout = layout;
-    void *buffers[4];
+    void *buffers[5];
+    int n_in = y->n_in;
     uint64_t state = 0x9e3779b97f4a7c15ull; /* values in [-0.5, 0.5) from an LCG: no
                                                * pattern that a branch predictor learns */
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < n_in; k++) {
         int64_t n = rfi_node_numel(y->in[k]);
+        bool ids = y->in[k]->dtype == RF_I32;
         float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
         for (int64_t i = 0; i < n; i++) {
             state = state * 6364136223846793005ull + 1442695040888963407ull;
-            p[i] = (float)(state >> 40) / (float)(1 << 24) - 0.5f;
+            if (ids)
+                ((int32_t *)p)[i] = (int32_t)((state >> 33) % (uint64_t)index_bound);
+            else
+                p[i] = (float)(state >> 40) / (float)(1 << 24) - 0.5f;
         }
         buffers[k] = p;
     }
-    buffers[2] = malloc(rfi_node_nbytes(y) + 1);
-    buffers[3] = NULL;
+    buffers[n_in] = malloc(rfi_node_nbytes(y) + 1);
+    buffers[n_in + 1] = NULL;
     rfi_cpu_services *s = NULL;
     if (rfi_cpu_services_prepare(&plan, &s) != RF_OK) {
         printf("%s: prepare failed: %s\n", name, rf_errmsg());
@@ -114,7 +126,7 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
                rfi_cpu_services_step_path(s, 0), med * 1e6, unit, work / med * 1e-9);
     }
     rfi_cpu_services_free(s);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k <= n_in; k++)
         free(buffers[k]);
     free(loc);
     free(layout);
@@ -206,6 +218,37 @@ static void bench_maxpool_grad(const char *name, const int64_t *x, int64_t k, in
     rfi_graph_free(g);
 }
 
+/* An embedding of a [rows, width] f32 table looked up by [batch, len] i32
+ * ids: gather(table, ids) along axis 0, or (grad) its gradient,
+ * scatter_add(zeros-like table, ids, rows) as the autodiff emits it. */
+static void bench_embedding(const char *name, int64_t rows, int64_t width, int64_t batch,
+                            int64_t len, bool grad)
+{
+    int64_t table[2] = {rows, width}, ids[2] = {batch, len}, upd[3] = {batch, len, width};
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "bench_services");
+    rf_dtype dts[3] = {RF_F32, RF_I32, RF_F32};
+    int ranks[3] = {2, 2, 3};
+    int64_t dims[3][RF_MAX_RANK] = {{rows, width}, {batch, len}, {batch, len, width}};
+    int n_in = grad ? 3 : 2;
+    rfi_graph_set_args(g, n_in, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims);
+    rfi_node *in[3];
+    const int64_t *shape[3] = {table, ids, upd};
+    for (int k = 0; k < n_in; k++) {
+        rfi_attrs a = {0};
+        a.i[0] = k;
+        in[k] = rfi_node_new(g, RFI_OP_ARGUMENT, NULL, 0, &a, dts[k], shape[k], ranks[k]);
+    }
+    rfi_attrs at = {0}; /* axis 0 */
+    rfi_node *y = rfi_node_new(g, grad ? RFI_OP_SCATTER_ADD : RFI_OP_GATHER, in, n_in, &at,
+                               RF_F32, NULL, 0);
+    double moved = 4.0 * (double)(batch * len * width); /* the rows looked up or added */
+    double bytes = grad ? 2.0 * 4.0 * (double)(rows * width) + moved : 2.0 * moved;
+    index_bound = rows;
+    bench_node(name, g, y, bytes, "gbytes");
+    index_bound = 1;
+    rfi_graph_free(g);
+}
+
 int main(int argc, char **argv)
 {
     only = argc > 1 ? argv[1] : NULL;
@@ -254,5 +297,8 @@ int main(int argc, char **argv)
     bench_maxpool_grad("stem pool grad 3x3/2 pad 1", (int64_t[]){8, 64, 56, 56}, 3, 2, 1, false);
     bench_maxpool_grad("stem pool grad 3x3/2 pad 1 blocked", (int64_t[]){8, 64, 56, 56}, 3, 2, 1,
                        true);
+    /* an embedding's lookup and its gradient: 128x32 ids into a 20000x64 table */
+    bench_embedding("embedding gather 20000x64", 20000, 64, 128, 32, false);
+    bench_embedding("embedding scatter_add grad", 20000, 64, 128, 32, true);
     return 0;
 }
