@@ -8,8 +8,9 @@
  *   CONV (f32)     oneDNN's forward, backward-data and backward-weights
  *                  convolutions, reflux's Winograd kernels, or im2col + a
  *                  oneDNN matmul (conv.c says which when)
- *   FALLBACK       SELECT_AND_SCATTER and ARGMAX/ARGMIN on f32/f64: native
- *                  kernels (pool.c); anything else:
+ *   FALLBACK       SELECT_AND_SCATTER, ARGMAX/ARGMIN, GATHER and SCATTER_ADD
+ *                  on f32/f64: native kernels (pool.c, index_native.c);
+ *                  anything else:
  *                  the reference kernel (rfi_interp_eval_node) writing straight
  *                  into the result buffer: exact (double accumulation), slow,
  *                  and it may allocate its own scratch (contractions pack

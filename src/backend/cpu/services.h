@@ -230,7 +230,8 @@ RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
 RFI_FUNC bool rfi_cpu_conv_is_winograd(const rfi_cpu_conv *c);
 
 /* Native kernels for FALLBACK steps (pool.c): SELECT_AND_SCATTER and
- * ARGMAX/ARGMIN on f32/f64, same conventions (RF_E_UNSUPPORTED: not taken). */
+ * ARGMAX/ARGMIN on f32/f64, and GATHER / SCATTER_ADD through index_native.c,
+ * same conventions (RF_E_UNSUPPORTED: not taken). */
 typedef struct rfi_cpu_native rfi_cpu_native;
 RFI_FUNC rf_status rfi_cpu_native_prepare(const rfi_node *n, rfi_cpu_native **out,
                                           size_t *workspace_bytes);
@@ -242,7 +243,20 @@ RFI_FUNC void rfi_cpu_native_free(rfi_cpu_native *k);
  * and writes them directly), false (nothing changed) if not. */
 RFI_FUNC bool rfi_cpu_native_take_layouts(rfi_cpu_native *k, const rfi_layout lay[3]);
 /* "native-scatter-fast", "native-scatter-blocked", "native-scatter-gather",
- * "native-scatter-gather-blocked", "native-scatter" or "native-arg". */
+ * "native-scatter-gather-blocked", "native-scatter", "native-arg", or
+ * rfi_cpu_index_path's. */
 RFI_FUNC const char *rfi_cpu_native_path(const rfi_cpu_native *k);
+
+/* GATHER and SCATTER_ADD on f32/f64 with i32/i64 indices (index_native.c),
+ * bitwise as the reference kernels; prepared and run by pool.c's
+ * rfi_cpu_native_* (RF_E_UNSUPPORTED: not taken). */
+typedef struct rfi_cpu_index rfi_cpu_index;
+RFI_FUNC rf_status rfi_cpu_index_prepare(const rfi_node *n, rfi_cpu_index **out,
+                                         size_t *workspace_bytes);
+RFI_FUNC rf_status rfi_cpu_index_run(const rfi_cpu_index *k, const void *const *in, void *out,
+                                     void *workspace);
+/* "native-gather" or "native-scatter-add". */
+RFI_FUNC const char *rfi_cpu_index_path(const rfi_cpu_index *k);
+RFI_FUNC void rfi_cpu_index_free(rfi_cpu_index *k);
 
 #endif
