@@ -6,7 +6,8 @@
  * with relative error <= 1e-5 of the sum of |terms| (the same op evaluated on
  * |operands|); FALLBACK steps and non-f32 contractions bitwise; no
  * allocation per call; and the thread pool (coverage, chunking, inline runs,
- * nesting, repeated and concurrent calls).
+ * nesting, repeated and concurrent calls); the native FALLBACK kernels
+ * (select_and_scatter, argmax/argmin, gather, scatter_add) bitwise.
  * CALL epilogues (bias, residual, relu, tanh, logistic after a matmul or a
  * convolution) through plans built by rfi_plan_build, against the interpreter
  * evaluating the whole program, within RF_CHECK's tolerance
@@ -51,20 +52,35 @@ static double uniform(void) /* [-1, 1) */
 }
 
 /* When set, float data is drawn from {-1, -0, 0, 0.5, 1, NaN}: ties, signed
- * zeros and NaNs for the selection kernels. */
-static bool special_values;
+ * zeros and NaNs for the selection kernels; with special_inf also from
+ * {inf, -inf} (sums that overflow or meet NaN for the scatter kernels). */
+static bool special_values, special_inf;
 
 static double special(void)
 {
     static const double values[] = {-1.0, -0.0, 0.0, 0.5, 1.0, 1.0, NAN, 0.5};
+    static const double with_inf[] = {-1.0, -0.0, 0.0, INFINITY, 1.0, -INFINITY, NAN, 0.5};
     int k = (int)((uniform() + 1.0) * 4.0);
-    return values[k < 0 ? 0 : k > 7 ? 7 : k];
+    return (special_inf ? with_inf : values)[k < 0 ? 0 : k > 7 ? 7 : k];
 }
+
+/* When index_hi > index_lo, integer data is drawn from [index_lo, index_hi)
+ * (the index operands of gather and scatter_add). */
+static int64_t index_lo, index_hi;
 
 static void fill(void *p, rf_dtype dt, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
         double v = special_values && (dt == RF_F32 || dt == RF_F64) ? special() : uniform();
+        if (index_hi > index_lo && (dt == RF_I32 || dt == RF_I64)) {
+            int64_t at = index_lo + (int64_t)((v + 1.0) / 2.0 * (double)(index_hi - index_lo));
+            at = at < index_hi ? at : index_hi - 1;
+            if (dt == RF_I32)
+                ((int32_t *)p)[i] = (int32_t)at;
+            else
+                ((int64_t *)p)[i] = at;
+            continue;
+        }
         switch (dt) {
         case RF_F32: ((float *)p)[i] = (float)v; break;
         case RF_F64: ((double *)p)[i] = v; break;
@@ -172,6 +188,29 @@ typedef struct case_result {
 
 static int cases_run;
 
+/* A sum of two NaNs is one of them, which one IEEE 754 leaves open: x86
+ * keeps its first operand's, and which operand of an addition comes first
+ * is the compiler's choice (the reference scatter_add's differs between its
+ * f32 and f64 loops). So where scatter_add meets infinities of both signs
+ * (their sum is a NaN of its own sign) and NaNs, a NaN result may differ in
+ * sign from the reference; every other bit must match. */
+static bool same_but_nans(const rfi_node *y, const void *got, const void *ref)
+{
+    if (!special_inf || y->op != RFI_OP_SCATTER_ADD || (y->dtype != RF_F32 && y->dtype != RF_F64))
+        return false;
+    int64_t count = rfi_node_numel(y);
+    for (int64_t i = 0; i < count; i++) {
+        bool f32 = y->dtype == RF_F32;
+        double a = f32 ? ((const float *)got)[i] : ((const double *)got)[i];
+        double b = f32 ? ((const float *)ref)[i] : ((const double *)ref)[i];
+        size_t w = f32 ? 4 : 8;
+        if (memcmp((const char *)got + i * w, (const char *)ref + i * w, w) != 0 &&
+            !(a != a && b != b))
+            return false;
+    }
+    return true;
+}
+
 /* Runs y through the services (step 0) and through the reference kernel;
  * compares as described at the top. */
 static case_result run_case(const rfi_graph *g, const rfi_node *y, bool in_arena, const char *name)
@@ -230,7 +269,7 @@ static case_result run_case(const rfi_graph *g, const rfi_node *y, bool in_arena
     bool is_float = y->dtype == RF_F32 || y->dtype == RF_F64;
     bool contraction = y->op == RFI_OP_DOT_GENERAL || y->op == RFI_OP_CONVOLUTION;
     if (res.kind == RFI_CALL_FALLBACK || !is_float || !contraction) {
-        res.bitwise = memcmp(got, ref, nbytes) == 0;
+        res.bitwise = memcmp(got, ref, nbytes) == 0 || same_but_nans(y, got, ref);
         CHECK(res.bitwise);
         if (!res.bitwise)
             fprintf(stderr, "  case %s: not bitwise equal to the reference\n", name);
@@ -991,6 +1030,85 @@ static void test_native(void)
     special_values = false;
     printf("native: select_and_scatter %d forms and argmax/argmin 7 forms x f32/f64 x random/"
            "special values, bitwise\n",
+           n);
+}
+
+/* ---- Native GATHER / SCATTER_ADD (index_native.c) ------------------------------------------ */
+
+typedef struct index_case {
+    const char *name;
+    int rank, idx_rank, axis;
+    int64_t x[RF_MAX_RANK], idx[RF_MAX_RANK];
+    int64_t lo, hi; /* indices drawn from [lo, hi) */
+} index_case;
+
+/* gather(x, indices) or scatter_add(x, indices, updates) of case c. */
+static void run_index(const index_case *c, rfi_op op, rf_dtype dt, rf_dtype idx_dt)
+{
+    operand_spec spec[3] = {{dt, c->rank, {0}}, {idx_dt, c->idx_rank, {0}}, {dt, 0, {0}}};
+    memcpy(spec[0].dims, c->x, sizeof c->x);
+    memcpy(spec[1].dims, c->idx, sizeof c->idx);
+    for (int d = 0; d < c->rank; d++) /* updates: x[:axis] + indices + x[axis+1:] */
+        if (d != c->axis)
+            spec[2].dims[spec[2].rank++] = c->x[d];
+        else
+            for (int e = 0; e < c->idx_rank; e++)
+                spec[2].dims[spec[2].rank++] = c->idx[e];
+    rfi_attrs at = {0};
+    at.i[0] = c->axis;
+    bool scatter = op == RFI_OP_SCATTER_ADD;
+    rfi_node *y = NULL;
+    rfi_graph *g = one_op_graph(op, spec, scatter ? 3 : 2, &at, dt,
+                                scatter ? c->x : spec[2].dims, scatter ? c->rank : spec[2].rank,
+                                &y);
+    index_lo = c->lo;
+    index_hi = c->hi;
+    if (y) {
+        const char *want = scatter ? "native-scatter-add" : "native-gather";
+        case_result r = run_case(g, y, dt == RF_F64, c->name);
+        CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise && !strcmp(r.path, want));
+        if (strcmp(r.path, want) != 0)
+            fprintf(stderr, "  case %s runs %s, expected %s\n", c->name, r.path, want);
+    }
+    index_lo = index_hi = 0;
+    rfi_graph_free(g);
+}
+
+/* Gather and scatter_add against the reference bitwise: f32/f64 values,
+ * i32/i64 indices, on random data and on data full of signed zeros, NaNs
+ * and infinities; duplicate and out-of-range indices, empty index lists and
+ * axes, rows longer than a kernel's piece, and sizes that run in parallel. */
+static void test_native_index(void)
+{
+    static const index_case cases[] = {
+        {"rows", 2, 2, 0, {50, 8}, {3, 7}, 0, 50},
+        {"middle axis", 3, 1, 1, {3, 10, 5}, {12}, 0, 10},
+        {"last axis", 2, 1, 1, {4, 7}, {5}, 0, 7},
+        {"duplicates", 2, 1, 0, {6, 9}, {200}, 2, 4},
+        {"out of range", 3, 2, 1, {5, 3, 4}, {4, 5}, -4, 8},
+        {"scalar index", 2, 0, 0, {5, 3}, {0}, 0, 5},
+        {"empty index list", 2, 1, 0, {4, 6}, {0}, 0, 4},
+        {"empty axis", 2, 1, 0, {0, 5}, {0}, 0, 1},
+        {"empty rows", 3, 1, 1, {3, 4, 0}, {6}, 0, 4},
+        {"long rows", 2, 1, 0, {6, 600}, {10}, 0, 6},
+        {"embedding parallel", 2, 2, 0, {4000, 32}, {64, 32}, 0, 4000},
+        {"many duplicates parallel", 2, 1, 0, {300, 64}, {4096}, 0, 300},
+        {"middle axis parallel", 3, 1, 1, {40, 50, 24}, {300}, -2, 52},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    for (int pass = 0; pass < 3; pass++) {
+        special_values = pass > 0;
+        special_inf = pass == 2;
+        for (int k = 0; k < n; k++)
+            for (int t = 0; t < 4; t++) {
+                rf_dtype dt = t % 2 ? RF_F64 : RF_F32, idx_dt = t / 2 ? RF_I64 : RF_I32;
+                run_index(&cases[k], RFI_OP_GATHER, dt, idx_dt);
+                run_index(&cases[k], RFI_OP_SCATTER_ADD, dt, idx_dt);
+            }
+    }
+    special_values = special_inf = false;
+    printf("native: gather and scatter_add %d forms x f32/f64 x i32/i64 x random/special/"
+           "infinite values, bitwise\n",
            n);
 }
 
@@ -1890,6 +2008,7 @@ int main(void)
     test_conv_shared_inputs();
     test_conv_views();
     test_native();
+    test_native_index();
     test_fallback();
     test_bad_calls();
     test_epilogues();
