@@ -1,6 +1,7 @@
 /* dce.c: dead-code elimination (a copy of a graph without the nodes that
  * reach no output or update), and the graph-copy helpers of passes.h that
- * every copying pass shares.
+ * every copying pass shares (rfi_rewrite_graph: the node-by-node copy of the
+ * rewriting passes, merge_dots and unroll_pools).
  *
  * Arguments and captures keep their indices even when unused (the executable
  * binds them by index); only their nodes may go. Deliberately not here:
@@ -115,4 +116,45 @@ rf_status rfi_dce(const rfi_graph *g, rfi_graph **out)
     }
     *out = c;
     return RF_OK;
+}
+
+rf_status rfi_rewrite_graph(const rfi_graph *g, const char *what, rfi_rewrite_fn rewrite,
+                            void *ctx, rfi_graph **out)
+{
+    if (!out || !g)
+        return rfi_error(RF_E_INVALID, "%s: NULL %s", what, g ? "output pointer" : "graph");
+    *out = NULL;
+    rfi_node **map = rfi_calloc(g->n_nodes > 0 ? (size_t)g->n_nodes : 1, sizeof *map);
+    rfi_node **ins = rfi_calloc((size_t)rfi_max_operands(g), sizeof *ins);
+    rfi_graph *c = NULL;
+    rf_status st = map && ins ? rfi_graph_new_like(g, &c)
+                              : rfi_error(RF_E_NOMEM, "%s: out of memory", what);
+    for (int id = 0; st == RF_OK && id < g->n_nodes; id++) {
+        const rfi_node *n = g->nodes[id];
+        for (int k = 0; k < n->n_in; k++)
+            ins[k] = map[n->in[k]->id];
+        rfi_node *r = rewrite ? rewrite(ctx, c, n, ins, map) : NULL;
+        if (!r && c->status == RF_OK) /* not rewritten: kept as it is */
+            r = rfi_node_clone(c, n, ins);
+        if (!r) {
+            st = c->status != RF_OK ? c->status
+                                    : rfi_error(RF_E_NOMEM, "%s: out of memory", what);
+            break;
+        }
+        if (r->dtype != n->dtype || r->rank != n->rank ||
+            memcmp(r->dims, n->dims, sizeof(int64_t) * (size_t)n->rank) != 0) {
+            st = rfi_error(RF_E_INTERNAL, "%s: rewriting %s node %%%d changed its type", what,
+                           rfi_op_table[n->op].name, id);
+            break;
+        }
+        map[id] = r;
+    }
+    if (st == RF_OK)
+        st = rfi_graph_copy_results(g, c, map, NULL, NULL);
+    if (st == RF_OK)
+        st = rfi_dce(c, out);
+    rfi_free(map);
+    rfi_free(ins);
+    rfi_graph_free(c);
+    return st;
 }

@@ -54,7 +54,7 @@ typedef struct dot_term {
 typedef struct merger {
     const rfi_graph *g;
     rfi_graph *c;          /* the copy */
-    rfi_node **map;        /* g's node id -> c's node */
+    rfi_node *const *map;  /* g's node id -> c's node (rfi_rewrite_graph's) */
     int *uses;             /* rfi_use_counts(g) */
     int *user;             /* the node using a node once, or -1 */
     const rfi_node **terms; /* scratch: a tree's terms (n_nodes) */
@@ -249,6 +249,21 @@ static void find_single_users(const rfi_graph *g, const int *uses, int *user)
     }
 }
 
+/* rfi_rewrite_fn: a root of an add tree (an add that is no inner add of a
+ * larger tree) through merge_tree; other nodes are copied. */
+static rfi_node *merge_node(void *ctx, rfi_graph *c, const rfi_node *x, rfi_node *const *in,
+                            rfi_node *const *map)
+{
+    (void)in;
+    merger *m = ctx;
+    m->c = c;
+    m->map = map;
+    int user = m->user[x->id];
+    bool root = x->op == RFI_OP_ADD && rfi_dtype_is_float(x->dtype) &&
+                !(user >= 0 && inner_add(m, x, m->g->nodes[user]));
+    return root ? merge_tree(m, x) : NULL;
+}
+
 rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
 {
     if (!out || !g)
@@ -257,7 +272,7 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
     size_t n = g->n_nodes > 0 ? (size_t)g->n_nodes : 1;
     merger m = {g,
                 NULL,
-                rfi_calloc(n, sizeof *m.map),
+                NULL,
                 rfi_use_counts(g),
                 rfi_calloc(n, sizeof *m.user),
                 rfi_calloc(n, sizeof *m.terms),
@@ -266,43 +281,15 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
                 rfi_calloc(n, sizeof *m.dots),
                 rfi_calloc(n, sizeof *m.members),
                 rfi_calloc(n, sizeof *m.operands)};
-    rfi_node **ins = rfi_calloc((size_t)rfi_max_operands(g), sizeof *ins);
-    rf_status st = m.map && m.uses && m.user && m.terms && m.stack && m.expand && m.dots &&
-                           m.members && m.operands && ins
-                       ? rfi_graph_new_like(g, &m.c)
+    rf_status st = m.uses && m.user && m.terms && m.stack && m.expand && m.dots && m.members &&
+                           m.operands
+                       ? RF_OK
                        : rfi_error(RF_E_NOMEM, "merge_dots: out of memory");
-    bool wanted = rfi_merge_dots_enabled();
-    if (st == RF_OK)
+    if (st == RF_OK) {
         find_single_users(g, m.uses, m.user);
-    for (int id = 0; st == RF_OK && id < g->n_nodes; id++) {
-        const rfi_node *x = g->nodes[id];
-        for (int k = 0; k < x->n_in; k++)
-            ins[k] = m.map[x->in[k]->id];
-        rfi_node *r = NULL;
-        bool root = x->op == RFI_OP_ADD && rfi_dtype_is_float(x->dtype) &&
-                    !(m.user[id] >= 0 && inner_add(&m, x, g->nodes[m.user[id]]));
-        if (wanted && root)
-            r = merge_tree(&m, x);
-        if (!r && m.c->status == RF_OK)
-            r = rfi_node_clone(m.c, x, ins);
-        if (!r) {
-            st = m.c->status != RF_OK ? m.c->status
-                                      : rfi_error(RF_E_NOMEM, "merge_dots: out of memory");
-            break;
-        }
-        if (r->dtype != x->dtype || r->rank != x->rank ||
-            memcmp(r->dims, x->dims, sizeof(int64_t) * (size_t)x->rank) != 0) {
-            st = rfi_error(RF_E_INTERNAL, "merge_dots: rewriting %s node %%%d changed its type",
-                           rfi_op_table[x->op].name, id);
-            break;
-        }
-        m.map[id] = r;
+        st = rfi_rewrite_graph(g, "merge_dots", rfi_merge_dots_enabled() ? merge_node : NULL, &m,
+                               out);
     }
-    if (st == RF_OK)
-        st = rfi_graph_copy_results(g, m.c, m.map, NULL, NULL);
-    if (st == RF_OK)
-        st = rfi_dce(m.c, out);
-    rfi_free(m.map);
     rfi_free(m.uses);
     rfi_free(m.user);
     rfi_free(m.terms);
@@ -311,7 +298,5 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
     rfi_free(m.dots);
     rfi_free(m.members);
     rfi_free(m.operands);
-    rfi_free(ins);
-    rfi_graph_free(m.c);
     return st;
 }

@@ -25,6 +25,19 @@ RFI_FUNC rf_status rfi_graph_copy_results(const rfi_graph *g, rfi_graph *copy,
                                           rfi_node *const *map, const int *new_capture,
                                           const int *update_order);
 
+/* A rewrite of node n of the graph being copied into c, its operands already
+ * copied (in; map: every node copied so far, by the old graph's ids): the
+ * node that stands for n, or NULL to copy n as it is (or on an error, with
+ * c's status set). */
+typedef rfi_node *(*rfi_rewrite_fn)(void *ctx, rfi_graph *c, const rfi_node *n,
+                                    rfi_node *const *in, rfi_node *const *map);
+/* A copy of g made node by node in SSA order through rewrite (NULL: none),
+ * which must keep each node's type (RF_E_INTERNAL naming the node
+ * otherwise), with g's outputs and updates, then DCE. `what` names the pass
+ * in messages. */
+RFI_FUNC rf_status rfi_rewrite_graph(const rfi_graph *g, const char *what,
+                                     rfi_rewrite_fn rewrite, void *ctx, rfi_graph **out);
+
 /* Algebraic simplification, constant folding (operands and result of at most
  * 4096 elements; elementwise ops over splats of any size) and canonical
  * broadcast/reshape/transpose/convert chains; constants whose elements are all

@@ -529,47 +529,22 @@ bool rfi_unroll_pools_enabled(void)
     return !(v && strcmp(v, "0") == 0);
 }
 
+/* rfi_rewrite_fn over unroll (the copy is the unroller's graph). */
+static rfi_node *unroll_node(void *ctx, rfi_graph *c, const rfi_node *n, rfi_node *const *in,
+                             rfi_node *const *map)
+{
+    (void)map;
+    unroller *u = ctx;
+    u->c = c;
+    return unroll(u, n, in);
+}
+
 rf_status rfi_unroll_pools(const rfi_graph *g, rfi_graph **out)
 {
-    if (!out || !g)
-        return rfi_error(RF_E_INVALID, "unroll_pools: NULL %s", g ? "output pointer" : "graph");
-    *out = NULL;
-    int max_in = rfi_max_operands(g);
-    rfi_node **map = rfi_calloc(g->n_nodes > 0 ? (size_t)g->n_nodes : 1, sizeof *map);
-    rfi_node **ins = rfi_calloc((size_t)max_in, sizeof *ins);
-    rfi_graph *c = NULL;
-    rf_status st = map && ins ? rfi_graph_new_like(g, &c)
-                              : rfi_error(RF_E_NOMEM, "unroll_pools: out of memory");
-    unroller u = {c, NULL, 0, 0, NULL, 0, 0};
-    bool wanted = rfi_unroll_pools_enabled();
-    for (int id = 0; st == RF_OK && id < g->n_nodes; id++) {
-        const rfi_node *n = g->nodes[id];
-        for (int k = 0; k < n->n_in; k++)
-            ins[k] = map[n->in[k]->id];
-        rfi_node *r = wanted ? unroll(&u, n, ins) : NULL;
-        if (!r && c->status == RF_OK) /* not taken (or no memory for the memo): keep it */
-            r = rfi_node_clone(c, n, ins);
-        if (!r) {
-            st = c->status != RF_OK ? c->status
-                                    : rfi_error(RF_E_NOMEM, "unroll_pools: out of memory");
-            break;
-        }
-        if (r->dtype != n->dtype || r->rank != n->rank ||
-            memcmp(r->dims, n->dims, sizeof(int64_t) * (size_t)n->rank) != 0) {
-            st = rfi_error(RF_E_INTERNAL, "unroll_pools: rewriting %s node %%%d changed its type",
-                           rfi_op_table[n->op].name, id);
-            break;
-        }
-        map[id] = r;
-    }
-    if (st == RF_OK)
-        st = rfi_graph_copy_results(g, c, map, NULL, NULL);
-    if (st == RF_OK)
-        st = rfi_dce(c, out);
-    rfi_free(map);
-    rfi_free(ins);
+    unroller u = {NULL, NULL, 0, 0, NULL, 0, 0};
+    rf_status st = rfi_rewrite_graph(g, "unroll_pools",
+                                     rfi_unroll_pools_enabled() ? unroll_node : NULL, &u, out);
     rfi_free(u.memo);
     rfi_free(u.grads);
-    rfi_graph_free(c);
     return st;
 }
