@@ -1113,12 +1113,17 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     if (rfi_node_numel(root) == 0)
         return RF_OK; /* nothing to compute */
     const rfi_node *cat = st->kind == RFI_STEP_LOOP ? splitting_concat(L, st) : NULL;
-    size_t max_pieces = cat && cat->n_in > MAX_PIECES ? (size_t)cat->n_in : MAX_PIECES;
-    box *boxes = rfi_malloc(max_pieces * sizeof *boxes);
-    char(*names)[24] = rfi_malloc(max_pieces * sizeof *names);
+    /* on the stack, but for a concatenation of more operands than that holds */
+    box few_boxes[MAX_PIECES];
+    char few_names[MAX_PIECES][24];
+    bool many = cat && cat->n_in > MAX_PIECES;
+    box *boxes = many ? rfi_malloc((size_t)cat->n_in * sizeof *boxes) : few_boxes;
+    char(*names)[24] = many ? rfi_malloc((size_t)cat->n_in * sizeof *names) : few_names;
     if (!boxes || !names) {
-        rfi_free(boxes);
-        rfi_free(names);
+        if (many) {
+            rfi_free(boxes);
+            rfi_free(names);
+        }
         return rfi_error(RF_E_NOMEM, "kir: out of memory lowering step %d", s);
     }
     bool *is_root = (bool *)L->is_root;
@@ -1139,8 +1144,10 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     }
     for (int r = 0; r < st->n_roots; r++)
         is_root[st->roots[r]] = false;
-    rfi_free(boxes);
-    rfi_free(names);
+    if (many) {
+        rfi_free(boxes);
+        rfi_free(names);
+    }
     return rc;
 }
 

@@ -338,15 +338,13 @@ static rf_status plan_on_guess(cpu_state *s, rfi_plan_opts *opts)
     for (int loaded = 0; loaded < 2; loaded++) {
         bool blocked = blocked_wanted(loaded);
         rfi_layout blocks = channel_blocks_wanted(loaded);
-        bool epilogues = matmul_epilogues_wanted(blocks);
-        if (loaded && blocked == opts->blocked_activations && blocks == opts->channel_blocks &&
-            epilogues == opts->matmul_epilogues)
-            return RF_OK; /* the guess held */
+        if (loaded && blocked == opts->blocked_activations && blocks == opts->channel_blocks)
+            return RF_OK; /* the guess held (the epilogues follow the blocks) */
         rfi_plan_free(s->plan);
         s->plan = NULL;
         opts->blocked_activations = blocked;
         opts->channel_blocks = blocks;
-        opts->matmul_epilogues = epilogues;
+        opts->matmul_epilogues = matmul_epilogues_wanted(blocks);
         rf_status st = rfi_plan_build(s->opt, opts, &s->plan);
         if (st != RF_OK)
             return st;
