@@ -9,7 +9,9 @@
  * x and source read plus the result written. An embedding's lookup (gather of
  * 128x32 i32 ids from a 20000x64 f32 table) and its gradient (scatter_add of
  * those rows into the table), native in index_native.c, report GB/s of rows
- * read and written. One line per shape:
+ * read and written. Draws of an RNG node (128x512 f32, uniform as a
+ * Dropout layer's mask and normal), native in rng_native.c, report GB/s of
+ * values written. One line per shape:
  *   name path us_per_call=MEDIAN gflops=G   (or gbytes=G)
  * Each shape is one hand-built plan with one CALL step; inputs are random.
  * An argument runs only the shapes whose name contains it ("pool", "conv2").
@@ -89,12 +91,14 @@ static void bench_node(const char *name, rfi_graph *g, rfi_node *y, double work,
                                                * pattern that a branch predictor learns */
     for (int k = 0; k < n_in; k++) {
         int64_t n = rfi_node_numel(y->in[k]);
-        bool ids = y->in[k]->dtype == RF_I32;
-        float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+        rf_dtype dt = y->in[k]->dtype;
+        float *p = malloc((size_t)(n > 0 ? n : 1) * rf_dtype_size(dt));
         for (int64_t i = 0; i < n; i++) {
             state = state * 6364136223846793005ull + 1442695040888963407ull;
-            if (ids)
+            if (dt == RF_I32)
                 ((int32_t *)p)[i] = (int32_t)((state >> 33) % (uint64_t)index_bound);
+            else if (dt == RF_I64) /* an RNG's key */
+                ((int64_t *)p)[i] = (int64_t)(state >> 1);
             else
                 p[i] = (float)(state >> 40) / (float)(1 << 24) - 0.5f;
         }
@@ -249,6 +253,24 @@ static void bench_embedding(const char *name, int64_t rows, int64_t width, int64
     rfi_graph_free(g);
 }
 
+/* A draw of [rows, cols] f32 values from an RNG node (uniform: a Dropout
+ * layer's mask; normal: noise), reporting GB/s of the values written. */
+static void bench_rng(const char *name, int64_t rows, int64_t cols, int dist)
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "bench_services");
+    rf_dtype dts[1] = {RF_I64};
+    int ranks[1] = {1};
+    int64_t dims[1][RF_MAX_RANK] = {{2}};
+    rfi_graph_set_args(g, 1, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims);
+    rfi_attrs ka = {0};
+    rfi_node *key = rfi_node_new(g, RFI_OP_ARGUMENT, NULL, 0, &ka, RF_I64, dims[0], 1);
+    rfi_attrs at = {0};
+    at.i[0] = dist;
+    rfi_node *y = rfi_node_new(g, RFI_OP_RNG, &key, 1, &at, RF_F32, (int64_t[]){rows, cols}, 2);
+    bench_node(name, g, y, 4.0 * (double)(rows * cols), "gbytes");
+    rfi_graph_free(g);
+}
+
 int main(int argc, char **argv)
 {
     only = argc > 1 ? argv[1] : NULL;
@@ -300,5 +322,8 @@ int main(int argc, char **argv)
     /* an embedding's lookup and its gradient: 128x32 ids into a 20000x64 table */
     bench_embedding("embedding gather 20000x64", 20000, 64, 128, 32, false);
     bench_embedding("embedding scatter_add grad", 20000, 64, 128, 32, true);
+    /* Dropout's mask after the mlp's first layer, and normal noise of that size */
+    bench_rng("rng uniform 128x512", 128, 512, 0);
+    bench_rng("rng normal 128x512", 128, 512, 1);
     return 0;
 }

@@ -67,6 +67,8 @@ static double special(void)
 /* When index_hi > index_lo, integer data is drawn from [index_lo, index_hi)
  * (the index operands of gather and scatter_add). */
 static int64_t index_lo, index_hi;
+/* The key of an RNG case. */
+static int64_t rng_key[2] = {42, 7};
 
 static void fill(void *p, rf_dtype dt, int64_t n)
 {
@@ -223,9 +225,9 @@ static case_result run_case(const rfi_graph *g, const rfi_node *y, bool in_arena
         in[k] = malloc((size_t)(cnt > 0 ? cnt : 1) * rf_dtype_size(y->in[k]->dtype));
         fill(in[k], y->in[k]->dtype, cnt);
     }
-    if (y->op == RFI_OP_RNG) { /* a key of two small ints */
-        ((int64_t *)in[0])[0] = 42;
-        ((int64_t *)in[0])[1] = 7;
+    if (y->op == RFI_OP_RNG) { /* the key: {seed, counter} */
+        ((int64_t *)in[0])[0] = rng_key[0];
+        ((int64_t *)in[0])[1] = rng_key[1];
     }
     size_t nbytes = rfi_node_nbytes(y);
     void *ref = malloc(nbytes + 1), *scale = malloc(nbytes + 1);
@@ -1110,6 +1112,95 @@ static void test_native_index(void)
     printf("native: gather and scatter_add %d forms x f32/f64 x i32/i64 x random/special/"
            "infinite values, bitwise\n",
            n);
+}
+
+/* ---- Native RNG (rng_native.c) ------------------------------------------------------------ */
+
+/* Element i of a uniform f32 or normal f64 draw, as the reference defines it
+ * (core/philox.c), for element indices the reference cannot reach in a test. */
+static double rng_element(bool f64, bool normal, uint64_t seed, uint64_t counter, uint32_t stream,
+                          uint64_t i)
+{
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)(i >> 32), (uint32_t)counter,
+                             (uint32_t)(counter >> 32) ^ (stream << 16)};
+    uint32_t w[4];
+    rfi_philox4x32(ctr, key, w);
+    if (!f64)
+        return (double)(w[0] >> 8) * (1.0 / 16777216.0);
+    double u1 = (double)(((uint64_t)w[0] << 32 | w[1]) >> 11) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(((uint64_t)w[2] << 32 | w[3]) >> 11) * (1.0 / 9007199254740992.0);
+    return normal ? sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586476925 * u2) : u1;
+}
+
+/* The draws of RNG nodes against the reference bitwise: f32/f64, uniform and
+ * normal, lengths around the kernel's 8-element vectors and 64-element
+ * batches and ones split over the pool, keys with high bits set, streams;
+ * then elements whose index crosses 2^32 (the vectors carry into the
+ * counter's second word) against the definition. */
+static void test_native_rng(void)
+{
+    static const int64_t lengths[] = {1, 7, 8, 9, 63, 64, 65, 1000, 100003};
+    static const int64_t keys[][2] = {
+        {42, 7}, {-1, INT64_MIN + 12345}, {0x123456789abcLL, 1LL << 40}};
+    static const int64_t streams[] = {0, 3, 0xffff};
+    int n_len = (int)(sizeof lengths / sizeof lengths[0]), cases = 0;
+    for (int kk = 0; kk < 3; kk++)
+        for (int li = 0; li < n_len; li++)
+            for (int t = 0; t < 4; t++) {
+                rf_dtype dt = t % 2 ? RF_F64 : RF_F32;
+                operand_spec spec[1] = {{RF_I64, 1, {2}}};
+                rfi_attrs at = {0};
+                at.i[0] = t / 2;                     /* uniform, normal */
+                at.i[1] = streams[(li + kk + t) % 3];
+                rng_key[0] = keys[kk][0];
+                rng_key[1] = keys[kk][1];
+                rfi_node *y = NULL;
+                rfi_graph *g =
+                    one_op_graph(RFI_OP_RNG, spec, 1, &at, dt, RF_SHAPE(lengths[li]), &y);
+                if (y) {
+                    case_result r = run_case(g, y, li % 2 == 0, "rng");
+                    CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise &&
+                          !strcmp(r.path, "native-rng"));
+                    cases++;
+                }
+                rfi_graph_free(g);
+            }
+    rng_key[0] = 42;
+    rng_key[1] = 7;
+
+    /* indices 2^32 - 37 .. 2^32 + 36: vectors whose lanes wrap, through rfi_cpu_rng_fill */
+    int wraps = 0;
+    for (int t = 0; t < 2; t++) {
+        bool f64 = t == 1;
+        operand_spec spec[1] = {{RF_I64, 1, {2}}};
+        rfi_attrs at = {0};
+        at.i[0] = f64; /* uniform f32, normal f64 */
+        at.i[1] = 5;
+        rfi_node *y = NULL;
+        rfi_graph *g = one_op_graph(RFI_OP_RNG, spec, 1, &at, f64 ? RF_F64 : RF_F32, RF_SHAPE(4),
+                                    &y);
+        rfi_cpu_rng *k = NULL;
+        CHECK(y && rfi_cpu_rng_prepare(y, &k) == RF_OK && k);
+        if (k) {
+            enum { SPAN = 73 };
+            const int64_t first = (1LL << 32) - 37;
+            double got[SPAN];
+            float got_f[SPAN];
+            rfi_cpu_rng_fill(k, 99, 1234, first, SPAN, f64 ? (void *)got : (void *)got_f);
+            for (int j = 0; j < SPAN; j++) {
+                double want = rng_element(f64, f64, 99, 1234, 5, (uint64_t)(first + j));
+                double have = f64 ? got[j] : (double)got_f[j];
+                wraps += have == (f64 ? want : (double)(float)want);
+            }
+        }
+        rfi_cpu_rng_free(k);
+        rfi_graph_free(g);
+    }
+    CHECK(wraps == 2 * 73);
+    printf("native: rng %d draws (f32/f64 x uniform/normal x %d lengths x 3 keys) bitwise, "
+           "%d elements across index 2^32 as defined\n",
+           cases, n_len, wraps);
 }
 
 /* ---- FALLBACK ---------------------------------------------------------------------------- */
@@ -2013,6 +2104,7 @@ int main(void)
     test_conv_views();
     test_native();
     test_native_index();
+    test_native_rng();
     test_fallback();
     test_bad_calls();
     test_epilogues();

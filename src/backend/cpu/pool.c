@@ -36,8 +36,9 @@
  * rfi_cpu_native_take_layouts), window by window for 8 or 16 channels at
  * once.
  *
- * GATHER and SCATTER_ADD have their kernels in index_native.c; prepare hands
- * them over and the result is run, named and freed through it.
+ * GATHER and SCATTER_ADD have their kernels in index_native.c, RNG in
+ * rng_native.c; prepare hands them over and the result is run, named and
+ * freed through it.
  *
  * Deliberately not here: integer dtypes, mixed dtypes (the services keep the
  * reference kernel for them), other FALLBACK ops.
@@ -54,13 +55,15 @@ typedef enum native_kind {
     NATIVE_SCATTER_GATHER,
     NATIVE_SCATTER_GENERAL,
     NATIVE_ARG,
-    NATIVE_INDEX /* GATHER / SCATTER_ADD: index_native.c's kernel in `index` */
+    NATIVE_INDEX, /* GATHER / SCATTER_ADD: index_native.c's kernel in `index` */
+    NATIVE_RNG    /* RNG: rng_native.c's kernel in `rng` */
 } native_kind;
 
 struct rfi_cpu_native {
     const rfi_node *node;
     native_kind kind;
     rfi_cpu_index *index; /* NATIVE_INDEX */
+    rfi_cpu_rng *rng;     /* NATIVE_RNG */
     bool f64;      /* operands are f64 (else f32) */
     /* select_and_scatter: planes of x (and of the source) in front, then the
      * window dims: rank wr, per dim x extent, source extent, window, stride, pad_lo */
@@ -100,6 +103,7 @@ const char *rfi_cpu_native_path(const rfi_cpu_native *k)
         return k->layouts ? "native-scatter-gather-blocked" : "native-scatter-gather";
     case NATIVE_SCATTER_GENERAL: return "native-scatter";
     case NATIVE_INDEX: return rfi_cpu_index_path(k->index);
+    case NATIVE_RNG: return rfi_cpu_rng_path(k->rng);
     default: return "native-arg";
     }
 }
@@ -1060,20 +1064,24 @@ rf_status rfi_cpu_native_prepare(const rfi_node *n, rfi_cpu_native **out, size_t
 {
     *out = NULL;
     *workspace_bytes = 0;
-    if (n->op == RFI_OP_GATHER || n->op == RFI_OP_SCATTER_ADD) {
+    if (n->op == RFI_OP_GATHER || n->op == RFI_OP_SCATTER_ADD || n->op == RFI_OP_RNG) {
         rfi_cpu_index *index = NULL;
-        rf_status st = rfi_cpu_index_prepare(n, &index, workspace_bytes);
+        rfi_cpu_rng *rng = NULL;
+        rf_status st = n->op == RFI_OP_RNG ? rfi_cpu_rng_prepare(n, &rng)
+                                           : rfi_cpu_index_prepare(n, &index, workspace_bytes);
         if (st != RF_OK)
             return st;
         rfi_cpu_native *k = rfi_calloc(1, sizeof *k);
         if (!k) {
             rfi_cpu_index_free(index);
+            rfi_cpu_rng_free(rng);
             *workspace_bytes = 0;
             return rfi_error(RF_E_NOMEM, "cpu: %s: out of memory", rfi_op_table[n->op].name);
         }
         k->node = n;
-        k->kind = NATIVE_INDEX;
+        k->kind = rng ? NATIVE_RNG : NATIVE_INDEX;
         k->index = index;
+        k->rng = rng;
         *out = k;
         return RF_OK;
     }
@@ -1131,6 +1139,8 @@ rf_status rfi_cpu_native_run(rfi_cpu_native *k, const void *const *in, void *out
 {
     if (k->kind == NATIVE_INDEX)
         return rfi_cpu_index_run(k->index, in, out, workspace);
+    if (k->kind == NATIVE_RNG)
+        return rfi_cpu_rng_run(k->rng, in[0], out);
     if (k->kind == NATIVE_ARG) {
         arg_job job = {k, in[0], out};
         int64_t results = k->outer * k->inner;
@@ -1176,5 +1186,6 @@ void rfi_cpu_native_free(rfi_cpu_native *k)
     rfi_free(k->wpos);
     rfi_free(k->g_span);
     rfi_cpu_index_free(k->index);
+    rfi_cpu_rng_free(k->rng);
     rfi_free(k);
 }

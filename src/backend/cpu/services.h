@@ -230,8 +230,8 @@ RFI_FUNC const char *rfi_cpu_conv_path(const rfi_cpu_conv *c);
 RFI_FUNC bool rfi_cpu_conv_is_winograd(const rfi_cpu_conv *c);
 
 /* Native kernels for FALLBACK steps (pool.c): SELECT_AND_SCATTER and
- * ARGMAX/ARGMIN on f32/f64, and GATHER / SCATTER_ADD through index_native.c,
- * same conventions (RF_E_UNSUPPORTED: not taken). */
+ * ARGMAX/ARGMIN on f32/f64, GATHER / SCATTER_ADD through index_native.c and
+ * RNG through rng_native.c, same conventions (RF_E_UNSUPPORTED: not taken). */
 typedef struct rfi_cpu_native rfi_cpu_native;
 RFI_FUNC rf_status rfi_cpu_native_prepare(const rfi_node *n, rfi_cpu_native **out,
                                           size_t *workspace_bytes);
@@ -244,7 +244,7 @@ RFI_FUNC void rfi_cpu_native_free(rfi_cpu_native *k);
 RFI_FUNC bool rfi_cpu_native_take_layouts(rfi_cpu_native *k, const rfi_layout lay[3]);
 /* "native-scatter-fast", "native-scatter-blocked", "native-scatter-gather",
  * "native-scatter-gather-blocked", "native-scatter", "native-arg", or
- * rfi_cpu_index_path's. */
+ * rfi_cpu_index_path's or rfi_cpu_rng_path's. */
 RFI_FUNC const char *rfi_cpu_native_path(const rfi_cpu_native *k);
 
 /* GATHER and SCATTER_ADD on f32/f64 with i32/i64 indices (index_native.c),
@@ -258,5 +258,21 @@ RFI_FUNC rf_status rfi_cpu_index_run(const rfi_cpu_index *k, const void *const *
 /* "native-gather" or "native-scatter-add". */
 RFI_FUNC const char *rfi_cpu_index_path(const rfi_cpu_index *k);
 RFI_FUNC void rfi_cpu_index_free(rfi_cpu_index *k);
+
+/* RNG (Philox, uniform or normal, f32/f64) in parallel, bitwise as the
+ * reference kernel (rng_native.c); prepared and run by pool.c's
+ * rfi_cpu_native_* (RF_E_UNSUPPORTED: not taken). `key` is the node's
+ * operand: {seed, counter}. */
+typedef struct rfi_cpu_rng rfi_cpu_rng;
+RFI_FUNC rf_status rfi_cpu_rng_prepare(const rfi_node *n, rfi_cpu_rng **out);
+RFI_FUNC rf_status rfi_cpu_rng_run(const rfi_cpu_rng *k, const void *key, void *out);
+/* Elements [first, first + count) of k's draw under {seed, counter} into
+ * out[0 .. count), on the calling thread (the run's chunks; tests reach
+ * element indices past 2^32 with it). */
+RFI_FUNC void rfi_cpu_rng_fill(const rfi_cpu_rng *k, uint64_t seed, uint64_t counter,
+                               int64_t first, int64_t count, void *out);
+/* "native-rng". */
+RFI_FUNC const char *rfi_cpu_rng_path(const rfi_cpu_rng *k);
+RFI_FUNC void rfi_cpu_rng_free(rfi_cpu_rng *k);
 
 #endif
