@@ -1337,6 +1337,34 @@ static void test_mlp_forward_epilogues(void)
     rf_model_free(host);
 }
 
+/* The MLP in f64: the math library multiplies f32 only, so its products
+ * are REDUCE steps (generated loops; a call would run the reference kernel),
+ * each with its bias and activation fused. */
+static void test_f64_products_are_loops(void)
+{
+    rf_nn_seed(1);
+    rf_model *host = rf_chain(rf_dense(784, 512, RF_ACT_RELU), rf_dense(512, 256, RF_ACT_RELU));
+    rf_to_opts to = {.to_f64 = true};
+    rf_model *m = rf_model_to_opts(host, cpu, &to);
+    rf_array *x = rf_array_new(cpu, RF_F64, RF_SHAPE(128, 784), NULL);
+    rfi_graph *g = trace_program(forward_fn, m, &x, 1);
+    rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+    if (p) {
+        CHECK(p->n_steps == 2);
+        CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 2);
+        CHECK(rfi_plan_count(p, RFI_STEP_CALL) == 0);
+        for (int q = 0; q < p->n_steps; q++)
+            CHECK(g->nodes[p->steps[q].core]->op == RFI_OP_DOT_GENERAL &&
+                  g->nodes[p->steps[q].core]->dtype == RF_F64);
+        check_invariants(p);
+    }
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    rf_array_free(x);
+    rf_model_free(m);
+    rf_model_free(host);
+}
+
 /* The CNN forward: relu(conv(x, w) + b) is one CONV call with a per-channel
  * bias (result dim 1) and relu, whether matmuls take epilogues or not. */
 static void test_cnn_forward_epilogues(void)
@@ -2264,6 +2292,7 @@ int main(void)
     test_cnn_train_step();
     test_blocked_layouts();
     test_mlp_forward_epilogues();
+    test_f64_products_are_loops();
     test_cnn_forward_epilogues();
     test_residual_epilogue();
     test_index_math();

@@ -66,7 +66,9 @@
  *   non-leaf, non-alias node is a root. DOT_GENERAL with at least
  *   opts.matmul_call_min_flops multiply-adds -> CALL MATMUL, unless its lhs
  *   has at most opts.dot_loop_max_rows rows (a matrix-vector product: a
- *   REDUCE step whatever its size); CONVOLUTION -> CALL CONV; ARGMAX,
+ *   REDUCE step whatever its size) or it is not f32 (the math library's
+ *   type: an f64 product ran 3-4x faster as generated loops than in the
+ *   reference kernel a call would fall back to); CONVOLUTION -> CALL CONV; ARGMAX,
  *   ARGMIN, GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG -> CALL FALLBACK;
  *   REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a REDUCE step (whose
  *   loads round the operands of one of RF_PRECISION_BF16); everything else
@@ -227,7 +229,7 @@ static rfi_call_kind call_kind(const rfi_plan_builder *b, const rfi_node *x)
 {
     switch (x->op) {
     case RFI_OP_DOT_GENERAL:
-        if (dot_rows(x) <= b->opts.dot_loop_max_rows)
+        if (x->dtype != RF_F32 || dot_rows(x) <= b->opts.dot_loop_max_rows)
             return RFI_CALL_NONE;
         return rfi_dot_macs(x) >= b->opts.matmul_call_min_flops ? RFI_CALL_MATMUL : RFI_CALL_NONE;
     case RFI_OP_CONVOLUTION:
