@@ -1135,6 +1135,60 @@ static void test_dot_unrolled(int64_t len, int64_t rows)
     rfi_free(wd);
 }
 
+/* A matrix product that stays a loop ([m,len] x [n,len] over 1/1, f32 or
+ * f64: every f64 product does): the reduce kernel keeps its rows split
+ * across threads and takes four columns at a time, one accumulator each,
+ * the last n % 4 one at a time. The values match the interpreter. */
+static void test_dot_unrolled_rows(rf_dtype dt, int64_t m, int64_t n, int64_t len)
+{
+    targ a[2] = {{dt, 2, {m, len}}, {dt, 2, {n, len}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *in[2] = {g_arg(g, 0), g_arg(g, 1)};
+    rfi_attrs at = {0};
+    int64_t lc = 1, rc = 1, dims[2] = {m, n};
+    set_list(&at, 2, &lc, 1);
+    set_list(&at, 3, &rc, 1);
+    CHECK_OK(rfi_graph_add_output(g, mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, dt, dims, 2)));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module mod;
+    if (build(p, &mod, &km)) {
+        char head[64];
+        snprintf(head, sizeof head, "for (; i1 + 4 <= %lld; i1 += 4) {", (long long)n);
+        CHECK(strstr(mod.source, "#pragma omp simd reduction(+:acc_0, acc_1, acc_2, acc_3)"));
+        CHECK(strstr(mod.source, head) != NULL);
+        CHECK(strstr(mod.source, "for (int64_t i0 = lo; i0 < hi; i0++) {") != NULL);
+    }
+    module_free(&mod);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    size_t esz = rf_dtype_size(dt);
+    void *xd = rfi_malloc((size_t)(m * len) * esz), *wd = rfi_malloc((size_t)(n * len) * esz);
+    for (int64_t i = 0; xd && wd && i < (m > n ? m : n) * len; i++) {
+        double xv = (double)((i * 7 % 9) - 4) * 0.25, wv = (double)((i * 5 % 11) - 5) * 0.125;
+        if (i < m * len && dt == RF_F64)
+            ((double *)xd)[i] = xv;
+        else if (i < m * len)
+            ((float *)xd)[i] = (float)xv;
+        if (i < n * len && dt == RF_F64)
+            ((double *)wd)[i] = wv;
+        else if (i < n * len)
+            ((float *)wd)[i] = (float)wv;
+    }
+    const void *args[2] = {xd, wd};
+    const char *labels[] = {dt == RF_F64 ? "dot_general rows unrolled f64"
+                                         : "dot_general rows unrolled f32"};
+    tol tols[] = {SUM};
+    p = hand_plan(g, &o);
+    if (xd && wd)
+        check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+    rfi_free(xd);
+    rfi_free(wd);
+}
+
 /* Products of RF_PRECISION_BF16 that stay generated loops (a matrix-vector one
  * and a small batched one) round both operands where they load them (or, in
  * the matrix-vector one, with AVX512-BF16 instructions where the CPU has them), to the
@@ -2213,6 +2267,8 @@ int main(void)
     test_dot(RF_I32);
     test_dot_unrolled(40, 2001);
     test_dot_unrolled(784, 300);
+    test_dot_unrolled_rows(RF_F64, 33, 258, 100);
+    test_dot_unrolled_rows(RF_F32, 5, 11, 40);
     test_dot_bf16();
     test_multi_root();
     test_costed_parallel();

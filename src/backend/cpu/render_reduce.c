@@ -34,9 +34,9 @@
  * with its own accumulator (acc, acc1, ...) or its own row of partials per
  * chunk (accs, accs1, ...).
  *
- * A plain float sum over one contiguous reduced loop (a matrix-vector
- * product) takes four outputs per iteration, one accumulator each ("Unrolled
- * reductions"). Deliberately nothing here decides which steps are reductions
+ * A plain float sum over one contiguous reduced loop (a matrix-vector or
+ * a matrix product) takes four outputs per iteration, one accumulator each
+ * ("Unrolled reductions"). Deliberately nothing here decides which steps are reductions
  * or what they compute (kir_lower_reduce.c does); only their loops. */
 #include <stdio.h>
 #include <string.h>
@@ -741,23 +741,27 @@ void rfi_render_split_functions(rfi_render *R, const char *kname, const rfi_sche
  * vector accumulator. Its plain schedule gets UNROLL_OUTPUTS outputs per
  * iteration of the kept loop, each with its own accumulator in one
  * vectorised reduced loop, which also loads the values they share (the
- * vector) once. Each output still folds its points in the same order, so
- * results are bitwise those of the plain schedule. */
+ * vector) once. A kernel with two kept loops (a matrix product that stays a
+ * loop, as every f64 one does) does so along its second, inside the first:
+ * an f64 [64,784] x [256,784] product took 0.92 ms against 1.65 plain.
+ * Each output still folds its points in the same order, so results are
+ * bitwise those of the plain schedule. */
 #define UNROLL_OUTPUTS 4
 #define UNROLL_MIN_POINTS 32
 
 bool rfi_render_unrolls(const rfi_kir_kernel *k)
 {
-    return k->is_reduce && k->n_folds == 1 && k->rank == 1 && k->red_rank == 1 && simd_sum(k) &&
-           k->dims[0] >= 2 * UNROLL_OUTPUTS && k->red_dims[0] >= UNROLL_MIN_POINTS;
+    return k->is_reduce && k->n_folds == 1 && (k->rank == 1 || k->rank == 2) &&
+           k->red_rank == 1 && simd_sum(k) && k->dims[k->rank - 1] >= 2 * UNROLL_OUTPUTS &&
+           k->red_dims[0] >= UNROLL_MIN_POINTS;
 }
 
-/* dep[id]: instruction id varies with the kept loop (its value is per output). */
-static void output_dependent(const rfi_kir_kernel *k, bool *dep)
+/* dep[id]: instruction id varies with kept loop `var` (its value is per output). */
+static void output_dependent(const rfi_kir_kernel *k, int var, bool *dep)
 {
     for (int id = 0; id < k->n_ins; id++) {
         const rfi_kir_ins *x = &k->ins[id];
-        dep[id] = (x->op == RFI_KIR_VAR && x->var == 0) || x->op == RFI_KIR_ACC ||
+        dep[id] = (x->op == RFI_KIR_VAR && x->var == var) || x->op == RFI_KIR_ACC ||
                   (x->a >= 0 && x->a < id && dep[x->a]) ||
                   (x->b >= 0 && x->b < id && dep[x->b]) || (x->c >= 0 && x->c < id && dep[x->c]);
     }
@@ -850,34 +854,46 @@ static bool *index_mask(const rfi_kir_kernel *k, const bool *live)
 }
 
 /* The AVX512-BF16 loop over the first `whole` (a multiple of 32) reduced
- * points of an unrolled block into acc_0.. (see above), under RF_BF16_DOT;
- * index marks the live index arithmetic. False when names do not fit. */
+ * points of an unrolled block (whose loop is at depth `at`) into acc_0..
+ * (see above), under RF_BF16_DOT; index marks the live index arithmetic.
+ * False when names do not fit. */
 static bool bf16_dot_loop(rfi_render *R, const bool *index, const bool *dep, char (*saved)[32],
-                          int vec, int row, int64_t whole)
+                          int vec, int row, int64_t whole, int at)
 {
     const rfi_kir_kernel *k = R->k;
-    char at[64];
+    char where[64];
     R->need |= RFI_NEED_BF16_DOT;
-    put(R->sb, "#if RF_BF16_DOT\n        {\n");
-    for (int u = 0; u < UNROLL_OUTPUTS; u++)
-        putf(R->sb, "            rf_dot_f32x16 dot_%d = {0};\n", u);
-    putf(R->sb, "            for (int64_t r0 = 0; r0 < %lld; r0 += 32) {\n", (long long)whole);
-    rfi_render_statements_where(R, index, 2, 4, dep, false);
-    rfi_render_operand_text(R, k->ins[vec].a, at, sizeof at);
-    putf(R->sb, "                const rf_dot_bf16x32 vec = rf_bf16x32(&%s[%s]);\n",
-         R->base_names[k->ins[vec].base], at);
+    put(R->sb, "#if RF_BF16_DOT\n");
+    rfi_render_indent(R, at + 1);
+    put(R->sb, "{\n");
+    for (int u = 0; u < UNROLL_OUTPUTS; u++) {
+        rfi_render_indent(R, at + 2);
+        putf(R->sb, "rf_dot_f32x16 dot_%d = {0};\n", u);
+    }
+    rfi_render_indent(R, at + 2);
+    putf(R->sb, "for (int64_t r0 = 0; r0 < %lld; r0 += 32) {\n", (long long)whole);
+    rfi_render_statements_where(R, index, 2, at + 3, dep, false);
+    rfi_render_operand_text(R, k->ins[vec].a, where, sizeof where);
+    rfi_render_indent(R, at + 3);
+    putf(R->sb, "const rf_dot_bf16x32 vec = rf_bf16x32(&%s[%s]);\n",
+         R->base_names[k->ins[vec].base], where);
     for (int u = 0; u < UNROLL_OUTPUTS; u++) {
         if (!name_output(R, dep, saved, u))
             return false;
-        rfi_render_statements_where(R, index, 2, 4, dep, true);
-        rfi_render_operand_text(R, k->ins[row].a, at, sizeof at);
-        putf(R->sb, "                dot_%d = rf_dpbf16(dot_%d, vec, rf_bf16x32(&%s[%s]));\n",
-             u, u, R->base_names[k->ins[row].base], at);
+        rfi_render_statements_where(R, index, 2, at + 3, dep, true);
+        rfi_render_operand_text(R, k->ins[row].a, where, sizeof where);
+        rfi_render_indent(R, at + 3);
+        putf(R->sb, "dot_%d = rf_dpbf16(dot_%d, vec, rf_bf16x32(&%s[%s]));\n", u, u,
+             R->base_names[k->ins[row].base], where);
     }
-    put(R->sb, "            }\n");
-    for (int u = 0; u < UNROLL_OUTPUTS; u++)
-        putf(R->sb, "            acc_%d = rf_sum16(dot_%d);\n", u, u);
-    put(R->sb, "        }\n");
+    rfi_render_indent(R, at + 2);
+    put(R->sb, "}\n");
+    for (int u = 0; u < UNROLL_OUTPUTS; u++) {
+        rfi_render_indent(R, at + 2);
+        putf(R->sb, "acc_%d = rf_sum16(dot_%d);\n", u, u);
+    }
+    rfi_render_indent(R, at + 1);
+    put(R->sb, "}\n");
     return name_output(R, dep, saved, 0);
 }
 
@@ -948,15 +964,17 @@ static bool plain_bf16_dot(rfi_render *R, const bool *live, int depth)
     return true;
 }
 
-/* The reduced loop's head of an unrolled block, after its vectorised bf16
- * loop where it is a bf16 dot product (false when names do not fit). */
-static bool unrolled_loop(rfi_render *R, const bool *live, const bool *dep, char (*saved)[32])
+/* The reduced loop's head of an unrolled block whose loop is at depth `at`,
+ * after its vectorised bf16 loop where it is a bf16 dot product (false when
+ * names do not fit). */
+static bool unrolled_loop(rfi_render *R, const bool *live, const bool *dep, char (*saved)[32],
+                          int at)
 {
     const rfi_kir_kernel *k = R->k;
     int64_t n = k->red_dims[0], whole = n - n % 32;
     int vec, row;
     if (!bf16_dot(k, live, dep, &vec, &row)) {
-        reduced_loop_head(R, 2, UNROLL_OUTPUTS, 0, n);
+        reduced_loop_head(R, at + 1, UNROLL_OUTPUTS, 0, n);
         return true;
     }
     bool *index = index_mask(k, live);
@@ -964,49 +982,59 @@ static bool unrolled_loop(rfi_render *R, const bool *live, const bool *dep, char
         R->sb->failed = true;
         return false;
     }
-    bool ok = bf16_dot_loop(R, index, dep, saved, vec, row, whole);
+    bool ok = bf16_dot_loop(R, index, dep, saved, vec, row, whole, at);
     rfi_free(index);
-    bf16_rest_head(R, 2, UNROLL_OUTPUTS, whole, n);
+    bf16_rest_head(R, at + 1, UNROLL_OUTPUTS, whole, n);
     return ok;
 }
 
-/* The block of UNROLL_OUTPUTS outputs at i0 (see above); false (nothing
- * written) when the names do not fit. */
-static bool unrolled_block(rfi_render *R, const bool *live, const bool *dep, char (*saved)[32])
+/* The loop of blocks of UNROLL_OUTPUTS outputs along the last kept loop, at
+ * depth `at` (see above); `end` is that loop's bound. False (nothing written)
+ * when the names do not fit. */
+static bool unrolled_block(rfi_render *R, const bool *live, const bool *dep, char (*saved)[32],
+                           int at, const char *end)
 {
     const rfi_kir_kernel *k = R->k;
+    const int var = k->rank - 1;
     rfi_strbuf text = {0}, *out = R->sb;
     R->sb = &text;
     bool ok = true;
-    putf(R->sb, "    for (; i0 + %d <= hi; i0 += %d) {\n", UNROLL_OUTPUTS, UNROLL_OUTPUTS);
-    for (int u = 1; u < UNROLL_OUTPUTS; u++)
-        putf(R->sb, "        const int64_t i0u%d = i0 + %d;\n", u, u);
-    rfi_render_statements_where(R, live, 1, 2, dep, false);
+    rfi_render_indent(R, at);
+    putf(R->sb, "for (; i%d + %d <= %s; i%d += %d) {\n", var, UNROLL_OUTPUTS, end, var,
+         UNROLL_OUTPUTS);
+    for (int u = 1; u < UNROLL_OUTPUTS; u++) {
+        rfi_render_indent(R, at + 1);
+        putf(R->sb, "const int64_t i%du%d = i%d + %d;\n", var, u, var, u);
+    }
+    rfi_render_statements_where(R, live, 1, at + 1, dep, false);
     for (int u = 0; u < UNROLL_OUTPUTS && ok; u++)
         if ((ok = name_output(R, dep, saved, u)))
-            rfi_render_statements_where(R, live, 1, 2, dep, true);
+            rfi_render_statements_where(R, live, 1, at + 1, dep, true);
     for (int u = 0; u < UNROLL_OUTPUTS; u++) {
-        putf(R->sb, "        %s acc_%d = ", rfi_render_ctype(k->acc_dtype), u);
+        rfi_render_indent(R, at + 1);
+        putf(R->sb, "%s acc_%d = ", rfi_render_ctype(k->acc_dtype), u);
         identity_literal(R);
         put(R->sb, ";\n");
     }
-    ok = unrolled_loop(R, live, dep, saved) && ok;
-    rfi_render_statements_where(R, live, 2, 3, dep, false);
+    ok = unrolled_loop(R, live, dep, saved, at) && ok;
+    rfi_render_statements_where(R, live, 2, at + 2, dep, false);
     for (int u = 0; u < UNROLL_OUTPUTS && ok; u++) {
         char acc[16];
         snprintf(acc, sizeof acc, "acc_%d", u);
         if ((ok = name_output(R, dep, saved, u))) {
-            rfi_render_statements_where(R, live, 2, 3, dep, true);
-            fold_into(R, 3, acc);
+            rfi_render_statements_where(R, live, 2, at + 2, dep, true);
+            fold_into(R, at + 2, acc);
         }
     }
-    put(R->sb, "        }\n");
+    rfi_render_indent(R, at + 1);
+    put(R->sb, "}\n");
     for (int u = 0; u < UNROLL_OUTPUTS && ok; u++)
         if ((ok = name_output(R, dep, saved, u))) {
-            rfi_render_statements_where(R, live, 3, 2, dep, true);
-            rfi_render_stores(R, 2);
+            rfi_render_statements_where(R, live, 3, at + 1, dep, true);
+            rfi_render_stores(R, at + 1);
         }
-    put(R->sb, "    }\n");
+    rfi_render_indent(R, at);
+    put(R->sb, "}\n");
     R->sb = out;
     for (int id = 0; id < k->n_ins; id++) /* the plain names back */
         memcpy(R->names[id], saved[id], 32);
@@ -1018,7 +1046,9 @@ static bool unrolled_block(rfi_render *R, const bool *live, const bool *dep, cha
     return ok;
 }
 
-/* Blocks of UNROLL_OUTPUTS outputs, then the plain schedule for the rest. */
+/* Blocks of UNROLL_OUTPUTS outputs along the last kept loop (inside the
+ * first, split across threads, for a rank-2 kernel: a matrix product's rows
+ * of lhs by rows of rhs), then the plain schedule for the rest. */
 void rfi_render_unrolled_body(rfi_render *R, const bool *live)
 {
     const rfi_kir_kernel *k = R->k;
@@ -1026,21 +1056,36 @@ void rfi_render_unrolled_body(rfi_render *R, const bool *live)
     bool *dep = rfi_calloc(n, sizeof *dep);
     char (*saved)[32] = rfi_malloc(n * sizeof *saved);
     if (dep && saved) {
+        const int var = k->rank - 1, at = k->rank;
+        char end[32];
+        if (var == 0)
+            snprintf(end, sizeof end, "hi");
+        else
+            snprintf(end, sizeof end, "%lld", (long long)k->dims[var]);
         memcpy(saved, R->names, (size_t)k->n_ins * sizeof *saved);
-        output_dependent(k, dep);
-        put(R->sb, "    int64_t i0 = lo;\n");
-        if (unrolled_block(R, live, dep, saved))
+        output_dependent(k, var, dep);
+        if (var > 0)
+            put(R->sb, "    for (int64_t i0 = lo; i0 < hi; i0++) {\n");
+        rfi_render_indent(R, at);
+        putf(R->sb, "int64_t i%d = %s;\n", var, var == 0 ? "lo" : "0");
+        bool unrolled = unrolled_block(R, live, dep, saved, at, end);
+        rfi_render_indent(R, at);
+        if (unrolled)
             /* fewer than UNROLL_OUTPUTS outputs are left; saying so keeps gcc,
              * once the kernel is inlined with constant bounds, from warning
              * that a later iteration of this loop would overflow an index */
-            putf(R->sb, "    for (const int64_t tail_end = i0 + (hi - i0) %% %d; i0 < tail_end; "
-                        "i0++) {\n", UNROLL_OUTPUTS);
+            putf(R->sb, "for (const int64_t tail_end = i%d + (%s - i%d) %% %d; i%d < tail_end; "
+                        "i%d++) {\n", var, end, var, UNROLL_OUTPUTS, var, var);
         else
-            put(R->sb, "    /* (not unrolled: names too long) */\n    for (; i0 < hi; i0++) {\n");
-        rfi_render_statements(R, live, 1, 2);
-        rfi_render_reduction_loops(R, live, 2);
-        rfi_render_stores(R, 2);
-        put(R->sb, "    }\n");
+            putf(R->sb, "for (; i%d < %s; i%d++) { /* (not unrolled: names too long) */\n",
+                 var, end, var);
+        rfi_render_statements(R, live, 1, at + 1);
+        rfi_render_reduction_loops(R, live, at + 1);
+        rfi_render_stores(R, at + 1);
+        rfi_render_indent(R, at);
+        put(R->sb, "}\n");
+        if (var > 0)
+            put(R->sb, "    }\n");
     } else {
         R->sb->failed = true;
     }
