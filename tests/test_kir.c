@@ -2118,8 +2118,10 @@ static int count_divisions(const rfi_kir_kernel *k, int id)
 
 /* Divisions the ranges decide vanish: the reversed, transposed 3x3 kernel's
  * index t = i0*9 + (8 - i1) (i0 < 32, i1 < 9) split into t / 9, (t / 3) % 3
- * and t % 3 needs none; the values agree with plain division everywhere, and
- * a sum with a possibly negative part keeps its division. */
+ * and t % 3 needs none, and a group of 4 rows of 9 (s = i0*9 + i1 over 36)
+ * divides only its row; the values agree with plain division everywhere, and
+ * a sum with a possibly negative part, or whose low part reaches the row
+ * length, keeps its division. */
 static void test_split_division(void)
 {
     rfi_kir_kernel *k = rfi_kir_kernel_new(0);
@@ -2141,6 +2143,19 @@ static void test_split_division(void)
     int mixed = rfi_kir_index(k, RFI_KIR_IADD, neg, rfi_kir_index(k, RFI_KIR_IMUL, i0, c9));
     int mixed_q = rfi_kir_index(k, RFI_KIR_IDIV, mixed, c9); /* -i1 may be negative */
     CHECK(k->ins[mixed_q].op == RFI_KIR_IDIV && !rfi_kir_is_const(k, mixed_q, &mixed_c));
+    /* s = i0*9 + i1 over groups of 4 rows (c36 = 4 * 9): s / 36 is i0 / 4 and s % 36 is
+     * (i0 % 4)*9 + i1, neither dividing the sum; s + 1 reaches 9 in its low part and keeps
+     * its division */
+    int c36 = rfi_kir_const_i(k, RF_I64, 36);
+    int s9 = rfi_kir_index(k, RFI_KIR_IADD, rfi_kir_index(k, RFI_KIR_IMUL, i0, c9), i1);
+    int s9_plus = rfi_kir_index(k, RFI_KIR_IADD, rfi_kir_index(k, RFI_KIR_IMUL, i0, c9),
+                                rfi_kir_index(k, RFI_KIR_IADD, i1, rfi_kir_const_i(k, RF_I64, 1)));
+    int group = rfi_kir_index(k, RFI_KIR_IDIV, s9, c36);
+    int in_group = rfi_kir_index(k, RFI_KIR_IREM, s9, c36);
+    int group_plus = rfi_kir_index(k, RFI_KIR_IDIV, s9_plus, c36);
+    CHECK(k->ins[group].op == RFI_KIR_IDIV && k->ins[group].a == i0);
+    CHECK(count_divisions(k, in_group) == 1);
+    CHECK(k->ins[group_plus].op == RFI_KIR_IDIV && k->ins[group_plus].a == s9_plus);
     int bad = 0;
     for (int64_t a = 0; a < 32; a++)
         for (int64_t b = 0; b < 9; b++) {
@@ -2150,10 +2165,13 @@ static void test_split_division(void)
             bad += eval_index(k, parts[2], v) != tv % 3;
             bad += eval_index(k, parts[3], v) != tv / 2;
             bad += eval_index(k, mixed_q, v) != mv / 9;
+            bad += eval_index(k, group, v) != (a * 9 + b) / 36;
+            bad += eval_index(k, in_group, v) != (a * 9 + b) % 36;
+            bad += eval_index(k, group_plus, v) != (a * 9 + b + 1) / 36;
         }
     CHECK(bad == 0);
-    printf("split division: t / 9 is i0, (t / 3) %% 3 and t %% 3 one division each, %d "
-           "mismatches\n", bad);
+    printf("split division: t / 9 is i0, (t / 3) %% 3 and t %% 3 one division each, "
+           "(i0*9 + i1) / 36 is i0 / 4, %d mismatches\n", bad);
     rfi_kir_kernel_free(k);
 }
 

@@ -11,7 +11,8 @@
  * feeds the dense layer), and windows that leave a row and a column
  * uncovered (5x5 pooled by 2); overlapping, padded pools (3x3 stride 2
  * pad 1 and stride 1 pad 1: the native kernel's gather path, blocked and
- * row-major); and a narrow ResNet, whose blocked,
+ * row-major); a GroupNorm between convolutions, whose input gradient is
+ * computed from row-major values and written blocked; and a narrow ResNet, whose blocked,
  * channels-last and row-major values meet at BatchNorm, strided
  * convolutions and residual adds.
  *
@@ -66,6 +67,19 @@ static rf_model *narrow_resnet(void)
 {
     rf_nn_seed(10);
     return resnet_model(8);
+}
+
+/* 24x24 -> conv 22x22 (16) -> GroupNorm(16, 4) -> conv 1x1 (16) -> pool 2x2
+ * -> dense: the GroupNorm computes over [N, 4, 4, H, W] reshapes of a
+ * row-major value, and its input gradient, read by the 1x1 convolution's
+ * weight gradient, is blocked: its loop walks it row-major (kir_lower.c,
+ * walks_plain_input), reading each group's statistics once per row. */
+static rf_model *grouped_cnn(void)
+{
+    rf_nn_seed(12);
+    return rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL), rf_groupnorm(16, 4),
+                    rf_conv2d(1, 1, 16, 16, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                    rf_flatten_layer(), rf_dense(16 * 11 * 11, 10, RF_ACT_IDENTITY));
 }
 
 typedef rf_model *(*model_fn)(void);
@@ -132,6 +146,11 @@ int main(void)
     run_variant(overlapping_cnn, "overlapping pools: row-major", "0", NULL, NULL, overlap_plain);
     for (int s = 0; s < STEPS; s++)
         CHECK_NEAR(overlap_blocked[s], overlap_plain[s], 0, 1e-5);
+    double grouped_blocked[STEPS], grouped_plain[STEPS];
+    run_variant(grouped_cnn, "group norm: blocked", NULL, NULL, NULL, grouped_blocked);
+    run_variant(grouped_cnn, "group norm: row-major", "0", NULL, NULL, grouped_plain);
+    for (int s = 0; s < STEPS; s++)
+        CHECK_NEAR(grouped_blocked[s], grouped_plain[s], 0, 1e-5);
     float logits_blocked[80] = {0}, logits_plain[80] = {0};
     forward_variant("cnn forward: row-major", "0", logits_plain);
     forward_variant("cnn forward: blocked", NULL, logits_blocked);

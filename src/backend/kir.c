@@ -335,9 +335,13 @@ static int64_t fold_index(rfi_kir_op op, int64_t a, int64_t b)
  *   a = x*m (m a multiple of c):       a / c = x*(m/c),         a % c = 0
  *   a = x*m + y (x, y >= 0, m > 0 a multiple of c):
  *                                      a / c = x*(m/c) + y / c, a % c = y % c
+ *   a = x*m + y (x >= 0, y in [0, m), c a multiple of m, q = c/m):
+ *                                      a / c = x / q,  a % c = (x % q)*m + y
  * These are the index expressions of a transpose or reverse read through a
- * reshape (a row of 9 split into 3x3 again), which would otherwise cost a
- * division per dim per element. */
+ * reshape (a row of 9 split into 3x3 again), or of a group's statistics read
+ * per element of [N, C, H, W] (channel * HW + hw over a group of 4 channels),
+ * which would otherwise cost a division per dim per element (and, in the
+ * innermost loop, a gather per load of the group's value). */
 static int split_division(rfi_kir_kernel *k, rfi_kir_op op, int a, int64_t c)
 {
     const rfi_kir_ins *ra = &k->ins[a];
@@ -355,10 +359,21 @@ static int split_division(rfi_kir_kernel *k, rfi_kir_op op, int a, int64_t c)
     for (int side = 0; side < 2; side++) {
         int mul = side ? ra->b : ra->a, rest = side ? ra->a : ra->b;
         const rfi_kir_ins *rm = &k->ins[mul], *rr = &k->ins[rest];
-        if (rm->op != RFI_KIR_IMUL || !rfi_kir_is_const(k, rm->b, &m) || m <= 0 || m % c != 0)
+        if (rm->op != RFI_KIR_IMUL || !rfi_kir_is_const(k, rm->b, &m) || m <= 0)
             continue;
         const rfi_kir_ins *rx = &k->ins[rm->a];
         if (!range_known(rx) || rx->lo < 0 || !range_known(rr) || rr->lo < 0)
+            continue;
+        if (m % c != 0 && c % m == 0 && rr->hi < m) {
+            /* a = x*m + y, y in [0, m), c = m*q: a / c = x / q, a % c = (x % q)*m + y */
+            int x = rm->a, y = rest, q = rfi_kir_const_i(k, RF_I64, c / m);
+            if (op == RFI_KIR_IDIV)
+                return rfi_kir_index(k, RFI_KIR_IDIV, x, q);
+            int low = rfi_kir_index(k, RFI_KIR_IMUL, rfi_kir_index(k, RFI_KIR_IREM, x, q),
+                                    rfi_kir_const_i(k, RF_I64, m));
+            return rfi_kir_index(k, RFI_KIR_IADD, low, y);
+        }
+        if (m % c != 0)
             continue;
         int x = rm->a, cst = rfi_kir_const_i(k, RF_I64, c);
         if (op == RFI_KIR_IREM)

@@ -717,6 +717,36 @@ static bool walks_blocked_input(const lower *L, const rfi_step *st, const rfi_no
            step_reads_layout(L, st, L->p->channel_blocks, r);
 }
 
+/* Whether one of the nodes ids reads a row-major buffer of at least n elements. */
+static bool reads_plain_of(const lower *L, const int *ids, int count, int64_t n)
+{
+    for (int i = 0; i < count; i++) {
+        const rfi_node *v = L->g->nodes[ids[i]];
+        for (int j = 0; j < v->n_in; j++) {
+            const rfi_node *x = v->in[j];
+            if (L->p->loc[x->id].kind != RFI_LOC_INLINE &&
+                rfi_plan_layout(L->p, x->id) == RFI_LAYOUT_PLAIN && rfi_node_numel(x) >= n)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* The converse of walks_blocked_input: whether a channel-blocked root r of
+ * step st is computed from a row-major buffer as large and from no blocked
+ * one (a GroupNorm's input gradient, computed over [N, G, C/G, H, W] and
+ * written blocked for a convolution's weight gradient): its loops then walk
+ * r's shape row-major, the loads contiguous and the stores strided. In
+ * blocked order every load gathered across the channels. */
+static bool walks_plain_input(const lower *L, const rfi_step *st, const rfi_node *r)
+{
+    int64_t n = rfi_node_numel(r);
+    return rfi_layout_blocked(rfi_plan_layout(L->p, r->id)) &&
+           !step_reads_layout(L, st, L->p->channel_blocks, NULL) &&
+           (reads_plain_of(L, st->roots, st->n_roots, n) ||
+            reads_plain_of(L, st->fused, st->n_fused, n));
+}
+
 /* The root whose layout orders a LOOP step's loops: one not row-major if
  * any (a pool's blocked codes beside its row-major result), else the first. */
 static const rfi_node *ordering_root(const lower *L, const rfi_step *st)
@@ -792,6 +822,8 @@ static rf_status lower_loop_as(lower *L, const rfi_step *st, bool flat)
         vars[0] = rfi_lower_loop_var(L, rfi_node_numel(r0), false);
     else if (walks_blocked_input(L, st, ordering_root(L, st)))
         blocked_loops(L, r0, rfi_layout_block(L->p->channel_blocks), vars);
+    else if (walks_plain_input(L, st, ordering_root(L, st)))
+        shape_loops(L, r0, vars);
     else
         root_loops(L, ordering_root(L, st), vars);
     return store_roots(L, st, r0, vars, flat);
