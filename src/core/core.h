@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -187,8 +188,30 @@ RFI_FUNC int rfi_open_regular(const char *path, int64_t *size);
  * counter hi32 ^ stream << 16} under key {seed lo32, seed hi32}: the same (seed,
  * counter, stream) gives the same values on every platform. dist 0: uniform
  * [0,1); 1: standard normal (Box-Muller on the block's words). dt: f32 or f64. */
+/* Philox4x32-10's round multipliers and key increments (Salmon et al.). */
+#define RFI_PHILOX_M0 0xD2511F53u
+#define RFI_PHILOX_M1 0xCD9E8D57u
+#define RFI_PHILOX_W0 0x9E3779B9u
+#define RFI_PHILOX_W1 0xBB67AE85u
 RFI_FUNC void rfi_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 RFI_FUNC void rfi_random_fill(uint64_t seed, uint64_t counter, uint32_t stream, int dist,
                               rf_dtype dt, void *out, int64_t n);
+/* rfi_random_fill's values from a block's words, for kernels that compute the
+ * blocks their own way: uniform in [0, 1) with 24 (f32: word 0) or 53 (f64:
+ * words 0 and 1) random bits, and Box-Muller's normal from two uniforms
+ * (f32: words 0 and 1; f64: words 0-1 and 2-3), in double. */
+static inline double rfi_random_unit_f32(uint32_t w)
+{
+    return (double)(w >> 8) * (1.0 / 16777216.0);
+}
+static inline double rfi_random_unit_f64(uint32_t hi, uint32_t lo)
+{
+    return (double)(((uint64_t)hi << 32 | lo) >> 11) * (1.0 / 9007199254740992.0);
+}
+static inline double rfi_random_normal(double u1, double u2)
+{
+    /* 1 - u1 is in (0, 1], so the log is finite */
+    return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586476925 * u2);
+}
 
 #endif

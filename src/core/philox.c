@@ -10,39 +10,26 @@
 
 #include <math.h>
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u
-#define PHILOX_W1 0xBB67AE85u
-
 void rfi_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
 {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
     uint32_t k0 = key[0], k1 = key[1];
     for (int round = 0; round < 10; round++) {
-        uint64_t p0 = (uint64_t)PHILOX_M0 * c0;
-        uint64_t p1 = (uint64_t)PHILOX_M1 * c2;
+        uint64_t p0 = (uint64_t)RFI_PHILOX_M0 * c0;
+        uint64_t p1 = (uint64_t)RFI_PHILOX_M1 * c2;
         uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
         uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
         c1 = (uint32_t)p1;
         c3 = (uint32_t)p0;
         c0 = n0;
         c2 = n2;
-        k0 += PHILOX_W0;
-        k1 += PHILOX_W1;
+        k0 += RFI_PHILOX_W0;
+        k1 += RFI_PHILOX_W1;
     }
     out[0] = c0;
     out[1] = c1;
     out[2] = c2;
     out[3] = c3;
-}
-
-/* Uniform in [0, 1) with 24 (f32) or 53 (f64) random bits. */
-static double unit_f32(uint32_t w) { return (double)(w >> 8) * (1.0 / 16777216.0); }
-static double unit_f64(uint32_t hi, uint32_t lo)
-{
-    uint64_t v = ((uint64_t)hi << 32 | lo) >> 11;
-    return (double)v * (1.0 / 9007199254740992.0);
 }
 
 void rfi_random_fill(uint64_t seed, uint64_t counter, uint32_t stream, int dist, rf_dtype dt,
@@ -56,15 +43,13 @@ void rfi_random_fill(uint64_t seed, uint64_t counter, uint32_t stream, int dist,
         rfi_philox4x32(ctr, key, w);
         double u1, u2;
         if (dt == RF_F64) {
-            u1 = unit_f64(w[0], w[1]);
-            u2 = unit_f64(w[2], w[3]);
+            u1 = rfi_random_unit_f64(w[0], w[1]);
+            u2 = rfi_random_unit_f64(w[2], w[3]);
         } else {
-            u1 = unit_f32(w[0]);
-            u2 = unit_f32(w[1]);
+            u1 = rfi_random_unit_f32(w[0]);
+            u2 = rfi_random_unit_f32(w[1]);
         }
-        double v = u1;
-        if (dist == 1) /* Box-Muller; 1 - u1 is in (0, 1], so the log is finite */
-            v = sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586476925 * u2);
+        double v = dist == 1 ? rfi_random_normal(u1, u2) : u1;
         if (dt == RF_F64)
             ((double *)out)[i] = v;
         else

@@ -22,9 +22,6 @@
  * Deliberately not here: which ops reach this file (pool.c hands RNG nodes
  * over), other dtypes (the op makes only f32 and f64).
  */
-#include <math.h>
-#include <string.h>
-
 #include "../../runtime/threadpool.h"
 #include "services.h"
 
@@ -53,12 +50,12 @@ static void block_counter(uint64_t counter, uint32_t stream, int64_t i, uint32_t
     ctr[3] = (uint32_t)(counter >> 32) ^ (stream << 16);
 }
 
-/* words[w][j]: word w of the block of element first + j, for j < n <= BATCH. */
+/* words[w][j]: word w of the block of element first + j, for from <= j < n <= BATCH. */
 static void words_scalar(uint64_t seed, uint64_t counter, uint32_t stream, int64_t first,
-                         int n, uint32_t words[4][BATCH])
+                         int from, int n, uint32_t words[4][BATCH])
 {
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    for (int j = 0; j < n; j++) {
+    for (int j = from; j < n; j++) {
         uint32_t ctr[4], w[4];
         block_counter(counter, stream, first + j, ctr);
         rfi_philox4x32(ctr, key, w);
@@ -81,32 +78,35 @@ __attribute__((target("avx2"))) static inline void mul_hilo8(__m256i a, __m256i 
     *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
 }
 
-/* words_scalar for n a multiple of 8: rfi_philox4x32's rounds on eight blocks at once. */
+/* words_scalar from 0 for n a multiple of 8: rfi_philox4x32's rounds on eight
+ * blocks at once. */
 __attribute__((target("avx2"))) static void words_avx2(uint64_t seed, uint64_t counter,
                                                        uint32_t stream, int64_t first, int n,
                                                        uint32_t words[4][BATCH])
 {
-    const __m256i m0 = _mm256_set1_epi32((int)0xD2511F53u);
-    const __m256i m1 = _mm256_set1_epi32((int)0xCD9E8D57u);
+    const __m256i m0 = _mm256_set1_epi32((int)RFI_PHILOX_M0);
+    const __m256i m1 = _mm256_set1_epi32((int)RFI_PHILOX_M1);
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i top = _mm256_set1_epi32(INT32_MIN);
     uint32_t base[4];
     block_counter(counter, stream, 0, base);
     __m256i round_key[10][2];
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-    for (int round = 0; round < 10; round++, k0 += 0x9E3779B9u, k1 += 0xBB67AE85u) {
+    for (int round = 0; round < 10; round++, k0 += RFI_PHILOX_W0, k1 += RFI_PHILOX_W1) {
         round_key[round][0] = _mm256_set1_epi32((int)k0);
         round_key[round][1] = _mm256_set1_epi32((int)k1);
     }
     for (int j = 0; j < n; j += 8) {
-        /* i = first + j + lane; the lanes' high words agree unless the low ones wrap */
+        /* element i + lane: the lanes' high words agree unless the low ones wrap */
         int64_t i = first + j;
         const __m256i i_lo = _mm256_set1_epi32((int)(uint32_t)i);
+        const __m256i i_hi = _mm256_set1_epi32((int)(uint32_t)((uint64_t)i >> 32));
         __m256i c0 = _mm256_add_epi32(i_lo, lanes);
         /* -1 where the lane's low word wrapped (c0 < i_lo unsigned: signed after
          * flipping the top bits), then its high word is one more */
-        const __m256i top = _mm256_set1_epi32(INT32_MIN);
-        __m256i carry = _mm256_cmpgt_epi32(_mm256_xor_si256(i_lo, top), _mm256_xor_si256(c0, top));
-        __m256i c1 = _mm256_sub_epi32(_mm256_set1_epi32((int)(uint32_t)((uint64_t)i >> 32)), carry);
+        __m256i wrapped =
+            _mm256_cmpgt_epi32(_mm256_xor_si256(i_lo, top), _mm256_xor_si256(c0, top));
+        __m256i c1 = _mm256_sub_epi32(i_hi, wrapped);
         __m256i c2 = _mm256_set1_epi32((int)base[2]);
         __m256i c3 = _mm256_set1_epi32((int)base[3]);
         for (int round = 0; round < 10; round++) {
@@ -139,24 +139,7 @@ static void block_words(bool avx2, uint64_t seed, uint64_t counter, uint32_t str
 #else
     (void)avx2;
 #endif
-    if (vec < n) {
-        uint32_t tail[4][BATCH];
-        words_scalar(seed, counter, stream, first + vec, n - vec, tail);
-        for (int k = 0; k < 4; k++)
-            memcpy(words[k] + vec, tail[k], (size_t)(n - vec) * sizeof(uint32_t));
-    }
-}
-
-/* rfi_random_fill's conversions, word for word. */
-static inline double unit_f32(uint32_t w) { return (double)(w >> 8) * (1.0 / 16777216.0); }
-static inline double unit_f64(uint32_t hi, uint32_t lo)
-{
-    uint64_t v = ((uint64_t)hi << 32 | lo) >> 11;
-    return (double)v * (1.0 / 9007199254740992.0);
-}
-static inline double box_muller(double u1, double u2)
-{
-    return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586476925 * u2);
+    words_scalar(seed, counter, stream, first, vec, n, words);
 }
 
 void rfi_cpu_rng_fill(const rfi_cpu_rng *k, uint64_t seed, uint64_t counter, int64_t first,
@@ -173,16 +156,18 @@ void rfi_cpu_rng_fill(const rfi_cpu_rng *k, uint64_t seed, uint64_t counter, int
         if (k->f64) {
             double *o = (double *)out + done;
             for (int j = 0; j < n; j++) {
-                double u1 = unit_f64(words[0][j], words[1][j]);
-                o[j] = k->normal ? box_muller(u1, unit_f64(words[2][j], words[3][j])) : u1;
+                double u1 = rfi_random_unit_f64(words[0][j], words[1][j]);
+                double u2 = rfi_random_unit_f64(words[2][j], words[3][j]);
+                o[j] = k->normal ? rfi_random_normal(u1, u2) : u1;
             }
         } else {
             float *o = (float *)out + done;
             if (k->normal)
                 for (int j = 0; j < n; j++)
-                    o[j] = (float)box_muller(unit_f32(words[0][j]), unit_f32(words[1][j]));
+                    o[j] = (float)rfi_random_normal(rfi_random_unit_f32(words[0][j]),
+                                                    rfi_random_unit_f32(words[1][j]));
             else
-                for (int j = 0; j < n; j++) /* unit_f32, exactly, in float */
+                for (int j = 0; j < n; j++) /* rfi_random_unit_f32, exactly, in float */
                     o[j] = (float)(int32_t)(words[0][j] >> 8) * 0x1p-24f;
         }
     }
