@@ -1189,6 +1189,69 @@ static void test_dot_unrolled_rows(rf_dtype dt, int64_t m, int64_t n, int64_t le
     rfi_free(wd);
 }
 
+/* Row maxima and minima over the last axis (softmax's row max) fold their
+ * points in lanes (render_reduce.c, "Lane extremes"), and must keep what the
+ * one accumulator keeps: bitwise the interpreter's on rows of random values,
+ * of ties, of a zero extreme with both signs (the last one kept) in the
+ * lanes or in the tail, of NaNs (the first kept), of infinities only, and
+ * with extremes in the tail; f32 and f64, 64 and 67 points per row. */
+static void test_lane_extremes(rf_dtype dt, int64_t n)
+{
+    enum { ROWS = 9 };
+    targ a[1] = {{dt, 2, {ROWS, n}}};
+    rfi_graph *g = g_new(a, 1);
+    rfi_node *x = g_arg(g, 0);
+    static const int64_t last[] = {1};
+    rfi_node *ys[2] = {reduce(g, x, RF_REDUCE_MAX, last, 1), reduce(g, x, RF_REDUCE_MIN, last, 1)};
+    double *v = rfi_malloc((size_t)(ROWS * n) * sizeof *v);
+    for (int64_t r = 0; v && r < ROWS; r++)
+        for (int64_t i = 0; i < n; i++) {
+            double *e = &v[r * n + i];
+            *e = (double)((i * 37 + r * 11) % 23 - 11) * 0.25; /* row 0: random */
+            if (r == 1) /* ties: the extremes 5 and -5 several times */
+                *e = i % 9 == 0 ? 5.0 : i % 9 == 4 ? -5.0 : *e * 0.1;
+            if (r == 2 || r == 3) /* zero extremes, signs alternating, the last -0 or +0 */
+                *e = i % 5 == 0 ? ((i / 5) % 2 == (r == 2) ? 0.0 : -0.0) : (r == 2 ? -1.0 : 1.0);
+            if (r == 4 && (i == 9 || i == 30)) /* two NaNs */
+                *e = i == 9 ? NAN : -NAN;
+            if (r == 5)
+                *e = i % 2 ? INFINITY : -INFINITY;
+            if (r == 6 && i >= n - n % 8) /* extremes in the tail */
+                *e = i % 2 ? 100.0 : -100.0;
+            if (r == 7) /* zeros in the lanes, the other zero in the tail */
+                *e = i < n - 2 ? (i % 3 == 0 ? 0.0 : -2.0) : -0.0;
+            if (r == 8) /* every point -0 but one +0 */
+                *e = i == 40 ? 0.0 : -0.0;
+        }
+    void *data = rfi_malloc((size_t)(ROWS * n) * rf_dtype_size(dt));
+    for (int64_t i = 0; data && v && i < ROWS * n; i++) {
+        if (dt == RF_F64)
+            ((double *)data)[i] = v[i];
+        else
+            ((float *)data)[i] = (float)v[i];
+    }
+    for (int i = 0; i < 2; i++)
+        CHECK_OK(rfi_graph_add_output(g, ys[i]));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module mod;
+    if (build(p, &mod, &km))
+        CHECK(strstr(mod.source, "lane_nan[l] |= ") != NULL);
+    module_free(&mod);
+    rfi_kir_free(km);
+    const void *args[1] = {data};
+    const char *labels[2] = {dt == RF_F64 ? "row max f64 (lanes)" : "row max f32 (lanes)",
+                             dt == RF_F64 ? "row min f64 (lanes)" : "row min f32 (lanes)"};
+    const tol tols[2] = {BITS, BITS};
+    if (data && v)
+        check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+    rfi_free(v);
+    rfi_free(data);
+}
+
 /* Products of RF_PRECISION_BF16 that stay generated loops (a matrix-vector one
  * and a small batched one) round both operands where they load them (or, in
  * the matrix-vector one, with AVX512-BF16 instructions where the CPU has them), to the
@@ -2287,6 +2350,10 @@ int main(void)
     test_dot_unrolled(784, 300);
     test_dot_unrolled_rows(RF_F64, 33, 258, 100);
     test_dot_unrolled_rows(RF_F32, 5, 11, 40);
+    test_lane_extremes(RF_F32, 64);
+    test_lane_extremes(RF_F32, 67);
+    test_lane_extremes(RF_F64, 64);
+    test_lane_extremes(RF_F64, 67);
     test_dot_bf16();
     test_multi_root();
     test_costed_parallel();

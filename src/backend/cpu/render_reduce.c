@@ -297,12 +297,102 @@ static void open_inner_reduced_loops(rfi_render *R, int end, int depth)
 
 static bool plain_bf16_dot(rfi_render *R, const bool *live, int depth);
 
+/* ---- Lane extremes ------------------------------------------------------------------- *
+ * A float max or min folds each point into the accumulator through
+ * rf_max/rf_min (the first NaN, else the last of the equal extremes), one
+ * dependent compare and select per point that gcc leaves scalar: a
+ * softmax's row max over [32, 4, 64, 64] took 709 us where the row sum took
+ * 43. Only a NaN or a zero extreme depends on which point the fold keeps:
+ * equal values other than zeros have the same bits. So over one reduced loop
+ * the plain schedule folds the first multiple of LANE_FOLDS points into
+ * LANE_FOLDS lanes (point r into lane r % LANE_FOLDS, vectorised), each a
+ * plain compare and select that also notes a NaN, and takes the lanes'
+ * extreme unless a point was a NaN or that extreme is a zero: then it folds
+ * those points again one by one, as before. The rest of the points fold into
+ * it one by one. */
+#define LANE_FOLDS 8
+#define LANE_MIN_POINTS 32
+
+static bool lane_extremes(const rfi_kir_kernel *k)
+{
+    return (k->red_kind == RF_REDUCE_MAX || k->red_kind == RF_REDUCE_MIN) &&
+           rfi_dtype_is_float(k->acc_dtype) && k->n_folds == 1 && k->red_rank == 1 &&
+           k->red_guard < 0 && k->red_dims[0] >= LANE_MIN_POINTS;
+}
+
+/* A line of C at depth. */
+static void line(rfi_render *R, int depth, const char *text)
+{
+    rfi_render_indent(R, depth);
+    put(R->sb, text);
+    put(R->sb, "\n");
+}
+
+/* The fold of the first n - n % LANE_FOLDS points into acc (declared). */
+static void lane_extreme_loops(rfi_render *R, const bool *live, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    const char *beats = k->red_kind == RF_REDUCE_MAX ? ">" : "<";
+    int64_t whole = k->red_dims[0] - k->red_dims[0] % LANE_FOLDS;
+    char value[64];
+    rfi_render_operand_text(R, rfi_kir_fold_value(k, 0), value, sizeof value);
+    line(R, depth, "{");
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "%s lane_acc[%d];\n", rfi_render_ctype(k->acc_dtype), LANE_FOLDS);
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "int lane_nan[%d];\n", LANE_FOLDS);
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "for (int l = 0; l < %d; l++) {\n", LANE_FOLDS);
+    line(R, depth + 2, "lane_acc[l] = acc;");
+    line(R, depth + 2, "lane_nan[l] = 0;");
+    line(R, depth + 1, "}");
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "for (int64_t r0_lanes = 0; r0_lanes < %lld; r0_lanes += %d) {\n",
+         (long long)whole, LANE_FOLDS);
+    line(R, depth + 2, "#pragma omp simd");
+    rfi_render_indent(R, depth + 2);
+    putf(R->sb, "for (int64_t l = 0; l < %d; l++) {\n", LANE_FOLDS);
+    line(R, depth + 3, "const int64_t r0 = r0_lanes + l;");
+    rfi_render_statements(R, live, 2, depth + 3);
+    rfi_render_indent(R, depth + 3);
+    putf(R->sb, "lane_nan[l] |= %s != %s;\n", value, value);
+    rfi_render_indent(R, depth + 3);
+    putf(R->sb, "lane_acc[l] = %s %s lane_acc[l] ? %s : lane_acc[l];\n", value, beats, value);
+    line(R, depth + 2, "}");
+    line(R, depth + 1, "}");
+    line(R, depth + 1, "int nan = lane_nan[0];");
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "%s extreme = lane_acc[0];\n", rfi_render_ctype(k->acc_dtype));
+    rfi_render_indent(R, depth + 1);
+    putf(R->sb, "for (int l = 1; l < %d; l++) {\n", LANE_FOLDS);
+    line(R, depth + 2, "nan |= lane_nan[l];");
+    rfi_render_indent(R, depth + 2);
+    putf(R->sb, "extreme = lane_acc[l] %s extreme ? lane_acc[l] : extreme;\n", beats);
+    line(R, depth + 1, "}");
+    line(R, depth + 1, "if (!nan && extreme != 0) {");
+    line(R, depth + 2, "acc = extreme;");
+    line(R, depth + 1, "} else {");
+    rfi_render_indent(R, depth + 2);
+    putf(R->sb, "for (int64_t r0 = 0; r0 < %lld; r0++) {\n", (long long)whole);
+    rfi_render_statements(R, live, 2, depth + 3);
+    fold_into(R, depth + 3, "acc");
+    line(R, depth + 2, "}");
+    line(R, depth + 1, "}");
+    line(R, depth, "}");
+}
+
 void rfi_render_reduction_loops(rfi_render *R, const bool *live, int depth)
 {
     const rfi_kir_kernel *k = R->k;
     rfi_schedule plain = {RFI_SCHED_PLAIN, 0, 0};
     declare_accs(R, depth);
-    if (!plain_bf16_dot(R, live, depth))
+    if (lane_extremes(k)) {
+        lane_extreme_loops(R, live, depth);
+        int64_t n = k->red_dims[0];
+        rfi_render_indent(R, depth);
+        putf(R->sb, "for (int64_t r0 = %lld; r0 < %lld; r0++) {\n",
+             (long long)(n - n % LANE_FOLDS), (long long)n);
+    } else if (!plain_bf16_dot(R, live, depth))
         open_reduced_loops(R, 0, depth, &plain);
     rfi_render_statements(R, live, 2, depth + k->red_rank);
     fold(R, depth + k->red_rank);
