@@ -14,6 +14,7 @@
  * printed; TP_SHOW=1 also prints its program before and after).
  */
 #include "backend/interp/interp.h"
+#include "backend/plan.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
 #include "runtime/runtime.h"
@@ -1497,6 +1498,146 @@ static void test_merged_recurrence(void)
         rf_array_free(args[i]);
 }
 
+/* ---- Padded convolutions (pad_convs.c) ------------------------------------------------ */
+
+static int count_op(const rfi_graph *g, rfi_op op)
+{
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        n += g->nodes[i]->op == op;
+    return n;
+}
+
+/* A convolution of x [2,3,6,6] by w [4,3,3,3] with padding lo/hi and lhs dilation ldil. */
+static rfi_node *conv_node(rfi_graph *g, rfi_node *x, rfi_node *w, int64_t lo, int64_t hi,
+                           int64_t ldil)
+{
+    rfi_attrs a = attrs0();
+    a.i[0] = a.i[1] = 1; /* one feature group, one batch group */
+    for (int k = 0; k < 5; k++)
+        a.nl[k] = 2;
+    for (int d = 0; d < 2; d++) {
+        a.l[0][d] = 1;
+        a.l[1][d] = lo;
+        a.l[2][d] = hi;
+        a.l[3][d] = ldil;
+        a.l[4][d] = 1;
+    }
+    rfi_node *in[2] = {x, w};
+    return node(g, RFI_OP_CONVOLUTION, in, 2, &a, x->dtype, NULL, 0);
+}
+
+/* rfi_pad_convs with the cpu plan's predicate: the f64 convolutions (loops)
+ * padded by 1 and lhs-dilated by 2 (with padding 2/1) read PADs of zeros,
+ * unpadded themselves (the dilated one's pad has interior 1); the one
+ * cropped by negative padding and the f32 one (a library call) keep their
+ * padding. Bitwise the same results, with an infinity in x and a NaN in w
+ * (which padding times NaN turns into NaNs in both). */
+static void test_padded_convs(void)
+{
+    rf_dtype dts[4] = {RF_F64, RF_F64, RF_F32, RF_F32};
+    int ranks[4] = {4, 4, 4, 4};
+    int64_t dims[4][RF_MAX_RANK] = {{2, 3, 6, 6}, {4, 3, 3, 3}, {2, 3, 6, 6}, {4, 3, 3, 3}};
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
+    CHECK_OK(rfi_graph_set_args(g, 4, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims));
+    rfi_node *x = arg(g, 0), *w = arg(g, 1), *x32 = arg(g, 2), *w32 = arg(g, 3);
+    rfi_node *ys[4] = {conv_node(g, x, w, 1, 1, 1), conv_node(g, x, w, 2, 1, 2),
+                       conv_node(g, x, w, -1, 0, 1), conv_node(g, x32, w32, 1, 1, 1)};
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(rfi_graph_add_output(g, ys[i]));
+    double xd[216], wd[108];
+    float x32d[216], w32d[108];
+    for (int i = 0; i < 216; i++)
+        x32d[i] = (float)(xd[i] = (double)((i * 37) % 19 - 9) * 0.25);
+    for (int i = 0; i < 108; i++)
+        w32d[i] = (float)(wd[i] = (double)((i * 11) % 7 - 3) * 0.5);
+    xd[50] = INFINITY;
+    wd[13] = NAN;
+    void *args[4] = {xd, wd, x32d, w32d};
+    rfi_graph *out = NULL;
+    CHECK_OK(rfi_pad_convs(g, rfi_plan_conv_as_loops, &out));
+    if (out) {
+        CHECK_OK(rfi_verify(out));
+        CHECK(count_op(out, RFI_OP_PAD) == 2);
+        int padded_convs = 0, interior = 0;
+        for (int i = 0; i < out->n_nodes; i++) {
+            const rfi_node *n = out->nodes[i];
+            if (n->op == RFI_OP_CONVOLUTION)
+                padded_convs += n->attr.l[1][0] != 0 || n->attr.l[3][0] > 1;
+            if (n->op == RFI_OP_PAD)
+                interior += n->attr.l[2][2] == 1 && n->attr.l[2][3] == 1 && n->attr.l[0][2] == 2;
+        }
+        CHECK(padded_convs == 2 && interior == 1);
+        CHECK(same_results(g, out, args));
+    }
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    printf("padded convolutions: 2 of 4 read PADs of zeros, bitwise the same\n");
+}
+
+typedef struct depthwise_ctx {
+    int64_t k;
+} depthwise_ctx;
+
+/* The gradient of sum(y * y) for a depthwise k x k convolution y of x by w. */
+static void depthwise_grad_program(rf_trace *t, void *ctx)
+{
+    const depthwise_ctx *c = ctx;
+    rf_tensor *x = rf_arg(t, 0), *w = rf_arg(t, 1);
+    rf_conv_params p = rf_conv_params_default(2);
+    p.pad_lo[0] = p.pad_hi[0] = p.pad_lo[1] = p.pad_hi[1] = c->k / 2;
+    p.feature_group_count = 8;
+    rf_tensor *y = rf_conv(x, w, &p);
+    rf_tensor *wrt[2] = {x, w}, *g[2];
+    rf_grad(t, rf_sum_all(rf_mul(y, y)), wrt, 2, g);
+    rf_return(t, g[0]);
+    rf_return(t, g[1]);
+}
+
+/* The weight gradient of a depthwise 5x5 convolution is a REDUCE step of the
+ * cpu plan (rfi_plan_conv_as_loops), read from a PAD; a 3x3 one stays a
+ * call. Both programs' gradients, compiled, agree with the interpreter to
+ * rounding (1e-5 of the largest element). */
+static void test_depthwise_gradients(void)
+{
+    for (int64_t k = 3; k <= 5; k += 2) {
+        depthwise_ctx c = {k};
+        rf_array *args[2] = {cpu_array((const int64_t[]){4, 8, 10, 10}, 4, 21),
+                             cpu_array((const int64_t[]){8, 1, k, k}, 4, 22)};
+        rf_compile_opts o = {.device = rf_device_cpu(), .name = "depthwise"};
+        rf_exec *e = NULL;
+        CHECK_OK(rf_compile_with(depthwise_grad_program, &c, args, 2, &o, &e));
+        if (!e)
+            continue;
+        int loops = 0;
+        for (int i = 0; i < e->prog->n_nodes; i++)
+            loops += e->prog->nodes[i]->op == RFI_OP_CONVOLUTION &&
+                     rfi_plan_conv_as_loops(e->prog->nodes[i]);
+        CHECK(loops == (k == 5));
+        void *in[2] = {rf_array_data(args[0]), rf_array_data(args[1])};
+        results want = {0};
+        CHECK_OK(run_graph(e->prog, in, &want));
+        rf_array *out[2] = {NULL, NULL};
+        CHECK_OK(rf_exec_run(e, args, 2, out, 2));
+        for (int i = 0; i < 2 && want.n == 2; i++) {
+            int64_t n = (int64_t)(want.nbytes[i] / sizeof(float));
+            double gap = out[i] ? relative_gap(rf_array_data(out[i]), want.buf[i], n) : 1;
+            if (gap > 1e-5)
+                fprintf(stderr, "  depthwise %lldx%lld gradient %d: %.3g off\n", (long long)k,
+                        (long long)k, i, gap);
+            CHECK(gap <= 1e-5);
+        }
+        printf("depthwise %lldx%lld: %d convolution(s) as loops, gradients as interpreted\n",
+               (long long)k, (long long)k, loops);
+        results_free(&want);
+        rf_array_free(out[0]);
+        rf_array_free(out[1]);
+        rf_exec_free(e);
+        rf_array_free(args[0]);
+        rf_array_free(args[1]);
+    }
+}
+
 static rf_tensor *ce_loss(rf_model *m, rf_tensor *const *b, int n, rf_aux *aux, void *ctx)
 {
     (void)n;
@@ -1572,6 +1713,8 @@ int main(void)
     test_random_chains();
     test_gradient_programs();
     test_merged_recurrence();
+    test_padded_convs();
+    test_depthwise_gradients();
     test_training_step();
     return tu_finish("test_passes");
 }

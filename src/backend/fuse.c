@@ -25,8 +25,8 @@
  *   not forced is inline or materialised by one rule, decided from the users
  *   down (users have larger ids, so a reverse walk sees them decided):
  *   - "sites" of a user u: 1 if u is materialised, else the sites of u; an
- *     edge into an expanding BROADCAST_IN_DIM, a DOT_GENERAL or a
- *     REDUCE_WINDOW counts 2 (the operand would be re-evaluated per output
+ *     edge into an expanding BROADCAST_IN_DIM, a DOT_GENERAL, a
+ *     CONVOLUTION or a REDUCE_WINDOW counts 2 (the operand would be re-evaluated per output
  *     element). A REDUCE user counts 1 (each input element is read once).
  *   - CHEAP ops (broadcast_in_dim, reshape, transpose, slice, reverse,
  *     convert, iota, constant, neg, abs, stop_gradient) and every rank-0
@@ -68,10 +68,12 @@
  *   has at most opts.dot_loop_max_rows rows (a matrix-vector product: a
  *   REDUCE step whatever its size) or it is not f32 (the math library's
  *   type: an f64 product ran 3-4x faster as generated loops than in the
- *   reference kernel a call would fall back to); CONVOLUTION -> CALL CONV; ARGMAX,
- *   ARGMIN, GATHER, SCATTER_ADD, SELECT_AND_SCATTER, RNG -> CALL FALLBACK;
- *   REDUCE, REDUCE_WINDOW and smaller DOT_GENERAL -> a REDUCE step (whose
- *   loads round the operands of one of RF_PRECISION_BF16); everything else
+ *   reference kernel a call would fall back to); CONVOLUTION -> CALL CONV,
+ *   unless rfi_plan_conv_as_loops (not f32, or a depthwise weight gradient
+ *   other than 3x3); ARGMAX, ARGMIN, GATHER, SCATTER_ADD,
+ *   SELECT_AND_SCATTER, RNG -> CALL FALLBACK; REDUCE, REDUCE_WINDOW, smaller
+ *   DOT_GENERAL and those convolutions -> a REDUCE step (whose loads round
+ *   the operands of one of RF_PRECISION_BF16); everything else
  *   -> LOOP. A new LOOP root joins an existing LOOP step of identical dims
  *   that reads at least one of the same inputs or one of whose roots it reads
  *   (the latest such step among the last JOIN_WINDOW steps) when it can run
@@ -225,6 +227,20 @@ static int64_t dot_rows(const rfi_node *x)
     return k > 0 ? rfi_node_numel(lhs) / k : 0;
 }
 
+/* plan.h: f32 convolutions are calls but for depthwise weight gradients
+ * with kernels other than 3x3, which oneDNN's depthwise kernel does not take
+ * and im2col ran as one product per channel: a 7x7 one over 64 channels of
+ * 64 16x16 images took 85 ms that way. */
+bool rfi_plan_conv_as_loops(const rfi_node *x)
+{
+    if (x->dtype != RF_F32 || x->in[0]->dtype != RF_F32 || x->in[1]->dtype != RF_F32)
+        return true;
+    int64_t b_groups = x->attr.i[1];
+    bool depthwise_grad = x->rank == 4 && b_groups > 1 && x->dims[0] == 1 &&
+                          x->dims[1] == b_groups && x->attr.i[0] <= 1;
+    return depthwise_grad && !(x->dims[2] == 3 && x->dims[3] == 3);
+}
+
 static rfi_call_kind call_kind(const rfi_plan_builder *b, const rfi_node *x)
 {
     switch (x->op) {
@@ -233,7 +249,7 @@ static rfi_call_kind call_kind(const rfi_plan_builder *b, const rfi_node *x)
             return RFI_CALL_NONE;
         return rfi_dot_macs(x) >= b->opts.matmul_call_min_flops ? RFI_CALL_MATMUL : RFI_CALL_NONE;
     case RFI_OP_CONVOLUTION:
-        return RFI_CALL_CONV;
+        return rfi_plan_conv_as_loops(x) ? RFI_CALL_NONE : RFI_CALL_CONV;
     case RFI_OP_ARGMAX:
     case RFI_OP_ARGMIN:
     case RFI_OP_GATHER:
@@ -250,7 +266,8 @@ static rfi_step_kind step_kind(const rfi_plan_builder *b, const rfi_node *x)
 {
     if (call_kind(b, x) != RFI_CALL_NONE)
         return RFI_STEP_CALL;
-    if (x->op == RFI_OP_REDUCE || x->op == RFI_OP_REDUCE_WINDOW || x->op == RFI_OP_DOT_GENERAL)
+    if (x->op == RFI_OP_REDUCE || x->op == RFI_OP_REDUCE_WINDOW || x->op == RFI_OP_DOT_GENERAL ||
+        x->op == RFI_OP_CONVOLUTION)
         return RFI_STEP_REDUCE;
     return RFI_STEP_LOOP;
 }
@@ -264,7 +281,8 @@ static int edge_weight(const rfi_node *x, const rfi_node *u)
 {
     if (u->op == RFI_OP_BROADCAST_IN_DIM && rfi_node_numel(u) > rfi_node_numel(x))
         return 2;
-    if (u->op == RFI_OP_DOT_GENERAL || u->op == RFI_OP_REDUCE_WINDOW)
+    if (u->op == RFI_OP_DOT_GENERAL || u->op == RFI_OP_REDUCE_WINDOW ||
+        u->op == RFI_OP_CONVOLUTION)
         return 2;
     return 1;
 }

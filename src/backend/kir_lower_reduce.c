@@ -256,6 +256,87 @@ static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value
     return st;
 }
 
+/* Convolution n (the interpreter's semantics, interp/conv.c) at result point
+ * m = (image, feature, position...): the sum over ci < C/G and kernel
+ * positions q... of x[image block + m0, channel block + ci, source...] *
+ * w[m1, ci, q...], each source the position m*stride + q*rhs_dil - pad_lo of
+ * the padded, lhs-dilated input, zero at a padding point or dilation hole
+ * (which still multiplies w, as in the interpreter: a NaN weight gives NaN).
+ * Products and sums as dot_value's: f32 in f32, other floats rounded once
+ * and summed in double, integers wrapping in int64. Convolutions of the
+ * compiling backends reach here unpadded (passes/pad_convs.c) but for
+ * negative padding. */
+static rf_status conv_value(lower *L, const rfi_node *n, const int *m, int *value)
+{
+    const rfi_node *x = n->in[0], *w = n->in[1];
+    const rfi_attrs *at = &n->attr;
+    rfi_kir_kernel *k = L->k;
+    set_identity(k, RF_REDUCE_SUM, x->dtype);
+    int nsp = x->rank - 2;
+    int64_t groups = at->i[0] > 0 ? at->i[0] : 1, b_groups = at->i[1] > 0 ? at->i[1] : 1;
+    int64_t features = n->dims[1], cin = w->dims[1];
+    int xm[RF_MAX_RANK], wm[RF_MAX_RANK];
+    int ci = rfi_lower_loop_var(L, cin, true);
+    wm[0] = m[1];
+    wm[1] = ci;
+    for (int d = 0; d < nsp; d++)
+        wm[2 + d] = rfi_lower_loop_var(L, w->dims[2 + d], true);
+    xm[0] = m[0];
+    if (b_groups > 1) /* the feature's block of images */
+        xm[0] = iop(L, RFI_KIR_IADD,
+                    iop(L, RFI_KIR_IMUL, iop(L, RFI_KIR_IDIV, m[1], cst(L, features / b_groups)),
+                        cst(L, n->dims[0])),
+                    m[0]);
+    xm[1] = ci;
+    if (groups > 1) /* the feature's block of channels */
+        xm[1] = iop(L, RFI_KIR_IADD,
+                    iop(L, RFI_KIR_IMUL, iop(L, RFI_KIR_IDIV, m[1], cst(L, features / groups)),
+                        cst(L, cin)),
+                    ci);
+    int inside = rfi_kir_const_i(k, RF_BOOL, 1);
+    for (int d = 0; d < nsp; d++) {
+        int64_t stride = at->l[0][d], lo = at->l[1][d], rdil = at->l[4][d];
+        int64_t ldil = at->l[3][d] > 0 ? at->l[3][d] : 1, in = x->dims[2 + d];
+        int pos = iop(L, RFI_KIR_IADD,
+                      iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[2 + d], cst(L, stride)),
+                          iop(L, RFI_KIR_IMUL, wm[2 + d], cst(L, rdil))),
+                      cst(L, -lo));
+        if (ldil > 1) {
+            int on_grid = rfi_kir_icmp(k, RF_EQ, iop(L, RFI_KIR_IREM, pos, cst(L, ldil)),
+                                       cst(L, 0));
+            inside = rfi_kir_land(k, inside, rfi_kir_icmp(k, RF_GE, pos, cst(L, 0)));
+            inside = rfi_kir_land(k, inside, on_grid);
+            pos = iop(L, RFI_KIR_IDIV, pos, cst(L, ldil));
+            inside = rfi_kir_land(k, inside, rfi_kir_icmp(k, RF_LT, pos, cst(L, in)));
+        } else {
+            inside = rfi_kir_land(k, inside, index_in_range(L, pos, in));
+        }
+        xm[2 + d] = rfi_lower_clamp_index(L, pos, in - 1);
+    }
+    int vx = -1, vw = -1;
+    rf_status st = rfi_lower_operand_at(L, x, xm, &vx);
+    if (st == RF_OK)
+        st = rfi_lower_operand_at(L, w, wm, &vw);
+    int64_t c;
+    if (!(rfi_kir_is_const(k, inside, &c) && c)) /* padding is zero, times w (NaN * 0 too) */
+        vx = rfi_kir_select(k, inside, vx, rfi_kir_const_i(k, x->dtype, 0), -1);
+    if (rfi_conv_bf16(n)) { /* then the product is exact in f32 */
+        vx = rfi_kir_round_bf16(k, vx, -1);
+        vw = rfi_kir_round_bf16(k, vw, -1);
+    }
+    if (x->dtype == RF_F32 && w->dtype == RF_F32) {
+        k->acc_dtype = RF_F32;
+        *value = rfi_kir_binary(k, RFI_OP_MUL, RF_F32, vx, vw, -1);
+    } else if (rfi_dtype_is_float(x->dtype)) {
+        *value = rfi_kir_convert(k, k->acc_dtype,
+                                 rfi_kir_binary(k, RFI_OP_MUL, x->dtype, vx, vw, -1), -1);
+    } else {
+        *value = rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype, rfi_kir_convert(k, k->acc_dtype, vx, -1),
+                                rfi_kir_convert(k, k->acc_dtype, vw, -1), -1);
+    }
+    return st;
+}
+
 /* One REDUCE kernel over the result's box `part` (the whole result but for
  * the pieces of a padded window: window_pieces). */
 rf_status rfi_lower_reduce(lower *L, const rfi_step *st, const box *part)
@@ -307,9 +388,11 @@ rf_status rfi_lower_reduce(lower *L, const rfi_step *st, const box *part)
         s = window_value(L, n, m, &v);
     else if (n->op == RFI_OP_DOT_GENERAL)
         s = dot_value(L, n, m, &v);
+    else if (n->op == RFI_OP_CONVOLUTION)
+        s = conv_value(L, n, m, &v);
     else
         return rfi_lower_unsupported(L, n, "is no reduction (a REDUCE step needs reduce, "
-                                           "reduce_window or dot_general)");
+                                           "reduce_window, dot_general or convolution)");
     if (s != RF_OK)
         return s;
     s = fold_root(L, n, L->g->nodes[st->roots[0]], m, 0, v);

@@ -76,5 +76,11 @@ RFI_FUNC bool rfi_unroll_pools_enabled(void);
 RFI_FUNC rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out);
 /* Whether rfi_merge_dots merges (RF_MERGE_DOTS is not "0"). */
 RFI_FUNC bool rfi_merge_dots_enabled(void);
+/* Each convolution with non-negative padding or lhs dilation for which
+ * as_loops holds (the backend computes it as generated loops) becomes the
+ * same convolution, unpadded and undilated, of its input padded (and
+ * dilated) by a PAD of zeros: exact (pad_convs.c says why). Ends with DCE. */
+RFI_FUNC rf_status rfi_pad_convs(const rfi_graph *g, bool (*as_loops)(const rfi_node *conv),
+                                 rfi_graph **out);
 
 #endif

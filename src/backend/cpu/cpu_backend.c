@@ -87,6 +87,12 @@ static rf_status apply_pass(graph_pass pass, rfi_graph **g, const rfi_graph *kee
     return rfi_verify(out);
 }
 
+/* rfi_pad_convs for the convolutions the plan computes as loops. */
+static rf_status pad_loop_convs(const rfi_graph *g, rfi_graph **out)
+{
+    return rfi_pad_convs(g, rfi_plan_conv_as_loops, out);
+}
+
 static rf_status optimise(const rfi_graph *g, rfi_graph **out)
 {
     rfi_graph *cur = (rfi_graph *)g;
@@ -97,6 +103,8 @@ static rf_status optimise(const rfi_graph *g, rfi_graph **out)
         st = apply_pass(rfi_merge_dots, &cur, g); /* ends with DCE */
     if (st == RF_OK)
         st = apply_pass(rfi_unroll_pools, &cur, g); /* ends with DCE */
+    if (st == RF_OK)
+        st = apply_pass(pad_loop_convs, &cur, g); /* ends with DCE */
     if (st != RF_OK) {
         if (cur != g)
             rfi_graph_free(cur);
