@@ -1189,6 +1189,46 @@ static void test_dot_unrolled_rows(rf_dtype dt, int64_t m, int64_t n, int64_t le
     rfi_free(wd);
 }
 
+/* A sum over two axes whose innermost is short (13 of 20 points) keeps a partial
+ * per column across the outer reduced loop (render_reduce.c, "Row sums"),
+ * f32 and f64, within the sum tolerance of the interpreter. */
+static void test_row_sums(rf_dtype dt)
+{
+    targ a[1] = {{dt, 3, {6, 37, 20}}};
+    rfi_graph *g = g_new(a, 1);
+    rfi_attrs sa = {0}; /* x[:, :, 0:13]: rows 20 apart, not one run */
+    sa.nl[0] = sa.nl[1] = sa.nl[2] = 3;
+    const int64_t limit[3] = {6, 37, 13};
+    for (int d = 0; d < 3; d++) {
+        sa.l[1][d] = limit[d];
+        sa.l[2][d] = 1;
+    }
+    rfi_node *x = g_arg(g, 0);
+    rfi_node *cols = mk(g, RFI_OP_SLICE, &x, 1, &sa, dt, limit, 3);
+    static const int64_t rows_cols[] = {1, 2};
+    rfi_node *y = reduce(g, cols, RF_REDUCE_SUM, rows_cols, 2);
+    CHECK_OK(rfi_graph_add_output(g, y));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module mod;
+    if (build(p, &mod, &km))
+        CHECK(strstr(mod.source, "column_sums[r1] += ") != NULL);
+    module_free(&mod);
+    rfi_kir_free(km);
+    enum { N = 6 * 37 * 20 };
+    double v[N];
+    float vf[N];
+    for (int i = 0; i < N; i++)
+        vf[i] = (float)(v[i] = (double)((i * 7919) % 2001 - 1000) * 1e-3);
+    const void *args[1] = {dt == RF_F64 ? (const void *)v : (const void *)vf};
+    const char *labels[1] = {dt == RF_F64 ? "sum of rows f64 (columns)" : "sum of rows f32 (columns)"};
+    const tol tols[1] = {SUM};
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+}
+
 /* Row maxima and minima over the last axis (softmax's row max) fold their
  * points in lanes (render_reduce.c, "Lane extremes"), and must keep what the
  * one accumulator keeps: bitwise the interpreter's on rows of random values,
@@ -2350,6 +2390,8 @@ int main(void)
     test_dot_unrolled(784, 300);
     test_dot_unrolled_rows(RF_F64, 33, 258, 100);
     test_dot_unrolled_rows(RF_F32, 5, 11, 40);
+    test_row_sums(RF_F32);
+    test_row_sums(RF_F64);
     test_lane_extremes(RF_F32, 64);
     test_lane_extremes(RF_F32, 67);
     test_lane_extremes(RF_F64, 64);
