@@ -710,6 +710,24 @@ static int full_operands(const rfi_node *x)
     return n;
 }
 
+/* Whether x is a transpose that moves its last dim and that a convolution
+ * computed as loops reads (rfi_plan_conv_as_loops): inline, each term of the
+ * convolution's rows would load it a whole stride apart (a ConvNeXt block's
+ * depthwise weight gradient reading its cotangent from channels last: 53 ms
+ * of gathers); stored, its rows are contiguous. */
+static bool strided_conv_operand(const rfi_plan_builder *b, const rfi_node *x, const int *us,
+                                 int n_users)
+{
+    if (x->op != RFI_OP_TRANSPOSE || x->rank < 2 || x->attr.l[0][x->rank - 1] == x->rank - 1)
+        return false;
+    for (int k = 0; k < n_users; k++) {
+        const rfi_node *u = b->g->nodes[us[k]];
+        if (u->op == RFI_OP_CONVOLUTION && rfi_plan_conv_as_loops(u))
+            return true;
+    }
+    return false;
+}
+
 /* shared[x]: x is inline in the operand of a REDUCE and also in another step
  * (the REDUCE rule of decide_fusible), or under such a node: each of those
  * steps evaluates it. */
@@ -726,6 +744,10 @@ static void decide_fusible(rfi_plan_builder *b, int *sites, int *fan, bool *shar
             f = FAN_CAP;
         if (!b->mat[us[k]] && shared[us[k]])
             under_shared = true;
+    }
+    if (strided_conv_operand(b, node, us, n_users)) {
+        b->mat[x] = true;
+        return;
     }
     if (is_cheap(node->op) || node->rank == 0) {
         int total = 0;
