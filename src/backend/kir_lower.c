@@ -841,15 +841,25 @@ static const rfi_node *splitting_concat(const lower *L, const rfi_step *st)
     const rfi_node *r0 = L->g->nodes[st->roots[0]];
     if (r0->rank < 1 || rfi_node_numel(r0) == 0 || walks_blocked_input(L, st, r0))
         return NULL;
+    rfi_layout layout = rfi_plan_layout(L->p, st->roots[0]);
     for (int r = 0; r < st->n_roots; r++)
-        if (rfi_plan_layout(L->p, st->roots[r]) != RFI_LAYOUT_PLAIN)
+        if (rfi_plan_layout(L->p, st->roots[r]) != layout)
             return NULL;
+    int64_t b = rfi_layout_block(layout);
+    if (layout != RFI_LAYOUT_PLAIN && b == 0)
+        return NULL; /* channels last */
     for (int i = 0; i < st->n_roots + st->n_fused; i++) {
         int id = i < st->n_roots ? st->roots[i] : st->fused[i - st->n_roots];
         const rfi_node *x = L->g->nodes[id];
-        if (x->op == RFI_OP_CONCATENATE && x->n_in >= 2 && x->n_in <= MAX_CONCAT_PIECES &&
-            x->rank == r0->rank &&
-            memcmp(x->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) == 0)
+        if (x->op != RFI_OP_CONCATENATE || x->n_in < 2 || x->n_in > MAX_CONCAT_PIECES ||
+            x->rank != r0->rank ||
+            memcmp(x->dims, r0->dims, sizeof(int64_t) * (size_t)r0->rank) != 0)
+            continue;
+        /* blocked roots: the channels of a U-Net's skip connection, each piece whole blocks */
+        bool whole_blocks = layout == RFI_LAYOUT_PLAIN || x->attr.i[0] == 1;
+        for (int k = 0; k < x->n_in && b > 0; k++)
+            whole_blocks = whole_blocks && x->in[k]->dims[1] % b == 0;
+        if (whole_blocks)
             return x;
     }
     return NULL;
@@ -883,6 +893,18 @@ static rf_status lower_loop_box(lower *L, const rfi_step *st, const box *part)
     rfi_lower_kernel_name(L->k, r0);
     L->flat = false;
     int vars[RF_MAX_RANK];
+    int64_t b = rfi_layout_block(rfi_plan_layout(L->p, r0->id));
+    if (b > 0) { /* blocked roots, the box whole blocks of channels: their order */
+        vars[0] = rfi_lower_loop_var(L, r0->dims[0], false);
+        int block = iop(L, RFI_KIR_IADD,
+                        rfi_lower_loop_var(L, (part->hi[1] - part->lo[1]) / b, false),
+                        cst(L, part->lo[1] / b));
+        vars[2] = rfi_lower_loop_var(L, r0->dims[2], false);
+        vars[3] = rfi_lower_loop_var(L, r0->dims[3], false);
+        int lane = rfi_lower_loop_var(L, b, false);
+        vars[1] = iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, block, cst(L, b)), lane);
+        return store_roots(L, st, r0, vars, false);
+    }
     for (int d = 0; d < r0->rank; d++) {
         int offset = cst(L, part->lo[d]);
         vars[d] = iop(L, RFI_KIR_IADD, rfi_lower_loop_var(L, part->hi[d] - part->lo[d], false),
