@@ -1530,14 +1530,14 @@ static rfi_node *conv_node(rfi_graph *g, rfi_node *x, rfi_node *w, int64_t lo, i
 /* rfi_pad_convs with the cpu plan's predicate: the f64 convolutions (loops)
  * padded by 1 and lhs-dilated by 2 (with padding 2/1) read PADs of zeros,
  * unpadded themselves (the dilated one's pad has interior 1); the one
- * cropped by negative padding and the f32 one (a library call) keep their
+ * cropped by negative padding and the f32 one (8 features: a library call) keep their
  * padding. Bitwise the same results, with an infinity in x and a NaN in w
  * (which padding times NaN turns into NaNs in both). */
 static void test_padded_convs(void)
 {
     rf_dtype dts[4] = {RF_F64, RF_F64, RF_F32, RF_F32};
     int ranks[4] = {4, 4, 4, 4};
-    int64_t dims[4][RF_MAX_RANK] = {{2, 3, 6, 6}, {4, 3, 3, 3}, {2, 3, 6, 6}, {4, 3, 3, 3}};
+    int64_t dims[4][RF_MAX_RANK] = {{2, 3, 6, 6}, {4, 3, 3, 3}, {2, 3, 6, 6}, {8, 3, 3, 3}};
     rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
     CHECK_OK(rfi_graph_set_args(g, 4, dts, ranks, (const int64_t(*)[RF_MAX_RANK])dims));
     rfi_node *x = arg(g, 0), *w = arg(g, 1), *x32 = arg(g, 2), *w32 = arg(g, 3);
@@ -1546,11 +1546,13 @@ static void test_padded_convs(void)
     for (int i = 0; i < 4; i++)
         CHECK_OK(rfi_graph_add_output(g, ys[i]));
     double xd[216], wd[108];
-    float x32d[216], w32d[108];
+    float x32d[216], w32d[216];
     for (int i = 0; i < 216; i++)
         x32d[i] = (float)(xd[i] = (double)((i * 37) % 19 - 9) * 0.25);
+    for (int i = 0; i < 216; i++)
+        w32d[i] = (float)((i * 11) % 7 - 3) * 0.5f;
     for (int i = 0; i < 108; i++)
-        w32d[i] = (float)(wd[i] = (double)((i * 11) % 7 - 3) * 0.5);
+        wd[i] = w32d[i];
     xd[50] = INFINITY;
     wd[13] = NAN;
     void *args[4] = {xd, wd, x32d, w32d};

@@ -274,8 +274,9 @@ RFI_FUNC bool rfi_op_calls_math(rfi_op op);
 RFI_FUNC rfi_plan_opts rfi_plan_opts_default(void);
 /* Whether the plan computes convolution x as generated loops (a REDUCE step)
  * rather than a library call: one not entirely f32 (the library's type),
- * or the weight gradient of a depthwise convolution (a batch group per
- * feature, one image each) whose kernel is not 3x3 (fuse.c). */
+ * the weight gradient of a depthwise convolution (a batch group per
+ * feature, one image each) whose kernel is not 3x3, or one with at most 3
+ * output features and no groups (fuse.c). */
 RFI_FUNC bool rfi_plan_conv_as_loops(const rfi_node *x);
 /* Builds the plan (fusion + memory planning) for a verified program. */
 RFI_FUNC rf_status rfi_plan_build(const rfi_graph *g, const rfi_plan_opts *opts, rfi_plan **out);

@@ -49,6 +49,10 @@
  * kept axis by at most WINDOW_STRIDE elements is a window: interchanged. */
 #define WINDOW_POINTS 64
 #define WINDOW_STRIDE 4
+/* Or more points, whose innermost reduced loop has at most this many and
+ * whose last kept axis at least 8 points (a 3x3 convolution computed as
+ * loops: passes/pad_convs.c): interchanged as well. */
+#define SHORT_ROW 4
 /* Split reductions: chunks, and at most this many partial accumulators (they
  * live on the entry point's stack: 16 KB of doubles). */
 #define SPLIT_CHUNKS 16
@@ -87,8 +91,11 @@ static bool interchange_reduction(const rfi_kir_kernel *k, const bool *live)
     }
     if (!inner_unit)
         return kept_unit;
+    /* a window, or a convolution's terms whose innermost loop (a kernel row) is too short
+     * to vectorise: then along the result's rows */
     return kept_strided && k->dims[kept] >= 4 &&
-           rfi_numel(k->red_dims, k->red_rank) <= WINDOW_POINTS;
+           (rfi_numel(k->red_dims, k->red_rank) <= WINDOW_POINTS ||
+            (k->dims[kept] >= 8 && k->red_dims[k->red_rank - 1] <= SHORT_ROW));
 }
 
 /* Whether every load that depends on loop `var` walks memory with it
