@@ -202,6 +202,27 @@ static rf_status window_unrolled(lower *L, const rfi_node *n, const int *m, int 
     return rfi_kir_failed(k) ? RF_E_NOMEM : RF_OK;
 }
 
+/* The term a * b of a dot product or convolution whose operands va and vb were
+ * loaded (see dot_value for the arithmetic): `bf16` rounds them first. */
+static int product_term(rfi_kir_kernel *k, bool bf16, rf_dtype at, rf_dtype bt, int va, int vb)
+{
+    if (bf16) { /* then the product is exact in f32 */
+        va = rfi_kir_round_bf16(k, va, -1);
+        vb = rfi_kir_round_bf16(k, vb, -1);
+    }
+    if (at == RF_F32 && bt == RF_F32) {
+        k->acc_dtype = RF_F32;
+        return rfi_kir_binary(k, RFI_OP_MUL, RF_F32, va, vb, -1);
+    }
+    if (rfi_dtype_is_float(at))
+        return rfi_kir_convert(k, k->acc_dtype, rfi_kir_binary(k, RFI_OP_MUL, at, va, vb, -1),
+                               -1);
+    /* integers: the product wraps in the accumulator, as the interpreter's */
+    int wide_b = rfi_kir_convert(k, k->acc_dtype, vb, -1);
+    return rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype, rfi_kir_convert(k, k->acc_dtype, va, -1),
+                          wide_b, -1);
+}
+
 /* sum over the contracting dims of a[...] * b[...]. An f32 dot multiplies and
  * accumulates in f32, as the math library's matmul does (the interpreter works
  * in double: the difference stays inside the equivalence tolerance), which a
@@ -238,21 +259,7 @@ static rf_status dot_value(lower *L, const rfi_node *n, const int *m, int *value
     rf_status st = rfi_lower_operand_at(L, a, am, &va);
     if (st == RF_OK)
         st = rfi_lower_operand_at(L, b, bm, &vb);
-    if (rfi_dot_bf16(n)) { /* then the product is exact in f32 */
-        va = rfi_kir_round_bf16(k, va, -1);
-        vb = rfi_kir_round_bf16(k, vb, -1);
-    }
-    if (a->dtype == RF_F32 && b->dtype == RF_F32) {
-        k->acc_dtype = RF_F32;
-        *value = rfi_kir_binary(k, RFI_OP_MUL, RF_F32, va, vb, -1);
-    } else if (rfi_dtype_is_float(a->dtype)) {
-        *value = rfi_kir_convert(k, k->acc_dtype,
-                                 rfi_kir_binary(k, RFI_OP_MUL, a->dtype, va, vb, -1), -1);
-    } else { /* integers: the product wraps in the accumulator, as the interpreter's */
-        int wide_b = rfi_kir_convert(k, k->acc_dtype, vb, -1);
-        *value = rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype,
-                                rfi_kir_convert(k, k->acc_dtype, va, -1), wide_b, -1);
-    }
+    *value = product_term(k, rfi_dot_bf16(n), a->dtype, b->dtype, va, vb);
     return st;
 }
 
@@ -320,20 +327,7 @@ static rf_status conv_value(lower *L, const rfi_node *n, const int *m, int *valu
     int64_t c;
     if (!(rfi_kir_is_const(k, inside, &c) && c)) /* padding is zero, times w (NaN * 0 too) */
         vx = rfi_kir_select(k, inside, vx, rfi_kir_const_i(k, x->dtype, 0), -1);
-    if (rfi_conv_bf16(n)) { /* then the product is exact in f32 */
-        vx = rfi_kir_round_bf16(k, vx, -1);
-        vw = rfi_kir_round_bf16(k, vw, -1);
-    }
-    if (x->dtype == RF_F32 && w->dtype == RF_F32) {
-        k->acc_dtype = RF_F32;
-        *value = rfi_kir_binary(k, RFI_OP_MUL, RF_F32, vx, vw, -1);
-    } else if (rfi_dtype_is_float(x->dtype)) {
-        *value = rfi_kir_convert(k, k->acc_dtype,
-                                 rfi_kir_binary(k, RFI_OP_MUL, x->dtype, vx, vw, -1), -1);
-    } else {
-        *value = rfi_kir_binary(k, RFI_OP_MUL, k->acc_dtype, rfi_kir_convert(k, k->acc_dtype, vx, -1),
-                                rfi_kir_convert(k, k->acc_dtype, vw, -1), -1);
-    }
+    *value = product_term(k, rfi_conv_bf16(n), x->dtype, w->dtype, vx, vw);
     return st;
 }
 
