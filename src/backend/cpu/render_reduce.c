@@ -367,16 +367,16 @@ static void lane_extreme_loops(rfi_render *R, const bool *live, int depth)
     putf(R->sb, "lane_acc[l] = %s %s lane_acc[l] ? %s : lane_acc[l];\n", value, beats, value);
     line(R, depth + 2, "}");
     line(R, depth + 1, "}");
-    line(R, depth + 1, "int nan = lane_nan[0];");
+    line(R, depth + 1, "int any_nan = lane_nan[0];");
     rfi_render_indent(R, depth + 1);
     putf(R->sb, "%s extreme = lane_acc[0];\n", rfi_render_ctype(k->acc_dtype));
     rfi_render_indent(R, depth + 1);
     putf(R->sb, "for (int l = 1; l < %d; l++) {\n", LANE_FOLDS);
-    line(R, depth + 2, "nan |= lane_nan[l];");
+    line(R, depth + 2, "any_nan |= lane_nan[l];");
     rfi_render_indent(R, depth + 2);
     putf(R->sb, "extreme = lane_acc[l] %s extreme ? lane_acc[l] : extreme;\n", beats);
     line(R, depth + 1, "}");
-    line(R, depth + 1, "if (!nan && extreme != 0) {");
+    line(R, depth + 1, "if (!any_nan && extreme != 0) {");
     line(R, depth + 2, "acc = extreme;");
     line(R, depth + 1, "} else {");
     rfi_render_indent(R, depth + 2);
@@ -417,9 +417,9 @@ static void row_sum_loops(rfi_render *R, const bool *live, int depth)
     rfi_render_indent(R, depth);
     putf(R->sb, "%s column_sums[%lld];\n", t, n);
     rfi_render_indent(R, depth);
-    putf(R->sb, "for (int64_t c = 0; c < %lld; c++)\n", n);
+    putf(R->sb, "for (int64_t col = 0; col < %lld; col++)\n", n);
     rfi_render_indent(R, depth + 1);
-    put(R->sb, "column_sums[c] = ");
+    put(R->sb, "column_sums[col] = ");
     identity_literal(R);
     put(R->sb, ";\n");
     for (int d = 0; d < last; d++) {
@@ -440,8 +440,8 @@ static void row_sum_loops(rfi_render *R, const bool *live, int depth)
     put(R->sb, "}\n");
     rfi_render_close_loops(R, depth, last);
     rfi_render_indent(R, depth);
-    putf(R->sb, "for (int64_t c = 0; c < %lld; c++)\n", n);
-    fold_text(R, depth + 1, "acc", "column_sums[c]");
+    putf(R->sb, "for (int64_t col = 0; col < %lld; col++)\n", n);
+    fold_text(R, depth + 1, "acc", "column_sums[col]");
 }
 
 void rfi_render_reduction_loops(rfi_render *R, const bool *live, int depth)
