@@ -26,8 +26,9 @@
  *   down (users have larger ids, so a reverse walk sees them decided):
  *   - "sites" of a user u: 1 if u is materialised, else the sites of u; an
  *     edge into an expanding BROADCAST_IN_DIM, a DOT_GENERAL, a
- *     CONVOLUTION or a REDUCE_WINDOW counts 2 (the operand would be re-evaluated per output
- *     element). A REDUCE user counts 1 (each input element is read once).
+ *     CONVOLUTION or a REDUCE_WINDOW counts 2 (the operand would be
+ *     re-evaluated per output element). A REDUCE user counts 1 (each input
+ *     element is read once).
  *   - CHEAP ops (broadcast_in_dim, reshape, transpose, slice, reverse,
  *     convert, iota, constant, neg, abs, stop_gradient) and every rank-0
  *     node (a scalar is loop-invariant: a step evaluates it once, hoisted
@@ -69,8 +70,10 @@
  *   REDUCE step whatever its size) or it is not f32 (the math library's
  *   type: an f64 product ran 3-4x faster as generated loops than in the
  *   reference kernel a call would fall back to); CONVOLUTION -> CALL CONV,
- *   unless rfi_plan_conv_as_loops (not f32, or a depthwise weight gradient
- *   other than 3x3); ARGMAX, ARGMIN, GATHER, SCATTER_ADD,
+ *   unless rfi_plan_conv_as_loops (not f32, a depthwise weight gradient
+ *   other than 3x3, or at most 3 output features; a transpose moving the
+ *   last dim that one reads is then materialised); ARGMAX, ARGMIN, GATHER,
+ *   SCATTER_ADD,
  *   SELECT_AND_SCATTER, RNG -> CALL FALLBACK; REDUCE, REDUCE_WINDOW, smaller
  *   DOT_GENERAL and those convolutions -> a REDUCE step (whose loads round
  *   the operands of one of RF_PRECISION_BF16); everything else

@@ -19,8 +19,8 @@
  *     pool, pools.c, follow its pooled values);
  *   - every step touching it takes the layout: generated LOOP (unless
  *     segmented) and REDUCE steps (but for the operands of a convolution
- *     computed as loops, whose terms read them along their rows); a convolution reading it through a
- *     transposed view, or (unless it is a weight gradient) reading it as its
+ *     computed as loops, whose terms read them along their rows); a
+ *     convolution reading it through a transposed view, or (unless it is a weight gradient) reading it as its
  *     input (operand 0) or writing it, and a blocked one adding it as a
  *     residual (services.c reorders a residual whose layout is not the
  *     result's; see residual_takes for channels last);
@@ -156,8 +156,8 @@ static void walk_step(layout_pass *L, int q)
     case RFI_STEP_REDUCE: {
         bool takes = !is_segmented(L->p, q);
         /* a convolution's loops read along its operands' rows (conv_value) */
-        bool reads_take = takes &&
-                          L->g->nodes[s->core >= 0 ? s->core : s->roots[0]]->op != RFI_OP_CONVOLUTION;
+        const rfi_node *core = L->g->nodes[s->core >= 0 ? s->core : s->roots[0]];
+        bool reads_take = takes && core->op != RFI_OP_CONVOLUTION;
         touch_kernel_reads(L, s->roots, s->n_roots, reads_take);
         touch_kernel_reads(L, s->fused, s->n_fused, reads_take);
         for (int r = 0; r < s->n_roots; r++)
