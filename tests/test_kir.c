@@ -181,7 +181,8 @@ typedef struct plan_opts {
 
 static bool is_reduction(const rfi_node *n)
 {
-    return n->op == RFI_OP_REDUCE || n->op == RFI_OP_REDUCE_WINDOW || n->op == RFI_OP_DOT_GENERAL;
+    return n->op == RFI_OP_REDUCE || n->op == RFI_OP_REDUCE_WINDOW ||
+           n->op == RFI_OP_DOT_GENERAL || n->op == RFI_OP_CONVOLUTION;
 }
 
 static bool splat(const rfi_node *n)
@@ -1090,6 +1091,34 @@ static void test_dot(rf_dtype dt)
     rfi_graph_free(g);
 }
 
+/* Runs g (one output, from args x of nx values and w of nw, dtype dt, filled
+ * with short binary fractions) compiled from a hand plan against the
+ * interpreter, within the sum tolerance; `label` names the output. */
+static void check_two_operands(rfi_graph *g, rf_dtype dt, int64_t nx, int64_t nw,
+                               const char *label)
+{
+    size_t esz = rf_dtype_size(dt);
+    char *xd = rfi_malloc((size_t)nx * esz), *wd = rfi_malloc((size_t)nw * esz);
+    for (int64_t i = 0; xd && i < nx; i++) {
+        double v = (double)((i * 7 % 9) - 4) * 0.25;
+        fill_float(xd + (size_t)i * esz, dt, 1, &v, 1);
+    }
+    for (int64_t i = 0; wd && i < nw; i++) {
+        double v = (double)((i * 5 % 11) - 5) * 0.125;
+        fill_float(wd + (size_t)i * esz, dt, 1, &v, 1);
+    }
+    const void *args[2] = {xd, wd};
+    const char *labels[] = {label};
+    tol tols[] = {SUM};
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    if (xd && wd)
+        check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_free(xd);
+    rfi_free(wd);
+}
+
 /* A matrix-vector product ([1,len] x [rows,len] over 1/1): the reduce kernel
  * takes outputs four at a time with one accumulator each (the source says
  * so), the remainder of every chunk one at a time; rows of at least 64
@@ -1117,22 +1146,8 @@ static void test_dot_unrolled(int64_t len, int64_t rows)
     module_free(&m);
     rfi_kir_free(km);
     hand_plan_free(p);
-    float *xd = rfi_malloc((size_t)len * sizeof *xd);
-    float *wd = rfi_malloc((size_t)(rows * len) * sizeof *wd);
-    for (int64_t i = 0; xd && i < len; i++)
-        xd[i] = (float)((i * 7 % 9) - 4) * 0.25f;
-    for (int64_t i = 0; wd && i < rows * len; i++)
-        wd[i] = (float)((i * 5 % 11) - 5) * 0.125f;
-    const void *args[2] = {xd, wd};
-    const char *labels[] = {"dot_general unrolled f32"};
-    tol tols[] = {SUM};
-    p = hand_plan(g, &o);
-    if (xd && wd)
-        check_program(g, p, args, labels, tols);
-    hand_plan_free(p);
+    check_two_operands(g, RF_F32, len, rows * len, "dot_general unrolled f32");
     rfi_graph_free(g);
-    rfi_free(xd);
-    rfi_free(wd);
 }
 
 /* A matrix product that stays a loop ([m,len] x [n,len] over 1/1, f32 or
@@ -1163,30 +1178,83 @@ static void test_dot_unrolled_rows(rf_dtype dt, int64_t m, int64_t n, int64_t le
     module_free(&mod);
     rfi_kir_free(km);
     hand_plan_free(p);
-    size_t esz = rf_dtype_size(dt);
-    void *xd = rfi_malloc((size_t)(m * len) * esz), *wd = rfi_malloc((size_t)(n * len) * esz);
-    for (int64_t i = 0; xd && wd && i < (m > n ? m : n) * len; i++) {
-        double xv = (double)((i * 7 % 9) - 4) * 0.25, wv = (double)((i * 5 % 11) - 5) * 0.125;
-        if (i < m * len && dt == RF_F64)
-            ((double *)xd)[i] = xv;
-        else if (i < m * len)
-            ((float *)xd)[i] = (float)xv;
-        if (i < n * len && dt == RF_F64)
-            ((double *)wd)[i] = wv;
-        else if (i < n * len)
-            ((float *)wd)[i] = (float)wv;
-    }
-    const void *args[2] = {xd, wd};
-    const char *labels[] = {dt == RF_F64 ? "dot_general rows unrolled f64"
-                                         : "dot_general rows unrolled f32"};
-    tol tols[] = {SUM};
-    p = hand_plan(g, &o);
-    if (xd && wd)
-        check_program(g, p, args, labels, tols);
-    hand_plan_free(p);
+    check_two_operands(g, dt, m * len, n * len,
+                       dt == RF_F64 ? "dot_general rows unrolled f64"
+                                    : "dot_general rows unrolled f32");
     rfi_graph_free(g);
-    rfi_free(xd);
-    rfi_free(wd);
+}
+
+/* A weight gradient's product ([len,m] x [len,n] over 0/0: both operands
+ * contiguous along the result's row) runs in register tiles of 4 rows by
+ * two vectors, the rows left over one at a time and the row's last points
+ * as one more vector overlapping the one before (render_tiles.c); a row
+ * shorter than a vector, or a sum of fewer than 8 points, runs
+ * interchanged. The values match the interpreter's. */
+static void test_product_tiles(rf_dtype dt, int64_t m, int64_t n, int64_t len)
+{
+    targ a[2] = {{dt, 2, {len, m}}, {dt, 2, {len, n}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *in[2] = {g_arg(g, 0), g_arg(g, 1)};
+    rfi_attrs at = {0};
+    int64_t contract = 0, dims[2] = {m, n}, lanes = 32 / (int64_t)rf_dtype_size(dt);
+    set_list(&at, 2, &contract, 1);
+    set_list(&at, 3, &contract, 1);
+    CHECK_OK(rfi_graph_add_output(g, mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, dt, dims, 2)));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module mod;
+    if (build(p, &mod, &km)) {
+        char last[64];
+        snprintf(last, sizeof last, "col1 = %lld;", (long long)(n - lanes));
+        bool tiled = n >= lanes && len >= 8;
+        CHECK((strstr(mod.source, "acc_3_1 += b_3 * a_1;") != NULL) == tiled);
+        CHECK((strstr(mod.source, "for (; row0 + 4 <= hi; row0 += 4) {") != NULL) == tiled);
+        CHECK((strstr(mod.source, last) != NULL) == (tiled && n % lanes != 0));
+        CHECK((strstr(mod.source, "double accs[") || strstr(mod.source, "float accs[")) ==
+              !tiled);
+    }
+    module_free(&mod);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    check_two_operands(g, dt, len * m, len * n,
+                       dt == RF_F64 ? "dot_general tiles f64" : "dot_general tiles f32");
+    rfi_graph_free(g);
+}
+
+/* An f64 convolution computed as loops (x [2,5,9,13] by w [6,5,3,3], no
+ * padding) runs in register tiles of 4 output features by vectors along the
+ * output row, with the feature rows outside the image rows; its values match
+ * the interpreter's. */
+static void test_conv_tiles(void)
+{
+    targ a[2] = {{RF_F64, 4, {2, 5, 9, 13}}, {RF_F64, 4, {6, 5, 3, 3}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *in[2] = {g_arg(g, 0), g_arg(g, 1)};
+    rfi_attrs at = {0};
+    at.i[0] = at.i[1] = 1; /* one feature group, one batch group */
+    for (int l = 0; l < 5; l++)
+        at.nl[l] = 2;
+    for (int d = 0; d < 2; d++) {
+        at.l[0][d] = at.l[3][d] = at.l[4][d] = 1; /* strides, dilations */
+        at.l[1][d] = at.l[2][d] = 0;               /* padding */
+    }
+    int64_t dims[4] = {2, 6, 7, 11};
+    CHECK_OK(rfi_graph_add_output(g, mk(g, RFI_OP_CONVOLUTION, in, 2, &at, RF_F64, dims, 4)));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module mod;
+    if (build(p, &mod, &km)) {
+        CHECK(strstr(mod.source, "for (; row1 + 4 <= 6; row1 += 4) {") != NULL);
+        CHECK(strstr(mod.source, "col3 = 7;") != NULL);
+        CHECK(strstr(mod.source, "a_0 = *(const rf_tile_f64_mem *)&") != NULL);
+    }
+    module_free(&mod);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    check_two_operands(g, RF_F64, 2 * 5 * 9 * 13, 6 * 5 * 3 * 3, "convolution tiles f64");
+    rfi_graph_free(g);
 }
 
 /* A sum over two axes whose innermost is short (13 of 20 points) keeps a partial
@@ -2390,6 +2458,12 @@ int main(void)
     test_dot_unrolled(784, 300);
     test_dot_unrolled_rows(RF_F64, 33, 258, 100);
     test_dot_unrolled_rows(RF_F32, 5, 11, 40);
+    test_product_tiles(RF_F64, 7, 23, 30);
+    test_product_tiles(RF_F64, 9, 16, 8);
+    test_product_tiles(RF_F64, 9, 16, 7);
+    test_product_tiles(RF_F64, 5, 3, 12);
+    test_product_tiles(RF_F32, 6, 37, 20);
+    test_conv_tiles();
     test_row_sums(RF_F32);
     test_row_sums(RF_F64);
     test_lane_extremes(RF_F32, 64);

@@ -823,6 +823,8 @@ static void one_function(rfi_render *R, const char *kname, const rfi_schedule *s
     rfi_render_statements(R, live, 0, 1);
     if (sc->form == RFI_SCHED_INTERCHANGED) {
         rfi_render_interchanged_body(R, fold_live, out_live);
+    } else if (sc->form == RFI_SCHED_TILED) {
+        rfi_render_tiled_body(R, fold_live, out_live);
     } else if (rfi_render_unrolls(k)) {
         rfi_render_unrolled_body(R, live);
     } else {
@@ -1286,6 +1288,15 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 "#else\n"
                 "#define RF_LANES16\n"
                 "#endif\n");
+    if (need & RFI_NEED_TILES)
+        put(sb, "/* GNU C vectors: a register of a register tile's accumulators, and\n"
+                " * its loads and stores anywhere in memory */\n"
+                "typedef double rf_tile_f64 __attribute__((vector_size(32)));\n"
+                "typedef float rf_tile_f32 __attribute__((vector_size(32)));\n"
+                "typedef double rf_tile_f64_mem\n"
+                "    __attribute__((vector_size(32), aligned(8), may_alias));\n"
+                "typedef float rf_tile_f32_mem\n"
+                "    __attribute__((vector_size(32), aligned(4), may_alias));\n");
     if (need & RFI_NEED_VECTORS)
         put(sb, "/* GNU C vectors: one register (or two) of output channels */\n"
                 "typedef float rf_f32x8 __attribute__((vector_size(32)));\n"

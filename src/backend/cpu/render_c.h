@@ -57,6 +57,7 @@ enum {
     RFI_NEED_EXP_F64 = 1u << 15,
     RFI_NEED_EXPM1_F32 = 1u << 16, /* rf_expm1_f32 */
     RFI_NEED_EXPM1_F64 = 1u << 17,
+    RFI_NEED_TILES = 1u << 18, /* the GNU vector types of register tiles */
 };
 
 /* The libm functions with vector variants (render_c.c's simd_funcs). */
@@ -81,6 +82,7 @@ typedef struct rfi_render {
 typedef enum rfi_sched_form {
     RFI_SCHED_PLAIN,
     RFI_SCHED_INTERCHANGED,
+    RFI_SCHED_TILED,
     RFI_SCHED_SPLIT
 } rfi_sched_form;
 
@@ -135,8 +137,17 @@ RFI_FUNC void rfi_render_interchanged_body(rfi_render *R, bool *fold_live, bool 
 RFI_FUNC void rfi_render_split_functions(rfi_render *R, const char *kname,
                                          const rfi_schedule *sc, bool *fold_live,
                                          bool *out_live, bool *used);
+/* Marks instruction id and everything it reads in m. */
+RFI_FUNC void rfi_render_reach(const rfi_kir_kernel *k, int id, bool *m);
 /* Whether a plain reduction runs blocks of outputs, and its body then. */
 RFI_FUNC bool rfi_render_unrolls(const rfi_kir_kernel *k);
 RFI_FUNC void rfi_render_unrolled_body(rfi_render *R, const bool *live);
+
+/* ---- render_tiles.c -------------------------------------------------------------------- */
+/* Whether a reduction that would run interchanged sums its products in
+ * register tiles; the body of one that does (fold_live and out_live are
+ * scratch). */
+RFI_FUNC bool rfi_render_tiles(const rfi_kir_kernel *k);
+RFI_FUNC void rfi_render_tiled_body(rfi_render *R, bool *fold_live, bool *out_live);
 
 #endif
