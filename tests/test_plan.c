@@ -1267,6 +1267,32 @@ static void forward_fn(rf_trace *t, void *ctx)
     rf_return(t, rf_apply(ctx, rf_arg(t, 0)));
 }
 
+/* A model's forward traced on a batch of zeros: the host model (owned), its
+ * cpu copy in the batch's dtype, the batch and the graph. */
+typedef struct traced_forward {
+    rf_model *host, *m;
+    rf_array *x;
+    rfi_graph *g;
+} traced_forward;
+
+static traced_forward trace_forward(rf_model *host, rf_dtype dt, const int64_t *dims, int rank)
+{
+    traced_forward f = {host, NULL, NULL, NULL};
+    rf_to_opts to = {.to_f64 = dt == RF_F64};
+    f.m = rf_model_to_opts(host, cpu, &to);
+    f.x = rf_array_new(cpu, dt, dims, rank, NULL);
+    f.g = trace_program(forward_fn, f.m, &f.x, 1);
+    return f;
+}
+
+static void traced_forward_free(traced_forward *f)
+{
+    rfi_graph_free(f->g);
+    rf_array_free(f->x);
+    rf_model_free(f->m);
+    rf_model_free(f->host);
+}
+
 /* The epilogue kinds of CALL step q match `kinds` (n of them). */
 static bool epilogue_is(const rfi_plan *p, int q, const rfi_epi_kind *kinds, int n)
 {
@@ -1284,11 +1310,11 @@ static bool epilogue_is(const rfi_plan *p, int q, const rfi_epi_kind *kinds, int
 static void test_mlp_forward_epilogues(void)
 {
     rf_nn_seed(1);
-    rf_model *host = rf_chain(rf_dense(784, 512, RF_ACT_RELU), rf_dense(512, 256, RF_ACT_TANH),
-                              rf_dense(256, 64, RF_ACT_SIGMOID));
-    rf_model *m = rf_model_to(host, cpu);
-    rf_array *x = dev_zeros(RF_SHAPE(128, 784));
-    rfi_graph *g = trace_program(forward_fn, m, &x, 1);
+    traced_forward f = trace_forward(rf_chain(rf_dense(784, 512, RF_ACT_RELU),
+                                              rf_dense(512, 256, RF_ACT_TANH),
+                                              rf_dense(256, 64, RF_ACT_SIGMOID)),
+                                     RF_F32, RF_SHAPE(128, 784));
+    rfi_graph *g = f.g;
     rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
     if (p) {
         CHECK(p->n_steps == 3);
@@ -1331,10 +1357,7 @@ static void test_mlp_forward_epilogues(void)
         }
         rfi_plan_free(p);
     }
-    rfi_graph_free(g);
-    rf_array_free(x);
-    rf_model_free(m);
-    rf_model_free(host);
+    traced_forward_free(&f);
 }
 
 /* The MLP in f64: the math library multiplies f32 only, so its products
@@ -1343,11 +1366,10 @@ static void test_mlp_forward_epilogues(void)
 static void test_f64_products_are_loops(void)
 {
     rf_nn_seed(1);
-    rf_model *host = rf_chain(rf_dense(784, 512, RF_ACT_RELU), rf_dense(512, 256, RF_ACT_RELU));
-    rf_to_opts to = {.to_f64 = true};
-    rf_model *m = rf_model_to_opts(host, cpu, &to);
-    rf_array *x = rf_array_new(cpu, RF_F64, RF_SHAPE(128, 784), NULL);
-    rfi_graph *g = trace_program(forward_fn, m, &x, 1);
+    traced_forward f = trace_forward(rf_chain(rf_dense(784, 512, RF_ACT_RELU),
+                                              rf_dense(512, 256, RF_ACT_RELU)),
+                                     RF_F64, RF_SHAPE(128, 784));
+    rfi_graph *g = f.g;
     rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
     if (p) {
         CHECK(p->n_steps == 2);
@@ -1359,10 +1381,7 @@ static void test_f64_products_are_loops(void)
         check_invariants(p);
     }
     rfi_plan_free(p);
-    rfi_graph_free(g);
-    rf_array_free(x);
-    rf_model_free(m);
-    rf_model_free(host);
+    traced_forward_free(&f);
 }
 
 /* The CNN forward: relu(conv(x, w) + b) is one CONV call with a per-channel
@@ -1370,11 +1389,11 @@ static void test_f64_products_are_loops(void)
 static void test_cnn_forward_epilogues(void)
 {
     rf_nn_seed(3);
-    rf_model *host = rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
-                              rf_flatten_layer(), rf_dense(8 * 13 * 13, 10, RF_ACT_IDENTITY));
-    rf_model *m = rf_model_to(host, cpu);
-    rf_array *x = rf_array_new(cpu, RF_F32, RF_SHAPE(16, 1, 28, 28), NULL);
-    rfi_graph *g = trace_program(forward_fn, m, &x, 1);
+    traced_forward f =
+        trace_forward(rf_chain(rf_conv2d(3, 3, 1, 8, RF_ACT_RELU, NULL), rf_maxpool(2, 2, 0, 0),
+                               rf_flatten_layer(), rf_dense(8 * 13 * 13, 10, RF_ACT_IDENTITY)),
+                      RF_F32, RF_SHAPE(16, 1, 28, 28));
+    rfi_graph *g = f.g;
     for (int matmuls = 1; matmuls >= 0; matmuls--) {
         rfi_plan_opts o = rfi_plan_opts_default();
         o.matmul_epilogues = matmuls;
@@ -1397,10 +1416,7 @@ static void test_cnn_forward_epilogues(void)
         }
         rfi_plan_free(p);
     }
-    rfi_graph_free(g);
-    rf_array_free(x);
-    rf_model_free(m);
-    rf_model_free(host);
+    traced_forward_free(&f);
 }
 
 /* relu(x . W + r) with r an argument of the result's shape: a residual ADD and
