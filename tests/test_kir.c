@@ -1222,13 +1222,15 @@ static void test_product_tiles(rf_dtype dt, int64_t m, int64_t n, int64_t len)
     rfi_graph_free(g);
 }
 
-/* An f64 convolution computed as loops (x [2,5,9,13] by w [6,5,3,3], no
+/* An f64 convolution computed as loops (x [batch,5,9,13] by w [6,5,3,3], no
  * padding) runs in register tiles of 4 output features by vectors along the
- * output row, with the feature rows outside the image rows; its values match
- * the interpreter's. */
-static void test_conv_tiles(void)
+ * output row, with the feature rows outside the image rows; with a batch of
+ * one, whose index folds to 0, the batch's loop merges into the features'
+ * (kir.c, coalescing), which the threads then share. Its values match the
+ * interpreter's. */
+static void test_conv_tiles(int64_t batch)
 {
-    targ a[2] = {{RF_F64, 4, {2, 5, 9, 13}}, {RF_F64, 4, {6, 5, 3, 3}}};
+    targ a[2] = {{RF_F64, 4, {batch, 5, 9, 13}}, {RF_F64, 4, {6, 5, 3, 3}}};
     rfi_graph *g = g_new(a, 2);
     rfi_node *in[2] = {g_arg(g, 0), g_arg(g, 1)};
     rfi_attrs at = {0};
@@ -1239,21 +1241,23 @@ static void test_conv_tiles(void)
         at.l[0][d] = at.l[3][d] = at.l[4][d] = 1; /* strides, dilations */
         at.l[1][d] = at.l[2][d] = 0;               /* padding */
     }
-    int64_t dims[4] = {2, 6, 7, 11};
+    int64_t dims[4] = {batch, 6, 7, 11};
     CHECK_OK(rfi_graph_add_output(g, mk(g, RFI_OP_CONVOLUTION, in, 2, &at, RF_F64, dims, 4)));
     plan_opts o = {0};
     rfi_plan *p = hand_plan(g, &o);
     rfi_kir_module *km = NULL;
     module mod;
     if (build(p, &mod, &km)) {
-        CHECK(strstr(mod.source, "for (; row1 + 4 <= 6; row1 += 4) {") != NULL);
-        CHECK(strstr(mod.source, "col3 = 7;") != NULL);
+        CHECK(km->steps[0].kernel->rank == (batch == 1 ? 3 : 4));
+        CHECK(strstr(mod.source, batch == 1 ? "for (; row0 + 4 <= hi; row0 += 4) {"
+                                            : "for (; row1 + 4 <= 6; row1 += 4) {") != NULL);
+        CHECK(strstr(mod.source, batch == 1 ? "col2 = 7;" : "col3 = 7;") != NULL);
         CHECK(strstr(mod.source, "a_0 = *(const rf_tile_f64_mem *)&") != NULL);
     }
     module_free(&mod);
     rfi_kir_free(km);
     hand_plan_free(p);
-    check_two_operands(g, RF_F64, 2 * 5 * 9 * 13, 6 * 5 * 3 * 3, "convolution tiles f64");
+    check_two_operands(g, RF_F64, batch * 5 * 9 * 13, 6 * 5 * 3 * 3, "convolution tiles f64");
     rfi_graph_free(g);
 }
 
@@ -1732,10 +1736,12 @@ static void test_structure(void)
 
 /* Coalescing: a per-channel expression over [4,6,5,7] loops over [4,6,35] (the
  * two spatial loops merge; the channel loop cannot), and its sum over axes
- * 0, 2, 3 reduces over [4,35]; the values match the interpreter. */
-static void test_coalesce(void)
+ * 0, 2, 3 reduces over [4,35]. With a batch of one (its index folds to 0)
+ * the batch's loop merges: [6,35], the sum over [35]. The values match the
+ * interpreter. */
+static void test_coalesce(int64_t batch)
 {
-    targ a[2] = {{RF_F32, 4, {4, 6, 5, 7}}, {RF_F32, 1, {6}}};
+    targ a[2] = {{RF_F32, 4, {batch, 6, 5, 7}}, {RF_F32, 1, {6}}};
     rfi_graph *g = g_new(a, 2);
     rfi_node *x = g_arg(g, 0), *b = g_arg(g, 1);
     int64_t map[] = {1};
@@ -1751,14 +1757,20 @@ static void test_coalesce(void)
     if (build(p, &m, &km)) {
         CHECK(km->n_steps == 2);
         const rfi_kir_kernel *k0 = km->steps[0].kernel, *k1 = km->steps[1].kernel;
-        CHECK(k0->rank == 3 && k0->dims[0] == 4 && k0->dims[1] == 6 && k0->dims[2] == 35);
+        if (batch == 1) {
+            CHECK(k0->rank == 2 && k0->dims[0] == 6 && k0->dims[1] == 35);
+            CHECK(k1->red_rank == 1 && k1->red_dims[0] == 35);
+        } else {
+            CHECK(k0->rank == 3 && k0->dims[0] == batch && k0->dims[1] == 6 &&
+                  k0->dims[2] == 35);
+            CHECK(k1->red_rank == 2 && k1->red_dims[0] == batch && k1->red_dims[1] == 35);
+        }
         CHECK(k1->rank == 1 && k1->dims[0] == 6);
-        CHECK(k1->red_rank == 2 && k1->red_dims[0] == 4 && k1->red_dims[1] == 35);
     }
     module_free(&m);
     rfi_kir_free(km);
     hand_plan_free(p);
-    float xd[840], bd[6];
+    float xd[840], bd[6]; /* batch <= 4 */
     for (int i = 0; i < 840; i++)
         xd[i] = (float)((i * 13 % 17) - 8) * 0.125f;
     for (int i = 0; i < 6; i++)
@@ -2421,7 +2433,8 @@ int main(void)
     }
     test_abi_block();
     test_structure();
-    test_coalesce();
+    test_coalesce(4);
+    test_coalesce(1);
     test_split_reductions();
     test_sibling_reductions();
     test_small_sibling_split();
@@ -2463,7 +2476,8 @@ int main(void)
     test_product_tiles(RF_F64, 9, 16, 7);
     test_product_tiles(RF_F64, 5, 3, 12);
     test_product_tiles(RF_F32, 6, 37, 20);
-    test_conv_tiles();
+    test_conv_tiles(2);
+    test_conv_tiles(1);
     test_row_sums(RF_F32);
     test_row_sums(RF_F64);
     test_lane_extremes(RF_F32, 64);
