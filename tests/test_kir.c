@@ -1677,6 +1677,46 @@ static void test_gather(void)
     rfi_graph_free(g);
 }
 
+/* Bool and u8 values are held in ints (render_c.c, value_ctype: gcc vectorises
+ * no loop converting a uint8_t temporary to float): a one-hot from a
+ * comparison and u8 pixels, both converted to f32 and added, declare no
+ * uint8_t temporary, and match the interpreter exactly. */
+static void test_small_int_values(void)
+{
+    targ a[2] = {{RF_F32, 2, {16, 40}}, {RF_U8, 2, {16, 40}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0), *px = g_arg(g, 1);
+    int64_t none[1] = {0};
+    rfi_node *half = bcast(g, scalar(g, RF_F32, 0.5), none, x->dims, 2);
+    rfi_node *hot = cvt(g, cmp(g, RF_GT, x, half), RF_F32);
+    rfi_node *y = bin(g, RFI_OP_ADD, bin(g, RFI_OP_ADD, hot, cvt(g, px, RF_F32)), x);
+    CHECK_OK(rfi_graph_add_output(g, y));
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    rfi_kir_module *km = NULL;
+    module m;
+    if (build(p, &m, &km)) {
+        CHECK(strstr(m.source, "const uint8_t x_") == NULL);
+        CHECK(strstr(m.source, "const int x_") != NULL);
+    }
+    module_free(&m);
+    rfi_kir_free(km);
+    hand_plan_free(p);
+    float xd[640];
+    uint8_t pd[640];
+    for (int i = 0; i < 640; i++) {
+        xd[i] = (float)((i * 7) % 13) * 0.125f;
+        pd[i] = (uint8_t)(i * 37);
+    }
+    const void *args[2] = {xd, pd};
+    const char *labels[] = {"bool and u8 values as ints"};
+    tol tols[] = {EXACT};
+    p = hand_plan(g, &o);
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+}
+
 /* Structure: CSE, flat loops, comments, names, pragmas, the call step's failure code. */
 static void test_structure(void)
 {
@@ -2491,6 +2531,7 @@ int main(void)
     test_updates(true);
     test_updates(false);
     test_gather();
+    test_small_int_values();
     rmdir(tmpdir);
     printf("largest error per op (compiled vs interpreter; ulps, relative):\n");
     for (int i = 0; i < n_err_rows; i++)

@@ -556,6 +556,18 @@ static void indent_to(rfi_strbuf *sb, int depth)
 
 void rfi_render_indent(rfi_render *R, int depth) { indent_to(R->sb, depth); }
 
+/* The C type a statement's value is held in: its dtype's, but an int for
+ * bool and u8 values (0/1 and 0..255: every expression making one narrows
+ * it). gcc 12 vectorises no loop that converts a uint8_t temporary to float:
+ * a cross-entropy over class ids, whose one-hot is (float)(id == class),
+ * ran its gradient loop over [256,10000] scalar, 5.9 ms against 1.2 with
+ * one-hot labels. */
+static const char *value_ctype(const rfi_kir_ins *x)
+{
+    bool pred = x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND;
+    return pred || x->dtype == RF_BOOL || x->dtype == RF_U8 ? "int" : rfi_render_ctype(x->dtype);
+}
+
 /* The live statements of one loop level; with `only`, just those whose only[id]
  * equals `want`. */
 void rfi_render_statements_where(rfi_render *R, const bool *live, int level, int depth,
@@ -568,9 +580,8 @@ void rfi_render_statements_where(rfi_render *R, const bool *live, int level, int
             x->op == RFI_KIR_ACC || (only && only[id] != want))
             continue;
         rfi_render_indent(R, depth);
-        bool pred = x->op == RFI_KIR_ICMP || x->op == RFI_KIR_LAND;
         put(R->sb, "const ");
-        put(R->sb, pred ? "int" : rfi_render_ctype(x->dtype));
+        put(R->sb, value_ctype(x));
         put_char(R->sb, ' ');
         put(R->sb, R->names[id]);
         put(R->sb, " = ");
