@@ -16,7 +16,9 @@
  *     is formed as x plus its updates in list order, in double, a piece of
  *     the row at a time on the stack, and rounded once: the same sums in the
  *     same order whatever the thread count. A row no index names is x
- *     rounded through double, as in the reference.
+ *     rounded through double, as in the reference, in one pass. Where x is
+ *     a broadcast +0 (the zeros an embedding's gradient scatters into) it is
+ *     never read: such rows are +0, the others start their sums at +0.
  *
  * Both run in parallel over result rows on the runtime's pool where a call
  * covers enough elements, and allocate nothing per call.
@@ -25,6 +27,7 @@
  * kernel), index lists of 2^31 entries or more, laid-out operands (the
  * services reorder them), which ops reach this file (pool.c hands them over).
  */
+#include <math.h>
 #include <string.h>
 
 #include "../../runtime/threadpool.h"
@@ -37,6 +40,7 @@ struct rfi_cpu_index {
     bool scatter; /* SCATTER_ADD (else GATHER) */
     bool f64;     /* values are f64 (else f32) */
     bool idx64;   /* indices are i64 (else i32) */
+    bool zero_base; /* scatter: x is a broadcast +0 (a gradient's), never read */
     int64_t outer, len, inner, count;
     size_t order_at; /* scatter workspace: int32 starts[len + 1] at 0, then order[count] */
 };
@@ -103,10 +107,15 @@ typedef struct scatter_job {
             const T *restrict x = (const T *)j->x + r * inner;                               \
             const T *upd = (const T *)j->upd + o * k->count * inner;                         \
             T *restrict out = (T *)j->out + r * inner;                                       \
+            if (updates == 0) { /* most of an embedding table's rows: one pass */          \
+                for (int64_t i = 0; i < inner; i++)                                          \
+                    out[i] = k->zero_base ? (T)0 : (T)(double)x[i];                          \
+                continue;                                                                    \
+            }                                                                                \
             for (int64_t p = 0; p < inner; p += ROW_PIECE) {                                 \
                 int64_t n = inner - p < ROW_PIECE ? inner - p : ROW_PIECE;                   \
                 for (int64_t i = 0; i < n; i++)                                              \
-                    acc[i] = (double)x[p + i];                                               \
+                    acc[i] = k->zero_base ? 0.0 : (double)x[p + i];                          \
                 for (int32_t u = 0; u < updates; u++) {                                      \
                     const T *restrict v = upd + (int64_t)bucket[u] * inner + p;              \
                     for (int64_t i = 0; i < n; i++)                                          \
@@ -146,6 +155,25 @@ static void bucket_indices(const rfi_cpu_index *k, const void *idx, int32_t *sta
 
 /* ---- prepare / run ----------------------------------------------------------------- */
 
+/* x is a broadcast of a rank-0 +0 of its dtype: the zeros an embedding's
+ * gradient scatters into, which then need not be read (its rows without
+ * updates, most of a table, become +0 as through double). */
+static bool is_plus_zero_splat(const rfi_node *x)
+{
+    const rfi_node *c = x->op == RFI_OP_BROADCAST_IN_DIM ? x->in[0] : NULL;
+    if (!c || c->op != RFI_OP_CONSTANT || c->rank != 0 || c->dtype != x->dtype || !c->attr.data)
+        return false;
+    double v = 1.0;
+    if (c->dtype == RF_F32) {
+        float f;
+        memcpy(&f, c->attr.data, sizeof f);
+        v = f;
+    } else if (c->dtype == RF_F64) {
+        memcpy(&v, c->attr.data, sizeof v);
+    }
+    return v == 0.0 && !signbit(v);
+}
+
 rf_status rfi_cpu_index_prepare(const rfi_node *n, rfi_cpu_index **out, size_t *workspace_bytes)
 {
     *out = NULL;
@@ -167,6 +195,7 @@ rf_status rfi_cpu_index_prepare(const rfi_node *n, rfi_cpu_index **out, size_t *
     if (!k)
         return rfi_error(RF_E_NOMEM, "cpu: %s: out of memory", rfi_op_table[n->op].name);
     k->scatter = scatter;
+    k->zero_base = scatter && is_plus_zero_splat(x);
     k->f64 = n->dtype == RF_F64;
     k->idx64 = idx->dtype == RF_I64;
     k->outer = rfi_numel(x->dims, axis);
