@@ -1032,7 +1032,8 @@ static void test_reduce_window(void)
     rfi_graph_free(g);
 }
 
-/* The f32 product of 2-D x and y over x's dim lc and y's dim rc, [rows, cols]. */
+/* The product of 2-D x and y (x's dtype) over x's dim lc and y's dim rc,
+ * [rows, cols]. */
 static rfi_node *dot_2d(rfi_graph *g, rfi_node *x, rfi_node *y, int64_t lc, int64_t rc,
                         int64_t rows, int64_t cols)
 {
@@ -1041,7 +1042,25 @@ static rfi_node *dot_2d(rfi_graph *g, rfi_node *x, rfi_node *y, int64_t lc, int6
     set_list(&at, 3, &rc, 1);
     int64_t dims[] = {rows, cols};
     rfi_node *in[2] = {x, y};
-    return mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, RF_F32, dims, 2);
+    return mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, x->dtype, dims, 2);
+}
+
+/* The source of g's module from a hand plan, compiled and loaded once
+ * (rfi_malloc'd; NULL, a failed check, when it does not build); *km_out,
+ * when asked for, receives the lowered module (the caller frees it). */
+static char *hand_source(rfi_graph *g, rfi_kir_module **km_out)
+{
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    module m;
+    char *source = NULL;
+    if (build(p, &m, km_out)) {
+        source = m.source;
+        m.source = NULL;
+    }
+    module_free(&m);
+    hand_plan_free(p);
+    return source;
 }
 
 static void test_dot(rf_dtype dt)
@@ -1132,20 +1151,15 @@ static void test_dot_unrolled(int64_t len, int64_t rows)
     rfi_node *x = g_arg(g, 0), *w = g_arg(g, 1);
     rfi_node *d = dot_2d(g, x, w, 1, 1, 1, rows);
     CHECK_OK(rfi_graph_add_output(g, d));
-    plan_opts o = {0};
-    rfi_plan *p = hand_plan(g, &o);
-    rfi_kir_module *km = NULL;
-    module m;
-    if (build(p, &m, &km)) {
-        CHECK(strstr(m.source, "#pragma omp simd reduction(+:acc_0, acc_1, acc_2, acc_3)") != NULL);
-        CHECK(strstr(m.source, "for (; i0 + 4 <= hi; i0 += 4) {") != NULL);
-        CHECK(strstr(m.source, "const float x_1u3 = ") != NULL);
-        bool wide = strstr(m.source, "RF_KERNEL RF_LANES16 void k0_dot_general(") != NULL;
+    char *src = hand_source(g, NULL);
+    if (src) {
+        CHECK(strstr(src, "#pragma omp simd reduction(+:acc_0, acc_1, acc_2, acc_3)") != NULL);
+        CHECK(strstr(src, "for (; i0 + 4 <= hi; i0 += 4) {") != NULL);
+        CHECK(strstr(src, "const float x_1u3 = ") != NULL);
+        bool wide = strstr(src, "RF_KERNEL RF_LANES16 void k0_dot_general(") != NULL;
         CHECK(wide == (len >= 64));
     }
-    module_free(&m);
-    rfi_kir_free(km);
-    hand_plan_free(p);
+    rfi_free(src);
     check_two_operands(g, RF_F32, len, rows * len, "dot_general unrolled f32");
     rfi_graph_free(g);
 }
@@ -1158,26 +1172,15 @@ static void test_dot_unrolled_rows(rf_dtype dt, int64_t m, int64_t n, int64_t le
 {
     targ a[2] = {{dt, 2, {m, len}}, {dt, 2, {n, len}}};
     rfi_graph *g = g_new(a, 2);
-    rfi_node *in[2] = {g_arg(g, 0), g_arg(g, 1)};
-    rfi_attrs at = {0};
-    int64_t lc = 1, rc = 1, dims[2] = {m, n};
-    set_list(&at, 2, &lc, 1);
-    set_list(&at, 3, &rc, 1);
-    CHECK_OK(rfi_graph_add_output(g, mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, dt, dims, 2)));
-    plan_opts o = {0};
-    rfi_plan *p = hand_plan(g, &o);
-    rfi_kir_module *km = NULL;
-    module mod;
-    if (build(p, &mod, &km)) {
-        char head[64];
-        snprintf(head, sizeof head, "for (; i1 + 4 <= %lld; i1 += 4) {", (long long)n);
-        CHECK(strstr(mod.source, "#pragma omp simd reduction(+:acc_0, acc_1, acc_2, acc_3)"));
-        CHECK(strstr(mod.source, head) != NULL);
-        CHECK(strstr(mod.source, "for (int64_t i0 = lo; i0 < hi; i0++) {") != NULL);
+    CHECK_OK(rfi_graph_add_output(g, dot_2d(g, g_arg(g, 0), g_arg(g, 1), 1, 1, m, n)));
+    char *src = hand_source(g, NULL), head[64];
+    snprintf(head, sizeof head, "for (; i1 + 4 <= %lld; i1 += 4) {", (long long)n);
+    if (src) {
+        CHECK(strstr(src, "#pragma omp simd reduction(+:acc_0, acc_1, acc_2, acc_3)"));
+        CHECK(strstr(src, head) != NULL);
+        CHECK(strstr(src, "for (int64_t i0 = lo; i0 < hi; i0++) {") != NULL);
     }
-    module_free(&mod);
-    rfi_kir_free(km);
-    hand_plan_free(p);
+    rfi_free(src);
     check_two_operands(g, dt, m * len, n * len,
                        dt == RF_F64 ? "dot_general rows unrolled f64"
                                     : "dot_general rows unrolled f32");
@@ -1194,29 +1197,18 @@ static void test_product_tiles(rf_dtype dt, int64_t m, int64_t n, int64_t len)
 {
     targ a[2] = {{dt, 2, {len, m}}, {dt, 2, {len, n}}};
     rfi_graph *g = g_new(a, 2);
-    rfi_node *in[2] = {g_arg(g, 0), g_arg(g, 1)};
-    rfi_attrs at = {0};
-    int64_t contract = 0, dims[2] = {m, n}, lanes = 32 / (int64_t)rf_dtype_size(dt);
-    set_list(&at, 2, &contract, 1);
-    set_list(&at, 3, &contract, 1);
-    CHECK_OK(rfi_graph_add_output(g, mk(g, RFI_OP_DOT_GENERAL, in, 2, &at, dt, dims, 2)));
-    plan_opts o = {0};
-    rfi_plan *p = hand_plan(g, &o);
-    rfi_kir_module *km = NULL;
-    module mod;
-    if (build(p, &mod, &km)) {
-        char last[64];
-        snprintf(last, sizeof last, "col1 = %lld;", (long long)(n - lanes));
-        bool tiled = n >= lanes && len >= 8;
-        CHECK((strstr(mod.source, "acc_3_1 += b_3 * a_1;") != NULL) == tiled);
-        CHECK((strstr(mod.source, "for (; row0 + 4 <= hi; row0 += 4) {") != NULL) == tiled);
-        CHECK((strstr(mod.source, last) != NULL) == (tiled && n % lanes != 0));
-        CHECK((strstr(mod.source, "double accs[") || strstr(mod.source, "float accs[")) ==
-              !tiled);
+    CHECK_OK(rfi_graph_add_output(g, dot_2d(g, g_arg(g, 0), g_arg(g, 1), 0, 0, m, n)));
+    char *src = hand_source(g, NULL), last[64];
+    int64_t lanes = 32 / (int64_t)rf_dtype_size(dt);
+    snprintf(last, sizeof last, "col1 = %lld;", (long long)(n - lanes));
+    bool tiled = n >= lanes && len >= 8;
+    if (src) {
+        CHECK((strstr(src, "acc_3_1 += b_3 * a_1;") != NULL) == tiled);
+        CHECK((strstr(src, "for (; row0 + 4 <= hi; row0 += 4) {") != NULL) == tiled);
+        CHECK((strstr(src, last) != NULL) == (tiled && n % lanes != 0));
+        CHECK((strstr(src, "double accs[") || strstr(src, "float accs[")) == !tiled);
     }
-    module_free(&mod);
-    rfi_kir_free(km);
-    hand_plan_free(p);
+    rfi_free(src);
     check_two_operands(g, dt, len * m, len * n,
                        dt == RF_F64 ? "dot_general tiles f64" : "dot_general tiles f32");
     rfi_graph_free(g);
@@ -1243,20 +1235,17 @@ static void test_conv_tiles(int64_t batch)
     }
     int64_t dims[4] = {batch, 6, 7, 11};
     CHECK_OK(rfi_graph_add_output(g, mk(g, RFI_OP_CONVOLUTION, in, 2, &at, RF_F64, dims, 4)));
-    plan_opts o = {0};
-    rfi_plan *p = hand_plan(g, &o);
     rfi_kir_module *km = NULL;
-    module mod;
-    if (build(p, &mod, &km)) {
+    char *src = hand_source(g, &km);
+    if (src) {
         CHECK(km->steps[0].kernel->rank == (batch == 1 ? 3 : 4));
-        CHECK(strstr(mod.source, batch == 1 ? "for (; row0 + 4 <= hi; row0 += 4) {"
-                                            : "for (; row1 + 4 <= 6; row1 += 4) {") != NULL);
-        CHECK(strstr(mod.source, batch == 1 ? "col2 = 7;" : "col3 = 7;") != NULL);
-        CHECK(strstr(mod.source, "a_0 = *(const rf_tile_f64_mem *)&") != NULL);
+        CHECK(strstr(src, batch == 1 ? "for (; row0 + 4 <= hi; row0 += 4) {"
+                                     : "for (; row1 + 4 <= 6; row1 += 4) {") != NULL);
+        CHECK(strstr(src, batch == 1 ? "col2 = 7;" : "col3 = 7;") != NULL);
+        CHECK(strstr(src, "a_0 = *(const rf_tile_f64_mem *)&") != NULL);
     }
-    module_free(&mod);
+    rfi_free(src);
     rfi_kir_free(km);
-    hand_plan_free(p);
     check_two_operands(g, RF_F64, batch * 5 * 9 * 13, 6 * 5 * 3 * 3, "convolution tiles f64");
     rfi_graph_free(g);
 }
@@ -1691,17 +1680,12 @@ static void test_small_int_values(void)
     rfi_node *hot = cvt(g, cmp(g, RF_GT, x, half), RF_F32);
     rfi_node *y = bin(g, RFI_OP_ADD, bin(g, RFI_OP_ADD, hot, cvt(g, px, RF_F32)), x);
     CHECK_OK(rfi_graph_add_output(g, y));
-    plan_opts o = {0};
-    rfi_plan *p = hand_plan(g, &o);
-    rfi_kir_module *km = NULL;
-    module m;
-    if (build(p, &m, &km)) {
-        CHECK(strstr(m.source, "const uint8_t x_") == NULL);
-        CHECK(strstr(m.source, "const int x_") != NULL);
+    char *src = hand_source(g, NULL);
+    if (src) {
+        CHECK(strstr(src, "const uint8_t x_") == NULL);
+        CHECK(strstr(src, "const int x_") != NULL);
     }
-    module_free(&m);
-    rfi_kir_free(km);
-    hand_plan_free(p);
+    rfi_free(src);
     float xd[640];
     uint8_t pd[640];
     for (int i = 0; i < 640; i++) {
@@ -1711,7 +1695,8 @@ static void test_small_int_values(void)
     const void *args[2] = {xd, pd};
     const char *labels[] = {"bool and u8 values as ints"};
     tol tols[] = {EXACT};
-    p = hand_plan(g, &o);
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
     check_program(g, p, args, labels, tols);
     hand_plan_free(p);
     rfi_graph_free(g);
