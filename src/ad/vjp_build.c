@@ -35,13 +35,7 @@ static void set_list(rfi_attrs *at, int k, const int64_t *v, int n)
 
 rfi_node *rfi_ad_scalar(rfi_graph *g, rf_dtype dt, double v)
 {
-    unsigned char payload[8] = {0};
-    rfi_api_store(dt, v, payload);
-    rfi_attrs at;
-    memset(&at, 0, sizeof at);
-    at.data = payload;
-    at.nbytes = rf_dtype_size(dt);
-    return rfi_node_new(g, RFI_OP_CONSTANT, NULL, 0, &at, dt, NULL, 0);
+    return rfi_node_scalar(g, dt, v);
 }
 
 rfi_node *rfi_ad_full(rfi_graph *g, rf_dtype dt, const int64_t *dims, int rank, double v)

@@ -142,12 +142,7 @@ static const rfi_node *broadcast_operand(const rfi_node *x, const int64_t *map, 
 /* x is a splat of f32 +0 (a broadcast of a rank-0 constant with zero bytes). */
 static bool is_plus_zero_splat(const rfi_node *x)
 {
-    const rfi_node *k = x->op == RFI_OP_BROADCAST_IN_DIM ? x->in[0] : x;
-    float v = 1.0f;
-    if (k->op != RFI_OP_CONSTANT || k->rank != 0 || k->dtype != RF_F32 || !k->attr.data)
-        return false;
-    memcpy(&v, k->attr.data, sizeof v);
-    return v == 0.0f && !signbit(v);
+    return x->dtype == RF_F32 && rfi_node_is_plus_zero(x);
 }
 
 /* k is an i32 constant [wh, ww] numbering its points 0, 1, ... row-major. */

@@ -138,13 +138,6 @@ static rfi_node *constant_node(rfi_graph *g, rf_dtype dt, const int64_t *dims, i
     return rfi_node_new(g, RFI_OP_CONSTANT, NULL, 0, &attr, dt, dims, rank);
 }
 
-/* A rank-0 constant of dt holding v. */
-static rfi_node *scalar_node(rfi_graph *g, rf_dtype dt, double v)
-{
-    unsigned char buf[8] = {0};
-    rfi_api_store(dt, v, buf);
-    return constant_node(g, dt, NULL, 0, buf, rf_dtype_size(dt));
-}
 
 /* The exact value of a weak scalar (kept in attr.i[0]). */
 static double weak_value(const rfi_node *x)
@@ -179,7 +172,7 @@ rfi_node *rfi_api_weak_as(const char *fn, rfi_node *x, rf_dtype dt)
                        "the scalar's dtype with rf_scalar_typed)", fn, v, rf_dtype_name(dt));
         return NULL;
     }
-    return scalar_node(x->g, dt, v);
+    return rfi_node_scalar(x->g, dt, v);
 }
 
 /* ---- Constants ----------------------------------------------------------------------- */
@@ -201,7 +194,7 @@ rf_tensor *rf_scalar_typed(rf_trace *t, rf_dtype dt, double v)
 {
     if (!t || !valid_shape(t, "rf_scalar_typed", dt, NULL, 0))
         return NULL;
-    return scalar_node(t, dt, v);
+    return rfi_node_scalar(t, dt, v);
 }
 
 rf_tensor *rf_constant(rf_trace *t, rf_dtype dt, const int64_t *dims, int rank, const void *data)
@@ -221,7 +214,7 @@ rf_tensor *rf_full(rf_trace *t, rf_dtype dt, const int64_t *dims, int rank, doub
 {
     if (!t || !valid_shape(t, "rf_full", dt, dims, rank))
         return NULL;
-    return rf_broadcast_to(scalar_node(t, dt, v), dims, rank);
+    return rf_broadcast_to(rfi_node_scalar(t, dt, v), dims, rank);
 }
 
 rf_tensor *rf_zeros_like(rf_tensor *x)
@@ -471,7 +464,7 @@ rf_tensor *rf_convert(rf_tensor *x, rf_dtype dt)
         return NULL;
     }
     if (x->weak) /* a typed constant: the value is known exactly */
-        return scalar_node(x->g, dt, weak_value(x));
+        return rfi_node_scalar(x->g, dt, weak_value(x));
     if (x->dtype == dt)
         return x;
     return rfi_node_new(x->g, RFI_OP_CONVERT, &x, 1, NULL, dt, NULL, 0);

@@ -7,7 +7,9 @@
  * or know what any op computes.
  */
 #include "ir.h"
+#include "api.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -461,6 +463,33 @@ int64_t rfi_node_numel(const rfi_node *x) { return rfi_numel(x->dims, x->rank); 
 size_t rfi_node_nbytes(const rfi_node *x)
 {
     return (size_t)rfi_node_numel(x) * rf_dtype_size(x->dtype);
+}
+
+rfi_node *rfi_node_scalar(rfi_graph *g, rf_dtype dt, double v)
+{
+    unsigned char payload[8] = {0};
+    rfi_api_store(dt, v, payload);
+    rfi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.data = payload;
+    at.nbytes = rf_dtype_size(dt);
+    return rfi_node_new(g, RFI_OP_CONSTANT, NULL, 0, &at, dt, NULL, 0);
+}
+
+bool rfi_node_is_plus_zero(const rfi_node *x)
+{
+    const rfi_node *c = x->op == RFI_OP_BROADCAST_IN_DIM ? x->in[0] : x;
+    if (c->op != RFI_OP_CONSTANT || c->rank != 0 || !c->attr.data)
+        return false;
+    double v = 1.0;
+    if (c->dtype == RF_F32) {
+        float f;
+        memcpy(&f, c->attr.data, sizeof f);
+        v = f;
+    } else if (c->dtype == RF_F64) {
+        memcpy(&v, c->attr.data, sizeof v);
+    }
+    return v == 0.0 && !signbit(v);
 }
 
 int rfi_max_operands(const rfi_graph *g)

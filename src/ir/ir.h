@@ -341,6 +341,11 @@ RFI_FUNC bool rfi_dot_bf16(const rfi_node *dot);
 /* The same for a CONVOLUTION. */
 RFI_FUNC bool rfi_conv_bf16(const rfi_node *conv);
 RFI_FUNC size_t rfi_node_nbytes(const rfi_node *x);
+/* A rank-0 CONSTANT of dt holding v (converted as rfi_api_store does). */
+RFI_FUNC rfi_node *rfi_node_scalar(rfi_graph *g, rf_dtype dt, double v);
+/* Whether x is a float +0 everywhere: a rank-0 CONSTANT of f32 or f64 holding
+ * +0, or a BROADCAST_IN_DIM of one (the zeros a gradient starts from). */
+RFI_FUNC bool rfi_node_is_plus_zero(const rfi_node *x);
 
 /* ---- Whole-graph services ------------------------------------------------------------ */
 /* Checks SSA order, operand ownership and every node's type against rfi_infer;

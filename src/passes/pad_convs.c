@@ -26,16 +26,6 @@ typedef struct padder {
     bool (*as_loops)(const rfi_node *conv);
 } padder;
 
-static rfi_node *zero_scalar(rfi_graph *c, rf_dtype dt)
-{
-    unsigned char bytes[8] = {0}; /* +0 and integer 0 are all zero bits */
-    rfi_attrs a;
-    memset(&a, 0, sizeof a);
-    a.data = bytes;
-    a.nbytes = rf_dtype_size(dt);
-    return rfi_node_new(c, RFI_OP_CONSTANT, NULL, 0, &a, dt, NULL, 0);
-}
-
 /* n with its input padded and dilated by a PAD, or NULL to keep n. */
 static rfi_node *pad_conv(void *ctx, rfi_graph *c, const rfi_node *n, rfi_node *const *in,
                           rfi_node *const *map)
@@ -65,7 +55,7 @@ static rfi_node *pad_conv(void *ctx, rfi_graph *c, const rfi_node *n, rfi_node *
         ca.l[1][d] = ca.l[2][d] = 0;
         ca.l[3][d] = 1;
     }
-    rfi_node *pad_in[2] = {in[0], zero_scalar(c, x->dtype)};
+    rfi_node *pad_in[2] = {in[0], rfi_node_scalar(c, x->dtype, 0.0)};
     if (!pad_in[1])
         return NULL;
     rfi_node *padded_x = rfi_node_new(c, RFI_OP_PAD, pad_in, 2, &pa, x->dtype, NULL, 0);

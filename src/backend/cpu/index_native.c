@@ -27,7 +27,6 @@
  * kernel), index lists of 2^31 entries or more, laid-out operands (the
  * services reorder them), which ops reach this file (pool.c hands them over).
  */
-#include <math.h>
 #include <string.h>
 
 #include "../../runtime/threadpool.h"
@@ -155,25 +154,6 @@ static void bucket_indices(const rfi_cpu_index *k, const void *idx, int32_t *sta
 
 /* ---- prepare / run ----------------------------------------------------------------- */
 
-/* x is a broadcast of a rank-0 +0 of its dtype: the zeros an embedding's
- * gradient scatters into, which then need not be read (its rows without
- * updates, most of a table, become +0 as through double). */
-static bool is_plus_zero_splat(const rfi_node *x)
-{
-    const rfi_node *c = x->op == RFI_OP_BROADCAST_IN_DIM ? x->in[0] : NULL;
-    if (!c || c->op != RFI_OP_CONSTANT || c->rank != 0 || c->dtype != x->dtype || !c->attr.data)
-        return false;
-    double v = 1.0;
-    if (c->dtype == RF_F32) {
-        float f;
-        memcpy(&f, c->attr.data, sizeof f);
-        v = f;
-    } else if (c->dtype == RF_F64) {
-        memcpy(&v, c->attr.data, sizeof v);
-    }
-    return v == 0.0 && !signbit(v);
-}
-
 rf_status rfi_cpu_index_prepare(const rfi_node *n, rfi_cpu_index **out, size_t *workspace_bytes)
 {
     *out = NULL;
@@ -195,7 +175,8 @@ rf_status rfi_cpu_index_prepare(const rfi_node *n, rfi_cpu_index **out, size_t *
     if (!k)
         return rfi_error(RF_E_NOMEM, "cpu: %s: out of memory", rfi_op_table[n->op].name);
     k->scatter = scatter;
-    k->zero_base = scatter && is_plus_zero_splat(x);
+    /* the zeros an embedding's gradient scatters into need not be read */
+    k->zero_base = scatter && x->op == RFI_OP_BROADCAST_IN_DIM && rfi_node_is_plus_zero(x);
     k->f64 = n->dtype == RF_F64;
     k->idx64 = idx->dtype == RF_I64;
     k->outer = rfi_numel(x->dims, axis);

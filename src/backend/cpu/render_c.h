@@ -137,8 +137,14 @@ RFI_FUNC void rfi_render_interchanged_body(rfi_render *R, bool *fold_live, bool 
 RFI_FUNC void rfi_render_split_functions(rfi_render *R, const char *kname,
                                          const rfi_schedule *sc, bool *fold_live,
                                          bool *out_live, bool *used);
-/* Marks instruction id and everything it reads in m. */
-RFI_FUNC void rfi_render_reach(const rfi_kir_kernel *k, int id, bool *m);
+/* fold[i]: instruction i is needed by a fold or its guard; out[i]: by a store. */
+RFI_FUNC void rfi_render_fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live,
+                                          bool *out_live);
+/* dep[id]: instruction id varies with kept loop `var` (its value is per
+ * output; the accumulator counts as varying). */
+RFI_FUNC void rfi_render_output_dependent(const rfi_kir_kernel *k, int var, bool *dep);
+/* Whether op is index arithmetic (or a loop variable). */
+RFI_FUNC bool rfi_render_index_op(rfi_kir_op op);
 /* Whether a plain reduction runs blocks of outputs, and its body then. */
 RFI_FUNC bool rfi_render_unrolls(const rfi_kir_kernel *k);
 RFI_FUNC void rfi_render_unrolled_body(rfi_render *R, const bool *live);

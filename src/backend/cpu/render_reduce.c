@@ -514,25 +514,25 @@ static void range_loop(rfi_render *R, int kept, const char *lo, const char *hi, 
     putf(R->sb, "for (int64_t i%d = %s; i%d < %s; i%d++) {\n", kept, lo, kept, hi, kept);
 }
 
-void rfi_render_reach(const rfi_kir_kernel *k, int id, bool *m)
+/* Marks instruction id and everything it reads in m. */
+static void reach(const rfi_kir_kernel *k, int id, bool *m)
 {
     if (id < 0 || m[id])
         return;
     m[id] = true;
-    rfi_render_reach(k, k->ins[id].a, m);
-    rfi_render_reach(k, k->ins[id].b, m);
-    rfi_render_reach(k, k->ins[id].c, m);
+    reach(k, k->ins[id].a, m);
+    reach(k, k->ins[id].b, m);
+    reach(k, k->ins[id].c, m);
 }
 
-/* fold[i]: instruction i is needed by the fold or its guard; out[i]: by a store. */
-static void fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live, bool *out_live)
+void rfi_render_fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live, bool *out_live)
 {
     for (int j = 0; j < k->n_folds; j++)
-        rfi_render_reach(k, rfi_kir_fold_value(k, j), fold_live);
-    rfi_render_reach(k, k->red_guard, fold_live);
+        reach(k, rfi_kir_fold_value(k, j), fold_live);
+    reach(k, k->red_guard, fold_live);
     for (int st = 0; st < k->n_stores; st++) {
-        rfi_render_reach(k, k->stores[st].index, out_live);
-        rfi_render_reach(k, k->stores[st].value, out_live);
+        reach(k, k->stores[st].index, out_live);
+        reach(k, k->stores[st].value, out_live);
     }
 }
 
@@ -611,7 +611,7 @@ static void interchanged_body(rfi_render *R, const bool *live, const bool *out)
 
 void rfi_render_interchanged_body(rfi_render *R, bool *fold_live, bool *out_live)
 {
-    fold_out_liveness(R->k, fold_live, out_live);
+    rfi_render_fold_out_liveness(R->k, fold_live, out_live);
     interchanged_body(R, fold_live, out_live);
 }
 
@@ -885,7 +885,7 @@ static void combine_function(rfi_render *R, const char *kname, const bool *live,
 void rfi_render_split_functions(rfi_render *R, const char *kname, const rfi_schedule *sc,
                                 bool *fold_live, bool *out_live, bool *used)
 {
-    fold_out_liveness(R->k, fold_live, out_live);
+    rfi_render_fold_out_liveness(R->k, fold_live, out_live);
     rfi_render_function_head(R, kname);
     rfi_render_bases_used(R->k, fold_live, false, used);
     rfi_render_declare_bases(R, used);
@@ -916,8 +916,7 @@ bool rfi_render_unrolls(const rfi_kir_kernel *k)
            k->red_dims[0] >= UNROLL_MIN_POINTS;
 }
 
-/* dep[id]: instruction id varies with kept loop `var` (its value is per output). */
-static void output_dependent(const rfi_kir_kernel *k, int var, bool *dep)
+void rfi_render_output_dependent(const rfi_kir_kernel *k, int var, bool *dep)
 {
     for (int id = 0; id < k->n_ins; id++) {
         const rfi_kir_ins *x = &k->ins[id];
@@ -961,7 +960,7 @@ static bool name_output(rfi_render *R, const bool *dep, char (*saved)[32], int u
  * or a plain reduction's one output. Only the summation order changes, as
  * vectorising a float sum already does. */
 
-static bool index_op(rfi_kir_op op) { return op >= RFI_KIR_VAR && op <= RFI_KIR_IMAX; }
+bool rfi_render_index_op(rfi_kir_op op) { return op >= RFI_KIR_VAR && op <= RFI_KIR_IMAX; }
 
 /* Whether the folded value is round_bf16(a) * round_bf16(b) of two f32 loads
  * contiguous along the one reduced loop, with nothing else in that loop but
@@ -985,7 +984,7 @@ static bool bf16_dot_loads(const rfi_kir_kernel *k, const bool *live, int *loads
         const rfi_kir_ins *x = &k->ins[id];
         bool part = id == k->red_value || id == v->a || id == v->b || id == loads[0] ||
                     id == loads[1];
-        if (live[id] && x->level == 2 && !part && !index_op(x->op))
+        if (live[id] && x->level == 2 && !part && !rfi_render_index_op(x->op))
             return false;
     }
     return true;
@@ -1009,7 +1008,7 @@ static bool *index_mask(const rfi_kir_kernel *k, const bool *live)
 {
     bool *index = rfi_calloc((size_t)(k->n_ins > 0 ? k->n_ins : 1), sizeof *index);
     for (int id = 0; index && id < k->n_ins; id++)
-        index[id] = live[id] && index_op(k->ins[id].op);
+        index[id] = live[id] && rfi_render_index_op(k->ins[id].op);
     return index;
 }
 
@@ -1231,7 +1230,7 @@ void rfi_render_unrolled_body(rfi_render *R, const bool *live)
         else
             snprintf(end, sizeof end, "%lld", (long long)k->dims[var]);
         memcpy(saved, R->names, (size_t)k->n_ins * sizeof *saved);
-        output_dependent(k, var, dep);
+        rfi_render_output_dependent(k, var, dep);
         rfi_render_indent(R, 1);
         putf(R->sb, "int64_t i%d = %s;\n", var, var == 0 ? "lo" : "0");
         bool unrolled = unrolled_block(R, live, dep, saved, 1, end);

@@ -45,19 +45,6 @@ typedef struct tiling {
     bool *per_col;      /* with L only, but a */
 } tiling;
 
-/* dep[id]: instruction id varies with loop variable `var`. */
-static void varies_with(const rfi_kir_kernel *k, int var, bool *dep)
-{
-    for (int id = 0; id < k->n_ins; id++) {
-        const rfi_kir_ins *x = &k->ins[id];
-        dep[id] = (x->op == RFI_KIR_VAR && x->var == var) ||
-                  (x->a >= 0 && x->a < id && dep[x->a]) ||
-                  (x->b >= 0 && x->b < id && dep[x->b]) || (x->c >= 0 && x->c < id && dep[x->c]);
-    }
-}
-
-static bool index_op(rfi_kir_op op) { return op >= RFI_KIR_VAR && op <= RFI_KIR_IMAX; }
-
 /* The fold's operands (t->a, t->b) when it sums a product of a load
  * contiguous along L and a value that does not vary with L. */
 static bool find_operands(const rfi_kir_kernel *k, const bool *dep_l, tiling *t)
@@ -91,7 +78,7 @@ static bool axis_suits(const rfi_kir_kernel *k, const bool *fold_live, const boo
     for (int id = 0; id < k->n_ins; id++) {
         if (!fold_live[id] || id == product || !dep_l[id])
             continue;
-        if (dep_t[id] || (id != t->a && !index_op(k->ins[id].op)))
+        if (dep_t[id] || (id != t->a && !rfi_render_index_op(k->ins[id].op)))
             return false;
     }
     return true;
@@ -125,11 +112,11 @@ static bool plan_tiles(const rfi_kir_kernel *k, const bool *fold_live, tiling *t
     t->per_col = rfi_calloc(n, sizeof *t->per_col);
     bool found = false;
     if (dep_l && dep_t && t->shared && t->per_row && t->per_col) {
-        varies_with(k, t->l, dep_l);
+        rfi_render_output_dependent(k, t->l, dep_l);
         if (find_operands(k, dep_l, t))
             for (int axis = t->l - 1; axis >= 0 && !found; axis--) {
                 t->t = axis;
-                varies_with(k, axis, dep_t);
+                rfi_render_output_dependent(k, axis, dep_t);
                 found = axis_suits(k, fold_live, dep_t, dep_l, t);
             }
     }
@@ -145,16 +132,6 @@ static bool plan_tiles(const rfi_kir_kernel *k, const bool *fold_live, tiling *t
     return found;
 }
 
-/* fold[i]: instruction i is needed by the fold; out[i]: by a store. */
-static void fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live, bool *out_live)
-{
-    rfi_render_reach(k, rfi_kir_fold_value(k, 0), fold_live);
-    for (int st = 0; st < k->n_stores; st++) {
-        rfi_render_reach(k, k->stores[st].index, out_live);
-        rfi_render_reach(k, k->stores[st].value, out_live);
-    }
-}
-
 bool rfi_render_tiles(const rfi_kir_kernel *k)
 {
     size_t n = (size_t)(k->n_ins > 0 ? k->n_ins : 1);
@@ -162,7 +139,7 @@ bool rfi_render_tiles(const rfi_kir_kernel *k)
     tiling t;
     bool tiles = false;
     if (fold_live && out_live && k->is_reduce && k->n_folds == 1) {
-        fold_out_liveness(k, fold_live, out_live);
+        rfi_render_fold_out_liveness(k, fold_live, out_live);
         if ((tiles = plan_tiles(k, fold_live, &t)))
             tiling_free(&t);
     }
@@ -417,7 +394,7 @@ void rfi_render_tiled_body(rfi_render *R, bool *fold_live, bool *out_live)
 {
     const rfi_kir_kernel *k = R->k;
     tiling t;
-    fold_out_liveness(k, fold_live, out_live);
+    rfi_render_fold_out_liveness(k, fold_live, out_live);
     if (!plan_tiles(k, fold_live, &t)) { /* the schedule asked rfi_render_tiles */
         R->sb->failed = true;
         return;
