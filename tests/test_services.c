@@ -717,18 +717,19 @@ static bool has_avx512_core(void)
  * kernels (AVX-512 CPUs), its Winograd for 3x3 stride-1 forward and
  * weight-gradient forms with >= 32 channels, backward-data for the widely
  * padded input gradient of an unpadded 3x3, Winograd's where that gradient
- * is whole 4x4 tiles (12x12); elsewhere winograd.c's for all four, at 16
- * channels too (but not at 8); the direct kernels once RF_CONV_WINOGRAD=0. Each result is within the contraction bound of
- * run_case (1e-5 of sum |x||w|). */
+ * is whole 4x4 tiles (12x12), each where it has 64 tiles over the batch (32
+ * for the weight gradient); elsewhere winograd.c's for all four, at 16
+ * channels too (but not at 8); the direct kernels once RF_CONV_WINOGRAD=0.
+ * Each result is within the contraction bound of run_case (1e-5 of sum |x||w|). */
 static void test_conv_rule_paths(void)
 {
-    static const conv_case forward = {"wide 3x3 forward", 4, {4, 32, 9, 9}, {48, 32, 3, 3},
+    static const conv_case forward = {"wide 3x3 forward", 4, {8, 32, 9, 9}, {48, 32, 3, 3},
                                       {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1};
     static const conv_case kernel_grad = {"wide 3x3 kernel grad", 4, {32, 4, 11, 11},
                                           {40, 4, 9, 9}, {1, 1}, {0}, {0}, {0}, {0}, 1, 1};
     static const conv_case input_grad = {"unpadded 3x3 input grad", 4, {4, 40, 9, 9},
                                          {32, 40, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0}, 1, 1};
-    static const conv_case tiled_grad = {"unpadded 3x3 input grad, 12x12", 4, {4, 40, 10, 10},
+    static const conv_case tiled_grad = {"unpadded 3x3 input grad, 12x12", 4, {8, 40, 10, 10},
                                          {32, 40, 3, 3}, {1, 1}, {2, 2}, {2, 2}, {0}, {0}, 1, 1};
     bool avx512 = has_avx512_core();
     case_result t = run_conv(&tiled_grad, RF_F32, false);
@@ -761,9 +762,10 @@ static void test_conv_rule_paths(void)
         CHECK(own ? !strcmp(f.path, "winograd 4x4") : !strstr(f.path, "winograd"));
         CHECK(own ? !strcmp(k.path, "winograd 3x3") : !strcmp(k.path, "bwd-weights"));
     }
-    /* winograd.c's first form only where its tiles fill: a ResNet's last stage at batch 1
-     * (a 2x2 result, one tile), or batch 8 of 4x4 (8 tiles in all), runs direct; batch 4
-     * of 9x9 (36 tiles, 56% filled) above stays on Winograd */
+    /* winograd.c's first form only where its tiles fill, oneDNN's only where there are
+     * enough: a ResNet's last stage at batch 1 (a 2x2 result, one tile), or batch 8 of 4x4
+     * (8 tiles in all), runs direct; batch 8 of 9x9 (72 tiles, 56% filled) above stays on
+     * Winograd */
     static const conv_case tiny = {"batch 1 of 2x2, 64 channels", 4, {1, 64, 2, 2},
                                    {64, 64, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, 1, 1};
     static const conv_case few = {"batch 8 of 4x4, 64 channels", 4, {8, 64, 4, 4},
