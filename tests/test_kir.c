@@ -1214,6 +1214,29 @@ static void test_product_tiles(rf_dtype dt, int64_t m, int64_t n, int64_t len)
     rfi_graph_free(g);
 }
 
+/* A product x w with w stored [len,n] ([m,len] x [len,n] over 1/0: w's column
+ * strides along the sum) runs in the same tiles, w's row a vector and x one
+ * value per row, instead of gathering the column a row apart per term; rows
+ * left over, and all of them when there are fewer than 4, in tiles of one
+ * row. The values match the interpreter's. */
+static void test_column_tiles(rf_dtype dt, int64_t m, int64_t n, int64_t len)
+{
+    targ a[2] = {{dt, 2, {m, len}}, {dt, 2, {len, n}}};
+    rfi_graph *g = g_new(a, 2);
+    CHECK_OK(rfi_graph_add_output(g, dot_2d(g, g_arg(g, 0), g_arg(g, 1), 1, 0, m, n)));
+    char *src = hand_source(g, NULL);
+    if (src && m > 1) { /* (one row is a vector's product: its rows fold away) */
+        CHECK(strstr(src, "acc_3_1 += b_3 * a_1;") != NULL);
+        CHECK(strstr(src, "for (; row0 < hi; row0++) {") != NULL);
+        CHECK(strstr(src, "#pragma omp simd reduction") == NULL);
+    }
+    rfi_free(src);
+    check_two_operands(g, dt, m * len, len * n,
+                       dt == RF_F64 ? "dot_general column tiles f64"
+                                    : "dot_general column tiles f32");
+    rfi_graph_free(g);
+}
+
 /* An f64 convolution computed as loops (x [batch,5,9,13] by w [6,5,3,3], no
  * padding) runs in register tiles of 4 output features by vectors along the
  * output row, with the feature rows outside the image rows; with a batch of
@@ -2501,6 +2524,9 @@ int main(void)
     test_product_tiles(RF_F64, 9, 16, 7);
     test_product_tiles(RF_F64, 5, 3, 12);
     test_product_tiles(RF_F32, 6, 37, 20);
+    test_column_tiles(RF_F64, 9, 40, 30);
+    test_column_tiles(RF_F64, 2, 19, 12);
+    test_column_tiles(RF_F32, 1, 37, 20);
     test_conv_tiles(2);
     test_conv_tiles(1);
     test_row_sums(RF_F32);

@@ -14,7 +14,8 @@
  * C vectors): per reduced point two vector loads of a, one load of b per
  * row, eight multiply-adds.
  *
- * Rows of T left over run tiles of one row; points of L left over, a tile of
+ * Rows of T left over (all of them where T has fewer than TILE_ROWS) run
+ * tiles of one row; points of L left over, a tile of
  * one vector, then the row's last vector again (overlapping the one before:
  * its shared points are computed twice) or, where the kernel reads what it
  * stores, tiles of single points. Each output still folds its
@@ -72,7 +73,7 @@ static bool find_operands(const rfi_kir_kernel *k, const bool *dep_l, tiling *t)
 static bool axis_suits(const rfi_kir_kernel *k, const bool *fold_live, const bool *dep_t,
                        const bool *dep_l, const tiling *t)
 {
-    if (!dep_t[t->b] || dep_t[t->a] || k->dims[t->t] < TILE_ROWS)
+    if (!dep_t[t->b] || dep_t[t->a])
         return false;
     int product = rfi_kir_fold_value(k, 0);
     for (int id = 0; id < k->n_ins; id++) {
