@@ -1237,6 +1237,37 @@ static void test_column_tiles(rf_dtype dt, int64_t m, int64_t n, int64_t len)
     rfi_graph_free(g);
 }
 
+/* An elementwise kernel that reads x [b,c,r] transposed to [b,r,c] (exp(x^T) * w)
+ * runs in tiles: the transposed points copied one at a time into an array on
+ * the stack, the arithmetic vectorised over it; with a rest of the row (c not
+ * a multiple of 8) and, at b = 1, the tiles of the threads' ranges. The values
+ * match the interpreter's. */
+static void test_transposed_reads(rf_dtype dt, int64_t b, int64_t c, int64_t r)
+{
+    targ a[2] = {{dt, 3, {b, c, r}}, {dt, 3, {b, r, c}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0);
+    rfi_attrs at = {0};
+    int64_t perm[] = {0, 2, 1}, tdims[] = {b, r, c};
+    set_list(&at, 0, perm, 3);
+    rfi_node *t = mk(g, RFI_OP_TRANSPOSE, &x, 1, &at, dt, tdims, 3);
+    rfi_node *e = mk(g, RFI_OP_EXP, &t, 1, NULL, dt, tdims, 3);
+    CHECK_OK(rfi_graph_add_output(g, bin(g, RFI_OP_MUL, e, g_arg(g, 1))));
+    char *src = hand_source(g, NULL);
+    if (src) {
+        CHECK(strstr(src, "tr_x_0[i") != NULL);
+        CHECK((strstr(src, "for (int64_t tb0 = lo; tb0 < hi;") != NULL) == (b == 1));
+        char rest[48];
+        snprintf(rest, sizeof rest, "const int64_t tb%d = %lld;", b == 1 ? 1 : 2,
+                 (long long)(c - c % 8));
+        CHECK((strstr(src, rest) != NULL) == (c % 8 != 0));
+    }
+    rfi_free(src);
+    check_two_operands(g, dt, b * c * r, b * r * c,
+                       dt == RF_F64 ? "transposed reads f64" : "transposed reads f32");
+    rfi_graph_free(g);
+}
+
 /* An f64 convolution computed as loops (x [batch,5,9,13] by w [6,5,3,3], no
  * padding) runs in register tiles of 4 output features by vectors along the
  * output row, with the feature rows outside the image rows; with a batch of
@@ -2529,6 +2560,9 @@ int main(void)
     test_column_tiles(RF_F32, 1, 37, 20);
     test_conv_tiles(2);
     test_conv_tiles(1);
+    test_transposed_reads(RF_F32, 1, 45, 37);
+    test_transposed_reads(RF_F32, 3, 32, 20);
+    test_transposed_reads(RF_F64, 2, 19, 40);
     test_row_sums(RF_F32);
     test_row_sums(RF_F64);
     test_lane_extremes(RF_F32, 64);
