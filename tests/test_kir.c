@@ -1268,6 +1268,39 @@ static void test_transposed_reads(rf_dtype dt, int64_t b, int64_t c, int64_t r)
     rfi_graph_free(g);
 }
 
+/* A relu gradient masked per point and scaled by one value per row of 256,
+ * select(x > 0, g, 0) * x with g [32,16] broadcast over x [32,16,256], as a
+ * loop (reduce_it false) or summed over its first and last axes (a GroupNorm's
+ * gradient sums, split in chunks of its first): g's load comes before the
+ * innermost loop, where gcc cannot sink it into the select (a conditional load
+ * at a fixed address kept the loop scalar). The values match the
+ * interpreter's. */
+static void test_hoisted_invariants(bool reduce_it)
+{
+    targ a[2] = {{RF_F32, 3, {32, 16, 256}}, {RF_F32, 2, {32, 16}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0);
+    int64_t map[] = {0, 1};
+    rfi_node *gb = bcast(g, g_arg(g, 1), map, x->dims, 3);
+    rfi_node *zero = bcast(g, scalar(g, RF_F32, 0.0), NULL, x->dims, 3);
+    rfi_node *sel_in[3] = {cmp(g, RF_GT, x, zero), gb, zero};
+    rfi_node *sel = mk(g, RFI_OP_SELECT, sel_in, 3, NULL, RF_F32, x->dims, 3);
+    rfi_node *y = bin(g, RFI_OP_MUL, sel, x);
+    int64_t axes[] = {0, 2};
+    CHECK_OK(rfi_graph_add_output(g, reduce_it ? reduce(g, y, RF_REDUCE_SUM, axes, 2) : y));
+    char *src = hand_source(g, NULL);
+    if (src) {
+        const char *load = strstr(src, "= p_1[");
+        const char *inner = strstr(src, reduce_it ? "#pragma omp simd reduction" : "#pragma omp simd");
+        CHECK(load && inner && load < inner);
+        CHECK(!reduce_it || strstr(src, "_combine(") != NULL);
+    }
+    rfi_free(src);
+    check_two_operands(g, RF_F32, 32 * 16 * 256, 32 * 16,
+                       reduce_it ? "hoisted invariants, sum" : "hoisted invariants");
+    rfi_graph_free(g);
+}
+
 /* An f64 convolution computed as loops (x [batch,5,9,13] by w [6,5,3,3], no
  * padding) runs in register tiles of 4 output features by vectors along the
  * output row, with the feature rows outside the image rows; with a batch of
@@ -2563,6 +2596,8 @@ int main(void)
     test_transposed_reads(RF_F32, 1, 45, 37);
     test_transposed_reads(RF_F32, 3, 32, 20);
     test_transposed_reads(RF_F64, 2, 19, 40);
+    test_hoisted_invariants(false);
+    test_hoisted_invariants(true);
     test_row_sums(RF_F32);
     test_row_sums(RF_F64);
     test_lane_extremes(RF_F32, 64);

@@ -779,9 +779,44 @@ void rfi_render_function_head(rfi_render *R, const char *kname)
     putf(R->sb, "\n{\n    const struct %s_ctx *c = ctx;\n", kname);
 }
 
+/* An elementwise kernel's loops with what does not vary along the innermost
+ * one computed before it. gcc hoists most such loads itself, but a load that
+ * only one arm of a select reads it sinks into that arm, and a conditional
+ * load at a fixed address keeps the loop scalar: a GroupNorm's relu gradient,
+ * select(y > 0, g, 0) with g one value per group, took 1.4 ms over
+ * [32,64,16,16]. */
+static bool hoisted_body(rfi_render *R, const bool *live)
+{
+    const rfi_kir_kernel *k = R->k;
+    int n = k->rank - 1;
+    if (k->is_reduce || k->rank < 2)
+        return false;
+    bool *inner = rfi_calloc((size_t)k->n_ins, sizeof *inner);
+    if (!inner) {
+        R->sb->failed = true;
+        return true;
+    }
+    rfi_render_output_dependent(k, n, inner);
+    rfi_render_open_outer_loops(R, n, false);
+    rfi_render_statements_where(R, live, 1, 1 + n, inner, false);
+    if (!k->no_simd) {
+        rfi_render_indent(R, 1 + n);
+        put(R->sb, "#pragma omp simd\n");
+    }
+    rfi_render_indent(R, 1 + n);
+    putf(R->sb, "for (int64_t i%d = 0; i%d < %lld; i%d++) {\n", n, n, (long long)k->dims[n], n);
+    rfi_render_statements_where(R, live, 1, 2 + n, inner, true);
+    rfi_render_stores(R, 2 + n);
+    rfi_render_close_loops(R, 1, k->rank);
+    rfi_free(inner);
+    return true;
+}
+
 static void plain_body(rfi_render *R, const bool *live)
 {
     const rfi_kir_kernel *k = R->k;
+    if (hoisted_body(R, live))
+        return;
     if (k->rank == 0)
         put(R->sb, "    (void)lo;\n    (void)hi;\n");
     rfi_render_open_outer_loops(R, k->rank, !k->is_reduce && !k->no_simd);
