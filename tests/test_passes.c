@@ -515,6 +515,35 @@ static void test_transposed_dot_operands(void)
            f32_args);
 }
 
+/* transpose(x @ y^T) is y @ x^T: the product with its operands swapped; not
+ * when the product has another user (it would be computed twice). */
+static void test_transposed_product(void)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(2, &x);
+    rfi_graph_add_output(g, transpose(g, dot(g, x, arg(g, 1), 1, 1), (const int64_t[]){1, 0}));
+    expect("transposed product", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = argument {index=1} : f32[2,3]\n"
+           "%2 = dot_general(%1, %0) {lhs_batch=[], rhs_batch=[], lhs_contract=[1], "
+           "rhs_contract=[1]} : f32[2,2]\n"
+           "outputs: %2\n",
+           f32_args);
+
+    rfi_graph *h = g_f32(2, &x);
+    rfi_node *d = dot(h, x, arg(h, 1), 1, 1);
+    rfi_graph_add_output(h, d);
+    rfi_graph_add_output(h, transpose(h, d, (const int64_t[]){1, 0}));
+    expect("transposed product with another user", rfi_simplify, h,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = argument {index=1} : f32[2,3]\n"
+           "%2 = dot_general(%0, %1) {lhs_batch=[], rhs_batch=[], lhs_contract=[1], "
+           "rhs_contract=[1]} : f32[2,2]\n"
+           "%3 = transpose(%2) {perm=[1, 0]} : f32[2,2]\n"
+           "outputs: %2, %3\n",
+           f32_args);
+}
+
 /* A graph of x [xd] of x_dt and a pool cotangent src of dt (the windows' result
  * shape, written to sd), with window attributes `win`, strides `st` and
  * padding `pad` on the last two dims in *a. */
@@ -1701,6 +1730,7 @@ int main(void)
     test_select_constant_predicate();
     test_shape_chains();
     test_transposed_dot_operands();
+    test_transposed_product();
     test_pooled_gradient_mask();
     test_merged_dots();
     test_unrolled_pools();

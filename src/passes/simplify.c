@@ -20,7 +20,9 @@
  *   - a transposed dot_general operand folds into the dot's dimension lists
  *     when that keeps the result's dim order (simplify_dot);
  *   - relu's mask on a max-pool gradient moves onto the pooled cotangent
- *     (mask_pooled_gradient).
+ *     (mask_pooled_gradient);
+ *   - a product's transpose that swaps its two sides' free dims is the
+ *     product of the operands swapped (transposed_dot).
  * Values outside the claim: signalling NaNs (every float kernel of the
  * interpreter quiets them, so removing an operation may keep one
  * signalling) and bool buffers holding bytes other than 0 and 1.
@@ -45,8 +47,9 @@
 #define FOLD_MAX_ELEMENTS 4096
 
 typedef struct simp {
-    rfi_graph *c;    /* the graph being built */
-    rfi_node **ins;  /* scratch: one node's mapped operands */
+    rfi_graph *c;       /* the graph being built */
+    rfi_node **ins;     /* scratch: one node's mapped operands */
+    const int *n_users; /* users of each node of the source graph */
 } simp;
 
 /* ---- Splats ---------------------------------------------------------------------- */
@@ -341,9 +344,50 @@ static bool is_identity_list(const int64_t *v, int n)
 }
 
 /* transpose(transpose(x, p1), p2) = transpose(x, p1[p2[i]]). */
+/* transpose(dot_general(a, b)) that swaps the product's lhs and rhs free dims
+ * (keeping its batch dims first) is dot_general(b, a): the same products,
+ * summed in the same order, computed in the transposed order directly (an
+ * attention's key gradient, (dS^T Q) transposed back to K's layout, was a
+ * loop of its own). Only when the transpose is the product's one user
+ * (source node n). */
+static rfi_node *transposed_dot(simp *s, const rfi_node *n, rfi_node *const *in)
+{
+    const rfi_node *d = in[0];
+    if (d->op != RFI_OP_DOT_GENERAL || s->n_users[n->in[0]->id] != 1)
+        return NULL;
+    int nb = (int)d->attr.nl[0]; /* lists: batch dims of each side, then contracted */
+    int64_t free_dims[RF_MAX_RANK];
+    int nl = rfi_dot_free_dims(d->in[0]->rank, d->attr.l[0], d->attr.nl[0], d->attr.l[2],
+                               d->attr.nl[2], free_dims);
+    int nr = d->rank - nb - nl;
+    if (nl < 1 || nr < 1)
+        return NULL;
+    const int64_t *perm = n->attr.l[0];
+    for (int i = 0; i < n->rank; i++) {
+        int64_t want = i < nb ? i : i < nb + nr ? nb + nl + (i - nb) : nb + (i - nb - nr);
+        if (perm[i] != want)
+            return NULL;
+    }
+    rfi_attrs a;
+    rfi_attrs_copy(&a, &d->attr);
+    for (int k = 0; k < 2; k++) {
+        a.nl[k] = d->attr.nl[1 - k];
+        a.nl[2 + k] = d->attr.nl[3 - k];
+        for (int j = 0; j < a.nl[k]; j++)
+            a.l[k][j] = d->attr.l[1 - k][j];
+        for (int j = 0; j < a.nl[2 + k]; j++)
+            a.l[2 + k][j] = d->attr.l[3 - k][j];
+    }
+    rfi_node *ops[2] = {d->in[1], d->in[0]};
+    return rfi_node_new(s->c, RFI_OP_DOT_GENERAL, ops, 2, &a, n->dtype, n->dims, n->rank);
+}
+
 static rfi_node *simplify_transpose(simp *s, const rfi_node *n, rfi_node *const *in)
 {
     rfi_node *x = in[0];
+    rfi_node *dot = transposed_dot(s, n, in);
+    if (dot || s->c->status != RF_OK)
+        return dot;
     rfi_attrs a;
     rfi_attrs_copy(&a, &n->attr);
     if (x->op == RFI_OP_TRANSPOSE) {
@@ -558,9 +602,19 @@ rf_status rfi_simplify(const rfi_graph *g, rfi_graph **out)
     if (!g)
         return rfi_error(RF_E_INVALID, "simplify: NULL graph");
     int max_in = rfi_max_operands(g);
-    rfi_node **map = rfi_calloc(g->n_nodes > 0 ? (size_t)g->n_nodes : 1, sizeof *map);
-    simp s = {NULL, rfi_calloc((size_t)max_in, sizeof *s.ins)};
-    rf_status st = map && s.ins ? RF_OK : rfi_error(RF_E_NOMEM, "simplify: out of memory");
+    size_t n_nodes = g->n_nodes > 0 ? (size_t)g->n_nodes : 1;
+    rfi_node **map = rfi_calloc(n_nodes, sizeof *map);
+    int *n_users = rfi_calloc(n_nodes, sizeof *n_users);
+    simp s = {NULL, rfi_calloc((size_t)max_in, sizeof *s.ins), n_users};
+    rf_status st =
+        map && s.ins && n_users ? RF_OK : rfi_error(RF_E_NOMEM, "simplify: out of memory");
+    for (int id = 0; st == RF_OK && id < g->n_nodes; id++)
+        for (int k = 0; k < g->nodes[id]->n_in; k++)
+            n_users[g->nodes[id]->in[k]->id]++;
+    for (int r = 0; st == RF_OK && r < g->n_outputs; r++)
+        n_users[g->outputs[r]->id]++;
+    for (int u = 0; st == RF_OK && u < g->n_updates; u++)
+        n_users[g->updates[u].value->id]++;
     if (st == RF_OK)
         st = rfi_graph_new_like(g, &s.c);
     if (st == RF_OK)
@@ -570,6 +624,7 @@ rf_status rfi_simplify(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = rfi_dce(s.c, out); /* rewrites leave the nodes they bypassed behind */
     rfi_free(map);
+    rfi_free(n_users);
     rfi_free(s.ins);
     rfi_graph_free(s.c);
     return st;
