@@ -1301,6 +1301,53 @@ static void test_hoisted_invariants(bool reduce_it)
     rfi_graph_free(g);
 }
 
+/* tanh of a nearest-upsampled x ([4,6,20] -> [4,6,40] through a reshape and a
+ * broadcast: its index divides the loop variable), times w [4,6,40], as a loop
+ * (reduce_it false) or summed over each pair of upsampled points (the
+ * interchanged schedule, which gathers w every other point): the gathered
+ * loads are copied into an array first, so the loop with its tanh vectorises
+ * (the source says so). The values match the interpreter's within the math
+ * bound. */
+static void test_gathered_math(bool reduce_it)
+{
+    targ a[2] = {{RF_F32, 3, {4, 6, 20}}, {RF_F32, 3, {4, 6, 40}}};
+    rfi_graph *g = g_new(a, 2);
+    rfi_node *x = g_arg(g, 0);
+    int64_t d4[] = {4, 6, 20, 1}, d4b[] = {4, 6, 20, 2}, d3[] = {4, 6, 40}, map[] = {0, 1, 2, 3};
+    rfi_node *r = mk(g, RFI_OP_RESHAPE, &x, 1, NULL, RF_F32, d4, 4);
+    rfi_node *b = bcast(g, r, map, d4b, 4);
+    rfi_node *up = mk(g, RFI_OP_RESHAPE, &b, 1, NULL, RF_F32, d3, 3);
+    rfi_node *t = un(g, RFI_OP_TANH, up);
+    rfi_node *y = reduce_it ? bin(g, RFI_OP_MUL, t, g_arg(g, 1)) : t;
+    if (reduce_it) {
+        rfi_node *pairs = mk(g, RFI_OP_RESHAPE, &y, 1, NULL, RF_F32, d4b, 4);
+        int64_t axes[] = {3};
+        y = reduce(g, pairs, RF_REDUCE_SUM, axes, 1);
+    }
+    CHECK_OK(rfi_graph_add_output(g, y));
+    char *src = hand_source(g, NULL);
+    if (src) {
+        CHECK(strstr(src, "float tr_x_") != NULL);
+        CHECK(strstr(src, "tanhf(") != NULL);
+    }
+    rfi_free(src);
+    const void *args[2] = {NULL, NULL};
+    float xd[4 * 6 * 20], wd[4 * 6 * 40];
+    for (int i = 0; i < 4 * 6 * 20; i++)
+        xd[i] = (float)((i * 7 % 13) - 6) * 0.25f;
+    for (int i = 0; i < 4 * 6 * 40; i++)
+        wd[i] = (float)((i * 5 % 11) - 5) * 0.125f;
+    args[0] = xd;
+    args[1] = wd;
+    const char *labels[] = {reduce_it ? "gathered tanh, sum" : "gathered tanh"};
+    tol tols[] = {reduce_it ? SUM : ULP4};
+    plan_opts o = {0};
+    rfi_plan *p = hand_plan(g, &o);
+    check_program(g, p, args, labels, tols);
+    hand_plan_free(p);
+    rfi_graph_free(g);
+}
+
 /* An f64 convolution computed as loops (x [batch,5,9,13] by w [6,5,3,3], no
  * padding) runs in register tiles of 4 output features by vectors along the
  * output row, with the feature rows outside the image rows; with a batch of
@@ -2598,6 +2645,8 @@ int main(void)
     test_transposed_reads(RF_F64, 2, 19, 40);
     test_hoisted_invariants(false);
     test_hoisted_invariants(true);
+    test_gathered_math(false);
+    test_gathered_math(true);
     test_row_sums(RF_F32);
     test_row_sums(RF_F64);
     test_lane_extremes(RF_F32, 64);

@@ -145,6 +145,20 @@ RFI_FUNC void rfi_render_fold_out_liveness(const rfi_kir_kernel *k, bool *fold_l
 RFI_FUNC void rfi_render_output_dependent(const rfi_kir_kernel *k, int var, bool *dep);
 /* Whether op is index arithmetic (or a loop variable). */
 RFI_FUNC bool rfi_render_index_op(rfi_kir_op op);
+/* Whether live load x would be a gather in the innermost kept loop: its index
+ * strides there, or is not affine in it (divided: a nearest upsampling's
+ * broadcast seen through a reshape). gcc vectorises no such load here (the
+ * modules have no gathers), and a math function in the same loop then runs
+ * scalar with it. */
+RFI_FUNC bool rfi_render_gathered_load(const rfi_kir_kernel *k, const rfi_kir_ins *x);
+/* The C expression instruction x computes (its operands by name). */
+RFI_FUNC void rfi_render_expression(rfi_render *R, const rfi_kir_ins *x);
+/* Whether a live instruction calls a math function (exp, tanh, ...). */
+RFI_FUNC bool rfi_render_calls_math(const rfi_kir_kernel *k, const bool *live);
+/* Marks instruction id and what it reads in `out`, not reading past the
+ * instructions in `stop` (which are marked themselves; stop may be NULL). */
+RFI_FUNC void rfi_render_mark_operands(const rfi_kir_kernel *k, int id, const bool *stop,
+                                       bool *out);
 /* Whether a plain reduction runs blocks of outputs, and its body then. */
 RFI_FUNC bool rfi_render_unrolls(const rfi_kir_kernel *k);
 RFI_FUNC void rfi_render_unrolled_body(rfi_render *R, const bool *live);
