@@ -344,6 +344,20 @@ static void test_foreach_program(void)
         rf_exec_free(e);
     }
     rf_opt_free(opt);
+
+    /* the global norm sums each parameter's gradient (ten sums added up, one
+     * sqrt), not the concatenated vector, whose every point a sum would read
+     * through all ten pieces */
+    opt = rf_setup(rf_chain_rules(rf_clipnorm_global(1.0, 2), rf_adam(1e-3)), m);
+    e = NULL;
+    CHECK_OK(compile_update(opt, m, g, 10, &e));
+    if (e) {
+        const char *text = rf_exec_program_text(e);
+        CHECK(count(text, " = sqrt(") == 2);
+        CHECK(count(text, " = reduce(") == 10);
+        rf_exec_free(e);
+    }
+    rf_opt_free(opt);
     for (int i = 0; i < 10; i++)
         rf_array_free(g[i]);
     rf_model_free(m);

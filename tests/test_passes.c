@@ -544,6 +544,45 @@ static void test_transposed_product(void)
            f32_args);
 }
 
+static rfi_node *slice1(rfi_graph *g, rfi_node *x, int64_t start, int64_t limit, int64_t stride)
+{
+    rfi_attrs a = attrs0();
+    a.nl[0] = a.nl[1] = a.nl[2] = 1;
+    a.l[0][0] = start;
+    a.l[1][0] = limit;
+    a.l[2][0] = stride;
+    return node(g, RFI_OP_SLICE, &x, 1, &a, x->dtype, NULL, 0);
+}
+
+/* Slices of concatenate([a, b, c]) (6 points each, flattened [2,3]s): one that
+ * is a whole piece is that piece, one within a piece a slice of it, one across
+ * two pieces stays. */
+static void test_slice_of_concatenation(void)
+{
+    rfi_graph *g = graph_with_args(3, F32x3, D23, 2);
+    rfi_node *flat[3];
+    for (int k = 0; k < 3; k++)
+        flat[k] = reshape(g, arg(g, k), (const int64_t[]){6}, 1);
+    rfi_attrs ca = attrs0();
+    ca.i[0] = 0;
+    rfi_node *cat = node(g, RFI_OP_CONCATENATE, flat, 3, &ca, RF_F32, NULL, 0);
+    rfi_graph_add_output(g, slice1(g, cat, 6, 12, 1));
+    rfi_graph_add_output(g, slice1(g, cat, 13, 18, 2));
+    rfi_graph_add_output(g, slice1(g, cat, 4, 8, 1));
+    expect("slices of a concatenation", rfi_simplify, g,
+           "%0 = argument {index=0} : f32[2,3]\n"
+           "%1 = reshape(%0) : f32[6]\n"
+           "%2 = argument {index=1} : f32[2,3]\n"
+           "%3 = reshape(%2) : f32[6]\n"
+           "%4 = argument {index=2} : f32[2,3]\n"
+           "%5 = reshape(%4) : f32[6]\n"
+           "%6 = concatenate(%1, %3, %5) {axis=0} : f32[18]\n"
+           "%7 = slice(%5) {start=[1], limit=[6], stride=[2]} : f32[3]\n"
+           "%8 = slice(%6) {start=[4], limit=[8], stride=[1]} : f32[4]\n"
+           "outputs: %3, %7, %8\n",
+           f32_args);
+}
+
 /* A graph of x [xd] of x_dt and a pool cotangent src of dt (the windows' result
  * shape, written to sd), with window attributes `win`, strides `st` and
  * padding `pad` on the last two dims in *a. */
@@ -1731,6 +1770,7 @@ int main(void)
     test_shape_chains();
     test_transposed_dot_operands();
     test_transposed_product();
+    test_slice_of_concatenation();
     test_pooled_gradient_mask();
     test_merged_dots();
     test_unrolled_pools();

@@ -392,6 +392,32 @@ static rf_tensor *norm_finish(rf_tensor *part, double p)
     return rf_pow_s(part, 1.0 / p);
 }
 
+/* norm_part of the whole flat vector x, as one partial per parameter segment
+ * combined (summed, or the extreme of the extremes for p = +-inf): a sum
+ * over the concatenated vector reads each point through all the pieces of
+ * the concatenation (a clamped load each, neither vectorised nor split over
+ * threads: 0.87 ms for an MLP's 536K gradients), a sum per parameter reads
+ * its gradient directly. */
+static rf_tensor *joint_norm_part(emitter *e, rf_tensor *x, double p)
+{
+    if (e->n_seg <= 1)
+        return norm_part(x, p);
+    rf_tensor *total = NULL;
+    int64_t off = 0;
+    for (int i = 0; i < e->n_seg; i++) {
+        int64_t lo[1] = {off}, hi[1] = {off + e->seg[i]};
+        rf_tensor *part = norm_part(rf_slice(x, lo, hi, NULL), p);
+        off = hi[0];
+        if (!total)
+            total = part;
+        else if (isinf(p))
+            total = p > 0 ? rf_max(total, part) : rf_min(total, part);
+        else
+            total = rf_add(total, part);
+    }
+    return total;
+}
+
 /* ClipNorm over all parameters at once (PyTorch's clip_grad_norm_, optax's
  * clip_by_global_norm, without their epsilon): the norm of the whole flat vector. */
 static rf_tensor *emit_clipnorm_global(emitter *e, int l, rf_tensor *dx)
@@ -405,7 +431,7 @@ static rf_tensor *emit_clipnorm_global(emitter *e, int l, rf_tensor *dx)
         rf_tensor *zero = rf_convert(num(e, 0.0), e->g->dtype);
         counted = keep_frozen(e, rf_broadcast_to(zero, len, 1), dx);
     }
-    rf_tensor *norm = norm_finish(norm_part(counted, p), p);
+    rf_tensor *norm = norm_finish(joint_norm_part(e, counted, p), p);
     return rf_mul(dx, rf_min(rf_div(hp(e, l, 0), norm), num(e, 1.0)));
 }
 

@@ -22,7 +22,8 @@
  *   - relu's mask on a max-pool gradient moves onto the pooled cotangent
  *     (mask_pooled_gradient);
  *   - a product's transpose that swaps its two sides' free dims is the
- *     product of the operands swapped (transposed_dot).
+ *     product of the operands swapped (transposed_dot);
+ *   - a slice of a concatenation within one piece is a slice of that piece.
  * Values outside the claim: signalling NaNs (every float kernel of the
  * interpreter quiets them, so removing an operation may keep one
  * signalling) and bool buffers holding bytes other than 0 and 1.
@@ -402,6 +403,38 @@ static rfi_node *simplify_transpose(simp *s, const rfi_node *n, rfi_node *const 
     return rfi_node_new(s->c, RFI_OP_TRANSPOSE, &x, 1, &a, n->dtype, n->dims, n->rank);
 }
 
+/* A slice of a concatenation that lies within one of its pieces is that
+ * slice of the piece (the piece itself when it takes all of it): the
+ * optimiser's per-parameter sums over its flat concatenated gradient then
+ * read each gradient directly. */
+static rfi_node *simplify_slice(simp *s, const rfi_node *n, rfi_node *const *in)
+{
+    const rfi_node *c = in[0];
+    if (c->op != RFI_OP_CONCATENATE)
+        return NULL;
+    int a = (int)c->attr.i[0];
+    int64_t off = 0, start = n->attr.l[0][a], limit = n->attr.l[1][a];
+    for (int k = 0; k < c->n_in; k++) {
+        rfi_node *piece = c->in[k];
+        int64_t size = piece->dims[a];
+        if (start >= off && limit <= off + size && limit > start) {
+            rfi_attrs at;
+            rfi_attrs_copy(&at, &n->attr);
+            at.l[0][a] = start - off;
+            at.l[1][a] = limit - off;
+            bool whole = true;
+            for (int d = 0; d < n->rank; d++)
+                whole = whole && at.l[0][d] == 0 && at.l[1][d] == piece->dims[d] &&
+                        at.l[2][d] == 1;
+            if (whole)
+                return piece;
+            return rfi_node_new(s->c, RFI_OP_SLICE, &piece, 1, &at, n->dtype, n->dims, n->rank);
+        }
+        off += size;
+    }
+    return NULL;
+}
+
 /* broadcast(broadcast(x, m1), m2) = broadcast(x, m2[m1[k]]), when inference accepts it. */
 static rfi_node *simplify_broadcast(simp *s, const rfi_node *n, rfi_node *const *in)
 {
@@ -545,6 +578,7 @@ static rfi_node *simplify_identity(simp *s, const rfi_node *n, rfi_node *const *
     case RFI_OP_CONVERT: return simplify_convert(n, in);
     case RFI_OP_RESHAPE: return simplify_reshape(s, n, in);
     case RFI_OP_TRANSPOSE: return simplify_transpose(s, n, in);
+    case RFI_OP_SLICE: return simplify_slice(s, n, in);
     case RFI_OP_BROADCAST_IN_DIM: return simplify_broadcast(s, n, in);
     case RFI_OP_SELECT: return simplify_select(s, n, in);
     case RFI_OP_DOT_GENERAL: return simplify_dot(s, n, in);
