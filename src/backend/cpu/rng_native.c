@@ -13,9 +13,10 @@
  * element here; gcc does not vectorise Philox's 32x32->64 bit products well
  * from plain C (it multiplies 64-bit lanes by shifts and adds). On AVX2 the
  * blocks are computed eight at a time with vpmuludq, whose even-lane
- * products give the high and low words of four lanes at once, and the
- * uniform values converted in the same vector loop; elsewhere (and for the
- * tail of a chunk) rfi_philox4x32 computes them one by one. Normal values
+ * products give the high and low words of four lanes at once, and on
+ * AVX-512 sixteen at a time (a Dropout mask over [128,512]: 144 -> 86-97 us
+ * on two cores); elsewhere (and for the tail of a chunk) rfi_philox4x32
+ * computes them one by one. Normal values
  * take the words from there and call the same libm functions, in double, as
  * the reference.
  *
@@ -124,20 +125,74 @@ __attribute__((target("avx2"))) static void words_avx2(uint64_t seed, uint64_t c
         _mm256_storeu_si256((__m256i *)(words[3] + j), c3);
     }
 }
+
+/* The AVX2 path's rounds on sixteen blocks at once, for n a multiple of 16. */
+__attribute__((target("avx512f"))) static void words_avx512(uint64_t seed, uint64_t counter,
+                                                           uint32_t stream, int64_t first, int n,
+                                                           uint32_t words[4][BATCH])
+{
+    const __m512i m0 = _mm512_set1_epi32((int)RFI_PHILOX_M0);
+    const __m512i m1 = _mm512_set1_epi32((int)RFI_PHILOX_M1);
+    const __m512i lanes =
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i one = _mm512_set1_epi32(1);
+    uint32_t base[4];
+    block_counter(counter, stream, 0, base);
+    __m512i round_key[10][2];
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int round = 0; round < 10; round++, k0 += RFI_PHILOX_W0, k1 += RFI_PHILOX_W1) {
+        round_key[round][0] = _mm512_set1_epi32((int)k0);
+        round_key[round][1] = _mm512_set1_epi32((int)k1);
+    }
+    for (int j = 0; j < n; j += 16) {
+        int64_t i = first + j;
+        const __m512i i_lo = _mm512_set1_epi32((int)(uint32_t)i);
+        const __m512i i_hi = _mm512_set1_epi32((int)(uint32_t)((uint64_t)i >> 32));
+        __m512i c0 = _mm512_add_epi32(i_lo, lanes);
+        __mmask16 wrapped = _mm512_cmplt_epu32_mask(c0, i_lo); /* the low word wrapped */
+        __m512i c1 = _mm512_mask_add_epi32(i_hi, wrapped, i_hi, one);
+        __m512i c2 = _mm512_set1_epi32((int)base[2]);
+        __m512i c3 = _mm512_set1_epi32((int)base[3]);
+        for (int round = 0; round < 10; round++) {
+            __m512i even0 = _mm512_mul_epu32(c0, m0);
+            __m512i odd0 = _mm512_mul_epu32(_mm512_srli_epi64(c0, 32), m0);
+            __m512i even1 = _mm512_mul_epu32(c2, m1);
+            __m512i odd1 = _mm512_mul_epu32(_mm512_srli_epi64(c2, 32), m1);
+            __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, even0, _mm512_slli_epi64(odd0, 32));
+            __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even0, 32), odd0);
+            __m512i lo1 = _mm512_mask_blend_epi32(0xAAAA, even1, _mm512_slli_epi64(odd1, 32));
+            __m512i hi1 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even1, 32), odd1);
+            c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), round_key[round][0]);
+            c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), round_key[round][1]);
+            c1 = lo1;
+            c3 = lo0;
+        }
+        _mm512_storeu_si512(words[0] + j, c0);
+        _mm512_storeu_si512(words[1] + j, c1);
+        _mm512_storeu_si512(words[2] + j, c2);
+        _mm512_storeu_si512(words[3] + j, c3);
+    }
+}
 #endif
 
+/* Which vector path computes Philox's blocks. */
+typedef enum rng_isa { RNG_SCALAR, RNG_AVX2, RNG_AVX512 } rng_isa;
+
 /* The words of elements [first, first + n), n <= BATCH. */
-static void block_words(bool avx2, uint64_t seed, uint64_t counter, uint32_t stream,
+static void block_words(rng_isa isa, uint64_t seed, uint64_t counter, uint32_t stream,
                         int64_t first, int n, uint32_t words[4][BATCH])
 {
     int vec = 0;
 #ifdef HAVE_AVX2_PATH
-    if (avx2) {
+    if (isa == RNG_AVX512) {
+        vec = n - n % 16;
+        words_avx512(seed, counter, stream, first, vec, words);
+    } else if (isa == RNG_AVX2) {
         vec = n - n % 8;
         words_avx2(seed, counter, stream, first, vec, words);
     }
 #else
-    (void)avx2;
+    (void)isa;
 #endif
     words_scalar(seed, counter, stream, first, vec, n, words);
 }
@@ -145,14 +200,16 @@ static void block_words(bool avx2, uint64_t seed, uint64_t counter, uint32_t str
 void rfi_cpu_rng_fill(const rfi_cpu_rng *k, uint64_t seed, uint64_t counter, int64_t first,
                       int64_t count, void *out)
 {
-    bool avx2 = false;
+    rng_isa isa = RNG_SCALAR;
 #ifdef HAVE_AVX2_PATH
-    avx2 = __builtin_cpu_supports("avx2");
+    isa = __builtin_cpu_supports("avx512f")  ? RNG_AVX512
+          : __builtin_cpu_supports("avx2") ? RNG_AVX2
+                                           : RNG_SCALAR;
 #endif
     uint32_t words[4][BATCH];
     for (int64_t done = 0; done < count; done += BATCH) {
         int n = count - done < BATCH ? (int)(count - done) : BATCH;
-        block_words(avx2, seed, counter, k->stream, first + done, n, words);
+        block_words(isa, seed, counter, k->stream, first + done, n, words);
         if (k->f64) {
             double *o = (double *)out + done;
             for (int j = 0; j < n; j++) {
