@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/module_abi.h"
+#include "backend/cpu/render_c.h"
 #include "backend/kir.h"
 #include "ir/ir.h"
 #include "runtime/runtime.h"
@@ -1192,14 +1193,17 @@ static void test_dot_unrolled_rows(rf_dtype dt, int64_t m, int64_t n, int64_t le
  * two vectors, the rows left over one at a time and the row's last points
  * as one more vector overlapping the one before (render_tiles.c); a row
  * shorter than a vector, or a sum of fewer than 8 points, runs
- * interchanged. The values match the interpreter's. */
+ * interchanged. The vectors are 32 bytes, or 64 with AVX-512 for rows of
+ * two such vectors or more. The values match the interpreter's. */
 static void test_product_tiles(rf_dtype dt, int64_t m, int64_t n, int64_t len)
 {
     targ a[2] = {{dt, 2, {len, m}}, {dt, 2, {len, n}}};
     rfi_graph *g = g_new(a, 2);
     CHECK_OK(rfi_graph_add_output(g, dot_2d(g, g_arg(g, 0), g_arg(g, 1), 0, 0, m, n)));
     char *src = hand_source(g, NULL), last[64];
-    int64_t lanes = 32 / (int64_t)rf_dtype_size(dt);
+    int64_t size = (int64_t)rf_dtype_size(dt);
+    bool wide = rfi_render_wide_vectors() && n >= 2 * (64 / size);
+    int64_t lanes = (wide ? 64 : 32) / size;
     snprintf(last, sizeof last, "col1 = %lld;", (long long)(n - lanes));
     bool tiled = n >= lanes && len >= 8;
     if (src) {
@@ -1207,6 +1211,7 @@ static void test_product_tiles(rf_dtype dt, int64_t m, int64_t n, int64_t len)
         CHECK((strstr(src, "for (; row0 + 4 <= hi; row0 += 4) {") != NULL) == tiled);
         CHECK((strstr(src, last) != NULL) == (tiled && n % lanes != 0));
         CHECK((strstr(src, "double accs[") || strstr(src, "float accs[")) == !tiled);
+        CHECK((strstr(src, "a_0 = *(const rf_wtile_") != NULL) == (tiled && wide));
     }
     rfi_free(src);
     check_two_operands(g, dt, len * m, len * n,
@@ -2635,6 +2640,7 @@ int main(void)
     test_product_tiles(RF_F64, 9, 16, 7);
     test_product_tiles(RF_F64, 5, 3, 12);
     test_product_tiles(RF_F32, 6, 37, 20);
+    test_product_tiles(RF_F32, 5, 21, 20);
     test_column_tiles(RF_F64, 9, 40, 30);
     test_column_tiles(RF_F64, 2, 19, 12);
     test_column_tiles(RF_F32, 1, 37, 20);

@@ -899,6 +899,15 @@ void rfi_render_mark_operands(const rfi_kir_kernel *k, int id, const bool *stop,
     rfi_render_mark_operands(k, x->c, stop, out);
 }
 
+bool rfi_render_wide_vectors(void)
+{
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
+}
+
 void rfi_render_expression(rfi_render *R, const rfi_kir_ins *x)
 {
     expression(R, x);
@@ -1560,7 +1569,13 @@ static void prelude(rfi_strbuf *sb, const rfi_render *R)
                 "typedef double rf_tile_f64_mem\n"
                 "    __attribute__((vector_size(32), aligned(8), may_alias));\n"
                 "typedef float rf_tile_f32_mem\n"
-                "    __attribute__((vector_size(32), aligned(4), may_alias));\n");
+                "    __attribute__((vector_size(32), aligned(4), may_alias));\n"
+                "typedef double rf_wtile_f64 __attribute__((vector_size(64)));\n"
+                "typedef float rf_wtile_f32 __attribute__((vector_size(64)));\n"
+                "typedef double rf_wtile_f64_mem\n"
+                "    __attribute__((vector_size(64), aligned(8), may_alias));\n"
+                "typedef float rf_wtile_f32_mem\n"
+                "    __attribute__((vector_size(64), aligned(4), may_alias));\n");
     if (need & RFI_NEED_VECTORS)
         put(sb, "/* GNU C vectors: one register (or two) of output channels */\n"
                 "typedef float rf_f32x8 __attribute__((vector_size(32)));\n"

@@ -151,6 +151,9 @@ RFI_FUNC bool rfi_render_index_op(rfi_kir_op op);
  * modules have no gathers), and a math function in the same loop then runs
  * scalar with it. */
 RFI_FUNC bool rfi_render_gathered_load(const rfi_kir_kernel *k, const rfi_kir_ins *x);
+/* Whether the machine the modules are compiled for (-march=native) has 64-byte
+ * vector registers (AVX-512): register tiles then use them for long rows. */
+RFI_FUNC bool rfi_render_wide_vectors(void);
 /* The C expression instruction x computes (its operands by name). */
 RFI_FUNC void rfi_render_expression(rfi_render *R, const rfi_kir_ins *x);
 /* Whether a live instruction calls a math function (exp, tanh, ...). */
