@@ -71,6 +71,39 @@ static int64_t loop_extent(const rfi_kir_kernel *k, int var)
     return var < k->rank ? k->dims[var] : k->red_dims[var - k->rank];
 }
 
+/* How a REDUCE kernel's live loads walk memory along its last kept axis and
+ * its innermost reduced loop. */
+typedef struct load_walk {
+    bool kept_unit;      /* one is contiguous along the kept axis */
+    bool inner_unit;     /* one is contiguous along the reduced loop */
+    bool kept_strided;   /* every one steps along the kept axis by 0..WINDOW_STRIDE */
+    bool column;         /* one is contiguous along the kept axis and strides along
+                            the reduced loop */
+    bool rows_invariant; /* those contiguous along the reduced loop do not vary with
+                            the kept axis */
+} load_walk;
+
+static load_walk walk_loads(const rfi_kir_kernel *k, const bool *live)
+{
+    int kept = k->rank - 1, inner = k->rank + k->red_rank - 1;
+    load_walk w = {false, false, true, false, true};
+    for (int id = 0; id < k->n_ins; id++) {
+        const rfi_kir_ins *x = &k->ins[id];
+        if (!live[id] || x->op != RFI_KIR_LOAD)
+            continue;
+        int64_t ci, ck;
+        bool affine_i = rfi_kir_var_coef(k, x->a, inner, &ci);
+        bool affine_k = rfi_kir_var_coef(k, x->a, kept, &ck);
+        w.inner_unit = w.inner_unit || (affine_i && ci == 1);
+        w.kept_unit = w.kept_unit || (affine_k && ck == 1);
+        w.kept_strided = w.kept_strided && affine_k && ck >= 0 && ck <= WINDOW_STRIDE;
+        w.column = w.column || (affine_k && ck == 1 && affine_i && (ci < 0 ? -ci : ci) > 1);
+        if (affine_i && ci == 1 && !(affine_k && ck == 0))
+            w.rows_invariant = false;
+    }
+    return w;
+}
+
 /* Whether a REDUCE kernel runs interchanged: its loads are contiguous along
  * the last kept axis but none along the innermost reduced one, or its
  * reduction is a small window and every load steps along the last kept axis
@@ -79,24 +112,13 @@ static bool interchange_reduction(const rfi_kir_kernel *k, const bool *live)
 {
     if (!k->is_reduce || k->rank < 1 || k->red_rank < 1)
         return false;
-    int kept = k->rank - 1, inner = k->rank + k->red_rank - 1;
-    bool kept_unit = false, inner_unit = false, kept_strided = true;
-    for (int id = 0; id < k->n_ins; id++) {
-        const rfi_kir_ins *x = &k->ins[id];
-        if (!live[id] || x->op != RFI_KIR_LOAD)
-            continue;
-        int64_t ci, ck;
-        bool affine_i = rfi_kir_var_coef(k, x->a, inner, &ci);
-        bool affine_k = rfi_kir_var_coef(k, x->a, kept, &ck);
-        inner_unit = inner_unit || (affine_i && ci == 1);
-        kept_unit = kept_unit || (affine_k && ck == 1);
-        kept_strided = kept_strided && affine_k && ck >= 0 && ck <= WINDOW_STRIDE;
-    }
-    if (!inner_unit)
-        return kept_unit;
+    int kept = k->rank - 1;
+    load_walk w = walk_loads(k, live);
+    if (!w.inner_unit)
+        return w.kept_unit;
     /* a window, or a convolution's terms whose innermost loop (a kernel row) is too short
      * to vectorise: then along the result's rows */
-    return kept_strided && k->dims[kept] >= 4 &&
+    return w.kept_strided && k->dims[kept] >= 4 &&
            (rfi_numel(k->red_dims, k->red_rank) <= WINDOW_POINTS ||
             (k->dims[kept] >= 8 && k->red_dims[k->red_rank - 1] <= SHORT_ROW));
 }
@@ -112,20 +134,8 @@ static bool reads_column(const rfi_kir_kernel *k, const bool *live)
 {
     if (!k->is_reduce || k->rank < 1 || k->red_rank < 1)
         return false;
-    int kept = k->rank - 1, inner = k->rank + k->red_rank - 1;
-    bool column = false;
-    for (int id = 0; id < k->n_ins; id++) {
-        const rfi_kir_ins *x = &k->ins[id];
-        if (!live[id] || x->op != RFI_KIR_LOAD)
-            continue;
-        int64_t ci, ck;
-        bool affine_i = rfi_kir_var_coef(k, x->a, inner, &ci);
-        bool affine_k = rfi_kir_var_coef(k, x->a, kept, &ck);
-        if (affine_i && ci == 1 && !(affine_k && ck == 0))
-            return false;
-        column = column || (affine_k && ck == 1 && affine_i && (ci < 0 ? -ci : ci) > 1);
-    }
-    return column;
+    load_walk w = walk_loads(k, live);
+    return w.column && w.rows_invariant;
 }
 
 /* Whether every load that depends on loop `var` walks memory with it
