@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "reflux.h"
 
 typedef enum fn { FN_EXP, FN_EXPM1, FN_SIGMOID, FN_SOFTPLUS, FN_ELU, N_FN } fn;
@@ -25,13 +26,6 @@ static const double inputs[] = {-1, -90, -200, -1e9, 100, 1e9};
 #define N_INPUTS ((int)(sizeof inputs / sizeof inputs[0]))
 #define N_ELEMENTS (1 << 20)
 #define ROUNDS 15
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void trace_fn(rf_trace *t, void *ctx)
 {

@@ -22,22 +22,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "reflux.h"
 
 enum { TIMED_RUNS = 60, WARM_RUNS = 3 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* ---- Traced programs ----------------------------------------------------------------- */
 

@@ -21,21 +21,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "backend/cpu/services.h"
 #include "runtime/threadpool.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static const char *only; /* name filter from the command line, or NULL */
 /* The next bench_node holds every value channel-blocked (plan.h). */

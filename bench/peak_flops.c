@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #define CHAINS 12             /* enough to cover the FMA latency on any pipe count */
 #define ITERATIONS 20000000L  /* per thread; about 0.1 s at 100 GFLOP/s */
 
@@ -52,13 +54,6 @@ static void *run_chains(void *out)
 {
     *(float *)out = lanes == 16 ? chains_512(ITERATIONS) : chains_256(ITERATIONS);
     return NULL;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* GFLOP/s of `threads` threads running the chains at once (best of 3). */

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "../examples/resnet_model.h"
+#include "bench_util.h"
 
 /* ---- Options ------------------------------------------------------------------------ */
 
@@ -58,19 +59,6 @@ typedef struct bench_result {
     double us_per_step;
     double compile_ms;
 } bench_result;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static double median(double *v, long n)
 {
