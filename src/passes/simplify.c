@@ -344,11 +344,10 @@ static bool is_identity_list(const int64_t *v, int n)
     return true;
 }
 
-/* transpose(transpose(x, p1), p2) = transpose(x, p1[p2[i]]). */
 /* transpose(dot_general(a, b)) that swaps the product's lhs and rhs free dims
  * (keeping its batch dims first) is dot_general(b, a): the same products,
  * summed in the same order, computed in the transposed order directly (an
- * attention's key gradient, (dS^T Q) transposed back to K's layout, was a
+ * attention's value gradient, (dY^T P) transposed back to V's layout, was a
  * loop of its own). Only when the transpose is the product's one user
  * (source node n). */
 static rfi_node *transposed_dot(simp *s, const rfi_node *n, rfi_node *const *in)
@@ -383,6 +382,7 @@ static rfi_node *transposed_dot(simp *s, const rfi_node *n, rfi_node *const *in)
     return rfi_node_new(s->c, RFI_OP_DOT_GENERAL, ops, 2, &a, n->dtype, n->dims, n->rank);
 }
 
+/* transpose(transpose(x, p1), p2) = transpose(x, p1[p2[i]]). */
 static rfi_node *simplify_transpose(simp *s, const rfi_node *n, rfi_node *const *in)
 {
     rfi_node *x = in[0];
@@ -636,19 +636,11 @@ rf_status rfi_simplify(const rfi_graph *g, rfi_graph **out)
     if (!g)
         return rfi_error(RF_E_INVALID, "simplify: NULL graph");
     int max_in = rfi_max_operands(g);
-    size_t n_nodes = g->n_nodes > 0 ? (size_t)g->n_nodes : 1;
-    rfi_node **map = rfi_calloc(n_nodes, sizeof *map);
-    int *n_users = rfi_calloc(n_nodes, sizeof *n_users);
+    rfi_node **map = rfi_calloc(g->n_nodes > 0 ? (size_t)g->n_nodes : 1, sizeof *map);
+    int *n_users = rfi_use_counts(g);
     simp s = {NULL, rfi_calloc((size_t)max_in, sizeof *s.ins), n_users};
     rf_status st =
         map && s.ins && n_users ? RF_OK : rfi_error(RF_E_NOMEM, "simplify: out of memory");
-    for (int id = 0; st == RF_OK && id < g->n_nodes; id++)
-        for (int k = 0; k < g->nodes[id]->n_in; k++)
-            n_users[g->nodes[id]->in[k]->id]++;
-    for (int r = 0; st == RF_OK && r < g->n_outputs; r++)
-        n_users[g->outputs[r]->id]++;
-    for (int u = 0; st == RF_OK && u < g->n_updates; u++)
-        n_users[g->updates[u].value->id]++;
     if (st == RF_OK)
         st = rfi_graph_new_like(g, &s.c);
     if (st == RF_OK)

@@ -828,7 +828,7 @@ static void plain_body(rfi_render *R, const bool *live)
     rfi_render_close_loops(R, 1, k->rank);
 }
 
-/* ---- Transposed reads ---------------------------------------------------------------
+/* ---- Transposed and gathered reads ----------------------------------------------------
  * An elementwise kernel that reads a value transposed (a load contiguous along
  * its second innermost loop and a row or more apart along the innermost one)
  * walks one cache line per point, plain, down a whole column, and gcc
@@ -838,8 +838,10 @@ static void plain_body(rfi_render *R, const bool *live)
  * cache lines of points of the next reads its few lines for all their points,
  * and the arithmetic runs vectorised from a copy of the tile on the stack: 2.7-
  * 3.4 ms (f64: 12), and 2.8 (f64: 9.7) for the copy, on two AVX-512 cores
- * (PyTorch: 6.0 and 5.3 ms; f64 27.8 and 28). The points are independent (no
- * load reads a buffer the kernel stores to), so their order changes no value. */
+ * (PyTorch: 6.0 and 5.3 ms; f64 27.8 and 28). A loop with any load gcc would
+ * gather (rfi_render_gathered_load) and a math function runs in the same
+ * tiles, so the math vectorises. The points are independent (no load reads a
+ * buffer the kernel stores to), so their order changes no value. */
 #define TRANSPOSED_LINES 8
 #define TRANSPOSED_ROW_BYTES 128 /* points of the second innermost loop: two lines */
 #define TRANSPOSED_MIN_STRIDE 16
@@ -865,7 +867,7 @@ bool rfi_render_gathered_load(const rfi_kir_kernel *k, const rfi_kir_ins *x)
 /* A kernel that reads a value transposed, or gathers one and calls a math
  * function per point (which then runs scalar with the loop: tanh of a
  * nearest-upsampled [8,64,32,32] took 18.7 ms), runs in tiles. */
-static bool reads_transposed(const rfi_kir_kernel *k, const bool *live)
+static bool reads_gathered(const rfi_kir_kernel *k, const bool *live)
 {
     if (k->is_reduce || k->no_simd || k->rank < 2 || k->dims[k->rank - 1] < 2 * TRANSPOSED_LINES)
         return false;
@@ -908,11 +910,6 @@ bool rfi_render_wide_vectors(void)
 #endif
 }
 
-void rfi_render_expression(rfi_render *R, const rfi_kir_ins *x)
-{
-    expression(R, x);
-}
-
 bool rfi_render_calls_math(const rfi_kir_kernel *k, const bool *live)
 {
     for (int id = 0; id < k->n_ins; id++) {
@@ -922,6 +919,42 @@ bool rfi_render_calls_math(const rfi_kir_kernel *k, const bool *live)
             return true;
     }
     return false;
+}
+
+void rfi_render_copy_arrays(rfi_render *R, const bool *copied, const char *shape, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int id = 0; id < k->n_ins; id++) {
+        if (!copied[id])
+            continue;
+        rfi_render_indent(R, depth);
+        putf(R->sb, "%s tr_%s%s;\n", value_ctype(&k->ins[id]), R->names[id], shape);
+    }
+}
+
+void rfi_render_copy_fill(rfi_render *R, const bool *copied, const char *at, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int id = 0; id < k->n_ins; id++) {
+        if (!copied[id])
+            continue;
+        rfi_render_indent(R, depth);
+        putf(R->sb, "tr_%s%s = ", R->names[id], at);
+        expression(R, &k->ins[id]);
+        put(R->sb, ";\n");
+    }
+}
+
+void rfi_render_copy_read(rfi_render *R, const bool *copied, const char *at, int depth)
+{
+    const rfi_kir_kernel *k = R->k;
+    for (int id = 0; id < k->n_ins; id++) {
+        if (!copied[id])
+            continue;
+        rfi_render_indent(R, depth);
+        putf(R->sb, "const %s %s = tr_%s%s;\n", value_ctype(&k->ins[id]), R->names[id],
+             R->names[id], at);
+    }
 }
 
 /* One tile at depth (i<d> over tb<d>..te<d>, i<n> over tb<n>..end): the
@@ -934,13 +967,10 @@ static void transposed_tile(rfi_render *R, const bool *live, const bool *tr, lon
 {
     const rfi_kir_kernel *k = R->k;
     int n = k->rank - 1, d = n - 1;
-    for (int id = 0; id < k->n_ins; id++) {
-        if (!tr[id])
-            continue;
-        rfi_render_indent(R, depth);
-        putf(R->sb, "%s tr_%s[%lld][%d];\n", value_ctype(&k->ins[id]), R->names[id], rows,
-             TRANSPOSED_LINES);
-    }
+    char shape[48], at[64];
+    snprintf(shape, sizeof shape, "[%lld][%d]", rows, TRANSPOSED_LINES);
+    snprintf(at, sizeof at, "[i%d - tb%d][i%d - tb%d]", d, d, n, n);
+    rfi_render_copy_arrays(R, tr, shape, depth);
     /* gather: what the transposed loads' indices need; compute: what the
      * stores need, the transposed loads' values read from the copies */
     bool *gather = rfi_calloc((size_t)k->n_ins, sizeof *gather);
@@ -971,22 +1001,9 @@ static void transposed_tile(rfi_render *R, const bool *live, const bool *tr, lon
         putf(R->sb, "for (int64_t i%d = tb%d; i%d < %s; i%d++) {\n", n, n, n, end, n);
         if (pass == 0) {
             rfi_render_statements_where(R, live, 1, depth + 2, gather, true);
-            for (int id = 0; id < k->n_ins; id++) {
-                if (!tr[id])
-                    continue;
-                rfi_render_indent(R, depth + 2);
-                putf(R->sb, "tr_%s[i%d - tb%d][i%d - tb%d] = ", R->names[id], d, d, n, n);
-                expression(R, &k->ins[id]);
-                put(R->sb, ";\n");
-            }
+            rfi_render_copy_fill(R, tr, at, depth + 2);
         } else {
-            for (int id = 0; id < k->n_ins; id++) {
-                if (!tr[id])
-                    continue;
-                rfi_render_indent(R, depth + 2);
-                putf(R->sb, "const %s %s = tr_%s[i%d - tb%d][i%d - tb%d];\n",
-                     value_ctype(&k->ins[id]), R->names[id], R->names[id], d, d, n, n);
-            }
+            rfi_render_copy_read(R, tr, at, depth + 2);
             rfi_render_statements_where(R, live, 1, depth + 2, compute, true);
             rfi_render_stores(R, depth + 2);
         }
@@ -996,7 +1013,7 @@ static void transposed_tile(rfi_render *R, const bool *live, const bool *tr, lon
     rfi_free(compute);
 }
 
-/* The loops of reads_transposed kernels: the outer ones, then blocks of a
+/* The loops of reads_gathered kernels: the outer ones, then blocks of a
  * cache line's points of the second innermost loop (d: its share of lo..hi
  * when it is the first) by blocks of TRANSPOSED_LINES of the innermost (n). */
 static void transposed_body(rfi_render *R, const bool *live)
@@ -1098,7 +1115,7 @@ static void one_function(rfi_render *R, const char *kname, const rfi_schedule *s
         rfi_render_tiled_body(R, fold_live, out_live);
     } else if (rfi_render_unrolls(k)) {
         rfi_render_unrolled_body(R, live);
-    } else if (reads_transposed(k, live)) {
+    } else if (reads_gathered(k, live)) {
         transposed_body(R, live);
     } else {
         plain_body(R, live);

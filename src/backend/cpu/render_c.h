@@ -154,10 +154,16 @@ RFI_FUNC bool rfi_render_gathered_load(const rfi_kir_kernel *k, const rfi_kir_in
 /* Whether the machine the modules are compiled for (-march=native) has 64-byte
  * vector registers (AVX-512): register tiles then use them for long rows. */
 RFI_FUNC bool rfi_render_wide_vectors(void);
-/* The C expression instruction x computes (its operands by name). */
-RFI_FUNC void rfi_render_expression(rfi_render *R, const rfi_kir_ins *x);
 /* Whether a live instruction calls a math function (exp, tanh, ...). */
 RFI_FUNC bool rfi_render_calls_math(const rfi_kir_kernel *k, const bool *live);
+/* Copies of the loads in `copied` (those gcc would gather) into arrays on the
+ * stack, so that the loop reading them runs vectorised: the arrays, tr_<name>
+ * followed by `shape` ("[64]"); filling them, element `at` ("[i0 - b0]") of
+ * each from its load; reading them back as the loads' values. */
+RFI_FUNC void rfi_render_copy_arrays(rfi_render *R, const bool *copied, const char *shape,
+                                     int depth);
+RFI_FUNC void rfi_render_copy_fill(rfi_render *R, const bool *copied, const char *at, int depth);
+RFI_FUNC void rfi_render_copy_read(rfi_render *R, const bool *copied, const char *at, int depth);
 /* Marks instruction id and what it reads in `out`, not reading past the
  * instructions in `stop` (which are marked themselves; stop may be NULL). */
 RFI_FUNC void rfi_render_mark_operands(const rfi_kir_kernel *k, int id, const bool *stop,

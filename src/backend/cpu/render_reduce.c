@@ -590,12 +590,6 @@ static void range_loop(rfi_render *R, int kept, const char *lo, const char *hi, 
     putf(R->sb, "for (int64_t i%d = %s; i%d < %s; i%d++) {\n", kept, lo, kept, hi, kept);
 }
 
-/* Marks instruction id and everything it reads in m. */
-static void reach(const rfi_kir_kernel *k, int id, bool *m)
-{
-    rfi_render_mark_operands(k, id, NULL, m);
-}
-
 /* Before the interchanged loop over a block of kept points (i<kept> over lo..hi,
  * slot the block's index), the loads it would gather (rfi_render_gathered_load)
  * when it calls a math function, copied one point at a time into arrays of
@@ -625,25 +619,15 @@ static bool *gathered_copies(rfi_render *R, const bool *live, const char *lo, co
         rfi_free(index);
         return NULL;
     }
-    for (int id = 0; id < k->n_ins; id++) {
-        if (!copied[id])
-            continue;
-        rfi_render_indent(R, depth);
-        putf(R->sb, "%s tr_%s[%lld];\n", rfi_render_ctype(k->ins[id].dtype), R->names[id],
-             (long long)n);
-    }
+    char shape[32], at[64];
+    snprintf(shape, sizeof shape, "[%lld]", (long long)n);
+    snprintf(at, sizeof at, "[%s]", slot);
+    rfi_render_copy_arrays(R, copied, shape, depth);
     rfi_render_indent(R, depth);
     putf(R->sb, "for (int64_t i%d = %s; i%d < %s; i%d++) {\n", kept, lo, kept, hi, kept);
     rfi_render_statements_where(R, live, 1, depth + 1, index, true);
     rfi_render_statements_where(R, live, 2, depth + 1, index, true);
-    for (int id = 0; id < k->n_ins; id++) {
-        if (!copied[id])
-            continue;
-        rfi_render_indent(R, depth + 1);
-        putf(R->sb, "tr_%s[%s] = ", R->names[id], slot);
-        rfi_render_expression(R, &k->ins[id]);
-        put(R->sb, ";\n");
-    }
+    rfi_render_copy_fill(R, copied, at, depth + 1);
     rfi_render_indent(R, depth);
     put(R->sb, "}\n");
     rfi_free(index);
@@ -664,14 +648,11 @@ static void statements_over_copies(rfi_render *R, const bool *live, const bool *
     for (int j = 0; j < k->n_folds; j++)
         rfi_render_mark_operands(k, rfi_kir_fold_value(k, j), copied, need);
     rfi_render_mark_operands(k, k->red_guard, copied, need);
-    for (int id = 0; id < k->n_ins; id++) {
-        if (!copied[id])
-            continue;
-        need[id] = false;
-        rfi_render_indent(R, depth);
-        putf(R->sb, "const %s %s = tr_%s[%s];\n", rfi_render_ctype(k->ins[id].dtype),
-             R->names[id], R->names[id], slot);
-    }
+    for (int id = 0; id < k->n_ins; id++)
+        need[id] = need[id] && !copied[id];
+    char at[64];
+    snprintf(at, sizeof at, "[%s]", slot);
+    rfi_render_copy_read(R, copied, at, depth);
     rfi_render_statements_where(R, live, 1, depth, need, true);
     rfi_render_statements_where(R, live, 2, depth, need, true);
     rfi_free(need);
@@ -680,11 +661,11 @@ static void statements_over_copies(rfi_render *R, const bool *live, const bool *
 void rfi_render_fold_out_liveness(const rfi_kir_kernel *k, bool *fold_live, bool *out_live)
 {
     for (int j = 0; j < k->n_folds; j++)
-        reach(k, rfi_kir_fold_value(k, j), fold_live);
-    reach(k, k->red_guard, fold_live);
+        rfi_render_mark_operands(k, rfi_kir_fold_value(k, j), NULL, fold_live);
+    rfi_render_mark_operands(k, k->red_guard, NULL, fold_live);
     for (int st = 0; st < k->n_stores; st++) {
-        reach(k, k->stores[st].index, out_live);
-        reach(k, k->stores[st].value, out_live);
+        rfi_render_mark_operands(k, k->stores[st].index, NULL, out_live);
+        rfi_render_mark_operands(k, k->stores[st].value, NULL, out_live);
     }
 }
 

@@ -126,6 +126,16 @@ __attribute__((target("avx2"))) static void words_avx2(uint64_t seed, uint64_t c
     }
 }
 
+/* mul_hilo8 on sixteen lanes. */
+__attribute__((target("avx512f"))) static inline void mul_hilo16(__m512i a, __m512i m,
+                                                                __m512i *hi, __m512i *lo)
+{
+    __m512i even = _mm512_mul_epu32(a, m);
+    __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+    *lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+    *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+}
+
 /* The AVX2 path's rounds on sixteen blocks at once, for n a multiple of 16. */
 __attribute__((target("avx512f"))) static void words_avx512(uint64_t seed, uint64_t counter,
                                                            uint32_t stream, int64_t first, int n,
@@ -154,14 +164,9 @@ __attribute__((target("avx512f"))) static void words_avx512(uint64_t seed, uint6
         __m512i c2 = _mm512_set1_epi32((int)base[2]);
         __m512i c3 = _mm512_set1_epi32((int)base[3]);
         for (int round = 0; round < 10; round++) {
-            __m512i even0 = _mm512_mul_epu32(c0, m0);
-            __m512i odd0 = _mm512_mul_epu32(_mm512_srli_epi64(c0, 32), m0);
-            __m512i even1 = _mm512_mul_epu32(c2, m1);
-            __m512i odd1 = _mm512_mul_epu32(_mm512_srli_epi64(c2, 32), m1);
-            __m512i lo0 = _mm512_mask_blend_epi32(0xAAAA, even0, _mm512_slli_epi64(odd0, 32));
-            __m512i hi0 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even0, 32), odd0);
-            __m512i lo1 = _mm512_mask_blend_epi32(0xAAAA, even1, _mm512_slli_epi64(odd1, 32));
-            __m512i hi1 = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even1, 32), odd1);
+            __m512i hi0, lo0, hi1, lo1;
+            mul_hilo16(c0, m0, &hi0, &lo0);
+            mul_hilo16(c2, m1, &hi1, &lo1);
             c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), round_key[round][0]);
             c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), round_key[round][1]);
             c1 = lo1;
