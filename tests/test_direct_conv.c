@@ -14,7 +14,8 @@
  * kernel) and of strided layers (the output gradient dilated by the stride:
  * in rows only, columns only, both; with the residual's add), weight
  * gradients reading an output gradient spread by a max pool's codes (2x2
- * and 3x3 windows), next to
+ * and 3x3 windows), the input gradient of a strided 1x1 projection (32 and
+ * 64 channels dilated, with the other branch's gradient added), next to
  * convolutions that stay library calls (3 output channels, 16 input
  * channels).
  *
@@ -117,6 +118,21 @@ static rf_model *pooled_3x3(void)
     rf_conv_opts p1 = conv_opts(1, 1, 1, 1);
     return rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, &p1), rf_maxpool(3, 3, 0, 0),
                     rf_flatten_layer(), rf_dense(16 * 4 * 4, 10, RF_ACT_IDENTITY));
+}
+
+/* 12x12 images: 1 -> 16, then a strided 16 -> 32 block whose shortcut is a
+ * 1x1 projection at stride 2: the projection's input gradient (the output
+ * gradient dilated by 2, 32 channels, a 1x1 kernel) is a loop that adds the
+ * other branch's input gradient as its epilogue. */
+static rf_model *projection(void)
+{
+    rf_nn_seed(26);
+    rf_conv_opts p1 = conv_opts(1, 1, 1, 1), s2 = conv_opts(2, 2, 0, 0),
+                 s2p1 = conv_opts(2, 2, 1, 1);
+    return rf_chain(rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, &p1),
+                    rf_parallel(RF_COMBINE_ADD, rf_conv2d(1, 1, 16, 32, RF_ACT_IDENTITY, &s2),
+                                rf_conv2d(3, 3, 16, 32, RF_ACT_IDENTITY, &s2p1)),
+                    rf_flatten_layer(), rf_dense(32 * 6 * 6, 10, RF_ACT_IDENTITY));
 }
 
 typedef rf_model *(*model_fn)(void);
@@ -302,9 +318,18 @@ int main(void)
     compare_variants(wide_outputs, 12, 12, "wide outputs");
     compare_variants(pooled, 12, 12, "pooled");
     compare_variants(pooled_3x3, 12, 12, "pooled 3x3");
+    compare_variants(projection, 12, 12, "projection");
     sweep(SWEEP_FORWARD, 10);
     sweep(SWEEP_DILATED, 8);
     sweep(SWEEP_WEIGHT_GRAD, 8);
+    /* 1x1 kernels over inputs dilated by the stride, up to 64 channels (the input gradients
+     * of strided 1x1 projections) */
+    sweep_one(&(sweep_case){.kind = SWEEP_DILATED, .n = 2, .c = 32, .o = 16, .kh = 1, .kw = 1,
+                            .h = 7, .w = 7, .stride = {1, 1}, .dilation = {2, 2},
+                            .pad_hi = {1, 1}});
+    sweep_one(&(sweep_case){.kind = SWEEP_DILATED, .n = 3, .c = 64, .o = 8, .kh = 1, .kw = 1,
+                            .h = 5, .w = 9, .stride = {1, 1}, .dilation = {2, 3},
+                            .pad_hi = {1, 2}});
     /* no input channels: the results are zeros (the generator divided by 0 planning its
      * prefetches) */
     sweep_one(&(sweep_case){.kind = SWEEP_FORWARD, .n = 2, .c = 0, .o = 8, .kh = 3, .kw = 3,

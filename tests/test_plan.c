@@ -369,6 +369,48 @@ static void test_softmax(void)
     rf_array_free(x);
 }
 
+/* ---- (b2) a relu-masked gradient read by two steps ----------------------------------------- *
+ * m = select(y > 0, g, 0), as BatchNorm's backward after a relu: its per-channel sums
+ * (one REDUCE step of two sibling roots) and a loop over its shape read it. Inline, each
+ * step reads y and g (four reads), where storing m costs those two reads, a write and a
+ * read back in each step (five): no step computes m alone. With ctx set, m also feeds
+ * the sum over another axis (a third step: then six reads either way) and is stored. */
+static void masked_grad_fn(rf_trace *t, void *ctx)
+{
+    rf_tensor *y = rf_arg(t, 0), *g = rf_arg(t, 1);
+    rf_tensor *m = rf_select(rf_compare(y, rf_zeros_like(y), RF_GT), g, rf_zeros_like(g));
+    const int64_t axes[3] = {0, 2, 3};
+    rf_tensor *s = rf_sum(m, axes, 3, true), *sy = rf_sum(rf_mul(m, y), axes, 3, true);
+    rf_tensor *dx = rf_sub(rf_mul(m, rf_broadcast_to(sy, y->dims, 4)),
+                           rf_broadcast_to(s, y->dims, 4));
+    if (ctx)
+        dx = rf_add(dx, rf_broadcast_to(rf_sum(m, (const int64_t[]){1}, 1, true), y->dims, 4));
+    rf_return(t, dx);
+}
+
+static void test_masked_grad(void)
+{
+    rf_array *args[2] = {dev_zeros(RF_SHAPE(8, 16, 6, 6)), dev_zeros(RF_SHAPE(8, 16, 6, 6))};
+    for (int third = 0; third < 2; third++) {
+        rfi_graph *g = trace_program(masked_grad_fn, third ? args : NULL, args, 2);
+        rfi_plan *p = plan_of(g, getenv("PLAN_SHOW") != NULL);
+        if (p) {
+            int selects = 0; /* steps rooted at the select */
+            for (int q = 0; q < p->n_steps; q++)
+                for (int r = 0; r < p->steps[q].n_roots; r++)
+                    selects += p->g->nodes[p->steps[q].roots[r]]->op == RFI_OP_SELECT;
+            CHECK(selects == third);
+            CHECK(rfi_plan_count(p, RFI_STEP_LOOP) == 1 + third);
+            CHECK(rfi_plan_count(p, RFI_STEP_REDUCE) == 1 + third);
+            check_invariants(p);
+        }
+        rfi_plan_free(p);
+        rfi_graph_free(g);
+    }
+    rf_array_free(args[0]);
+    rf_array_free(args[1]);
+}
+
 /* ---- (c) attention's softmax over [B, H, T, T] scores, forward and backward ------------- */
 
 enum { ATT_B = 2, ATT_H = 3, ATT_T = 16 };
@@ -1836,6 +1878,42 @@ static void test_direct_weight_grads_c8(void)
     train_case_free(&k);
 }
 
+/* (j2) The input gradient of a strided 1x1 projection, the output gradient
+ * dilated by 2 and read through a 1x1 kernel, is a loop with 32 input
+ * channels (more than other dilated forms take), in one vector of 16 outputs
+ * or, with 8-channel blocks, two of 8. */
+static void test_direct_projection_grad(void)
+{
+    rf_nn_seed(9);
+    rf_conv_opts s2 = {.stride = {2, 2}}, s2p1 = {.stride = {2, 2}, .pad = {1, 1}};
+    train_case k = cnn_case_trace(rf_chain(
+        rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL),
+        rf_parallel(RF_COMBINE_ADD, rf_conv2d(1, 1, 16, 32, RF_ACT_IDENTITY, &s2),
+                    rf_conv2d(3, 3, 16, 32, RF_ACT_IDENTITY, &s2p1)),
+        rf_flatten_layer(), rf_dense(32 * 13 * 13, 10, RF_ACT_IDENTITY)));
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    o.blocked_activations = true;
+    o.direct_convs = true;
+    for (int c8 = 0; c8 < 2; c8++) {
+        o.channel_blocks = c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+        rfi_kir_conv d[MOST_DIRECT];
+        char *source = NULL;
+        int direct = direct_steps(k.g, &o, d, &source), spread = 0;
+        for (int i = 0; i < direct; i++) {
+            if (d[i].dilation[0] == 1)
+                continue;
+            spread++;
+            CHECK(d[i].kind == RFI_KIR_CONV_FORWARD && d[i].kh == 1 && d[i].kw == 1 &&
+                  d[i].c == 32 && d[i].o == 16 && d[i].dilation[1] == 2);
+            CHECK(d[i].lanes == (c8 ? 8 : 16));
+        }
+        CHECK(spread == 1);
+        rfi_free(source);
+    }
+    train_case_free(&k);
+}
+
 /* traced after simplify, CSE and unroll_pools, as the compiling backend runs
  * them (NULL on failure; the caller frees it). */
 static rfi_graph *unrolled_graph(const rfi_graph *traced)
@@ -2294,6 +2372,7 @@ int main(void)
     cpu = rf_device_cpu();
     test_elementwise_chain();
     test_softmax();
+    test_masked_grad();
     test_attention_softmax();
     test_attention_pv_backward();
     test_logsoftmax_backward();
@@ -2314,6 +2393,7 @@ int main(void)
     test_index_math();
     test_direct_convs();
     test_direct_weight_grads_c8();
+    test_direct_projection_grad();
     test_spread_weight_grad();
     test_memplan_left_out();
     test_pooled_forward();

@@ -35,7 +35,13 @@
  * channels they were as fast as the loops or faster there (the cnn's 1 -> 32
  * first layer: forward 0.26 against 0.30-0.33 ms, weight gradient 0.21 against
  * 0.25-0.31), so those stay calls, but for the AVX2 weight gradients and the
- * pooled forwards. The limits keep the renderer's stack tables small: the
+ * pooled forwards. The input gradient of a strided 1x1 projection (a 1x1
+ * kernel over the output gradient dilated by the stride) takes up to 64
+ * input channels. For the ResNet example's 32 -> 16 one (128 images, 28x28
+ * result, 26 MFLOP) oneDNN's backward-data took 0.53 ms, and the services then
+ * added the residual in a pass of their own (backward-data takes no
+ * post-ops): 0.59-1.0 ms in all (RF_PROFILE); the loop writes each point
+ * once with the residual added: 0.33 ms. The limits keep the renderer's stack tables small: the
  * kernel reordered for the loop or one chunk's partial weight gradient
  * (c*kh*kw*o floats) and the padded input rows (kh rows of the width the
  * outputs read).
@@ -46,6 +52,7 @@
 #include "kir.h"
 
 #define DIRECT_MAX_IN_CHANNELS 15
+#define SPREAD_1X1_MAX_IN_CHANNELS 64
 #define DIRECT_MAX_KERNEL 7
 #define DIRECT_MAX_STRIDE 4
 #define DIRECT_MAX_WEIGHTS 4096 /* c * kh * kw * o floats: the forward's kernel table */
@@ -411,7 +418,8 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
     bool dilated = d->dilation[0] > 1 || d->dilation[1] > 1;
     bool one_vector = d->o == 8 || (d->o == 16 && p->channel_blocks == RFI_LAYOUT_C16);
     bool vectors = gradient_vectors(d) || forward_vectors_of_8(p, d) || pooled_vectors(p, d);
-    return d->c <= DIRECT_MAX_IN_CHANNELS + dilated && (one_vector || vectors) &&
+    bool spread_1x1 = dilated && d->kh == 1 && d->kw == 1 && d->c <= SPREAD_1X1_MAX_IN_CHANNELS;
+    return (d->c <= DIRECT_MAX_IN_CHANNELS + dilated || spread_1x1) && (one_vector || vectors) &&
            d->kh <= DIRECT_MAX_KERNEL && d->kw <= DIRECT_MAX_KERNEL && table <= most &&
            d->kh * padded_width * d->c <= DIRECT_MAX_ROWS && d->n * d->oh * d->ow > 0;
 }
