@@ -47,11 +47,11 @@
  *     value) is not recomputed that way: such a node, or one under it, is
  *     materialised, so each step reads at most the one stream the stored
  *     value would cost it (opts.inline_reduce_operands), unless it reads
- *     exactly two streams and at most two steps would evaluate it (REDUCE
- *     roots over one operand shape counting as one step, elementwise roots
- *     of one shape as another): then the four reads cost less than storing
- *     it, the two reads, and a read back in each step. Else it is
- *     materialised. Its sites are then 1.
+ *     exactly two streams (an operand forced to be materialised counting
+ *     as one) and at most two steps would evaluate it (REDUCE roots of one
+ *     form counting as one step, each other root as one): then the four
+ *     reads cost less than storing it, the two reads, and a read back in
+ *     each step. Else it is materialised. Its sites are then 1.
  *
  * Segment sources. A rank-1 node F that these rules materialise becomes
  *   inline when every materialised node it reaches through inline users is
@@ -746,10 +746,10 @@ static bool strided_conv_operand(const rfi_plan_builder *b, const rfi_node *x, c
 }
 
 /* The streams of x's size an inline x reads (at most `most` + 1 counted):
- * its full operands (full_operands), each one stream when a leaf or not
- * fusible, else what it reads inline in turn (operands are decided after
+ * its full operands (full_operands), each one stream when a leaf, forced or
+ * not fusible, else what it reads inline in turn (operands are decided after
  * their users, so this assumes the most reading). */
-static int inline_streams(const rfi_node *x, int most, int depth)
+static int inline_streams(const bool *forced, const rfi_node *x, int most, int depth)
 {
     int n = 0;
     for (int k = 0; k < x->n_in && n <= most; k++) {
@@ -759,18 +759,20 @@ static int inline_streams(const rfi_node *x, int most, int depth)
                       rfi_node_numel(y->in[0]) < rfi_node_numel(y));
         if (small)
             continue;
-        if (y->n_in == 0 || !is_fusible(y->op) || depth == 0)
+        if (y->n_in == 0 || !is_fusible(y->op) || forced[y->id] || depth == 0)
             n++;
         else
-            n += inline_streams(y, most - n, depth - 1);
+            n += inline_streams(forced, y, most - n, depth - 1);
     }
     return n;
 }
 
 /* The steps that would evaluate x inline, estimated from the materialised roots
- * reached through its inline users: REDUCE roots over one operand shape join
- * one REDUCE step as siblings, and elementwise roots of one shape one LOOP
- * step. More than `most` (or a walk over budget) gives most + 1. */
+ * reached through its inline users: REDUCE roots of one form (operand and
+ * result shapes) join one REDUCE step as siblings; each other root counts as
+ * a step of its own (two elementwise roots of one shape may be a layer's
+ * input gradient and, after a convolution that reads it, the next layer's).
+ * More than `most` (or a walk over budget) gives most + 1. */
 static int evaluating_steps(const rfi_plan_builder *b, int x, int most)
 {
     const rfi_node *seen[8];
@@ -798,8 +800,8 @@ static int evaluating_steps(const rfi_plan_builder *b, int x, int most)
         bool red = un->op == RFI_OP_REDUCE;
         bool known = false;
         for (int k = 0; k < n_seen && !known; k++)
-            known = seen_reduce[k] == red && same_dims(seen[k], un) &&
-                    (!red || same_dims(seen[k]->in[0], un->in[0]));
+            known = red && seen_reduce[k] && same_dims(seen[k], un) &&
+                    same_dims(seen[k]->in[0], un->in[0]);
         if (known)
             continue;
         if (n_seen == most || !(red || is_elementwise(un->op)))
@@ -817,17 +819,19 @@ static int evaluating_steps(const rfi_plan_builder *b, int x, int most)
  * gradient select(y > 0, g, 0) is read by the step of its sums and by the
  * input gradient's loop (in the ResNet example's step, 0.3-0.4 ms less per
  * 16-channel layer at 28x28). */
-static bool two_streams_twice(const rfi_plan_builder *b, const rfi_node *x, bool under_shared)
+static bool two_streams_twice(const rfi_plan_builder *b, const bool *forced, const rfi_node *x,
+                              bool under_shared)
 {
     return b->opts.inline_reduce_operands && !under_shared && !rfi_op_calls_math(x->op) &&
-           full_operands(x) == 2 && inline_streams(x, 2, 4) <= 2 &&
+           full_operands(x) == 2 && inline_streams(forced, x, 2, 4) <= 2 &&
            evaluating_steps(b, x->id, 2) <= 2;
 }
 
 /* shared[x]: x is inline in the operand of a REDUCE and also in another step
  * (the REDUCE rule of decide_fusible), or under such a node: each of those
  * steps evaluates it. */
-static void decide_fusible(rfi_plan_builder *b, int *sites, int *fan, bool *shared, int x)
+static void decide_fusible(rfi_plan_builder *b, const bool *forced, int *sites, int *fan,
+                           bool *shared, int x)
 {
     const rfi_node *node = b->g->nodes[x];
     int n_users = b->user_start[x + 1] - b->user_start[x];
@@ -869,7 +873,7 @@ static void decide_fusible(rfi_plan_builder *b, int *sites, int *fan, bool *shar
      * the memory traffic its buffer saves, and so does an expression that
      * reads more than one stream of its size (a residual add). */
     bool costly = rfi_op_calls_math(node->op) || full_operands(node) > 1;
-    if (costly && two_streams_twice(b, node, under_shared))
+    if (costly && two_streams_twice(b, forced, node, under_shared))
         costly = false;
     if (costly && under_shared) {
         b->mat[x] = true;
@@ -1039,6 +1043,31 @@ static bool make_segment_source(rfi_plan_builder *b, int f)
     return ok;
 }
 
+/* The materialisation decisions, from the users down, after the CALL
+ * epilogues; false only on OOM. */
+static bool decide_all(rfi_plan_builder *b, bool *forced, int *sites, int *fan, bool *shared)
+{
+    if (!find_epilogues(b, forced))
+        return false;
+    for (int x = b->n - 1; x >= 0; x--) {
+        const rfi_node *node = b->g->nodes[x];
+        if (b->epi_inline[x])
+            sites[x] = fan[x] = 1; /* computed inside its CALL step */
+        else if (is_leaf(node))
+            decide_leaf(b, forced, x);
+        else if (forced[x])
+            b->mat[x] = true;
+        else
+            decide_fusible(b, forced, sites, fan, shared, x);
+        if (!forced[x] && !b->epi_inline[x] && b->mat[x] && !is_leaf(node) &&
+            make_segment_source(b, x)) {
+            b->mat[x] = false;
+            sites[x] = fan[x] = 1;
+        }
+    }
+    return true;
+}
+
 rf_status rfi_fuse_decide(rfi_plan_builder *b)
 {
     bool *forced = rfi_calloc((size_t)b->n + 1, sizeof *forced);
@@ -1053,24 +1082,8 @@ rf_status rfi_fuse_decide(rfi_plan_builder *b)
             st = rfi_error(RF_E_INTERNAL, "plan: node %%%d is a grad (run autodiff first)", x);
     if (st == RF_OK) {
         mark_forced(b, forced);
-        if (!find_epilogues(b, forced))
+        if (!decide_all(b, forced, sites, fan, shared))
             st = rfi_error(RF_E_NOMEM, "plan: out of memory");
-        for (int x = b->n - 1; st == RF_OK && x >= 0; x--) {
-            const rfi_node *node = b->g->nodes[x];
-            if (b->epi_inline[x])
-                sites[x] = fan[x] = 1; /* computed inside its CALL step */
-            else if (is_leaf(node))
-                decide_leaf(b, forced, x);
-            else if (forced[x])
-                b->mat[x] = true;
-            else
-                decide_fusible(b, sites, fan, shared, x);
-            if (!forced[x] && !b->epi_inline[x] && b->mat[x] && !is_leaf(node) &&
-                make_segment_source(b, x)) {
-                b->mat[x] = false;
-                sites[x] = fan[x] = 1;
-            }
-        }
     }
     if (st == RF_OK && !find_reduce_epilogues(b))
         st = rfi_error(RF_E_NOMEM, "plan: out of memory");
