@@ -381,7 +381,8 @@ enum { N_MATMUL_CASES = sizeof matmul_cases / sizeof matmul_cases[0] };
 
 /* An operand read down its columns (an rhs with N contiguous, a transposed
  * lhs) whose rows lie 2 KB apart, read for 64 or more rows or columns of
- * the other, is copied into padded rows per call (dnnl_matmul.c): plain,
+ * the other, is copied into padded rows per call where the CPU wants it
+ * (dnnl_matmul.c; RF_PAD_ALIASED_ROWS=1 here): plain,
  * batched (rows 4 KB apart), with the other operand transposed (a weight
  * gradient) and both at once; with 8 rows or columns of the other it is
  * read in place. */
@@ -421,13 +422,26 @@ static void test_matmul(void)
         worst = r.worst > worst ? r.worst : worst;
     }
     printf("matmul: %d f32 forms, worst relative error %.3g\n", n, worst);
-    for (int k = 0; k < N_ALIASED; k++) {
-        case_result a = run_dot(&aliased[k].c, RF_F32, k % 2 == 0);
-        CHECK(a.kind == RFI_CALL_MATMUL && strcmp(a.path, aliased[k].path) == 0);
-        if (strcmp(a.path, aliased[k].path) != 0)
-            fprintf(stderr, "  case %s: path %s, expected %s\n", aliased[k].c.name, a.path,
-                    aliased[k].path);
+    /* padded where asked (RF_PAD_ALIASED_ROWS=1), in place where not (=0), and by
+     * default only on an AMD CPU (dnnl_matmul.c cpu_pads_aliased_rows) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    bool pads_here = __builtin_cpu_is("amd");
+#else
+    bool pads_here = false;
+#endif
+    for (int mode = 0; mode < 3; mode++) {
+        tu_set_env("RF_PAD_ALIASED_ROWS", mode == 0 ? "1" : mode == 1 ? "0" : NULL);
+        bool pads = mode == 0 || (mode == 2 && pads_here);
+        for (int k = 0; k < N_ALIASED; k++) {
+            case_result a = run_dot(&aliased[k].c, RF_F32, k % 2 == 0);
+            const char *want = pads ? aliased[k].path : "matmul";
+            CHECK(a.kind == RFI_CALL_MATMUL && strcmp(a.path, want) == 0);
+            if (strcmp(a.path, want) != 0)
+                fprintf(stderr, "  case %s (mode %d): path %s, expected %s\n",
+                        aliased[k].c.name, mode, a.path, want);
+        }
     }
+    tu_set_env("RF_PAD_ALIASED_ROWS", NULL);
     /* Other dtypes run the reference kernel: bitwise. */
     case_result r = run_dot(&cases[4], RF_F64, true);
     CHECK(r.kind == RFI_CALL_FALLBACK && r.bitwise);
@@ -472,7 +486,9 @@ static void test_matmul_bf16(void)
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1)
             setenv("RF_BF16_KERNELS", "0", 1);
+        tu_set_env("RF_PAD_ALIASED_ROWS", "1");
         padded += check_aliased_bf16();
+        tu_set_env("RF_PAD_ALIASED_ROWS", NULL);
         for (int k = 0; k < N_MATMUL_CASES; k++) {
             case_result r = run_dot_at(&matmul_cases[k], RF_F32, k % 2 == 0, RF_PRECISION_BF16);
             CHECK(r.kind == RFI_CALL_MATMUL);
