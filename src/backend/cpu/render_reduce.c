@@ -779,8 +779,32 @@ static void copy_partials(rfi_render *R, int depth, const char *kl, bool load)
  * 3 * 2^-24 of the block's sum of magnitudes per block (the values are f32
  * roundings already; a math library sums f32 data in f32 throughout), and
  * the ResNet's four sums of 8 channels ran 2-2.8x faster alone (400 ->
- * 300 us in the step; all its reductions 3.5 -> 2.9 ms). */
+ * 300 us in the step; all its reductions 3.5 -> 2.9 ms). A kernel with a
+ * fold of f64 values (f64 data, or f32 data converted and then computed on
+ * in f64: BatchNorm's sum of squares, presum_in_double) adds the blocks of
+ * every fold in double instead: exact to the double rounding, and each
+ * point's partials then wait on memory once per block rather than once per
+ * value (a sum and a sum of squares of f32 data converted to f64, over
+ * [128,16,28,28] channels last: a ResNet step with its BatchNorm statistics
+ * written that way took 245-250 us for each, then 145). */
 #define PRESUM 4
+
+/* Whether fold j's value is an f32 value converted to the f64 accumulator. */
+static bool converted_f32(const rfi_kir_kernel *k, int j)
+{
+    const rfi_kir_ins *v = &k->ins[rfi_kir_fold_value(k, j)];
+    return v->op == RFI_KIR_CONVERT && v->a >= 0 && k->ins[v->a].dtype == RF_F32;
+}
+
+/* Whether a presum kernel adds its blocks in double: some fold's value is not
+ * an f32 one converted. */
+static bool presum_in_double(const rfi_kir_kernel *k)
+{
+    for (int j = 0; j < k->n_folds; j++)
+        if (!converted_f32(k, j))
+            return true;
+    return false;
+}
 
 /* The extent of the innermost reduced loop a split body runs (r0 over one
  * chunk: its shortest). */
@@ -796,11 +820,9 @@ static bool presum_wanted(const rfi_kir_kernel *k, const bool *live, const rfi_s
         innermost_reduced(k, sc) < PRESUM ||
         !(k->red_rank == 1 || interchange_reduction(k, live)))
         return false;
-    for (int j = 0; j < k->n_folds; j++) {
-        const rfi_kir_ins *v = &k->ins[rfi_kir_fold_value(k, j)];
-        if (v->op != RFI_KIR_CONVERT || v->a < 0 || k->ins[v->a].dtype != RF_F32)
+    for (int j = 0; j < k->n_folds; j++)
+        if (!converted_f32(k, j) && k->ins[rfi_kir_fold_value(k, j)].dtype != RF_F64)
             return false;
-    }
     return true;
 }
 
@@ -841,11 +863,12 @@ static void presum_block(rfi_render *R, const bool *block_live, const char *kl, 
 {
     const rfi_kir_kernel *k = R->k;
     int last = k->red_rank - 1, in = depth + k->rank;
+    bool in_double = presum_in_double(k);
     open_kept_loops(R, depth, true);
     rfi_render_statements(R, block_live, 1, in);
     for (int j = 0; j < k->n_folds; j++) {
         rfi_render_indent(R, in);
-        putf(R->sb, "float ps%d = 0.0f;\n", j);
+        putf(R->sb, in_double ? "double ps%d = 0.0;\n" : "float ps%d = 0.0f;\n", j);
     }
     rfi_render_indent(R, in); /* a constant count: gcc unrolls it and vectorises the kept loop */
     putf(R->sb, "for (int64_t u = 0; u < %d; u++) {\n", PRESUM);
@@ -854,7 +877,8 @@ static void presum_block(rfi_render *R, const bool *block_live, const char *kl, 
     rfi_render_statements(R, block_live, 2, in + 1);
     for (int j = 0; j < k->n_folds; j++) {
         char value[64];
-        rfi_render_operand_text(R, k->ins[rfi_kir_fold_value(k, j)].a, value, sizeof value);
+        int v = rfi_kir_fold_value(k, j);
+        rfi_render_operand_text(R, in_double ? v : k->ins[v].a, value, sizeof value);
         rfi_render_indent(R, in + 1);
         putf(R->sb, "ps%d += %s;\n", j, value);
     }
@@ -864,7 +888,7 @@ static void presum_block(rfi_render *R, const bool *block_live, const char *kl, 
     for (int j = 0; j < k->n_folds; j++) {
         char acc[32], value[32];
         rfi_render_acc_name(acc, j);
-        snprintf(value, sizeof value, "(double)ps%d", j);
+        snprintf(value, sizeof value, in_double ? "ps%d" : "(double)ps%d", j);
         fold_text(R, in, acc, value);
     }
     copy_partials(R, in, kl, false);
@@ -882,7 +906,10 @@ static void presum_body(rfi_render *R, const bool *live, const rfi_schedule *sc,
         R->sb->failed = true;
         return;
     }
-    without_fold_conversions(k, live, block_live);
+    if (presum_in_double(k))
+        memcpy(block_live, live, (size_t)k->n_ins * sizeof *block_live);
+    else
+        without_fold_conversions(k, live, block_live);
     int last = k->red_rank - 1, depth = 2;
     if (last > 0) {
         open_chunk_loop(R, depth++, sc);
