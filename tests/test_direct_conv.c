@@ -15,7 +15,7 @@
  * in rows only, columns only, both; with the residual's add), weight
  * gradients reading an output gradient spread by a max pool's codes (2x2
  * and 3x3 windows), the input gradient of a strided 1x1 projection (32 and
- * 64 channels dilated, with the other branch's gradient added), next to
+ * 64 channels dilated; in a model, summed with the other branch's), next to
  * convolutions that stay library calls (3 output channels, 16 input
  * channels).
  *
@@ -122,8 +122,8 @@ static rf_model *pooled_3x3(void)
 
 /* 12x12 images: 1 -> 16, then a strided 16 -> 32 block whose shortcut is a
  * 1x1 projection at stride 2: the projection's input gradient (the output
- * gradient dilated by 2, 32 channels, a 1x1 kernel) is a loop that adds the
- * other branch's input gradient as its epilogue. */
+ * gradient dilated by 2, 32 channels, a 1x1 kernel) is a loop, summed with
+ * the other branch's (the add is one of the two steps' epilogue). */
 static rf_model *projection(void)
 {
     rf_nn_seed(26);

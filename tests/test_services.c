@@ -424,7 +424,7 @@ static void test_matmul(void)
     printf("matmul: %d f32 forms, worst relative error %.3g\n", n, worst);
     /* padded where asked (RF_PAD_ALIASED_ROWS=1), in place where not (=0), and by
      * default only on an AMD CPU (dnnl_matmul.c cpu_pads_aliased_rows) */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__)
     bool pads_here = __builtin_cpu_is("amd");
 #else
     bool pads_here = false;

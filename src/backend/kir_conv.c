@@ -38,13 +38,13 @@
  * pooled forwards. The input gradient of a strided 1x1 projection (a 1x1
  * kernel over the output gradient dilated by the stride) takes up to 64
  * input channels. For the ResNet example's 32 -> 16 one (128 images, 28x28
- * result, 26 MFLOP) oneDNN's backward-data took 0.53 ms, and the services then
- * added the residual in a pass of their own (backward-data takes no
+ * result, 26 MFLOP) oneDNN's backward-data took 0.53 ms, and the services
+ * then added the residual in a pass of their own (backward-data takes no
  * post-ops): 0.59-1.0 ms in all (RF_PROFILE); the loop writes each point
- * once with the residual added: 0.33 ms. The limits keep the renderer's stack tables small: the
- * kernel reordered for the loop or one chunk's partial weight gradient
- * (c*kh*kw*o floats) and the padded input rows (kh rows of the width the
- * outputs read).
+ * once with the residual added: 0.33 ms. The limits keep the renderer's
+ * stack tables small: the kernel reordered for the loop or one chunk's
+ * partial weight gradient (c*kh*kw*o floats) and the padded input rows (kh
+ * rows of the width the outputs read).
  */
 #include <math.h>
 #include <string.h>

@@ -614,7 +614,7 @@ static bool cpu_pads_aliased_rows(void)
     const char *env = getenv("RF_PAD_ALIASED_ROWS");
     if (env && (*env == '0' || *env == '1'))
         return *env == '1';
-#ifdef HAVE_X86_PATHS
+#if defined(__x86_64__) && defined(__GNUC__)
     return __builtin_cpu_is("amd");
 #else
     return false;

@@ -781,8 +781,8 @@ static void copy_partials(rfi_render *R, int depth, const char *kl, bool load)
  * the ResNet's four sums of 8 channels ran 2-2.8x faster alone (400 ->
  * 300 us in the step; all its reductions 3.5 -> 2.9 ms). A kernel with a
  * fold of f64 values (f64 data, or f32 data converted and then computed on
- * in f64: BatchNorm's sum of squares, presum_in_double) adds the blocks of
- * every fold in double instead: exact to the double rounding, and each
+ * in f64, such as squares: presum_in_double) adds the blocks of every fold
+ * in double instead: exact to the double rounding, and each
  * point's partials then wait on memory once per block rather than once per
  * value (a sum and a sum of squares of f32 data converted to f64, over
  * [128,16,28,28] channels last: a ResNet step with its BatchNorm statistics
