@@ -1743,6 +1743,18 @@ static int direct_steps(const rfi_graph *g, const rfi_plan_opts *o, rfi_kir_conv
     return n < MOST_DIRECT ? n : MOST_DIRECT;
 }
 
+/* The planner's options with direct convolutions on channel-blocked
+ * activations of `blocks`. */
+static rfi_plan_opts direct_conv_opts(rfi_layout blocks)
+{
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.conv_transposed_views = true;
+    o.blocked_activations = true;
+    o.direct_convs = true;
+    o.channel_blocks = blocks;
+    return o;
+}
+
 /* (i) Direct convolutions: with the option, the CALL CONV steps of a
  * few-channel CNN that kir_conv.c takes become RFI_KIR_STEP_CONV steps and
  * C loops: the forwards from 1 and 8 channels (bias and relu epilogues),
@@ -1854,12 +1866,8 @@ static void test_direct_weight_grads_c8(void)
         rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 32, 4, RF_ACT_RELU, NULL),
         rf_conv2d(3, 3, 4, 24, RF_ACT_RELU, NULL), rf_conv2d(3, 3, 24, 16, RF_ACT_RELU, NULL),
         rf_flatten_layer(), rf_dense(16 * 20 * 20, 10, RF_ACT_IDENTITY)));
-    rfi_plan_opts o = rfi_plan_opts_default();
-    o.conv_transposed_views = true;
-    o.blocked_activations = true;
-    o.direct_convs = true;
     for (int c8 = 0; c8 < 2; c8++) {
-        o.channel_blocks = c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+        rfi_plan_opts o = direct_conv_opts(c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16);
         rfi_kir_conv d[MOST_DIRECT];
         char *source = NULL;
         int direct = direct_steps(k.g, &o, d, &source), wide_grads = 0;
@@ -1891,12 +1899,8 @@ static void test_direct_projection_grad(void)
         rf_parallel(RF_COMBINE_ADD, rf_conv2d(1, 1, 16, 32, RF_ACT_IDENTITY, &s2),
                     rf_conv2d(3, 3, 16, 32, RF_ACT_IDENTITY, &s2p1)),
         rf_flatten_layer(), rf_dense(32 * 13 * 13, 10, RF_ACT_IDENTITY)));
-    rfi_plan_opts o = rfi_plan_opts_default();
-    o.conv_transposed_views = true;
-    o.blocked_activations = true;
-    o.direct_convs = true;
     for (int c8 = 0; c8 < 2; c8++) {
-        o.channel_blocks = c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16;
+        rfi_plan_opts o = direct_conv_opts(c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16);
         rfi_kir_conv d[MOST_DIRECT];
         char *source = NULL;
         int direct = direct_steps(k.g, &o, d, &source), spread = 0;

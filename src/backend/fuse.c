@@ -711,19 +711,22 @@ static bool reduces_operand(const rfi_node *u, const rfi_node *x)
     return u->op == RFI_OP_REDUCE && u->n_in >= 1 && u->in[0] == x;
 }
 
-/* Operands of x that a loop over x reads as a stream of x's size: not
- * scalars, nor broadcasts of smaller values (a mask, a row's max), which
- * stay in cache. */
+/* Whether a loop over x reads its operand y as a stream of x's size: not a
+ * scalar, nor a broadcast of a smaller value (a mask, a row's max), which
+ * stays in cache. */
+static bool full_operand(const rfi_node *x, const rfi_node *y)
+{
+    bool small = y->rank == 0 || rfi_node_numel(y) < rfi_node_numel(x) ||
+                 (y->op == RFI_OP_BROADCAST_IN_DIM && rfi_node_numel(y->in[0]) < rfi_node_numel(y));
+    return !small;
+}
+
+/* How many of x's operands it reads as such streams. */
 static int full_operands(const rfi_node *x)
 {
     int n = 0;
-    for (int k = 0; k < x->n_in; k++) {
-        const rfi_node *y = x->in[k];
-        bool small = y->rank == 0 || rfi_node_numel(y) < rfi_node_numel(x) ||
-                     (y->op == RFI_OP_BROADCAST_IN_DIM &&
-                      rfi_node_numel(y->in[0]) < rfi_node_numel(y));
-        n += !small;
-    }
+    for (int k = 0; k < x->n_in; k++)
+        n += full_operand(x, x->in[k]);
     return n;
 }
 
@@ -754,10 +757,7 @@ static int inline_streams(const bool *forced, const rfi_node *x, int most, int d
     int n = 0;
     for (int k = 0; k < x->n_in && n <= most; k++) {
         const rfi_node *y = x->in[k];
-        bool small = y->rank == 0 || rfi_node_numel(y) < rfi_node_numel(x) ||
-                     (y->op == RFI_OP_BROADCAST_IN_DIM &&
-                      rfi_node_numel(y->in[0]) < rfi_node_numel(y));
-        if (small)
+        if (!full_operand(x, y))
             continue;
         if (y->n_in == 0 || !is_fusible(y->op) || forced[y->id] || depth == 0)
             n++;
