@@ -1012,9 +1012,10 @@ static int count_probes(const char *log)
 }
 
 /* The flag that keeps modules free of gathers (cc.c): a fake compiler that
- * accepts only gcc 12's spelling gets that one, in its context and in its
- * compile command, and is asked once: a second lookup of the same binary
- * reads the memo. The fake logs every run that is not --version. */
+ * accepts gcc 12.3's and gcc 11's spellings gets the more complete one, in
+ * its context and in its compile command, and is asked once: a second lookup
+ * of the same binary reads the memo. The fake logs every run that is not
+ * --version. */
 static void test_no_gather_flag(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -1031,6 +1032,7 @@ static void test_no_gather_flag(void)
                 "echo \"$*\" >> '%s'\n"
                 "if [ \"$1\" = -fsyntax-only ]; then\n"
                 "    [ \"$4\" = '-mtune-ctrl=^use_gather' ] && exit 0\n"
+                "    [ \"$4\" = '-mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts' ] && exit 0\n"
                 "    echo \"unknown option $4\" >&2; exit 1\n"
                 "fi\n"
                 "exit 3\n",
@@ -1039,28 +1041,30 @@ static void test_no_gather_flag(void)
     }
     chmod(script, 0700);
     setenv("CC", script, 1);
+    static const char chosen[] = "-mno-red-zone -mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts -lm";
     char *context = NULL;
     CHECK_OK(rfi_cc_context(&context));
-    CHECK(context && strstr(context, "-mno-red-zone -mtune-ctrl=^use_gather -lm"));
+    CHECK(context && strstr(context, chosen));
     rfi_free(context);
     rfi_module *m = NULL;
     CHECK_STATUS(rfi_cc_load_module("int z;", "gather", &m), RF_E_COMPILE);
-    CHECK_MSG("-mtune-ctrl=^use_gather -o");
+    CHECK_MSG("-mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts -o");
     context = context_again(script); /* from the memo */
-    CHECK(context && strstr(context, "-mtune-ctrl=^use_gather"));
+    CHECK(context && strstr(context, chosen));
     rfi_free(context);
     /* a damaged memo (a torn write: "-mtune-ctrl") never reaches a command line: the
      * compiler is asked again */
     char cmd[900];
     snprintf(cmd, sizeof cmd,
-             "for f in '%s'/cc-gather-*.memo; do printf %%s -mtune-ctrl > \"$f\"; done",
+             "for f in '%s'/cc-gather2-*.memo; do printf %%s -mtune-ctrl > \"$f\"; done",
              cache_dir);
     CHECK(system(cmd) == 0);
     context = context_again(script);
-    CHECK(context && strstr(context, "-mno-red-zone -mtune-ctrl=^use_gather -lm"));
+    CHECK(context && strstr(context, chosen));
     rfi_free(context);
-    /* -mno-gather refused, then gcc 12's accepted; again after the damage */
-    CHECK(count_probes(log) == 4);
+    /* -mno-gather and gcc 13's names refused, then gcc 12.3's accepted; again after
+     * the damage */
+    CHECK(count_probes(log) == 6);
 
     /* a probe that could not finish (the compiler killed) gives no answer to remember:
      * asked again next time, where a stored "none" would drop the flag for good */

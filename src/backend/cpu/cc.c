@@ -520,12 +520,16 @@ static rf_status compiler_version_memo(const compiler_info *ci, const char *reso
  * flag's name differs across compilers and versions, so the first of
  * no_gather_flags that the compiler accepts is used (none when it accepts
  * none of them), asked once per compiler binary and memoised like its
- * version line. */
+ * version line. The list goes from the most complete flag to the least:
+ * Debian's gcc 12.2 accepts "^use_gather" alone, but that knob covers only
+ * gathers of eight or more elements, and with an AVX-512 CPU's tuning it
+ * still emitted the two- and four-element ones. */
 #if defined(__x86_64__) || defined(__i386__)
 static const char *const no_gather_flags[] = {
-    "-mno-gather",                                                        /* newer gcc, clang */
-    "-mtune-ctrl=^use_gather",                                            /* gcc 11-12 */
+    "-mno-gather",                                                          /* gcc 13, clang */
     "-mtune-ctrl=^use_gather_2parts,^use_gather_4parts,^use_gather_8parts", /* gcc 13's names */
+    "-mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts",        /* gcc 12.3, Debian's 12.2 */
+    "-mtune-ctrl=^use_gather",                                              /* gcc 11-12.2 */
 };
 
 typedef enum probe_verdict { PROBE_ACCEPTED, PROBE_REJECTED, PROBE_FAILED } probe_verdict;
@@ -574,7 +578,9 @@ static void find_no_gather_flag(compiler_info *ci, const char *resolved)
     char memo[96];
     char *value = NULL;
     ci->no_gather[0] = '\0';
-    bool named = memo_name("gather", ci, resolved, memo, sizeof memo);
+    /* "gather2": the answers memoised under "gather" came from a list that
+     * put a flag too weak for AVX-512 tunings first */
+    bool named = memo_name("gather2", ci, resolved, memo, sizeof memo);
     if (named && rfi_disk_cache_memo_get(memo, &value)) {
         int choice = no_gather_choice(value);
         int n_flags = (int)(sizeof no_gather_flags / sizeof no_gather_flags[0]);
