@@ -101,6 +101,8 @@ static bool allocation_fails(void)
     return true;
 }
 
+bool rfi_alloc_hook_fails(void) { return allocation_fails(); }
+
 /* Passes an allocation's result through, counting a failure. */
 static void *counted(void *p)
 {

@@ -42,6 +42,9 @@ RFI_FUNC void *rfi_calloc(size_t n, size_t size);
  * alignment makes every 64-byte load of such a row straddle two cache lines. */
 #define RFI_DATA_ALIGN 64
 RFI_FUNC void *rfi_malloc_aligned(size_t n);
+/* Counts one allocation and says whether the test hook fails it: what each of
+ * these does first, for an allocator that reuses memory (block_cache.c). */
+RFI_FUNC bool rfi_alloc_hook_fails(void);
 RFI_FUNC void *rfi_realloc(void *p, size_t n);
 RFI_FUNC void rfi_free(void *p);
 RFI_FUNC char *rfi_strdup(const char *s);

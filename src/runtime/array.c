@@ -113,10 +113,10 @@ static rf_array *alloc_checked(const char *op, rf_device *dev, rf_dtype dt,
     if (check_shape(op, dt, dims, rank, &numel, &nbytes) != RF_OK)
         return NULL;
     rf_array *a = rfi_calloc(1, sizeof *a);
-    void *data = rfi_malloc_aligned(nbytes);
+    void *data = rfi_block_alloc(nbytes);
     if (!a || !data) {
         rfi_free(a);
-        rfi_free(data);
+        rfi_block_free(data, nbytes);
         char ty[128];
         rfi_error(RF_E_NOMEM, "%s: out of memory allocating %s (%zu bytes)", op,
                   rfi_type_str(ty, sizeof ty, dt, dims, rank), nbytes);
@@ -156,7 +156,7 @@ void rfi_array_release(rf_array *a)
     assert(before >= 1);
     if (before > 1)
         return;
-    rfi_free(a->data);
+    rfi_block_free(a->data, a->nbytes);
     rfi_free(a);
 }
 

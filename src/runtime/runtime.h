@@ -29,6 +29,12 @@ struct rf_array {
     void *data;
 };
 
+/* Array data: rfi_malloc_aligned(n), or a block of the same rounded size that
+ * an array freed before (block_cache.c); freed with rfi_block_free(p, n), n as
+ * allocated. */
+RFI_FUNC void *rfi_block_alloc(size_t n);
+RFI_FUNC void rfi_block_free(void *p, size_t n);
+
 /* Takes one more reference (returns a). */
 RFI_FUNC rf_array *rfi_array_retain(rf_array *a);
 /* Drops one reference, freeing the array at zero. NULL ok. */
