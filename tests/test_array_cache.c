@@ -8,6 +8,8 @@
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "test_util.h"
@@ -149,6 +151,32 @@ static void test_threads(void)
     rf_array_cache_clear();
 }
 
+/* Children forked while another thread makes and frees arrays make and free
+ * their own (an alarm ends a child that would wait forever for a mutex
+ * inherited held). A smoke test: the other thread holds the cache's mutex for
+ * too short a time for a fork to land inside it often. */
+static void test_fork(void)
+{
+    int64_t floats = BIG_FLOATS;
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, churn, &floats) == 0);
+    int ok = 0;
+    for (int k = 0; k < 20; k++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(20);
+            rf_array *a = big(BIG_FLOATS);
+            rf_array_free(a);
+            _exit(a && rf_array_cache_bytes() == 256 * KIB ? 0 : 1);
+        }
+        int ws = 0;
+        ok += pid > 0 && waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+    }
+    pthread_join(th, NULL);
+    CHECK(ok == 20);
+    rf_array_cache_clear();
+}
+
 static void twice_fn(rf_trace *t, void *ctx)
 {
     (void)ctx;
@@ -192,6 +220,7 @@ int main(void)
     test_budget();
     test_failure_injection();
     test_threads();
+    test_fork();
     test_exec_outputs();
     return tu_finish("test_array_cache");
 }

@@ -16,6 +16,9 @@
  * make room. An allocation takes the most recently kept block of its rounded
  * size. rf_array_cache_clear() frees them all. Under AddressSanitizer a kept
  * block is poisoned, so a use after rf_array_free is still reported.
+ *
+ * Every fork takes the cache's mutex (pthread_atfork), so a child never
+ * inherits it held by a thread that the fork left behind.
  */
 #include "runtime.h"
 
@@ -55,6 +58,19 @@ static int n_kept;
 static size_t kept_bytes;
 static uint64_t clock_now;
 static size_t budget_bytes = SIZE_MAX; /* SIZE_MAX: not read from the environment yet */
+
+static pthread_once_t fork_watch_once = PTHREAD_ONCE_INIT;
+
+static void lock_before_fork(void) { pthread_mutex_lock(&cache_lock); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&cache_lock); }
+static void watch_forks(void) { pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork); }
+
+/* Takes the mutex, first making sure forks take it too. */
+static void lock_cache(void)
+{
+    pthread_once(&fork_watch_once, watch_forks);
+    pthread_mutex_lock(&cache_lock);
+}
 
 static size_t rounded_bytes(size_t n)
 {
@@ -98,7 +114,7 @@ void *rfi_block_alloc(size_t n)
         return rfi_malloc_aligned(n);
     size_t bytes = rounded_bytes(n);
     void *p = NULL;
-    pthread_mutex_lock(&cache_lock);
+    lock_cache();
     int best = -1;
     for (int i = 0; i < n_kept; i++)
         if (kept[i].bytes == bytes && (best < 0 || kept[i].stamp > kept[best].stamp))
@@ -128,7 +144,7 @@ void rfi_block_free(void *p, size_t n)
     size_t bytes = rounded_bytes(n);
     kept_block evicted[BLOCK_CACHE_SLOTS + 1];
     int n_evicted = 0;
-    pthread_mutex_lock(&cache_lock);
+    lock_cache();
     size_t limit = budget();
     if (bytes > limit) {
         evicted[n_evicted++] = (kept_block){p, 0, 0}; /* never poisoned */
@@ -154,7 +170,7 @@ size_t rf_array_cache_clear(void)
 {
     void *blocks[BLOCK_CACHE_SLOTS];
     size_t sizes[BLOCK_CACHE_SLOTS];
-    pthread_mutex_lock(&cache_lock);
+    lock_cache();
     int n = n_kept;
     size_t freed = kept_bytes;
     for (int i = 0; i < n; i++) {
@@ -173,7 +189,7 @@ size_t rf_array_cache_clear(void)
 
 size_t rf_array_cache_bytes(void)
 {
-    pthread_mutex_lock(&cache_lock);
+    lock_cache();
     size_t b = kept_bytes;
     pthread_mutex_unlock(&cache_lock);
     return b;
