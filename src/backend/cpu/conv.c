@@ -1416,6 +1416,11 @@ bool rfi_cpu_conv_takes_views(const rfi_cpu_conv *c)
     return c && !c->empty && (c->path == PATH_BWD_WEIGHTS || c->path == PATH_OWN_WINOGRAD);
 }
 
+bool rfi_cpu_conv_bias_input(const rfi_cpu_conv *c)
+{
+    return c && !c->empty && c->path == PATH_FORWARD && c->dc.bias_mem;
+}
+
 int rfi_cpu_conv_epilogue_ops(const rfi_cpu_conv *c)
 {
     if (c && !c->empty && c->path == PATH_OWN_WINOGRAD)

@@ -1059,6 +1059,14 @@ int rfi_cpu_services_step_lib_ops(const rfi_cpu_services *s, int step)
     return s && step >= 0 && step < s->n_steps ? s->steps[step].epi_applied : 0;
 }
 
+bool rfi_cpu_services_step_bias_input(const rfi_cpu_services *s, int step)
+{
+    if (!s || step < 0 || step >= s->n_steps)
+        return false;
+    const call_state *cs = &s->steps[step];
+    return rfi_cpu_matmul_bias_input(cs->matmul) || rfi_cpu_conv_bias_input(cs->conv);
+}
+
 bool rfi_cpu_services_step_beside(const rfi_cpu_services *s, int step)
 {
     return s && step >= 0 && step < s->n_steps && s->steps[step].paired;

@@ -65,6 +65,9 @@ RFI_FUNC const char *rfi_cpu_services_step_path(const rfi_cpu_services *s, int s
  * (as post-ops or a convolution's bias input); the services apply the rest
  * after the call. For tests. */
 RFI_FUNC int rfi_cpu_services_step_lib_ops(const rfi_cpu_services *s, int step);
+/* Whether CALL step `step`'s primitive takes its epilogue's leading bias as its
+ * own bias input (a matmul's or a forward convolution's). For tests. */
+RFI_FUNC bool rfi_cpu_services_step_bias_input(const rfi_cpu_services *s, int step);
 /* Whether CALL step `step` runs beside its pair's other call (the plan's
  * runs_with_next), a thread each; false: unpaired, or paired one after the other. */
 RFI_FUNC bool rfi_cpu_services_step_beside(const rfi_cpu_services *s, int step);
@@ -85,6 +88,7 @@ static inline size_t rfi_ws_align(size_t n) { return (n + 63) & ~(size_t)63; }
 typedef struct rfi_dnnl_mm {
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst, scratch;
+    dnnl_memory_t bias;              /* the bias input (rfi_dnnl_post.bias_input), or NULL */
     dnnl_memory_t post[RFI_EPI_MAX]; /* binary post-op operands (NULL: eltwise op) */
     int n_post;                      /* post-ops of the primitive */
     size_t scratch_bytes;
@@ -100,12 +104,18 @@ typedef struct rfi_dnnl_tensor {
  * binary adds whose second operand (src1) is a plain strided tensor in the
  * dst's dims (a BIAS: ones except along the bias dim; an ADD: dst's shape).
  * Never a relu (rfi_dnnl_post_faithful). `accumulate`: the product is added
- * to what dst holds (a sum post-op ahead of the n ops; winograd.c). */
+ * to what dst holds (a sum post-op ahead of the n ops; winograd.c).
+ * `bias_input` (matmuls only): the epilogue's first op, a BIAS along the
+ * result's last dim, is the primitive's bias input, described by `bias`, and
+ * the n post-ops are the ops after it; the operands of a run are then the
+ * bias's first and the post-ops' after it. */
 typedef struct rfi_dnnl_post {
     int n;
     rfi_epi_kind kind[RFI_EPI_MAX];
     rfi_dnnl_tensor src1[RFI_EPI_MAX];
     bool accumulate;
+    bool bias_input;
+    rfi_dnnl_tensor bias;
 } rfi_dnnl_post;
 /* How many leading ops of an epilogue oneDNN's post-ops compute as the
  * interpreter does: those before the first RELU. oneDNN's jit kernels take
@@ -181,6 +191,8 @@ RFI_FUNC rf_status rfi_cpu_matmul_run(rfi_cpu_matmul *m, dnnl_stream_t s, const 
                                       const void *rhs, void *out, const void *const *epi_src,
                                       void *workspace);
 RFI_FUNC int rfi_cpu_matmul_epilogue_ops(const rfi_cpu_matmul *m);
+/* Whether the first of those is the primitive's bias input. */
+RFI_FUNC bool rfi_cpu_matmul_bias_input(const rfi_cpu_matmul *m);
 /* "matmul" (operands read in place), "matmul packed" (both copied per call)
  * or "matmul padded rhs" (the rhs copied into padded rows per call). */
 RFI_FUNC const char *rfi_cpu_matmul_path(const rfi_cpu_matmul *m);
@@ -204,6 +216,8 @@ RFI_FUNC rf_status rfi_cpu_conv_run(rfi_cpu_conv *c, dnnl_stream_t s, const void
 /* How many leading ops of the epilogue the convolution applies (the caller
  * applies the rest). */
 RFI_FUNC int rfi_cpu_conv_epilogue_ops(const rfi_cpu_conv *c);
+/* Whether the first of those is oneDNN's bias input. */
+RFI_FUNC bool rfi_cpu_conv_bias_input(const rfi_cpu_conv *c);
 RFI_FUNC void rfi_cpu_conv_free(rfi_cpu_conv *c);
 /* Input k (0 or 1) of a prepared convolution is reordered from the IR's
  * buffer into *inner's layout (*bytes of it) before each call: true, with
