@@ -24,49 +24,68 @@
 #define KIB 1024
 #define BIG_FLOATS (256 * KIB / 4) /* 256 KiB of f32: kept */
 
-static rf_array *big(int64_t floats) { return rf_zeros(RF_F32, &floats, 1); }
+#define SOURCE_FLOATS (4 * 1024 * KIB / 4)
+static rf_array *source; /* SOURCE_FLOATS zeros, made once in main */
 
-/* A freed 256 KiB array's memory is the next one's; the new array is still
- * zeroed (rf_zeros), whatever the old one held. Under AddressSanitizer the
- * kept block is poisoned (a use after rf_array_free is reported). */
+/* `floats` zeros as a loop makes its arrays anew at every pass: a copy of rows
+ * (rf_array_rows), whose memory is kept when it is freed. */
+static rf_array *big(int64_t floats) { return rf_array_rows(source, 0, floats); }
+
+/* A freed 256 KiB copy's memory is the next one's once its size recurs; the new
+ * array holds its own values, whatever the old one held. Under AddressSanitizer
+ * the kept block is poisoned (a use after rf_array_free is reported). */
 static void test_reuse(void)
 {
     rf_array_cache_clear();
-    rf_array *a = big(BIG_FLOATS);
-    CHECK(a != NULL);
-    float *pa = a ? rf_array_data(a) : NULL;
-    for (int64_t i = 0; pa && i < BIG_FLOATS; i++)
-        pa[i] = 7.0f;
-    rf_array_free(a);
-    CHECK(rf_array_cache_bytes() == 256 * KIB);
-    CHECK(pa && KEPT_IS_POISONED(pa) && KEPT_IS_POISONED(pa + BIG_FLOATS - 1));
-    rf_array *b = big(BIG_FLOATS);
-    CHECK(b && rf_array_data(b) == pa);
-    CHECK(rf_array_cache_bytes() == 0);
+    rf_array *a = big(BIG_FLOATS), *b = big(BIG_FLOATS);
+    CHECK(a && b);
     float *pb = b ? rf_array_data(b) : NULL;
-    bool zero = pb != NULL;
     for (int64_t i = 0; pb && i < BIG_FLOATS; i++)
-        zero = zero && pb[i] == 0.0f;
+        pb[i] = 7.0f;
+    rf_array_free(a);
+    rf_array_free(b); /* its size was freed just before: kept */
+    CHECK(rf_array_cache_bytes() >= 256 * KIB);
+    CHECK(pb && KEPT_IS_POISONED(pb) && KEPT_IS_POISONED(pb + BIG_FLOATS - 1));
+    rf_array *c = big(BIG_FLOATS);
+    CHECK(c && rf_array_data(c) == pb);
+    float *pc = c ? rf_array_data(c) : NULL;
+    bool zero = pc != NULL;
+    for (int64_t i = 0; pc && i < BIG_FLOATS; i++)
+        zero = zero && pc[i] == 0.0f;
     CHECK(zero);
-    /* another size does not take it */
-    rf_array_free(b);
-    rf_array *c = big(BIG_FLOATS + 16);
-    CHECK(c && rf_array_cache_bytes() == 256 * KIB);
     rf_array_free(c);
-    CHECK(rf_array_cache_bytes() == 256 * KIB + (256 * KIB + 64));
-    CHECK(rf_array_cache_clear() == 2 * 256 * KIB + 64);
+    rf_array_cache_clear();
+    CHECK(rf_array_cache_bytes() == 0);
+
+    /* a size freed for the first time goes back to malloc; the second time it is kept,
+     * and another size does not take it */
+    int64_t once = BIG_FLOATS + 48;
+    rf_array_free(big(once));
+    CHECK(rf_array_cache_bytes() == 0);
+    rf_array_free(big(once));
+    CHECK(rf_array_cache_bytes() == (size_t)once * 4);
+    rf_array *d = big(BIG_FLOATS);
+    CHECK(d && rf_array_cache_bytes() == (size_t)once * 4);
+    rf_array_free(d);
+    CHECK(rf_array_cache_bytes() == (size_t)once * 4 + 256 * KIB);
+    CHECK(rf_array_cache_clear() == (size_t)once * 4 + 256 * KIB);
     CHECK(rf_array_cache_bytes() == 0);
 }
 
-/* Arrays under 64 KiB are left to malloc. */
-static void test_small_not_kept(void)
+/* Arrays made once (rf_zeros, rf_array_new, ...) and arrays under 64 KiB are left
+ * to malloc. */
+static void test_not_kept(void)
 {
     rf_array_cache_clear();
-    rf_array *a = big(64 * KIB / 4 - 1);
-    rf_array_free(a);
+    int64_t n = BIG_FLOATS;
+    for (int k = 0; k < 3; k++)
+        rf_array_free(rf_zeros(RF_F32, &n, 1));
     CHECK(rf_array_cache_bytes() == 0);
-    a = big(64 * KIB / 4);
-    rf_array_free(a);
+    for (int k = 0; k < 3; k++)
+        rf_array_free(big(64 * KIB / 4 - 1));
+    CHECK(rf_array_cache_bytes() == 0);
+    for (int k = 0; k < 3; k++)
+        rf_array_free(big(64 * KIB / 4));
     CHECK(rf_array_cache_bytes() == 64 * KIB);
     rf_array_cache_clear();
 }
@@ -89,7 +108,7 @@ static void test_budget(void)
     rf_array *b = big(BIG_FLOATS);
     CHECK(b && rf_array_data(b) == data[4]);
     rf_array_free(b);
-    rf_array *huge = big(2 * 1024 * KIB / 4);
+    rf_array *huge = big(2 * 1024 * KIB / 4); /* over the budget */
     rf_array_free(huge);
     CHECK(rf_array_cache_bytes() == 1024 * KIB);
     /* the four kept are data[1..4]: taking four gives those */
@@ -114,8 +133,7 @@ static void test_failure_injection(void)
     rf_array_free(big(BIG_FLOATS));
     CHECK(rf_array_cache_bytes() == 256 * KIB);
     rfi_alloc_fail_after(1, false); /* the array struct succeeds, its data fails */
-    int64_t n = BIG_FLOATS;
-    rf_array *a = rf_zeros(RF_F32, &n, 1);
+    rf_array *a = big(BIG_FLOATS);
     rfi_alloc_fail_after(-1, false);
     CHECK(a == NULL);
     CHECK(rf_errstatus() == RF_E_NOMEM);
@@ -165,9 +183,10 @@ static void test_fork(void)
         pid_t pid = fork();
         if (pid == 0) {
             alarm(20);
-            rf_array *a = big(BIG_FLOATS);
+            rf_array *a = big(BIG_FLOATS), *b = big(BIG_FLOATS);
             rf_array_free(a);
-            _exit(a && rf_array_cache_bytes() == 256 * KIB ? 0 : 1);
+            rf_array_free(b); /* a size freed just before: kept */
+            _exit(a && b && rf_array_cache_bytes() >= 256 * KIB ? 0 : 1);
         }
         int ws = 0;
         ok += pid > 0 && waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
@@ -215,12 +234,18 @@ static void test_exec_outputs(void)
 int main(void)
 {
     setenv("RF_ARRAY_CACHE_MB", "1", 1);
+    int64_t n = SOURCE_FLOATS;
+    source = rf_zeros(RF_F32, &n, 1);
+    CHECK(source != NULL);
+    if (!source)
+        return tu_finish("test_array_cache");
     test_reuse();
-    test_small_not_kept();
+    test_not_kept();
     test_budget();
     test_failure_injection();
     test_threads();
     test_fork();
     test_exec_outputs();
+    rf_array_free(source);
     return tu_finish("test_array_cache");
 }

@@ -77,13 +77,15 @@ RF_API double rf_to_number(const rf_array *a);
 /* Releases the caller's reference. */
 RF_API void rf_array_free(rf_array *a);
 
-/* The memory of freed arrays of 64 KiB or more is kept for the next array of
- * the same size, so a loop that makes and frees arrays of the same shapes
- * (outputs of runs, batches) reuses pages the kernel has already mapped
- * instead of taking a page fault on each. At most 64 MiB is kept (the oldest
- * blocks go first), or RF_ARRAY_CACHE_MB from the environment (0: nothing).
- * rf_array_cache_clear() frees what is kept and returns its byte count;
- * rf_array_cache_bytes() tells how much is kept. Thread-safe. */
+/* The memory of the arrays that loops make anew at every pass (the outputs of
+ * rf_exec_run and rf_jitted_run, a loader's batches, rf_array_to and
+ * rf_array_rows copies), 64 KiB or more, is kept when they are freed and their
+ * size recurs, for the next array of that size: such a loop reuses pages the
+ * kernel has already mapped instead of taking a page fault on each. Arrays
+ * made once (rf_zeros, rf_array_new, ...) are never kept. At most 64 MiB is
+ * kept (the oldest blocks go first), or RF_ARRAY_CACHE_MB from the environment
+ * (0: nothing). rf_array_cache_clear() frees what is kept and returns its byte
+ * count; rf_array_cache_bytes() tells how much is kept. Thread-safe. */
 RF_API size_t rf_array_cache_clear(void);
 RF_API size_t rf_array_cache_bytes(void);
 

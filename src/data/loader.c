@@ -122,7 +122,7 @@ static rf_array *gather_rows(const rf_loader *l, const rf_array *src, int64_t st
     for (int d = 0; d < src->rank; d++)
         dims[d] = src->dims[d];
     dims[0] = b;
-    rf_array *dst = rfi_array_alloc("rf_loader_next", dev, src->dtype, dims, src->rank);
+    rf_array *dst = rfi_array_alloc_recycled("rf_loader_next", dev, src->dtype, dims, src->rank);
     if (!dst)
         return NULL;
     size_t row = l->n_obs ? src->nbytes / (size_t)l->n_obs : 0;

@@ -116,7 +116,7 @@ static rf_array *alloc_checked(const char *op, rf_device *dev, rf_dtype dt,
     void *data = rfi_block_alloc(nbytes);
     if (!a || !data) {
         rfi_free(a);
-        rfi_block_free(data, nbytes);
+        rfi_block_free(data, nbytes, false);
         char ty[128];
         rfi_error(RF_E_NOMEM, "%s: out of memory allocating %s (%zu bytes)", op,
                   rfi_type_str(ty, sizeof ty, dt, dims, rank), nbytes);
@@ -140,6 +140,15 @@ rf_array *rfi_array_alloc(const char *op, rf_device *dev, rf_dtype dt, const int
     return alloc_checked(op, dev, dt, dims, rank);
 }
 
+rf_array *rfi_array_alloc_recycled(const char *op, rf_device *dev, rf_dtype dt,
+                                   const int64_t *dims, int rank)
+{
+    rf_array *a = alloc_checked(op, dev, dt, dims, rank);
+    if (a)
+        a->recycle = true;
+    return a;
+}
+
 rf_array *rfi_array_retain(rf_array *a)
 {
     if (a)
@@ -156,7 +165,7 @@ void rfi_array_release(rf_array *a)
     assert(before >= 1);
     if (before > 1)
         return;
-    rfi_block_free(a->data, a->nbytes);
+    rfi_block_free(a->data, a->nbytes, a->recycle);
     rfi_free(a);
 }
 
@@ -256,7 +265,7 @@ static rf_array *array_to(const char *op, const rf_array *a, rf_device *dev,
         dt = RF_F32; /* Flux's rule: compute devices work in f32 */
     else if (dt == RF_F32 && to_f64)
         dt = RF_F64;
-    rf_array *b = alloc_checked(op, dev, dt, a->dims, a->rank);
+    rf_array *b = rfi_array_alloc_recycled(op, dev, dt, a->dims, a->rank); /* a batch's copy */
     if (!b)
         return NULL;
     if (dt == a->dtype) {
@@ -303,7 +312,7 @@ rf_array *rf_array_rows(const rf_array *a, int64_t lo, int64_t hi)
     int64_t dims[RF_MAX_RANK];
     memcpy(dims, a->dims, (size_t)a->rank * sizeof dims[0]);
     dims[0] = hi - lo;
-    rf_array *b = alloc_checked(op, a->device, a->dtype, dims, a->rank);
+    rf_array *b = rfi_array_alloc_recycled(op, a->device, a->dtype, dims, a->rank); /* a batch */
     if (!b)
         return NULL;
     size_t row = a->dims[0] > 0 ? a->nbytes / (size_t)a->dims[0] : 0;

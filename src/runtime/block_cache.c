@@ -10,12 +10,19 @@
  * (three 512 KiB gradients a run) ran in 1.9 ms alone and in 1.3 ms after
  * patterns whose larger frees had raised glibc's thresholds.
  *
- * A freed block of BLOCK_CACHE_MIN_BYTES or more is kept here, up to a budget
- * (RF_ARRAY_CACHE_MB in the environment when the first block is freed, else
- * DEFAULT_BUDGET_MB; 0 keeps nothing): the oldest kept blocks are freed to
- * make room. An allocation takes the most recently kept block of its rounded
- * size. rf_array_cache_clear() frees them all. Under AddressSanitizer a kept
- * block is poisoned, so a use after rf_array_free is still reported.
+ * Only the arrays that loops make anew at every pass are kept: a run's outputs,
+ * a loader's batches, copies made by rf_array_to and rf_array_rows
+ * (rfi_array_alloc_recycled). Arrays made once, such as the host arrays a
+ * model is built from, go back to malloc and leave the process's memory (kept,
+ * the ffn benchmark's eight 1 MiB host weights raised its peak RSS from 53 to
+ * 60 MB). A freed block of BLOCK_CACHE_MIN_BYTES or more of such an array is
+ * kept when a block of its size was freed before, among the last RECENT_SIZES
+ * such frees (a size that recurs), up to a budget (RF_ARRAY_CACHE_MB in the
+ * environment when the first block is freed, else DEFAULT_BUDGET_MB; 0 keeps
+ * nothing): the oldest kept blocks are freed to make room. An allocation takes
+ * the most recently kept block of its rounded size. rf_array_cache_clear()
+ * frees them all. Under AddressSanitizer a kept block is poisoned, so a use
+ * after rf_array_free is still reported.
  *
  * Every fork takes the cache's mutex (pthread_atfork), so a child never
  * inherits it held by a thread that the fork left behind.
@@ -44,6 +51,7 @@
 
 #define BLOCK_CACHE_MIN_BYTES (64 * 1024)
 #define BLOCK_CACHE_SLOTS 64
+#define RECENT_SIZES 64
 #define DEFAULT_BUDGET_MB 64
 
 typedef struct kept_block {
@@ -58,6 +66,8 @@ static int n_kept;
 static size_t kept_bytes;
 static uint64_t clock_now;
 static size_t budget_bytes = SIZE_MAX; /* SIZE_MAX: not read from the environment yet */
+static size_t recent[RECENT_SIZES];    /* sizes of the last blocks freed, a ring */
+static int recent_next;
 
 static pthread_once_t fork_watch_once = PTHREAD_ONCE_INIT;
 
@@ -88,6 +98,17 @@ static size_t budget(void)
         budget_bytes = (size_t)mb << 20;
     }
     return budget_bytes;
+}
+
+/* Whether a block of `bytes` was freed among the last RECENT_SIZES; records this one. */
+static bool size_recurs(size_t bytes)
+{
+    bool seen = false;
+    for (int i = 0; i < RECENT_SIZES && !seen; i++)
+        seen = recent[i] == bytes;
+    recent[recent_next] = bytes;
+    recent_next = (recent_next + 1) % RECENT_SIZES;
+    return seen;
 }
 
 /* Removes slot i, returning its block (the caller frees or reuses it). */
@@ -133,11 +154,11 @@ void *rfi_block_alloc(size_t n)
     return p;
 }
 
-void rfi_block_free(void *p, size_t n)
+void rfi_block_free(void *p, size_t n, bool keep)
 {
     if (!p)
         return;
-    if (n < BLOCK_CACHE_MIN_BYTES || n > SIZE_MAX - RFI_DATA_ALIGN) {
+    if (!keep || n < BLOCK_CACHE_MIN_BYTES || n > SIZE_MAX - RFI_DATA_ALIGN) {
         rfi_free(p);
         return;
     }
@@ -146,7 +167,7 @@ void rfi_block_free(void *p, size_t n)
     int n_evicted = 0;
     lock_cache();
     size_t limit = budget();
-    if (bytes > limit) {
+    if (bytes > limit || !size_recurs(bytes)) {
         evicted[n_evicted++] = (kept_block){p, 0, 0}; /* never poisoned */
     } else {
         while (n_kept > 0 && (n_kept == BLOCK_CACHE_SLOTS || kept_bytes + bytes > limit)) {

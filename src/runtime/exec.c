@@ -274,7 +274,8 @@ rf_status rf_exec_run(rf_exec *e, rf_array *const *args, int nargs, rf_array **o
     int made = 0;
     for (; made < g->n_outputs; made++) {
         const rfi_node *x = g->outputs[made];
-        arrays[made] = rfi_array_alloc("rf_exec_run", e->device, x->dtype, x->dims, x->rank);
+        arrays[made] =
+            rfi_array_alloc_recycled("rf_exec_run", e->device, x->dtype, x->dims, x->rank);
         if (!arrays[made]) {
             st = RF_E_NOMEM; /* message set by rfi_array_alloc */
             break;

@@ -27,13 +27,14 @@ struct rf_array {
     int64_t numel;
     size_t nbytes;
     void *data;
+    bool recycle; /* its data goes to the block cache when freed (rfi_array_alloc_recycled) */
 };
 
 /* Array data: rfi_malloc_aligned(n), or a block of the same rounded size that
- * an array freed before (block_cache.c); freed with rfi_block_free(p, n), n as
- * allocated. */
+ * an array freed before (block_cache.c); freed with rfi_block_free(p, n, keep),
+ * n as allocated; keep: the block may stay in the cache. */
 RFI_FUNC void *rfi_block_alloc(size_t n);
-RFI_FUNC void rfi_block_free(void *p, size_t n);
+RFI_FUNC void rfi_block_free(void *p, size_t n, bool keep);
 
 /* Takes one more reference (returns a). */
 RFI_FUNC rf_array *rfi_array_retain(rf_array *a);
@@ -42,6 +43,11 @@ RFI_FUNC void rfi_array_release(rf_array *a);
 /* A new uninitialised array (refs = 1); NULL with RF_E_NOMEM/RF_E_INVALID set. */
 RFI_FUNC rf_array *rfi_array_alloc(const char *op, rf_device *dev, rf_dtype dt,
                                    const int64_t *dims, int rank);
+/* As rfi_array_alloc, for an array that a loop makes anew at every pass (a run's
+ * output, a loader's batch, a copy): its data may stay in the block cache when
+ * it is freed, for the next one. */
+RFI_FUNC rf_array *rfi_array_alloc_recycled(const char *op, rf_device *dev, rf_dtype dt,
+                                            const int64_t *dims, int rank);
 RFI_FUNC bool rfi_device_is_compute(const rf_device *dev);
 /* Element i of a buffer of dtype dt as a double (bool: 0 or 1; unknown
  * dtypes: NaN). */
