@@ -1012,7 +1012,7 @@ static int count_probes(const char *log)
 }
 
 /* The flag that keeps modules free of gathers (cc.c): a fake compiler that
- * accepts gcc 12.3's and gcc 11's spellings gets the more complete one, in
+ * accepts Debian's gcc 12.2's and gcc 11's spellings gets the more complete one, in
  * its context and in its compile command, and is asked once: a second lookup
  * of the same binary reads the memo. The fake logs every run that is not
  * --version. */
@@ -1032,7 +1032,8 @@ static void test_no_gather_flag(void)
                 "echo \"$*\" >> '%s'\n"
                 "if [ \"$1\" = -fsyntax-only ]; then\n"
                 "    [ \"$4\" = '-mtune-ctrl=^use_gather' ] && exit 0\n"
-                "    [ \"$4\" = '-mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts' ] && exit 0\n"
+                "    [ \"$4\" = '-mtune-ctrl=^use_gather,^use_gather_2parts,"
+                "^use_gather_4parts' ] && exit 0\n"
                 "    echo \"unknown option $4\" >&2; exit 1\n"
                 "fi\n"
                 "exit 3\n",
@@ -1041,7 +1042,8 @@ static void test_no_gather_flag(void)
     }
     chmod(script, 0700);
     setenv("CC", script, 1);
-    static const char chosen[] = "-mno-red-zone -mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts -lm";
+    static const char chosen[] =
+        "-mno-red-zone -mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts -lm";
     char *context = NULL;
     CHECK_OK(rfi_cc_context(&context));
     CHECK(context && strstr(context, chosen));
@@ -1062,8 +1064,8 @@ static void test_no_gather_flag(void)
     context = context_again(script);
     CHECK(context && strstr(context, chosen));
     rfi_free(context);
-    /* -mno-gather and gcc 13's names refused, then gcc 12.3's accepted; again after
-     * the damage */
+    /* -mno-gather and gcc 13's names refused, then Debian's gcc 12.2's accepted; again
+     * after the damage */
     CHECK(count_probes(log) == 6);
 
     /* a probe that could not finish (the compiler killed) gives no answer to remember:

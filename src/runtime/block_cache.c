@@ -73,7 +73,10 @@ static pthread_once_t fork_watch_once = PTHREAD_ONCE_INIT;
 
 static void lock_before_fork(void) { pthread_mutex_lock(&cache_lock); }
 static void unlock_after_fork(void) { pthread_mutex_unlock(&cache_lock); }
-static void watch_forks(void) { pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork); }
+static void watch_forks(void)
+{
+    pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork);
+}
 
 /* Takes the mutex, first making sure forks take it too. */
 static void lock_cache(void)
@@ -163,27 +166,26 @@ void rfi_block_free(void *p, size_t n, bool keep)
         return;
     }
     size_t bytes = rounded_bytes(n);
-    kept_block evicted[BLOCK_CACHE_SLOTS + 1];
-    int n_evicted = 0;
+    kept_block to_free[BLOCK_CACHE_SLOTS + 1]; /* freed after the mutex is released */
+    int n_free = 0;
     lock_cache();
     size_t limit = budget();
     if (bytes > limit || !size_recurs(bytes)) {
-        evicted[n_evicted++] = (kept_block){p, 0, 0}; /* never poisoned */
+        to_free[n_free++] = (kept_block){p, 0, 0}; /* not poisoned: nothing to undo */
     } else {
         while (n_kept > 0 && (n_kept == BLOCK_CACHE_SLOTS || kept_bytes + bytes > limit)) {
             int o = oldest_slot();
-            evicted[n_evicted] = kept[o];
+            to_free[n_free++] = kept[o];
             take_slot(o);
-            n_evicted++;
         }
         POISON(p, bytes);
         kept[n_kept++] = (kept_block){p, bytes, ++clock_now};
         kept_bytes += bytes;
     }
     pthread_mutex_unlock(&cache_lock);
-    for (int i = 0; i < n_evicted; i++) {
-        UNPOISON(evicted[i].data, evicted[i].bytes);
-        rfi_free(evicted[i].data);
+    for (int i = 0; i < n_free; i++) {
+        UNPOISON(to_free[i].data, to_free[i].bytes);
+        rfi_free(to_free[i].data);
     }
 }
 

@@ -523,12 +523,13 @@ static rf_status compiler_version_memo(const compiler_info *ci, const char *reso
  * version line. The list goes from the most complete flag to the least:
  * Debian's gcc 12.2 accepts "^use_gather" alone, but that knob covers only
  * gathers of eight or more elements, and with an AVX-512 CPU's tuning it
- * still emitted the two- and four-element ones. */
+ * still emitted two-element ones; it also knows the two- and four-element
+ * knobs, which the third entry adds. */
 #if defined(__x86_64__) || defined(__i386__)
 static const char *const no_gather_flags[] = {
     "-mno-gather",                                                          /* gcc 13, clang */
     "-mtune-ctrl=^use_gather_2parts,^use_gather_4parts,^use_gather_8parts", /* gcc 13's names */
-    "-mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts",        /* gcc 12.3, Debian's 12.2 */
+    "-mtune-ctrl=^use_gather,^use_gather_2parts,^use_gather_4parts",        /* Debian's 12.2 */
     "-mtune-ctrl=^use_gather",                                              /* gcc 11-12.2 */
 };
 
