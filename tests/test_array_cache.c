@@ -1,7 +1,7 @@
 /* test_array_cache.c: the memory of freed arrays kept for the next array of
  * the same size (src/runtime/block_cache.c): reuse, what is not kept, the
  * budget and its oldest-first eviction, clearing, failure injection, threads,
- * and the executable outputs that reuse it.
+ * forks, and the loader batches and executable outputs that reuse it.
  *
  * The budget is read from RF_ARRAY_CACHE_MB when the first block is freed:
  * main sets 1 MiB before anything is freed.
@@ -196,6 +196,37 @@ static void test_fork(void)
     rf_array_cache_clear();
 }
 
+/* A loader's batches are recycled: after a pass, a batch's block is in the cache
+ * for the next, and each batch holds its own rows. */
+static void test_loader_batches(void)
+{
+    rf_array_cache_clear();
+    enum { ROWS = 4096, COLS = 64, BATCH = 512 }; /* 128 KiB batches */
+    rf_array *x = rf_array_rows(source, 0, ROWS * COLS);
+    float *px = x ? rf_array_data(x) : NULL;
+    for (int64_t i = 0; px && i < ROWS * COLS; i++)
+        px[i] = (float)(i / COLS);
+    rf_array *xs = NULL;
+    if (x)
+        xs = rf_array_new(rf_device_host(), RF_F32, (const int64_t[]){ROWS, COLS}, 2, px);
+    rf_loader_opts opts = {BATCH, false, 0, false};
+    rf_loader *l = xs ? rf_loader_new(&xs, 1, &opts) : NULL;
+    CHECK(l != NULL);
+    int batches = 0;
+    bool rows_right = true;
+    for (rf_array *const *b = NULL; l && rf_loader_next(l, &b) == RF_OK && b; batches++) {
+        const float *pb = rf_array_data(b[0]);
+        rows_right = rows_right && pb[0] == (float)(batches * BATCH) &&
+                     pb[BATCH * COLS - 1] == (float)(batches * BATCH + BATCH - 1);
+    }
+    CHECK(batches == ROWS / BATCH && rows_right);
+    CHECK(rf_array_cache_bytes() >= (size_t)BATCH * COLS * 4);
+    rf_loader_free(l);
+    rf_array_free(xs);
+    rf_array_free(x);
+    rf_array_cache_clear();
+}
+
 static void twice_fn(rf_trace *t, void *ctx)
 {
     (void)ctx;
@@ -245,6 +276,7 @@ int main(void)
     test_failure_injection();
     test_threads();
     test_fork();
+    test_loader_batches();
     test_exec_outputs();
     rf_array_free(source);
     return tu_finish("test_array_cache");
