@@ -1992,9 +1992,10 @@ typedef enum form { PLAIN, INTERCHANGED, SPLIT, PRESUM, UNROLLED } form;
 
 /* Checks which loop form the renderer chose for each root (in a hand plan):
  * for a padded window, its interior's; pieces[i]: the kernels root i takes
- * (NULL: one each). */
-static void check_forms(rfi_graph *g, rfi_node *const *ys, const form *forms, const int *pieces,
-                        int n)
+ * (NULL: one each); and, with a needle, whether root i's kernel holds it
+ * (has[i]). */
+static void check_forms_with(rfi_graph *g, rfi_node *const *ys, const form *forms,
+                             const int *pieces, int n, const char *needle, const bool *has)
 {
     plan_opts o = {0};
     rfi_plan *p = hand_plan(g, &o);
@@ -2019,11 +2020,19 @@ static void check_forms(rfi_graph *g, rfi_node *const *ys, const form *forms, co
                 fprintf(stderr, "root %%%d (k%d_%s): form %d, want %d\n", ys[i]->id, k->step,
                         k->name, (int)got, (int)forms[i]);
             CHECK(got == forms[i]);
+            if (needle)
+                CHECK(kernel_has(m.source, k, needle) == has[i]);
         }
     }
     module_free(&m);
     rfi_kir_free(km);
     hand_plan_free(p);
+}
+
+static void check_forms(rfi_graph *g, rfi_node *const *ys, const form *forms, const int *pieces,
+                        int n)
+{
+    check_forms_with(g, ys, forms, pieces, n, NULL, NULL);
 }
 
 /* Split reductions: reductions whose outermost reduced loop is outermost in
@@ -2113,21 +2122,8 @@ static void test_split_f64_sums(void)
     };
     enum { N = sizeof ys / sizeof ys[0] };
     const form forms[N] = {PRESUM, PRESUM, PRESUM, PRESUM};
-    check_forms(g, ys, forms, NULL, N);
-    plan_opts o = {0};
-    rfi_plan *p = hand_plan(g, &o);
-    rfi_kir_module *km = NULL;
-    module m;
-    if (build(p, &m, &km)) {
-        for (int i = 0; i < N; i++) {
-            const rfi_kir_kernel *k = kernel_of(km, ys[i]);
-            bool in_double = k && kernel_has(m.source, k, "double ps0 = 0.0;");
-            CHECK(in_double == (i != 2)); /* the converted f32 values alone: in f32 */
-        }
-    }
-    module_free(&m);
-    rfi_kir_free(km);
-    hand_plan_free(p);
+    const bool in_double[N] = {true, true, false, true}; /* the converted f32 values: in f32 */
+    check_forms_with(g, ys, forms, NULL, N, "double ps0 = 0.0;", in_double);
     double *xd = rfi_malloc(40000 * sizeof *xd);
     float *rd = rfi_malloc(40000 * sizeof *rd);
     for (int i = 0; i < 40000; i++) {

@@ -3,6 +3,7 @@
  */
 #include "core.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -182,6 +183,22 @@ char *rfi_strdup(const char *s)
 }
 
 uint64_t rfi_alloc_count(void) { return atomic_load(&n_allocs); }
+
+/* ---- Environment ----------------------------------------------------------------- */
+
+uint64_t rfi_env_megabytes(const char *name, uint64_t dflt_mb)
+{
+    const char *v = getenv(name);
+    uint64_t mb = dflt_mb;
+    if (v && *v) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (errno == 0 && end && *end == '\0' && v[0] != '-' && n <= (1ull << 40))
+            mb = n;
+    }
+    return mb << 20;
+}
 
 /* ---- Shared flags and watches ---------------------------------------------------- */
 

@@ -89,6 +89,12 @@ RFI_FUNC void rfi_sb_type(rfi_strbuf *sb, rf_dtype dt, const int64_t *dims, int 
 /* Writes "f32[16,8]" into buf (always NUL-terminated); returns buf. */
 RFI_FUNC const char *rfi_type_str(char *buf, size_t n, rf_dtype dt, const int64_t *dims, int rank);
 
+/* ---- Environment -------------------------------------------------------------------
+ * A size in MiB from environment variable `name`, in bytes: `dflt_mb` when it
+ * is unset, empty, or not a plain decimal count of at most 2^40 (the caches'
+ * RF_CACHE_MAX_MB and RF_ARRAY_CACHE_MB). */
+RFI_FUNC uint64_t rfi_env_megabytes(const char *name, uint64_t dflt_mb);
+
 /* ---- Shared flags and the executables watching them -------------------------------
  * A flag is a bool shared by reference (a model's train/test mode): its owner
  * and every executable traced while it was read hold a reference, so a run can

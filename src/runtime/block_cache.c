@@ -93,12 +93,8 @@ static size_t rounded_bytes(size_t n)
 static size_t budget(void)
 {
     if (budget_bytes == SIZE_MAX) {
-        const char *env = getenv("RF_ARRAY_CACHE_MB");
-        char *end = NULL;
-        long mb = env && *env ? strtol(env, &end, 10) : DEFAULT_BUDGET_MB;
-        if (env && *env && (*end != '\0' || mb < 0 || mb > 1 << 20))
-            mb = DEFAULT_BUDGET_MB; /* not a number of MiB: the default */
-        budget_bytes = (size_t)mb << 20;
+        uint64_t b = rfi_env_megabytes("RF_ARRAY_CACHE_MB", DEFAULT_BUDGET_MB);
+        budget_bytes = b < SIZE_MAX ? (size_t)b : SIZE_MAX - 1;
     }
     return budget_bytes;
 }

@@ -1023,16 +1023,7 @@ void rfi_disk_cache_memo_put(const char *name, const char *value)
 /* The limit in bytes; 0: none. */
 static uint64_t max_cache_bytes(void)
 {
-    const char *v = getenv("RF_CACHE_MAX_MB");
-    uint64_t mb = DEFAULT_MAX_MB;
-    if (v && *v) {
-        char *end = NULL;
-        errno = 0;
-        unsigned long long n = strtoull(v, &end, 10);
-        if (errno == 0 && end && *end == '\0' && v[0] != '-' && n <= (1ull << 40))
-            mb = n;
-    }
-    return mb << 20;
+    return rfi_env_megabytes("RF_CACHE_MAX_MB", DEFAULT_MAX_MB);
 }
 
 /* A file the limit may delete: an entry's (K<ext>, any extension but .idx,
