@@ -19,6 +19,11 @@
  * element, while a value 0.05 apart is still reported. A fourth convolves
  * an image whose corner is zero: a result whose window holds only zeros,
  * 2e-6 instead of 0 (a Winograd tile's rounding) is accepted, 0.05 is not.
+ * A fifth checks the passes before the plan (the checker's second opinion on
+ * a run): a pass that sums in another order, whose rounding the program
+ * magnifies (g / (|g| + eps) of sums that cancel to about 0, as Adam's first
+ * step), must be accepted; one that moves a sum that does not cancel by a
+ * relative 1e-3 must be reported.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -103,6 +108,74 @@ static void tile_fn(rf_trace *t, void *ctx)
     rf_return(t, rf_relu(rf_conv(x, w, &cp)));
 }
 
+/* out0 = s / (|s| + 1e-8) with s the sum of each row, which cancels to about
+ * 0 (Adam's first step on a gradient that is nearly zero), and out1 the sum
+ * of each row's squares. */
+enum { PR = 32, PC = 8 };
+
+static void pass_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0);
+    int64_t axis = 1;
+    rf_tensor *s = rf_sum(x, &axis, 1, false);
+    rf_return(t, rf_div(s, rf_add_s(rf_abs(s), 1e-8)));
+    rf_return(t, rf_sum(rf_mul(x, x), &axis, 1, false));
+}
+
+/* The passes the fifth program's plan is built after: each row's sum as the
+ * sum of its two halves' sums (rounded apart: an inexact pass that is
+ * right), or out1's sums times 1.001 (a wrong pass). */
+typedef enum pass_kind { PASS_SPLIT_SUMS, PASS_WRONG_SUMS } pass_kind;
+
+static rfi_node *halves_sum(rfi_graph *c, rfi_node *x, const rfi_node *n)
+{
+    rfi_node *half[2];
+    for (int h = 0; h < 2; h++) {
+        rfi_attrs a;
+        memset(&a, 0, sizeof a);
+        a.nl[0] = a.nl[1] = a.nl[2] = 2;
+        a.l[0][1] = h * PC / 2;
+        a.l[1][0] = PR;
+        a.l[1][1] = (h + 1) * PC / 2;
+        a.l[2][0] = a.l[2][1] = 1;
+        rfi_node *slice = rfi_node_new(c, RFI_OP_SLICE, &x, 1, &a, RF_F32, NULL, 0);
+        half[h] = rfi_node_new(c, RFI_OP_REDUCE, &slice, 1, &n->attr, RF_F32, NULL, 0);
+    }
+    return rfi_node_new(c, RFI_OP_ADD, half, 2, NULL, RF_F32, NULL, 0);
+}
+
+static rfi_node *scaled_sum(rfi_graph *c, rfi_node *x, const rfi_node *n)
+{
+    float k = 1.001f;
+    rfi_attrs a;
+    memset(&a, 0, sizeof a);
+    a.data = &k;
+    a.nbytes = sizeof k;
+    rfi_node *sum = rfi_node_new(c, RFI_OP_REDUCE, &x, 1, &n->attr, RF_F32, NULL, 0);
+    rfi_node *scalar = rfi_node_new(c, RFI_OP_CONSTANT, NULL, 0, &a, RF_F32, NULL, 0);
+    memset(&a, 0, sizeof a);
+    rfi_node *splat = rfi_node_new(c, RFI_OP_BROADCAST_IN_DIM, &scalar, 1, &a, RF_F32, sum->dims,
+                                   sum->rank);
+    rfi_node *in[2] = {sum, splat};
+    return rfi_node_new(c, RFI_OP_MUL, in, 2, NULL, RF_F32, NULL, 0);
+}
+
+static rfi_node *pass_rewrite(void *ctx, rfi_graph *c, const rfi_node *n, rfi_node *const *in,
+                              rfi_node *const *map)
+{
+    (void)map;
+    pass_kind kind = *(const pass_kind *)ctx;
+    if (n->op != RFI_OP_REDUCE)
+        return NULL;
+    bool of_x = n->in[0]->op == RFI_OP_ARGUMENT;
+    if (kind == PASS_SPLIT_SUMS && of_x)
+        return halves_sum(c, in[0], n);
+    if (kind == PASS_WRONG_SUMS && !of_x)
+        return scaled_sum(c, in[0], n);
+    return NULL;
+}
+
 static rfi_graph *trace(rf_trace_fn fn, int64_t rows, int64_t cols)
 {
     rfi_graph *g = rfi_graph_new(rf_device_cpu(), "test_check");
@@ -144,6 +217,8 @@ typedef enum fault {
     FAULT_SQRT_FAR,  /* the same, element SQ_FAR 0.05 more (reported) */
     FAULT_TILE,      /* the convolution's result at TILE_AT 2e-6, not 0 (accepted) */
     FAULT_TILE_FAR,  /* the same, 0.05 (reported) */
+    FAULT_PASS,      /* the plan's program from an inexact pass (accepted) */
+    FAULT_PASS_FAR,  /* from a wrong pass (reported) */
 } fault;
 
 /* Whether root x of a step is the one fault f changes. */
@@ -227,11 +302,13 @@ static int play_module(const rfi_plan *p, rfi_cpu_check *c, void *const *buffers
     return faulty;
 }
 
-static void run_case(rfi_graph *g, rf_array *x, fault f)
+/* Plays fault f on the plan of opt, g's program after the passes (g itself
+ * but for the FAULT_PASS cases). */
+static void run_case_on(rfi_graph *g, const rfi_graph *opt, rf_array *x, fault f)
 {
     rfi_plan_opts opts = rfi_plan_opts_default();
     rfi_plan *p = NULL;
-    CHECK_OK(rfi_plan_build(g, &opts, &p));
+    CHECK_OK(rfi_plan_build(opt, &opts, &p));
     if (!p)
         return;
     int nb = rfi_plan_n_buffers(p);
@@ -251,11 +328,11 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     for (int i = 0; i < p->n_consts; i++)
         buffers[rfi_plan_arena_buffer(p) + 1 + i] = (void *)g->nodes[p->consts[i]]->attr.data;
 
-    values v = {calloc((size_t)g->n_nodes, sizeof(void *)), g->n_nodes};
+    values v = {calloc((size_t)opt->n_nodes, sizeof(void *)), opt->n_nodes};
     void *state = NULL;
-    CHECK_OK(rfi_interp_backend.prepare(g, &state));
+    CHECK_OK(rfi_interp_backend.prepare(opt, &state));
     rfi_run_io ref = {args, NULL, wants, NULL};
-    CHECK_OK(rfi_interp_run_visited(state, g, &ref, keep_value, &v));
+    CHECK_OK(rfi_interp_run_visited(state, opt, &ref, keep_value, &v));
     rfi_interp_backend.release(state);
 
     rfi_cpu_check *c = NULL;
@@ -267,8 +344,13 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     rf_status st = rfi_cpu_check_after(c, g, &io);
     if (st != RF_OK)
         printf("fault %d: %s\n", (int)f, rf_errmsg());
-    if (f == FAULT_NONE || f == FAULT_CANCEL || f == FAULT_CONTRACT || f == FAULT_TILE) {
+    if (f == FAULT_NONE || f == FAULT_CANCEL || f == FAULT_CONTRACT || f == FAULT_TILE ||
+        f == FAULT_PASS) {
         CHECK_OK(st);
+    } else if (f == FAULT_PASS_FAR) {
+        CHECK_STATUS(st, RF_E_INTERNAL);
+        CHECK_MSG("RF_CHECK: output 1 (");
+        CHECK_MSG("the passes before the plan changed the result");
     } else if (f == FAULT_STEP || f == FAULT_SUM_STEP || f == FAULT_FAR ||
                f == FAULT_SQRT_FAR || f == FAULT_TILE_FAR) {
         char want[64];
@@ -302,6 +384,65 @@ static void run_case(rfi_graph *g, rf_array *x, fault f)
     free(arena);
     free(buffers);
     rfi_plan_free(p);
+}
+
+static void run_case(rfi_graph *g, rf_array *x, fault f)
+{
+    run_case_on(g, g, x, f);
+}
+
+/* Whether out0 of g and opt differ by more than the checker's tolerance
+ * somewhere on x (so the inexact pass's case needs the second opinion). */
+static bool passes_differ(const rfi_graph *g, const rfi_graph *opt, rf_array *x)
+{
+    float out[2][PR], sums[2][PR];
+    const rfi_graph *progs[2] = {g, opt};
+    void *args[1] = {x->data};
+    for (int k = 0; k < 2; k++) {
+        void *outs[2] = {out[k], sums[k]};
+        void *state = NULL;
+        CHECK_OK(rfi_interp_backend.prepare(progs[k], &state));
+        rfi_run_io io = {args, NULL, outs, NULL};
+        CHECK_OK(rfi_interp_run_visited(state, progs[k], &io, NULL, NULL));
+        rfi_interp_backend.release(state);
+    }
+    bool differ = false;
+    for (int i = 0; i < PR; i++)
+        differ |= fabsf(out[0][i] - out[1][i]) > 1e-6f + 1e-4f * fabsf(out[0][i]);
+    return differ;
+}
+
+/* The fifth program: rows whose sums cancel to about 0, under an inexact
+ * pass (accepted) and a wrong one (reported). */
+static void run_passes(void)
+{
+    float xv[PR * PC];
+    uint64_t state = 777;
+    for (int r = 0; r < PR; r++) {
+        float sum = 0;
+        for (int c = 0; c + 1 < PC; c++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            xv[r * PC + c] = (float)(state >> 40) / (float)(1 << 23) - 1.0f;
+            sum += xv[r * PC + c];
+        }
+        xv[r * PC + PC - 1] = -sum;
+    }
+    rf_array *x = rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(PR, PC), xv);
+    CHECK(x != NULL);
+    rfi_graph *g = x ? trace(pass_fn, PR, PC) : NULL;
+    for (int k = 0; g && k < 2; k++) {
+        pass_kind kind = k == 0 ? PASS_SPLIT_SUMS : PASS_WRONG_SUMS;
+        rfi_graph *opt = NULL;
+        CHECK_OK(rfi_rewrite_graph(g, "test pass", pass_rewrite, &kind, &opt));
+        if (!opt)
+            continue;
+        if (kind == PASS_SPLIT_SUMS)
+            CHECK(passes_differ(g, opt, x));
+        run_case_on(g, opt, x, kind == PASS_SPLIT_SUMS ? FAULT_PASS : FAULT_PASS_FAR);
+        rfi_graph_free(opt);
+    }
+    rfi_graph_free(g);
+    rf_array_free(x);
 }
 
 /* Traces fn over a rows x cols argument and plays the faults on it with x. */
@@ -356,5 +497,6 @@ int main(void)
     run_program(tile_fn,
                 rf_array_new(rf_device_cpu(), RF_F32, RF_SHAPE(TILE_SIDE, TILE_SIDE), image),
                 TILE_SIDE, TILE_SIDE, (const fault[]){FAULT_NONE, FAULT_TILE, FAULT_TILE_FAR}, 3);
+    run_passes();
     return tu_finish("test_check");
 }

@@ -1,5 +1,5 @@
 /* test_passes.c: the optimisation passes rfi_simplify, rfi_cse,
- * rfi_merge_dots and rfi_unroll_pools.
+ * rfi_merge_dots, rfi_one_pass_moments and rfi_unroll_pools.
  *
  * Each rewrite is checked on the printed IR (rfi_print) of a small graph
  * built with the internal API, and semantically: the original and the
@@ -763,6 +763,149 @@ static void test_merged_dots(void)
         unsetenv("RF_MERGE_DOTS");
         free(want);
     }
+}
+
+/* ---- One-pass moments (moments.c) ------------------------------------------------- */
+
+enum { MOM_N = 4, MOM_C = 3, MOM_H = 5, MOM_W = 6, MOM_POINTS = MOM_N * MOM_C * MOM_H * MOM_W };
+static float mom_x[MOM_POINTS];
+static void *const mom_args[1] = {mom_x};
+
+/* mean(x) and var(x) over `axes` (BatchNorm's [0, 2, 3] or LayerNorm's last
+ * axis) of x f32[4,3,5,6], keepdims as given, simplified and CSE'd as the
+ * pipeline does before the pass. */
+static rfi_graph *moments_graph(const int64_t *axes, int naxes, bool keepdims)
+{
+    static const int64_t dims[4] = {MOM_N, MOM_C, MOM_H, MOM_W};
+    rfi_graph *g = graph_with_args(1, (const rf_dtype[]){RF_F32}, dims, 4);
+    rfi_node *x = arg(g, 0);
+    rfi_graph_add_output(g, rf_mean(x, axes, naxes, keepdims));
+    rfi_graph_add_output(g, rf_var(x, axes, naxes, keepdims));
+    CHECK_OK(rfi_verify(g));
+    rfi_graph *opt = optimise(g);
+    rfi_graph_free(g);
+    return opt;
+}
+
+static int count_ops(const rfi_graph *g, rfi_op op)
+{
+    int n = 0;
+    for (int i = 0; g && i < g->n_nodes; i++)
+        n += g->nodes[i]->op == op;
+    return n;
+}
+
+/* The largest error of out's mean and var (outputs 0 and 1, per kept point)
+ * against f64 two-pass sums of mom_x over the BatchNorm axes, relative to the
+ * variance (a mean's error matters against the spread). */
+static double moments_error(const rfi_graph *g)
+{
+    results r = {0};
+    CHECK_OK(run_graph(g, mom_args, &r));
+    double worst = 0;
+    for (int c = 0; r.n == 2 && c < MOM_C; c++) {
+        double sum = 0, dev = 0;
+        int n = 0;
+        for (int i = 0; i < MOM_POINTS; i++)
+            if (i / (MOM_H * MOM_W) % MOM_C == c) {
+                sum += mom_x[i];
+                n++;
+            }
+        double mean = sum / n;
+        for (int i = 0; i < MOM_POINTS; i++)
+            if (i / (MOM_H * MOM_W) % MOM_C == c)
+                dev += (mom_x[i] - mean) * (mom_x[i] - mean);
+        double var = dev / n;
+        double got_mean = ((float *)r.buf[0])[c], got_var = ((float *)r.buf[1])[c];
+        worst = fmax(worst, fabs(got_mean - mean) / var);
+        worst = fmax(worst, fabs(got_var - var) / var);
+    }
+    results_free(&r);
+    return worst;
+}
+
+static void test_one_pass_moments(void)
+{
+    const int64_t bn_axes[3] = {0, 2, 3}, last[1] = {3};
+    /* BatchNorm's statistics: one sum of f64 deviations from the first point
+     * and one of their squares, no second pass over x */
+    rfi_graph *g = moments_graph(bn_axes, 3, true);
+    rfi_graph *out = g ? apply(rfi_one_pass_moments, g) : NULL;
+    CHECK(g && count_ops(g, RFI_OP_REDUCE) == 2);
+    CHECK(out && count_ops(out, RFI_OP_REDUCE) == 2 && count_ops(out, RFI_OP_SLICE) == 1);
+    for (int i = 0; out && i < out->n_nodes; i++) {
+        const rfi_node *n = out->nodes[i];
+        if (n->op == RFI_OP_REDUCE)
+            CHECK(n->dtype == RF_F64 && n->in[0]->dtype == RF_F64 &&
+                  n->in[0]->dims[0] == MOM_N);
+    }
+    /* as exact as two f32 passes, about a mean far from zero (|mean| / std
+     * = 1e4), and when the first point is far from the rest */
+    const struct {
+        const char *what;
+        double offset, spread, first;
+    } data[] = {{"moments: centred data", 0, 1, 0},
+                {"moments: a mean 1e4 spreads away", 1e4, 1, 0},
+                {"moments: a first point 1e3 from the rest", 0, 1, 1e3},
+                {"moments: a constant channel", 7, 0, 0}};
+    for (size_t d = 0; out && d < sizeof data / sizeof data[0]; d++) {
+        for (int i = 0; i < MOM_POINTS; i++)
+            mom_x[i] = (float)(data[d].offset + data[d].spread * ((i * 37 % 101) / 50.0 - 1.0));
+        for (int c = 0; c < MOM_C; c++)
+            mom_x[c * MOM_H * MOM_W] += (float)data[d].first;
+        if (data[d].spread == 0) {
+            results r = {0};
+            CHECK_OK(run_graph(out, mom_args, &r));
+            for (int c = 0; r.n == 2 && c < MOM_C; c++)
+                CHECK(((float *)r.buf[0])[c] == 7.0f && ((float *)r.buf[1])[c] == 0.0f);
+            results_free(&r);
+            continue;
+        }
+        double two_pass = moments_error(g), one_pass = moments_error(out);
+        tu_checks++;
+        if (!(one_pass <= fmax(two_pass, 1e-7))) {
+            tu_failures++;
+            fprintf(stderr, "%s: error %.3g against the two passes' %.3g\n", data[d].what,
+                    one_pass, two_pass);
+        }
+    }
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    /* without keepdims, and over the last axis (LayerNorm): rewritten too */
+    const struct {
+        const int64_t *axes;
+        int n;
+        bool keep;
+    } forms[] = {{bn_axes, 3, false}, {last, 1, true}, {last, 1, false}};
+    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+        g = moments_graph(forms[f].axes, forms[f].n, forms[f].keep);
+        out = g ? apply(rfi_one_pass_moments, g) : NULL;
+        CHECK(out && count_ops(out, RFI_OP_SLICE) == 1 && count_ops(out, RFI_OP_REDUCE) == 2);
+        rfi_graph_free(out);
+        rfi_graph_free(g);
+    }
+    /* left alone: f64 data, a sum of squares about another value, and all with
+     * RF_ONE_PASS_MOMENTS=0 */
+    {
+        static const int64_t dims[2] = {4, 6};
+        g = graph_with_args(2, (const rf_dtype[]){RF_F64, RF_F32}, dims, 2);
+        rfi_node *x64 = arg(g, 0), *x = arg(g, 1);
+        const int64_t axis0[1] = {0};
+        rfi_graph_add_output(g, rf_var(x64, axis0, 1, false));
+        rfi_node *d = rf_sub(x, rf_mean(rf_mul(x, x), axis0, 1, true));
+        rfi_graph_add_output(g, rf_sum(rf_mul(d, d), axis0, 1, false));
+        out = apply(rfi_one_pass_moments, g);
+        CHECK(out && count_ops(out, RFI_OP_SLICE) == 0 && count_ops(out, RFI_OP_CONVERT) == 0);
+        rfi_graph_free(out);
+        rfi_graph_free(g);
+    }
+    tu_set_env("RF_ONE_PASS_MOMENTS", "0");
+    g = moments_graph(bn_axes, 3, true);
+    out = g ? apply(rfi_one_pass_moments, g) : NULL;
+    CHECK(out && count_ops(out, RFI_OP_SLICE) == 0 && out->n_nodes == g->n_nodes);
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    tu_set_env("RF_ONE_PASS_MOMENTS", NULL);
 }
 
 /* ---- Unrolled pools (pools.c) ------------------------------------------------------ */
@@ -1773,6 +1916,7 @@ int main(void)
     test_slice_of_concatenation();
     test_pooled_gradient_mask();
     test_merged_dots();
+    test_one_pass_moments();
     test_unrolled_pools();
     test_conv_over_pool_border();
     test_kernel_over_pool_border();

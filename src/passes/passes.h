@@ -76,6 +76,15 @@ RFI_FUNC bool rfi_unroll_pools_enabled(void);
 RFI_FUNC rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out);
 /* Whether rfi_merge_dots merges (RF_MERGE_DOTS is not "0"). */
 RFI_FUNC bool rfi_merge_dots_enabled(void);
+/* A float variance's sum of squared deviations from a mean taken in the same
+ * program, sum((x - sum(x) / n)^2) over the axes of that sum with x f32,
+ * and the mean's sum become one pass of f64 sums about a shift (moments.c):
+ * BatchNorm's statistics read their input once, not twice. Exact in real
+ * arithmetic only. RF_ONE_PASS_MOMENTS=0 in the environment: a plain copy
+ * (then DCE). */
+RFI_FUNC rf_status rfi_one_pass_moments(const rfi_graph *g, rfi_graph **out);
+/* Whether rfi_one_pass_moments rewrites (RF_ONE_PASS_MOMENTS is not "0"). */
+RFI_FUNC bool rfi_one_pass_moments_enabled(void);
 /* Each convolution with non-negative padding or lhs dilation for which
  * as_loops holds (the backend computes it as generated loops) becomes the
  * same convolution, unpadded and undilated, of its input padded (and

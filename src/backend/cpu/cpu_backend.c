@@ -100,6 +100,8 @@ static rf_status optimise(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = apply_pass(rfi_cse, &cur, g);
     if (st == RF_OK)
+        st = apply_pass(rfi_one_pass_moments, &cur, g); /* ends with DCE */
+    if (st == RF_OK)
         st = apply_pass(rfi_merge_dots, &cur, g); /* ends with DCE */
     if (st == RF_OK)
         st = apply_pass(rfi_unroll_pools, &cur, g); /* ends with DCE */
