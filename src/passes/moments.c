@@ -32,8 +32,9 @@
  * backend only (the interpreter keeps the ops the program defines).
  *
  * Deliberately not here: f64 data (the two-pass sums are the precise ones
- * there, and no wider type holds the one-pass sums), and means taken with
- * other ops (a mul by 1/n, a sum divided later).
+ * there, and no wider type holds the one-pass sums), sums over no points
+ * (no first point; 0 / 0 stays NaN as written), and means taken with other
+ * ops (a mul by 1/n, a sum divided later).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -128,7 +129,9 @@ static const rfi_node *mean_sum(const rfi_node *b, const rfi_node *x)
     if (m->op != RFI_OP_DIV || m->dtype != RF_F32)
         return NULL;
     const rfi_node *s = m->in[0]->op == RFI_OP_RESHAPE ? m->in[0]->in[0] : m->in[0];
-    if (!is_float_sum(s) || s->in[0] != x || !splat_of_count(m->in[1], points_per_sum(s)) ||
+    /* (an empty sum has no first point to shift by: its mean stays 0 / 0) */
+    if (!is_float_sum(s) || s->in[0] != x || points_per_sum(s) == 0 ||
+        !splat_of_count(m->in[1], points_per_sum(s)) ||
         !broadcasts_kept_points(b, m, s))
         return NULL;
     return s;
