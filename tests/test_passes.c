@@ -1,5 +1,5 @@
 /* test_passes.c: the optimisation passes rfi_simplify, rfi_cse,
- * rfi_merge_dots, rfi_one_pass_moments and rfi_unroll_pools.
+ * rfi_merge_dots, rfi_one_pass_moments, rfi_relu_masks and rfi_unroll_pools.
  *
  * Each rewrite is checked on the printed IR (rfi_print) of a small graph
  * built with the internal API, and semantically: the original and the
@@ -902,8 +902,9 @@ static void test_one_pass_moments(void)
         out = opt ? apply(rfi_one_pass_moments, opt) : NULL;
         CHECK(out && count_ops(out, RFI_OP_SLICE) == 0 && count_ops(out, RFI_OP_CONVERT) == 0);
         if (out && empty) {
+            void *const empty_args[2] = {mom_x, mom_x}; /* (no elements read) */
             results r = {0};
-            CHECK_OK(run_graph(out, mom_args, &r));
+            CHECK_OK(run_graph(out, empty_args, &r));
             for (int c = 0; r.n == 1 && c < 6; c++)
                 CHECK(isnan(((float *)r.buf[0])[c]));
             results_free(&r);
@@ -982,6 +983,87 @@ static bool pool_unrolled(const int64_t *xd, const int64_t *win, const int64_t *
     free(xv);
     free(sv);
     return unrolled;
+}
+
+/* ---- Relu masks (relu_masks.c) ------------------------------------------------------ */
+
+/* The compare nodes of g reading a max (the relu's result), and all of them. */
+static void count_masks(const rfi_graph *g, int *from_relu, int *all)
+{
+    *from_relu = *all = 0;
+    for (int i = 0; g && i < g->n_nodes; i++)
+        if (g->nodes[i]->op == RFI_OP_COMPARE) {
+            (*all)++;
+            *from_relu += g->nodes[i]->in[0]->op == RFI_OP_MAX;
+        }
+}
+
+typedef enum relu_form {
+    RELU_NORMALISED,    /* z = (X - a) * b + c, X read elsewhere: rewritten */
+    RELU_SOLE_READER,   /* the same, z X's only reader (a product's bias): kept */
+    RELU_TWO_STREAMS,   /* z = X + x (a residual): kept */
+    RELU_GE,            /* the mask y >= 0: kept (z >= 0 differs) */
+    RELU_FORMS
+} relu_form;
+
+/* select(y > 0, x1, 0) for y = relu(z) over z of the given form, X = exp(x0),
+ * and y and (but for RELU_SOLE_READER) -X as outputs. */
+static rfi_graph *relu_graph(relu_form form)
+{
+    rfi_node *x;
+    rfi_graph *g = g_f32(2, &x);
+    rfi_node *x1 = arg(g, 1), *big = un(g, RFI_OP_EXP, x);
+    rfi_node *z;
+    if (form == RELU_TWO_STREAMS) {
+        z = bin(g, RFI_OP_ADD, big, x1);
+    } else {
+        rfi_node *centred = bin(g, RFI_OP_SUB, big, splat_like(g, big, 1.5));
+        z = bin(g, RFI_OP_ADD, bin(g, RFI_OP_MUL, centred, splat_like(g, big, -2.0)),
+                splat_like(g, big, 0.25));
+    }
+    rfi_node *max_in[2] = {z, splat_like(g, z, 0.0)};
+    rfi_node *y = node(g, RFI_OP_MAX, max_in, 2, NULL, RF_F32, NULL, 0);
+    rfi_attrs dir = attrs0();
+    dir.i[0] = form == RELU_GE ? RF_GE : RF_GT;
+    rfi_node *cmp_in[2] = {y, splat_like(g, y, form == RELU_GE ? 0.0 : -0.0)};
+    rfi_node *mask = node(g, RFI_OP_COMPARE, cmp_in, 2, &dir, RF_BOOL, NULL, 0);
+    rfi_graph_add_output(g, select3(g, mask, x1, splat_like(g, x1, 0.0)));
+    rfi_graph_add_output(g, y);
+    if (form != RELU_SOLE_READER)
+        rfi_graph_add_output(g, un(g, RFI_OP_NEG, big));
+    return g;
+}
+
+static void test_relu_masks(void)
+{
+    /* rewritten only in the first form; every result bitwise the same on -0,
+     * NaN and infinities (exp(inf) normalised, a -0 relu, a NaN z) */
+    for (int form = 0; form < RELU_FORMS; form++) {
+        rfi_graph *g = relu_graph((relu_form)form);
+        rfi_graph *out = apply(rfi_relu_masks, g);
+        int from_relu = 0, all = 0;
+        count_masks(out, &from_relu, &all);
+        CHECK(all == 1 && from_relu == (form == RELU_NORMALISED ? 0 : 1));
+        CHECK(out && same_results(g, out, f32_args));
+        /* the mask's own copy of z: the normalisation's nodes keep their readers */
+        if (out && form == RELU_NORMALISED) {
+            int subs = 0;
+            for (int i = 0; i < out->n_nodes; i++)
+                subs += out->nodes[i]->op == RFI_OP_SUB;
+            CHECK(subs == 2);
+        }
+        rfi_graph_free(out);
+        rfi_graph_free(g);
+    }
+    tu_set_env("RF_RELU_MASKS", "0");
+    rfi_graph *g = relu_graph(RELU_NORMALISED);
+    rfi_graph *out = apply(rfi_relu_masks, g);
+    int from_relu = 0, all = 0;
+    count_masks(out, &from_relu, &all);
+    CHECK(all == 1 && from_relu == 1);
+    rfi_graph_free(out);
+    rfi_graph_free(g);
+    tu_set_env("RF_RELU_MASKS", NULL);
 }
 
 static void test_unrolled_pools(void)
@@ -1930,6 +2012,7 @@ int main(void)
     test_pooled_gradient_mask();
     test_merged_dots();
     test_one_pass_moments();
+    test_relu_masks();
     test_unrolled_pools();
     test_conv_over_pool_border();
     test_kernel_over_pool_border();

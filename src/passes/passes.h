@@ -85,6 +85,14 @@ RFI_FUNC bool rfi_merge_dots_enabled(void);
 RFI_FUNC rf_status rfi_one_pass_moments(const rfi_graph *g, rfi_graph **out);
 /* Whether rfi_one_pass_moments rewrites (RF_ONE_PASS_MOMENTS is not "0"). */
 RFI_FUNC bool rfi_one_pass_moments_enabled(void);
+/* A relu's gradient mask compare(max(z, 0), 0, gt) becomes compare(z, 0, gt)
+ * (exact) where z is arithmetic over one value of its shape that has other
+ * users, and broadcasts (relu_masks.c): after a BatchNorm, whose backward
+ * pass reads its input anyway, the mask no longer reads the stored relu.
+ * RF_RELU_MASKS=0 in the environment: a plain copy (then DCE). */
+RFI_FUNC rf_status rfi_relu_masks(const rfi_graph *g, rfi_graph **out);
+/* Whether rfi_relu_masks rewrites (RF_RELU_MASKS is not "0"). */
+RFI_FUNC bool rfi_relu_masks_enabled(void);
 /* Each convolution with non-negative padding or lhs dilation for which
  * as_loops holds (the backend computes it as generated loops) becomes the
  * same convolution, unpadded and undilated, of its input padded (and

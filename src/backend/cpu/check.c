@@ -35,10 +35,10 @@
  *      than the interpreter does from the value as recorded. The outputs and
  *      updated captures after the run must equal where this run ends.
  *   2. the optimised program alone, against the program as traced: the
- *      passes before the plan (simplify, CSE, one_pass_moments, merge_dots,
- *      unroll_pools) must not change the results beyond rounding, judged as
- *      the suspects below are where the plain tolerance is not enough
- *      (check_passes).
+ *      passes before the plan (simplify, CSE, one_pass_moments, relu_masks,
+ *      merge_dots, unroll_pools) must not change the results beyond
+ *      rounding, judged as the suspects below are where the plain tolerance
+ *      is not enough (check_passes).
  * A failure of either is reported (naming the step, or the pass stage);
  * when both hold, the compiled run is the optimised program computed step by
  * step within rounding, and the end-to-end mismatch is rounding magnified by

@@ -102,6 +102,8 @@ static rf_status optimise(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = apply_pass(rfi_one_pass_moments, &cur, g); /* ends with DCE */
     if (st == RF_OK)
+        st = apply_pass(rfi_relu_masks, &cur, g); /* ends with DCE */
+    if (st == RF_OK)
         st = apply_pass(rfi_merge_dots, &cur, g); /* ends with DCE */
     if (st == RF_OK)
         st = apply_pass(rfi_unroll_pools, &cur, g); /* ends with DCE */
