@@ -149,8 +149,8 @@ rf_status rfi_relu_masks(const rfi_graph *g, rfi_graph **out)
     masks m = {rfi_use_counts(g)};
     if (!m.uses)
         return rfi_error(RF_E_NOMEM, "relu_masks: out of memory");
-    rf_status st = rfi_rewrite_graph(g, "relu_masks", rfi_relu_masks_enabled() ? rewrite_mask : NULL,
-                                     &m, out);
+    rfi_rewrite_fn rewrite = rfi_relu_masks_enabled() ? rewrite_mask : NULL;
+    rf_status st = rfi_rewrite_graph(g, "relu_masks", rewrite, &m, out);
     rfi_free(m.uses);
     return st;
 }
