@@ -840,6 +840,17 @@ static void bias_f32(float *restrict out, const float *restrict b, int64_t lo, i
     }
 }
 
+/* Compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the baseline, chosen once at load
+ * time (as pool.c's and winograd.c's jobs): at the baseline's SSE width, the relu oneDNN
+ * does not apply after the cnn's Winograd convolution (2 MB) took ~150 us of its step,
+ * ~40 at AVX-512 (the cnn step 3.88 -> 3.78 ms, medians of three alternating runs). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define EPILOGUE_JOB __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define EPILOGUE_JOB
+#endif
+
+EPILOGUE_JOB
 static void epilogue_block_f32(const epilogue_job *j, float *restrict out, int64_t lo, int64_t hi)
 {
     const call_state *cs = j->cs;
