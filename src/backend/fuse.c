@@ -384,10 +384,8 @@ static int sole_user(const rfi_plan_builder *b, int x)
 static bool is_plus_zero_scalar(const rfi_node *z)
 {
     static const unsigned char zero[8];
-    if (z->op == RFI_OP_BROADCAST_IN_DIM)
-        z = z->in[0];
-    return z->op == RFI_OP_CONSTANT && z->rank == 0 && z->attr.data &&
-           (z->dtype == RF_F32 || z->dtype == RF_F64) &&
+    z = rfi_splat_scalar(z);
+    return z && z->attr.data && (z->dtype == RF_F32 || z->dtype == RF_F64) &&
            memcmp(z->attr.data, zero, rf_dtype_size(z->dtype)) == 0;
 }
 

@@ -460,6 +460,13 @@ rfi_node *rfi_node_clone(rfi_graph *g, const rfi_node *src, rfi_node *const *new
 
 int64_t rfi_node_numel(const rfi_node *x) { return rfi_numel(x->dims, x->rank); }
 
+const rfi_node *rfi_splat_scalar(const rfi_node *x)
+{
+    if (x->op == RFI_OP_BROADCAST_IN_DIM)
+        x = x->in[0];
+    return x->op == RFI_OP_CONSTANT && x->rank == 0 ? x : NULL;
+}
+
 size_t rfi_node_nbytes(const rfi_node *x)
 {
     return (size_t)rfi_node_numel(x) * rf_dtype_size(x->dtype);

@@ -330,6 +330,9 @@ RFI_FUNC rf_status rfi_infer(rfi_op op, rfi_node *const *in, int n_in, const rfi
 RFI_FUNC rfi_node *rfi_node_clone(rfi_graph *g, const rfi_node *src, rfi_node *const *new_in);
 
 RFI_FUNC int64_t rfi_node_numel(const rfi_node *x);
+/* The rank-0 constant whose value every element of x is: x itself, or the
+ * operand of x's broadcast; NULL when x is no such splat. */
+RFI_FUNC const rfi_node *rfi_splat_scalar(const rfi_node *x);
 /* The dims of a rank-`rank` operand in neither list a nor list b, in order:
  * a DOT_GENERAL operand's free dims given its batch and contracting dims. */
 RFI_FUNC int rfi_dot_free_dims(int rank, const int64_t *a, int na, const int64_t *b, int nb,

@@ -58,10 +58,8 @@ static const rfi_node *skip_stop_gradient(const rfi_node *x)
 /* Whether x is a splat (a rank-0 constant or its broadcast) of count in x's dtype. */
 static bool splat_of_count(const rfi_node *x, int64_t count)
 {
-    if (x->op == RFI_OP_BROADCAST_IN_DIM)
-        x = x->in[0];
-    if (x->op != RFI_OP_CONSTANT || x->rank != 0 || !x->attr.data ||
-        (x->dtype != RF_F32 && x->dtype != RF_F64))
+    x = rfi_splat_scalar(x);
+    if (!x || !x->attr.data || (x->dtype != RF_F32 && x->dtype != RF_F64))
         return false;
     double v = rfi_element_as_double(x->dtype, x->attr.data, 0);
     double want = x->dtype == RF_F32 ? (double)(float)count : (double)count;

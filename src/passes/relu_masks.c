@@ -38,10 +38,8 @@ typedef struct masks {
 /* Whether x is a zero of either sign as a splat (a rank-0 constant or its broadcast). */
 static bool zero_splat(const rfi_node *x)
 {
-    if (x->op == RFI_OP_BROADCAST_IN_DIM)
-        x = x->in[0];
-    if (x->op != RFI_OP_CONSTANT || x->rank != 0 || !x->attr.data ||
-        (x->dtype != RF_F32 && x->dtype != RF_F64))
+    x = rfi_splat_scalar(x);
+    if (!x || !x->attr.data || (x->dtype != RF_F32 && x->dtype != RF_F64))
         return false;
     return rfi_element_as_double(x->dtype, x->attr.data, 0) == 0.0;
 }

@@ -55,23 +55,11 @@ typedef struct simp {
 
 /* ---- Splats ---------------------------------------------------------------------- */
 
-/* The rank-0 constant whose value x repeats (x itself or the operand of its
- * broadcast), or NULL when x is not in splat form. */
-static const rfi_node *splat_scalar(const rfi_node *x)
-{
-    if (x->op == RFI_OP_CONSTANT && x->rank == 0)
-        return x;
-    if (x->op == RFI_OP_BROADCAST_IN_DIM && x->in[0]->op == RFI_OP_CONSTANT &&
-        x->in[0]->rank == 0)
-        return x->in[0];
-    return NULL;
-}
-
 /* x is a splat whose element has exactly the bytes of v in x's dtype (so
  * -0.0 and +0.0 differ). Only numeric dtypes; bool never matches. */
 static bool splat_is(const rfi_node *x, double v)
 {
-    const rfi_node *s = splat_scalar(x);
+    const rfi_node *s = rfi_splat_scalar(x);
     if (!s || !s->attr.data || x->dtype == RF_BOOL)
         return false;
     unsigned char want[8] = {0};
@@ -152,7 +140,7 @@ static rfi_node *fold_splats(simp *s, const rfi_node *n, rfi_node *const *in)
     rfi_node scalar_in[3], *scalar_ptrs[3];
     const void *values[3];
     for (int k = 0; k < n->n_in; k++) {
-        const rfi_node *sc = splat_scalar(in[k]);
+        const rfi_node *sc = rfi_splat_scalar(in[k]);
         if (!sc)
             return NULL;
         rfi_node_copy(&scalar_in[k], n->in[k]);
@@ -180,7 +168,7 @@ static const void *constant_elements(simp *s, const rfi_node *x, void **owned)
     *owned = NULL;
     if (x->op == RFI_OP_CONSTANT)
         return x->attr.data;
-    const rfi_node *sc = splat_scalar(x);
+    const rfi_node *sc = rfi_splat_scalar(x);
     size_t elem = rf_dtype_size(x->dtype);
     int64_t count = rfi_node_numel(x);
     unsigned char *buf = rfi_malloc(count > 0 ? (size_t)count * elem : 1);
@@ -196,7 +184,7 @@ static const void *constant_elements(simp *s, const rfi_node *x, void **owned)
 
 static bool is_small_constant(const rfi_node *x)
 {
-    return (x->op == RFI_OP_CONSTANT || splat_scalar(x)) &&
+    return (x->op == RFI_OP_CONSTANT || rfi_splat_scalar(x)) &&
            rfi_node_numel(x) <= FOLD_MAX_ELEMENTS;
 }
 
@@ -250,7 +238,7 @@ static rfi_node *fold_splat_shape_op(simp *s, const rfi_node *n, rfi_node *const
     case RFI_OP_REVERSE: break;
     default: return NULL;
     }
-    const rfi_node *sc = splat_scalar(in[0]);
+    const rfi_node *sc = rfi_splat_scalar(in[0]);
     if (!sc)
         return NULL;
     return new_splat(s->c, (rfi_node *)sc, n->dims, n->rank);
@@ -543,8 +531,8 @@ static rfi_node *mask_pooled_gradient(simp *s, const rfi_node *n, rfi_node *cons
         return NULL; /* checked first: a failed node would fail the whole pass */
     rfi_node *pooled = rfi_node_new(s->c, RFI_OP_REDUCE_WINDOW, &x, 1, &pool, dt, NULL, 0);
     /* x and the cotangent may differ in dtype: each zero comes from its own side */
-    rfi_node *zero = (rfi_node *)splat_scalar(in[2]);
-    rfi_node *x_zero = (rfi_node *)splat_scalar(in[0]->in[1]);
+    rfi_node *zero = (rfi_node *)rfi_splat_scalar(in[2]);
+    rfi_node *x_zero = (rfi_node *)rfi_splat_scalar(in[0]->in[1]);
     rfi_attrs gt;
     memset(&gt, 0, sizeof gt);
     gt.i[0] = RF_GT;
@@ -560,7 +548,7 @@ static rfi_node *mask_pooled_gradient(simp *s, const rfi_node *n, rfi_node *cons
 /* select with a constant predicate (a splat: any shape) is one of its operands. */
 static rfi_node *simplify_select(simp *s, const rfi_node *n, rfi_node *const *in)
 {
-    const rfi_node *p = splat_scalar(in[0]);
+    const rfi_node *p = rfi_splat_scalar(in[0]);
     if (!p || !p->attr.data)
         return mask_pooled_gradient(s, n, in);
     return *(const unsigned char *)p->attr.data ? in[1] : in[2];

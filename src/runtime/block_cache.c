@@ -32,6 +32,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define BLOCK_CACHE_ASAN 1
@@ -187,21 +188,17 @@ void rfi_block_free(void *p, size_t n, bool keep)
 
 size_t rf_array_cache_clear(void)
 {
-    void *blocks[BLOCK_CACHE_SLOTS];
-    size_t sizes[BLOCK_CACHE_SLOTS];
+    kept_block cleared[BLOCK_CACHE_SLOTS]; /* freed after the mutex is released */
     lock_cache();
     int n = n_kept;
     size_t freed = kept_bytes;
-    for (int i = 0; i < n; i++) {
-        blocks[i] = kept[i].data;
-        sizes[i] = kept[i].bytes;
-    }
+    memcpy(cleared, kept, (size_t)n * sizeof *kept);
     n_kept = 0;
     kept_bytes = 0;
     pthread_mutex_unlock(&cache_lock);
     for (int i = 0; i < n; i++) {
-        UNPOISON(blocks[i], sizes[i]);
-        rfi_free(blocks[i]);
+        UNPOISON(cleared[i].data, cleared[i].bytes);
+        rfi_free(cleared[i].data);
     }
     return freed;
 }
