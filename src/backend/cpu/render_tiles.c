@@ -30,8 +30,8 @@
 
 #define TILE_ROWS 4
 /* With 64-byte vectors (AVX-512's 32 registers), tiles of eight rows first:
- * the f64 [64,784] x [784,256] forward 446 -> 330-410 us, its weight
- * gradient 317 -> 268-284 (two Intel cores), half the reloads of a's
+ * the f64 [64,784] x [784,256] forward 446 -> 377-397 us, its weight
+ * gradient 317 -> 277-284 (two Intel cores), half the reloads of a's
  * strided rows per multiply-add. */
 #define WIDE_TILE_ROWS 8
 #define TILE_VECTORS 2
