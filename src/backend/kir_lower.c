@@ -865,15 +865,25 @@ static const rfi_node *splitting_concat(const lower *L, const rfi_step *st)
     return NULL;
 }
 
-/* The boxes of the roots' shape that the operands of concatenation c cover. */
-static int concat_boxes(const rfi_node *c, box *boxes, char (*names)[24])
+/* The boxes of the roots' shape that the operands of concatenation c cover,
+ * but those of its slabs (memplan.c) where c is the step's one root: they
+ * are in place already (*in_place counts them). */
+static int concat_boxes(const lower *L, const rfi_step *st, const rfi_node *c, box *boxes,
+                        char (*names)[24], int *in_place)
 {
     int axis = (int)c->attr.i[0], n = 0;
     int64_t at = 0;
+    bool alone = st->n_roots == 1 && st->roots[0] == c->id;
+    *in_place = 0;
     for (int k = 0; k < c->n_in; k++) {
         int64_t len = c->in[k]->dims[axis];
         if (len == 0)
             continue;
+        if (alone && rfi_plan_slab_in_place(L->p, c, k)) {
+            (*in_place)++;
+            at += len;
+            continue;
+        }
         for (int d = 0; d < c->rank; d++) {
             boxes[n].lo[d] = d == axis ? at : 0;
             boxes[n].hi[d] = d == axis ? at + len : c->dims[d];
@@ -1183,9 +1193,10 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     bool *is_root = (bool *)L->is_root;
     for (int r = 0; r < st->n_roots; r++)
         is_root[st->roots[r]] = true;
-    int n_pieces = cat ? concat_boxes(cat, boxes, names) : 0;
+    int in_place = 0;
+    int n_pieces = cat ? concat_boxes(L, st, cat, boxes, names, &in_place) : 0;
     rf_status rc = RF_OK;
-    if (n_pieces > 1 || (st->kind == RFI_STEP_REDUCE &&
+    if (n_pieces > 1 || in_place > 0 || (st->kind == RFI_STEP_REDUCE &&
                          rfi_lower_window_pieces(root, boxes, names, &n_pieces))) {
         for (int i = 0; i < n_pieces && rc == RF_OK; i++)
             rc = lower_one_kernel(L, m, s, &boxes[i], names[i]);

@@ -11,6 +11,20 @@
  * size rounded up to RFI_PLAN_ALIGN bytes; arena_bytes is the peak top, plus
  * the copy scratch (fuse.c: a swap of captures) placed above it.
  *
+ * Concatenations in place. A LOOP step whose one root C concatenates along
+ * an axis with only 1s before it (so each operand's rows are one contiguous
+ * run of C's bytes) gets, where it can, its operands written straight into
+ * those runs: an operand o computed by an earlier step, plain (as C is) and
+ * in the arena, read by C once, whose run starts at a multiple of
+ * RFI_PLAN_ALIGN, and that is neither such a run of another concatenation
+ * nor has runs of its own, is a "slab" of C. C and its slabs are placed as
+ * one block that lives from the first of them to be computed to the last
+ * read of any, each slab at its run; the lowering then has no piece to copy
+ * for it (rfi_plan_slab_in_place). A merged product's operand (passes/
+ * merge_dots.c: an RNN's weight gradient, the concatenated hidden states of
+ * its 64 steps) was copied there, 1 MB at a time, after every step had
+ * written its own buffer.
+ *
  * Arguments, captures, constants, outputs, in-place updates and the unstored
  * roots of left-out steps are not in the arena. Runs after the plan's steps
  * and layouts are final (plan.c). Not here: deciding which nodes are
@@ -160,6 +174,91 @@ static void bucket(const int *key, int n, int n_buckets, int *start, int *ids)
             ids[fill[key[x]]++] = x;
 }
 
+/* ---- Concatenations in place -------------------------------------------------------- */
+
+/* The byte offset of operand k's rows in concatenation c, or -1 when the
+ * operands' rows are not contiguous runs of c (a 1 before the axis aside). */
+static int64_t run_offset(const rfi_node *c, int k)
+{
+    int axis = (int)c->attr.i[0];
+    for (int d = 0; d < axis; d++)
+        if (c->dims[d] != 1)
+            return -1;
+    int64_t row_bytes = (int64_t)rfi_node_nbytes(c) / (c->dims[axis] > 0 ? c->dims[axis] : 1);
+    int64_t rows = 0;
+    for (int j = 0; j < k; j++)
+        rows += c->in[j]->dims[axis];
+    return rows * row_bytes;
+}
+
+bool rfi_plan_slab_in_place(const rfi_plan *p, const rfi_node *c, int k)
+{
+    int64_t at = run_offset(c, k);
+    const rfi_loc *lc = &p->loc[c->id], *lo = &p->loc[c->in[k]->id];
+    return at >= 0 && lc->kind == RFI_LOC_ARENA && lo->kind == RFI_LOC_ARENA &&
+           rfi_node_numel(c->in[k]) > 0 && lo->offset == lc->offset + (size_t)at;
+}
+
+/* Whether c's step is a LOOP of c alone whose operands could be slabs. */
+static bool slab_host_step(const rfi_plan *p, int q, const rfi_node **c)
+{
+    const rfi_step *st = &p->steps[q];
+    if (st->kind != RFI_STEP_LOOP || st->n_roots != 1 || st->left_out ||
+        (p->seg_extent && p->seg_extent[q] > 0))
+        return false;
+    *c = p->g->nodes[st->roots[0]];
+    return (*c)->op == RFI_OP_CONCATENATE && p->loc[(*c)->id].kind == RFI_LOC_ARENA &&
+           rfi_plan_layout(p, (*c)->id) == RFI_LAYOUT_PLAIN && rfi_node_numel(*c) > 0 &&
+           run_offset(*c, 0) == 0;
+}
+
+static bool read_once(const rfi_node *c, int k)
+{
+    for (int j = 0; j < c->n_in; j++)
+        if (j != k && c->in[j] == c->in[k])
+            return false;
+    return true;
+}
+
+/* host[x]: the concatenation whose slab x is (slab_at[x] its byte offset
+ * there), or -1; a host's own entry is -2. */
+static void find_slabs(const rfi_plan_builder *b, int *host, int64_t *slab_at)
+{
+    const rfi_plan *p = b->p;
+    for (int x = 0; x < b->n; x++)
+        host[x] = -1;
+    for (int q = 0; q < p->n_steps; q++) {
+        const rfi_node *c;
+        if (!slab_host_step(p, q, &c))
+            continue;
+        for (int k = 0; k < c->n_in; k++) {
+            int o = c->in[k]->id;
+            int64_t at = run_offset(c, k);
+            if (p->loc[o].kind != RFI_LOC_ARENA || b->step_of[o] < 0 || host[o] != -1 ||
+                rfi_plan_layout(p, o) != RFI_LAYOUT_PLAIN || rfi_node_numel(c->in[k]) == 0 ||
+                at % RFI_PLAN_ALIGN != 0 || !read_once(c, k))
+                continue;
+            host[o] = c->id;
+            slab_at[o] = at;
+            host[c->id] = -2;
+        }
+    }
+}
+
+/* A host lives from its first slab's step to the last read of any slab;
+ * the slabs take no block of their own. */
+static void join_lifetimes(int n, const int *host, int *def, int *last)
+{
+    for (int x = 0; x < n; x++) {
+        int c = host[x];
+        if (c < 0 || def[x] < 0)
+            continue;
+        def[c] = def[x] < def[c] ? def[x] : def[c];
+        last[c] = last[x] > last[c] ? last[x] : last[c];
+        def[x] = last[x] = -1;
+    }
+}
+
 static bool place_buffers(rfi_plan_builder *b, const int *def, const int *last, int *scratch)
 {
     int S = b->n_steps, n = b->n;
@@ -196,13 +295,22 @@ rf_status rfi_memplan(rfi_plan_builder *b)
     int *def = rfi_malloc(n * sizeof *def);
     int *last = rfi_malloc(n * sizeof *last);
     int *scratch = rfi_malloc((2 * n + 4 * S + 4) * sizeof *scratch);
-    bool ok = def && last && scratch;
+    int *host = rfi_malloc(n * sizeof *host);
+    int64_t *slab_at = rfi_malloc(n * sizeof *slab_at);
+    bool ok = def && last && scratch && host && slab_at;
     if (ok) {
         lifetimes(b, def, last);
+        find_slabs(b, host, slab_at);
+        join_lifetimes(b->n, host, def, last);
         ok = place_buffers(b, def, last, scratch);
+        for (int x = 0; ok && x < b->n; x++)
+            if (host[x] >= 0)
+                b->p->loc[x].offset = b->p->loc[host[x]].offset + (size_t)slab_at[x];
     }
     rfi_free(def);
     rfi_free(last);
     rfi_free(scratch);
+    rfi_free(host);
+    rfi_free(slab_at);
     return ok ? RF_OK : rfi_error(RF_E_NOMEM, "plan: out of memory placing buffers");
 }
