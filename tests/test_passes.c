@@ -691,7 +691,8 @@ static void test_merged_dots(void)
     rfi_node *x[4];
     /* a weight's gradient over three steps, transposed, plus other terms (t0
      * is used twice): the tree's terms are t1, t2, t0 * t0 and t0, and the
-     * first two become one product of the concatenated operands (K 2 -> 4) */
+     * first two become one product of the concatenated operands (K 2 -> 4),
+     * t2 first: its later operand (x2) was computed before t1's (x3) */
     rfi_graph *g = merge_graph(x);
     rfi_node *t0 = transpose(g, dot(g, x[0], x[1], 0, 0), swap);
     rfi_node *t1 = transpose(g, dot(g, x[2], x[3], 0, 0), swap);
@@ -708,8 +709,8 @@ static void test_merged_dots(void)
            "rhs_contract=[0]} : f32[4,4]\n"
            "%5 = transpose(%4) {perm=[1, 0]} : f32[4,4]\n"
            "%6 = mul(%5, %5) : f32[4,4]\n"
-           "%7 = concatenate(%2, %1) {axis=0} : f32[4,4]\n"
-           "%8 = concatenate(%3, %2) {axis=0} : f32[4,4]\n"
+           "%7 = concatenate(%1, %2) {axis=0} : f32[4,4]\n"
+           "%8 = concatenate(%2, %3) {axis=0} : f32[4,4]\n"
            "%9 = dot_general(%7, %8) {lhs_batch=[], rhs_batch=[], lhs_contract=[0], "
            "rhs_contract=[0]} : f32[4,4]\n"
            "%10 = transpose(%9) {perm=[1, 0]} : f32[4,4]\n"
@@ -1757,6 +1758,33 @@ static double relative_gap(const float *a, const float *b, int64_t n)
     return scale > 0 ? gap / scale : gap;
 }
 
+/* Whether every concatenation of g whose operands all occur in a longer one
+ * lists them as one run of the longer one's, in its order (merge_dots.c
+ * concatenates the shared output gradients of a recurrence alike); *pairs
+ * counts such pairs. */
+static bool shared_runs_align(const rfi_graph *g, int *pairs)
+{
+    *pairs = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const rfi_node *c = g->nodes[i];
+        for (int j = 0; c->op == RFI_OP_CONCATENATE && j < g->n_nodes; j++) {
+            const rfi_node *d = g->nodes[j];
+            if (d->op != RFI_OP_CONCATENATE || d->n_in >= c->n_in)
+                continue;
+            int at = -1;
+            for (int k = 0; k < c->n_in && at < 0; k++)
+                at = c->in[k] == d->in[0] ? k : -1;
+            if (at < 0)
+                continue;
+            (*pairs)++;
+            for (int k = 0; k < d->n_in; k++)
+                if (at + k >= c->n_in || c->in[at + k] != d->in[k])
+                    return false;
+        }
+    }
+    return true;
+}
+
 /* merge_dots on a traced recurrence: each weight's gradient becomes one product
  * (2 * MERGE_STEPS - 3 products fewer), the merged program agrees with the traced one
  * on the interpreter, and the compiled executable (the cpu backend runs the pass)
@@ -1777,6 +1805,11 @@ static void test_merged_recurrence(void)
         int before = count_dots(opt), after = count_dots(merged);
         printf("recurrence of %d steps: %d products -> %d merged\n", MERGE_STEPS, before, after);
         CHECK(after == before - (2 * MERGE_STEPS - 3));
+        /* the input weights' gradient concatenates all steps' output gradients,
+         * the hidden weights' all but the first step's: in one order */
+        int pairs = 0;
+        CHECK(shared_runs_align(merged, &pairs));
+        CHECK(pairs >= 1);
         void *in[3] = {rf_array_data(args[0]), rf_array_data(args[1]), rf_array_data(args[2])};
         results want = {0}, got = {0};
         CHECK_OK(run_graph(opt, in, &want));

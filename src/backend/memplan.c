@@ -20,16 +20,21 @@
  * nor has runs of its own, is a "slab" of C. C and its slabs are placed as
  * one block that lives from the first of them to be computed to the last
  * read of any, each slab at its run; the lowering then has no piece to copy
- * for it (rfi_plan_slab_in_place). A merged product's operand (passes/
- * merge_dots.c: an RNN's weight gradient, the concatenated hidden states of
- * its 64 steps) was copied there, 1 MB at a time, after every step had
- * written its own buffer.
+ * for it (rfi_plan_slab_in_place). Concatenations of more operands choose
+ * first. One that could take none of its operands because all are slabs of
+ * one host, as one run in its order, lies at that run of the host and has
+ * nothing to copy at all. A merged product's operand (passes/merge_dots.c:
+ * an RNN's weight gradient, the concatenated hidden states of its 64 steps)
+ * was copied there, 1 MB at a time, after every step had written its own
+ * buffer; merge_dots orders its concatenations so that two sums over the
+ * same steps' gradients (all 64, the last 63) share one run.
  *
  * Arguments, captures, constants, outputs, in-place updates and the unstored
  * roots of left-out steps are not in the arena. Runs after the plan's steps
  * and layouts are final (plan.c). Not here: deciding which nodes are
  * materialised (fuse.c).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "plan_internal.h"
@@ -220,18 +225,60 @@ static bool read_once(const rfi_node *c, int k)
     return true;
 }
 
+/* Steps whose concatenations could hold slabs, those of more operands first
+ * (a sequence's gradients concatenated whole and again less the first: the
+ * whole one takes them), then in step order. */
+typedef struct host_cand {
+    int q, operands;
+} host_cand;
+
+static int more_operands_first(const void *a, const void *b)
+{
+    const host_cand *x = a, *y = b;
+    return x->operands != y->operands ? y->operands - x->operands : x->q - y->q;
+}
+
+/* A concatenation that took no operand because all are slabs of one host h,
+ * whole and in its order, lies at their rows of h too. */
+static void nest_in_host(const rfi_node *c, int *host, int64_t *slab_at)
+{
+    int h = -1;
+    int64_t first = -1, next = -1;
+    for (int k = 0; k < c->n_in; k++) {
+        int o = c->in[k]->id;
+        if (rfi_node_numel(c->in[k]) == 0)
+            continue;
+        if (host[o] < 0 || (h >= 0 && (host[o] != h || slab_at[o] != next)))
+            return;
+        h = host[o];
+        first = first < 0 ? slab_at[o] : first;
+        next = slab_at[o] + (int64_t)rfi_node_nbytes(c->in[k]);
+    }
+    if (h >= 0) {
+        host[c->id] = h;
+        slab_at[c->id] = first;
+    }
+}
+
 /* host[x]: the concatenation whose slab x is (slab_at[x] its byte offset
- * there), or -1; a host's own entry is -2. */
-static void find_slabs(const rfi_plan_builder *b, int *host, int64_t *slab_at)
+ * there), or -1; a host's own entry is -2. false when out of memory. */
+static bool find_slabs(const rfi_plan_builder *b, int *host, int64_t *slab_at)
 {
     const rfi_plan *p = b->p;
     for (int x = 0; x < b->n; x++)
         host[x] = -1;
-    for (int q = 0; q < p->n_steps; q++) {
-        const rfi_node *c;
-        if (!slab_host_step(p, q, &c))
-            continue;
-        for (int k = 0; k < c->n_in; k++) {
+    host_cand *cand = rfi_malloc((size_t)(p->n_steps > 0 ? p->n_steps : 1) * sizeof *cand);
+    if (!cand)
+        return false;
+    int n = 0;
+    const rfi_node *c;
+    for (int q = 0; q < p->n_steps; q++)
+        if (slab_host_step(p, q, &c))
+            cand[n++] = (host_cand){q, c->n_in};
+    qsort(cand, (size_t)n, sizeof *cand, more_operands_first);
+    for (int i = 0; i < n; i++) {
+        slab_host_step(p, cand[i].q, &c);
+        for (int k = 0; host[c->id] < 0 && k < c->n_in; k++) {
             int o = c->in[k]->id;
             int64_t at = run_offset(c, k);
             if (p->loc[o].kind != RFI_LOC_ARENA || b->step_of[o] < 0 || host[o] != -1 ||
@@ -243,6 +290,13 @@ static void find_slabs(const rfi_plan_builder *b, int *host, int64_t *slab_at)
             host[c->id] = -2;
         }
     }
+    for (int i = 0; i < n; i++) {
+        slab_host_step(p, cand[i].q, &c);
+        if (host[c->id] == -1)
+            nest_in_host(c, host, slab_at);
+    }
+    rfi_free(cand);
+    return true;
 }
 
 /* A host lives from its first slab's step to the last read of any slab;
@@ -300,9 +354,9 @@ rf_status rfi_memplan(rfi_plan_builder *b)
     bool ok = def && last && scratch && host && slab_at;
     if (ok) {
         lifetimes(b, def, last);
-        find_slabs(b, host, slab_at);
+        ok = find_slabs(b, host, slab_at);
         join_lifetimes(b->n, host, def, last);
-        ok = place_buffers(b, def, last, scratch);
+        ok = ok && place_buffers(b, def, last, scratch);
         for (int x = 0; ok && x < b->n; x++)
             if (host[x] >= 0)
                 b->p->loc[x].offset = b->p->loc[host[x]].offset + (size_t)slab_at[x];

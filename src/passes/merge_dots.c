@@ -51,6 +51,12 @@ typedef struct dot_term {
     int group;                 /* the term it merges with first (its own index: first) */
 } dot_term;
 
+/* A product of a merged group, with what orders it (group_members). */
+typedef struct member_key {
+    int later, other; /* its operands' ids, the larger first */
+    int dot;          /* its index in dots[] */
+} member_key;
+
 typedef struct merger {
     const rfi_graph *g;
     rfi_graph *c;          /* the copy */
@@ -63,6 +69,7 @@ typedef struct merger {
     dot_term *dots;        /* scratch: its product terms (n_nodes) */
     int *members;          /* scratch: the terms of the group each first term leads */
     rfi_node **operands;   /* scratch: concatenation operands (n_nodes) */
+    member_key *keys;      /* scratch: a group's products in concatenation order (n_nodes) */
 } merger;
 
 /* Whether x is an add used only by the add `tree_add`: part of its tree. */
@@ -133,17 +140,43 @@ static bool same_form(const dot_term *s, const dot_term *t)
                                    sizeof(int64_t) * (size_t)s->transpose->rank) == 0;
 }
 
-/* Operand k (0: lhs, 1: rhs) of the products of group `first` concatenated
- * along its contracted dim, in c. */
-static rfi_node *concatenation(merger *m, int n_dots, int first, int k)
+/* A product of a group, by the operand computed last (the larger id), then
+ * the other. */
+static int later_operand_first(const void *a, const void *b)
+{
+    const member_key *x = a, *y = b;
+    if (x->later != y->later)
+        return x->later < y->later ? -1 : 1;
+    return x->other < y->other ? -1 : x->other > y->other;
+}
+
+/* The products of group `first`, in the order their operands concatenate:
+ * by the operand computed last, then the other (not the sum's order). Two
+ * sums over a run of the same operands then concatenate it alike: an RNN's
+ * input and hidden weight gradients both read its steps' output gradients,
+ * all 64 and the last 63, and the plan stores the second concatenation in
+ * the first's rows (memplan.c) instead of copying 1 MB. Returns the count. */
+static int group_members(merger *m, int n_dots, int first)
 {
     int n = 0;
     for (int i = first; i < n_dots; i++)
-        if (m->dots[i].group == first)
-            m->operands[n++] = m->map[m->dots[i].dot->in[k]->id];
+        if (m->dots[i].group == first) {
+            int a = m->dots[i].dot->in[0]->id, b = m->dots[i].dot->in[1]->id;
+            m->keys[n++] = (member_key){a > b ? a : b, a > b ? b : a, i};
+        }
+    qsort(m->keys, (size_t)n, sizeof *m->keys, later_operand_first);
+    return n;
+}
+
+/* Operand k (0: lhs, 1: rhs) of the n products in m->keys concatenated
+ * along their contracted dim, in c. */
+static rfi_node *concatenation(merger *m, int n, int k)
+{
+    for (int i = 0; i < n; i++)
+        m->operands[i] = m->map[m->dots[m->keys[i].dot].dot->in[k]->id];
     rfi_attrs at;
     memset(&at, 0, sizeof at);
-    at.i[0] = m->dots[first].dot->attr.l[2 + k][0];
+    at.i[0] = m->dots[m->keys[0].dot].dot->attr.l[2 + k][0];
     return rfi_node_new(m->c, RFI_OP_CONCATENATE, m->operands, n, &at, RF_F32, NULL, 0);
 }
 
@@ -151,7 +184,8 @@ static rfi_node *concatenation(merger *m, int n_dots, int first, int k)
 static rfi_node *merged_product(merger *m, int n_dots, int first)
 {
     const dot_term *t = &m->dots[first];
-    rfi_node *in[2] = {concatenation(m, n_dots, first, 0), concatenation(m, n_dots, first, 1)};
+    int n = group_members(m, n_dots, first);
+    rfi_node *in[2] = {concatenation(m, n, 0), concatenation(m, n, 1)};
     rfi_node *p = rfi_node_new(m->c, RFI_OP_DOT_GENERAL, in, 2, &t->dot->attr, RF_F32, NULL, 0);
     if (!p || !t->transpose)
         return p;
@@ -280,9 +314,10 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
                 rfi_calloc(n + 1, sizeof *m.expand),
                 rfi_calloc(n, sizeof *m.dots),
                 rfi_calloc(n, sizeof *m.members),
-                rfi_calloc(n, sizeof *m.operands)};
+                rfi_calloc(n, sizeof *m.operands),
+                rfi_calloc(n, sizeof *m.keys)};
     rf_status st = m.uses && m.user && m.terms && m.stack && m.expand && m.dots && m.members &&
-                           m.operands
+                           m.operands && m.keys
                        ? RF_OK
                        : rfi_error(RF_E_NOMEM, "merge_dots: out of memory");
     if (st == RF_OK) {
@@ -298,5 +333,6 @@ rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out)
     rfi_free(m.dots);
     rfi_free(m.members);
     rfi_free(m.operands);
+    rfi_free(m.keys);
     return st;
 }
