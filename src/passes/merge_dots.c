@@ -18,7 +18,8 @@
  * only by the tree, each bare or under one transpose with the same
  * permutation) sums each such group as one product:
  *   dot(a_1, b_1) + ... + dot(a_n, b_n) -> dot(concat(a_i), concat(b_i))
- * and under a transpose the transposed product. The other terms are added
+ * (the products ordered by their operands' ids: group_members) and under a
+ * transpose the transposed product. The other terms are added
  * after, in the tree's order. A group is merged only when its concatenated
  * operands hold no more elements than its n results do (which the plan
  * keeps alive for the sum): a forward pass's x W + h U at a small batch
@@ -140,8 +141,8 @@ static bool same_form(const dot_term *s, const dot_term *t)
                                    sizeof(int64_t) * (size_t)s->transpose->rank) == 0;
 }
 
-/* A product of a group, by the operand computed last (the larger id), then
- * the other. */
+/* Orders a group's products by their operand computed last (the larger
+ * id), then by the other. */
 static int later_operand_first(const void *a, const void *b)
 {
     const member_key *x = a, *y = b;
