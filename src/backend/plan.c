@@ -640,6 +640,12 @@ static void print_step(rfi_strbuf *sb, const rfi_plan *p, int q)
     if (s->n_fused > 0)
         print_ids(sb, "fused", s->fused, s->n_fused);
     const rfi_node *r = p->g->nodes[s->roots[0]];
+    int in_place = 0;
+    for (int k = 0; s->n_roots == 1 && r->op == RFI_OP_CONCATENATE && k < r->n_in; k++)
+        if (rfi_plan_slab_in_place(p, r, k))
+            rfi_sb_printf(sb, "%s%%%d", in_place++ ? "," : " in_place=[", r->in[k]->id);
+    if (in_place > 0)
+        rfi_sb_printf(sb, "]");
     rfi_sb_printf(sb, " shape=");
     rfi_sb_type(sb, r->dtype, r->dims, r->rank);
     if (p->seg_extent && p->seg_extent[q] > 0) {
