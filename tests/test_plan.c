@@ -1744,7 +1744,8 @@ static void test_concat_slabs(void)
     }
     unsetenv("RF_BACKEND");
     for (int i = 0; i < OUTS; i++) {
-        float *a = want[i] ? rf_array_data(want[i]) : NULL, *b = got[i] ? rf_array_data(got[i]) : NULL;
+        float *a = want[i] ? rf_array_data(want[i]) : NULL;
+        float *b = got[i] ? rf_array_data(got[i]) : NULL;
         int64_t n = i < 2 ? 64 * 64 : 16 * 64;
         bool close = a && b;
         for (int64_t j = 0; close && j < n; j++) {

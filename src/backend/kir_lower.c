@@ -865,17 +865,6 @@ static const rfi_node *splitting_concat(const lower *L, const rfi_step *st)
     return NULL;
 }
 
-/* Whether step st stores one concatenation some of whose operands are in
- * place (memplan.c). */
-static bool holds_slabs(const rfi_plan *p, const rfi_step *st)
-{
-    const rfi_node *c = p->g->nodes[st->roots[0]];
-    for (int k = 0; st->n_roots == 1 && c->op == RFI_OP_CONCATENATE && k < c->n_in; k++)
-        if (rfi_plan_slab_in_place(p, c, k))
-            return true;
-    return false;
-}
-
 /* The boxes of the roots' shape that the operands of concatenation c cover,
  * but those of its slabs (memplan.c) where c is the step's one root: they
  * are in place already (*in_place counts them). */
@@ -1188,7 +1177,7 @@ static rf_status lower_kernel_step(lower *L, rfi_kir_module *m, int s)
     if (rfi_node_numel(root) == 0)
         return RF_OK; /* nothing to compute */
     const rfi_node *cat = st->kind == RFI_STEP_LOOP ? splitting_concat(L, st) : NULL;
-    if (!cat && st->kind == RFI_STEP_LOOP && holds_slabs(L->p, st))
+    if (!cat && st->kind == RFI_STEP_LOOP && rfi_plan_step_slabs(L->p, st) > 0)
         cat = root; /* split all the same: no slab may be copied onto itself */
     /* on the stack, but for a concatenation of more operands than that holds */
     box few_boxes[MAX_PIECES];

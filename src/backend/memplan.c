@@ -204,6 +204,15 @@ bool rfi_plan_slab_in_place(const rfi_plan *p, const rfi_node *c, int k)
            rfi_node_numel(c->in[k]) > 0 && lo->offset == lc->offset + (size_t)at;
 }
 
+int rfi_plan_step_slabs(const rfi_plan *p, const rfi_step *st)
+{
+    const rfi_node *c = p->g->nodes[st->roots[0]];
+    int n = 0;
+    for (int k = 0; st->n_roots == 1 && c->op == RFI_OP_CONCATENATE && k < c->n_in; k++)
+        n += rfi_plan_slab_in_place(p, c, k);
+    return n;
+}
+
 /* Whether c's step is a LOOP of c alone whose operands could be slabs. */
 static bool slab_host_step(const rfi_plan *p, int q, const rfi_node **c)
 {

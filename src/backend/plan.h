@@ -309,8 +309,11 @@ static inline rfi_layout rfi_plan_layout(const rfi_plan *p, int x)
     return p->layout ? (rfi_layout)p->layout[x] : RFI_LAYOUT_PLAIN;
 }
 /* memplan.c: whether operand k of the concatenation c sits where its rows go
- * in c's buffer (a slab: memplan.c), so that c's step has nothing to copy. */
+ * in c's buffer (a slab), so that c's step has nothing to copy for it; and
+ * how many operands of step st's concatenation do (0 unless st stores one
+ * concatenation alone). */
 RFI_FUNC bool rfi_plan_slab_in_place(const rfi_plan *p, const rfi_node *c, int k);
+RFI_FUNC int rfi_plan_step_slabs(const rfi_plan *p, const rfi_step *st);
 /* layout.c: chooses p->layout (called by rfi_plan_build when
  * opts->blocked_activations). */
 RFI_FUNC rf_status rfi_plan_choose_layouts(rfi_plan *p);

@@ -107,9 +107,7 @@ static void describe_step(const rfi_cpu_profile *prof, int q, rfi_strbuf *sb)
         rfi_sb_printf(sb, " +%s", rfi_op_table[root->op].name);
     rfi_sb_printf(sb, " ");
     rfi_sb_type(sb, root->dtype, root->dims, root->rank);
-    int in_place = 0;
-    for (int k = 0; s->n_roots == 1 && root->op == RFI_OP_CONCATENATE && k < root->n_in; k++)
-        in_place += rfi_plan_slab_in_place(prof->plan, root, k);
+    int in_place = rfi_plan_step_slabs(prof->plan, s);
     if (in_place > 0)
         rfi_sb_printf(sb, ", %d of %d operands in place", in_place, root->n_in);
 }

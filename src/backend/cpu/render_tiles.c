@@ -10,12 +10,12 @@
  * multiply-add loads and stores an accumulator, and the store port bounds
  * it (an f64 weight gradient [256,784] over 64 rows: 20 GFLOP/s on two
  * cores, a 3x3 convolution 16 -> 32 features: 8.5). Tiled, TILE_ROWS points
- * of T by TILE_VECTORS vectors of L keep their accumulators in registers (GNU
- * C vectors): per reduced point two vector loads of a, one load of b per
- * row, eight multiply-adds.
+ * of T (WIDE_TILE_ROWS with 64-byte vectors) by TILE_VECTORS vectors of L
+ * keep their accumulators in registers (GNU C vectors): per reduced point
+ * two vector loads of a, one load of b per row, two multiply-adds per row.
  *
- * Rows of T left over (all of them where T has fewer than TILE_ROWS) run
- * tiles of one row; points of L left over, a tile of
+ * Rows of T left over run tiles of TILE_ROWS after wide ones, then tiles of
+ * one row; points of L left over, a tile of
  * one vector, then the row's last vector again (overlapping the one before:
  * its shared points are computed twice) or, where the kernel reads what it
  * stores, tiles of single points. Each output still folds its
