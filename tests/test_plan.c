@@ -1659,6 +1659,16 @@ static char *plan_and_render(const rfi_graph *g, const rfi_plan_opts *o, rfi_pla
     return source;
 }
 
+/* plan_and_render's results checked rendered, then freed with their program. */
+static void free_rendered(char *source, rfi_kir_module *km, rfi_plan *p, rfi_graph *g)
+{
+    CHECK(source != NULL);
+    rfi_free(source);
+    rfi_kir_free(km);
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+}
+
 /* A concatenation along rows of values earlier steps compute (products as
  * loops, below the call size) takes its operands in place (memplan.c): a1,
  * a2 and a3 are written into their rows of c, whose step copies only x,
@@ -1729,11 +1739,7 @@ static void test_concat_slabs(void)
         CHECK(pieces == 3);
         check_invariants(p);
     }
-    CHECK(source != NULL);
-    rfi_free(source);
-    rfi_kir_free(km);
-    rfi_plan_free(p);
-    rfi_graph_free(g);
+    free_rendered(source, km, p, g);
     rf_array *want[OUTS] = {NULL}, *got[OUTS] = {NULL};
     for (int pass = 0; pass < 2; pass++) {
         setenv("RF_BACKEND", pass ? "cpu" : "interp", 1);
@@ -1788,11 +1794,7 @@ static void test_flat_concat_segmented(void)
         CHECK(km->n_steps == 3); /* one piece per operand */
         check_invariants(p);
     }
-    CHECK(source != NULL);
-    rfi_free(source);
-    rfi_kir_free(km);
-    rfi_plan_free(p);
-    rfi_graph_free(g);
+    free_rendered(source, km, p, g);
     for (int i = 0; i < 4; i++)
         rf_array_free(args[i]);
 }
@@ -1850,11 +1852,7 @@ static void test_concat_per_operand(void)
         CHECK(parts == 3);
         if (p)
             check_invariants(p);
-        CHECK(source != NULL);
-        rfi_free(source);
-        rfi_kir_free(km);
-        rfi_plan_free(p);
-        rfi_graph_free(g);
+        free_rendered(source, km, p, g);
         for (int i = 0; i < 2; i++)
             rf_array_free(args[i]);
     }
