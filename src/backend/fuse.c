@@ -214,16 +214,6 @@ static bool is_cheap(rfi_op op)
     }
 }
 
-static bool same_dims(const rfi_node *a, const rfi_node *b)
-{
-    if (a->rank != b->rank)
-        return false;
-    for (int i = 0; i < a->rank; i++)
-        if (a->dims[i] != b->dims[i])
-            return false;
-    return true;
-}
-
 /* Rows of a DOT_GENERAL's lhs: its elements per contracted point (batch
  * elements times free elements). */
 static int64_t dot_rows(const rfi_node *x)
@@ -427,7 +417,7 @@ static bool classify_epilogue(const rfi_plan_builder *b, const bool *forced, int
                               rfi_epi_op *op)
 {
     const rfi_node *un = b->g->nodes[u], *vn = b->g->nodes[v];
-    if (b->epi_inline[u] || b->epi_of[u] >= 0 || un->dtype != vn->dtype || !same_dims(un, vn))
+    if (b->epi_inline[u] || b->epi_of[u] >= 0 || un->dtype != vn->dtype || !rfi_node_same_dims(un, vn))
         return false;
     *op = (rfi_epi_op){RFI_EPI_RELU, u, -1, -1};
     switch (un->op) {
@@ -450,7 +440,7 @@ static bool classify_epilogue(const rfi_plan_builder *b, const bool *forced, int
         op->axis = axis;
         return true;
     }
-    if (!same_dims(o, vn) || !surely_materialised(b, forced, o->id))
+    if (!rfi_node_same_dims(o, vn) || !surely_materialised(b, forced, o->id))
         return false;
     op->kind = RFI_EPI_ADD;
     op->operand = o->id;
@@ -526,7 +516,7 @@ static int reduce_consumer(rfi_plan_builder *b, int r, rfi_intlist *stack)
             if (b->stamp[u] == gen)
                 continue;
             b->stamp[u] = gen;
-            if (!is_elementwise(un->op) || !same_dims(un, rn) || b->epi_inline[u])
+            if (!is_elementwise(un->op) || !rfi_node_same_dims(un, rn) || b->epi_inline[u])
                 return -1;
             if (b->mat[u]) { /* a root: its users read its buffer */
                 if (found >= 0)
@@ -798,8 +788,8 @@ static int evaluating_steps(const rfi_plan_builder *b, int x, int most)
         bool red = un->op == RFI_OP_REDUCE;
         bool known = false;
         for (int k = 0; k < n_seen && !known; k++)
-            known = red && seen_reduce[k] && same_dims(seen[k], un) &&
-                    same_dims(seen[k]->in[0], un->in[0]);
+            known = red && seen_reduce[k] && rfi_node_same_dims(seen[k], un) &&
+                    rfi_node_same_dims(seen[k]->in[0], un->in[0]);
         if (known)
             continue;
         if (n_seen == most || !(red || is_elementwise(un->op)))
@@ -861,7 +851,7 @@ static void decide_fusible(rfi_plan_builder *b, const bool *forced, int *sites, 
         const rfi_node *u = b->g->nodes[us[k]];
         if (user_sites(b, sites, node, us[k]) > 1)
             all_single = false;
-        if (!is_elementwise(u->op) || !same_dims(u, node)) {
+        if (!is_elementwise(u->op) || !rfi_node_same_dims(u, node)) {
             all_elementwise = false;
             if (!reduces_operand(u, node))
                 all_read_once = false;
@@ -1214,7 +1204,7 @@ static bool step_takes(const rfi_plan_builder *b, const rfi_bstep *st, int x)
 {
     const rfi_node *first = b->g->nodes[st->roots.v[0]];
     if (st->kind == RFI_STEP_LOOP)
-        return same_dims(loop_shape(b, st->roots.v[0]), loop_shape(b, x));
+        return rfi_node_same_dims(loop_shape(b, st->roots.v[0]), loop_shape(b, x));
     return st->kind == RFI_STEP_REDUCE && st->epi < 0 && st->roots.n < RFI_MAX_SIBLINGS &&
            sibling_reductions(first, b->g->nodes[x]);
 }
@@ -1364,7 +1354,7 @@ static read_pos operand_pos(const rfi_node *u, int k, read_pos at, int64_t exten
     read_pos r = {y->id, at.t, false};
     if (!at.lin || (y->rank == 0 && u->rank > 0))
         return r;
-    if ((is_elementwise(u->op) && same_dims(u, y)) || u->op == RFI_OP_RESHAPE ||
+    if ((is_elementwise(u->op) && rfi_node_same_dims(u, y)) || u->op == RFI_OP_RESHAPE ||
         u->op == RFI_OP_STOP_GRADIENT) {
         r.lin = true;
     } else if (u->op == RFI_OP_SLICE && extent > 0 && u->rank == 1 && y->dims[0] == extent &&

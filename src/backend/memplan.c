@@ -239,6 +239,7 @@ static bool read_once(const rfi_node *c, int k)
  * whole one takes them), then in step order. */
 typedef struct host_cand {
     int q, operands;
+    const rfi_node *c; /* step q's concatenation */
 } host_cand;
 
 static int more_operands_first(const void *a, const void *b)
@@ -283,10 +284,10 @@ static bool find_slabs(const rfi_plan_builder *b, int *host, int64_t *slab_at)
     const rfi_node *c;
     for (int q = 0; q < p->n_steps; q++)
         if (slab_host_step(p, q, &c))
-            cand[n++] = (host_cand){q, c->n_in};
+            cand[n++] = (host_cand){q, c->n_in, c};
     qsort(cand, (size_t)n, sizeof *cand, more_operands_first);
     for (int i = 0; i < n; i++) {
-        slab_host_step(p, cand[i].q, &c);
+        c = cand[i].c;
         for (int k = 0; host[c->id] < 0 && k < c->n_in; k++) {
             int o = c->in[k]->id;
             int64_t at = run_offset(c, k);
@@ -299,11 +300,9 @@ static bool find_slabs(const rfi_plan_builder *b, int *host, int64_t *slab_at)
             host[c->id] = -2;
         }
     }
-    for (int i = 0; i < n; i++) {
-        slab_host_step(p, cand[i].q, &c);
-        if (host[c->id] == -1)
-            nest_in_host(c, host, slab_at);
-    }
+    for (int i = 0; i < n; i++)
+        if (host[cand[i].c->id] == -1)
+            nest_in_host(cand[i].c, host, slab_at);
     rfi_free(cand);
     return true;
 }

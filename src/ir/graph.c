@@ -460,6 +460,12 @@ rfi_node *rfi_node_clone(rfi_graph *g, const rfi_node *src, rfi_node *const *new
 
 int64_t rfi_node_numel(const rfi_node *x) { return rfi_numel(x->dims, x->rank); }
 
+bool rfi_node_same_dims(const rfi_node *a, const rfi_node *b)
+{
+    return a->rank == b->rank &&
+           (a->rank == 0 || memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank) == 0);
+}
+
 const rfi_node *rfi_splat_scalar(const rfi_node *x)
 {
     if (x->op == RFI_OP_BROADCAST_IN_DIM)

@@ -61,12 +61,6 @@ static rf_status fail(ictx *c, rf_status st, const char *fmt, ...)
 
 /* ---- Small helpers --------------------------------------------------------------- */
 
-static bool same_dims(const rfi_node *x, const rfi_node *y)
-{
-    return x->rank == y->rank &&
-           memcmp(x->dims, y->dims, (size_t)x->rank * sizeof x->dims[0]) == 0;
-}
-
 static void set_result(ictx *c, rf_dtype dt, const int64_t *dims, int rank)
 {
     c->dt = dt;
@@ -244,7 +238,7 @@ static rf_status need_same_type(ictx *c, const rfi_node *x, const rfi_node *y)
 {
     if (x->dtype != y->dtype)
         return fail(c, RF_E_DTYPE, "dtypes differ: %s and %s", TY(x), TY(y));
-    if (!same_dims(x, y))
+    if (!rfi_node_same_dims(x, y))
         return fail(c, RF_E_SHAPE, "shapes %s and %s differ", TY(x), TY(y));
     return RF_OK;
 }
@@ -280,7 +274,7 @@ static rf_status infer_select(ictx *c)
     rf_status st = need_same_type(c, x, y);
     if (st != RF_OK)
         return st;
-    if (p->rank != 0 && !same_dims(p, x))
+    if (p->rank != 0 && !rfi_node_same_dims(p, x))
         return fail(c, RF_E_SHAPE, "predicate %s does not match operands %s", TY(p), TY(x));
     set_like(c, x);
     return RF_OK;
@@ -291,7 +285,7 @@ static rf_status infer_clamp(ictx *c)
     const rfi_node *lo = c->in[0], *x = c->in[1], *hi = c->in[2];
     if (lo->dtype != x->dtype || hi->dtype != x->dtype)
         return fail(c, RF_E_DTYPE, "dtypes differ: lo %s, x %s, hi %s", TY(lo), TY(x), TY(hi));
-    if ((lo->rank != 0 && !same_dims(lo, x)) || (hi->rank != 0 && !same_dims(hi, x)))
+    if ((lo->rank != 0 && !rfi_node_same_dims(lo, x)) || (hi->rank != 0 && !rfi_node_same_dims(hi, x)))
         return fail(c, RF_E_SHAPE, "bounds lo %s and hi %s must be scalars or match x %s",
                     TY(lo), TY(hi), TY(x));
     set_like(c, x);

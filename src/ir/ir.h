@@ -330,6 +330,8 @@ RFI_FUNC rf_status rfi_infer(rfi_op op, rfi_node *const *in, int n_in, const rfi
 RFI_FUNC rfi_node *rfi_node_clone(rfi_graph *g, const rfi_node *src, rfi_node *const *new_in);
 
 RFI_FUNC int64_t rfi_node_numel(const rfi_node *x);
+/* Whether a and b have one rank and the same dims (dtypes aside). */
+RFI_FUNC bool rfi_node_same_dims(const rfi_node *a, const rfi_node *b);
 /* The rank-0 constant whose value every element of x is: x itself, or the
  * operand of x's broadcast; NULL when x is no such splat. */
 RFI_FUNC const rfi_node *rfi_splat_scalar(const rfi_node *x);

@@ -120,8 +120,7 @@ static bool broadcasts_kept_points(const rfi_node *b, const rfi_node *m, const r
 /* The sum S whose mean b broadcasts over x (see the rule), or NULL. */
 static const rfi_node *mean_sum(const rfi_node *b, const rfi_node *x)
 {
-    if (b->op != RFI_OP_BROADCAST_IN_DIM || b->rank != x->rank ||
-        memcmp(b->dims, x->dims, sizeof(int64_t) * (size_t)x->rank) != 0)
+    if (b->op != RFI_OP_BROADCAST_IN_DIM || !rfi_node_same_dims(b, x))
         return NULL;
     const rfi_node *m = skip_stop_gradient(b->in[0]);
     if (m->op != RFI_OP_DIV || m->dtype != RF_F32)

@@ -44,12 +44,6 @@ static bool zero_splat(const rfi_node *x)
     return rfi_element_as_double(x->dtype, x->attr.data, 0) == 0.0;
 }
 
-static bool same_shape(const rfi_node *a, const rfi_node *b)
-{
-    return a->rank == b->rank &&
-           memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank) == 0;
-}
-
 static bool arithmetic(rfi_op op)
 {
     return op == RFI_OP_ADD || op == RFI_OP_SUB || op == RFI_OP_MUL || op == RFI_OP_DIV ||
@@ -72,7 +66,7 @@ static bool one_stream(const rfi_node *z, const rfi_node *x, const rfi_node **st
 {
     if (small_operand(z, x))
         return true;
-    if (!same_shape(x, z))
+    if (!rfi_node_same_dims(x, z))
         return false;
     if (!arithmetic(x->op)) {
         if (*stream && *stream != x)
