@@ -417,7 +417,8 @@ static bool classify_epilogue(const rfi_plan_builder *b, const bool *forced, int
                               rfi_epi_op *op)
 {
     const rfi_node *un = b->g->nodes[u], *vn = b->g->nodes[v];
-    if (b->epi_inline[u] || b->epi_of[u] >= 0 || un->dtype != vn->dtype || !rfi_node_same_dims(un, vn))
+    if (b->epi_inline[u] || b->epi_of[u] >= 0 || un->dtype != vn->dtype ||
+        !rfi_node_same_dims(un, vn))
         return false;
     *op = (rfi_epi_op){RFI_EPI_RELU, u, -1, -1};
     switch (un->op) {

@@ -285,7 +285,8 @@ static rf_status infer_clamp(ictx *c)
     const rfi_node *lo = c->in[0], *x = c->in[1], *hi = c->in[2];
     if (lo->dtype != x->dtype || hi->dtype != x->dtype)
         return fail(c, RF_E_DTYPE, "dtypes differ: lo %s, x %s, hi %s", TY(lo), TY(x), TY(hi));
-    if ((lo->rank != 0 && !rfi_node_same_dims(lo, x)) || (hi->rank != 0 && !rfi_node_same_dims(hi, x)))
+    if ((lo->rank != 0 && !rfi_node_same_dims(lo, x)) ||
+        (hi->rank != 0 && !rfi_node_same_dims(hi, x)))
         return fail(c, RF_E_SHAPE, "bounds lo %s and hi %s must be scalars or match x %s",
                     TY(lo), TY(hi), TY(x));
     set_like(c, x);
