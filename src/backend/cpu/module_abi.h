@@ -33,4 +33,11 @@ typedef int (*rf_module_entry)(const rf_module_services *s, void *const *buffers
 #define RF_MODULE_ENTRY_NAME "rf_module_run_v1"
 /* END MODULE ABI */
 
+/* Generated kernels with more elements than this run through parallel_for,
+ * in chunks of at least RFI_PARALLEL_CHUNK elements; an element whose
+ * computation costs more than a few plain ops counts as several (render_c.c,
+ * point_cost). The services predict from it which steps use the team. */
+#define RFI_PARALLEL_MIN 32768
+#define RFI_PARALLEL_CHUNK 16384
+
 #endif

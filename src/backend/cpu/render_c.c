@@ -1310,12 +1310,16 @@ static void call_pooled_conv(rfi_render *R, const rfi_kir_module *m, int i)
 
 /* What computing one point of k costs, in units of a plain elementwise op
  * (at least 1): a math function's vector variant (libmvec), a division or an
- * rsqrt (computed in double) costs about as much as a dozen adds. */
+ * rsqrt (computed in double) costs about as much as a dozen adds; a load or
+ * a store one, so that a loop storing many roots (an RNN's input cut into
+ * its 64 time steps) counts as the memory it moves. */
 static int64_t point_cost(const rfi_kir_kernel *k)
 {
-    int64_t cost = 0;
+    int64_t cost = k->n_stores;
     for (int i = 0; i < k->n_ins; i++) {
         const rfi_kir_ins *x = &k->ins[i];
+        if (x->op == RFI_KIR_LOAD)
+            cost++;
         if (x->op != RFI_KIR_UNARY && x->op != RFI_KIR_BINARY)
             continue;
         bool heavy = rfi_op_calls_math(x->ir_op) || x->ir_op == RFI_OP_DIV ||

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../kir.h"
+#include "module_abi.h" /* RFI_PARALLEL_MIN */
 
 /* ---- Output ------------------------------------------------------------------------- *
  * Short names for core.h's rfi_strbuf appenders. The generated file is large
@@ -30,12 +31,6 @@ static inline void putf(rfi_strbuf *sb, const char *fmt, ...)
     rfi_sb_vprintf(sb, fmt, ap);
     va_end(ap);
 }
-
-/* Kernels with more elements than this run through parallel_for, in chunks of at
- * least RFI_PARALLEL_CHUNK elements; an element whose computation costs more
- * than a few plain ops counts as several (render_c.c, point_cost). */
-#define RFI_PARALLEL_MIN 32768
-#define RFI_PARALLEL_CHUNK 16384
 
 /* What the file needs from the prelude (rfi_render.need). */
 enum {
