@@ -1619,6 +1619,113 @@ static void test_pool_late_team_goes_alone(void)
                atomic_load(&probe.chunks));
 }
 
+/* ---- Keeping the team warm -------------------------------------------------------- */
+
+/* A [64,128] x [128,128] product (1M multiply-adds: a call on its caller
+ * alone) and, with `big`, its result times a [128,512] weight (4M: the team's).
+ */
+static void chained_products_fn(rf_trace *t, void *ctx)
+{
+    bool big = *(const bool *)ctx;
+    rf_tensor *h = rf_matmul(rf_arg(t, 0), rf_arg(t, 1));
+    rf_return(t, big ? rf_matmul(h, rf_arg(t, 2)) : h);
+}
+
+/* The plan of chained_products_fn, with its services prepared. */
+static bool chained_products(bool big, rfi_graph **g, rfi_plan **plan, rfi_cpu_services **s)
+{
+    *g = NULL;
+    *plan = NULL;
+    *s = NULL;
+    rfi_graph *traced = rfi_graph_new(rf_device_cpu(), "chained products");
+    rf_dtype dt[3] = {RF_F32, RF_F32, RF_F32};
+    int rk[3] = {2, 2, 2};
+    int64_t dims[3][RF_MAX_RANK] = {{64, 128}, {128, 128}, {128, 512}};
+    CHECK_OK(rfi_graph_set_args(traced, 3, dt, rk, (const int64_t(*)[RF_MAX_RANK])dims));
+    chained_products_fn(traced, &big);
+    CHECK_OK(traced->status);
+    CHECK_OK(rfi_dce(traced, g));
+    rfi_graph_free(traced);
+    if (*g)
+        CHECK_OK(rfi_plan_build(*g, NULL, plan));
+    if (*plan)
+        CHECK_OK(rfi_cpu_services_prepare(*plan, s));
+    return *s != NULL;
+}
+
+/* Calls every step of the plan once on fresh buffers. */
+static void run_chained_products(const rfi_graph *g, const rfi_plan *plan, rfi_cpu_services *s)
+{
+    int nb = rfi_plan_n_buffers(plan);
+    void **bufs = calloc((size_t)nb, sizeof *bufs);
+    for (int k = 0; k < g->n_args; k++) {
+        int64_t n = g->args[k] ? rfi_node_numel(g->args[k]) : 0;
+        bufs[k] = malloc((size_t)n * sizeof(float) + 8);
+        fill(bufs[k], RF_F32, n);
+    }
+    bufs[g->n_args + g->n_captures] = calloc(1, rfi_node_nbytes(g->outputs[0]));
+    bufs[rfi_plan_arena_buffer(plan)] = calloc(1, plan->arena_bytes + 64);
+    for (int k = 0; k < plan->n_steps; k++)
+        CHECK(plan->steps[k].kind != RFI_STEP_CALL || rfi_cpu_services_call(s, k, bufs) == 0);
+    for (int k = 0; k < g->n_args; k++)
+        free(bufs[k]);
+    free(bufs[g->n_args + g->n_captures]);
+    free(bufs[rfi_plan_arena_buffer(plan)]);
+    free(bufs);
+}
+
+static void warm_inside(void *ctx, int64_t lo, int64_t hi)
+{
+    (void)lo;
+    (void)hi;
+    int64_t before = rfi_threadpool_team_warmings();
+    rfi_threadpool_keep_team_warm(); /* nested: never a region */
+    if (rfi_threadpool_team_warmings() != before)
+        atomic_store((atomic_bool *)ctx, true);
+}
+
+/* The small product keeps the team warm when the big one follows it, and
+ * only then; after the team has idled it opens one empty region, and none
+ * from inside a region. */
+static void test_keep_team_warm(void)
+{
+    for (int big = 0; big < 2; big++) {
+        rfi_graph *g;
+        rfi_plan *plan;
+        rfi_cpu_services *s;
+        if (chained_products(big, &g, &plan, &s)) {
+            int calls = 0;
+            for (int k = 0; k < plan->n_steps; k++)
+                calls += plan->steps[k].kind == RFI_STEP_CALL;
+            CHECK(calls == 1 + big);
+            bool team = rfi_threadpool_size() > 1 && rfi_dnnl_load() == RF_OK;
+            CHECK(rfi_cpu_services_step_warm_team(s, 0) == (big && team));
+            CHECK(!rfi_cpu_services_step_warm_team(s, plan->n_steps - 1));
+            bool spins = !getenv("OMP_WAIT_POLICY") && getenv("GOMP_SPINCOUNT") &&
+                         strcmp(getenv("GOMP_SPINCOUNT"), "5000") == 0;
+            if (big && team && spins) {
+                rfi_threadpool_forget_late_teams();
+                struct timespec idle = {0, 20000000}; /* past any team's spin */
+                nanosleep(&idle, NULL);
+                int64_t before = rfi_threadpool_team_warmings();
+                run_chained_products(g, plan, s);
+                CHECK(rfi_threadpool_team_warmings() == before + 1);
+                atomic_bool opened = false;
+                rfi_parallel_for(2, 1, warm_inside, &opened);
+                CHECK(!atomic_load(&opened));
+                printf("team kept warm: one empty region after 20 ms idle\n");
+            } else if (!big) {
+                int64_t before = rfi_threadpool_team_warmings();
+                run_chained_products(g, plan, s);
+                CHECK(rfi_threadpool_team_warmings() == before);
+            }
+        }
+        rfi_cpu_services_free(s);
+        rfi_plan_free(plan);
+        rfi_graph_free(g);
+    }
+}
+
 /* ---- Loading oneDNN in the background ---------------------------------------------- */
 
 typedef struct affinity_job {
@@ -2135,6 +2242,7 @@ int main(void)
     test_pool_free_threads_claim_the_rest();
     test_pool_order();
     test_pool_late_team_goes_alone();
+    test_keep_team_warm();
     printf("%d cases against the reference\n", cases_run);
     return tu_finish("test_services");
 }

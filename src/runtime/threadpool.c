@@ -344,12 +344,14 @@ static void openmp_body(void *arg)
 #define SOLO_NS 5000000
 static _Atomic int64_t solo_until_ns; /* loops run on their caller until then */
 static atomic_int late_in_a_row;      /* regions that kept their caller waiting */
+static _Atomic int64_t team_seen_ns;  /* when OpenMP's team last ended a region */
 
 /* After a region: whether its team kept the caller waiting past LATE_TEAM_NS
  * once the work was done, and what follows from that. */
 static void note_team_lateness(int64_t caller_done_ns)
 {
     int64_t end = now_ns();
+    atomic_store_explicit(&team_seen_ns, end, memory_order_relaxed);
     if (end - caller_done_ns <= LATE_TEAM_NS)
         atomic_store_explicit(&late_in_a_row, 0, memory_order_relaxed);
     else if (atomic_fetch_add_explicit(&late_in_a_row, 1, memory_order_relaxed) >= 1) {
@@ -377,6 +379,54 @@ static void run_chunks_alone(int64_t n, int64_t chunks, rfi_range_fn body, void 
     }
     running_alone = false;
 }
+
+/* ---- Keeping the team warm -------------------------------------------------
+ * An idle OpenMP thread spins spin_count pauses and then sleeps. How long a
+ * pause takes differs between processors (about 10 ns here, 40 on some
+ * Skylakes), so the pool times a thousand of them once, on the first call
+ * that needs the figure. */
+static _Atomic int64_t team_spin_ns; /* 0: not measured yet */
+static _Atomic int64_t warmings;     /* empty regions opened (a counter for tests) */
+
+static int64_t measure_spin_ns(long spin_count)
+{
+    int64_t start = now_ns();
+    for (int i = 0; i < 1000; i++)
+        cpu_relax();
+    int64_t per_1000 = now_ns() - start;
+    return per_1000 * spin_count / 1000;
+}
+
+static void nothing(void *arg) { (void)arg; }
+
+void rfi_threadpool_team_ran(void)
+{
+    atomic_store_explicit(&team_seen_ns, now_ns(), memory_order_relaxed);
+}
+
+void rfi_threadpool_keep_team_warm(void)
+{
+    const rfi_openmp_api *api = atomic_load_explicit(&openmp, memory_order_acquire);
+    int threads = rfi_threadpool_size();
+    if (!api || api->spin_count <= 0 || threads <= 1 || running_alone || api->num_threads() > 1)
+        return;
+    int64_t now = now_ns();
+    if (now < atomic_load_explicit(&solo_until_ns, memory_order_relaxed))
+        return;
+    int64_t spin = atomic_load_explicit(&team_spin_ns, memory_order_relaxed);
+    if (spin == 0) {
+        spin = measure_spin_ns(api->spin_count);
+        atomic_store_explicit(&team_spin_ns, spin > 0 ? spin : 1, memory_order_relaxed);
+    }
+    if (now - atomic_load_explicit(&team_seen_ns, memory_order_relaxed) < spin / 2)
+        return;
+    int team = threads < MAX_DEAL_BLOCKS ? threads : MAX_DEAL_BLOCKS;
+    api->parallel(nothing, NULL, (unsigned)team, 0);
+    atomic_fetch_add_explicit(&warmings, 1, memory_order_relaxed);
+    note_team_lateness(now);
+}
+
+int64_t rfi_threadpool_team_warmings(void) { return atomic_load(&warmings); }
 
 void rfi_parallel_for(int64_t n, int64_t grain, rfi_range_fn body, void *ctx)
 {

@@ -29,6 +29,10 @@ typedef struct rfi_openmp_api {
     int (*thread_num)(void);          /* omp_get_thread_num */
     int (*num_threads)(void);         /* omp_get_num_threads */
     void (*set_num_threads)(int);     /* omp_set_num_threads (may be NULL) */
+    /* GOMP_SPINCOUNT as the loader set it: how many pauses an idle thread
+     * spins before it sleeps; 0 when the user chose the wait policy (the
+     * team is then never kept warm: rfi_threadpool_keep_team_warm) */
+    long spin_count;
 } rfi_openmp_api;
 
 /* From now on, parallel_for runs on that OpenMP runtime's threads instead of
@@ -52,6 +56,23 @@ RFI_FUNC unsigned rfi_threadpool_fork_generation(void);
  * their caller alone for a few milliseconds at a time (threadpool.c, "Late
  * teams"); this sends them to the team again at once (for tests of the team). */
 RFI_FUNC void rfi_threadpool_forget_late_teams(void);
+
+/* Keeps OpenMP's idle threads spinning through a stretch of work the caller
+ * runs alone, so that the next parallel step finds them awake: a thread that
+ * has slept (after GOMP_SPINCOUNT pauses, ~60 us here) takes 40-130 us to wake,
+ * and an RNN's backward pass, 64 one-thread products in a row, paid that
+ * before each of the weight gradients that followed. When the team last ran
+ * more than half its spin ago, opens an empty region (~1 us), which restarts
+ * its spin. Does nothing without an adopted OpenMP runtime whose spin the
+ * loader set, with one thread, inside a region, or while loops run alone
+ * ("Late teams" in threadpool.c). Callers call it only where the team has
+ * work later in the same run (services.c). */
+RFI_FUNC void rfi_threadpool_keep_team_warm(void);
+/* How many empty regions keep_team_warm has opened in this process. */
+RFI_FUNC int64_t rfi_threadpool_team_warmings(void);
+/* Tells the pool that OpenMP's team just ran a region of someone else's (a
+ * library call on several threads): its spin starts again. */
+RFI_FUNC void rfi_threadpool_team_ran(void);
 
 /* Runs body(ctx, lo, hi) over disjoint ranges covering [0, n) and returns when
  * all are done. The range is cut into at most 4 * size() chunks of at least

@@ -64,10 +64,14 @@ static bool resolve(void *lib, const char *symbol, void *fn_slot, size_t size)
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
+#define SPIN_COUNT "5000"
+static long spin_count_set; /* SPIN_COUNT once set_spin_default set it, else 0 */
+
 static void set_spin_default(void)
 {
-    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
-        setenv("GOMP_SPINCOUNT", "5000", 0);
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") &&
+        setenv("GOMP_SPINCOUNT", SPIN_COUNT, 0) == 0)
+        spin_count_set = strtol(SPIN_COUNT, NULL, 10);
 }
 
 static void load_library(void)
@@ -94,6 +98,7 @@ static void load_library(void)
     resolve(lib, "omp_set_num_threads", &api.omp_set_num_threads, sizeof api.omp_set_num_threads);
     rfi_dnnl = api;
     openmp_api.set_num_threads = api.omp_set_num_threads;
+    openmp_api.spin_count = spin_count_set;
     if (resolve(lib, "GOMP_parallel", &openmp_api.parallel, sizeof openmp_api.parallel) &&
         resolve(lib, "omp_get_thread_num", &openmp_api.thread_num,
                 sizeof openmp_api.thread_num) &&

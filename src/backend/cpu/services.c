@@ -108,6 +108,9 @@ typedef struct call_state {
     int partner;
     bool paired;
     size_t ws_at;
+    /* Runs on the calling thread alone while a later step of the run has work
+     * for the team: the team is kept warm before it (keep_team_warm). */
+    bool warm_team;
 } call_state;
 
 struct rfi_cpu_services {
@@ -720,6 +723,54 @@ static rf_status share_conv_inputs(rfi_cpu_services *s)
     return st;
 }
 
+/* Roughly how many points step k computes: the multiply-adds of a product,
+ * the elements a reduction reads, else its roots' elements. */
+static int64_t step_points(const rfi_plan *p, int k)
+{
+    const rfi_step *step = &p->steps[k];
+    int64_t most = 0;
+    for (int r = 0; r < step->n_roots; r++) {
+        int64_t points = rfi_node_numel(p->g->nodes[step->roots[r]]);
+        most = points > most ? points : most;
+    }
+    if (step->core >= 0) {
+        const rfi_node *core = p->g->nodes[step->core];
+        int64_t points = core->op == RFI_OP_DOT_GENERAL ? rfi_dot_macs(core)
+                         : core->n_in > 0               ? rfi_node_numel(core->in[0])
+                                                        : 0;
+        most = points > most ? points : most;
+    }
+    return most;
+}
+
+/* Whether step k runs on several threads: a library call made for them, a
+ * pair side by side, or a generated loop large enough that the module splits
+ * it (render_c.c's rule, without the cost of its points: a loop of heavy
+ * math it splits sooner may be missed, which costs one wake-up). */
+static bool step_uses_team(const rfi_cpu_services *s, int k)
+{
+    const call_state *cs = &s->steps[k];
+    const rfi_step *step = &s->plan->steps[k];
+    if (s->threads <= 1 || step->left_out || step->kind == RFI_STEP_COPY)
+        return false;
+    if (cs->kind == RFI_CALL_MATMUL || cs->kind == RFI_CALL_CONV)
+        return cs->paired || cs->lib_threads > 1;
+    return step_points(s->plan, k) > RFI_PARALLEL_MIN;
+}
+
+/* Marks the calls that run alone with work for the team after them in the
+ * same run (call_state.warm_team). */
+static void mark_warm_team(rfi_cpu_services *s)
+{
+    bool team_later = false;
+    for (int k = s->n_steps - 1; k >= 0; k--) {
+        call_state *cs = &s->steps[k];
+        bool team_here = step_uses_team(s, k);
+        cs->warm_team = cs->kind != RFI_CALL_NONE && !team_here && team_later;
+        team_later = team_later || team_here;
+    }
+}
+
 rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
 {
     *out = NULL;
@@ -756,6 +807,8 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
     rfi_free(need);
     if (st == RF_OK)
         st = share_conv_inputs(s);
+    if (st == RF_OK)
+        mark_warm_team(s);
     if (st == RF_OK && most > 0) {
         s->workspace_block = rfi_malloc(most + 64);
         if (!s->workspace_block)
@@ -965,6 +1018,8 @@ static rf_status run_call(const rfi_cpu_services *s, int step, void *const *buff
                         : rfi_interp_eval_node(cs->node, cs->operands, out);
         break;
     }
+    if ((cs->kind == RFI_CALL_MATMUL || cs->kind == RFI_CALL_CONV) && cs->lib_threads > 1)
+        rfi_threadpool_team_ran();
     if (st == RF_OK && cs->epi_applied < cs->n_epi)
         st = apply_epilogue(cs, out);
     if (st == RF_OK && cs->out_plain.copy.prim)
@@ -1023,6 +1078,8 @@ int rfi_cpu_services_call(void *rt, int step, void *const *buffers)
                                "compile it again there (rf_model_cache_clear for cached steps)");
         return 1;
     }
+    if (s->steps[step].warm_team)
+        rfi_threadpool_keep_team_warm();
     rf_status st = s->steps[step].partner >= 0 ? run_pair(s, step, buffers)
                                               : run_call(s, step, buffers, s->stream);
     if (st != RF_OK)
@@ -1076,6 +1133,11 @@ bool rfi_cpu_services_step_bias_input(const rfi_cpu_services *s, int step)
         return false;
     const call_state *cs = &s->steps[step];
     return rfi_cpu_matmul_bias_input(cs->matmul) || rfi_cpu_conv_bias_input(cs->conv);
+}
+
+bool rfi_cpu_services_step_warm_team(const rfi_cpu_services *s, int step)
+{
+    return s && step >= 0 && step < s->n_steps && s->steps[step].warm_team;
 }
 
 bool rfi_cpu_services_step_beside(const rfi_cpu_services *s, int step)

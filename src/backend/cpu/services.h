@@ -71,6 +71,10 @@ RFI_FUNC bool rfi_cpu_services_step_bias_input(const rfi_cpu_services *s, int st
 /* Whether CALL step `step` runs beside its pair's other call (the plan's
  * runs_with_next), a thread each; false: unpaired, or paired one after the other. */
 RFI_FUNC bool rfi_cpu_services_step_beside(const rfi_cpu_services *s, int step);
+/* Whether CALL step `step` runs on its caller alone with work for the team
+ * later in the run, and so keeps the team warm before it
+ * (rfi_threadpool_keep_team_warm). For tests. */
+RFI_FUNC bool rfi_cpu_services_step_warm_team(const rfi_cpu_services *s, int step);
 /* The bytes allocated at prepare: the shared workspace and the blocked
  * copies convolutions share. */
 RFI_FUNC size_t rfi_cpu_services_workspace(const rfi_cpu_services *s);
