@@ -1878,8 +1878,8 @@ static void test_structure(void)
         CHECK(strstr(m.source, want) != NULL);
         snprintf(want, sizeof want, "const float x_%d = rf_exp_f32(", e->id);
         CHECK(strstr(m.source, want) != NULL);
-        CHECK(strstr(m.source, "RF_KERNEL void k0_add(void *ctx, int64_t lo, int64_t hi)\n{") !=
-              NULL);
+        CHECK(strstr(m.source, "RF_KERNEL RF_LANES16 void k0_add(void *ctx, int64_t lo, "
+                               "int64_t hi)\n{") != NULL); /* exp: 512-bit vectors */
         CHECK(strstr(m.source, "#pragma omp simd\n") != NULL);
         CHECK(strstr(m.source, "if (s->call(s->rt, 2, bufs))\n        return 3;") != NULL);
         CHECK(strstr(m.source, "const float *restrict p_") != NULL);

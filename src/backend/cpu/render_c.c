@@ -758,8 +758,23 @@ void rfi_render_close_loops(rfi_render *R, int depth, int n)
     }
 }
 
+/* Whether kernel k computes transcendental math (rfi_op_calls_math: a libm
+ * function's vector variant, or the renderer's own exp and logistic), whose
+ * cost grows with the lanes' count, not with the data: libmvec's tanhf took
+ * 1.29 us per 4096 floats at 512 bits on the Intel machine with AVX-512,
+ * 2.73 at 256. */
+static bool calls_vector_math(const rfi_kir_kernel *k)
+{
+    for (int i = 0; i < k->n_ins; i++)
+        if ((k->ins[i].op == RFI_KIR_UNARY || k->ins[i].op == RFI_KIR_BINARY) &&
+            rfi_op_calls_math(k->ins[i].ir_op))
+            return true;
+    return false;
+}
+
 /* Whether k runs 512-bit vectors (RF_LANES16): an elementwise kernel whose
- * innermost loop is the 16 lanes of a channel block, or a reduction folding
+ * innermost loop is the 16 lanes of a channel block or that calls vector
+ * math (calls_vector_math), or a reduction folding
  * rows of at least MIN_WIDE_FOLD points (a batch-1 matrix-vector product read
  * its 0.8 MB of weights per thread from L2 16% faster: docs/ARCHITECTURE.md). */
 #define MIN_WIDE_FOLD 64
@@ -767,7 +782,7 @@ static bool lanes16(const rfi_kir_kernel *k)
 {
     if (k->red_rank > 0)
         return k->red_dims[k->red_rank - 1] >= MIN_WIDE_FOLD;
-    return k->rank >= 1 && k->dims[k->rank - 1] == 16;
+    return (k->rank >= 1 && k->dims[k->rank - 1] == 16) || calls_vector_math(k);
 }
 
 void rfi_render_function_head(rfi_render *R, const char *kname)
