@@ -404,6 +404,19 @@ int rfi_kir_index(rfi_kir_kernel *k, rfi_kir_op op, int a, int b)
         rfi_kir_is_const(k, k->ins[a].b, &cinner)) /* (x + c1) + c2 = x + (c1 + c2) */
         return rfi_kir_index(k, RFI_KIR_IADD, k->ins[a].a,
                              rfi_kir_const_i(k, RF_I64, cinner + cb));
+    /* (x + c) + y = (x + y) + c for x >= 0: a constant offset ends outermost,
+     * where rfi_kir_rebase takes it into the base (a slice of each row at its
+     * own column, i + c + row * stride, then shares one function). Not for an
+     * x that may be negative: 8 - i stays a part in [0, 9) that a division by
+     * 9 can split off (split_division). */
+    for (int side = 0; op == RFI_KIR_IADD && !kb && side < 2; side++) {
+        int inner = side ? b : a, other = side ? a : b;
+        const rfi_kir_ins *in = &k->ins[inner];
+        if (in->op == RFI_KIR_IADD && rfi_kir_is_const(k, in->b, &cinner) &&
+            range_known(&k->ins[in->a]) && k->ins[in->a].lo >= 0)
+            return rfi_kir_index(k, RFI_KIR_IADD, rfi_kir_index(k, RFI_KIR_IADD, in->a, other),
+                                 in->b);
+    }
     if (kb) {
         if ((op == RFI_KIR_IADD && cb == 0) || (op == RFI_KIR_IMUL && cb == 1) ||
             (op == RFI_KIR_IDIV && cb == 1))
