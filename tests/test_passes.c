@@ -1,5 +1,5 @@
 /* test_passes.c: the optimisation passes rfi_simplify, rfi_cse,
- * rfi_merge_dots, rfi_one_pass_moments, rfi_relu_masks and rfi_unroll_pools.
+ * rfi_merge_dots, rfi_stack_dots, rfi_one_pass_moments, rfi_relu_masks and rfi_unroll_pools.
  *
  * Each rewrite is checked on the printed IR (rfi_print) of a small graph
  * built with the internal API, and semantically: the original and the
@@ -766,6 +766,137 @@ static void test_merged_dots(void)
     }
 }
 
+static int count_ops(const rfi_graph *g, rfi_op op)
+{
+    int n = 0;
+    for (int i = 0; g && i < g->n_nodes; i++)
+        n += g->nodes[i]->op == op;
+    return n;
+}
+
+/* ---- Stacked products (stack_dots.c) ----------------------------------------------- */
+
+/* Rows [r0, r1) and columns [c0, c1) of a rank-2 x. */
+static rfi_node *block(rfi_graph *g, rfi_node *x, int64_t r0, int64_t r1, int64_t c0, int64_t c1)
+{
+    rfi_attrs a = attrs0();
+    a.nl[0] = a.nl[1] = a.nl[2] = 2;
+    a.l[0][0] = r0;
+    a.l[0][1] = c0;
+    a.l[1][0] = r1;
+    a.l[1][1] = c1;
+    a.l[2][0] = a.l[2][1] = 1;
+    return node(g, RFI_OP_SLICE, &x, 1, &a, x->dtype, NULL, 0);
+}
+
+#define STACK_DG "{lhs_batch=[], rhs_batch=[], lhs_contract=[1], rhs_contract=[0]}"
+static float stack_x[12], stack_w[6];
+static void *const stack_args[2] = {stack_x, stack_w};
+
+/* x f32[2,6] and w f32[2,3]: x's three column blocks times w (with `tiles`;
+ * else the second is columns 1-2), a fourth product of the first's result
+ * (the chain of a recurrence), and the four summed. */
+/* A graph of n f32 arguments of rank 2 and dims dims[i]. */
+static rfi_graph *graph_of_matrices(int n, const int64_t (*dims)[2])
+{
+    rfi_graph *g = rfi_graph_new(rf_device_cpu(), "t");
+    rf_dtype dts[4];
+    int rk[4];
+    int64_t d[4][RF_MAX_RANK];
+    for (int i = 0; i < n && i < 4; i++) {
+        dts[i] = RF_F32;
+        rk[i] = 2;
+        d[i][0] = dims[i][0];
+        d[i][1] = dims[i][1];
+    }
+    CHECK_OK(rfi_graph_set_args(g, n, dts, rk, (const int64_t(*)[RF_MAX_RANK])d));
+    return g;
+}
+
+static rfi_graph *stack_graph(bool tiles)
+{
+    rfi_graph *g = graph_of_matrices(2, (const int64_t[][2]){{2, 6}, {2, 3}});
+    rfi_node *x = arg(g, 0), *w = arg(g, 1);
+    rfi_node *d0 = dot(g, block(g, x, 0, 2, 0, 2), w, 1, 0);
+    rfi_node *d1 = dot(g, block(g, x, 0, 2, tiles ? 2 : 1, tiles ? 4 : 3), w, 1, 0);
+    rfi_node *chained = dot(g, block(g, d0, 0, 2, 0, 2), w, 1, 0);
+    rfi_node *d2 = dot(g, block(g, x, 0, 2, 4, 6), w, 1, 0);
+    rfi_graph_add_output(g, bin(g, RFI_OP_ADD, bin(g, RFI_OP_ADD, d0, d1),
+                                bin(g, RFI_OP_ADD, chained, d2)));
+    return g;
+}
+
+static void test_stacked_dots(void)
+{
+    for (int k = 0; k < 12; k++)
+        stack_x[k] = (float)(k % 5) - 2.0f;
+    for (int k = 0; k < 6; k++)
+        stack_w[k] = (float)(k % 4) - 1.0f;
+    /* the three products of x's column blocks become one of x reshaped, each
+     * result its columns of the product reshaped back; the chained one, whose
+     * operand depends on the first, stays */
+    expect("stack: x's three column blocks", rfi_stack_dots, stack_graph(true),
+           "%0 = argument {index=0} : f32[2,6]\n"
+           "%1 = argument {index=1} : f32[2,3]\n"
+           "%2 = reshape(%0) : f32[6,2]\n"
+           "%3 = dot_general(%2, %1) " STACK_DG " : f32[6,3]\n"
+           "%4 = reshape(%3) : f32[2,9]\n"
+           "%5 = slice(%4) {start=[0, 0], limit=[2, 3], stride=[1, 1]} : f32[2,3]\n"
+           "%6 = slice(%4) {start=[0, 3], limit=[2, 6], stride=[1, 1]} : f32[2,3]\n"
+           "%7 = slice(%5) {start=[0, 0], limit=[2, 2], stride=[1, 1]} : f32[2,2]\n"
+           "%8 = dot_general(%7, %1) " STACK_DG " : f32[2,3]\n"
+           "%9 = slice(%4) {start=[0, 6], limit=[2, 9], stride=[1, 1]} : f32[2,3]\n"
+           "%10 = add(%8, %9) : f32[2,3]\n"
+           "%11 = add(%5, %6) : f32[2,3]\n"
+           "%12 = add(%11, %10) : f32[2,3]\n"
+           "outputs: %12\n",
+           stack_args);
+    /* blocks that do not tile x: stacked by a concatenation (the later two
+     * built again where the first product stood), each result its rows */
+    expect("stack: three slices of x", rfi_stack_dots, stack_graph(false),
+           "%0 = argument {index=0} : f32[2,6]\n"
+           "%1 = argument {index=1} : f32[2,3]\n"
+           "%2 = slice(%0) {start=[0, 0], limit=[2, 2], stride=[1, 1]} : f32[2,2]\n"
+           "%3 = slice(%0) {start=[0, 1], limit=[2, 3], stride=[1, 1]} : f32[2,2]\n"
+           "%4 = slice(%0) {start=[0, 4], limit=[2, 6], stride=[1, 1]} : f32[2,2]\n"
+           "%5 = concatenate(%2, %3, %4) {axis=0} : f32[6,2]\n"
+           "%6 = dot_general(%5, %1) " STACK_DG " : f32[6,3]\n"
+           "%7 = slice(%6) {start=[0, 0], limit=[2, 3], stride=[1, 1]} : f32[2,3]\n"
+           "%8 = slice(%6) {start=[2, 0], limit=[4, 3], stride=[1, 1]} : f32[2,3]\n"
+           "%9 = slice(%7) {start=[0, 0], limit=[2, 2], stride=[1, 1]} : f32[2,2]\n"
+           "%10 = dot_general(%9, %1) " STACK_DG " : f32[2,3]\n"
+           "%11 = slice(%6) {start=[4, 0], limit=[6, 3], stride=[1, 1]} : f32[2,3]\n"
+           "%12 = add(%10, %11) : f32[2,3]\n"
+           "%13 = add(%7, %8) : f32[2,3]\n"
+           "%14 = add(%13, %12) : f32[2,3]\n"
+           "outputs: %14\n",
+           stack_args);
+    /* RF_STACK_DOTS=0: a plain copy */
+    rfi_graph *g = stack_graph(true);
+    char *want = body(g);
+    setenv("RF_STACK_DOTS", "0", 1);
+    expect("stack: RF_STACK_DOTS=0", rfi_stack_dots, g, want, stack_args);
+    unsetenv("RF_STACK_DOTS");
+    free(want);
+    /* products of 2M multiply-adds or more, or of different right operands,
+     * stay apart */
+    {
+        g = graph_of_matrices(3, (const int64_t[][2]){{1000, 4000}, {2000, 1}, {2000, 1}});
+        rfi_node *x = arg(g, 0), *w = arg(g, 1), *v = arg(g, 2);
+        rfi_node *big0 = dot(g, block(g, x, 0, 1000, 0, 2000), w, 1, 0);
+        rfi_node *big1 = dot(g, block(g, x, 0, 1000, 2000, 4000), w, 1, 0);
+        rfi_node *small0 = dot(g, block(g, x, 0, 10, 0, 2000), w, 1, 0);
+        rfi_node *small1 = dot(g, block(g, x, 10, 20, 0, 2000), v, 1, 0);
+        rfi_graph_add_output(g, bin(g, RFI_OP_ADD, big0, big1));
+        rfi_graph_add_output(g, bin(g, RFI_OP_ADD, small0, small1));
+        rfi_graph *out = apply(rfi_stack_dots, g);
+        CHECK(out && count_ops(out, RFI_OP_DOT_GENERAL) == 4 &&
+              count_ops(out, RFI_OP_CONCATENATE) == 0);
+        rfi_graph_free(out);
+        rfi_graph_free(g);
+    }
+}
+
 /* ---- One-pass moments (moments.c) ------------------------------------------------- */
 
 enum { MOM_N = 4, MOM_C = 3, MOM_H = 5, MOM_W = 6, MOM_POINTS = MOM_N * MOM_C * MOM_H * MOM_W };
@@ -788,13 +919,6 @@ static rfi_graph *moments_graph(const int64_t *axes, int naxes, bool keepdims)
     return opt;
 }
 
-static int count_ops(const rfi_graph *g, rfi_op op)
-{
-    int n = 0;
-    for (int i = 0; g && i < g->n_nodes; i++)
-        n += g->nodes[i]->op == op;
-    return n;
-}
 
 /* The largest error of out's mean and var (outputs 0 and 1, per kept point)
  * against f64 two-pass sums of mom_x over the BatchNorm axes, relative to the
@@ -2044,6 +2168,7 @@ int main(void)
     test_slice_of_concatenation();
     test_pooled_gradient_mask();
     test_merged_dots();
+    test_stacked_dots();
     test_one_pass_moments();
     test_relu_masks();
     test_unrolled_pools();

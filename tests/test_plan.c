@@ -1768,6 +1768,87 @@ static void test_concat_slabs(void)
         rf_array_free(args[i]);
 }
 
+/* An RNN's input projections x_t W_i over its steps, x [batch, steps * features]
+ * cut into the steps, become one product of x reshaped (passes/stack_dots.c),
+ * each step reading its columns of it; the hidden projections h W_h, a chain,
+ * stay one a step. Compiled, the last state and both weight gradients are
+ * those of the interpreter. */
+enum { STACK_STEPS = 8, STACK_BATCH = 32, STACK_IN = 64, STACK_HIDDEN = 128 };
+
+static void stacked_rnn_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0), *w[2] = {rf_arg(t, 1), rf_arg(t, 2)}, *h = NULL;
+    for (int s = 0; s < STACK_STEPS; s++) {
+        const int64_t start[2] = {0, s * STACK_IN}, limit[2] = {STACK_BATCH, (s + 1) * STACK_IN};
+        rf_tensor *pre = rf_matmul(rf_slice(x, start, limit, NULL), w[0]);
+        h = rf_tanh(h ? rf_add(pre, rf_matmul(h, w[1])) : pre);
+    }
+    rf_tensor *dw[2] = {NULL, NULL};
+    CHECK_OK(rf_grad(t, rf_sum_all(h), w, 2, dw));
+    rf_return(t, h);
+    rf_return(t, dw[0]);
+    rf_return(t, dw[1]);
+}
+
+static void test_stacked_products(void)
+{
+    enum { ARGS = 3, OUTS = 3 };
+    const int64_t dims[ARGS][2] = {{STACK_BATCH, STACK_STEPS * STACK_IN},
+                                   {STACK_IN, STACK_HIDDEN},
+                                   {STACK_HIDDEN, STACK_HIDDEN}};
+    rf_array *args[ARGS];
+    for (int i = 0; i < ARGS; i++) {
+        int64_t n = dims[i][0] * dims[i][1];
+        float *v = malloc((size_t)n * sizeof *v);
+        for (int64_t j = 0; j < n; j++)
+            v[j] = (float)(((j * 7 + i * 13) % 17) - 8) / (i ? 128.0f : 16.0f);
+        args[i] = rf_array_new(cpu, RF_F32, dims[i], 2, v);
+        free(v);
+    }
+    rfi_graph *g = trace_program(stacked_rnn_fn, NULL, args, ARGS), *stacked = NULL;
+    if (g)
+        CHECK_OK(rfi_stack_dots(g, &stacked));
+    int wide = 0, by_step = 0;
+    for (int x = 0; stacked && x < stacked->n_nodes; x++) {
+        const rfi_node *n = stacked->nodes[x];
+        if (n->op != RFI_OP_DOT_GENERAL || n->in[0]->op == RFI_OP_TRANSPOSE)
+            continue;
+        wide += n->dims[0] == STACK_BATCH * STACK_STEPS && n->in[0]->op == RFI_OP_RESHAPE;
+        by_step += n->in[1] == stacked->args[2] && n->attr.l[3][0] == 0; /* h W_h, forward */
+    }
+    CHECK(wide == 1 && by_step == STACK_STEPS - 1); /* the first step has no h W_h */
+    rfi_graph_free(stacked);
+    rfi_graph_free(g);
+    rf_array *want[OUTS] = {NULL}, *got[OUTS] = {NULL};
+    for (int pass = 0; pass < 2; pass++) {
+        setenv("RF_BACKEND", pass ? "cpu" : "interp", 1);
+        rf_exec *e = NULL;
+        CHECK_OK(rf_compile(stacked_rnn_fn, NULL, args, ARGS, &e));
+        CHECK_OK(e ? rf_exec_run(e, args, ARGS, pass ? got : want, OUTS) : RF_E_INVALID);
+        rf_exec_free(e);
+    }
+    unsetenv("RF_BACKEND");
+    double worst = 0;
+    for (int i = 0; i < OUTS; i++) {
+        const float *a = want[i] ? rf_array_data(want[i]) : NULL;
+        const float *b = got[i] ? rf_array_data(got[i]) : NULL;
+        CHECK(a && b);
+        int64_t n = a && b ? rf_array_numel(want[i]) : 0;
+        for (int64_t j = 0; j < n; j++) {
+            double err = fabs((double)a[j] - b[j]) / (1.0 + fabs((double)a[j]));
+            worst = err > worst ? err : worst;
+        }
+        rf_array_free(want[i]);
+        rf_array_free(got[i]);
+    }
+    CHECK(worst <= 1e-5);
+    printf("stacked products: one of [%d,%d] for %d steps; compiled within %.2g of the "
+           "interpreter\n", STACK_BATCH * STACK_STEPS, STACK_HIDDEN, STACK_STEPS, worst);
+    for (int i = 0; i < ARGS; i++)
+        rf_array_free(args[i]);
+}
+
 /* A loop over a flat concatenation of vectors (no segment roots: nothing slices
  * it back) is segmented at the operands' ends, so each piece reads one operand
  * directly instead of picking it per element through a chain of selects. */
@@ -2524,6 +2605,7 @@ int main(void)
     test_flat_concat_segmented();
     test_concat_per_operand();
     test_concat_slabs();
+    test_stacked_products();
     test_mlp_train_step();
     test_cnn_train_step();
     test_blocked_layouts();

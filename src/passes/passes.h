@@ -76,6 +76,16 @@ RFI_FUNC bool rfi_unroll_pools_enabled(void);
 RFI_FUNC rf_status rfi_merge_dots(const rfi_graph *g, rfi_graph **out);
 /* Whether rfi_merge_dots merges (RF_MERGE_DOTS is not "0"). */
 RFI_FUNC bool rfi_merge_dots_enabled(void);
+/* Small matrix products of one right operand (no batch dims, one contracted
+ * dim, a rank-2 left operand contracted along dim 1) whose left operands do
+ * not depend on the group's results become one product of the left operands
+ * concatenated along their rows, each result a slice of its rows
+ * (stack_dots.c): an RNN's input projection over its time steps is one
+ * product instead of one per step. Exact. RF_STACK_DOTS=0 in the
+ * environment: a plain copy (then DCE). */
+RFI_FUNC rf_status rfi_stack_dots(const rfi_graph *g, rfi_graph **out);
+/* Whether rfi_stack_dots stacks (RF_STACK_DOTS is not "0"). */
+RFI_FUNC bool rfi_stack_dots_enabled(void);
 /* A float variance's sum of squared deviations from a mean taken in the same
  * program, sum((x - sum(x) / n)^2) over the axes of that sum with x f32,
  * and the mean's sum become one pass of f64 sums about a shift (moments.c):

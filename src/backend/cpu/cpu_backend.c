@@ -106,6 +106,8 @@ static rf_status optimise(const rfi_graph *g, rfi_graph **out)
     if (st == RF_OK)
         st = apply_pass(rfi_merge_dots, &cur, g); /* ends with DCE */
     if (st == RF_OK)
+        st = apply_pass(rfi_stack_dots, &cur, g); /* ends with DCE */
+    if (st == RF_OK)
         st = apply_pass(rfi_unroll_pools, &cur, g); /* ends with DCE */
     if (st == RF_OK)
         st = apply_pass(pad_loop_convs, &cur, g); /* ends with DCE */
@@ -336,6 +338,7 @@ static void cpu_optimise_context(rfi_strbuf *b)
 {
     rfi_sb_printf(b, "unroll_pools=%d\n", (int)rfi_unroll_pools_enabled());
     rfi_sb_printf(b, "merge_dots=%d\n", (int)rfi_merge_dots_enabled());
+    rfi_sb_printf(b, "stack_dots=%d\n", (int)rfi_stack_dots_enabled());
 }
 
 /* The plan. Its layouts and epilogues depend on oneDNN (blocked_wanted,
