@@ -878,6 +878,22 @@ static void test_stacked_dots(void)
     expect("stack: RF_STACK_DOTS=0", rfi_stack_dots, g, want, stack_args);
     unsetenv("RF_STACK_DOTS");
     free(want);
+    /* 1030 products of one weight stack in groups of at most 1024: two */
+    {
+        g = graph_of_matrices(2, (const int64_t[][2]){{1, 2}, {2, 3}});
+        rfi_node *x = arg(g, 0), *w = arg(g, 1), *sum = NULL;
+        for (int i = 0; i < 1030; i++) {
+            rfi_node *p = dot(g, x, w, 1, 0);
+            sum = sum ? bin(g, RFI_OP_ADD, sum, p) : p;
+        }
+        rfi_graph_add_output(g, sum);
+        rfi_graph *out = apply(rfi_stack_dots, g);
+        CHECK(out && count_ops(out, RFI_OP_DOT_GENERAL) == 2 &&
+              count_ops(out, RFI_OP_CONCATENATE) == 2);
+        CHECK(out && same_results(g, out, stack_args));
+        rfi_graph_free(out);
+        rfi_graph_free(g);
+    }
     /* products of 2M multiply-adds or more, or of different right operands,
      * stay apart */
     {

@@ -1669,6 +1669,20 @@ static void free_rendered(char *source, rfi_kir_module *km, rfi_plan *p, rfi_gra
     rfi_graph_free(g);
 }
 
+/* fn compiled for and run on the interpreter (want) and the CPU backend (got). */
+static void run_on_both(rf_trace_fn fn, rf_array *const *args, int nargs, rf_array **want,
+                        rf_array **got, int nouts)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        setenv("RF_BACKEND", pass ? "cpu" : "interp", 1);
+        rf_exec *e = NULL;
+        CHECK_OK(rf_compile(fn, NULL, args, nargs, &e));
+        CHECK_OK(e ? rf_exec_run(e, args, nargs, pass ? got : want, nouts) : RF_E_INVALID);
+        rf_exec_free(e);
+    }
+    unsetenv("RF_BACKEND");
+}
+
 /* A concatenation along rows of values earlier steps compute (products as
  * loops, below the call size) takes its operands in place (memplan.c): a1,
  * a2 and a3 are written into their rows of c, whose step copies only x,
@@ -1741,14 +1755,7 @@ static void test_concat_slabs(void)
     }
     free_rendered(source, km, p, g);
     rf_array *want[OUTS] = {NULL}, *got[OUTS] = {NULL};
-    for (int pass = 0; pass < 2; pass++) {
-        setenv("RF_BACKEND", pass ? "cpu" : "interp", 1);
-        rf_exec *e = NULL;
-        CHECK_OK(rf_compile(concat_slabs_fn, NULL, args, ARGS, &e));
-        CHECK_OK(e ? rf_exec_run(e, args, ARGS, pass ? got : want, OUTS) : RF_E_INVALID);
-        rf_exec_free(e);
-    }
-    unsetenv("RF_BACKEND");
+    run_on_both(concat_slabs_fn, args, ARGS, want, got, OUTS);
     for (int i = 0; i < OUTS; i++) {
         float *a = want[i] ? rf_array_data(want[i]) : NULL;
         float *b = got[i] ? rf_array_data(got[i]) : NULL;
@@ -1821,14 +1828,7 @@ static void test_stacked_products(void)
     rfi_graph_free(stacked);
     rfi_graph_free(g);
     rf_array *want[OUTS] = {NULL}, *got[OUTS] = {NULL};
-    for (int pass = 0; pass < 2; pass++) {
-        setenv("RF_BACKEND", pass ? "cpu" : "interp", 1);
-        rf_exec *e = NULL;
-        CHECK_OK(rf_compile(stacked_rnn_fn, NULL, args, ARGS, &e));
-        CHECK_OK(e ? rf_exec_run(e, args, ARGS, pass ? got : want, OUTS) : RF_E_INVALID);
-        rf_exec_free(e);
-    }
-    unsetenv("RF_BACKEND");
+    run_on_both(stacked_rnn_fn, args, ARGS, want, got, OUTS);
     double worst = 0;
     for (int i = 0; i < OUTS; i++) {
         const float *a = want[i] ? rf_array_data(want[i]) : NULL;

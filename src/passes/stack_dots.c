@@ -15,8 +15,8 @@
  * right operand node, contracted dim, precision and dtypes form a group led
  * by the first in SSA order. A later one joins the first group whose leader
  * it can stand beside: its left operand comes before the leader, or is a
- * layout op (slice, reshape, transpose, broadcast, convert) whose operands
- * all come before it, built once more there (the copy where it stood dies).
+ * layout op (slice, reshape, transpose, broadcast, convert) of a value that
+ * does, built once more there (the copy where it stood dies).
  * Either way it cannot depend on a product of the group. A group of two or
  * more becomes
  *   s = dot(concatenate(a_1, .., a_n, axis 0), b),  product i = rows r_i.. of s
@@ -46,6 +46,9 @@
  * them on one thread (cpu/services.c SMALL_MATMUL_MACS), where the call's
  * own overhead is a good part of the time. */
 #define STACK_MAX_MACS 2000000
+/* The most products stacked into one: a concatenation of more operands would
+ * pick its operand per element (merge_dots.c's MAX_MERGED). */
+#define MAX_STACKED 1024
 
 typedef struct stacker {
     const rfi_graph *g;
@@ -53,6 +56,7 @@ typedef struct stacker {
     int *next;           /* per product: the next of its group, or -1 */
     int *tail;           /* per leader: the last of its group so far */
     int *count;          /* per leader: the products of its group */
+    int64_t *row;        /* per product: its first row in the stacked operand */
     int *first_leader;   /* per right operand: the first leader using it, or -1 */
     int *next_leader;    /* per leader: the next leader of the same right operand, or -1 */
     rfi_node **stacked;  /* per leader: the stacked product in the copy */
@@ -91,7 +95,7 @@ static bool ready_at(const rfi_node *a, int leader)
     return a->id < leader || (layout_op(a->op) && a->n_in == 1 && a->in[0]->id < leader);
 }
 
-/* Assigns the products of g to groups (s->leader, next, tail and count). */
+/* Assigns the products of g to groups (s->leader, next, tail, count, row). */
 static void find_groups(stacker *s)
 {
     const rfi_graph *g = s->g;
@@ -101,16 +105,18 @@ static void find_groups(stacker *s)
         const rfi_node *x = g->nodes[id];
         if (!stackable(x))
             continue;
-        int b = x->in[1]->id, lead = -1, *link = &s->first_leader[b];
+        int lead = -1, *link = &s->first_leader[x->in[1]->id];
         for (; *link >= 0 && lead < 0; link = &s->next_leader[*link])
-            if (same_form(g->nodes[*link], x) && ready_at(x->in[0], *link))
+            if (s->count[*link] < MAX_STACKED && same_form(g->nodes[*link], x) &&
+                ready_at(x->in[0], *link))
                 lead = *link;
-        if (lead < 0) { /* leads a group of its own, after the others of b */
-            while (*link >= 0)
-                link = &s->next_leader[*link];
+        if (lead < 0) { /* leads a group of its own: *link ends the list of its weight */
             *link = lead = s->tail[id] = id;
+            s->row[id] = 0;
         } else {
-            s->next[s->tail[lead]] = id;
+            int last = s->tail[lead];
+            s->row[id] = s->row[last] + g->nodes[last]->dims[0];
+            s->next[last] = id;
             s->tail[lead] = id;
         }
         s->leader[id] = lead;
@@ -144,9 +150,7 @@ static const rfi_node *tiled_matrix(const stacker *s, const rfi_node *x)
     const rfi_node *m = x->in[0]->in[0];
     if (m->dims[1] / x->in[0]->dims[1] != s->count[x->id])
         return NULL;
-    uint64_t seen[64] = {0}; /* blocks by bits: groups of up to 4096 */
-    if (s->count[x->id] > 64 * 64)
-        return NULL;
+    uint64_t seen[MAX_STACKED / 64] = {0}; /* the blocks taken, by bits */
     for (int id = x->id; id >= 0; id = s->next[id]) {
         const rfi_node *a = s->g->nodes[id]->in[0];
         int64_t j = column_block(a);
@@ -230,10 +234,7 @@ static rfi_node *stack_node(void *ctx, rfi_graph *c, const rfi_node *x, rfi_node
         return NULL; /* c's status says why */
     if (s->tiled[lead])
         return result_of(c, s->stacked[lead], 0, column_block(x->in[0]) * x->dims[1], x);
-    int64_t from = 0;
-    for (int id = lead; id != x->id; id = s->next[id])
-        from += s->g->nodes[id]->dims[0];
-    return result_of(c, s->stacked[lead], from, 0, x);
+    return result_of(c, s->stacked[lead], s->row[x->id], 0, x);
 }
 
 bool rfi_stack_dots_enabled(void)
@@ -253,12 +254,13 @@ rf_status rfi_stack_dots(const rfi_graph *g, rfi_graph **out)
                  rfi_calloc(n, sizeof *s.next),
                  rfi_calloc(n, sizeof *s.tail),
                  rfi_calloc(n, sizeof *s.count),
+                 rfi_calloc(n, sizeof *s.row),
                  rfi_calloc(n, sizeof *s.first_leader),
                  rfi_calloc(n, sizeof *s.next_leader),
                  rfi_calloc(n, sizeof *s.stacked),
                  rfi_calloc(n, sizeof *s.tiled),
                  rfi_calloc(n, sizeof *s.operands)};
-    rf_status st = s.leader && s.next && s.tail && s.count && s.first_leader &&
+    rf_status st = s.leader && s.next && s.tail && s.count && s.row && s.first_leader &&
                            s.next_leader && s.stacked && s.tiled && s.operands
                        ? RF_OK
                        : rfi_error(RF_E_NOMEM, "stack_dots: out of memory");
@@ -271,6 +273,7 @@ rf_status rfi_stack_dots(const rfi_graph *g, rfi_graph **out)
     rfi_free(s.next);
     rfi_free(s.tail);
     rfi_free(s.count);
+    rfi_free(s.row);
     rfi_free(s.first_leader);
     rfi_free(s.next_leader);
     rfi_free(s.stacked);

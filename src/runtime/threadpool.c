@@ -20,7 +20,9 @@
  * OpenMP's idle threads spin briefly between regions (the loader sets
  * GOMP_SPINCOUNT), which plays the role of the spin above. While other
  * processes keep OpenMP's threads off the cores, loops run on their caller
- * alone for a while ("Late teams" below).
+ * alone for a while ("Late teams" below). Through a stretch of library calls
+ * the caller runs alone, with work for the team later in the same run, the
+ * team is kept spinning ("Keeping the team warm" below).
  *
  * A range is cut into up to CHUNKS_PER_THREAD chunks per thread, so that on
  * a machine shared with other jobs a thread that is descheduled, or slowed
