@@ -411,11 +411,12 @@ int rfi_kir_index(rfi_kir_kernel *k, rfi_kir_op op, int a, int b)
      * 9 can split off (split_division). */
     for (int side = 0; op == RFI_KIR_IADD && !kb && side < 2; side++) {
         int inner = side ? b : a, other = side ? a : b;
-        const rfi_kir_ins *in = &k->ins[inner];
-        if (in->op == RFI_KIR_IADD && rfi_kir_is_const(k, in->b, &cinner) &&
-            range_known(&k->ins[in->a]) && k->ins[in->a].lo >= 0)
-            return rfi_kir_index(k, RFI_KIR_IADD, rfi_kir_index(k, RFI_KIR_IADD, in->a, other),
-                                 in->b);
+        int x = k->ins[inner].a, c = k->ins[inner].b; /* copied: interning may move ins */
+        if (k->ins[inner].op == RFI_KIR_IADD && rfi_kir_is_const(k, c, &cinner) &&
+            range_known(&k->ins[x]) && k->ins[x].lo >= 0) {
+            int sum = rfi_kir_index(k, RFI_KIR_IADD, x, other);
+            return rfi_kir_index(k, RFI_KIR_IADD, sum, c);
+        }
     }
     if (kb) {
         if ((op == RFI_KIR_IADD && cb == 0) || (op == RFI_KIR_IMUL && cb == 1) ||

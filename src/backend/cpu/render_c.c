@@ -773,10 +773,10 @@ static bool calls_vector_math(const rfi_kir_kernel *k)
 }
 
 /* Whether k runs 512-bit vectors (RF_LANES16): an elementwise kernel whose
- * innermost loop is the 16 lanes of a channel block or that calls vector
- * math (calls_vector_math), or a reduction folding
- * rows of at least MIN_WIDE_FOLD points (a batch-1 matrix-vector product read
- * its 0.8 MB of weights per thread from L2 16% faster: docs/ARCHITECTURE.md). */
+ * innermost loop is the 16 lanes of a channel block or that computes vector
+ * math (calls_vector_math), or a reduction folding rows of at least
+ * MIN_WIDE_FOLD points (a batch-1 matrix-vector product read its 0.8 MB of
+ * weights per thread from L2 16% faster: docs/ARCHITECTURE.md). */
 #define MIN_WIDE_FOLD 64
 static bool lanes16(const rfi_kir_kernel *k)
 {
