@@ -356,8 +356,8 @@ rf_status rfi_vjp_select_and_scatter(const rfi_vjp_args *a, rfi_node **gr)
      * first maximum in row-major window order, a NaN above every number, padding
      * never. Walk the window offsets keeping the best value so far, its ct, and
      * whether a real (unpadded) element has been seen. */
-    rfi_node *real = rfi_ad_pad(G, rfi_ad_full(G, RF_BOOL, x->dims, r, 1.0),
-                                rfi_ad_scalar(G, RF_BOOL, 0.0), lo, hi, NULL);
+    rfi_node *all = rfi_ad_full(G, RF_BOOL, x->dims, r, 1.0); /* in this order on any compiler */
+    rfi_node *real = rfi_ad_pad(G, all, rfi_ad_scalar(G, RF_BOOL, 0.0), lo, hi, NULL);
     rfi_node *xp = rfi_ad_pad(G, x, rfi_ad_scalar(G, x->dtype, 0.0), lo, hi, NULL);
     rfi_node *cp = rfi_ad_pad(G, a->ct, rfi_ad_scalar(G, a->ct->dtype, 0.0), lo, hi, NULL);
     rfi_node *best = NULL, *val = NULL, *have = NULL;

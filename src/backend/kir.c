@@ -369,8 +369,8 @@ static int split_division(rfi_kir_kernel *k, rfi_kir_op op, int a, int64_t c)
             int x = rm->a, y = rest, q = rfi_kir_const_i(k, RF_I64, c / m);
             if (op == RFI_KIR_IDIV)
                 return rfi_kir_index(k, RFI_KIR_IDIV, x, q);
-            int low = rfi_kir_index(k, RFI_KIR_IMUL, rfi_kir_index(k, RFI_KIR_IREM, x, q),
-                                    rfi_kir_const_i(k, RF_I64, m));
+            int rem = rfi_kir_index(k, RFI_KIR_IREM, x, q); /* made in this order on any compiler */
+            int low = rfi_kir_index(k, RFI_KIR_IMUL, rem, rfi_kir_const_i(k, RF_I64, m));
             return rfi_kir_index(k, RFI_KIR_IADD, low, y);
         }
         if (m % c != 0)

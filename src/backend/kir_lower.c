@@ -906,9 +906,8 @@ static rf_status lower_loop_box(lower *L, const rfi_step *st, const box *part)
     int64_t b = rfi_layout_block(rfi_plan_layout(L->p, r0->id));
     if (b > 0) { /* blocked roots, the box whole blocks of channels: their order */
         vars[0] = rfi_lower_loop_var(L, r0->dims[0], false);
-        int block = iop(L, RFI_KIR_IADD,
-                        rfi_lower_loop_var(L, (part->hi[1] - part->lo[1]) / b, false),
-                        cst(L, part->lo[1] / b));
+        int block_var = rfi_lower_loop_var(L, (part->hi[1] - part->lo[1]) / b, false);
+        int block = iop(L, RFI_KIR_IADD, block_var, cst(L, part->lo[1] / b));
         vars[2] = rfi_lower_loop_var(L, r0->dims[2], false);
         vars[3] = rfi_lower_loop_var(L, r0->dims[3], false);
         int lane = rfi_lower_loop_var(L, b, false);

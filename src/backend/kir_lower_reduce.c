@@ -289,28 +289,30 @@ static rf_status conv_value(lower *L, const rfi_node *n, const int *m, int *valu
     for (int d = 0; d < nsp; d++)
         wm[2 + d] = rfi_lower_loop_var(L, w->dims[2 + d], true);
     xm[0] = m[0];
-    if (b_groups > 1) /* the feature's block of images */
-        xm[0] = iop(L, RFI_KIR_IADD,
-                    iop(L, RFI_KIR_IMUL, iop(L, RFI_KIR_IDIV, m[1], cst(L, features / b_groups)),
-                        cst(L, n->dims[0])),
-                    m[0]);
+    /* each instruction made in its own statement: the same numbering whatever
+     * order a compiler evaluates a call's arguments in */
+    if (b_groups > 1) { /* the feature's block of images */
+        int block = iop(L, RFI_KIR_IDIV, m[1], cst(L, features / b_groups));
+        int first = iop(L, RFI_KIR_IMUL, block, cst(L, n->dims[0]));
+        xm[0] = iop(L, RFI_KIR_IADD, first, m[0]);
+    }
     xm[1] = ci;
-    if (groups > 1) /* the feature's block of channels */
-        xm[1] = iop(L, RFI_KIR_IADD,
-                    iop(L, RFI_KIR_IMUL, iop(L, RFI_KIR_IDIV, m[1], cst(L, features / groups)),
-                        cst(L, cin)),
-                    ci);
+    if (groups > 1) { /* the feature's block of channels */
+        int block = iop(L, RFI_KIR_IDIV, m[1], cst(L, features / groups));
+        int first = iop(L, RFI_KIR_IMUL, block, cst(L, cin));
+        xm[1] = iop(L, RFI_KIR_IADD, first, ci);
+    }
     int inside = rfi_kir_const_i(k, RF_BOOL, 1);
     for (int d = 0; d < nsp; d++) {
         int64_t stride = at->l[0][d], lo = at->l[1][d], rdil = at->l[4][d];
         int64_t ldil = at->l[3][d] > 0 ? at->l[3][d] : 1, in = x->dims[2 + d];
-        int pos = iop(L, RFI_KIR_IADD,
-                      iop(L, RFI_KIR_IADD, iop(L, RFI_KIR_IMUL, m[2 + d], cst(L, stride)),
-                          iop(L, RFI_KIR_IMUL, wm[2 + d], cst(L, rdil))),
-                      cst(L, -lo));
+        int out_at = iop(L, RFI_KIR_IMUL, m[2 + d], cst(L, stride));
+        int tap_at = iop(L, RFI_KIR_IMUL, wm[2 + d], cst(L, rdil));
+        int sum = iop(L, RFI_KIR_IADD, out_at, tap_at);
+        int pos = iop(L, RFI_KIR_IADD, sum, cst(L, -lo));
         if (ldil > 1) {
-            int on_grid = rfi_kir_icmp(k, RF_EQ, iop(L, RFI_KIR_IREM, pos, cst(L, ldil)),
-                                       cst(L, 0));
+            int off_grid = iop(L, RFI_KIR_IREM, pos, cst(L, ldil));
+            int on_grid = rfi_kir_icmp(k, RF_EQ, off_grid, cst(L, 0));
             inside = rfi_kir_land(k, inside, rfi_kir_icmp(k, RF_GE, pos, cst(L, 0)));
             inside = rfi_kir_land(k, inside, on_grid);
             pos = iop(L, RFI_KIR_IDIV, pos, cst(L, ldil));
