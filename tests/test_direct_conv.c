@@ -15,7 +15,8 @@
  * in rows only, columns only, both; with the residual's add), weight
  * gradients reading an output gradient spread by a max pool's codes (2x2
  * and 3x3 windows), the input gradient of a strided 1x1 projection (32 and
- * 64 channels dilated; in a model, summed with the other branch's), next to
+ * 64 channels dilated, to 8, 16, and in vectors of 16 to 32, 48 and 64; in
+ * models, summed with the other branch's), next to
  * convolutions that stay library calls (3 output channels, 16 input
  * channels).
  *
@@ -133,6 +134,20 @@ static rf_model *projection(void)
                     rf_parallel(RF_COMBINE_ADD, rf_conv2d(1, 1, 16, 32, RF_ACT_IDENTITY, &s2),
                                 rf_conv2d(3, 3, 16, 32, RF_ACT_IDENTITY, &s2p1)),
                     rf_flatten_layer(), rf_dense(32 * 6 * 6, 10, RF_ACT_IDENTITY));
+}
+
+/* The same at the ResNet example's third block's widths: 1 -> 32, then a
+ * strided 32 -> 64 block with a 1x1 projection, whose input gradient (64
+ * channels dilated, to 32 outputs) is a loop of two vectors of 16. */
+static rf_model *wide_projection(void)
+{
+    rf_nn_seed(27);
+    rf_conv_opts p1 = conv_opts(1, 1, 1, 1), s2 = conv_opts(2, 2, 0, 0),
+                 s2p1 = conv_opts(2, 2, 1, 1);
+    return rf_chain(rf_conv2d(3, 3, 1, 32, RF_ACT_RELU, &p1),
+                    rf_parallel(RF_COMBINE_ADD, rf_conv2d(1, 1, 32, 64, RF_ACT_IDENTITY, &s2),
+                                rf_conv2d(3, 3, 32, 64, RF_ACT_IDENTITY, &s2p1)),
+                    rf_flatten_layer(), rf_dense(64 * 5 * 5, 10, RF_ACT_IDENTITY));
 }
 
 typedef rf_model *(*model_fn)(void);
@@ -319,6 +334,7 @@ int main(void)
     compare_variants(pooled, 12, 12, "pooled");
     compare_variants(pooled_3x3, 12, 12, "pooled 3x3");
     compare_variants(projection, 12, 12, "projection");
+    compare_variants(wide_projection, 10, 10, "wide projection");
     sweep(SWEEP_FORWARD, 10);
     sweep(SWEEP_DILATED, 8);
     sweep(SWEEP_WEIGHT_GRAD, 8);
@@ -330,6 +346,16 @@ int main(void)
     sweep_one(&(sweep_case){.kind = SWEEP_DILATED, .n = 3, .c = 64, .o = 8, .kh = 1, .kw = 1,
                             .h = 5, .w = 9, .stride = {1, 1}, .dilation = {2, 3},
                             .pad_hi = {1, 2}});
+    /* and to several vectors of 16 outputs */
+    sweep_one(&(sweep_case){.kind = SWEEP_DILATED, .n = 2, .c = 64, .o = 32, .kh = 1, .kw = 1,
+                            .h = 7, .w = 7, .stride = {1, 1}, .dilation = {2, 2},
+                            .pad_hi = {1, 1}});
+    sweep_one(&(sweep_case){.kind = SWEEP_DILATED, .n = 3, .c = 40, .o = 48, .kh = 1, .kw = 1,
+                            .h = 4, .w = 6, .stride = {1, 1}, .dilation = {3, 2},
+                            .pad_lo = {0, 1}, .pad_hi = {2, 1}});
+    sweep_one(&(sweep_case){.kind = SWEEP_DILATED, .n = 2, .c = 16, .o = 64, .kh = 1, .kw = 1,
+                            .h = 5, .w = 6, .stride = {1, 1}, .dilation = {2, 1},
+                            .pad_hi = {1, 0}});
     /* no input channels: the results are zeros (the generator divided by 0 planning its
      * prefetches) */
     sweep_one(&(sweep_case){.kind = SWEEP_FORWARD, .n = 2, .c = 0, .o = 8, .kh = 3, .kw = 3,

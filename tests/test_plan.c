@@ -2106,33 +2106,38 @@ static void test_direct_weight_grads_c8(void)
 /* (j2) The input gradient of a strided 1x1 projection, the output gradient
  * dilated by 2 and read through a 1x1 kernel, is a loop with 32 input
  * channels (more than other dilated forms take), in one vector of 16 outputs
- * or, with 8-channel blocks, two of 8. */
+ * or, with 8-channel blocks, two of 8. At twice the widths (64 channels
+ * dilated, 32 outputs) it is a loop of two vectors of 16 with 16-channel
+ * blocks and stays a library call with 8-channel ones. */
 static void test_direct_projection_grad(void)
 {
-    rf_nn_seed(9);
-    rf_conv_opts s2 = {.stride = {2, 2}}, s2p1 = {.stride = {2, 2}, .pad = {1, 1}};
-    train_case k = cnn_case_trace(rf_chain(
-        rf_conv2d(3, 3, 1, 16, RF_ACT_RELU, NULL),
-        rf_parallel(RF_COMBINE_ADD, rf_conv2d(1, 1, 16, 32, RF_ACT_IDENTITY, &s2),
-                    rf_conv2d(3, 3, 16, 32, RF_ACT_IDENTITY, &s2p1)),
-        rf_flatten_layer(), rf_dense(32 * 13 * 13, 10, RF_ACT_IDENTITY)));
-    for (int c8 = 0; c8 < 2; c8++) {
-        rfi_plan_opts o = direct_conv_opts(c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16);
-        rfi_kir_conv d[MOST_DIRECT];
-        char *source = NULL;
-        int direct = direct_steps(k.g, &o, d, &source), spread = 0;
-        for (int i = 0; i < direct; i++) {
-            if (d[i].dilation[0] == 1)
-                continue;
-            spread++;
-            CHECK(d[i].kind == RFI_KIR_CONV_FORWARD && d[i].kh == 1 && d[i].kw == 1 &&
-                  d[i].c == 32 && d[i].o == 16 && d[i].dilation[1] == 2);
-            CHECK(d[i].lanes == (c8 ? 8 : 16));
+    for (int wide = 0; wide < 2; wide++) {
+        int64_t c = wide ? 32 : 16, o = 2 * c;
+        rf_nn_seed(9);
+        rf_conv_opts s2 = {.stride = {2, 2}}, s2p1 = {.stride = {2, 2}, .pad = {1, 1}};
+        train_case k = cnn_case_trace(rf_chain(
+            rf_conv2d(3, 3, 1, c, RF_ACT_RELU, NULL),
+            rf_parallel(RF_COMBINE_ADD, rf_conv2d(1, 1, c, o, RF_ACT_IDENTITY, &s2),
+                        rf_conv2d(3, 3, c, o, RF_ACT_IDENTITY, &s2p1)),
+            rf_flatten_layer(), rf_dense(o * 13 * 13, 10, RF_ACT_IDENTITY)));
+        for (int c8 = 0; c8 < 2; c8++) {
+            rfi_plan_opts opts = direct_conv_opts(c8 ? RFI_LAYOUT_C8 : RFI_LAYOUT_C16);
+            rfi_kir_conv d[MOST_DIRECT];
+            char *source = NULL;
+            int direct = direct_steps(k.g, &opts, d, &source), spread = 0;
+            for (int i = 0; i < direct; i++) {
+                if (d[i].dilation[0] == 1)
+                    continue;
+                spread++;
+                CHECK(d[i].kind == RFI_KIR_CONV_FORWARD && d[i].kh == 1 && d[i].kw == 1 &&
+                      d[i].c == o && d[i].o == c && d[i].dilation[1] == 2);
+                CHECK(d[i].lanes == (c8 ? 8 : 16));
+            }
+            CHECK(spread == (wide && c8 ? 0 : 1));
+            rfi_free(source);
         }
-        CHECK(spread == 1);
-        rfi_free(source);
+        train_case_free(&k);
     }
-    train_case_free(&k);
 }
 
 /* traced after simplify, CSE and unroll_pools, as the compiling backend runs

@@ -37,7 +37,8 @@
  * 0.25-0.31), so those stay calls, but for the AVX2 weight gradients and the
  * pooled forwards. The input gradient of a strided 1x1 projection (a 1x1
  * kernel over the output gradient dilated by the stride) takes up to 64
- * input channels. For the ResNet example's 32 -> 16 one (128 images, 28x28
+ * input channels, and up to 64 outputs in vectors of 16 (spread_1x1_vectors).
+ * For the ResNet example's 32 -> 16 one (128 images, 28x28
  * result, 26 MFLOP) oneDNN's backward-data took 0.53 ms, and the services
  * then added the residual in a pass of their own (backward-data takes no
  * post-ops): 0.59-1.0 ms in all (RF_PROFILE); the loop writes each point
@@ -53,6 +54,7 @@
 
 #define DIRECT_MAX_IN_CHANNELS 15
 #define SPREAD_1X1_MAX_IN_CHANNELS 64
+#define SPREAD_1X1_MAX_OUT 64 /* in vectors of 16: spread_1x1_vectors */
 #define DIRECT_MAX_KERNEL 7
 #define DIRECT_MAX_STRIDE 4
 #define DIRECT_MAX_WEIGHTS 4096 /* c * kh * kw * o floats: the forward's kernel table */
@@ -404,6 +406,24 @@ static bool pooled_vectors(const rfi_plan *p, const rfi_kir_conv *d)
            d->o <= POOLED_MAX_OUT;
 }
 
+/* The input gradient of a strided 1x1 projection (spread_1x1 in wanted) to
+ * more output channels than one vector, in vectors of 16 (the plan's
+ * channel block where the machine's vectors hold 16 floats; not measured
+ * with 8). In the ResNet example's step, the 64 -> 32 one (128 images, 14x14
+ * result, 13 MFLOP, with the other branch's gradient added) took 400-410 us
+ * as such a loop of two vectors against 590-660 for oneDNN's backward-data
+ * and the services' add (RF_PROFILE, four runs each; the whole step the
+ * same within noise). The strided 1x1 forwards stay calls: as loops the
+ * 16 -> 32 one took 414 us against oneDNN's ~224, the 32 -> 64 one 217
+ * against ~160. */
+static bool spread_1x1_vectors(const rfi_plan *p, const rfi_kir_conv *d)
+{
+    bool dilated = d->dilation[0] > 1 || d->dilation[1] > 1;
+    return d->kind == RFI_KIR_CONV_FORWARD && dilated && d->kh == 1 && d->kw == 1 &&
+           d->c <= SPREAD_1X1_MAX_IN_CHANNELS && p->channel_blocks == RFI_LAYOUT_C16 &&
+           d->o % 16 == 0 && d->o <= SPREAD_1X1_MAX_OUT;
+}
+
 /* The channel counts and sizes the generated loops are chosen for. Sixteen
  * output channels are one vector only where the machine's vectors hold 16
  * floats (the plan's channel blocks say which): gcc lowers a 16-lane vector
@@ -417,7 +437,8 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
     int64_t most = d->kind == RFI_KIR_CONV_FORWARD ? DIRECT_MAX_WEIGHTS : DIRECT_MAX_GRADIENT;
     bool dilated = d->dilation[0] > 1 || d->dilation[1] > 1;
     bool one_vector = d->o == 8 || (d->o == 16 && p->channel_blocks == RFI_LAYOUT_C16);
-    bool vectors = gradient_vectors(d) || forward_vectors_of_8(p, d) || pooled_vectors(p, d);
+    bool vectors = gradient_vectors(d) || forward_vectors_of_8(p, d) || pooled_vectors(p, d) ||
+                   spread_1x1_vectors(p, d);
     bool spread_1x1 = dilated && d->kh == 1 && d->kw == 1 && d->c <= SPREAD_1X1_MAX_IN_CHANNELS;
     return (d->c <= DIRECT_MAX_IN_CHANNELS + dilated || spread_1x1) && (one_vector || vectors) &&
            d->kh <= DIRECT_MAX_KERNEL && d->kw <= DIRECT_MAX_KERNEL && table <= most &&
@@ -432,7 +453,9 @@ static int64_t lanes_of(const rfi_plan *p, const rfi_kir_conv *d)
     if (d->kind == RFI_KIR_CONV_FORWARD) {
         if (forward_vectors_of_8(p, d))
             return 8;
-        return pooled_vectors(p, d) ? rfi_layout_block(p->channel_blocks) : d->o;
+        if (pooled_vectors(p, d) || spread_1x1_vectors(p, d))
+            return rfi_layout_block(p->channel_blocks);
+        return d->o;
     }
     return rfi_layout_blocked(d->w_layout) ? rfi_layout_block(d->w_layout) : d->o;
 }
