@@ -2540,6 +2540,55 @@ static void test_concurrent_calls(void)
     train_case_free(&mk);
 }
 
+/* Three independent products, the last two of one operand g (a layer's input
+ * and weight gradients both read its output gradient): those two pair, not
+ * the first with the second, which is next to it. Paired as they came, a
+ * ResNet's projection weight gradient took the input gradient of the layer
+ * after it, and that layer's two Winograd gradients no longer ran side by
+ * side. */
+static void sharing_pair_fn(rf_trace *t, void *ctx)
+{
+    (void)ctx;
+    rf_tensor *x = rf_arg(t, 0), *w = rf_arg(t, 1), *g = rf_arg(t, 2), *u = rf_arg(t, 3);
+    const int64_t rows[1] = {0}; /* summed and added: every step but the last in the arena */
+    rf_tensor *a = rf_sum(rf_matmul(x, w), rows, 1, false);
+    rf_tensor *b = rf_sum(rf_matmul(g, u), rows, 1, false);
+    rf_tensor *c = rf_sum(rf_matmul(g, rf_transpose(u, (const int64_t[]){1, 0})), rows, 1, false);
+    rf_return(t, rf_add(rf_add(a, b), c));
+}
+
+static void test_pairs_sharing_input(void)
+{
+    rf_array *args[4];
+    for (int i = 0; i < 4; i++)
+        args[i] = dev_zeros(RF_SHAPE(128, 128));
+    rfi_graph *g = trace_program(sharing_pair_fn, NULL, args, 4);
+    rfi_plan_opts o = rfi_plan_opts_default();
+    o.concurrent_calls = true;
+    rfi_plan *p = NULL;
+    if (g)
+        CHECK_OK(rfi_plan_build(g, &o, &p));
+    if (p && getenv("PLAN_SHOW")) {
+        char *text = rfi_plan_print(p);
+        printf("%s", text ? text : "");
+        rfi_free(text);
+    }
+    CHECK(checked_pairs(p, RFI_CALL_MATMUL) == 1);
+    for (int q = 0; p && q + 1 < p->n_steps; q++) {
+        if (!p->steps[q].runs_with_next)
+            continue;
+        const rfi_node *a = p->g->nodes[p->steps[q].core], *b = p->g->nodes[p->steps[q + 1].core];
+        CHECK(a->in[0]->op == RFI_OP_ARGUMENT && a->in[0]->attr.i[0] == 2);
+        CHECK(b->in[0]->op == RFI_OP_ARGUMENT && b->in[0]->attr.i[0] == 2);
+    }
+    if (p)
+        check_invariants(p);
+    rfi_plan_free(p);
+    rfi_graph_free(g);
+    for (int i = 0; i < 4; i++)
+        rf_array_free(args[i]);
+}
+
 /* ---- A recurrence's backward pass: shared subexpressions stay bounded ------------------ */
 
 enum { RECUR_STEPS = 24 };
@@ -2627,6 +2676,7 @@ int main(void)
     test_pooled_forward();
     test_pooled_forward_untiled();
     test_concurrent_calls();
+    test_pairs_sharing_input();
     test_recurrence_backward();
     return tu_finish("test_plan");
 }

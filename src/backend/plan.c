@@ -413,27 +413,42 @@ static void reorder_steps(rfi_plan_builder *b, int a, int c, const int *pos)
     }
 }
 
-/* A library call A and the next one B within PAIR_WINDOW steps that reads
- * nothing A's result reaches become neighbours that may run at the same
- * time (runs_with_next): the steps between that do not depend on A move
- * before it, those that do after B (in their order; all keep their roots in
- * the arena). A layer's input and weight gradients pair so; whether they
- * then run side by side is the backend's choice (cpu/services.c). */
-static rf_status pair_library_calls(rfi_plan_builder *b)
+/* Whether the steps at positions a and q read a node in common (a layer's
+ * input and weight gradients both read its output gradient). */
+static bool share_input(const rfi_plan_builder *b, int a, int q)
+{
+    const rfi_intlist *x = &b->steps[b->order[a]].inputs, *y = &b->steps[b->order[q]].inputs;
+    for (int i = 0; i < x->n; i++)
+        if (rfi_intlist_has(y, x->v[i]))
+            return true;
+    return false;
+}
+
+/* Whether the step at position q already runs with a neighbour. */
+static bool paired(const rfi_plan *p, int q)
+{
+    return p->steps[q].runs_with_next || (q > 0 && p->steps[q - 1].runs_with_next);
+}
+
+/* One pass of pair_library_calls: calls that pair only when they read a
+ * node in common (sharing), or any (else); steps paired before stay so (a
+ * window reaching one ends there). */
+static void pair_pass(rfi_plan_builder *b, bool *mark, bool sharing)
 {
     rfi_plan *p = b->p;
-    bool *mark = rfi_calloc((size_t)b->n + 1, sizeof *mark);
-    if (!mark)
-        return rfi_error(RF_E_NOMEM, "plan: out of memory");
     for (int a = 0; a + 1 < p->n_steps; a++) {
-        if (!library_call(p, a))
+        if (!library_call(p, a) || paired(p, a))
             continue;
         mark_roots(p, a, mark, true);
         int before[PAIR_WINDOW], after[PAIR_WINDOW], n_before = 0, n_after = 0, partner = -1;
         bool movable = true;
         for (int q = a + 1; q < p->n_steps && q <= a + PAIR_WINDOW && movable; q++) {
+            if (paired(p, q)) {
+                movable = false;
+                break;
+            }
             bool depends = reads_marked(b, q, mark);
-            if (!depends && library_call(p, q)) {
+            if (!depends && library_call(p, q) && (!sharing || share_input(b, a, q))) {
                 partner = q;
                 break;
             }
@@ -461,6 +476,26 @@ static rf_status pair_library_calls(rfi_plan_builder *b)
         p->steps[a + n_before].runs_with_next = true;
         a = a + n_before + 1; /* B pairs with nothing else */
     }
+}
+
+/* A library call A and the next one B within PAIR_WINDOW steps that reads
+ * nothing A's result reaches become neighbours that may run at the same
+ * time (runs_with_next): the steps between that do not depend on A move
+ * before it, those that do after B (in their order; all keep their roots in
+ * the arena). A layer's input and weight gradients pair so; whether they
+ * then run side by side is the backend's choice (cpu/services.c). Calls that
+ * read a node in common pair first, the rest after: in the ResNet step a
+ * projection's weight gradient, scheduled just before the next layer's two
+ * gradients, took the first of them, and the pair of Winograd convolutions
+ * that had run side by side ran one after the other (the step ~1 ms
+ * longer). */
+static rf_status pair_library_calls(rfi_plan_builder *b)
+{
+    bool *mark = rfi_calloc((size_t)b->n + 1, sizeof *mark);
+    if (!mark)
+        return rfi_error(RF_E_NOMEM, "plan: out of memory");
+    pair_pass(b, mark, true);
+    pair_pass(b, mark, false);
     rfi_free(mark);
     return RF_OK;
 }
