@@ -965,6 +965,179 @@ static double moments_error(const rfi_graph *g)
     return worst;
 }
 
+/* ---- Factors taken out of sums ------------------------------------------------------- */
+
+enum { SF_N = 2, SF_C = 3, SF_H = 2, SF_W = 2, SF_POINTS = SF_N * SF_C * SF_H * SF_W };
+
+static float sf_g[SF_POINTS], sf_xc[SF_POINTS], sf_r[SF_C], sf_gamma[SF_C];
+static void *const sf_args[4] = {sf_g, sf_xc, sf_r, sf_gamma};
+
+/* A graph over g and xc f32[2,3,2,2] and per-channel r and gamma f32[1,3,1,1]
+ * (as dt), with R and G their broadcasts over g's shape. */
+static rfi_graph *sf_graph(rf_dtype dt, rfi_node **g, rfi_node **xc, rfi_node **R, rfi_node **G)
+{
+    rfi_graph *gr = rfi_graph_new(rf_device_cpu(), "t");
+    const rf_dtype dts[4] = {dt, dt, dt, dt};
+    const int ranks[4] = {4, 4, 4, 4};
+    const int64_t dims[4][RF_MAX_RANK] = {
+        {SF_N, SF_C, SF_H, SF_W}, {SF_N, SF_C, SF_H, SF_W}, {1, SF_C, 1, 1}, {1, SF_C, 1, 1}};
+    CHECK_OK(rfi_graph_set_args(gr, 4, dts, ranks, dims));
+    *g = arg(gr, 0);
+    *xc = arg(gr, 1);
+    const int64_t map[4] = {0, 1, 2, 3};
+    *R = broadcast(gr, arg(gr, 2), map, dims[0], 4);
+    *G = broadcast(gr, arg(gr, 3), map, dims[0], 4);
+    return gr;
+}
+
+static rfi_node *sum_over(rfi_graph *g, rfi_node *x, rf_reduce_kind kind, const int64_t *axes,
+                          int naxes)
+{
+    rfi_attrs a = list_attr(axes, naxes);
+    a.i[0] = kind;
+    return node(g, RFI_OP_REDUCE, &x, 1, &a, x->dtype, NULL, 0);
+}
+
+/* BatchNorm's backward sums as autodiff writes them, over the channel axes:
+ * sum(g (xc R)), sum((g G) xc), sum(-((g G) R)) and sum(g). */
+static rfi_graph *bn_sums_graph(rf_dtype dt)
+{
+    rfi_node *g, *xc, *R, *G;
+    rfi_graph *gr = sf_graph(dt, &g, &xc, &R, &G);
+    const int64_t axes[3] = {0, 2, 3};
+    rfi_node *gG = bin(gr, RFI_OP_MUL, g, G);
+    rfi_graph_add_output(gr, sum_over(gr, bin(gr, RFI_OP_MUL, g, bin(gr, RFI_OP_MUL, xc, R)),
+                                      RF_REDUCE_SUM, axes, 3));
+    rfi_graph_add_output(gr, sum_over(gr, bin(gr, RFI_OP_MUL, gG, xc), RF_REDUCE_SUM, axes, 3));
+    rfi_node *gGR = bin(gr, RFI_OP_MUL, gG, R);
+    rfi_graph_add_output(gr, sum_over(gr, un(gr, RFI_OP_NEG, gGR), RF_REDUCE_SUM, axes, 3));
+    rfi_graph_add_output(gr, sum_over(gr, g, RF_REDUCE_SUM, axes, 3));
+    return gr;
+}
+
+/* Whether a and b (same outputs) agree within rel of each output's largest
+ * magnitude (f32 results). */
+static bool sf_close(const rfi_graph *a, const rfi_graph *b, double rel)
+{
+    results ra = {0}, rb = {0};
+    bool ok = run_graph(a, sf_args, &ra) == RF_OK && run_graph(b, sf_args, &rb) == RF_OK &&
+              ra.n == rb.n;
+    for (int i = 0; ok && i < ra.n; i++) {
+        const float *x = ra.buf[i], *y = rb.buf[i];
+        size_t n = ra.nbytes[i] / sizeof(float);
+        double big = 0;
+        for (size_t k = 0; k < n; k++)
+            big = fmax(big, fabs(x[k]));
+        for (size_t k = 0; k < n; k++)
+            if (!(fabs(x[k] - y[k]) <= rel * (big + 1e-30))) {
+                fprintf(stderr, "  sum factors: output %d [%zu]: %g against %g\n", i, k,
+                        (double)y[k], (double)x[k]);
+                ok = false;
+            }
+    }
+    results_free(&ra);
+    results_free(&rb);
+    return ok;
+}
+
+static void test_sum_factors(void)
+{
+    for (int i = 0; i < SF_POINTS; i++) {
+        sf_g[i] = (float)((i * 7 % 11) - 5) / 4.0f;
+        sf_xc[i] = (float)((i * 5 % 13) - 6) / 3.0f;
+    }
+    for (int c = 0; c < SF_C; c++) {
+        sf_r[c] = 0.5f + (float)c;
+        sf_gamma[c] = 1.5f - (float)c;
+    }
+    /* one factor out: the per-channel R, reshaped to the sum's [3], from the sum
+     * of g (xc R) that then merges with the sum of xc g; alone, it stays */
+    for (int alone = 0; alone < 2; alone++) {
+        rfi_node *g, *xc, *R, *G;
+        rfi_graph *gr = sf_graph(RF_F32, &g, &xc, &R, &G);
+        const int64_t axes[3] = {0, 2, 3};
+        rfi_graph_add_output(gr, sum_over(gr, bin(gr, RFI_OP_MUL, g, bin(gr, RFI_OP_MUL, xc, R)),
+                                          RF_REDUCE_SUM, axes, 3));
+        if (!alone)
+            rfi_graph_add_output(gr, sum_over(gr, bin(gr, RFI_OP_MUL, xc, g), RF_REDUCE_SUM,
+                                              axes, 3));
+        rfi_graph *fac = apply(rfi_sum_factors, gr), *out = fac ? apply(rfi_cse, fac) : NULL;
+        rfi_graph *ref = apply(rfi_dce, gr); /* G unused */
+        char *got = out ? body(out) : NULL, *before = ref ? body(ref) : NULL;
+        const char *want = alone ? before
+                                 : "%0 = argument {index=0} : f32[2,3,2,2]\n"
+                                   "%1 = argument {index=1} : f32[2,3,2,2]\n"
+                                   "%2 = argument {index=2} : f32[1,3,1,1]\n"
+                                   "%3 = mul(%0, %1) : f32[2,3,2,2]\n"
+                                   "%4 = reduce(%3) {kind=sum, axes=[0, 2, 3]} : f32[3]\n"
+                                   "%5 = reshape(%2) : f32[3]\n"
+                                   "%6 = mul(%5, %4) : f32[3]\n"
+                                   "outputs: %6, %4\n";
+        tu_checks++;
+        if (!got || !want || strcmp(got, want) != 0) {
+            tu_failures++;
+            fprintf(stderr, "sum factors: printed IR differs.\n--- got:\n%s--- want:\n%s",
+                    got ? got : "(none)", want ? want : "(none)");
+        }
+        CHECK(out && sf_close(gr, out, 1e-6));
+        free(got);
+        free(before);
+        rfi_graph_free(ref);
+        rfi_graph_free(out);
+        rfi_graph_free(fac);
+        rfi_graph_free(gr);
+    }
+    /* BatchNorm's four sums: two left after CSE, in f32 and f64 */
+    for (int f64 = 0; f64 < 2; f64++) {
+        rfi_graph *gr = bn_sums_graph(f64 ? RF_F64 : RF_F32);
+        rfi_graph *fac = apply(rfi_sum_factors, gr);
+        rfi_graph *out = fac ? apply(rfi_cse, fac) : NULL;
+        CHECK(count_ops(gr, RFI_OP_REDUCE) == 4);
+        CHECK(out && count_ops(out, RFI_OP_REDUCE) == 2);
+        if (!f64)
+            CHECK(out && sf_close(gr, out, 1e-6));
+        rfi_graph_free(out);
+        rfi_graph_free(fac);
+        rfi_graph_free(gr);
+    }
+    /* RF_SUM_FACTORS=0: a plain copy */
+    {
+        rfi_graph *gr = bn_sums_graph(RF_F32);
+        setenv("RF_SUM_FACTORS", "0", 1);
+        rfi_graph *out = apply(rfi_sum_factors, gr);
+        unsetenv("RF_SUM_FACTORS");
+        char *a = body(gr), *b = out ? body(out) : NULL;
+        CHECK(b && strcmp(a, b) == 0);
+        free(a);
+        free(b);
+        rfi_graph_free(out);
+        rfi_graph_free(gr);
+    }
+    /* left alone: a max (c * max x is not max c x for c < 0), a sum over the
+     * axis a factor varies along (R varies along 1), a product of varying
+     * factors only, and a sum of integers */
+    {
+        rfi_node *g, *xc, *R, *G;
+        rfi_graph *gr = sf_graph(RF_F32, &g, &xc, &R, &G);
+        const int64_t axes[3] = {0, 2, 3}, channels[1] = {1};
+        rfi_graph_add_output(gr, sum_over(gr, bin(gr, RFI_OP_MUL, g, R), RF_REDUCE_MAX, axes, 3));
+        rfi_graph_add_output(gr, sum_over(gr, bin(gr, RFI_OP_MUL, g, R), RF_REDUCE_SUM, channels,
+                                          1));
+        rfi_graph_add_output(gr, sum_over(gr, bin(gr, RFI_OP_MUL, g, xc), RF_REDUCE_SUM, axes, 3));
+        rfi_graph_add_output(gr, sum_over(gr, bin(gr, RFI_OP_MUL, convert(gr, g, RF_I32),
+                                                  convert(gr, R, RF_I32)),
+                                          RF_REDUCE_SUM, axes, 3));
+        rfi_graph *out = apply(rfi_sum_factors, gr), *ref = apply(rfi_dce, gr); /* G unused */
+        char *a = ref ? body(ref) : NULL, *b = out ? body(out) : NULL;
+        CHECK(a && b && strcmp(a, b) == 0);
+        free(a);
+        free(b);
+        rfi_graph_free(ref);
+        rfi_graph_free(out);
+        rfi_graph_free(gr);
+    }
+}
+
 static void test_one_pass_moments(void)
 {
     const int64_t bn_axes[3] = {0, 2, 3}, last[1] = {3};
@@ -2185,6 +2358,7 @@ int main(void)
     test_pooled_gradient_mask();
     test_merged_dots();
     test_stacked_dots();
+    test_sum_factors();
     test_one_pass_moments();
     test_relu_masks();
     test_unrolled_pools();

@@ -36,9 +36,9 @@
  *      updated captures after the run must equal where this run ends.
  *   2. the optimised program alone, against the program as traced: the
  *      passes before the plan (simplify, CSE, one_pass_moments, relu_masks,
- *      merge_dots, unroll_pools) must not change the results beyond
- *      rounding, judged as the suspects below are where the plain tolerance
- *      is not enough (check_passes).
+ *      sum_factors, merge_dots, stack_dots, unroll_pools) must not change
+ *      the results beyond rounding, judged as the suspects below are where
+ *      the plain tolerance is not enough (check_passes).
  * A failure of either is reported (naming the step, or the pass stage);
  * when both hold, the compiled run is the optimised program computed step by
  * step within rounding, and the end-to-end mismatch is rounding magnified by
@@ -1042,10 +1042,10 @@ static rf_status rounding_moves(rfi_cpu_check *c, const rfi_graph *g, const rfi_
 }
 
 /* Check 2 of the header: the optimised program against the traced one, both
- * in the interpreter. Not every pass is exact (merge_dots and
- * one_pass_moments sum in another order), and a program can magnify their
- * rounding as it magnifies a compiled step's (Adam's first step on a
- * gradient that is nearly zero), so results out of tolerance are judged
+ * in the interpreter. Not every pass is exact (merge_dots, one_pass_moments
+ * and sum_factors sum or multiply in another order), and a program can
+ * magnify their rounding as it magnifies a compiled step's (Adam's first
+ * step on a gradient that is nearly zero), so results out of tolerance are judged
  * again as the step by step check judges its suspects: against tolerances
  * widened by PERTURBED_WEIGHT times how far rounding the traced program's
  * own arithmetic another way moves them. */

@@ -103,6 +103,10 @@ static rf_status optimise(const rfi_graph *g, rfi_graph **out)
         st = apply_pass(rfi_one_pass_moments, &cur, g); /* ends with DCE */
     if (st == RF_OK)
         st = apply_pass(rfi_relu_masks, &cur, g); /* ends with DCE */
+    if (st == RF_OK && rfi_sum_factors_enabled())
+        st = apply_pass(rfi_sum_factors, &cur, g); /* ends with DCE */
+    if (st == RF_OK && rfi_sum_factors_enabled())
+        st = apply_pass(rfi_cse, &cur, g); /* merges the sums left equal */
     if (st == RF_OK)
         st = apply_pass(rfi_merge_dots, &cur, g); /* ends with DCE */
     if (st == RF_OK)
@@ -339,6 +343,7 @@ static void cpu_optimise_context(rfi_strbuf *b)
     rfi_sb_printf(b, "unroll_pools=%d\n", (int)rfi_unroll_pools_enabled());
     rfi_sb_printf(b, "merge_dots=%d\n", (int)rfi_merge_dots_enabled());
     rfi_sb_printf(b, "stack_dots=%d\n", (int)rfi_stack_dots_enabled());
+    rfi_sb_printf(b, "sum_factors=%d\n", (int)rfi_sum_factors_enabled());
 }
 
 /* The plan. Its layouts and epilogues depend on oneDNN (blocked_wanted,
