@@ -107,7 +107,12 @@ static int count_kept(const product *p)
     return kept;
 }
 
-static int compare_ids(const void *a, const void *b);
+/* Orders nodes by id (qsort over node pointers). */
+static int compare_ids(const void *a, const void *b)
+{
+    int x = (*(const rfi_node *const *)a)->id, y = (*(const rfi_node *const *)b)->id;
+    return (x > y) - (x < y);
+}
 
 /* A sum's varying factors (ids, sorted) and axes: sums with equal
  * signatures merge once their kept factors are out. */
@@ -171,12 +176,7 @@ static bool find_merging_sums(const rfi_graph *g, factoring *f)
     return true;
 }
 
-static int compare_ids(const void *a, const void *b)
-{
-    int x = (*(const rfi_node *const *)a)->id, y = (*(const rfi_node *const *)b)->id;
-    return (x > y) - (x < y);
-}
-
+/* a * b in c, or b when a is NULL (a product's first factor); NULL on failure. */
 static rfi_node *mul(rfi_graph *c, rfi_node *a, rfi_node *b)
 {
     if (!a)
