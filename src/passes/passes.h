@@ -105,10 +105,11 @@ RFI_FUNC rf_status rfi_relu_masks(const rfi_graph *g, rfi_graph **out);
 RFI_FUNC bool rfi_relu_masks_enabled(void);
 /* A float sum of a product (mul and neg) some of whose factors are constant
  * along the sum's axes (broadcasts of per-kept-point values) becomes those
- * factors times the sum of the others (sum_factors.c): BatchNorm's backward
- * pass sums two values a point instead of four once CSE merges the equal sums
- * left. Exact in real arithmetic only. RF_SUM_FACTORS=0 in the environment: a
- * plain copy (then DCE). */
+ * factors times the sum of the others, where another sum over those axes has
+ * the same other factors (sum_factors.c): BatchNorm's backward pass sums two
+ * values a point instead of four once CSE merges the equal sums left. Exact
+ * in real arithmetic only. RF_SUM_FACTORS=0 in the environment: a plain copy
+ * (then DCE). */
 RFI_FUNC rf_status rfi_sum_factors(const rfi_graph *g, rfi_graph **out);
 /* Whether rfi_sum_factors rewrites (RF_SUM_FACTORS is not "0"). */
 RFI_FUNC bool rfi_sum_factors_enabled(void);
