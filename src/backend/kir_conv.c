@@ -406,7 +406,7 @@ static bool pooled_vectors(const rfi_plan *p, const rfi_kir_conv *d)
            d->o <= POOLED_MAX_OUT;
 }
 
-/* The input gradient of a strided 1x1 projection (spread_1x1 in wanted) to
+/* The input gradient of a strided 1x1 projection (spread_1x1) to
  * more output channels than one vector, in vectors of 16 (the plan's
  * channel block where the machine's vectors hold 16 floats; not measured
  * with 8). In the ResNet example's step, the 64 -> 32 one (128 images, 14x14
@@ -416,12 +416,18 @@ static bool pooled_vectors(const rfi_plan *p, const rfi_kir_conv *d)
  * same within noise). The strided 1x1 forwards stay calls: as loops the
  * 16 -> 32 one took 414 us against oneDNN's ~224, the 32 -> 64 one 217
  * against ~160. */
-static bool spread_1x1_vectors(const rfi_plan *p, const rfi_kir_conv *d)
+/* Whether d is a 1x1 kernel over a dilated input (the input gradient of a
+ * strided 1x1 projection) of at most SPREAD_1X1_MAX_IN_CHANNELS channels. */
+static bool spread_1x1(const rfi_kir_conv *d)
 {
     bool dilated = d->dilation[0] > 1 || d->dilation[1] > 1;
-    return d->kind == RFI_KIR_CONV_FORWARD && dilated && d->kh == 1 && d->kw == 1 &&
-           d->c <= SPREAD_1X1_MAX_IN_CHANNELS && p->channel_blocks == RFI_LAYOUT_C16 &&
-           d->o % 16 == 0 && d->o <= SPREAD_1X1_MAX_OUT;
+    return dilated && d->kh == 1 && d->kw == 1 && d->c <= SPREAD_1X1_MAX_IN_CHANNELS;
+}
+
+static bool spread_1x1_vectors(const rfi_plan *p, const rfi_kir_conv *d)
+{
+    return d->kind == RFI_KIR_CONV_FORWARD && spread_1x1(d) &&
+           p->channel_blocks == RFI_LAYOUT_C16 && d->o % 16 == 0 && d->o <= SPREAD_1X1_MAX_OUT;
 }
 
 /* The channel counts and sizes the generated loops are chosen for. Sixteen
@@ -439,8 +445,7 @@ static bool wanted(const rfi_plan *p, const rfi_kir_conv *d)
     bool one_vector = d->o == 8 || (d->o == 16 && p->channel_blocks == RFI_LAYOUT_C16);
     bool vectors = gradient_vectors(d) || forward_vectors_of_8(p, d) || pooled_vectors(p, d) ||
                    spread_1x1_vectors(p, d);
-    bool spread_1x1 = dilated && d->kh == 1 && d->kw == 1 && d->c <= SPREAD_1X1_MAX_IN_CHANNELS;
-    return (d->c <= DIRECT_MAX_IN_CHANNELS + dilated || spread_1x1) && (one_vector || vectors) &&
+    return (d->c <= DIRECT_MAX_IN_CHANNELS + dilated || spread_1x1(d)) && (one_vector || vectors) &&
            d->kh <= DIRECT_MAX_KERNEL && d->kw <= DIRECT_MAX_KERNEL && table <= most &&
            d->kh * padded_width * d->c <= DIRECT_MAX_ROWS && d->n * d->oh * d->ow > 0;
 }

@@ -118,6 +118,7 @@ static int compare_ids(const void *a, const void *b)
  * signatures merge once their kept factors are out. */
 typedef struct signature {
     const rfi_node *sum;
+    bool has_kept; /* the sum also has factors constant along its axes */
     int n, ids[MOST_FACTORS];
 } signature;
 
@@ -137,6 +138,7 @@ static void sign(const rfi_node *s, const product *p, signature *out)
 {
     const rfi_node *varying[MOST_FACTORS];
     out->sum = s;
+    out->has_kept = count_kept(p) > 0;
     out->n = 0;
     for (int k = 0; k < p->n; k++)
         if (!p->kept[k])
@@ -165,13 +167,11 @@ static bool find_merging_sums(const rfi_graph *g, factoring *f)
             sign(g->nodes[id], &p, &f->sigs[f->n_sigs++]);
     }
     for (int i = 0; i < f->n_sigs; i++) {
-        product p;
-        const rfi_node *s = f->sigs[i].sum;
-        if (!sum_product(s, &p) || count_kept(&p) == 0)
+        if (!f->sigs[i].has_kept)
             continue;
         for (int j = 0; j < f->n_sigs; j++)
             if (j != i && same_signature(&f->sigs[i], &f->sigs[j]))
-                f->merges[s->id] = f->merges[f->sigs[j].sum->id] = true;
+                f->merges[f->sigs[i].sum->id] = f->merges[f->sigs[j].sum->id] = true;
     }
     return true;
 }
