@@ -317,36 +317,48 @@ static void forward(rf_trace *t, void *ctx)
     rf_return(t, rf_apply(ctx, rf_arg(t, 0)));
 }
 
+enum { CONV_OUT = 2 * 16 * 4 * 4 }; /* scenario_convolutions' output, the largest */
+
 static bool same_output(rf_array *y, const float *ref, int64_t n)
 {
-    float got[BATCH * CLASSES];
-    return y && rf_array_numel(y) == n && rf_array_read(y, got, (size_t)n * sizeof *got) == RF_OK &&
+    float got[CONV_OUT];
+    return y && n <= CONV_OUT && rf_array_numel(y) == n &&
+           rf_array_read(y, got, (size_t)n * sizeof *got) == RF_OK &&
            memcmp(got, ref, (size_t)n * sizeof *got) == 0;
 }
 
-static bool attempt_compile_model(void *ctx, int64_t k, bool persistent)
+/* m's forward pass on x compiled and run with allocation k failing (from k
+ * on when persistent): a failure is acceptable and made good by a retry with
+ * memory, and the outputs are the n of ref. Returns whether any failed. */
+static bool compile_and_run(rf_model *m, rf_array *x, const float *ref, int64_t n, int64_t k,
+                            bool persistent)
 {
-    infer_ctx *c = ctx;
     rf_exec *e = NULL;
     rf_array *y = NULL;
     rf_clear_error();
     fail_from(k, persistent);
-    rf_status st = rf_compile_model(c->w.m, c->w.x, &e);
+    rf_status st = rf_compile_model(m, x, &e);
     if (st == RF_OK)
-        st = rf_exec_run(e, &c->w.x, 1, &y, 1);
+        st = rf_exec_run(e, &x, 1, &y, 1);
     bool failed = disarm();
     if (st != RF_OK) {
         check_failure(st, k, failed);
         CHECK(y == NULL);
         if (!e)
-            CHECK_OK(rf_compile_model(c->w.m, c->w.x, &e));
+            CHECK_OK(rf_compile_model(m, x, &e));
         if (e)
-            CHECK_OK(rf_exec_run(e, &c->w.x, 1, &y, 1));
+            CHECK_OK(rf_exec_run(e, &x, 1, &y, 1));
     }
-    CHECK(same_output(y, c->ref, BATCH * CLASSES));
+    CHECK(same_output(y, ref, n));
     rf_array_free(y);
     rf_exec_free(e);
     return failed;
+}
+
+static bool attempt_compile_model(void *ctx, int64_t k, bool persistent)
+{
+    infer_ctx *c = ctx;
+    return compile_and_run(c->w.m, c->w.x, c->ref, BATCH * CLASSES, k, persistent);
 }
 
 static bool attempt_jitted(void *ctx, int64_t k, bool persistent)
@@ -391,6 +403,52 @@ static void scenario_inference(void)
     sweep("jitted function, second shape", attempt_jitted, &c);
     rf_array_free(c.x5);
     world_free(&c.w);
+}
+
+/* A forward pass of five convolutions: a compile whose library calls are
+ * made on two threads (the CPU backend's services make oneDNN's primitives
+ * on the caller and a helper), so the allocation that fails may be either
+ * thread's. Outputs as without failures. */
+typedef struct conv_ctx {
+    rf_model *m;
+    rf_array *x;
+    float ref[CONV_OUT];
+} conv_ctx;
+
+static bool attempt_compile_convs(void *ctx, int64_t k, bool persistent)
+{
+    conv_ctx *c = ctx;
+    return compile_and_run(c->m, c->x, c->ref, CONV_OUT, k, persistent);
+}
+
+static void scenario_convolutions(void)
+{
+    conv_ctx c = {0};
+    rf_nn_seed(5);
+    rf_model *host = rf_chain(rf_conv2d(3, 3, 8, 16, RF_ACT_RELU, NULL),
+                              rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL),
+                              rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL),
+                              rf_conv2d(3, 3, 16, 16, RF_ACT_RELU, NULL),
+                              rf_conv2d(3, 3, 16, 16, RF_ACT_IDENTITY, NULL));
+    rf_array *xh = rf_randn(RF_F32, RF_SHAPE(2, 8, 14, 14), 17);
+    c.m = host ? rf_model_to(host, rf_device_cpu()) : NULL;
+    c.x = xh ? rf_array_to(xh, rf_device_cpu()) : NULL;
+    rf_model_free(host);
+    rf_array_free(xh);
+    CHECK(c.m && c.x);
+    rf_array *y = NULL;
+    if (c.m) {
+        rf_testmode(c.m);
+        CHECK_OK(rf_jit_model(c.m, c.x, &y));
+    }
+    CHECK(y && rf_array_numel(y) == CONV_OUT);
+    if (y && rf_array_numel(y) == CONV_OUT)
+        CHECK_OK(rf_array_read(y, c.ref, sizeof c.ref));
+    rf_array_free(y);
+    if (c.m && c.x)
+        sweep("compiled convolutions", attempt_compile_convs, &c);
+    rf_array_free(c.x);
+    rf_model_free(c.m);
 }
 
 /* A run that fails part-way changes no captured array. The f64 product
@@ -768,6 +826,7 @@ int main(void)
     scenario_first_step(true, false);
     scenario_first_step(false, true);
     scenario_inference();
+    scenario_convolutions();
     scenario_failed_run();
     scenario_checkpoint();
     scenario_loader();

@@ -2180,6 +2180,44 @@ static void test_conv_views(void)
     printf("conv views: weight gradients checked against the interpreter\n");
 }
 
+/* Five convolutions in a row: five library calls, which prepare makes on
+ * the caller and a helper thread where the pool has two threads; checked
+ * step by step against the interpreter (RF_CHECK=1). */
+static void five_convs_fn(rf_trace *t, rf_tensor *const *a, int n, void *u)
+{
+    (void)n, (void)u;
+    rf_conv_params cp = rf_conv_params_default(2);
+    rf_tensor *h = a[0];
+    for (int l = 0; l < 5; l++)
+        h = rf_conv(h, a[1], &cp);
+    rf_return(t, h);
+}
+
+static void test_calls_made_beside(void)
+{
+    uint64_t seed = 11;
+    double xv[2 * 16 * 14 * 14], wv[16 * 16 * 3 * 3];
+    for (size_t i = 0; i < sizeof xv / sizeof xv[0]; i++)
+        xv[i] = tp_rand(&seed, 0, 1);
+    for (size_t i = 0; i < sizeof wv / sizeof wv[0]; i++)
+        wv[i] = tp_rand(&seed, 0, 0.05);
+    rf_array *in[2] = {tp_host(RF_F32, RF_SHAPE(2, 16, 14, 14), xv),
+                       tp_host(RF_F32, RF_SHAPE(16, 16, 3, 3), wv)};
+    rf_array *out = NULL;
+    int64_t before = rfi_cpu_services_helpers_started();
+    setenv("RF_CHECK", "1", 1);
+    CHECK_OK(tp_run(five_convs_fn, NULL, in, 2, &out, 1));
+    unsetenv("RF_CHECK");
+    const char *backend = getenv("RF_BACKEND");
+    if (rfi_threadpool_size() > 1 && rfi_dnnl_load() == RF_OK &&
+        !(backend && strcmp(backend, "interp") == 0))
+        CHECK(rfi_cpu_services_helpers_started() > before);
+    CHECK(out && rf_array_numel(out) == 2 * 16 * 4 * 4);
+    tp_free_all(&out, 1);
+    tp_free_all(in, 2);
+    printf("five convolutions: calls made beside the caller, checked against the interpreter\n");
+}
+
 /* Every oneDNN ISA maps to its vectors' channel block; the block the CPU
  * backend plans with before oneDNN has loaded (cpu_backend.c's
  * plan_on_guess) is the one oneDNN reports once loaded; with
@@ -2231,6 +2269,7 @@ int main(void)
     test_conv_winograd_everywhere();
     test_conv_shared_inputs();
     test_conv_views();
+    test_calls_made_beside();
     test_native();
     test_native_index();
     test_native_rng();

@@ -330,6 +330,49 @@ static void openmp_body(void *arg)
         job->caller_done_ns = now_ns();
 }
 
+/* ---- Threads started apart ------------------------------------------------ */
+
+typedef struct apart_start {
+    void *(*fn)(void *);
+    void *arg;
+    cpu_set_t allowed; /* the creator's affinity, given back before fn runs */
+} apart_start;
+
+static void *run_apart(void *p)
+{
+    apart_start a = *(apart_start *)p;
+    rfi_free(p);
+    pthread_setaffinity_np(pthread_self(), sizeof a.allowed, &a.allowed);
+    return a.fn(a.arg);
+}
+
+int rfi_thread_start_apart(pthread_t *tid, void *(*fn)(void *), void *arg)
+{
+    apart_start *a = rfi_malloc(sizeof *a);
+    pthread_attr_t attr;
+    int self = sched_getcpu();
+    if (!a || self < 0 || self >= CPU_SETSIZE || pthread_attr_init(&attr) != 0) {
+        rfi_free(a);
+        return pthread_create(tid, NULL, fn, arg);
+    }
+    a->fn = fn;
+    a->arg = arg;
+    cpu_set_t others;
+    int rc = -1;
+    if (sched_getaffinity(0, sizeof a->allowed, &a->allowed) == 0) {
+        others = a->allowed;
+        CPU_CLR(self, &others);
+        if (CPU_COUNT(&others) > 0 &&
+            pthread_attr_setaffinity_np(&attr, sizeof others, &others) == 0)
+            rc = pthread_create(tid, &attr, run_apart, a);
+    }
+    pthread_attr_destroy(&attr);
+    if (rc == 0)
+        return 0;
+    rfi_free(a); /* not started apart (one CPU, or refused): started as it is */
+    return pthread_create(tid, NULL, fn, arg);
+}
+
 /* ---- Late teams ------------------------------------------------------------
  * An OpenMP region returns only when every thread of its team has arrived, so
  * while other processes keep the team's threads off the cores, each loop waits

@@ -19,6 +19,8 @@
 
 #include "../core/core.h"
 
+#include <pthread.h>
+
 typedef void (*rfi_range_fn)(void *ctx, int64_t lo, int64_t hi);
 
 /* OpenMP's entry points (libgomp's ABI), from the OpenMP runtime a math
@@ -51,6 +53,18 @@ RFI_FUNC int rfi_threadpool_size(void);
  * the process that started them. Library state made before a fork (oneDNN's
  * primitives, which fix their thread count) must not be used after one. */
 RFI_FUNC unsigned rfi_threadpool_fork_generation(void);
+
+/* Starts fn(arg) on a new thread (pthread_create's result: 0 or an error
+ * number) that begins on a CPU other than the caller's where the process may
+ * use another, and runs fn with the affinity the caller had. A new thread
+ * often starts on its creator's CPU and waits there for the scheduler to move
+ * it: on 2 cores a helper started to work beside its creator began 2.4 ms
+ * late, after the work was half done. fn starts with the affinity already
+ * lifted (libgomp, when a thread loads it, counts the CPUs from that thread's
+ * affinity), and stays on the CPU it began on: the scheduler keeps a running
+ * thread where it is allowed to be. The caller's own affinity, or an
+ * allocation failing, just starts the thread as pthread_create would. */
+RFI_FUNC int rfi_thread_start_apart(pthread_t *tid, void *(*fn)(void *), void *arg);
 
 /* While other processes keep OpenMP's threads off the cores, loops run on
  * their caller alone for a few milliseconds at a time (threadpool.c, "Late

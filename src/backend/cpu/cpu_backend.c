@@ -20,15 +20,14 @@
  * optimised programs from the memo 1.5 ms, plan 0.7 ms (on a guess of what
  * oneDNN will say: plan_on_guess), description and module from the index
  * 1 ms (its dlopen waits while oneDNN's holds the loader's lock), services
- * ~3.5 ms (creating oneDNN's primitives).
- * Preparing the services' steps on two threads, and loading the module on a
- * second thread while the services are prepared, were measured and left out:
- * on the 2-core machine the benchmarks run on, shared with other jobs,
- * neither gained (median of 20 warm compiles: 10.2 ms with the steps on two
- * threads, 9.8 ms on one; measured again after the preload thread's warm-up:
- * 9.60 against 9.55 ms, median of 12 interleaved pairs, faster in 6), although
- * each thread's CPU time showed no extra work: starting and warming a thread
- * costs more than the second core gives when it is busy.
+ * ~3.5 ms (creating oneDNN's primitives), which services.c makes on two
+ * threads where there are enough convolutions ("Making the calls on two
+ * threads"). That was measured twice before and left out (median of 20 warm
+ * compiles: 10.2 ms on two threads, 9.8 ms on one; 9.60 against 9.55 ms,
+ * median of 12 interleaved pairs): the helper thread started on its creator's
+ * CPU and waited there for 2.4 ms, half the work. Started off that CPU, it
+ * gains (7.9 -> 6.95 ms). Loading the module on a second thread while the
+ * services are prepared was measured with the first of those and left out.
  *
  * RF_CHECK=1 (read at compile time) makes every run also execute the
  * reference interpreter first and compare outputs and updated captures, and

@@ -19,9 +19,9 @@
  * libstdc++, mostly the kernel faulting in relocated pages) on a background
  * thread, so that it overlaps a compile's tracing, memo, plan and module,
  * which need no library; the first rfi_dnnl_load then waits for it inside
- * pthread_once. It starts off the caller's CPU (keep_off_callers_cpu), so the
- * two overlap on 2 cores, and lifts that confinement before the dlopen
- * (preload_thread says why). The same thread then creates a few small primitives
+ * pthread_once. It starts off the caller's CPU (rfi_thread_start_apart), so
+ * the two overlap on 2 cores, and runs with the process's CPUs again before
+ * the dlopen (preload_thread says why). The same thread then creates a few small primitives
  * (warm_up_primitives), whose one-time set-up inside oneDNN the compile's
  * own primitives would otherwise pay. rf_compile joins the thread before it
  * returns (rfi_dnnl_settle), so none of this runs while a program that just
@@ -40,7 +40,6 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,45 +219,24 @@ static void watch_forks(void)
     pthread_atfork(preload_before_fork, preload_after_fork_in_parent,
                    preload_after_fork_in_child);
 }
-/* The CPUs the process may use, when the thread starts kept off the caller's. */
-static cpu_set_t preload_allowed;
-static bool preload_confined;
-
-/* The thread lifts its confinement before it loads anything: libgomp, loaded
- * with oneDNN, counts the CPUs it may use from the loading thread's affinity.
- * Counted 1 of 2, it took its two threads for oversubscription and slept
- * after 100 spins at every wait (one epoch of the Fashion-MNIST CNN: 35000-
- * 36600 context switches and 5.3-5.4 s, against 4000-4700 and 4.9-5.3 s once
- * it counts both). The thread stays on the CPU it started on, as the scheduler
- * keeps a running thread where it is allowed to be. */
+/* The loader thread. It starts off the caller's CPU (rfi_thread_start_apart):
+ * a new thread often starts on its creator's CPU, and on 2 cores about one
+ * warm ResNet compile in three then ran its own 8 ms of work and the 4 ms
+ * load on one core (11-13 ms) while the other was idle (8-9 ms when they ran
+ * apart: sched_getcpu() in both threads). It runs with the process's CPUs
+ * again before it loads anything: libgomp, loaded with oneDNN, counts the
+ * CPUs it may use from the loading thread's affinity. Counted 1 of 2, it
+ * took its two threads for oversubscription and slept after 100 spins at
+ * every wait (one epoch of the Fashion-MNIST CNN: 35000-36600 context
+ * switches and 5.3-5.4 s, against 4000-4700 and 4.9-5.3 s once it counts
+ * both). */
 static void *preload_thread(void *arg)
 {
     (void)arg;
-    if (preload_confined)
-        pthread_setaffinity_np(pthread_self(), sizeof preload_allowed, &preload_allowed);
     pthread_once(&load_once, load_library);
     if (load_status == RF_OK)
         warm_up_primitives();
     return NULL;
-}
-
-/* Asks for the loader thread to start on a CPU other than the caller's: a new
- * thread often starts on its creator's CPU, and on 2 cores about one warm
- * ResNet compile in three then ran its own 8 ms of work and the 4 ms load on
- * one core (11-13 ms) while the other was idle (8-9 ms when they ran apart:
- * sched_getcpu() in both threads). Nothing is asked when the caller may run
- * on one CPU only. */
-static void keep_off_callers_cpu(pthread_attr_t *attr)
-{
-    cpu_set_t others;
-    int self = sched_getcpu();
-    if (self < 0 || self >= CPU_SETSIZE ||
-        sched_getaffinity(0, sizeof preload_allowed, &preload_allowed) != 0)
-        return;
-    others = preload_allowed;
-    CPU_CLR(self, &others);
-    if (CPU_COUNT(&others) > 0 && pthread_attr_setaffinity_np(attr, sizeof others, &others) == 0)
-        preload_confined = true;
 }
 
 /* The loader thread; when none can start, the first rfi_dnnl_load loads the
@@ -266,18 +244,7 @@ static void keep_off_callers_cpu(pthread_attr_t *attr)
 static void start_preload(void)
 {
     pthread_mutex_lock(&preload_lock);
-    pthread_attr_t attr;
-    bool have_attr = pthread_attr_init(&attr) == 0;
-    if (have_attr)
-        keep_off_callers_cpu(&attr);
-    preload_joinable =
-        pthread_create(&preload_tid, have_attr ? &attr : NULL, preload_thread, NULL) == 0;
-    if (!preload_joinable && preload_confined) { /* refused with the affinity: without */
-        preload_confined = false;
-        preload_joinable = pthread_create(&preload_tid, NULL, preload_thread, NULL) == 0;
-    }
-    if (have_attr)
-        pthread_attr_destroy(&attr);
+    preload_joinable = rfi_thread_start_apart(&preload_tid, preload_thread, NULL) == 0;
     pthread_mutex_unlock(&preload_lock);
 }
 

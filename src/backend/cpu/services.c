@@ -29,7 +29,7 @@
  * step needs: oneDNN scratchpads, packed operands, im2col columns) shared by
  * the steps, which run one at a time, but for the pairs of matmuls or
  * Winograd convolutions that run side by side (plan.h runs_with_next,
- * pair_beside): those have a second stream and the workspace after the
+ * pair_all_beside): those have a second stream and the workspace after the
  * first's part.
  * Convolutions a step or two apart that read one value in one blocked
  * layout share its copy (share_conv_inputs): a training step reorders each
@@ -51,6 +51,9 @@
 #include "services.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -441,19 +444,22 @@ static void reserve_relayouts(call_state *cs, size_t *workspace)
     reserve_relayout(&cs->out_plain, workspace);
 }
 
-/* Prepares the library path of step k, or settles on the reference kernel. */
-static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
+/* Whether step k is a call these services make (not one the module computes
+ * itself: a direct one). */
+static bool prepared_here(const rfi_step *step)
+{
+    return step->kind == RFI_STEP_CALL && !step->direct;
+}
+
+/* Prepares the library path of call step k, its locations recorded
+ * (prepare_locations), or settles on the reference kernel. Touches only step
+ * k's state and the library, so steps can be made on several threads. */
+static rf_status prepare_library(rfi_cpu_services *s, int k, size_t *workspace)
 {
     const rfi_step *step = &s->plan->steps[k];
     call_state *cs = &s->steps[k];
     *workspace = 0;
-    if (step->kind != RFI_STEP_CALL)
-        return RF_OK;
-    if (step->direct) /* computed by the module itself: nothing to prepare */
-        return RF_OK;
-    rf_status st = prepare_locations(s, k);
-    if (st != RF_OK)
-        return st;
+    rf_status st = RF_OK;
     const rfi_node *n = cs->node;
     if (is_leaf(n))
         return rfi_error(RF_E_INTERNAL, "cpu: call step %d computes %s node %%%d", k,
@@ -500,13 +506,144 @@ static rf_status prepare_step(rfi_cpu_services *s, int k, size_t *workspace)
     return st == RF_OK ? take_layouts(s, k) : st;
 }
 
-/* prepare_step with the step's workspace copies reserved after its own need. */
-static rf_status prepare_call(rfi_cpu_services *s, int k, size_t *need)
+/* The library part of call step k with its workspace copies reserved after
+ * its own need. A path that an allocation failing made the preparation give
+ * up for another (a convolution's path, tried in turn, fails as "not taken"
+ * whatever the cause) is out of memory, not a slower executable whose
+ * results differ in rounding from the one made with memory (test_oom). */
+static rf_status prepare_library_call(rfi_cpu_services *s, int k, size_t *need)
 {
     *need = 0;
-    rf_status st = prepare_step(s, k, need);
+    uint64_t failures = rfi_alloc_failures_here(); /* this thread's: the step is made here */
+    rf_status st = prepare_library(s, k, need);
+    if (st == RF_OK && rfi_alloc_failures_here() != failures)
+        st = rfi_error(RF_E_NOMEM, "cpu: out of memory preparing call step %d", k);
     reserve_view_copies(&s->steps[k], need);
     reserve_relayouts(&s->steps[k], need);
+    return st;
+}
+
+/* ---- Making the calls on two threads ---------------------------------------------------
+ * Creating oneDNN's primitives (generating their kernels) is most of a warm
+ * compile: 4.0 of 7.5 ms for the ResNet's step. oneDNN creates primitives
+ * on any thread, so the calls' library parts are made on the caller, from
+ * the first step on, and one helper thread, from the last step back (a
+ * step's twin, a later convolution of the same shapes, then comes from
+ * oneDNN's primitive cache instead of being made on both threads at once).
+ * The helper is a thread of its own, started off the caller's CPU
+ * (rfi_thread_start_apart), not one of OpenMP's team: oneDNN fixes a
+ * primitive's split over threads from the creating thread's OpenMP setting,
+ * which a region's member would see as one thread. Every step is made even
+ * after one fails, and the failure reported is the first failing step's,
+ * whichever thread made it. Warm compiles of the ResNet's training step
+ * (bench/rf_bench compile_resnet_warm, 2 cores, 20 interleaved pairs):
+ * 7.9 -> 6.95 ms median, faster in all 20. Measured earlier without the
+ * start off the caller's CPU, the helper began 2.4 ms late and gained 0.3. */
+typedef struct library_job {
+    rfi_cpu_services *s;
+    const int *steps; /* the call steps, in step order */
+    size_t *need;
+    _Atomic uint64_t span; /* indices not taken yet: front << 32 | back (exclusive) */
+} library_job;
+
+typedef struct library_worker {
+    library_job *job;
+    bool from_front;
+    int failed_at; /* index into job->steps of this thread's first failure, or -1 */
+    rf_status status;
+    char message[RFI_ERRMSG_MAX];
+} library_worker;
+
+/* The next index to make, from the front or the back; -1 when none is left. */
+static int take_step(library_job *job, bool from_front)
+{
+    uint64_t w = atomic_load(&job->span);
+    for (;;) {
+        uint64_t front = w >> 32, back = w & 0xffffffffu;
+        if (front >= back)
+            return -1;
+        uint64_t next = from_front ? (front + 1) << 32 | back : front << 32 | (back - 1);
+        if (atomic_compare_exchange_weak(&job->span, &w, next))
+            return (int)(from_front ? front : back - 1);
+    }
+}
+
+static void *make_libraries(void *arg)
+{
+    library_worker *w = arg;
+    library_job *job = w->job;
+    for (int i; (i = take_step(job, w->from_front)) >= 0;) {
+        int k = job->steps[i];
+        rf_status st = prepare_library_call(job->s, k, &job->need[k]);
+        if (st != RF_OK && (w->failed_at < 0 || i < w->failed_at)) {
+            w->failed_at = i;
+            w->status = st;
+            snprintf(w->message, sizeof w->message, "%s", rf_errmsg());
+        }
+    }
+    return NULL;
+}
+
+/* Lists with fewer convolutions than this are made on the caller alone. A
+ * helper's start and its first primitive cost 0.3-0.6 ms, and two threads
+ * making primitives at once each took 1.2-1.8x as long as one alone (on 2
+ * cores): a product's primitive, 0.1-0.2 ms, did not pay for it (the mlp's
+ * eight products 1.19 -> 1.29 ms, an RNN's 129 1.22 ms either way), a
+ * convolution's, 0.15-0.4 ms, did (the cnn's six calls 1.49 -> 1.17 ms). */
+#define BESIDE_MIN_CONVS 4
+
+static int convolutions_in(const rfi_cpu_services *s, const int *steps, int n)
+{
+    int convs = 0;
+    for (int i = 0; i < n; i++)
+        convs += s->plan->steps[steps[i]].call == RFI_CALL_CONV;
+    return convs;
+}
+
+static atomic_llong helpers_started; /* a counter for tests */
+
+int64_t rfi_cpu_services_helpers_started(void) { return atomic_load(&helpers_started); }
+
+/* The library parts of the call steps listed (their locations recorded), on
+ * the caller and, where there are enough of them, a helper thread. */
+static rf_status prepare_libraries(rfi_cpu_services *s, const int *steps, int n, size_t *need)
+{
+    library_job job = {.s = s, .steps = steps, .need = need};
+    atomic_init(&job.span, (uint64_t)n);
+    library_worker w[2] = {{&job, true, -1, RF_OK, ""}, {&job, false, -1, RF_OK, ""}};
+    pthread_t helper;
+    bool beside = s->threads > 1 && s->have_library &&
+                  convolutions_in(s, steps, n) >= BESIDE_MIN_CONVS &&
+                  rfi_thread_start_apart(&helper, make_libraries, &w[1]) == 0;
+    if (beside)
+        atomic_fetch_add(&helpers_started, 1);
+    make_libraries(&w[0]);
+    if (beside)
+        pthread_join(helper, NULL);
+    int first = w[0].failed_at >= 0 && (w[1].failed_at < 0 || w[0].failed_at < w[1].failed_at)
+                    ? 0
+                : w[1].failed_at >= 0 ? 1
+                                      : -1;
+    return first < 0 ? RF_OK : rfi_error(w[first].status, "%s", w[first].message);
+}
+
+/* Every call step: the locations one after the other (they take arena
+ * memory), then the library parts. */
+static rf_status prepare_calls(rfi_cpu_services *s, size_t *need)
+{
+    int *steps = rfi_malloc(((size_t)s->n_steps + 1) * sizeof *steps);
+    if (!steps)
+        return rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
+    int n = 0;
+    rf_status st = RF_OK;
+    for (int k = 0; k < s->n_steps && st == RF_OK; k++)
+        if (prepared_here(&s->plan->steps[k])) {
+            steps[n++] = k;
+            st = prepare_locations(s, k);
+        }
+    if (st == RF_OK)
+        st = prepare_libraries(s, steps, n, need);
+    rfi_free(steps);
     return st;
 }
 
@@ -546,27 +683,40 @@ static bool runs_well_beside(const call_state *cs)
  * against 394-447 us. The ResNet's direct convolutions took 4-14% longer
  * side by side: other pairs run one after the other (a matmul made for one
  * thread then stays so). The second's part of the workspace follows the
- * first's (need: per step). */
-static rf_status pair_beside(rfi_cpu_services *s, int k, size_t *need)
+ * first's (need: per step). The calls made again are made together
+ * (prepare_libraries). */
+static rf_status pair_all_beside(rfi_cpu_services *s, size_t *need)
 {
-    int pair[2] = {k, s->steps[k].partner};
-    bool both = true, made = s->steps[k].paired; /* made: for one thread already */
-    for (int i = 0; i < 2; i++)
-        both = both && s->threads > 1 && runs_well_beside(&s->steps[pair[i]]);
-    s->steps[pair[0]].paired = s->steps[pair[1]].paired = both;
-    if (!both)
-        return RF_OK;
+    int *remake = rfi_malloc(((size_t)s->n_steps + 1) * sizeof *remake);
+    if (!remake)
+        return rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
+    int n = 0;
     rf_status st = RF_OK;
-    for (int i = 0; i < 2 && st == RF_OK && !made; i++) {
-        call_state *cs = &s->steps[pair[i]];
-        int partner = cs->partner;
-        release_step(cs);
-        memset(cs, 0, sizeof *cs);
-        cs->partner = partner;
-        cs->paired = true;
-        st = prepare_call(s, pair[i], &need[pair[i]]);
+    for (int k = 0; k < s->n_steps && st == RF_OK; k++) {
+        int pair[2] = {k, s->steps[k].partner};
+        if (pair[1] < 0)
+            continue;
+        bool both = true, made = s->steps[k].paired; /* made: for one thread already */
+        for (int i = 0; i < 2; i++)
+            both = both && s->threads > 1 && runs_well_beside(&s->steps[pair[i]]);
+        s->steps[pair[0]].paired = s->steps[pair[1]].paired = both;
+        for (int i = 0; i < 2 && both && !made && st == RF_OK; i++) {
+            call_state *cs = &s->steps[pair[i]];
+            int partner = cs->partner;
+            release_step(cs);
+            memset(cs, 0, sizeof *cs);
+            cs->partner = partner;
+            cs->paired = true;
+            remake[n++] = pair[i];
+            st = prepare_locations(s, pair[i]);
+        }
     }
-    s->steps[pair[1]].ws_at = rfi_ws_align(need[k]);
+    if (st == RF_OK)
+        st = prepare_libraries(s, remake, n, need);
+    rfi_free(remake);
+    for (int k = 0; k < s->n_steps && st == RF_OK; k++)
+        if (s->steps[k].partner >= 0 && s->steps[k].paired)
+            s->steps[s->steps[k].partner].ws_at = rfi_ws_align(need[k]);
     return st;
 }
 
@@ -588,7 +738,7 @@ static rf_status create_library(rfi_cpu_services *s)
 
 /* The pairs of calls the module makes as one (plan.h runs_with_next): the
  * second runs when the first is called, after it, or beside it (paired, see
- * pair_beside). Two matmuls are paired before they are prepared, so their
+ * pair_all_beside). Two matmuls are paired before they are prepared, so their
  * primitives are made once, for one thread. */
 static void pair_steps(rfi_cpu_services *s)
 {
@@ -792,11 +942,10 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
         st = rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
     if (st == RF_OK)
         pair_steps(s);
-    for (int k = 0; k < p->n_steps && st == RF_OK; k++)
-        st = prepare_call(s, k, &need[k]);
-    for (int k = 0; k < p->n_steps && st == RF_OK; k++)
-        if (s->steps[k].partner >= 0)
-            st = pair_beside(s, k, need);
+    if (st == RF_OK)
+        st = prepare_calls(s, need);
+    if (st == RF_OK)
+        st = pair_all_beside(s, need);
     for (int k = 0; k < p->n_steps && st == RF_OK && !s->stream2; k++)
         if (s->steps[k].paired && rfi_dnnl.stream_create(&s->stream2, s->engine,
                                                          dnnl_stream_default_flags) != dnnl_success)

@@ -78,6 +78,10 @@ RFI_FUNC bool rfi_cpu_services_step_warm_team(const rfi_cpu_services *s, int ste
 /* The bytes allocated at prepare: the shared workspace and the blocked
  * copies convolutions share. */
 RFI_FUNC size_t rfi_cpu_services_workspace(const rfi_cpu_services *s);
+/* How many helper threads prepare has started in this process to make the
+ * library calls of a plan beside the caller (services.c, "Making the calls on
+ * two threads"). For tests. */
+RFI_FUNC int64_t rfi_cpu_services_helpers_started(void);
 /* How many blocked input copies convolutions share (for tests). */
 RFI_FUNC int rfi_cpu_services_shared_inputs(const rfi_cpu_services *s);
 
