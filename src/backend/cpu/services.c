@@ -444,7 +444,7 @@ static void reserve_relayouts(call_state *cs, size_t *workspace)
     reserve_relayout(&cs->out_plain, workspace);
 }
 
-/* Whether step k is a call these services make (not one the module computes
+/* Whether a step is a call these services make (not one the module computes
  * itself: a direct one). */
 static bool prepared_here(const rfi_step *step)
 {
@@ -507,10 +507,11 @@ static rf_status prepare_library(rfi_cpu_services *s, int k, size_t *workspace)
 }
 
 /* The library part of call step k with its workspace copies reserved after
- * its own need. A path that an allocation failing made the preparation give
- * up for another (a convolution's path, tried in turn, fails as "not taken"
- * whatever the cause) is out of memory, not a slower executable whose
- * results differ in rounding from the one made with memory (test_oom). */
+ * its own need. Where an allocation failed on the way, the step is out of
+ * memory even if another path was taken instead (a convolution's paths are
+ * tried in turn, and any failure reads as "not taken"): such an executable
+ * would be slower, and round differently from the one made with memory
+ * (test_oom's convolutions found it). */
 static rf_status prepare_library_call(rfi_cpu_services *s, int k, size_t *need)
 {
     *need = 0;
@@ -549,7 +550,7 @@ typedef struct library_job {
 typedef struct library_worker {
     library_job *job;
     bool from_front;
-    int failed_at; /* index into job->steps of this thread's first failure, or -1 */
+    int failed_at; /* the lowest index into job->steps this thread failed at, or -1 */
     rf_status status;
     char message[RFI_ERRMSG_MAX];
 } library_worker;
