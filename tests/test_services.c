@@ -7,7 +7,8 @@
  * |operands|); FALLBACK steps and non-f32 contractions bitwise; no
  * allocation per call; and the thread pool (coverage, chunking, inline runs,
  * nesting, repeated and concurrent calls); the native FALLBACK kernels
- * (select_and_scatter, argmax/argmin, gather, scatter_add) bitwise.
+ * (select_and_scatter, argmax/argmin, gather, scatter_add) bitwise; a plan's
+ * convolutions made on the caller and a helper thread.
  * CALL epilogues (bias, residual, relu, tanh, logistic after a matmul or a
  * convolution) through plans built by rfi_plan_build, against the interpreter
  * evaluating the whole program, within RF_CHECK's tolerance
