@@ -589,8 +589,9 @@ static void *make_libraries(void *arg)
  * helper's start and its first primitive cost 0.3-0.6 ms, and two threads
  * making primitives at once each took 1.2-1.8x as long as one alone (on 2
  * cores): a product's primitive, 0.1-0.2 ms, did not pay for it (the mlp's
- * eight products 1.19 -> 1.29 ms, an RNN's 129 1.22 ms either way), a
- * convolution's, 0.15-0.4 ms, did (the cnn's six calls 1.49 -> 1.17 ms). */
+ * eight products 1.19 -> 1.29 ms, an RNN's 129 1.22 ms either way), and the
+ * cnn's three convolutions and three products gained within noise (1.99 ->
+ * 1.91 ms, faster in 6 of 10 alternating runs); the ResNet's 20 did. */
 #define BESIDE_MIN_CONVS 4
 
 static int convolutions_in(const rfi_cpu_services *s, const int *steps, int n)
