@@ -284,19 +284,24 @@ static void deal_init(chunk_deal *d, int64_t n, int64_t chunks, int blocks, bool
     }
 }
 
-/* Takes one chunk of block b, from its front or its back; -1 when it is empty. */
-static int64_t deal_take(chunk_deal *d, int b, bool from_front)
+int64_t rfi_span_take(_Atomic uint64_t *span, bool from_front)
 {
-    uint64_t w = atomic_load_explicit(&d->span[b].word, memory_order_acquire);
+    uint64_t w = atomic_load_explicit(span, memory_order_acquire);
     for (;;) {
         uint64_t front = w >> 32, back = w & 0xffffffffu;
         if (front >= back)
             return -1;
         uint64_t next = from_front ? (front + 1) << 32 | back : front << 32 | (back - 1);
-        if (atomic_compare_exchange_weak_explicit(&d->span[b].word, &w, next, memory_order_acq_rel,
+        if (atomic_compare_exchange_weak_explicit(span, &w, next, memory_order_acq_rel,
                                                   memory_order_acquire))
             return (int64_t)(from_front ? front : back - 1);
     }
+}
+
+/* Takes one chunk of block b, from its front or its back; -1 when it is empty. */
+static int64_t deal_take(chunk_deal *d, int b, bool from_front)
+{
+    return rfi_span_take(&d->span[b].word, from_front);
 }
 
 /* Runs chunks of d as thread `self` until none is left anywhere. */

@@ -20,6 +20,8 @@
 #include "../core/core.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 
 typedef void (*rfi_range_fn)(void *ctx, int64_t lo, int64_t hi);
 
@@ -53,6 +55,13 @@ RFI_FUNC int rfi_threadpool_size(void);
  * the process that started them. Library state made before a fork (oneDNN's
  * primitives, which fix their thread count) must not be used after one. */
 RFI_FUNC unsigned rfi_threadpool_fork_generation(void);
+
+/* A span of indices [front, back) (below 2^32) that threads take one at a
+ * time, some from the front and some from the back, held in one word as
+ * front << 32 | back: the next index taken from that end, or -1 when none is
+ * left. The pool's chunks are dealt so (threadpool.c), and so are the CPU
+ * backend's library calls at prepare (services.c). */
+RFI_FUNC int64_t rfi_span_take(_Atomic uint64_t *span, bool from_front);
 
 /* Starts fn(arg) on a new thread (pthread_create's result: 0 or an error
  * number) that begins on a CPU other than the caller's where the process may

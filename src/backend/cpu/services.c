@@ -544,7 +544,7 @@ typedef struct library_job {
     rfi_cpu_services *s;
     const int *steps; /* the call steps, in step order */
     size_t *need;
-    _Atomic uint64_t span; /* indices not taken yet: front << 32 | back (exclusive) */
+    _Atomic uint64_t span; /* indices not taken yet (rfi_span_take) */
 } library_job;
 
 typedef struct library_worker {
@@ -555,25 +555,11 @@ typedef struct library_worker {
     char message[RFI_ERRMSG_MAX];
 } library_worker;
 
-/* The next index to make, from the front or the back; -1 when none is left. */
-static int take_step(library_job *job, bool from_front)
-{
-    uint64_t w = atomic_load(&job->span);
-    for (;;) {
-        uint64_t front = w >> 32, back = w & 0xffffffffu;
-        if (front >= back)
-            return -1;
-        uint64_t next = from_front ? (front + 1) << 32 | back : front << 32 | (back - 1);
-        if (atomic_compare_exchange_weak(&job->span, &w, next))
-            return (int)(from_front ? front : back - 1);
-    }
-}
-
 static void *make_libraries(void *arg)
 {
     library_worker *w = arg;
     library_job *job = w->job;
-    for (int i; (i = take_step(job, w->from_front)) >= 0;) {
+    for (int i; (i = (int)rfi_span_take(&job->span, w->from_front)) >= 0;) {
         int k = job->steps[i];
         rf_status st = prepare_library_call(job->s, k, &job->need[k]);
         if (st != RF_OK && (w->failed_at < 0 || i < w->failed_at)) {
@@ -622,20 +608,17 @@ static rf_status prepare_libraries(rfi_cpu_services *s, const int *steps, int n,
     make_libraries(&w[0]);
     if (beside)
         pthread_join(helper, NULL);
-    int first = w[0].failed_at >= 0 && (w[1].failed_at < 0 || w[0].failed_at < w[1].failed_at)
-                    ? 0
-                : w[1].failed_at >= 0 ? 1
-                                      : -1;
-    return first < 0 ? RF_OK : rfi_error(w[first].status, "%s", w[first].message);
+    const library_worker *first = NULL;
+    for (int t = 0; t < 2; t++)
+        if (w[t].failed_at >= 0 && (!first || w[t].failed_at < first->failed_at))
+            first = &w[t];
+    return first ? rfi_error(first->status, "%s", first->message) : RF_OK;
 }
 
 /* Every call step: the locations one after the other (they take arena
- * memory), then the library parts. */
-static rf_status prepare_calls(rfi_cpu_services *s, size_t *need)
+ * memory), then the library parts. steps: room for n_steps indices. */
+static rf_status prepare_calls(rfi_cpu_services *s, int *steps, size_t *need)
 {
-    int *steps = rfi_malloc(((size_t)s->n_steps + 1) * sizeof *steps);
-    if (!steps)
-        return rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
     int n = 0;
     rf_status st = RF_OK;
     for (int k = 0; k < s->n_steps && st == RF_OK; k++)
@@ -643,10 +626,7 @@ static rf_status prepare_calls(rfi_cpu_services *s, size_t *need)
             steps[n++] = k;
             st = prepare_locations(s, k);
         }
-    if (st == RF_OK)
-        st = prepare_libraries(s, steps, n, need);
-    rfi_free(steps);
-    return st;
+    return st == RF_OK ? prepare_libraries(s, steps, n, need) : st;
 }
 
 /* Frees what preparing call step k made (its arena arrays stay). */
@@ -686,12 +666,9 @@ static bool runs_well_beside(const call_state *cs)
  * side by side: other pairs run one after the other (a matmul made for one
  * thread then stays so). The second's part of the workspace follows the
  * first's (need: per step). The calls made again are made together
- * (prepare_libraries). */
-static rf_status pair_all_beside(rfi_cpu_services *s, size_t *need)
+ * (prepare_libraries); remake: room for n_steps indices. */
+static rf_status pair_all_beside(rfi_cpu_services *s, int *remake, size_t *need)
 {
-    int *remake = rfi_malloc(((size_t)s->n_steps + 1) * sizeof *remake);
-    if (!remake)
-        return rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
     int n = 0;
     rf_status st = RF_OK;
     for (int k = 0; k < s->n_steps && st == RF_OK; k++) {
@@ -715,7 +692,6 @@ static rf_status pair_all_beside(rfi_cpu_services *s, size_t *need)
     }
     if (st == RF_OK)
         st = prepare_libraries(s, remake, n, need);
-    rfi_free(remake);
     for (int k = 0; k < s->n_steps && st == RF_OK; k++)
         if (s->steps[k].partner >= 0 && s->steps[k].paired)
             s->steps[s->steps[k].partner].ws_at = rfi_ws_align(need[k]);
@@ -940,14 +916,16 @@ rf_status rfi_cpu_services_prepare(const rfi_plan *p, rfi_cpu_services **out)
                             : rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
     set_library_threads(s, s->threads);
     size_t *need = rfi_calloc((size_t)p->n_steps + 1, sizeof *need);
-    if (st == RF_OK && !need)
+    int *list = rfi_malloc(((size_t)p->n_steps + 1) * sizeof *list); /* steps to make */
+    if (st == RF_OK && (!need || !list))
         st = rfi_error(RF_E_NOMEM, "cpu: out of memory preparing services");
     if (st == RF_OK)
         pair_steps(s);
     if (st == RF_OK)
-        st = prepare_calls(s, need);
+        st = prepare_calls(s, list, need);
     if (st == RF_OK)
-        st = pair_all_beside(s, need);
+        st = pair_all_beside(s, list, need);
+    rfi_free(list);
     for (int k = 0; k < p->n_steps && st == RF_OK && !s->stream2; k++)
         if (s->steps[k].paired && rfi_dnnl.stream_create(&s->stream2, s->engine,
                                                          dnnl_stream_default_flags) != dnnl_success)
